@@ -1,0 +1,81 @@
+// Layout: one way of laying a model over GPUs (tp x pp x dp, virtual stages, micro-batching,
+// sequence parallelism, recompute, distributed optimizer, precision), and Megatron's rules
+// for which layouts are legal (see ../shared/reference/megatron-reference.md section 1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/model.h"
+#include "core/status.h"
+
+namespace ptdp {
+
+enum class Recompute { kNone, kSelective, kFull };
+enum class Precision { kBf16, kFp16, kFp8, kFp32 };
+enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
+
+const char* ToString(Recompute r);
+const char* ToString(Precision p);
+const char* ToString(ScheduleKind k);
+Result<Recompute> ParseRecompute(const std::string& s);
+Result<Precision> ParsePrecision(const std::string& s);
+Result<ScheduleKind> ParseScheduleKind(const std::string& s);
+
+struct Layout {
+  int tp = 1;                       // tensor-parallel size t
+  int pp = 1;                       // pipeline-parallel size p
+  int dp = 1;                       // data-parallel size d
+  int vp = 1;                       // model chunks (virtual stages) per pipeline rank v
+  int micro_batch = 1;              // b, sequences per micro-batch
+  int64_t global_batch = 1;         // B, sequences per step
+  int microbatch_group = 0;         // interleaving group size g; 0 means p (Megatron default)
+  bool sequence_parallel = false;   // Korthikanti SP (needs t > 1)
+  Recompute recompute = Recompute::kNone;
+  bool distributed_optimizer = false;  // ZeRO-1 style sharded optimizer over DP
+  Precision precision = Precision::kBf16;
+  ScheduleKind schedule = ScheduleKind::kOneFOneB;  // interleaved iff vp > 1
+
+  int world() const { return tp * pp * dp; }
+  // m = B / (b d); meaningful only when legal.
+  int64_t num_microbatches() const { return global_batch / (int64_t(micro_batch) * dp); }
+  int group_size() const { return microbatch_group > 0 ? microbatch_group : pp; }
+  // "tp4 pp8 dp4 vp12 mb1" style short name.
+  std::string ShortName() const;
+};
+
+// Why a layout is illegal. The names are stable: they key `rejected` in plan --json.
+enum class Rejection {
+  kOk = 0,
+  kWorldSize,          // t*p*d != world
+  kHeadsTp,            // a % t != 0
+  kKvHeadsTp,          // k % t != 0 and t % k != 0
+  kLayersPp,           // L % p != 0
+  kLayersVp,           // (L/p) % (layers per virtual stage) != 0, i.e. (L/p) % v != 0
+  kInterleavePp,       // v > 1 needs p > 2
+  kInterleaveMicrobatches,  // group rule: p <= g <= m and (m % g == 0 or m % g >= p)
+  kBatch,              // B % (b d) != 0
+  kSpNeedsTp,          // SP with t == 1
+  kScheduleMismatch,   // interleaved schedule iff v > 1
+  kTpCrossesNode,      // TP group spans nodes (legal for Megatron; planner rejects unless forced)
+  kPrecisionUnsupported,  // e.g. fp8 on a GPU without an fp8 peak
+  kMemory,             // does not fit in GPU memory
+  kCount,
+};
+constexpr int kNumRejections = static_cast<int>(Rejection::kCount);
+
+// Stable short key, e.g. "heads_not_divisible_by_tp".
+const char* RejectionKey(Rejection r);
+// One-line explanation with the offending values.
+std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l);
+
+// Megatron's legality rules, cheapest first; returns the first broken one. Does not check
+// world size, node boundaries, precision or memory (callers know those).
+Rejection CheckLayout(const ModelSpec& m, const Layout& l);
+
+// Validates a layout against a world size and node size for a user-given layout: a Status
+// naming the broken rule. TP crossing nodes is allowed here only if `allow_tp_across_nodes`.
+Status ValidateLayout(const ModelSpec& m, const Layout& l, int world, int gpus_per_node,
+                      bool allow_tp_across_nodes);
+
+}  // namespace ptdp

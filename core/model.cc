@@ -1,0 +1,210 @@
+// ModelSpec counts and loaders.
+#include "core/model.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/yaml_reader.h"
+
+namespace ptdp {
+
+const char* ToString(Activation a) {
+  switch (a) {
+    case Activation::kGelu: return "gelu";
+    case Activation::kSwiglu: return "swiglu";
+    case Activation::kSquaredRelu: return "squared_relu";
+  }
+  return "?";
+}
+const char* ToString(Norm n) { return n == Norm::kLayerNorm ? "layernorm" : "rmsnorm"; }
+const char* ToString(PositionEmbedding p) {
+  return p == PositionEmbedding::kLearned ? "learned" : "rope";
+}
+
+int64_t ModelSpec::padded_vocab(int64_t tp) const {
+  const int64_t multiple = 128 * tp;
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
+int64_t ModelSpec::linear_params_per_layer() const {
+  const int64_t kv = kv_heads * head_dim();
+  const int64_t attn = hidden * (hidden + 2 * kv) + hidden * hidden;  // QKV + output
+  const int64_t mlp_mats = activation == Activation::kSwiglu ? 3 : 2;
+  return attn + mlp_mats * hidden * ffn_hidden;
+}
+
+int64_t ModelSpec::params_per_layer() const {
+  const int64_t kv = kv_heads * head_dim();
+  const int64_t norm_params = norm == Norm::kLayerNorm ? 2 * hidden : hidden;  // gamma (+beta)
+  int64_t biases = 0;
+  if (bias) {
+    const int64_t mlp_in = activation == Activation::kSwiglu ? 2 * ffn_hidden : ffn_hidden;
+    biases = (hidden + 2 * kv) + hidden + mlp_in + hidden;
+  }
+  return linear_params_per_layer() + 2 * norm_params + biases;
+}
+
+int64_t ModelSpec::embedding_params(int64_t tp) const {
+  const int64_t pos = position == PositionEmbedding::kLearned ? seq_len * hidden : 0;
+  return padded_vocab(tp) * hidden + pos;
+}
+
+int64_t ModelSpec::output_params(int64_t tp) const {
+  const int64_t final_norm = norm == Norm::kLayerNorm ? 2 * hidden : hidden;
+  return (tied_embeddings ? 0 : padded_vocab(tp) * hidden) + final_norm;
+}
+
+int64_t ModelSpec::total_params() const {
+  const int64_t pos = position == PositionEmbedding::kLearned ? seq_len * hidden : 0;
+  const int64_t final_norm = norm == Norm::kLayerNorm ? 2 * hidden : hidden;
+  return layers * params_per_layer() + vocab * hidden * (tied_embeddings ? 1 : 2) + pos +
+         final_norm;
+}
+
+Status ValidateModel(const ModelSpec& m, const std::string& where) {
+  auto err = [&](const std::string& s) { return Status::Error(where + ": " + s); };
+  if (m.layers <= 0 || m.hidden <= 0 || m.heads <= 0 || m.kv_heads <= 0 || m.ffn_hidden <= 0 ||
+      m.seq_len <= 0 || m.vocab <= 0)
+    return err("layers, hidden, heads, kv_heads, ffn_hidden, seq_len and vocab must be positive");
+  if (m.hidden % m.heads != 0)
+    return err("hidden " + std::to_string(m.hidden) + " is not divisible by heads " +
+               std::to_string(m.heads));
+  if (m.kv_heads > m.heads || m.heads % m.kv_heads != 0)
+    return err("heads " + std::to_string(m.heads) + " is not a multiple of kv_heads " +
+               std::to_string(m.kv_heads));
+  return Status::Ok();
+}
+
+Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
+                                const std::string& path) {
+  YamlReader r(node, file, path);
+  ModelSpec m;
+  m.name = r.String("name", "model");
+  r.String("description", "");  // free text, ignored
+  m.layers = r.PositiveInt("layers");
+  m.hidden = r.PositiveInt("hidden");
+  m.heads = r.PositiveInt("heads");
+  m.kv_heads = r.PositiveInt("kv_heads", m.heads);
+  m.ffn_hidden = r.PositiveInt("ffn_hidden", 4 * m.hidden);
+  m.seq_len = r.PositiveInt("seq_len");
+  m.vocab = r.PositiveInt("vocab");
+  const std::string act = r.Enum("activation", {"gelu", "swiglu", "squared_relu"}, "gelu");
+  m.activation = act == "swiglu" ? Activation::kSwiglu
+                 : act == "squared_relu" ? Activation::kSquaredRelu : Activation::kGelu;
+  m.norm = r.Enum("norm", {"layernorm", "rmsnorm"}, "layernorm") == "rmsnorm" ? Norm::kRmsNorm
+                                                                             : Norm::kLayerNorm;
+  m.position = r.Enum("position_embedding", {"learned", "rope"}, "learned") == "rope"
+                   ? PositionEmbedding::kRope
+                   : PositionEmbedding::kLearned;
+  m.tied_embeddings = r.Bool("tied_embeddings", true);
+  m.bias = r.Bool("bias", true);
+  if (r.Has("hidden") && r.Has("heads") && m.hidden % m.heads != 0)
+    r.Fail("heads", "'" + std::to_string(m.heads) + "' does not divide hidden " +
+                        std::to_string(m.hidden));
+  if (m.heads % m.kv_heads != 0)
+    r.Fail("kv_heads", "'" + std::to_string(m.kv_heads) + "' does not divide heads " +
+                           std::to_string(m.heads));
+  PTDP_RETURN_IF_ERROR(r.Finish());
+  return m;
+}
+
+Result<ModelSpec> LoadModelFile(const std::string& path) {
+  PTDP_ASSIGN_OR_RETURN(YAML::Node node, LoadYamlFile(path));
+  return ModelFromYaml(node, path, "");
+}
+
+namespace {
+
+// Reads a positive integer field of a HF config; `key` is required unless fallback > 0.
+Result<int64_t> JsonInt(const nlohmann::json& j, const std::string& file,
+                        const std::string& key, int64_t fallback) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback > 0) return fallback;
+    return Status::Error(file + ": missing key '" + key + "'");
+  }
+  const auto& v = j[key];
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0)
+    return Status::Error(file + ": key '" + key + "' = " + v.dump() +
+                         " must be a positive integer");
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+Result<ModelSpec> ImportHfConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error(path + ": cannot open file");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Error(path + ": malformed JSON: " + e.what());
+  }
+  if (!j.is_object()) return Status::Error(path + ": top level is not a JSON object");
+  ModelSpec m;
+  const std::string type = j.value("model_type", std::string());
+  m.name = j.contains("_name_or_path") && j["_name_or_path"].is_string()
+               ? j["_name_or_path"].get<std::string>()
+               : (type.empty() ? std::string("hf-model") : type);
+  if (j.contains("n_layer") || type == "gpt2") {  // GPT-2 family
+    PTDP_ASSIGN_OR_RETURN(m.layers, JsonInt(j, path, "n_layer", 0));
+    PTDP_ASSIGN_OR_RETURN(m.hidden, JsonInt(j, path, "n_embd", 0));
+    PTDP_ASSIGN_OR_RETURN(m.heads, JsonInt(j, path, "n_head", 0));
+    PTDP_ASSIGN_OR_RETURN(m.ffn_hidden, JsonInt(j, path, "n_inner", 4 * m.hidden));
+    PTDP_ASSIGN_OR_RETURN(m.seq_len, JsonInt(j, path, "n_positions", 1024));
+    PTDP_ASSIGN_OR_RETURN(m.vocab, JsonInt(j, path, "vocab_size", 0));
+    m.kv_heads = m.heads;
+    m.activation = Activation::kGelu;
+    m.norm = Norm::kLayerNorm;
+    m.position = PositionEmbedding::kLearned;
+    m.tied_embeddings = j.value("tie_word_embeddings", true);
+    m.bias = true;
+  } else {  // Llama, Mistral, Qwen2 family
+    PTDP_ASSIGN_OR_RETURN(m.layers, JsonInt(j, path, "num_hidden_layers", 0));
+    PTDP_ASSIGN_OR_RETURN(m.hidden, JsonInt(j, path, "hidden_size", 0));
+    PTDP_ASSIGN_OR_RETURN(m.heads, JsonInt(j, path, "num_attention_heads", 0));
+    PTDP_ASSIGN_OR_RETURN(m.kv_heads, JsonInt(j, path, "num_key_value_heads", m.heads));
+    PTDP_ASSIGN_OR_RETURN(m.ffn_hidden, JsonInt(j, path, "intermediate_size", 4 * m.hidden));
+    PTDP_ASSIGN_OR_RETURN(m.seq_len, JsonInt(j, path, "max_position_embeddings", 0));
+    PTDP_ASSIGN_OR_RETURN(m.vocab, JsonInt(j, path, "vocab_size", 0));
+    const std::string act = j.value("hidden_act", std::string("silu"));
+    if (act == "silu" || act == "swish") m.activation = Activation::kSwiglu;
+    else if (act.rfind("gelu", 0) == 0) m.activation = Activation::kGelu;
+    else if (act == "relu2") m.activation = Activation::kSquaredRelu;
+    else return Status::Error(path + ": key 'hidden_act' = \"" + act +
+                              "\" is not supported (silu, gelu, relu2)");
+    m.norm = j.contains("rms_norm_eps") ? Norm::kRmsNorm : Norm::kLayerNorm;
+    m.position = PositionEmbedding::kRope;
+    m.tied_embeddings = j.value("tie_word_embeddings", false);
+    m.bias = j.value("attention_bias", false);
+  }
+  PTDP_RETURN_IF_ERROR(ValidateModel(m, path));
+  return m;
+}
+
+Result<ModelSpec> LoadModel(const std::string& spec) {
+  if (spec.rfind("hf:", 0) == 0) return ImportHfConfig(spec.substr(3));
+  return LoadModelFile(spec);
+}
+
+std::string ModelToYaml(const ModelSpec& m, const std::string& in) {
+  std::ostringstream o;
+  o << in << "name: \"" << m.name << "\"\n"
+    << in << "layers: " << m.layers << "\n"
+    << in << "hidden: " << m.hidden << "\n"
+    << in << "heads: " << m.heads << "\n"
+    << in << "kv_heads: " << m.kv_heads << "\n"
+    << in << "ffn_hidden: " << m.ffn_hidden << "\n"
+    << in << "seq_len: " << m.seq_len << "\n"
+    << in << "vocab: " << m.vocab << "\n"
+    << in << "activation: " << ToString(m.activation) << "\n"
+    << in << "norm: " << ToString(m.norm) << "\n"
+    << in << "position_embedding: " << ToString(m.position) << "\n"
+    << in << "tied_embeddings: " << (m.tied_embeddings ? "true" : "false") << "\n"
+    << in << "bias: " << (m.bias ? "true" : "false") << "\n";
+  return o.str();
+}
+
+}  // namespace ptdp

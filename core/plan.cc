@@ -1,0 +1,200 @@
+// plan.yaml writer and strict reader. Predictions are outputs: plain numbers whose unit is in
+// the key name (step_time_s, memory_bytes) so that a round trip is exact.
+#include "core/plan.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/yaml_reader.h"
+
+namespace ptdp {
+namespace {
+
+std::string Num(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+const char* Bool(bool b) { return b ? "true" : "false"; }
+
+double ReadDouble(YamlReader& r, const std::string& key) {
+  // Predictions may be zero (e.g. no bubble), so read as a number >= 0.
+  if (!r.Has(key)) { r.Fail(key, "missing required key"); return 0; }
+  YAML::Node n = r.Child(key);
+  try {
+    size_t pos = 0;
+    double v = std::stod(n.Scalar(), &pos);
+    if (pos != n.Scalar().size() || v < 0) throw std::invalid_argument("bad");
+    return v;
+  } catch (...) {
+    r.Fail(key, "'" + n.Scalar() + "' is not a non-negative number");
+    return 0;
+  }
+}
+
+Status ReadPrediction(const YAML::Node& node, const std::string& file, Prediction* p) {
+  YamlReader r(node, file, "prediction");
+  p->source = r.Enum("source", {"analytic", "simulated"}, "analytic");
+  p->step_time_s = ReadDouble(r, "step_time_s");
+  p->tflops_per_gpu = ReadDouble(r, "tflops_per_gpu");
+  p->hw_tflops_per_gpu = ReadDouble(r, "hw_tflops_per_gpu");
+  p->mfu = ReadDouble(r, "mfu");
+  p->bubble_fraction = ReadDouble(r, "bubble_fraction");
+  p->fits = r.Bool("fits", false);
+  YamlReader b(r.Child("breakdown_s"), file, "prediction.breakdown_s");
+  p->breakdown.compute_s = ReadDouble(b, "compute");
+  p->breakdown.tp_comm_s = ReadDouble(b, "tp_comm");
+  p->breakdown.pp_comm_s = ReadDouble(b, "pp_comm");
+  p->breakdown.dp_comm_s = ReadDouble(b, "dp_comm");
+  p->breakdown.bubble_s = ReadDouble(b, "bubble");
+  p->breakdown.optimizer_s = ReadDouble(b, "optimizer");
+  PTDP_RETURN_IF_ERROR(b.Finish());
+  YamlReader m(r.Child("memory_bytes"), file, "prediction.memory_bytes");
+  p->memory.weights = ReadDouble(m, "weights");
+  p->memory.grads = ReadDouble(m, "grads");
+  p->memory.optimizer = ReadDouble(m, "optimizer");
+  p->memory.activations = ReadDouble(m, "activations");
+  p->memory.other = ReadDouble(m, "other");
+  p->memory.total = ReadDouble(m, "total");
+  p->memory.capacity = ReadDouble(m, "capacity");
+  PTDP_RETURN_IF_ERROR(m.Finish());
+  YAML::Node stages = r.Child("stage_memory_bytes");
+  if (stages && !stages.IsSequence()) r.Fail("stage_memory_bytes", "must be a list of numbers");
+  if (stages && stages.IsSequence())
+    for (const auto& s : stages) p->stage_memory_bytes.push_back(s.as<double>(0.0));
+  return r.Finish();
+}
+
+}  // namespace
+
+std::string PlanToYaml(const Plan& plan) {
+  const Layout& l = plan.layout;
+  std::ostringstream o;
+  o << "# ptdp plan: the chosen layout, its inputs and its predicted figures.\n"
+    << "# Read by `ptdp simulate`, `ptdp train` and `ptdp compare`.\n"
+    << "ptdp_plan_version: 1\n"
+    << "cluster:\n"
+    << "  file: \"" << plan.cluster_file << "\"\n"
+    << "  name: \"" << plan.cluster_name << "\"\n"
+    << "  nodes: " << plan.nodes << "\n"
+    << "  gpus_per_node: " << plan.gpus_per_node << "\n"
+    << "  allow_tp_across_nodes: " << Bool(plan.allow_tp_across_nodes) << "\n"
+    << "model:\n" << ModelToYaml(plan.model, "  ")
+    << "layout:\n"
+    << "  tp: " << l.tp << "\n"
+    << "  pp: " << l.pp << "\n"
+    << "  dp: " << l.dp << "\n"
+    << "  vp: " << l.vp << "\n"
+    << "  micro_batch: " << l.micro_batch << "\n"
+    << "  global_batch: " << l.global_batch << "\n"
+    << "  num_microbatches: " << l.num_microbatches() << "  # derived: B / (b * dp)\n"
+    << "  microbatch_group: " << l.microbatch_group << "  # 0 = pp (Megatron default)\n"
+    << "  sequence_parallel: " << Bool(l.sequence_parallel) << "\n"
+    << "  recompute: " << ToString(l.recompute) << "\n"
+    << "  distributed_optimizer: " << Bool(l.distributed_optimizer) << "\n"
+    << "  precision: " << ToString(l.precision) << "\n"
+    << "  schedule: " << ToString(l.schedule) << "\n";
+  if (plan.has_prediction) {
+    const Prediction& p = plan.prediction;
+    o << "prediction:\n"
+      << "  source: " << p.source << "\n"
+      << "  step_time_s: " << Num(p.step_time_s) << "\n"
+      << "  tflops_per_gpu: " << Num(p.tflops_per_gpu) << "\n"
+      << "  hw_tflops_per_gpu: " << Num(p.hw_tflops_per_gpu) << "\n"
+      << "  mfu: " << Num(p.mfu) << "\n"
+      << "  bubble_fraction: " << Num(p.bubble_fraction) << "\n"
+      << "  fits: " << Bool(p.fits) << "\n"
+      << "  breakdown_s:\n"
+      << "    compute: " << Num(p.breakdown.compute_s) << "\n"
+      << "    tp_comm: " << Num(p.breakdown.tp_comm_s) << "\n"
+      << "    pp_comm: " << Num(p.breakdown.pp_comm_s) << "\n"
+      << "    dp_comm: " << Num(p.breakdown.dp_comm_s) << "\n"
+      << "    bubble: " << Num(p.breakdown.bubble_s) << "\n"
+      << "    optimizer: " << Num(p.breakdown.optimizer_s) << "\n"
+      << "  memory_bytes:\n"
+      << "    weights: " << Num(p.memory.weights) << "\n"
+      << "    grads: " << Num(p.memory.grads) << "\n"
+      << "    optimizer: " << Num(p.memory.optimizer) << "\n"
+      << "    activations: " << Num(p.memory.activations) << "\n"
+      << "    other: " << Num(p.memory.other) << "\n"
+      << "    total: " << Num(p.memory.total) << "\n"
+      << "    capacity: " << Num(p.memory.capacity) << "\n"
+      << "  stage_memory_bytes: [";
+    for (size_t i = 0; i < p.stage_memory_bytes.size(); ++i)
+      o << (i ? ", " : "") << Num(p.stage_memory_bytes[i]);
+    o << "]\n";
+  }
+  return o.str();
+}
+
+Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name) {
+  PTDP_ASSIGN_OR_RETURN(YAML::Node root, ParseYamlText(text, name));
+  YamlReader r(root, name, "");
+  Plan plan;
+  if (r.PositiveInt("ptdp_plan_version") != 1)
+    r.Fail("ptdp_plan_version", "only version 1 is understood");
+  YamlReader c(r.Child("cluster"), name, "cluster");
+  plan.cluster_file = c.String("file");
+  plan.cluster_name = c.String("name", "");
+  plan.nodes = static_cast<int>(c.PositiveInt("nodes"));
+  plan.gpus_per_node = static_cast<int>(c.PositiveInt("gpus_per_node"));
+  plan.allow_tp_across_nodes = c.Bool("allow_tp_across_nodes", false);
+  PTDP_RETURN_IF_ERROR(c.Finish());
+  if (!r.Has("model")) return Status::Error(name + ": missing required key 'model'");
+  PTDP_ASSIGN_OR_RETURN(plan.model, ModelFromYaml(r.Child("model"), name, "model"));
+  YamlReader l(r.Child("layout"), name, "layout");
+  Layout& lay = plan.layout;
+  lay.tp = static_cast<int>(l.PositiveInt("tp"));
+  lay.pp = static_cast<int>(l.PositiveInt("pp"));
+  lay.dp = static_cast<int>(l.PositiveInt("dp"));
+  lay.vp = static_cast<int>(l.PositiveInt("vp", 1));
+  lay.micro_batch = static_cast<int>(l.PositiveInt("micro_batch"));
+  lay.global_batch = l.PositiveInt("global_batch");
+  const int64_t m_written = l.PositiveInt("num_microbatches", 0 + 1);
+  lay.microbatch_group = static_cast<int>(l.NonNegativeInt("microbatch_group", 0));
+  lay.sequence_parallel = l.Bool("sequence_parallel", false);
+  lay.recompute = *ParseRecompute(l.Enum("recompute", {"none", "selective", "full"}, "none"));
+  lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
+  lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp32"}, "bf16"));
+  lay.schedule = *ParseScheduleKind(
+      l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
+  if (l.Has("num_microbatches") && lay.global_batch % (int64_t(lay.micro_batch) * lay.dp) == 0 &&
+      m_written != lay.num_microbatches())
+    l.Fail("num_microbatches", "'" + std::to_string(m_written) + "' disagrees with B/(b*dp) = " +
+                                   std::to_string(lay.num_microbatches()));
+  PTDP_RETURN_IF_ERROR(l.Finish());
+  if (r.Has("prediction")) {
+    plan.has_prediction = true;
+    PTDP_RETURN_IF_ERROR(ReadPrediction(r.Child("prediction"), name, &plan.prediction));
+  }
+  PTDP_RETURN_IF_ERROR(r.Finish());
+  const int world = plan.nodes * plan.gpus_per_node;
+  PTDP_RETURN_IF_ERROR(ValidateLayout(plan.model, lay, lay.world(), plan.gpus_per_node,
+                                      plan.allow_tp_across_nodes)
+                           .Prefixed(name));
+  if (lay.world() > world)
+    return Status::Error(name + ": layout needs " + std::to_string(lay.world()) +
+                         " GPUs but the cluster has " + std::to_string(world));
+  return plan;
+}
+
+Status WritePlanFile(const Plan& plan, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) return Status::Error(path + ": cannot open for writing");
+  out << PlanToYaml(plan);
+  out.close();
+  if (!out) return Status::Error(path + ": write failed");
+  return Status::Ok();
+}
+
+Result<Plan> LoadPlanFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error(path + ": cannot open file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return PlanFromYamlText(ss.str(), path);
+}
+
+}  // namespace ptdp

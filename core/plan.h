@@ -1,0 +1,73 @@
+// Plan: the contract between planning and execution. The planner writes it (`ptdp plan --out
+// plan.yaml`); simulate, train and compare read it. It carries the inputs (model shape, cluster
+// file and size), the chosen layout and the predicted figures, so later commands need neither
+// the planner nor the model file.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/model.h"
+#include "core/status.h"
+
+namespace ptdp {
+
+// Step time split into where it goes; exposed (non-overlapped) times, seconds. They add up to
+// the step time.
+struct Breakdown {
+  double compute_s = 0;    // forward + backward (+ recompute) of the busiest stage, all micro-batches
+  double tp_comm_s = 0;    // exposed TP/SP collectives
+  double pp_comm_s = 0;    // exposed pipeline send/receive
+  double dp_comm_s = 0;    // exposed DP gradient reduction (+ dist-opt all-gather, tied embedding)
+  double bubble_s = 0;     // pipeline fill and drain
+  double optimizer_s = 0;  // optimizer step (+ grad-norm)
+  double total() const {
+    return compute_s + tp_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s;
+  }
+};
+
+// Memory of one GPU, bytes.
+struct MemoryBytes {
+  double weights = 0;      // low-precision model weights
+  double grads = 0;        // gradient buffers
+  double optimizer = 0;    // fp32 master weights + Adam moments (sharded with dist-opt)
+  double activations = 0;  // stored activations of in-flight micro-batches
+  double other = 0;        // logits/loss, workspace, allocator fragmentation allowance
+  double total = 0;        // sum of the above
+  double capacity = 0;     // GPU memory
+};
+
+struct Prediction {
+  double step_time_s = 0;
+  double tflops_per_gpu = 0;     // model FLOPs (no recompute) per second per GPU, TFLOP/s
+  double hw_tflops_per_gpu = 0;  // hardware FLOPs (with recompute), TFLOP/s
+  double mfu = 0;                // model FLOPs utilisation, 0..1
+  double bubble_fraction = 0;    // bubble / step time
+  Breakdown breakdown;
+  MemoryBytes memory;            // the most loaded GPU
+  std::vector<double> stage_memory_bytes;  // total per pipeline stage
+  bool fits = false;
+  std::string source = "analytic";  // "analytic" or "simulated"
+};
+
+struct Plan {
+  ModelSpec model;
+  Layout layout;
+  std::string cluster_file;      // path as given to `ptdp plan`
+  std::string cluster_name;
+  int nodes = 1;                 // nodes of the cluster used
+  int gpus_per_node = 1;
+  bool allow_tp_across_nodes = false;
+  bool has_prediction = false;
+  Prediction prediction;
+};
+
+// YAML text of a plan (a commented, human-readable file).
+std::string PlanToYaml(const Plan& plan);
+// Parses a plan; `name` is the file name for messages. Strict like every config reader.
+Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name);
+Status WritePlanFile(const Plan& plan, const std::string& path);
+Result<Plan> LoadPlanFile(const std::string& path);
+
+}  // namespace ptdp

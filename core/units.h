@@ -1,0 +1,40 @@
+// Quantities with units, parsed strictly from config text ("300 GB/s", "80 GiB", "5 us",
+// "312 TFLOP/s") into SI values (bytes, bytes/s, seconds, FLOP/s), and formatted back.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace ptdp {
+
+// What a quantity measures; decides which units are accepted.
+enum class Dimension {
+  kBytes,      // B, kB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (powers of 1024)
+  kBandwidth,  // bytes/s: B/s, kB/s, MB/s, GB/s, TB/s, GiB/s; bits/s: b/s, kb/s, Mb/s, Gb/s, Tb/s
+  kDuration,   // s, ms, us, ns
+  kFlopRate,   // FLOP/s, GFLOP/s, TFLOP/s, PFLOP/s
+};
+
+// Name of a dimension for messages ("a size such as \"80 GiB\"").
+const char* DimensionExample(Dimension dim);
+
+// Parses "<number> <unit>" (space optional). Returns the value in SI units (bytes, bytes/s,
+// seconds, FLOP/s). Fails on a bare number, an unknown unit, a unit of another dimension,
+// a non-finite, zero or negative value; the message quotes the text and lists valid units.
+Result<double> ParseQuantity(std::string_view text, Dimension dim);
+
+// Same, but zero is accepted (latencies, overheads that may be absent).
+Result<double> ParseQuantityAllowZero(std::string_view text, Dimension dim);
+
+// Human-readable output: "80 GiB", "1.50 GB/s", "12.3 ms", "312 TFLOP/s".
+std::string FormatBytes(double bytes);          // binary prefixes
+std::string FormatBandwidth(double bytes_per_s);  // decimal prefixes, bytes/s
+std::string FormatSeconds(double seconds);
+std::string FormatFlopRate(double flop_per_s);
+
+// Canonical config spelling that ParseQuantity reads back to the same value (round trip).
+std::string QuantityToConfig(double si_value, Dimension dim);
+
+}  // namespace ptdp

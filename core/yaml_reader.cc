@@ -1,0 +1,209 @@
+// Strict YAML map reader; see yaml_reader.h.
+#include "core/yaml_reader.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace ptdp {
+
+Result<YAML::Node> ParseYamlText(const std::string& text, const std::string& name) {
+  try {
+    YAML::Node n = YAML::Load(text);
+    if (!n.IsDefined() || n.IsNull()) return Status::Error(name + ": file is empty");
+    return n;
+  } catch (const YAML::Exception& e) {
+    return Status::Error(name + ":" + std::to_string(e.mark.line + 1) +
+                         ": malformed YAML: " + e.msg);
+  }
+}
+
+Result<YAML::Node> LoadYamlFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error(path + ": cannot open file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::Error(path + ": cannot read file");
+  return ParseYamlText(ss.str(), path);
+}
+
+YamlReader::YamlReader(const YAML::Node& node, std::string file, std::string path)
+    : node_(node), file_(std::move(file)), path_(std::move(path)) {
+  if (!node_.IsMap()) {
+    std::string line = node_.Mark().is_null() ? "" : ":" + std::to_string(node_.Mark().line + 1);
+    first_error_ = Status::Error(file_ + line + ": '" + path_ + "' must be a mapping of keys");
+  }
+}
+
+std::string YamlReader::KeyPath(const std::string& key) const {
+  return path_.empty() ? key : path_ + "." + key;
+}
+
+std::string YamlReader::Where(const std::string& key) const {
+  YAML::Mark m = node_.Mark();
+  if (node_.IsMap()) {
+    for (auto it = node_.begin(); it != node_.end(); ++it)
+      if (it->first.Scalar() == key) { m = it->first.Mark(); break; }
+  }
+  return m.is_null() ? file_ : file_ + ":" + std::to_string(m.line + 1);
+}
+
+void YamlReader::Fail(const std::string& key, const std::string& what) {
+  if (!first_error_.ok()) return;
+  first_error_ = Status::Error(Where(key) + ": " + KeyPath(key) + ": " + what);
+}
+
+bool YamlReader::Has(const std::string& key) const {
+  return node_.IsMap() && node_[key].IsDefined() && !node_[key].IsNull();
+}
+
+std::optional<YAML::Node> YamlReader::Take(const std::string& key, bool required) {
+  if (!node_.IsMap()) return std::nullopt;
+  consumed_.push_back(key);
+  YAML::Node n = node_[key];
+  if (!n.IsDefined() || n.IsNull()) {
+    if (required) Fail(key, "missing required key");
+    return std::nullopt;
+  }
+  return n;
+}
+
+std::string YamlReader::Value(const YAML::Node& n) const {
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  return n.IsMap() ? "a mapping" : "a list";
+}
+
+namespace {
+bool ParseInt(const YAML::Node& n, int64_t* out) {
+  if (!n.IsScalar()) return false;
+  const std::string& s = n.Scalar();
+  if (s.empty()) return false;
+  size_t pos = 0;
+  try {
+    long long v = std::stoll(s, &pos, 10);
+    if (pos != s.size()) return false;
+    *out = v;
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+}  // namespace
+
+int64_t YamlReader::PositiveInt(const std::string& key) {
+  auto n = Take(key, true);
+  if (!n) return 1;
+  int64_t v = 0;
+  if (!ParseInt(*n, &v)) { Fail(key, Value(*n) + " is not an integer"); return 1; }
+  if (v <= 0) { Fail(key, Value(*n) + " must be positive"); return 1; }
+  return v;
+}
+
+int64_t YamlReader::PositiveInt(const std::string& key, int64_t fallback) {
+  if (!Has(key)) { consumed_.push_back(key); return fallback; }
+  return PositiveInt(key);
+}
+
+int64_t YamlReader::NonNegativeInt(const std::string& key, int64_t fallback) {
+  auto n = Take(key, false);
+  if (!n) return fallback;
+  int64_t v = 0;
+  if (!ParseInt(*n, &v)) { Fail(key, Value(*n) + " is not an integer"); return fallback; }
+  if (v < 0) { Fail(key, Value(*n) + " must not be negative"); return fallback; }
+  return v;
+}
+
+double YamlReader::PositiveNumber(const std::string& key, double fallback) {
+  auto n = Take(key, false);
+  if (!n) return fallback;
+  double v = 0;
+  try {
+    size_t pos = 0;
+    v = std::stod(n->IsScalar() ? n->Scalar() : std::string("x"), &pos);
+    if (pos != n->Scalar().size()) throw std::invalid_argument("trailing");
+  } catch (...) {
+    Fail(key, Value(*n) + " is not a number");
+    return fallback;
+  }
+  if (!(v > 0)) { Fail(key, Value(*n) + " must be positive"); return fallback; }
+  return v;
+}
+
+double YamlReader::Quantity(const std::string& key, Dimension dim) {
+  auto n = Take(key, true);
+  if (!n) return 1;
+  if (!n->IsScalar()) { Fail(key, Value(*n) + " is not " + DimensionExample(dim)); return 1; }
+  auto r = ParseQuantity(n->Scalar(), dim);
+  if (!r.ok()) { Fail(key, r.status().message()); return 1; }
+  return *r;
+}
+
+double YamlReader::Quantity(const std::string& key, Dimension dim, double fallback) {
+  if (!Has(key)) { consumed_.push_back(key); return fallback; }
+  return Quantity(key, dim);
+}
+
+double YamlReader::QuantityAllowZero(const std::string& key, Dimension dim, double fallback) {
+  auto n = Take(key, false);
+  if (!n) return fallback;
+  if (!n->IsScalar()) { Fail(key, Value(*n) + " is not " + DimensionExample(dim)); return fallback; }
+  auto r = ParseQuantityAllowZero(n->Scalar(), dim);
+  if (!r.ok()) { Fail(key, r.status().message()); return fallback; }
+  return *r;
+}
+
+std::string YamlReader::String(const std::string& key) {
+  auto n = Take(key, true);
+  if (!n) return "";
+  if (!n->IsScalar()) { Fail(key, Value(*n) + " is not a string"); return ""; }
+  return n->Scalar();
+}
+
+std::string YamlReader::String(const std::string& key, const std::string& fallback) {
+  if (!Has(key)) { consumed_.push_back(key); return fallback; }
+  return String(key);
+}
+
+bool YamlReader::Bool(const std::string& key, bool fallback) {
+  auto n = Take(key, false);
+  if (!n) return fallback;
+  const std::string s = n->IsScalar() ? n->Scalar() : "";
+  if (s == "true" || s == "on" || s == "yes") return true;
+  if (s == "false" || s == "off" || s == "no") return false;
+  Fail(key, Value(*n) + " is not a boolean (true/false)");
+  return fallback;
+}
+
+std::string YamlReader::Enum(const std::string& key, const std::vector<std::string>& allowed,
+                             const std::string& fallback) {
+  auto n = Take(key, false);
+  if (!n) return fallback;
+  const std::string s = n->IsScalar() ? n->Scalar() : "";
+  if (std::find(allowed.begin(), allowed.end(), s) != allowed.end()) return s;
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  Fail(key, Value(*n) + " is not one of: " + list);
+  return fallback;
+}
+
+YAML::Node YamlReader::Child(const std::string& key) {
+  auto n = Take(key, false);
+  return n ? *n : YAML::Node();
+}
+
+Status YamlReader::Finish() const {
+  if (!first_error_.ok()) return first_error_;
+  for (auto it = node_.begin(); it != node_.end(); ++it) {
+    const std::string k = it->first.Scalar();
+    if (std::find(consumed_.begin(), consumed_.end(), k) == consumed_.end()) {
+      std::string valid;
+      for (const auto& c : consumed_)
+        if (valid.find(c) == std::string::npos) valid += (valid.empty() ? "" : ", ") + c;
+      return Status::Error(file_ + ":" + std::to_string(it->first.Mark().line + 1) +
+                           ": unknown key '" + KeyPath(k) + "' (valid keys: " + valid + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ptdp

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ptdp needs to build and test, and only those that are missing.
+# Idempotent: a second run installs nothing and says so. Usage: scripts/setup.sh [--with-browser]
+#   --with-browser  also installs chromium (for the HTML report test, issue 3)
+set -euo pipefail
+
+pkgs=(cmake make g++ pkg-config libyaml-cpp-dev libfmt-dev libeigen3-dev libboost-graph-dev
+      googletest libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev)
+if [[ "${1:-}" == "--with-browser" ]]; then pkgs+=(chromium); fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup: all ${#pkgs[@]} packages present, nothing to install"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: installed ${#missing[@]} package(s)"

@@ -1,0 +1,89 @@
+// ClusterSpec: what a cluster YAML file describes (GPU model, nodes, intra-node fabric,
+// inter-node network, optional explicit links and calibrated constants), read strictly.
+//
+//   node 0                              node 1
+//   +--------------------------+        +--------------------------+
+//   | GPU0 GPU1 ... GPU7       |        | GPU0 ... GPU7            |
+//   |   \   |       /          |        |                          |
+//   |    [NVSwitch] (intra)    |        |    [NVSwitch]            |
+//   |   NIC0 ... NIC7          |        |   NIC0 ... NIC7          |
+//   +-----|--------------------+        +-----|--------------------+
+//         +------------[ IB fabric (inter, oversubscription) ]-----+
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/status.h"
+
+namespace YAML { class Node; }
+
+namespace ptdp {
+
+struct GpuSpec {
+  std::string name;                 // "A100-SXM4-80GB"
+  double memory_bytes = 0;          // HBM capacity
+  double hbm_bw_bytes_per_s = 0;    // HBM bandwidth
+  // Dense peak per precision, FLOP/s; 0 means the GPU has no such tensor-core path.
+  double peak_bf16 = 0, peak_fp16 = 0, peak_fp8 = 0, peak_tf32 = 0, peak_fp32 = 0;
+  // Peak for a training precision (fp32 training uses the tf32 tensor cores if present).
+  double PeakFlops(Precision p) const;
+};
+
+enum class IntraFabric {
+  kNvSwitch,     // every GPU reaches every other at full per-GPU bandwidth
+  kNvLinkMesh,   // direct links between every pair; bandwidth split over the peers
+  kNvLinkPairs,  // NVLink bridges between pairs (0-1, 2-3, ...); other pairs over PCIe
+  kPcie,         // all traffic through the PCIe switch / host
+  kSharedMemory, // CPU ranks of one host sharing memory (local-cpu)
+};
+const char* ToString(IntraFabric f);
+
+struct IntraNodeSpec {
+  IntraFabric fabric = IntraFabric::kNvSwitch;
+  double bw_bytes_per_s = 0;       // per GPU, per direction (NVSwitch: 300 GB/s on A100)
+  double latency_s = 0;            // one hop
+  double pcie_bw_bytes_per_s = 0;  // for kNvLinkPairs: bandwidth of the non-bridged pairs
+};
+
+struct InterNodeSpec {
+  int nics_per_node = 0;           // compute NICs per node (0 allowed only for nodes == 1)
+  double nic_bw_bytes_per_s = 0;   // per NIC, per direction (200 Gb/s HDR = 25 GB/s)
+  double latency_s = 0;            // one network hop, end to end
+  double oversubscription = 1;     // >= 1; fabric bandwidth divides by this across nodes
+};
+
+// An explicit link between two GPUs of a node (local indices), for irregular machines;
+// when any are given, they replace the fabric's implied links inside a node.
+struct LinkSpec {
+  int a = 0, b = 0;
+  double bw_bytes_per_s = 0;       // per direction
+  double latency_s = 0;
+};
+
+struct ClusterSpec {
+  std::string name;
+  std::string file;                // where it was read from ("" if built in code)
+  int nodes = 1;
+  int gpus_per_node = 1;
+  GpuSpec gpu;
+  IntraNodeSpec intra;
+  InterNodeSpec inter;
+  std::vector<LinkSpec> links;
+  // Calibrated constants by name (cost_model/hardware_table names), overriding the defaults.
+  // Written by `ptdp calibrate`; optional `calibration:` map of name -> number.
+  std::map<std::string, double> calibration;
+
+  int world() const { return nodes * gpus_per_node; }
+};
+
+// Reads a cluster from a YAML map (see configs/clusters/*.yaml for the keys).
+Result<ClusterSpec> ClusterFromYaml(const YAML::Node& node, const std::string& file);
+// Loads a cluster YAML file. Errors name file:line, key and value.
+Result<ClusterSpec> LoadClusterFile(const std::string& path);
+// YAML text that ClusterFromYaml reads back to the same spec (round trip).
+std::string ClusterToYaml(const ClusterSpec& c);
+
+}  // namespace ptdp
