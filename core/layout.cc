@@ -54,7 +54,9 @@ Result<ScheduleKind> ParseScheduleKind(const std::string& s) {
 
 std::string Layout::ShortName() const {
   std::ostringstream o;
-  o << "tp" << tp << " pp" << pp << " dp" << dp;
+  o << "tp" << tp;
+  if (cp > 1) o << " cp" << cp;
+  o << " pp" << pp << " dp" << dp;
   if (vp > 1) o << " vp" << vp;
   o << " mb" << micro_batch;
   return o.str();
@@ -72,6 +74,7 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kInterleaveMicrobatches: return "interleaving_microbatch_rule";
     case Rejection::kBatch: return "global_batch_not_divisible_by_mb_x_dp";
     case Rejection::kSpNeedsTp: return "sequence_parallel_needs_tp";
+    case Rejection::kSeqCp: return "seq_len_not_divisible_by_2cp";
     case Rejection::kScheduleMismatch: return "schedule_mismatch";
     case Rejection::kTpCrossesNode: return "tp_crosses_node";
     case Rejection::kPrecisionUnsupported: return "precision_unsupported_by_gpu";
@@ -87,7 +90,7 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
   switch (r) {
     case Rejection::kOk: o << "legal"; break;
     case Rejection::kWorldSize:
-      o << "tp*pp*dp = " << l.tp << "*" << l.pp << "*" << l.dp << " = " << l.world()
+      o << "tp*cp*pp*dp = " << l.tp << "*" << l.cp << "*" << l.pp << "*" << l.dp << " = " << l.world()
         << " does not match the number of GPUs";
       break;
     case Rejection::kHeadsTp: o << "heads " << m.heads << " % tp " << l.tp << " != 0"; break;
@@ -110,6 +113,9 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
         << l.dp << ") != 0";
       break;
     case Rejection::kSpNeedsTp: o << "sequence parallelism needs tp > 1"; break;
+    case Rejection::kSeqCp:
+      o << "seq_len " << m.seq_len << " % (2 * cp " << l.cp << ") != 0";
+      break;
     case Rejection::kScheduleMismatch:
       o << "schedule " << ToString(l.schedule) << " with vp " << l.vp
         << ": interleaved needs vp > 1 and vp > 1 needs interleaved";
@@ -132,6 +138,7 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
   if (m.layers % l.pp != 0) return Rejection::kLayersPp;
   if ((m.layers / l.pp) % l.vp != 0) return Rejection::kLayersVp;
   if (l.sequence_parallel && l.tp == 1) return Rejection::kSpNeedsTp;
+  if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;
   if (l.global_batch % (int64_t(l.micro_batch) * l.dp) != 0) return Rejection::kBatch;
   const bool interleaved = l.schedule == ScheduleKind::kInterleaved;
   if (interleaved != (l.vp > 1)) return Rejection::kScheduleMismatch;
@@ -146,7 +153,7 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
 
 Status ValidateLayout(const ModelSpec& m, const Layout& l, int world, int gpus_per_node,
                       bool allow_tp_across_nodes) {
-  if (l.tp <= 0 || l.pp <= 0 || l.dp <= 0 || l.vp <= 0 || l.micro_batch <= 0 ||
+  if (l.tp <= 0 || l.pp <= 0 || l.dp <= 0 || l.vp <= 0 || l.cp <= 0 || l.micro_batch <= 0 ||
       l.global_batch <= 0)
     return Status::Error("layout " + l.ShortName() + ": sizes must be positive");
   if (l.world() != world)

@@ -27,6 +27,7 @@ struct Layout {
   int pp = 1;                       // pipeline-parallel size p
   int dp = 1;                       // data-parallel size d
   int vp = 1;                       // model chunks (virtual stages) per pipeline rank v
+  int cp = 1;                       // context-parallel size c (sequence split over c ranks)
   int micro_batch = 1;              // b, sequences per micro-batch
   int64_t global_batch = 1;         // B, sequences per step
   int microbatch_group = 0;         // interleaving group size g; 0 means p (Megatron default)
@@ -35,12 +36,17 @@ struct Layout {
   bool distributed_optimizer = false;  // ZeRO-1 style sharded optimizer over DP
   Precision precision = Precision::kBf16;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;  // interleaved iff vp > 1
+  // Megatron --overlap-grad-reduce / --overlap-param-gather: DP collectives run under the
+  // last micro-batch's backward (and the next step's first forward).
+  bool overlap_grad_reduce = true;
+  // Megatron/TE --tp-comm-overlap: TP collectives split and overlapped with the GEMMs.
+  bool tp_comm_overlap = false;
 
-  int world() const { return tp * pp * dp; }
+  int world() const { return tp * cp * pp * dp; }
   // m = B / (b d); meaningful only when legal.
   int64_t num_microbatches() const { return global_batch / (int64_t(micro_batch) * dp); }
   int group_size() const { return microbatch_group > 0 ? microbatch_group : pp; }
-  // "tp4 pp8 dp4 vp12 mb1" style short name.
+  // "tp4 pp8 dp4 vp12 mb1" style short name (cp shown when > 1).
   std::string ShortName() const;
 };
 
@@ -56,6 +62,7 @@ enum class Rejection {
   kInterleaveMicrobatches,  // group rule: p <= g <= m and (m % g == 0 or m % g >= p)
   kBatch,              // B % (b d) != 0
   kSpNeedsTp,          // SP with t == 1
+  kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kScheduleMismatch,   // interleaved schedule iff v > 1
   kTpCrossesNode,      // TP group spans nodes (legal for Megatron; planner rejects unless forced)
   kPrecisionUnsupported,  // e.g. fp8 on a GPU without an fp8 peak

@@ -133,6 +133,27 @@ Result<int64_t> JsonInt(const nlohmann::json& j, const std::string& file,
 
 }  // namespace
 
+namespace {
+Result<ModelSpec> ImportHfJson(const nlohmann::json& j, const std::string& path);
+// Optional typed fields: absent or null gives the fallback; a wrong type is an error naming
+// the key.
+Result<bool> JsonBool(const nlohmann::json& j, const std::string& file, const std::string& key,
+                      bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean())
+    return Status::Error(file + ": key '" + key + "' = " + j[key].dump() + " is not a boolean");
+  return j[key].get<bool>();
+}
+Result<std::string> JsonString(const nlohmann::json& j, const std::string& file,
+                               const std::string& key, const std::string& fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_string())
+    return Status::Error(file + ": key '" + key + "' = " + j[key].dump() + " is not a string");
+  return j[key].get<std::string>();
+}
+
+}  // namespace
+
 Result<ModelSpec> ImportHfConfig(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::Error(path + ": cannot open file");
@@ -143,11 +164,19 @@ Result<ModelSpec> ImportHfConfig(const std::string& path) {
     return Status::Error(path + ": malformed JSON: " + e.what());
   }
   if (!j.is_object()) return Status::Error(path + ": top level is not a JSON object");
+  try {
+    return ImportHfJson(j, path);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+    return Status::Error(path + ": a field has the wrong type: " + e.what());
+  }
+}
+
+namespace {
+Result<ModelSpec> ImportHfJson(const nlohmann::json& j, const std::string& path) {
   ModelSpec m;
-  const std::string type = j.value("model_type", std::string());
-  m.name = j.contains("_name_or_path") && j["_name_or_path"].is_string()
-               ? j["_name_or_path"].get<std::string>()
-               : (type.empty() ? std::string("hf-model") : type);
+  PTDP_ASSIGN_OR_RETURN(const std::string type, JsonString(j, path, "model_type", ""));
+  PTDP_ASSIGN_OR_RETURN(m.name, JsonString(j, path, "_name_or_path",
+                                           type.empty() ? std::string("hf-model") : type));
   if (j.contains("n_layer") || type == "gpt2") {  // GPT-2 family
     PTDP_ASSIGN_OR_RETURN(m.layers, JsonInt(j, path, "n_layer", 0));
     PTDP_ASSIGN_OR_RETURN(m.hidden, JsonInt(j, path, "n_embd", 0));
@@ -159,7 +188,7 @@ Result<ModelSpec> ImportHfConfig(const std::string& path) {
     m.activation = Activation::kGelu;
     m.norm = Norm::kLayerNorm;
     m.position = PositionEmbedding::kLearned;
-    m.tied_embeddings = j.value("tie_word_embeddings", true);
+    PTDP_ASSIGN_OR_RETURN(m.tied_embeddings, JsonBool(j, path, "tie_word_embeddings", true));
     m.bias = true;
   } else {  // Llama, Mistral, Qwen2 family
     PTDP_ASSIGN_OR_RETURN(m.layers, JsonInt(j, path, "num_hidden_layers", 0));
@@ -169,7 +198,7 @@ Result<ModelSpec> ImportHfConfig(const std::string& path) {
     PTDP_ASSIGN_OR_RETURN(m.ffn_hidden, JsonInt(j, path, "intermediate_size", 4 * m.hidden));
     PTDP_ASSIGN_OR_RETURN(m.seq_len, JsonInt(j, path, "max_position_embeddings", 0));
     PTDP_ASSIGN_OR_RETURN(m.vocab, JsonInt(j, path, "vocab_size", 0));
-    const std::string act = j.value("hidden_act", std::string("silu"));
+    PTDP_ASSIGN_OR_RETURN(const std::string act, JsonString(j, path, "hidden_act", "silu"));
     if (act == "silu" || act == "swish") m.activation = Activation::kSwiglu;
     else if (act.rfind("gelu", 0) == 0) m.activation = Activation::kGelu;
     else if (act == "relu2") m.activation = Activation::kSquaredRelu;
@@ -177,12 +206,13 @@ Result<ModelSpec> ImportHfConfig(const std::string& path) {
                               "\" is not supported (silu, gelu, relu2)");
     m.norm = j.contains("rms_norm_eps") ? Norm::kRmsNorm : Norm::kLayerNorm;
     m.position = PositionEmbedding::kRope;
-    m.tied_embeddings = j.value("tie_word_embeddings", false);
-    m.bias = j.value("attention_bias", false);
+    PTDP_ASSIGN_OR_RETURN(m.tied_embeddings, JsonBool(j, path, "tie_word_embeddings", false));
+    PTDP_ASSIGN_OR_RETURN(m.bias, JsonBool(j, path, "attention_bias", false));
   }
   PTDP_RETURN_IF_ERROR(ValidateModel(m, path));
   return m;
 }
+}  // namespace
 
 Result<ModelSpec> LoadModel(const std::string& spec) {
   if (spec.rfind("hf:", 0) == 0) return ImportHfConfig(spec.substr(3));
@@ -191,7 +221,7 @@ Result<ModelSpec> LoadModel(const std::string& spec) {
 
 std::string ModelToYaml(const ModelSpec& m, const std::string& in) {
   std::ostringstream o;
-  o << in << "name: \"" << m.name << "\"\n"
+  o << in << "name: " << YamlQuote(m.name) << "\n"
     << in << "layers: " << m.layers << "\n"
     << in << "hidden: " << m.hidden << "\n"
     << in << "heads: " << m.heads << "\n"

@@ -2,6 +2,7 @@
 // the key name (step_time_s, memory_bytes) so that a round trip is exact.
 #include "core/plan.h"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -19,19 +20,23 @@ std::string Num(double v) {
 
 const char* Bool(bool b) { return b ? "true" : "false"; }
 
+double ParseNonNegative(YamlReader& r, const std::string& key, const YAML::Node& n) {
+  const std::string text = n.IsScalar() ? n.Scalar() : "";
+  try {
+    size_t pos = 0;
+    double v = std::stod(text, &pos);
+    if (pos != text.size() || !std::isfinite(v) || v < 0) throw std::invalid_argument("bad");
+    return v;
+  } catch (...) {
+    r.Fail(key, "'" + text + "' is not a non-negative number");
+    return 0;
+  }
+}
+
 double ReadDouble(YamlReader& r, const std::string& key) {
   // Predictions may be zero (e.g. no bubble), so read as a number >= 0.
   if (!r.Has(key)) { r.Fail(key, "missing required key"); return 0; }
-  YAML::Node n = r.Child(key);
-  try {
-    size_t pos = 0;
-    double v = std::stod(n.Scalar(), &pos);
-    if (pos != n.Scalar().size() || v < 0) throw std::invalid_argument("bad");
-    return v;
-  } catch (...) {
-    r.Fail(key, "'" + n.Scalar() + "' is not a non-negative number");
-    return 0;
-  }
+  return ParseNonNegative(r, key, r.Child(key));
 }
 
 Status ReadPrediction(const YAML::Node& node, const std::string& file, Prediction* p) {
@@ -63,7 +68,8 @@ Status ReadPrediction(const YAML::Node& node, const std::string& file, Predictio
   YAML::Node stages = r.Child("stage_memory_bytes");
   if (stages && !stages.IsSequence()) r.Fail("stage_memory_bytes", "must be a list of numbers");
   if (stages && stages.IsSequence())
-    for (const auto& s : stages) p->stage_memory_bytes.push_back(s.as<double>(0.0));
+    for (const auto& s : stages)
+      p->stage_memory_bytes.push_back(ParseNonNegative(r, "stage_memory_bytes", s));
   return r.Finish();
 }
 
@@ -76,8 +82,8 @@ std::string PlanToYaml(const Plan& plan) {
     << "# Read by `ptdp simulate`, `ptdp train` and `ptdp compare`.\n"
     << "ptdp_plan_version: 1\n"
     << "cluster:\n"
-    << "  file: \"" << plan.cluster_file << "\"\n"
-    << "  name: \"" << plan.cluster_name << "\"\n"
+    << "  file: " << YamlQuote(plan.cluster_file) << "\n"
+    << "  name: " << YamlQuote(plan.cluster_name) << "\n"
     << "  nodes: " << plan.nodes << "\n"
     << "  gpus_per_node: " << plan.gpus_per_node << "\n"
     << "  allow_tp_across_nodes: " << Bool(plan.allow_tp_across_nodes) << "\n"
@@ -87,6 +93,7 @@ std::string PlanToYaml(const Plan& plan) {
     << "  pp: " << l.pp << "\n"
     << "  dp: " << l.dp << "\n"
     << "  vp: " << l.vp << "\n"
+    << "  cp: " << l.cp << "\n"
     << "  micro_batch: " << l.micro_batch << "\n"
     << "  global_batch: " << l.global_batch << "\n"
     << "  num_microbatches: " << l.num_microbatches() << "  # derived: B / (b * dp)\n"
@@ -95,7 +102,9 @@ std::string PlanToYaml(const Plan& plan) {
     << "  recompute: " << ToString(l.recompute) << "\n"
     << "  distributed_optimizer: " << Bool(l.distributed_optimizer) << "\n"
     << "  precision: " << ToString(l.precision) << "\n"
-    << "  schedule: " << ToString(l.schedule) << "\n";
+    << "  schedule: " << ToString(l.schedule) << "\n"
+    << "  overlap_grad_reduce: " << Bool(l.overlap_grad_reduce) << "\n"
+    << "  tp_comm_overlap: " << Bool(l.tp_comm_overlap) << "\n";
   if (plan.has_prediction) {
     const Prediction& p = plan.prediction;
     o << "prediction:\n"
@@ -150,6 +159,7 @@ Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name) 
   lay.pp = static_cast<int>(l.PositiveInt("pp"));
   lay.dp = static_cast<int>(l.PositiveInt("dp"));
   lay.vp = static_cast<int>(l.PositiveInt("vp", 1));
+  lay.cp = static_cast<int>(l.PositiveInt("cp", 1));
   lay.micro_batch = static_cast<int>(l.PositiveInt("micro_batch"));
   lay.global_batch = l.PositiveInt("global_batch");
   const int64_t m_written = l.PositiveInt("num_microbatches", 0 + 1);
@@ -160,6 +170,8 @@ Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name) 
   lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp32"}, "bf16"));
   lay.schedule = *ParseScheduleKind(
       l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
+  lay.overlap_grad_reduce = l.Bool("overlap_grad_reduce", true);
+  lay.tp_comm_overlap = l.Bool("tp_comm_overlap", false);
   if (l.Has("num_microbatches") && lay.global_batch % (int64_t(lay.micro_batch) * lay.dp) == 0 &&
       m_written != lay.num_microbatches())
     l.Fail("num_microbatches", "'" + std::to_string(m_written) + "' disagrees with B/(b*dp) = " +

@@ -66,6 +66,13 @@ Result<double> Parse(std::string_view text, Dimension dim, bool allow_zero) {
   if (end == begin)
     return Status::Error(quoted + " does not start with a number, expected " +
                          DimensionExample(dim));
+  if (!std::isfinite(number)) return Status::Error(quoted + " is not a finite number");
+  // Plain decimal numbers only: strtod also takes hex ("0x10").
+  const bool decimal =
+      end != begin && std::string(begin, static_cast<size_t>(end - begin)).find_first_not_of("0123456789.eE+-") == std::string::npos;
+  if (!decimal)
+    return Status::Error(quoted + " does not start with a number in decimal, expected " +
+                         DimensionExample(dim));
   std::string unit(end);
   size_t ub = unit.find_first_not_of(" \t");
   unit = ub == std::string::npos ? "" : unit.substr(ub);
@@ -83,7 +90,6 @@ Result<double> Parse(std::string_view text, Dimension dim, bool allow_zero) {
   }
   if (!u)
     return Status::Error(quoted + ": unknown unit \"" + unit + "\" (valid: " + valid + ")");
-  if (!std::isfinite(number)) return Status::Error(quoted + " is not a finite number");
   if (number < 0) return Status::Error(quoted + " is negative");
   if (number == 0 && !allow_zero) return Status::Error(quoted + " is zero");
   return number * u->factor;
@@ -122,19 +128,19 @@ Result<double> ParseQuantityAllowZero(std::string_view text, Dimension dim) {
 std::string FormatBytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int i = 0;
-  while (bytes >= 1024 && i < 5) { bytes /= 1024; ++i; }
+  while (bytes >= 1023.5 && i < 5) { bytes /= 1024; ++i; }
   return Fmt(bytes, units[i]);
 }
 std::string FormatBandwidth(double bps) {
   const char* units[] = {"B/s", "kB/s", "MB/s", "GB/s", "TB/s"};
   int i = 0;
-  while (bps >= 1000 && i < 4) { bps /= 1000; ++i; }
+  while (bps >= 999.5 && i < 4) { bps /= 1000; ++i; }
   return Fmt(bps, units[i]);
 }
 std::string FormatSeconds(double s) {
-  if (s >= 1) return Fmt(s, "s");
-  if (s >= 1e-3) return Fmt(s * 1e3, "ms");
-  if (s >= 1e-6) return Fmt(s * 1e6, "us");
+  if (s >= 0.9995) return Fmt(s, "s");
+  if (s >= 0.9995e-3) return Fmt(s * 1e3, "ms");
+  if (s >= 0.9995e-6) return Fmt(s * 1e6, "us");
   return Fmt(s * 1e9, "ns");
 }
 std::string FormatFlopRate(double f) {

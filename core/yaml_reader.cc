@@ -7,6 +7,16 @@
 
 namespace ptdp {
 
+std::string YamlQuote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') { out += "\\n"; continue; }
+    out += c;
+  }
+  return out + "\"";
+}
+
 Result<YAML::Node> ParseYamlText(const std::string& text, const std::string& name) {
   try {
     YAML::Node n = YAML::Load(text);
@@ -31,7 +41,8 @@ YamlReader::YamlReader(const YAML::Node& node, std::string file, std::string pat
     : node_(node), file_(std::move(file)), path_(std::move(path)) {
   if (!node_.IsMap()) {
     std::string line = node_.Mark().is_null() ? "" : ":" + std::to_string(node_.Mark().line + 1);
-    first_error_ = Status::Error(file_ + line + ": '" + path_ + "' must be a mapping of keys");
+    first_error_ = Status::Error(file_ + line + ": " + (path_.empty() ? "the top level" : "'" + path_ + "'") +
+                                 " must be a mapping of keys");
   }
 }
 

@@ -20,6 +20,9 @@
 
 namespace ptdp {
 
+// A double-quoted YAML scalar with backslashes and quotes escaped, for writers.
+std::string YamlQuote(const std::string& s);
+
 // Loads a YAML file; the error names the file (missing, unreadable, malformed with line).
 Result<YAML::Node> LoadYamlFile(const std::string& path);
 

@@ -1,0 +1,263 @@
+// Layout legality (megatron-reference.md section 1): a table of legal and illegal layouts
+// covering every Rejection CheckLayout can return, ValidateLayout's messages, and the string
+// round trips. Letters: a heads, k kv heads, L layers, t/p/d tp/pp/dp, v virtual stages,
+// b micro-batch, B global batch, m = B/(b d) micro-batches, g interleaving group size.
+#include "core/layout.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ptdp {
+namespace {
+
+using ::testing::HasSubstr;
+
+// a 32, k 8, L 24, h 4096, s 2048: divisible enough that each case breaks one rule only.
+ModelSpec TestModel() {
+  ModelSpec m;
+  m.name = "test";
+  m.layers = 24; m.hidden = 4096; m.heads = 32; m.kv_heads = 8; m.ffn_hidden = 16384;
+  m.seq_len = 2048; m.vocab = 32000;
+  return m;
+}
+
+struct LayoutArgs {
+  int tp = 1, pp = 1, dp = 1, vp = 1, cp = 1, mb = 1;
+  int64_t gb = 64;
+  int group = 0;
+  bool sp = false;
+  // -1: interleaved iff vp > 1 (the consistent choice); otherwise the given kind.
+  int schedule = -1;
+};
+
+Layout Make(const LayoutArgs& a) {
+  Layout l;
+  l.tp = a.tp; l.pp = a.pp; l.dp = a.dp; l.vp = a.vp; l.cp = a.cp;
+  l.micro_batch = a.mb; l.global_batch = a.gb; l.microbatch_group = a.group;
+  l.sequence_parallel = a.sp;
+  l.schedule = a.schedule >= 0 ? static_cast<ScheduleKind>(a.schedule)
+               : a.vp > 1      ? ScheduleKind::kInterleaved
+                               : ScheduleKind::kOneFOneB;
+  return l;
+}
+
+struct Case {
+  const char* label;
+  ModelSpec model;
+  LayoutArgs args;
+  Rejection expected;
+};
+
+ModelSpec WithKv(int64_t heads, int64_t kv) {
+  ModelSpec m = TestModel();
+  m.heads = heads;
+  m.kv_heads = kv;
+  m.hidden = heads * 128;
+  return m;
+}
+
+ModelSpec WithSeq(int64_t s) {
+  ModelSpec m = TestModel();
+  m.seq_len = s;
+  return m;
+}
+
+TEST(CheckLayoutTest, Table) {
+  const ModelSpec m = TestModel();
+  const int gpipe = static_cast<int>(ScheduleKind::kGPipe);
+  const int interleaved = static_cast<int>(ScheduleKind::kInterleaved);
+  const Case cases[] = {
+      // --- legal
+      {"single_gpu", m, {}, Rejection::kOk},
+      {"tp8_pp4_dp2", m, {.tp = 8, .pp = 4, .dp = 2, .gb = 64}, Rejection::kOk},
+      {"gpipe_schedule", m, {.pp = 4, .schedule = gpipe}, Rejection::kOk},
+      // --- heads: a % t
+      {"heads24_tp5", WithKv(24, 24), {.tp = 5}, Rejection::kHeadsTp},    // 24 % 5 = 4
+      {"heads32_tp64", m, {.tp = 64}, Rejection::kHeadsTp},              // 32 % 64 = 32
+      // --- GQA: legal when k % t == 0 or t % k == 0
+      {"kv8_tp4", WithKv(32, 8), {.tp = 4}, Rejection::kOk},    // 8 % 4 == 0
+      {"kv8_tp8", WithKv(32, 8), {.tp = 8}, Rejection::kOk},
+      {"kv8_tp16", WithKv(32, 8), {.tp = 16}, Rejection::kOk},  // 16 % 8 == 0 (newer Megatron)
+      {"kv8_tp3", WithKv(24, 8), {.tp = 3}, Rejection::kKvHeadsTp},  // 24 % 3 = 0, 8 vs 3
+      {"kv6_tp4", WithKv(24, 6), {.tp = 4}, Rejection::kKvHeadsTp},  // 6 % 4 = 2, 4 % 6 = 4
+      // --- L % p
+      {"layers24_pp5", m, {.pp = 5}, Rejection::kLayersPp},
+      {"layers24_pp16", m, {.pp = 16}, Rejection::kLayersPp},
+      {"layers24_pp8", m, {.pp = 8}, Rejection::kOk},
+      // --- (L/p) % v: L/p = 24/4 = 6
+      {"stage6_vp3", m, {.pp = 4, .vp = 3, .gb = 8}, Rejection::kOk},   // 6 % 3 == 0
+      {"stage6_vp4", m, {.pp = 4, .vp = 4, .gb = 8}, Rejection::kLayersVp},  // 6 % 4 = 2
+      // --- interleaving needs p > 2 (L/p = 12, 12 % 2 = 0, so only this rule breaks)
+      {"interleave_pp2", m, {.pp = 2, .vp = 2, .gb = 8}, Rejection::kInterleavePp},
+      {"interleave_pp3", m, {.pp = 3, .vp = 2, .gb = 6}, Rejection::kOk},  // m 6, g 3
+      // --- interleaving micro-batch rule, p 4, v 2 (L/p = 6): p <= g <= m and
+      //     (m % g == 0 or m % g >= p); g defaults to p.
+      {"m8_g4", m, {.pp = 4, .vp = 2, .gb = 8}, Rejection::kOk},          // 8 % 4 == 0
+      {"m6_g4", m, {.pp = 4, .vp = 2, .gb = 6}, Rejection::kInterleaveMicrobatches},  // 6%4=2<4
+      {"m2_g4", m, {.pp = 4, .vp = 2, .gb = 2}, Rejection::kInterleaveMicrobatches},  // g > m
+      {"m12_g5", m, {.pp = 4, .vp = 2, .gb = 12, .group = 5},
+       Rejection::kInterleaveMicrobatches},                                // 12 % 5 = 2 < 4
+      {"m12_g6", m, {.pp = 4, .vp = 2, .gb = 12, .group = 6}, Rejection::kOk},  // 12 % 6 == 0
+      {"m9_g5", m, {.pp = 4, .vp = 2, .gb = 9, .group = 5}, Rejection::kOk},    // 9 % 5 = 4 >= 4
+      {"m12_g3", m, {.pp = 4, .vp = 2, .gb = 12, .group = 3},
+       Rejection::kInterleaveMicrobatches},                                // g < p
+      {"m6_b2_dp2", m, {.pp = 4, .dp = 2, .vp = 2, .mb = 2, .gb = 24},
+       Rejection::kInterleaveMicrobatches},  // m = 24 / (2*2) = 6: 6 % 4 = 2 < 4
+      {"no_interleave_m6", m, {.pp = 4, .gb = 6}, Rejection::kOk},  // 1F1B: no m rule
+      // --- B % (b d)
+      {"batch_64_b3", m, {.mb = 3, .gb = 64}, Rejection::kBatch},
+      {"batch_64_b2_d3", m, {.dp = 3, .mb = 2, .gb = 64}, Rejection::kBatch},  // 64 % 6 = 4
+      {"batch_96_b2_d3", m, {.dp = 3, .mb = 2, .gb = 96}, Rejection::kOk},     // m = 16
+      // --- SP needs t > 1
+      {"sp_tp1", m, {.sp = true}, Rejection::kSpNeedsTp},
+      {"sp_tp2", m, {.tp = 2, .sp = true}, Rejection::kOk},
+      // --- context parallelism: s % (2c)
+      {"cp2_s2048", m, {.cp = 2}, Rejection::kOk},
+      {"cp3_s2048", m, {.cp = 3}, Rejection::kSeqCp},           // 2048 % 6 = 2
+      {"cp2_s1001", WithSeq(1001), {.cp = 2}, Rejection::kSeqCp},  // 1001 % 4 = 1
+      // --- schedule kind must agree with v
+      {"interleaved_vp1", m, {.pp = 4, .schedule = interleaved}, Rejection::kScheduleMismatch},
+      {"1f1b_vp2", m, {.pp = 4, .vp = 2, .gb = 8, .schedule = 1}, Rejection::kScheduleMismatch},
+      {"gpipe_vp2", m, {.pp = 4, .vp = 2, .gb = 8, .schedule = gpipe},
+       Rejection::kScheduleMismatch},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    const Layout l = Make(c.args);
+    EXPECT_EQ(RejectionKey(CheckLayout(c.model, l)), std::string(RejectionKey(c.expected)))
+        << ExplainRejection(CheckLayout(c.model, l), c.model, l);
+  }
+}
+
+TEST(CheckLayoutTest, GptTinyAllowsPp4WithTwoVirtualStages) {
+  ModelSpec tiny;
+  tiny.layers = 8; tiny.hidden = 64; tiny.heads = 4; tiny.kv_heads = 4; tiny.ffn_hidden = 256;
+  tiny.seq_len = 64; tiny.vocab = 256;
+  // L/p = 2, 2 % 2 == 0; m = 8 = 2 groups of 4.
+  EXPECT_EQ(CheckLayout(tiny, Make({.pp = 4, .vp = 2, .gb = 8})), Rejection::kOk);
+  EXPECT_EQ(CheckLayout(tiny, Make({.tp = 4, .pp = 2})), Rejection::kOk);
+}
+
+TEST(LayoutTest, DerivedFigures) {
+  const Layout l = Make({.tp = 8, .pp = 4, .dp = 2, .vp = 3, .mb = 2, .gb = 64});
+  EXPECT_EQ(l.world(), 64);             // 8 * 1 * 4 * 2
+  EXPECT_EQ(l.num_microbatches(), 16);  // 64 / (2 * 2)
+  EXPECT_EQ(l.group_size(), 4);         // 0 means p
+  EXPECT_EQ(Make({.pp = 4, .group = 6}).group_size(), 6);
+  EXPECT_EQ(Make({.tp = 2, .pp = 2, .dp = 2, .cp = 2}).world(), 16);
+  EXPECT_EQ(l.ShortName(), "tp8 pp4 dp2 vp3 mb2");
+  EXPECT_EQ(Make({.tp = 2, .cp = 2}).ShortName(), "tp2 cp2 pp1 dp1 mb1");
+}
+
+TEST(ExplainRejectionTest, ContainsTheNumbers) {
+  const ModelSpec m = TestModel();
+  struct Expl {
+    Rejection r;
+    LayoutArgs args;
+    std::vector<std::string> pieces;
+  };
+  const Expl cases[] = {
+      {Rejection::kHeadsTp, {.tp = 5}, {"heads 32", "tp 5"}},
+      {Rejection::kKvHeadsTp, {.tp = 3}, {"kv_heads 8", "tp 3"}},
+      {Rejection::kLayersPp, {.pp = 5}, {"layers 24", "pp 5"}},
+      {Rejection::kLayersVp, {.pp = 4, .vp = 4}, {"6", "vp 4"}},
+      {Rejection::kInterleavePp, {.pp = 2, .vp = 2}, {"vp 2", "pp 2"}},
+      {Rejection::kInterleaveMicrobatches, {.pp = 4, .vp = 2, .gb = 12, .group = 5},
+       {"pp 4", "g 5", "m 12"}},
+      {Rejection::kBatch, {.dp = 3, .mb = 2, .gb = 64}, {"64", "2", "dp 3"}},
+      {Rejection::kSpNeedsTp, {.sp = true}, {"tp > 1"}},
+      {Rejection::kSeqCp, {.cp = 3}, {"2048", "cp 3"}},
+      {Rejection::kScheduleMismatch, {.pp = 4, .schedule = 2}, {"interleaved", "vp 1"}},
+      {Rejection::kWorldSize, {.tp = 2, .pp = 2, .dp = 2}, {"2*1*2*2 = 8"}},
+      {Rejection::kTpCrossesNode, {.tp = 16}, {"tp 16"}},
+      {Rejection::kPrecisionUnsupported, {}, {"bf16"}},
+  };
+  for (const Expl& c : cases) {
+    SCOPED_TRACE(RejectionKey(c.r));
+    const std::string text = ExplainRejection(c.r, m, Make(c.args));
+    for (const std::string& p : c.pieces) EXPECT_THAT(text, HasSubstr(p));
+  }
+  EXPECT_EQ(ExplainRejection(Rejection::kOk, m, Make({})), "legal");
+}
+
+TEST(RejectionKeyTest, AllDistinctAndNamed) {
+  std::set<std::string> keys;
+  for (int i = 0; i < kNumRejections; ++i) {
+    const std::string key = RejectionKey(static_cast<Rejection>(i));
+    EXPECT_NE(key, "?") << i;
+    EXPECT_FALSE(key.empty()) << i;
+    EXPECT_EQ(key.find(' '), std::string::npos) << key;  // usable as a JSON key
+    keys.insert(key);
+    // Every rejection has an explanation.
+    EXPECT_FALSE(ExplainRejection(static_cast<Rejection>(i), TestModel(), Make({})).empty());
+  }
+  EXPECT_EQ(keys.size(), static_cast<size_t>(kNumRejections));
+  EXPECT_STREQ(RejectionKey(Rejection::kHeadsTp), "heads_not_divisible_by_tp");
+}
+
+TEST(ValidateLayoutTest, Messages) {
+  const ModelSpec m = TestModel();
+  // Legal: tp 8 inside an 8-GPU node, 64 GPUs.
+  EXPECT_TRUE(ValidateLayout(m, Make({.tp = 8, .pp = 4, .dp = 2}), 64, 8, false).ok());
+
+  // World mismatch: 8 * 4 * 2 = 64 GPUs asked on 32.
+  Status s = ValidateLayout(m, Make({.tp = 8, .pp = 4, .dp = 2}), 32, 8, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("tp8 pp4 dp2"));
+  EXPECT_THAT(s.message(), HasSubstr("= 64"));
+  EXPECT_THAT(s.message(), HasSubstr("(32)"));
+
+  // TP 16 with 8 GPUs per node spans two nodes: refused unless allowed.
+  const Layout tp16 = Make({.tp = 16, .dp = 2});
+  s = ValidateLayout(m, tp16, 32, 8, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("tp 16 spans nodes"));
+  EXPECT_TRUE(ValidateLayout(m, tp16, 32, 8, true).ok());
+  // tp 3 does not divide 8 GPUs per node: some TP group straddles a node boundary.
+  EXPECT_FALSE(ValidateLayout(WithKv(24, 24), Make({.tp = 3}), 3, 8, false).ok());
+
+  // A broken Megatron rule is named with its numbers.
+  s = ValidateLayout(m, Make({.tp = 5}), 5, 8, true);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("illegal layout"));
+  EXPECT_THAT(s.message(), HasSubstr("heads 32 % tp 5"));
+
+  // Non-positive sizes.
+  s = ValidateLayout(m, Make({.tp = 0}), 0, 8, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("must be positive"));
+}
+
+TEST(LayoutStringsTest, ParseToStringRoundTrips) {
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    Result<Recompute> back = ParseRecompute(ToString(r));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, r);
+  }
+  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp8, Precision::kFp32}) {
+    Result<Precision> back = ParsePrecision(ToString(p));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, p);
+  }
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved}) {
+    Result<ScheduleKind> back = ParseScheduleKind(ToString(k));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, k);
+  }
+  EXPECT_STREQ(ToString(ScheduleKind::kOneFOneB), "1f1b");
+  Result<Recompute> bad_r = ParseRecompute("partial");
+  ASSERT_FALSE(bad_r.ok());
+  EXPECT_THAT(bad_r.status().message(), HasSubstr("'partial'"));
+  EXPECT_THAT(bad_r.status().message(), HasSubstr("none, selective, full"));
+  EXPECT_FALSE(ParsePrecision("BF16").ok());  // case-sensitive, like the YAML values
+  Result<ScheduleKind> bad_s = ParseScheduleKind("zero-bubble");
+  ASSERT_FALSE(bad_s.ok());
+  EXPECT_THAT(bad_s.status().message(), HasSubstr("gpipe, 1f1b, interleaved"));
+}
+
+}  // namespace
+}  // namespace ptdp
