@@ -35,6 +35,6 @@ std::string FormatSeconds(double seconds);
 std::string FormatFlopRate(double flop_per_s);
 
 // Canonical config spelling that ParseQuantity reads back to the same value (round trip).
-std::string QuantityToConfig(double si_value, Dimension dim);
+std::string QuantityToConfig(double value_si, Dimension dim);
 
 }  // namespace ptdp

@@ -1,0 +1,431 @@
+// Topology: the cluster as a Boost.Graph, widest paths between the GPUs of a node, and the
+// ring-collective time model of megatron-reference.md section 5 / nccl-tests PERFORMANCE.md.
+//
+// One node, by fabric (g = gpus_per_node; every edge: bandwidth per direction, latency):
+//   nvswitch, shared_memory   GPU --(bw, lat/2)-- [hub] --(bw, lat/2)-- GPU
+//   nvlink_mesh               GPU --(bw/(g-1), lat)-- GPU, for every pair
+//   nvlink_pairs              GPU0 ==(bw, lat)== GPU1, GPU2 == GPU3, ...; and every GPU
+//                             --(pcie_bw, lat/2)-- [PCIe switch] for the other pairs
+//   pcie                      GPU --(bw, lat/2)-- [PCIe switch] --(bw, lat/2)-- GPU
+//   explicit links:           replace the NVLink part above (hub, mesh or pairs); a PCIe
+//                             switch (pcie, nvlink_pairs) stays as the fallback path.
+// Across nodes (rail of NIC i*nics/g for GPU i):
+//   GPU --(nic_bw, intra lat/2)-- NIC --(nic_bw/oversub, inter lat/2)-- [fabric] -- NIC -- GPU
+// so a GPU pair on two nodes sees nic_bw/oversub and inter latency + one intra hop (the
+// GPU-NIC PCIe hops, or NCCL's PXN forwarding over NVLink to the rail's GPU).
+#include "topology/topology.h"
+
+#include <boost/graph/adjacency_list.hpp>
+
+#include <algorithm>
+#include <cassert>
+#include <limits>
+#include <map>
+#include <queue>
+#include <utility>
+
+namespace ptdp {
+
+const char* ToString(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "all-reduce";
+    case Collective::kAllGather: return "all-gather";
+    case Collective::kReduceScatter: return "reduce-scatter";
+    case Collective::kAllToAll: return "all-to-all";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kSendRecv: return "send-recv";
+  }
+  return "?";
+}
+
+double BusFactor(Collective c, int n) {
+  if (n <= 0) return 0;
+  switch (c) {
+    case Collective::kAllReduce: return 2.0 * (n - 1) / n;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll: return double(n - 1) / n;
+    case Collective::kBroadcast:
+    case Collective::kSendRecv: return 1.0;
+  }
+  return 1.0;
+}
+
+namespace {
+
+enum class VertexKind { kGpu, kHub, kPcieSwitch, kNic, kFabric };
+
+struct VertexProps {
+  VertexKind kind = VertexKind::kGpu;
+  int node = -1;   // -1 for the network fabric
+  int index = 0;   // local GPU or NIC index
+};
+
+struct EdgeProps {
+  double bw_bytes_per_s = 0;  // per direction
+  double latency_s = 0;
+};
+
+using BoostGraph = boost::adjacency_list<boost::vecS, boost::vecS, boost::undirectedS,
+                                         VertexProps, EdgeProps>;
+using Vertex = BoostGraph::vertex_descriptor;
+
+// A path's bottleneck bandwidth and summed latency.
+struct Path {
+  double bw_bytes_per_s = 0;
+  double latency_s = 0;
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+}  // namespace
+
+struct Topology::Graph {
+  BoostGraph g;
+  std::vector<Vertex> gpu;    // by rank
+  std::vector<Vertex> nic;    // by node * nics_per_node + local NIC
+  Vertex node0_end = 0;       // node 0's vertices are [0, node0_end)
+  std::vector<Path> uplink;   // local GPU -> its NIC -> fabric (empty without a network)
+};
+
+namespace {
+
+std::string Where(const ClusterSpec& s) {
+  return s.file.empty() ? "cluster '" + s.name + "'" : s.file;
+}
+
+// What Build needs beyond what the YAML reader checks (specs can be built or edited in code).
+Status Validate(const ClusterSpec& s) {
+  auto err = [&](const std::string& what) { return Status::Error(Where(s) + ": " + what); };
+  if (s.nodes < 1 || s.gpus_per_node < 1) return err("nodes and gpus_per_node must be positive");
+  if (!(s.intra.bw_bytes_per_s > 0)) return err("intra_node.bandwidth must be positive");
+  if (s.intra.fabric == IntraFabric::kNvLinkPairs && !(s.intra.pcie_bw_bytes_per_s > 0))
+    return err("intra_node.pcie_bandwidth is required for fabric nvlink_pairs");
+  if (s.nodes > 1 && s.inter.nics_per_node < 1)
+    return err(std::to_string(s.nodes) + " nodes but no inter_node network (nics_per_node)");
+  if (s.inter.nics_per_node > 0 &&
+      (!(s.inter.nic_bw_bytes_per_s > 0) || !(s.inter.oversubscription >= 1)))
+    return err("inter_node.nic_bandwidth must be positive and oversubscription >= 1");
+  for (const LinkSpec& l : s.links) {
+    if (l.a < 0 || l.b < 0 || l.a >= s.gpus_per_node || l.b >= s.gpus_per_node || l.a == l.b)
+      return err("link " + std::to_string(l.a) + "-" + std::to_string(l.b) +
+                 " is not between two distinct GPUs of a node (gpus_per_node: " +
+                 std::to_string(s.gpus_per_node) + ")");
+    if (!(l.bw_bytes_per_s > 0)) return err("link bandwidth must be positive");
+  }
+  return Status::Ok();
+}
+
+// Adds every GPU of `gpus` to a new switch-like vertex of `kind` (NVSwitch, host memory, PCIe
+// switch); half the hop latency on each side so GPU-switch-GPU is one hop.
+void AddStar(BoostGraph* g, const std::vector<Vertex>& gpus, VertexKind kind, int node,
+             double bw, double latency_s) {
+  const Vertex hub = boost::add_vertex(VertexProps{kind, node, 0}, *g);
+  for (Vertex v : gpus) boost::add_edge(v, hub, EdgeProps{bw, latency_s / 2}, *g);
+}
+
+// The GPU-GPU part of one node, as drawn at the top of this file.
+void AddIntraLinks(const ClusterSpec& s, int node, const std::vector<Vertex>& gpus,
+                   BoostGraph* g) {
+  const IntraNodeSpec& in = s.intra;
+  const int n = s.gpus_per_node;
+  const bool nvlink = s.links.empty();  // explicit links replace the fabric's NVLink part
+  auto link = [&](int a, int b, double bw, double lat) {
+    boost::add_edge(gpus[a], gpus[b], EdgeProps{bw, lat}, *g);
+  };
+  switch (in.fabric) {
+    case IntraFabric::kNvSwitch:
+    case IntraFabric::kSharedMemory:
+      if (nvlink) AddStar(g, gpus, VertexKind::kHub, node, in.bw_bytes_per_s, in.latency_s);
+      break;
+    case IntraFabric::kNvLinkMesh:  // a GPU's links are split evenly over its g-1 peers
+      for (int a = 0; nvlink && a < n; ++a)
+        for (int b = a + 1; b < n; ++b) link(a, b, in.bw_bytes_per_s / (n - 1), in.latency_s);
+      break;
+    case IntraFabric::kNvLinkPairs:
+      for (int a = 0; nvlink && a + 1 < n; a += 2) link(a, a + 1, in.bw_bytes_per_s, in.latency_s);
+      AddStar(g, gpus, VertexKind::kPcieSwitch, node, in.pcie_bw_bytes_per_s, in.latency_s);
+      break;
+    case IntraFabric::kPcie:
+      AddStar(g, gpus, VertexKind::kPcieSwitch, node, in.bw_bytes_per_s, in.latency_s);
+      break;
+  }
+  for (const LinkSpec& l : s.links) link(l.a, l.b, l.bw_bytes_per_s, l.latency_s);
+}
+
+// One node: its GPUs, fabric and NICs; GPU i uses NIC i * nics / g (its rail).
+void AddNode(const ClusterSpec& s, int node, Topology::Graph* G) {
+  std::vector<Vertex> gpus;
+  for (int i = 0; i < s.gpus_per_node; ++i)
+    gpus.push_back(boost::add_vertex(VertexProps{VertexKind::kGpu, node, i}, G->g));
+  G->gpu.insert(G->gpu.end(), gpus.begin(), gpus.end());
+  AddIntraLinks(s, node, gpus, &G->g);
+  const int nics = s.inter.nics_per_node;
+  for (int k = 0; k < nics; ++k)
+    G->nic.push_back(boost::add_vertex(VertexProps{VertexKind::kNic, node, k}, G->g));
+  for (int i = 0; nics > 0 && i < s.gpus_per_node; ++i)
+    boost::add_edge(gpus[i], G->nic[node * nics + i * nics / s.gpus_per_node],
+                    EdgeProps{s.inter.nic_bw_bytes_per_s, s.intra.latency_s / 2}, G->g);
+}
+
+// The edge between two adjacent vertices (precondition: they are adjacent).
+const EdgeProps& EdgeBetween(const BoostGraph& g, Vertex a, Vertex b) {
+  auto [e, found] = boost::edge(a, b, g);
+  assert(found);
+  return g[e];
+}
+
+std::shared_ptr<Topology::Graph> BuildGraph(const ClusterSpec& s) {
+  auto G = std::make_shared<Topology::Graph>();
+  for (int node = 0; node < s.nodes; ++node) {
+    AddNode(s, node, G.get());
+    if (node == 0) G->node0_end = boost::num_vertices(G->g);
+  }
+  if (s.inter.nics_per_node == 0) return G;
+  const InterNodeSpec& net = s.inter;
+  const Vertex fabric = boost::add_vertex(VertexProps{VertexKind::kFabric, -1, 0}, G->g);
+  for (Vertex nic : G->nic)
+    boost::add_edge(nic, fabric,
+                    EdgeProps{net.nic_bw_bytes_per_s / net.oversubscription, net.latency_s / 2},
+                    G->g);
+  for (int i = 0; i < s.gpus_per_node; ++i) {
+    const Vertex gpu = G->gpu[i], nic = G->nic[i * net.nics_per_node / s.gpus_per_node];
+    const EdgeProps &a = EdgeBetween(G->g, gpu, nic), &b = EdgeBetween(G->g, nic, fabric);
+    G->uplink.push_back({std::min(a.bw_bytes_per_s, b.bw_bytes_per_s), a.latency_s + b.latency_s});
+  }
+  return G;
+}
+
+// Vertices a path inside node 0 may use: GPUs and switches, never NICs or the network.
+bool InsideNode0(const Topology::Graph& G, Vertex v) {
+  if (v >= G.node0_end) return false;
+  const VertexKind k = G.g[v].kind;
+  return k == VertexKind::kGpu || k == VertexKind::kHub || k == VertexKind::kPcieSwitch;
+}
+
+// Widest path (largest bottleneck bandwidth) from `src` to every vertex of node 0: Dijkstra
+// with max-min in place of min-plus.
+std::vector<double> WidestFrom(const Topology::Graph& G, Vertex src) {
+  std::vector<double> bw(G.node0_end, 0.0);
+  std::priority_queue<std::pair<double, Vertex>> q;  // largest bandwidth first
+  bw[src] = kInf;
+  q.push({kInf, src});
+  while (!q.empty()) {
+    auto [b, u] = q.top();
+    q.pop();
+    if (b < bw[u]) continue;
+    for (auto e : boost::make_iterator_range(boost::out_edges(u, G.g))) {
+      const Vertex v = boost::target(e, G.g);
+      const double nb = std::min(b, G.g[e].bw_bytes_per_s);
+      if (InsideNode0(G, v) && nb > bw[v]) { bw[v] = nb; q.push({nb, v}); }
+    }
+  }
+  return bw;
+}
+
+// Lowest summed latency from `src` over edges of at least `min_bw` (plain Dijkstra): among
+// the widest paths, the fastest.
+std::vector<double> FastestFrom(const Topology::Graph& G, Vertex src, double min_bw) {
+  std::vector<double> lat(G.node0_end, kInf);
+  using Item = std::pair<double, Vertex>;
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> q;  // smallest first
+  lat[src] = 0;
+  q.push({0.0, src});
+  while (!q.empty()) {
+    auto [l, u] = q.top();
+    q.pop();
+    if (l > lat[u]) continue;
+    for (auto e : boost::make_iterator_range(boost::out_edges(u, G.g))) {
+      const Vertex v = boost::target(e, G.g);
+      const double nl = l + G.g[e].latency_s;
+      if (InsideNode0(G, v) && G.g[e].bw_bytes_per_s >= min_bw && nl < lat[v]) {
+        lat[v] = nl;
+        q.push({nl, v});
+      }
+    }
+  }
+  return lat;
+}
+
+// Pairwise (g x g, row-major) bottleneck bandwidth and latency between the GPUs of node 0
+// (every node is the same); the diagonal is HBM bandwidth and zero latency.
+void FillLocalTables(const Topology::Graph& G, const ClusterSpec& s, std::vector<double>* bw,
+                     std::vector<double>* lat) {
+  const int g = s.gpus_per_node;
+  bw->assign(size_t(g) * g, 0.0);
+  lat->assign(size_t(g) * g, 0.0);
+  for (int i = 0; i < g; ++i) {
+    const std::vector<double> widest = WidestFrom(G, G.gpu[i]);
+    std::map<double, std::vector<double>> fastest;  // by bandwidth threshold
+    for (int j = 0; j < g; ++j) {
+      const size_t ij = size_t(i) * g + j;
+      if (i == j) { (*bw)[ij] = s.gpu.hbm_bw_bytes_per_s; continue; }
+      const double w = widest[G.gpu[j]];
+      if (w <= 0) continue;  // unreachable: reported by CheckConnected
+      if (!fastest.count(w)) fastest[w] = FastestFrom(G, G.gpu[i], w);
+      (*bw)[ij] = w;
+      (*lat)[ij] = fastest[w][G.gpu[j]];
+    }
+  }
+}
+
+Status CheckConnected(const ClusterSpec& s, const std::vector<double>& bw) {
+  const int g = s.gpus_per_node;
+  for (int i = 0; i < g; ++i)
+    for (int j = 0; j < g; ++j)
+      if (!(bw[size_t(i) * g + j] > 0))
+        return Status::Error(Where(s) + ": links: GPU " + std::to_string(i) +
+                             " cannot reach GPU " + std::to_string(j) +
+                             " inside a node (add links, or use fabric pcie or nvlink_pairs "
+                             "for a PCIe path)");
+  return Status::Ok();
+}
+
+// Ring steps, each paying one hop latency: all-reduce 2(n-1) (reduce-scatter + all-gather),
+// all-gather / reduce-scatter / all-to-all n-1, broadcast n-1 (pipelined chain), send/recv 1.
+int Steps(Collective c, int n) {
+  switch (c) {
+    case Collective::kAllReduce: return 2 * (n - 1);
+    case Collective::kSendRecv: return 1;
+    default: return n - 1;
+  }
+}
+
+// time = steps * hop latency + busbw factor * bytes / bus bandwidth (reference section 5).
+double RingTime(Collective c, int n, double hop_s, double bus_bw, double bytes) {
+  return Steps(c, n) * hop_s + BusFactor(c, n) * bytes / bus_bw;
+}
+
+// A ring through local GPUs `locals` (in order, closing back to the first) on one node: the
+// slowest link it crosses and its slowest hop's latency. On a full NVLink mesh, NCCL runs
+// k-1 rings at once, one per peer link, so k GPUs reach (k-1) links' bandwidth.
+Path LocalRing(const ClusterSpec& s, const std::vector<double>& bw,
+               const std::vector<double>& lat, const std::vector<int>& locals) {
+  const int g = s.gpus_per_node, k = static_cast<int>(locals.size());
+  Path ring{kInf, 0};
+  for (int i = 0; i < k; ++i) {
+    const size_t ij = size_t(locals[i]) * g + locals[(i + 1) % k];
+    ring.bw_bytes_per_s = std::min(ring.bw_bytes_per_s, bw[ij]);
+    ring.latency_s = std::max(ring.latency_s, lat[ij]);
+  }
+  if (s.intra.fabric == IntraFabric::kNvLinkMesh && s.links.empty() && k > 1)
+    ring.bw_bytes_per_s *= (k - 1);
+  return ring;
+}
+
+// Ranks of the group on one node (a one-node group has them all, whatever per_node says).
+int RanksPerNode(const GroupShape& g, int gpus_per_node) {
+  return std::min(g.nodes <= 1 ? g.size : g.per_node, gpus_per_node);
+}
+
+std::vector<int> FirstLocals(int k) {
+  std::vector<int> v(k);
+  for (int i = 0; i < k; ++i) v[i] = i;
+  return v;
+}
+
+// Two GPUs on different nodes: up one's rail and down the other's (no network: unreachable,
+// zero bandwidth, which only a GroupShape inconsistent with the cluster can ask for).
+Path CrossNode(const Topology::Graph& G, int local_a, int local_b) {
+  if (G.uplink.empty()) return {0, kInf};
+  const Path &a = G.uplink[local_a], &b = G.uplink[local_b];
+  return {std::min(a.bw_bytes_per_s, b.bw_bytes_per_s), a.latency_s + b.latency_s};
+}
+
+}  // namespace
+
+Topology::Topology(ClusterSpec spec) : spec_(std::move(spec)) {}
+
+Result<Topology> Topology::Build(const ClusterSpec& spec) {
+  PTDP_RETURN_IF_ERROR(Validate(spec));
+  Topology t(spec);
+  auto graph = BuildGraph(spec);
+  FillLocalTables(*graph, spec, &t.local_bw_, &t.local_lat_);
+  PTDP_RETURN_IF_ERROR(CheckConnected(spec, t.local_bw_));
+  t.graph_ = std::move(graph);
+  return t;
+}
+
+double Topology::Bandwidth(int a, int b) const {
+  assert(a >= 0 && b >= 0 && a < world() && b < world());
+  const int g = spec_.gpus_per_node;
+  if (a == b) return spec_.gpu.hbm_bw_bytes_per_s;
+  if (NodeOf(a) == NodeOf(b)) return local_bw_[size_t(a % g) * g + b % g];
+  return CrossNode(*graph_, a % g, b % g).bw_bytes_per_s;
+}
+
+double Topology::Latency(int a, int b) const {
+  assert(a >= 0 && b >= 0 && a < world() && b < world());
+  const int g = spec_.gpus_per_node;
+  if (a == b) return 0;
+  if (NodeOf(a) == NodeOf(b)) return local_lat_[size_t(a % g) * g + b % g];
+  return CrossNode(*graph_, a % g, b % g).latency_s;
+}
+
+bool Topology::CrossesNodes(const std::vector<int>& group) const {
+  for (int r : group)
+    if (NodeOf(r) != NodeOf(group.front())) return true;
+  return false;
+}
+
+GroupShape Topology::ShapeOf(const std::vector<int>& group) const {
+  std::map<int, int> per_node;  // node -> ranks of the group on it
+  for (int r : group) ++per_node[NodeOf(r)];
+  GroupShape s;
+  s.size = static_cast<int>(group.size());
+  s.nodes = std::max<int>(1, per_node.size());
+  for (const auto& [node, count] : per_node) s.per_node = std::max(s.per_node, count);
+  // Regular Megatron groups: gpus_per_node / per_node groups of this kind use each node's
+  // NICs at once. A single-node group uses no NIC.
+  if (s.nodes > 1 && spec_.gpus_per_node % s.per_node == 0)
+    s.sharing = spec_.gpus_per_node / s.per_node;
+  return s;
+}
+
+// Bus bandwidth: inside a node, the slowest link of a ring through local GPUs 0..k-1 (k =
+// per_node; exact for TP groups, optimistic for strided groups on nvlink_pairs). Across nodes
+// each node's NICs (nics * nic_bw / oversubscription) are shared by `sharing` concurrent
+// groups; the ring gets min(intra ring, node NIC bandwidth / sharing).
+double Topology::BusBandwidth(const GroupShape& g) const {
+  if (g.size <= 1) return spec_.gpu.hbm_bw_bytes_per_s;
+  const int k = RanksPerNode(g, spec_.gpus_per_node);
+  double bw = k > 1 ? LocalRing(spec_, local_bw_, local_lat_, FirstLocals(k)).bw_bytes_per_s
+                    : kInf;
+  if (g.nodes > 1) {
+    const InterNodeSpec& net = spec_.inter;
+    const double node_nic_bw = net.nics_per_node * net.nic_bw_bytes_per_s / net.oversubscription;
+    bw = std::min(bw, node_nic_bw / std::max(1, g.sharing));
+  }
+  return bw;
+}
+
+double Topology::CollectiveTime(Collective c, const GroupShape& g, double bytes) const {
+  if (g.size <= 1) return 0;
+  const int k = RanksPerNode(g, spec_.gpus_per_node);
+  // Across nodes the slowest step is the network one: inter_node.latency ("one network hop,
+  // end to end"). A lone transfer, Latency(a, b), also pays the GPU-NIC intra hop.
+  const double intra_s =
+      k > 1 ? LocalRing(spec_, local_bw_, local_lat_, FirstLocals(k)).latency_s : 0;
+  const double hop_s = g.nodes > 1 ? std::max(spec_.inter.latency_s, intra_s) : intra_s;
+  return RingTime(c, g.size, hop_s, BusBandwidth(g), bytes);
+}
+
+double Topology::CollectiveTime(Collective c, const std::vector<int>& group,
+                                double bytes) const {
+  if (group.size() <= 1) return 0;
+  if (CrossesNodes(group)) return CollectiveTime(c, ShapeOf(group), bytes);
+  // Inside one node: the ring in the group's own order, on the exact local links.
+  std::vector<int> locals;
+  for (int r : group) locals.push_back(r % spec_.gpus_per_node);
+  const Path ring = LocalRing(spec_, local_bw_, local_lat_, locals);
+  return RingTime(c, static_cast<int>(group.size()), ring.latency_s, ring.bw_bytes_per_s, bytes);
+}
+
+double Topology::SendRecvTime(int a, int b, double bytes) const {
+  return Latency(a, b) + bytes / Bandwidth(a, b);
+}
+
+int Topology::NumVertices() const { return static_cast<int>(boost::num_vertices(graph_->g)); }
+int Topology::NumEdges() const { return static_cast<int>(boost::num_edges(graph_->g)); }
+
+}  // namespace ptdp

@@ -1,0 +1,87 @@
+// Planner throughput: layouts evaluated per second on one core, and the wall time of the whole
+// GPT-3 175B plan on 128 DGX A100 nodes (1024 GPUs) at global batch 1536. Figures go to
+// docs/benchmarks.md; formulas: layouts/s = candidates enumerated / wall time (one thread);
+// estimates/s = cost-model evaluations (legal layouts) / wall time.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/model.h"
+#include "cost_model/analytic.h"
+#include "planner/planner.h"
+#include "topology/cluster.h"
+#include "topology/topology.h"
+
+namespace {
+
+using namespace ptdp;
+
+struct Fixture {
+  ClusterSpec cluster;
+  ModelSpec model;
+  std::unique_ptr<Topology> topo;
+  std::unique_ptr<AnalyticModel> cost;
+  Fixture() {
+    const std::string src = PTDP_SOURCE_DIR;
+    auto c = LoadClusterFile(src + "/configs/clusters/dgx-a100.yaml");
+    auto m = LoadModelFile(src + "/configs/models/gpt3-175b.yaml");
+    if (!c.ok() || !m.ok()) {
+      std::fprintf(stderr, "planner_bench: %s %s\n", c.status().message().c_str(),
+                   m.status().message().c_str());
+      std::exit(1);
+    }
+    cluster = *c;
+    cluster.nodes = 128;
+    model = *m;
+    topo = std::make_unique<Topology>(*Topology::Build(cluster));
+    cost = std::make_unique<AnalyticModel>(*AnalyticModel::Create(model, *topo));
+  }
+};
+
+Fixture& F() {
+  static Fixture f;
+  return f;
+}
+
+// The whole plan: enumerate, check legality, estimate, rank.
+void BM_Plan175bOn1024(benchmark::State& state) {
+  Fixture& f = F();
+  SearchSpace s;
+  s.world = 1024;
+  s.global_batch = 1536;
+  int64_t evaluated = 0, legal = 0;
+  for (auto _ : state) {
+    PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16);
+    evaluated += r.evaluated;
+    legal += r.legal;
+    benchmark::DoNotOptimize(r.top.data());
+  }
+  state.counters["layouts/s"] = benchmark::Counter(double(evaluated), benchmark::Counter::kIsRate);
+  state.counters["estimates/s"] = benchmark::Counter(double(legal), benchmark::Counter::kIsRate);
+  state.counters["layouts/plan"] = double(evaluated) / state.iterations();
+}
+BENCHMARK(BM_Plan175bOn1024)->Unit(benchmark::kMillisecond);
+
+// One cost-model evaluation of a legal layout (the inner loop).
+void BM_EvaluateOneLayout(benchmark::State& state) {
+  Fixture& f = F();
+  Layout l;
+  l.tp = 8; l.pp = 16; l.dp = 8; l.vp = 3; l.micro_batch = 1; l.global_batch = 1536;
+  l.schedule = ScheduleKind::kInterleaved;
+  l.sequence_parallel = true;
+  l.recompute = Recompute::kSelective;
+  l.distributed_optimizer = true;
+  for (auto _ : state) {
+    Estimate e = f.cost->Evaluate(l);
+    benchmark::DoNotOptimize(e);
+    l.micro_batch = 1 + (l.micro_batch & 1);  // defeat caching across iterations
+  }
+  state.counters["estimates/s"] =
+      benchmark::Counter(double(state.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_EvaluateOneLayout);
+
+}  // namespace
+
+BENCHMARK_MAIN();

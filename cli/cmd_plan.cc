@@ -1,0 +1,131 @@
+// `ptdp plan`: search every layout, print the ranking, the rejections and why the winner won.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/units.h"
+
+namespace ptdp::cli {
+namespace {
+
+struct PlanFlags {
+  LayoutFlags layout;
+  int top = 10;
+  std::string out;
+  std::string emit;
+};
+
+Plan MakePlan(const World& w, const LayoutFlags& f, const Layout& l) {
+  Plan plan;
+  plan.model = w.model;
+  plan.layout = l;
+  plan.cluster_file = f.cluster;
+  plan.cluster_name = w.cluster.name;
+  plan.nodes = w.cluster.nodes;
+  plan.gpus_per_node = w.cluster.gpus_per_node;
+  plan.allow_tp_across_nodes = f.allow_tp_across_nodes;
+  plan.has_prediction = true;
+  plan.prediction = w.cost->Predict(l);
+  return plan;
+}
+
+void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
+  std::printf("ptdp plan: %s on %s (%d GPUs of %d nodes x %d), global batch %lld\n",
+              w.model.name.c_str(), w.cluster.name.c_str(), w.gpus, w.cluster.nodes,
+              w.cluster.gpus_per_node, static_cast<long long>(*f.layout.global_batch));
+  std::printf("evaluated %lld layouts in %.3f s: %lld legal, %lld fit in %s\n\n",
+              static_cast<long long>(r.evaluated), r.elapsed_s, static_cast<long long>(r.legal),
+              static_cast<long long>(r.fitting), FormatBytes(w.cluster.gpu.memory_bytes).c_str());
+  const auto& rows = r.top.empty() ? r.unfitting : r.top;
+  if (r.top.empty())
+    std::printf("no layout fits in memory; the %zu smallest are:\n", rows.size());
+  std::printf("%-4s %-26s %-16s %10s %9s %6s %7s %10s %5s\n", "rank", "layout", "knobs", "step (s)",
+              "TFLOP/s", "MFU", "bubble", "mem/GPU", "fits");
+  int rank = 1;
+  for (const RankedLayout& row : rows) {
+    const Estimate& e = row.estimate;
+    const double tf = e.model_flops / e.step_time_s / row.layout.world() / 1e12;
+    std::printf("%-4d %-26s %-16s %10.3f %9.1f %5.1f%% %6.1f%% %10s %5s\n", rank++,
+                row.layout.ShortName().c_str(), KnobSummary(row.layout).c_str(), e.step_time_s, tf,
+                100 * e.mfu, 100 * e.bubble_fraction, FormatBytes(e.memory.total).c_str(),
+                e.fits ? "yes" : "no");
+  }
+  std::printf("\nrejected:");
+  bool any = false;
+  for (int i = 1; i < kNumRejections; ++i)
+    if (r.rejected[i]) {
+      std::printf("%s %s %lld", any ? "," : "", RejectionKey(Rejection(i)),
+                  static_cast<long long>(r.rejected[i]));
+      any = true;
+    }
+  std::printf("%s\n", any ? "" : " none");
+  if (r.top.size() >= 2) {
+    std::printf("\nwhy rank 1:\n");
+    for (const auto& line : ExplainChoice(r.top[0], r.top[1])) std::printf("%s\n", line.c_str());
+  }
+}
+
+nlohmann::json ResultJson(const World& w, const PlanResult& r, const Plan* chosen) {
+  nlohmann::json j = chosen ? PredictionJson(chosen->prediction) : nlohmann::json::object();
+  if (chosen) j["layout"] = LayoutJson(chosen->layout);
+  j["evaluated"] = r.evaluated;
+  j["legal"] = r.legal;
+  j["fitting"] = r.fitting;
+  j["elapsed_s"] = r.elapsed_s;
+  nlohmann::json rej = nlohmann::json::object();
+  for (int i = 1; i < kNumRejections; ++i)
+    if (r.rejected[i]) rej[RejectionKey(Rejection(i))] = r.rejected[i];
+  j["rejected"] = rej;
+  nlohmann::json plans = nlohmann::json::array();
+  for (const auto& row : r.top.empty() ? r.unfitting : r.top)
+    plans.push_back(EstimateJson(row.layout, row.estimate));
+  j["plans"] = plans;
+  j["model"] = w.model.name;
+  j["cluster"] = w.cluster.name;
+  j["gpus"] = w.gpus;
+  if (r.top.size() >= 2) j["explanation"] = ExplainChoice(r.top[0], r.top[1]);
+  return j;
+}
+
+int RunPlan(const PlanFlags& f) {
+  auto w = LoadWorld(f.layout.cluster, f.layout.model, f.layout.nodes, f.layout.gpus,
+                     f.layout.seq_len);
+  if (!w.ok()) return Fail(w.status().message());
+  auto space = SpaceFromFlags(f.layout, *w);
+  if (!space.ok()) return Fail(space.status().message());
+  if (f.top <= 0) return Fail("--top " + std::to_string(f.top) + " must be positive");
+  if (!f.emit.empty() && f.emit != "megatron")
+    return Fail("--emit '" + f.emit + "': only 'megatron' is supported");
+  const PlanResult r = SearchLayouts(*w->cost, w->model, w->cluster, *space, f.top);
+  std::unique_ptr<Plan> chosen;
+  if (!r.top.empty()) chosen = std::make_unique<Plan>(MakePlan(*w, f.layout, r.top[0].layout));
+  if (f.layout.json) std::cout << ResultJson(*w, r, chosen.get()).dump(2) << "\n";
+  else PrintTable(*w, f, r);
+  if (!chosen) {
+    if (r.legal == 0) return Fail("no legal layout: see the rejected counts");
+    return Fail("no legal layout fits in GPU memory; try --recompute full, --dist-opt on, "
+                "more GPUs (--nodes) or a smaller --micro-batch");
+  }
+  if (!f.out.empty()) {
+    Status st = WritePlanFile(*chosen, f.out);
+    if (!st.ok()) return Fail(st.message());
+    if (!f.layout.json) std::printf("\nwrote %s\n", f.out.c_str());
+  }
+  if (f.emit == "megatron") std::printf("\n%s", MegatronCommand(*chosen).c_str());
+  return 0;
+}
+
+}  // namespace
+
+Runner SetupPlan(CLI::App* sub) {
+  auto f = std::make_shared<PlanFlags>();
+  AddLayoutFlags(sub, &f->layout, /*need_cluster_model=*/true);
+  sub->add_option("--top", f->top, "rows of the ranking to show (default 10)");
+  sub->add_option("--out", f->out, "write the chosen plan to this plan.yaml");
+  sub->add_option("--emit", f->emit, "print the Megatron-LM command line: --emit megatron");
+  return [f] { return RunPlan(*f); };
+}
+
+}  // namespace ptdp::cli

@@ -1,0 +1,28 @@
+// The ptdp command table: each command registers its flags on a CLI11 sub-app and returns a
+// function to run after parsing. Exit codes: 0 ok, 1 error (message on stderr), 2 usage.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace ptdp::cli {
+
+using Runner = std::function<int()>;
+
+struct Command {
+  const char* name;
+  const char* help;     // one line
+  const char* example;  // shown in --help
+  Runner (*setup)(CLI::App* sub);
+};
+
+Runner SetupPlan(CLI::App* sub);
+Runner SetupSimulate(CLI::App* sub);
+Runner SetupTopo(CLI::App* sub);
+Runner SetupValidate(CLI::App* sub);
+
+// Prints "ptdp: <message>" on stderr and returns 1.
+int Fail(const std::string& message);
+
+}  // namespace ptdp::cli

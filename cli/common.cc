@@ -1,0 +1,285 @@
+// Shared flag handling and rendering for the ptdp commands.
+#include "cli/common.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "core/units.h"
+
+namespace ptdp::cli {
+
+void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
+  auto* c = app->add_option("--cluster", f->cluster, "cluster YAML (configs/clusters/*.yaml)");
+  auto* m = app->add_option("--model", f->model,
+                            "model YAML (configs/models/*.yaml) or hf:path/config.json");
+  if (need_cluster_model) { c->required(); m->required(); }
+  app->add_option("--nodes", f->nodes, "override the cluster's node count");
+  app->add_option("--gpus", f->gpus, "world size tp*cp*pp*dp (default: every GPU)");
+  app->add_option("--global-batch", f->global_batch, "global batch B in sequences");
+  app->add_option("--seq-len", f->seq_len, "override the model's sequence length");
+  app->add_option("--tp", f->tp, "tensor-parallel size");
+  app->add_option("--pp", f->pp, "pipeline-parallel size");
+  app->add_option("--dp", f->dp, "data-parallel size");
+  app->add_option("--vp", f->vp, "model chunks per pipeline rank (interleaved 1F1B when > 1)");
+  app->add_option("--cp", f->cp, "context-parallel size (default 1, never searched)");
+  app->add_option("--micro-batch", f->micro_batch, "micro-batch size b");
+  app->add_option("--sp", f->sp, "sequence parallelism on|off");
+  app->add_option("--recompute", f->recompute, "activation recompute none|selective|full");
+  app->add_option("--dist-opt", f->dist_opt, "distributed optimizer on|off");
+  app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp32 (default bf16)");
+  app->add_option("--tp-comm-overlap", f->tp_overlap, "TE TP communication overlap on|off (default off)");
+  app->add_option("--overlap-grad-reduce", f->grad_overlap, "overlap DP reduction with backward on|off (default on)");
+  app->add_flag("--allow-tp-across-nodes", f->allow_tp_across_nodes,
+                "let TP groups span nodes (rejected by default)");
+  app->add_flag("--json", f->json, "machine-readable output");
+}
+
+Result<bool> ParseOnOff(const std::string& flag, const std::string& v) {
+  if (v == "on" || v == "true" || v == "1") return true;
+  if (v == "off" || v == "false" || v == "0") return false;
+  return Status::Error(flag + " '" + v + "': expected on or off");
+}
+
+Result<World> LoadWorld(const std::string& cluster_path, const std::string& model_spec,
+                        std::optional<int> nodes, std::optional<int> gpus,
+                        std::optional<int> seq_len) {
+  World w;
+  PTDP_ASSIGN_OR_RETURN(w.cluster, LoadClusterFile(cluster_path));
+  if (nodes) {
+    if (*nodes <= 0) return Status::Error("--nodes " + std::to_string(*nodes) + " must be positive");
+    if (*nodes > 1 && w.cluster.inter.nics_per_node <= 0)
+      return Status::Error("--nodes " + std::to_string(*nodes) + ": " + cluster_path +
+                           " has no inter_node network");
+    w.cluster.nodes = *nodes;
+  }
+  PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(w.cluster));
+  w.topo = std::make_unique<Topology>(std::move(topo));
+  PTDP_ASSIGN_OR_RETURN(w.model, LoadModel(model_spec));
+  if (seq_len) {
+    if (*seq_len <= 0) return Status::Error("--seq-len " + std::to_string(*seq_len) + " must be positive");
+    w.model.seq_len = *seq_len;
+  }
+  w.gpus = gpus ? *gpus : w.cluster.world();
+  if (w.gpus <= 0 || w.gpus > w.cluster.world())
+    return Status::Error("--gpus " + std::to_string(w.gpus) + ": " + cluster_path + " has " +
+                         std::to_string(w.cluster.world()) + " GPUs (" +
+                         std::to_string(w.cluster.nodes) + " nodes x " +
+                         std::to_string(w.cluster.gpus_per_node) + "); use --nodes to grow it");
+  PTDP_ASSIGN_OR_RETURN(AnalyticModel cost, AnalyticModel::Create(w.model, *w.topo));
+  w.cost = std::make_unique<AnalyticModel>(std::move(cost));
+  return w;
+}
+
+namespace {
+
+Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<bool>* dopt,
+                  std::optional<Recompute>* rc, Precision* prec, bool* tpo, bool* gro) {
+  if (f.sp) { PTDP_ASSIGN_OR_RETURN(bool v, ParseOnOff("--sp", *f.sp)); *sp = v; }
+  if (f.dist_opt) { PTDP_ASSIGN_OR_RETURN(bool v, ParseOnOff("--dist-opt", *f.dist_opt)); *dopt = v; }
+  if (f.recompute) {
+    auto r = ParseRecompute(*f.recompute);
+    if (!r.ok()) return r.status().Prefixed("--recompute");
+    *rc = *r;
+  }
+  if (f.precision) {
+    auto p = ParsePrecision(*f.precision);
+    if (!p.ok()) return p.status().Prefixed("--precision");
+    *prec = *p;
+  }
+  if (f.tp_overlap) { PTDP_ASSIGN_OR_RETURN(*tpo, ParseOnOff("--tp-comm-overlap", *f.tp_overlap)); }
+  if (f.grad_overlap) { PTDP_ASSIGN_OR_RETURN(*gro, ParseOnOff("--overlap-grad-reduce", *f.grad_overlap)); }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
+  SearchSpace s;
+  s.world = w.gpus;
+  if (!f.global_batch) return Status::Error("--global-batch is required");
+  s.global_batch = *f.global_batch;
+  s.tp = f.tp; s.pp = f.pp; s.dp = f.dp; s.vp = f.vp; s.micro_batch = f.micro_batch;
+  s.cp = f.cp.value_or(1);
+  s.allow_tp_across_nodes = f.allow_tp_across_nodes || (f.tp && *f.tp > w.cluster.gpus_per_node);
+  PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &s.sequence_parallel, &s.distributed_optimizer, &s.recompute,
+                                  &s.precision, &s.tp_comm_overlap, &s.overlap_grad_reduce));
+  PTDP_RETURN_IF_ERROR(CheckSearchSpace(w.model, w.cluster, s));
+  return s;
+}
+
+Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
+  Layout l;
+  if (!f.global_batch) return Status::Error("--global-batch is required");
+  l.global_batch = *f.global_batch;
+  l.tp = f.tp.value_or(1);
+  l.pp = f.pp.value_or(1);
+  l.cp = f.cp.value_or(1);
+  l.vp = f.vp.value_or(1);
+  l.micro_batch = f.micro_batch.value_or(1);
+  if (l.tp <= 0 || l.pp <= 0 || l.cp <= 0 || l.vp <= 0 || l.micro_batch <= 0 || l.global_batch <= 0)
+    return Status::Error("--tp, --pp, --cp, --vp, --micro-batch and --global-batch must be positive");
+  const int model_ranks = l.tp * l.pp * l.cp;
+  if (f.dp) {
+    l.dp = *f.dp;
+  } else {
+    if (w.gpus % model_ranks != 0)
+      return Status::Error("tp*cp*pp = " + std::to_string(model_ranks) +
+                           " does not divide the world size " + std::to_string(w.gpus));
+    l.dp = w.gpus / model_ranks;
+  }
+  std::optional<bool> sp, dopt;
+  std::optional<Recompute> rc;
+  PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &l.precision, &l.tp_comm_overlap,
+                                  &l.overlap_grad_reduce));
+  l.sequence_parallel = sp.value_or(false);
+  l.distributed_optimizer = dopt.value_or(false);
+  l.recompute = rc.value_or(Recompute::kNone);
+  l.schedule = l.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+  PTDP_RETURN_IF_ERROR(ValidateLayout(w.model, l, w.gpus, w.cluster.gpus_per_node,
+                                      f.allow_tp_across_nodes));
+  if (w.cluster.gpu.PeakFlops(l.precision) <= 0)
+    return Status::Error("--precision " + std::string(ToString(l.precision)) + ": GPU " +
+                         w.cluster.gpu.name + " has no peak rate for it");
+  return l;
+}
+
+nlohmann::json LayoutJson(const Layout& l) {
+  return {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"vp", l.vp}, {"cp", l.cp},
+          {"micro_batch", l.micro_batch}, {"global_batch", l.global_batch},
+          {"num_microbatches", l.num_microbatches()},
+          {"sequence_parallel", l.sequence_parallel}, {"recompute", ToString(l.recompute)},
+          {"distributed_optimizer", l.distributed_optimizer},
+          {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},
+          {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap}};
+}
+
+namespace {
+nlohmann::json BreakdownJson(const Breakdown& b) {
+  return {{"compute", b.compute_s}, {"tp_comm", b.tp_comm_s}, {"pp_comm", b.pp_comm_s},
+          {"dp_comm", b.dp_comm_s}, {"bubble", b.bubble_s}, {"optimizer", b.optimizer_s}};
+}
+nlohmann::json MemoryJson(const MemoryBytes& m) {
+  return {{"weights", m.weights}, {"grads", m.grads}, {"optimizer", m.optimizer},
+          {"activations", m.activations}, {"other", m.other}, {"total", m.total},
+          {"capacity", m.capacity}};
+}
+}  // namespace
+
+nlohmann::json PredictionJson(const Prediction& p) {
+  return {{"step_time_s", p.step_time_s}, {"tflops_per_gpu", p.tflops_per_gpu},
+          {"hw_tflops_per_gpu", p.hw_tflops_per_gpu}, {"mfu", p.mfu},
+          {"bubble_fraction", p.bubble_fraction}, {"breakdown_s", BreakdownJson(p.breakdown)},
+          {"memory_bytes", MemoryJson(p.memory)}, {"stage_memory_bytes", p.stage_memory_bytes},
+          {"fits", p.fits}, {"source", p.source}};
+}
+
+nlohmann::json EstimateJson(const Layout& l, const Estimate& e) {
+  const double tf = e.model_flops / e.step_time_s / l.world() / 1e12;
+  const double hw = e.hw_flops / e.step_time_s / l.world() / 1e12;
+  return {{"layout", LayoutJson(l)}, {"step_time_s", e.step_time_s}, {"tflops_per_gpu", tf},
+          {"hw_tflops_per_gpu", hw}, {"mfu", e.mfu}, {"bubble_fraction", e.bubble_fraction},
+          {"breakdown_s", BreakdownJson(e.breakdown)}, {"memory_bytes", MemoryJson(e.memory)},
+          {"fits", e.fits}, {"source", "analytic"}};
+}
+
+std::string KnobSummary(const Layout& l) {
+  std::string s;
+  if (l.sequence_parallel) s += "sp ";
+  if (l.recompute == Recompute::kSelective) s += "rc-sel ";
+  if (l.recompute == Recompute::kFull) s += "rc-full ";
+  if (l.distributed_optimizer) s += "dopt ";
+  if (!s.empty()) s.pop_back();
+  return s.empty() ? "-" : s;
+}
+
+std::string MegatronCommand(const Plan& plan) {
+  const Layout& l = plan.layout;
+  const ModelSpec& m = plan.model;
+  std::ostringstream o;
+  const int nodes = (l.world() + plan.gpus_per_node - 1) / plan.gpus_per_node;
+  o << "torchrun --nproc_per_node=" << std::min(plan.gpus_per_node, l.world())
+    << " --nnodes=" << nodes << " pretrain_gpt.py \\\n"
+    << "  --tensor-model-parallel-size " << l.tp << " \\\n"
+    << "  --pipeline-model-parallel-size " << l.pp << " \\\n";
+  if (l.vp > 1)
+    o << "  --num-layers-per-virtual-pipeline-stage " << m.layers / (l.pp * l.vp) << " \\\n";
+  if (l.cp > 1) o << "  --context-parallel-size " << l.cp << " \\\n";
+  if (l.sequence_parallel) o << "  --sequence-parallel \\\n";
+  if (l.recompute == Recompute::kSelective) o << "  --recompute-activations \\\n";
+  if (l.recompute == Recompute::kFull)
+    o << "  --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \\\n";
+  if (l.distributed_optimizer) o << "  --use-distributed-optimizer \\\n";
+  if (l.overlap_grad_reduce) o << "  --overlap-grad-reduce \\\n";
+  if (l.overlap_grad_reduce && l.distributed_optimizer) o << "  --overlap-param-gather \\\n";
+  if (l.tp_comm_overlap) o << "  --tp-comm-overlap \\\n";
+  o << "  --num-layers " << m.layers << " --hidden-size " << m.hidden
+    << " --num-attention-heads " << m.heads << " \\\n";
+  if (m.kv_heads != m.heads)
+    o << "  --group-query-attention --num-query-groups " << m.kv_heads << " \\\n";
+  if (m.ffn_hidden != 4 * m.hidden) o << "  --ffn-hidden-size " << m.ffn_hidden << " \\\n";
+  if (m.activation == Activation::kSwiglu) o << "  --swiglu \\\n";
+  if (m.activation == Activation::kSquaredRelu) o << "  --squared-relu \\\n";
+  if (m.norm == Norm::kRmsNorm) o << "  --normalization RMSNorm \\\n";
+  if (m.position == PositionEmbedding::kRope) o << "  --position-embedding-type rope \\\n";
+  if (!m.tied_embeddings) o << "  --untie-embeddings-and-output-weights \\\n";
+  if (!m.bias) o << "  --disable-bias-linear \\\n";
+  o << "  --seq-length " << m.seq_len << " --max-position-embeddings " << m.seq_len << " \\\n"
+    << "  --micro-batch-size " << l.micro_batch << " --global-batch-size " << l.global_batch
+    << " \\\n";
+  if (l.precision == Precision::kBf16) o << "  --bf16";
+  else if (l.precision == Precision::kFp16) o << "  --fp16";
+  else if (l.precision == Precision::kFp8) o << "  --bf16 --fp8-format hybrid";
+  o << "\n";
+  return o.str();
+}
+
+std::string RenderPrediction(const Plan& plan) {
+  const Prediction& p = plan.prediction;
+  const Layout& l = plan.layout;
+  std::ostringstream o;
+  char buf[200];
+  o << plan.model.name << " on " << plan.cluster_name << ", " << l.world() << " GPUs: "
+    << l.ShortName() << " [" << KnobSummary(l) << "], " << ToString(l.schedule) << ", "
+    << ToString(l.precision) << ", B " << l.global_batch << ", m " << l.num_microbatches()
+    << " micro-batches\n\n";
+  std::snprintf(buf, sizeof buf, "step time     %10.4f s   (%s)\n", p.step_time_s, p.source.c_str());
+  o << buf;
+  std::snprintf(buf, sizeof buf, "throughput    %10.1f TFLOP/s per GPU (model), %.1f hardware, MFU %.1f%%\n",
+                p.tflops_per_gpu, p.hw_tflops_per_gpu, 100 * p.mfu);
+  o << buf;
+  const double tok = double(l.global_batch) * plan.model.seq_len / p.step_time_s;
+  std::snprintf(buf, sizeof buf, "tokens/s      %10.0f (%.0f per GPU)\n\n", tok, tok / l.world());
+  o << buf << "breakdown (exposed time on the critical path):\n";
+  const Breakdown& b = p.breakdown;
+  const std::pair<const char*, double> parts[] = {
+      {"compute", b.compute_s}, {"tp_comm", b.tp_comm_s}, {"pp_comm", b.pp_comm_s},
+      {"dp_comm", b.dp_comm_s}, {"bubble", b.bubble_s}, {"optimizer", b.optimizer_s}};
+  for (const auto& [name, v] : parts) {
+    const int bar = int(40 * v / p.step_time_s + 0.5);
+    std::snprintf(buf, sizeof buf, "  %-10s %10.4f s %5.1f%%  %s\n", name, v,
+                  100 * v / p.step_time_s, std::string(bar, '#').c_str());
+    o << buf;
+  }
+  o << "\nmemory per GPU (most loaded stage):\n";
+  const MemoryBytes& m = p.memory;
+  const std::pair<const char*, double> mem[] = {
+      {"weights", m.weights}, {"grads", m.grads}, {"optimizer", m.optimizer},
+      {"activations", m.activations}, {"other", m.other}, {"total", m.total}};
+  for (const auto& [name, v] : mem) {
+    std::snprintf(buf, sizeof buf, "  %-12s %12s\n", name, FormatBytes(v).c_str());
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf, "  %-12s %12s   -> %s\n", "capacity", FormatBytes(m.capacity).c_str(),
+                p.fits ? "fits" : "DOES NOT FIT");
+  o << buf << "\nmemory per pipeline stage:\n";
+  for (size_t r = 0; r < p.stage_memory_bytes.size(); ++r) {
+    const double v = p.stage_memory_bytes[r];
+    const int bar = int(30 * std::min(1.5, v / m.capacity) + 0.5);
+    std::snprintf(buf, sizeof buf, "  stage %-3zu %12s  %5.1f%% |%s\n", r, FormatBytes(v).c_str(),
+                  100 * v / m.capacity, std::string(bar, '#').c_str());
+    o << buf;
+  }
+  return o.str();
+}
+
+}  // namespace ptdp::cli

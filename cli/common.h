@@ -1,0 +1,66 @@
+// Shared pieces of the ptdp commands: the layout flags every planning command takes, loading
+// cluster and model with the --nodes/--gpus overrides, and JSON/table rendering helpers.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/layout.h"
+#include "core/model.h"
+#include "core/plan.h"
+#include "core/status.h"
+#include "cost_model/analytic.h"
+#include "planner/planner.h"
+#include "topology/cluster.h"
+#include "topology/topology.h"
+
+namespace ptdp::cli {
+
+// Flags shared by plan and simulate.
+struct LayoutFlags {
+  std::string cluster, model;
+  std::optional<int> nodes, gpus, tp, pp, dp, vp, cp, micro_batch;
+  std::optional<int64_t> global_batch;
+  std::optional<std::string> sp, recompute, dist_opt, precision, tp_overlap, grad_overlap;
+  std::optional<int> seq_len;
+  bool allow_tp_across_nodes = false;
+  bool json = false;
+};
+void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model);
+
+// The loaded world: cluster (after --nodes), topology, model (after --seq-len), cost model.
+struct World {
+  ClusterSpec cluster;
+  std::unique_ptr<Topology> topo;
+  ModelSpec model;
+  std::unique_ptr<AnalyticModel> cost;
+  int gpus = 0;  // world size used (--gpus, default every GPU)
+};
+Result<World> LoadWorld(const std::string& cluster_path, const std::string& model_spec,
+                        std::optional<int> nodes, std::optional<int> gpus,
+                        std::optional<int> seq_len);
+
+// The search space of the flags (unset knobs searched).
+Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w);
+// One layout from the flags; unset knobs take Megatron's defaults (tp=pp=1, dp = rest,
+// mb=1, no SP, no recompute, no distributed optimizer, bf16). Validated.
+Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w);
+
+nlohmann::json LayoutJson(const Layout& l);
+nlohmann::json PredictionJson(const Prediction& p);
+nlohmann::json EstimateJson(const Layout& l, const Estimate& e);
+
+// "on"/"off" flag values.
+Result<bool> ParseOnOff(const std::string& flag, const std::string& v);
+// Short knob summary for tables: "sp sel dopt".
+std::string KnobSummary(const Layout& l);
+// The Megatron-LM command line for a plan.
+std::string MegatronCommand(const Plan& plan);
+// Human-readable breakdown of a prediction (simulate's output).
+std::string RenderPrediction(const Plan& plan);
+
+}  // namespace ptdp::cli

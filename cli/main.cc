@@ -1,0 +1,67 @@
+// ptdp: plan, simulate and run Megatron-style training layouts. main() parses, dispatches,
+// and turns a failure into a one-line message and a non-zero exit code.
+#include <cstdio>
+#include <iostream>
+
+#include "cli/commands.h"
+
+namespace ptdp::cli {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "ptdp: %s\n", message.c_str());
+  return 1;
+}
+
+namespace {
+
+const Command kCommands[] = {
+    {"plan", "enumerate every legal layout, predict each, rank them and pick the best",
+     "ptdp plan --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml "
+     "--global-batch 1536",
+     SetupPlan},
+    {"simulate", "predict one layout in detail: step-time breakdown and memory per stage",
+     "ptdp simulate --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml "
+     "--global-batch 1536 --tp 8 --pp 16 --vp 3   |   ptdp simulate plan.yaml",
+     SetupSimulate},
+    {"topo", "show a cluster: bandwidth/latency table and a picture of one node",
+     "ptdp topo --cluster configs/clusters/dgx-a100.yaml", SetupTopo},
+    {"validate", "prediction error of the cost model on published measured runs",
+     "ptdp validate --data ../shared/calibration", SetupValidate},
+};
+
+}  // namespace
+}  // namespace ptdp::cli
+
+int main(int argc, char** argv) {
+  using namespace ptdp::cli;
+  CLI::App app{"ptdp: plan, simulate and run Megatron-style TP x PP x DP training layouts"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "ptdp 0.1.0");
+  std::vector<std::pair<CLI::App*, Runner>> runners;
+  for (const Command& c : kCommands) {
+    CLI::App* sub = app.add_subcommand(c.name, c.help);
+    sub->footer(std::string("Example:\n  ") + c.example);
+    runners.emplace_back(sub, c.setup(sub));
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "ptdp: %s (see ptdp --help)\n", e.what());
+    return 2;
+  }
+  for (auto& [sub, run] : runners)
+    if (sub->parsed()) {
+      try {
+        return run();
+      } catch (const std::exception& e) {  // a bug, not user error: still one line, non-zero
+        return Fail(std::string("internal error: ") + e.what());
+      }
+    }
+  return 2;
+}

@@ -1,0 +1,102 @@
+// The analytic cost model: for a model on a cluster and one layout, the step time with its
+// breakdown, FLOPs, MFU and memory per GPU, in closed form (docs/cost-model.md lists every
+// formula with its source). Evaluate() is the planner's hot path: no allocation, ~1 us.
+// Letters: b micro-batch, s sequence (s_l = s/c per CP rank), h hidden, a heads, L layers,
+// V padded vocabulary, f ffn hidden, t/c/p/d/v tensor/context/pipeline/data/virtual sizes,
+// m micro-batches per step.
+#pragma once
+
+#include <array>
+
+#include "core/layout.h"
+#include "core/model.h"
+#include "core/plan.h"
+#include "core/status.h"
+#include "cost_model/hardware_table.h"
+#include "topology/topology.h"
+
+namespace ptdp {
+
+// Times of one micro-batch through one transformer layer on one GPU, seconds.
+struct LayerTimes {
+  double fwd_compute_s = 0;    // GEMMs + attention + element-wise + overhead
+  double bwd_compute_s = 0;    // backward, plus recompute
+  double recompute_s = 0;      // the recompute part of bwd_compute_s
+  double fwd_tp_s = 0;         // exposed TP (and CP) communication in forward
+  double bwd_tp_s = 0;         // exposed TP communication in backward (+ recompute's)
+};
+
+// Per-micro-batch time of one pipeline stage (all its v chunks), seconds.
+struct StageTimes {
+  double fwd_s = 0, bwd_s = 0;            // compute + exposed TP, forward and backward
+  double compute_s = 0;                   // of which pure compute (fwd + bwd)
+  double tp_s = 0;                        // of which exposed TP/CP communication
+  double total() const { return fwd_s + bwd_s; }
+};
+
+// Lean result of Evaluate(): what ranking needs, without per-stage vectors.
+struct Estimate {
+  double step_time_s = 0;
+  Breakdown breakdown;
+  double model_flops = 0;     // per step, whole job (no recompute)
+  double hw_flops = 0;        // per step, with recompute
+  double mfu = 0;
+  double bubble_fraction = 0;
+  MemoryBytes memory;         // the most loaded stage
+  bool fits = false;
+};
+
+// A seam for the planner (and its tests): anything that scores a legal layout.
+class Estimator {
+ public:
+  virtual ~Estimator() = default;
+  // Precondition: the layout is legal for the model (CheckLayout == kOk) and its world fits
+  // the cluster.
+  virtual Estimate Evaluate(const Layout& l) const = 0;
+};
+
+class AnalyticModel : public Estimator {
+ public:
+  // Fails when the cluster's calibration names an unknown constant.
+  static Result<AnalyticModel> Create(const ModelSpec& model, const Topology& topo);
+  AnalyticModel(const ModelSpec& model, const Topology& topo, const CostConstants& k);
+
+  Estimate Evaluate(const Layout& l) const override;
+  // Evaluate() plus memory per stage, as the plan file stores it.
+  Prediction Predict(const Layout& l) const;
+
+  // Pieces, public for tests, the simulator and docs.
+  LayerTimes Layer(const Layout& l) const;
+  // Stage r of p: r == 0 holds the embedding, r == p-1 the output layer and loss.
+  StageTimes Stage(const Layout& l, int r) const;
+  MemoryBytes StageMemory(const Layout& l, int r) const;
+  double ParamsOnStage(const Layout& l, int r) const;  // parameters held by one GPU of stage r
+  // Activation bytes one layer keeps for one micro-batch (Korthikanti 2022 table 2).
+  double LayerActivationBytes(const Layout& l) const;
+  double ModelFlops(const Layout& l) const;            // per step (Korthikanti model FLOPs)
+  double HardwareFlops(const Layout& l) const;         // per step, recompute included
+  double P2pTime(const Layout& l) const;               // one boundary transfer, seconds
+  double DpTime(const Layout& l, double params) const; // gradient reduction (+ param gather)
+  double PeakFlops(Precision p) const;                 // FLOP/s used for GEMMs at p
+  double MfuPeak(Precision p) const;                   // the MFU basis (16-bit peak for fp8)
+
+  const CostConstants& constants() const { return k_; }
+  const ModelSpec& model() const { return model_; }
+  const Topology& topology() const { return *topo_; }
+
+ private:
+  // Time of an (m x k) x (k x n) GEMM at precision p.
+  double Gemm(double m, double n, double k, Precision p) const;
+  double Coll(Collective c, int stride, int size, double bytes) const;
+  double Activations(const Layout& l, int r) const;
+
+  ModelSpec model_;
+  const Topology* topo_;
+  CostConstants k_;
+};
+
+// The shape of a regular Megatron group: `size` ranks `stride` apart, on nodes of
+// `gpus_per_node` (TP: stride 1; DP: stride t*c; PP: stride t*c*d).
+GroupShape RegularGroupShape(int stride, int size, int gpus_per_node);
+
+}  // namespace ptdp

@@ -1,0 +1,171 @@
+// Readers for ../shared/calibration; see calibration_data.h.
+#include "cost_model/calibration_data.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "core/yaml_reader.h"
+
+namespace ptdp {
+namespace {
+
+bool Contains(const std::string& s, const std::string& what) {
+  return s.find(what) != std::string::npos;
+}
+
+std::string Str(const YAML::Node& n) { return n && n.IsScalar() ? n.Scalar() : ""; }
+
+// Architecture family from the model name: Llama (SwiGLU, RMSNorm, RoPE, untied, no bias),
+// Nemotron-4 (squared ReLU, LayerNorm, RoPE, untied, no bias), else GPT.
+void SetFamily(const std::string& name, ModelSpec* m) {
+  std::string lower;
+  for (char ch : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (Contains(lower, "llama")) {
+    m->activation = Activation::kSwiglu;
+    m->norm = Norm::kRmsNorm;
+  } else if (Contains(lower, "nemotron")) {
+    m->activation = Activation::kSquaredRelu;
+    m->norm = Norm::kLayerNorm;
+  } else {
+    return;  // GPT defaults
+  }
+  m->position = PositionEmbedding::kRope;
+  m->tied_embeddings = false;
+  m->bias = false;
+}
+
+// Returns "" on success, or why the entry cannot be used.
+std::string ReadEntry(const YAML::Node& e, MeasuredRun* run) {
+  run->id = Str(e["id"]);
+  const YAML::Node model = e["model"], hw = e["hardware"], lay = e["layout"], meas = e["measured"];
+  if (!model || !hw || !lay || !meas) return "missing model/hardware/layout/measured";
+  for (const char* k : {"layers", "hidden", "heads", "seq", "vocab"})
+    if (!model[k] || model[k].IsNull()) return std::string("model.") + k + " not given";
+  for (const char* k : {"tp", "pp", "dp", "microbatch", "global_batch"})
+    if (!lay[k] || lay[k].IsNull()) return std::string("layout.") + k + " not given";
+  ModelSpec& m = run->model;
+  m.name = Str(model["name"]);
+  m.layers = model["layers"].as<int64_t>();
+  m.hidden = model["hidden"].as<int64_t>();
+  m.heads = model["heads"].as<int64_t>();
+  m.kv_heads = model["kv_heads"] && !model["kv_heads"].IsNull() ? model["kv_heads"].as<int64_t>() : m.heads;
+  m.seq_len = model["seq"].as<int64_t>();
+  m.vocab = model["vocab"].as<int64_t>();
+  SetFamily(m.name, &m);
+  if (model["ffn"] && !model["ffn"].IsNull()) m.ffn_hidden = model["ffn"].as<int64_t>();
+  else if (m.activation == Activation::kGelu) m.ffn_hidden = 4 * m.hidden;
+  else return "model.ffn not given";
+
+  Layout& l = run->layout;
+  l.tp = lay["tp"].as<int>();
+  l.pp = lay["pp"].as<int>();
+  l.dp = lay["dp"].as<int>();
+  l.cp = lay["cp"] && !lay["cp"].IsNull() ? lay["cp"].as<int>() : 1;
+  l.vp = lay["vp"] && !lay["vp"].IsNull() ? lay["vp"].as<int>() : 1;
+  l.schedule = l.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+  l.micro_batch = lay["microbatch"].as<int>();
+  l.global_batch = lay["global_batch"].as<int64_t>();
+  // SP unstated: NeMo enables it with TP in these recipes.
+  l.sequence_parallel = lay["sp"] && !lay["sp"].IsNull() ? lay["sp"].as<bool>() : l.tp > 1;
+  const std::string rc = Str(lay["recompute"]);
+  l.recompute = rc.rfind("full", 0) == 0        ? Recompute::kFull
+                : rc.rfind("selective", 0) == 0 ? Recompute::kSelective
+                                                : Recompute::kNone;
+  const std::string prec = Str(lay["precision"]);
+  l.precision = Contains(prec, "fp8") || Contains(prec, "FP8") ? Precision::kFp8 : Precision::kBf16;
+  const std::string opt = Str(lay["optimizer_sharding"]);
+  l.distributed_optimizer = Contains(opt, "distributed") || Contains(opt, "FSDP");
+  l.overlap_grad_reduce = true;
+  l.tp_comm_overlap = Contains(Str(lay["notes"]), "TP comm overlap") ||
+                      Contains(run->id, "dgxc_") || Contains(run->id, "nemo2407") ||
+                      Contains(run->id, "megatron_bridge");
+  const std::string gpu = Str(hw["gpu"]);
+  run->gpu = Contains(gpu, "H100") ? "H100" : Contains(gpu, "A100") ? "A100" : gpu;
+  run->gpus = hw["total_gpus"].as<int>();
+  if (meas["per_layer_combined_ms"] && !meas["per_layer_combined_ms"].IsNull()) {
+    run->per_layer = true;
+    run->measured_s = meas["per_layer_combined_ms"].as<double>() / 1e3;
+    return "";
+  }
+  if (meas["step_time_s"] && !meas["step_time_s"].IsNull())
+    run->measured_s = meas["step_time_s"].as<double>();
+  else if (e["derived"] && e["derived"]["step_time_s"])
+    run->measured_s = e["derived"]["step_time_s"].as<double>();
+  else
+    return "no step time";
+  if (l.world() != run->gpus) return "tp*cp*pp*dp != total_gpus";
+  return "";
+}
+
+}  // namespace
+
+Result<CalibrationSet> LoadMeasuredRuns(const std::string& path) {
+  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path));
+  const YAML::Node entries = root["entries"];
+  if (!entries || !entries.IsSequence())
+    return Status::Error(path + ": missing 'entries' list");
+  CalibrationSet set;
+  for (const auto& e : entries) {
+    MeasuredRun run;
+    std::string why;
+    try {
+      why = ReadEntry(e, &run);
+    } catch (const YAML::Exception& ex) {
+      why = std::string("unreadable field: ") + ex.what();
+    }
+    if (why.empty()) set.runs.push_back(run);
+    else set.skipped.push_back(run.id + ": " + why);
+  }
+  return set;
+}
+
+Result<CalibrationSet> LoadVtrainCsv(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error(path + ": cannot open file");
+  CalibrationSet set;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.empty() || line[0] == '#') continue;
+    std::stringstream ss(line);
+    std::vector<double> v;
+    std::string cell;
+    while (std::getline(ss, cell, ',')) v.push_back(std::atof(cell.c_str()));
+    if (v.size() != 11)
+      return Status::Error(path + ":" + std::to_string(lineno) + ": expected 11 columns");
+    MeasuredRun run;
+    run.id = "vtrain:" + std::to_string(lineno);
+    run.gpu = "A100";
+    run.gpus = int(v[0]);
+    ModelSpec& m = run.model;
+    m.name = "vtrain-gpt";
+    m.hidden = int64_t(v[3]);
+    m.heads = int64_t(v[4]);
+    m.kv_heads = m.heads;
+    m.layers = int64_t(v[5]);
+    m.seq_len = int64_t(v[6]);
+    m.ffn_hidden = 4 * m.hidden;
+    m.vocab = 50257;  // GPT-2 tokenizer, the Megatron-DeepSpeed default (source README)
+    Layout& l = run.layout;
+    l.global_batch = int64_t(v[1]);
+    l.micro_batch = int(v[2]);
+    l.tp = int(v[7]);
+    l.dp = int(v[8]);
+    l.pp = int(v[9]);
+    // The micro-batch column is taken as run: its times show gradient accumulation with
+    // p = 1 too (row 1097: t 8, B 16, b 1 takes 1.95 s, 16 micro-batches' worth).
+    l.recompute = Recompute::kFull;
+    l.precision = Precision::kFp16;
+    l.overlap_grad_reduce = false;  // "no gradient bucketing"
+    run.measured_s = v[10] / 1e3;
+    if (l.world() != run.gpus || CheckLayout(m, l) != Rejection::kOk) {
+      set.skipped.push_back(run.id + ": layout inconsistent");
+      continue;
+    }
+    set.runs.push_back(run);
+  }
+  return set;
+}
+
+}  // namespace ptdp

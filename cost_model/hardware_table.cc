@@ -1,0 +1,75 @@
+// The constants table: defaults fitted on the A100 rows of ../shared/calibration (vTrain's
+// 1,440 single-node runs and Korthikanti et al. 2022 Table 4); see docs/cost-model.md.
+#include "cost_model/hardware_table.h"
+
+namespace ptdp {
+
+const std::vector<ConstantInfo>& ConstantTable() {
+  using C = CostConstants;
+  static const std::vector<ConstantInfo> table = {
+      {"gemm_eff_max", &C::gemm_eff_max, "fraction of peak",
+       "cuBLAS large-GEMM efficiency; fitted on vTrain A100 runs (docs/cost-model.md)"},
+      {"gemm_eff_max_fp8", &C::gemm_eff_max_fp8, "fraction of fp8 peak",
+       "Transformer Engine fp8 GEMMs incl. casts; fitted on dgxc/NeMo H100 fp8 recipes"},
+      {"gemm_half_dim", &C::gemm_half_dim, "elements",
+       "smallest GEMM dimension at half of gemm_eff_max; fitted on vTrain A100 runs"},
+      {"attention_eff", &C::attention_eff, "fraction of 16-bit peak",
+       "batched QK^T/AV GEMMs; fitted on Korthikanti 2022 Table 4 (22B layer, A100)"},
+      {"softmax_bytes_per_score", &C::softmax_bytes_per_score, "bytes",
+       "unfused softmax+mask+dropout traffic per score (Korthikanti 2022 sec. 4: 5as/h term)"},
+      {"hbm_eff", &C::hbm_eff, "fraction of HBM bandwidth", "STREAM-like kernels reach 70-90%"},
+      {"elementwise_replicated", &C::elementwise_replicated, "x tokens*h*bytes",
+       "LN + 2 dropout + 2 residual reads/writes (Korthikanti 2022 table 2 terms)"},
+      {"elementwise_tp_split", &C::elementwise_tp_split, "x tokens*h*bytes",
+       "GeLU on 4h and bias adds, split over TP"},
+      {"layer_overhead_s", &C::layer_overhead_s, "s",
+       "launch/framework cost per layer forward; fitted on vTrain A100 runs"},
+      {"nccl_intra_eff", &C::nccl_intra_eff, "fraction of link",
+       "nccl-tests all_reduce busbw on DGX A100 NVSwitch ~230-240 of 300 GB/s"},
+      {"collective_overhead_s", &C::collective_overhead_s, "s",
+       "NCCL launch + proxy cost per call (nccl-tests small-message times ~10-30 us)"},
+      {"nccl_inter_eff", &C::nccl_inter_eff, "fraction of NIC",
+       "nccl-tests inter-node busbw ~ 90% of InfiniBand line rate"},
+      {"tp_exposed", &C::tp_exposed, "fraction",
+       "Megatron without --tp-comm-overlap: TP all-reduces are blocking"},
+      {"tp_overlap_exposed", &C::tp_overlap_exposed, "fraction",
+       "TE userbuffers TP overlap leaves about a quarter exposed; fitted on dgxc H100 recipes"},
+      {"pp_exposed", &C::pp_exposed, "fraction", "Megatron 1F1B p2p is blocking"},
+      {"dp_overlap_window", &C::dp_overlap_window, "x backward of one micro-batch",
+       "Megatron --overlap-grad-reduce buckets start during the last backward"},
+      {"optimizer_bytes_per_param", &C::optimizer_bytes_per_param, "bytes",
+       "AdamW: read 4+4+4+4, write 4+4+4+2 (fp32 master, m, v, grad; 16-bit weight)"},
+      {"step_overhead_s", &C::step_overhead_s, "s", "loss reduction, logging, data loader"},
+      {"workspace_bytes", &C::workspace_bytes, "bytes",
+       "CUDA context (~0.5 GiB) + cuBLAS workspace + NCCL buffers (~1 GiB)"},
+      {"fragmentation", &C::fragmentation, "fraction",
+       "PyTorch caching allocator fragmentation, typically 5-10%"},
+  };
+  return table;
+}
+
+Result<CostConstants> ConstantsFor(const ClusterSpec& cluster) {
+  CostConstants k;
+  for (const auto& [name, value] : cluster.calibration) {
+    bool found = false;
+    for (const auto& row : ConstantTable()) {
+      if (name == row.name) {
+        k.*(row.field) = value;
+        found = true;
+        break;
+      }
+    }
+    if (!found) {
+      std::string valid;
+      for (const auto& row : ConstantTable()) valid += (valid.empty() ? "" : ", ") + std::string(row.name);
+      return Status::Error(cluster.file + ": calibration: unknown constant '" + name +
+                           "' (valid: " + valid + ")");
+    }
+    if (!(value >= 0))
+      return Status::Error(cluster.file + ": calibration." + name + " = " +
+                           std::to_string(value) + " must not be negative");
+  }
+  return k;
+}
+
+}  // namespace ptdp

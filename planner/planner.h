@@ -1,0 +1,64 @@
+// The layout planner: enumerate every layout of a model on a number of GPUs, reject the
+// illegal ones with a named reason (Megatron's rules, TP across nodes, precision, memory),
+// score the rest with an Estimator and rank them by predicted step time. Any knob can be
+// fixed; the rest are searched.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/model.h"
+#include "cost_model/analytic.h"
+#include "topology/cluster.h"
+
+namespace ptdp {
+
+// What to search. An unset optional means "search every legal value".
+struct SearchSpace {
+  int world = 0;                          // GPUs used (tp * cp * pp * dp)
+  int64_t global_batch = 0;               // B, fixed by the user
+  std::optional<int> tp, pp, dp, vp, micro_batch;
+  int cp = 1;                             // context parallelism is never searched
+  std::optional<bool> sequence_parallel, distributed_optimizer;
+  std::optional<Recompute> recompute;
+  Precision precision = Precision::kBf16;
+  int max_micro_batch = 16;               // largest b tried when b is searched
+  bool allow_tp_across_nodes = false;     // otherwise such layouts are rejected (named reason)
+  bool overlap_grad_reduce = true;
+  bool tp_comm_overlap = false;
+};
+
+struct RankedLayout {
+  Layout layout;
+  Estimate estimate;
+};
+
+struct PlanResult {
+  int64_t evaluated = 0;      // candidate layouts enumerated
+  int64_t legal = 0;          // passed every rule except memory
+  int64_t fitting = 0;        // legal and fit in memory
+  std::array<int64_t, kNumRejections> rejected{};  // by Rejection
+  std::vector<RankedLayout> top;        // best first: fitting by step time, then the rest
+  std::vector<RankedLayout> unfitting;  // the smallest-memory legal layouts when none fits
+  double elapsed_s = 0;
+};
+
+// Checks the user's fixed knobs against the world and model before searching (e.g. --tp 3
+// with 64 heads): a Status naming the flag and value, so an impossible request is an error
+// and not an empty table.
+Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
+                        const SearchSpace& space);
+
+// Enumerates and ranks. `top_k` best fitting layouts are kept.
+PlanResult SearchLayouts(const Estimator& est, const ModelSpec& model,
+                         const ClusterSpec& cluster, const SearchSpace& space, int top_k);
+
+// Why the winner beat the runner-up, in a few lines: step-time difference and the components
+// that differ most, with the knobs that cause them.
+std::vector<std::string> ExplainChoice(const RankedLayout& best, const RankedLayout& runner_up);
+
+}  // namespace ptdp

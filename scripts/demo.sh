@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The main job on the bundled example: plan a layout, then simulate the chosen plan.
+# (train and compare join this chain as they land: see README.md "Status".)
+set -euo pipefail
+build="${1:-build}"
+ptdp="$build/ptdp"
+out="${DEMO_OUT:-$build/demo}"
+mkdir -p "$out"
+
+echo "== 1. plan: GPT-3 175B on 128 DGX A100 nodes (1024 GPUs), global batch 1536"
+"$ptdp" plan --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
+  --global-batch 1536 --top 5 --out "$out/gpt3-175b.plan.yaml"
+echo
+echo "== 2. simulate the chosen plan"
+"$ptdp" simulate "$out/gpt3-175b.plan.yaml"
+echo
+echo "== 3. plan: gpt-tiny on this machine's 4 CPU rank slots (what the CPU runtime will train)"
+"$ptdp" plan --cluster configs/clusters/local-cpu.yaml --model configs/models/gpt-tiny.yaml \
+  --global-batch 16 --gpus 4 --top 5 --out "$out/gpt-tiny.plan.yaml"
+echo
+echo "== 4. the Megatron-LM command line for the 175B plan"
+"$ptdp" plan --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
+  --global-batch 1536 --top 1 --emit megatron | sed -n '/^torchrun/,$p'
+echo
+echo "plans written to $out/"

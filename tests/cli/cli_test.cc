@@ -1,0 +1,184 @@
+// The ptdp executable end to end: every bad-input path gives a one-line message naming the
+// file, key or value and a non-zero exit; --json carries the documented keys; plan --out
+// writes a plan that simulate reads back.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+const std::string kSrc = PTDP_SOURCE_DIR;
+const std::string kBin = std::string(PTDP_BINARY_DIR) + "/ptdp";
+const std::string kA100 = kSrc + "/configs/clusters/dgx-a100.yaml";
+const std::string k175b = kSrc + "/configs/models/gpt3-175b.yaml";
+const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
+const std::string kCpu = kSrc + "/configs/clusters/local-cpu.yaml";
+
+struct CmdResult {
+  int code = -1;
+  std::string out;  // stdout + stderr
+};
+
+CmdResult Ptdp(const std::string& args) {
+  CmdResult r;
+  const std::string cmd = kBin + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string Write(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A failure is one line, starts with "ptdp:", and names what is wrong.
+void ExpectOneLineError(const CmdResult& r, const std::string& must_contain) {
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(must_contain), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "more than one line: " << r.out;
+  EXPECT_EQ(r.out.rfind("ptdp:", 0), 0u) << r.out;
+}
+
+TEST(Cli, HelpHasAnExampleForEveryCommand) {
+  for (const char* cmd : {"plan", "simulate", "topo", "validate"}) {
+    const CmdResult r = Ptdp(std::string(cmd) + " --help");
+    EXPECT_EQ(r.code, 0) << cmd;
+    EXPECT_NE(r.out.find("Example:"), std::string::npos) << cmd << ": " << r.out;
+  }
+}
+
+TEST(Cli, MissingClusterFile) {
+  ExpectOneLineError(Ptdp("plan --cluster /nonexistent.yaml --model " + k175b + " --global-batch 8"),
+                     "/nonexistent.yaml");
+}
+
+TEST(Cli, MalformedModelYaml) {
+  const std::string bad = Write("bad-model.yaml", "layers: [1, 2\nhidden: 3\n");
+  ExpectOneLineError(Ptdp("plan --cluster " + kA100 + " --model " + bad + " --global-batch 8"),
+                     "bad-model.yaml");
+}
+
+TEST(Cli, UnknownKeyInModel) {
+  const std::string bad = Write("unknown-key.yaml",
+                                "layers: 2\nhidden: 64\nheads: 4\nseq_len: 64\nvocab: 256\nwidth: 3\n");
+  const CmdResult r = Ptdp("plan --cluster " + kA100 + " --model " + bad + " --global-batch 8");
+  ExpectOneLineError(r, "width");
+  EXPECT_NE(r.out.find("unknown-key.yaml:6"), std::string::npos) << r.out;
+}
+
+TEST(Cli, NegativeSizeInModel) {
+  const std::string bad = Write("negative.yaml",
+                                "layers: 2\nhidden: -64\nheads: 4\nseq_len: 64\nvocab: 256\n");
+  const CmdResult r = Ptdp("plan --cluster " + kA100 + " --model " + bad + " --global-batch 8");
+  ExpectOneLineError(r, "hidden");
+  EXPECT_NE(r.out.find("-64"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BareNumberForBandwidth) {
+  const std::string bad = Write("bare.yaml",
+                                "name: x\nnodes: 1\ngpus_per_node: 2\n"
+                                "gpu: {name: g, memory: 80 GiB, hbm_bandwidth: 2 TB/s, peak: {bf16: 312 TFLOP/s}}\n"
+                                "intra_node: {fabric: nvswitch, bandwidth: 300, latency: 3 us}\n");
+  const CmdResult r = Ptdp("topo --cluster " + bad);
+  ExpectOneLineError(r, "bandwidth");
+  EXPECT_NE(r.out.find("bare.yaml:"), std::string::npos) << r.out;
+}
+
+TEST(Cli, IllegalLayoutForSimulate) {
+  ExpectOneLineError(Ptdp("simulate --cluster " + kA100 + " --model " + k175b +
+                          " --global-batch 1536 --tp 5 --pp 1 --dp 1 --gpus 5"),
+                     "heads");
+}
+
+TEST(Cli, ZeroAndNegativeFlags) {
+  ExpectOneLineError(Ptdp("plan --cluster " + kA100 + " --model " + k175b + " --global-batch 0"),
+                     "--global-batch");
+  ExpectOneLineError(Ptdp("plan --cluster " + kA100 + " --model " + k175b +
+                          " --global-batch 8 --nodes -1"),
+                     "--nodes");
+  ExpectOneLineError(Ptdp("plan --cluster " + kA100 + " --model " + k175b +
+                          " --global-batch 8 --gpus 100000"),
+                     "--gpus 100000");
+  ExpectOneLineError(Ptdp("plan --cluster " + kA100 + " --model " + k175b +
+                          " --global-batch 8 --sp maybe"),
+                     "--sp");
+}
+
+TEST(Cli, UnknownFlagIsAUsageError) {
+  const CmdResult r = Ptdp("plan --cluster " + kA100 + " --model " + k175b + " --global-batch 8 --tpp 4");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--tpp"), std::string::npos) << r.out;
+}
+
+TEST(Cli, PlanJsonHasTheDocumentedKeys) {
+  const CmdResult r = Ptdp("plan --cluster " + kA100 + " --model " + k175b +
+                     " --global-batch 1536 --json --top 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"step_time_s", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu",
+                        "bubble_fraction", "breakdown_s", "memory_bytes", "fits", "layout",
+                        "evaluated", "legal", "fitting", "elapsed_s", "rejected", "plans"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  for (const char* k : {"compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"})
+    EXPECT_TRUE(j["breakdown_s"].contains(k)) << k;
+  for (const char* k : {"weights", "grads", "optimizer", "activations", "other", "total", "capacity"})
+    EXPECT_TRUE(j["memory_bytes"].contains(k)) << k;
+  for (const char* k : {"tp", "pp", "dp", "vp", "micro_batch", "global_batch", "num_microbatches",
+                        "sequence_parallel", "recompute", "distributed_optimizer", "schedule"})
+    EXPECT_TRUE(j["layout"].contains(k)) << k;
+  EXPECT_EQ(j["plans"].size(), 3u);
+  EXPECT_LE(j["layout"]["tp"].get<int>(), 8);  // TP stays inside a node
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_GT(j["evaluated"].get<int64_t>(), j["legal"].get<int64_t>());
+}
+
+TEST(Cli, PlanOutThenSimulateThePlan) {
+  const std::string plan = ::testing::TempDir() + "/plan-tiny.yaml";
+  const CmdResult p = Ptdp("plan --cluster " + kCpu + " --model " + kTiny +
+                     " --global-batch 16 --gpus 4 --out " + plan);
+  ASSERT_EQ(p.code, 0) << p.out;
+  const CmdResult s = Ptdp("simulate " + plan + " --json");
+  ASSERT_EQ(s.code, 0) << s.out;
+  const auto j = nlohmann::json::parse(s.out);
+  EXPECT_EQ(j["layout"]["global_batch"].get<int>(), 16);
+  EXPECT_EQ(j["layout"]["tp"].get<int>() * j["layout"]["pp"].get<int>() *
+                j["layout"]["dp"].get<int>(),
+            4);
+  EXPECT_GT(j["step_time_s"].get<double>(), 0);
+}
+
+TEST(Cli, EmitMegatron) {
+  const CmdResult r = Ptdp("plan --cluster " + kA100 + " --model " + k175b +
+                     " --global-batch 1536 --tp 8 --pp 16 --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--tensor-model-parallel-size 8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--pipeline-model-parallel-size 16"), std::string::npos);
+  EXPECT_NE(r.out.find("--global-batch-size 1536"), std::string::npos);
+}
+
+TEST(Cli, TopoPrintsTheNode) {
+  const CmdResult r = Ptdp("topo --cluster " + kA100);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("GPU7"), std::string::npos);
+  EXPECT_NE(r.out.find("300 GB/s"), std::string::npos) << r.out;
+}
+
+TEST(Cli, SimulatePlanFileErrorsNameTheFile) {
+  const std::string bad = Write("bad-plan.yaml", "ptdp_plan_version: 1\ncluster: {file: x}\n");
+  const CmdResult r = Ptdp("simulate " + bad);
+  ExpectOneLineError(r, "bad-plan.yaml");
+}
+
+}  // namespace

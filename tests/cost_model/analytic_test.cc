@@ -1,0 +1,201 @@
+// Cost-model formulas against hand-derived values (Narayanan 2021 eq. 2-3, Korthikanti 2022
+// table 2, megatron-reference.md sections 5-7).
+#include "cost_model/analytic.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tests/fakes/test_cluster.h"
+
+namespace ptdp {
+namespace {
+
+ModelSpec Gpt3_175b() {
+  ModelSpec m;
+  m.name = "gpt3-175b";
+  m.layers = 96; m.hidden = 12288; m.heads = 96; m.kv_heads = 96; m.ffn_hidden = 4 * 12288;
+  m.seq_len = 2048; m.vocab = 51200;
+  return m;
+}
+
+Layout MakeLayout(int tp, int pp, int dp, int vp, int mb, int64_t gb) {
+  Layout l;
+  l.tp = tp; l.pp = pp; l.dp = dp; l.vp = vp; l.micro_batch = mb; l.global_batch = gb;
+  l.schedule = vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+  return l;
+}
+
+class AnalyticTest : public ::testing::Test {
+ protected:
+  AnalyticTest()
+      : topo_(*Topology::Build(testing::DgxA100Like(128))),
+        model_(Gpt3_175b()),
+        cost_(model_, topo_, CostConstants{}) {}
+  Topology topo_;
+  ModelSpec model_;
+  AnalyticModel cost_;
+};
+
+TEST_F(AnalyticTest, ModelFlopsMatchKorthikanti) {
+  // 72 B L s h^2 (1 + s/(6h) + V/(12 h L)), B = 1536.
+  const double B = 1536, L = 96, s = 2048, h = 12288, V = 51200;
+  const double expected = 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L));
+  const Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  EXPECT_NEAR(cost_.ModelFlops(l) / expected, 1.0, 1e-12);
+}
+
+TEST_F(AnalyticTest, FullRecomputeHardwareFlopsMatchNarayananEq3) {
+  // F = 96 B s L h^2 (1 + s/(6h) + V/(16 L h)).
+  const double B = 1536, L = 96, s = 2048, h = 12288, V = 51200;
+  const double expected = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h));
+  Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  l.recompute = Recompute::kFull;
+  EXPECT_NEAR(cost_.HardwareFlops(l) / expected, 1.0, 1e-12);
+  l.recompute = Recompute::kNone;
+  EXPECT_DOUBLE_EQ(cost_.HardwareFlops(l), cost_.ModelFlops(l));
+}
+
+TEST_F(AnalyticTest, SelectiveRecomputeHardwareFlopsUseSOver3h) {
+  // Korthikanti: 72 B L s h^2 (1 + s/(3h) + V/(12 h L)).
+  const double B = 64, L = 96, s = 2048, h = 12288, V = 51200;
+  Layout l = MakeLayout(8, 8, 1, 1, 1, 64);
+  l.recompute = Recompute::kSelective;
+  const double expected = 72 * B * L * s * h * h * (1 + s / (3 * h) + V / (12 * h * L));
+  EXPECT_NEAR(cost_.HardwareFlops(l) / expected, 1.0, 1e-12);
+}
+
+TEST_F(AnalyticTest, ActivationsFollowKorthikantiTable2) {
+  // Unfused attention keeps the 5as/h score term. s=2048, b=1, h=12288, a=96, t=8.
+  CostConstants k;
+  k.softmax_bytes_per_score = 5;
+  AnalyticModel cost(model_, topo_, k);
+  const double s = 2048, b = 1, h = 12288, a = 96, t = 8, sbh = s * b * h;
+  Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  EXPECT_NEAR(cost.LayerActivationBytes(l), sbh * (10 + 24 / t + 5 * a * s / (h * t)), 1);
+  l.sequence_parallel = true;
+  EXPECT_NEAR(cost.LayerActivationBytes(l), sbh / t * (34 + 5 * a * s / h), 1);
+  l.recompute = Recompute::kSelective;
+  EXPECT_NEAR(cost.LayerActivationBytes(l), 34 * sbh / t, 1);
+  l.sequence_parallel = false;
+  EXPECT_NEAR(cost.LayerActivationBytes(l), sbh * (10 + 24 / t), 1);
+  l.recompute = Recompute::kFull;
+  EXPECT_NEAR(cost.LayerActivationBytes(l), 2 * sbh, 1);
+  // No parallelism: sbh (34 + 5as/h).
+  Layout one = MakeLayout(1, 1, 1024, 1, 1, 1024);
+  EXPECT_NEAR(cost.LayerActivationBytes(one), sbh * (34 + 5 * a * s / h), 1);
+}
+
+TEST_F(AnalyticTest, WeightsGradsOptimizerAre18BytesPerParam) {
+  Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  const MemoryBytes m = cost_.StageMemory(l, 5);  // a middle stage: layers only
+  const double params = cost_.ParamsOnStage(l, 5);
+  EXPECT_NEAR(params, 96.0 / 16 * model_.params_per_layer() / 8, 1);
+  EXPECT_NEAR((m.weights + m.grads + m.optimizer) / params, 18.0, 1e-9);
+  l.distributed_optimizer = true;  // 6 + 12/d
+  const MemoryBytes d = cost_.StageMemory(l, 5);
+  EXPECT_NEAR((d.weights + d.grads + d.optimizer) / params, 6.0 + 12.0 / 8, 1e-9);
+}
+
+TEST_F(AnalyticTest, FirstStageHoldsPMicroBatchesUnder1F1B) {
+  // Stage r keeps min(p - r, m) micro-batches of L/p layers in flight: stage 0 has p = 16 of
+  // them, stage 15 one. Layer activations with SP and selective: 34 sbh / t.
+  Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  l.sequence_parallel = true;
+  l.recompute = Recompute::kSelective;
+  const double per_layer = cost_.LayerActivationBytes(l);
+  const double sbh = 2048.0 * 12288;
+  const double stage0 = cost_.StageMemory(l, 0).activations;
+  // 16 micro-batches * 6 layers + embedding output (3 sbh / t per micro-batch in flight).
+  EXPECT_NEAR(stage0, 16 * 6 * per_layer + 16 * 3 * sbh / 8, 1);
+  const double mid = cost_.StageMemory(l, 8).activations;
+  EXPECT_NEAR(mid, 8 * 6 * per_layer, 1);
+}
+
+TEST_F(AnalyticTest, InterleavingMultipliesFirstStageActivations) {
+  // Interleaved: first stage holds L layers' worth times (1 + (p-1)/(p v)).
+  Layout l = MakeLayout(8, 16, 8, 2, 1, 1536);
+  l.sequence_parallel = true;
+  l.recompute = Recompute::kSelective;
+  const double per_layer = cost_.LayerActivationBytes(l);
+  const double sbh = 2048.0 * 12288;
+  const double expected_layers = 96.0 * (1 + 15.0 / (16 * 2));
+  const double chunks = 2 * 15 + 16 + 1;  // warmup + 1
+  const double emb = chunks / 2 * 3 * sbh / 8;
+  EXPECT_NEAR(cost_.StageMemory(l, 0).activations, expected_layers * per_layer + emb, 1);
+}
+
+TEST_F(AnalyticTest, DataParallelAllReduceTime) {
+  // tp 8, pp 16, dp 8: one DP rank per node, 8 groups share the node's 8 x 25 GB/s NICs:
+  // bus bandwidth 25 GB/s, times NCCL inter efficiency 0.9. All-reduce of 4 bytes/param:
+  // 2 (d-1)/d * bytes / (25e9 * 0.9) + 2 (d-1) * 5 us.
+  Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  const double params = 1e9;
+  const double bytes = 4e9;
+  const double expected = 2.0 * 7 / 8 * bytes / (25e9 * 0.9) + 2 * 7 * 5e-6;
+  EXPECT_NEAR(cost_.DpTime(l, params) / expected, 1.0, 0.02);
+}
+
+TEST_F(AnalyticTest, BubbleFollowsNarayanan) {
+  // Uniform stages (tiny vocabulary and free communication): bubble = (p-1)/(v m) of the
+  // ideal time m * t_stage.
+  ModelSpec m = model_;
+  m.vocab = 1;
+  ClusterSpec c = testing::DgxA100Like(128);
+  c.intra.latency_s = 0;
+  c.inter.latency_s = 0;
+  c.intra.bw_bytes_per_s = 1e30;
+  c.inter.nic_bw_bytes_per_s = 1e30;
+  Topology topo = *Topology::Build(c);
+  AnalyticModel cost(m, topo, CostConstants{});
+  for (int vp : {1, 2, 3}) {
+    Layout l = MakeLayout(8, 16, 8, vp, 1, 1536);
+    const Estimate e = cost.Evaluate(l);
+    const double ideal = e.breakdown.compute_s + e.breakdown.tp_comm_s;
+    const double mbs = 1536 / 8;
+    // Within 1%: stage 0 still does the embedding lookup and stage p-1 the final norm, so the
+    // stages are not exactly uniform.
+    EXPECT_NEAR(e.breakdown.bubble_s / ideal, 15.0 / (vp * mbs), 0.01 * 15.0 / (vp * mbs))
+        << "vp " << vp;
+  }
+}
+
+TEST_F(AnalyticTest, MfuBelowOneAndBreakdownAddsUp) {
+  for (int tp : {1, 2, 4, 8})
+    for (int pp : {1, 2, 4, 8, 16}) {
+      Layout l = MakeLayout(tp, pp, 1024 / (tp * pp), 1, 1, 2048);
+      l.recompute = Recompute::kFull;
+      const Estimate e = cost_.Evaluate(l);
+      EXPECT_GT(e.mfu, 0);
+      EXPECT_LT(e.mfu, 1) << l.ShortName();
+      EXPECT_NEAR(e.breakdown.total(), e.step_time_s, 1e-12);
+    }
+}
+
+TEST_F(AnalyticTest, PredictFindsTheMostLoadedStage) {
+  Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  const Prediction p = cost_.Predict(l);
+  ASSERT_EQ(p.stage_memory_bytes.size(), 16u);
+  for (double v : p.stage_memory_bytes) EXPECT_LE(v, p.memory.total + 1);
+  EXPECT_EQ(p.fits, p.memory.total <= p.memory.capacity);
+}
+
+TEST(RegularGroupShape, MegatronGroups) {
+  // TP 8 on 8-GPU nodes: one node, no sharing.
+  GroupShape tp = RegularGroupShape(1, 8, 8);
+  EXPECT_EQ(tp.per_node, 8);
+  EXPECT_EQ(tp.nodes, 1);
+  // DP of 8 with stride 8: one rank per node, 8 nodes, 8 groups share each node's NICs.
+  GroupShape dp = RegularGroupShape(8, 8, 8);
+  EXPECT_EQ(dp.per_node, 1);
+  EXPECT_EQ(dp.nodes, 8);
+  EXPECT_EQ(dp.sharing, 8);
+  // DP of 16 with stride 2: 4 per node over 4 nodes, 2 groups per node.
+  GroupShape dp2 = RegularGroupShape(2, 16, 8);
+  EXPECT_EQ(dp2.per_node, 4);
+  EXPECT_EQ(dp2.nodes, 4);
+  EXPECT_EQ(dp2.sharing, 2);
+}
+
+}  // namespace
+}  // namespace ptdp

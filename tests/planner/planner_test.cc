@@ -1,0 +1,141 @@
+// Planner: enumeration counts, rejection reasons, ranking, fixed knobs, TP never across nodes.
+#include "planner/planner.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/fakes/fake_estimator.h"
+#include "tests/fakes/test_cluster.h"
+
+namespace ptdp {
+namespace {
+
+ModelSpec SmallGpt() {
+  ModelSpec m;
+  m.name = "small";
+  m.layers = 24; m.hidden = 2048; m.heads = 16; m.kv_heads = 16; m.ffn_hidden = 8192;
+  m.seq_len = 2048; m.vocab = 50257;
+  return m;
+}
+
+SearchSpace Space(int world, int64_t batch) {
+  SearchSpace s;
+  s.world = world;
+  s.global_batch = batch;
+  return s;
+}
+
+TEST(Planner, RanksByStepTimeAndFiltersMemory) {
+  testing::FakeEstimator fake;
+  const ClusterSpec c = testing::DgxA100Like(2);
+  SearchSpace s = Space(16, 64);
+  s.recompute = Recompute::kNone;
+  s.distributed_optimizer = false;
+  const PlanResult r = SearchLayouts(fake, SmallGpt(), c, s, 5);
+  ASSERT_EQ(r.top.size(), 5u);
+  // Fake: smallest pp first (pp 1), then smallest micro-batch, SP on.
+  EXPECT_EQ(r.top[0].layout.pp, 1);
+  EXPECT_EQ(r.top[0].layout.micro_batch, 1);
+  for (size_t i = 1; i < r.top.size(); ++i)
+    EXPECT_LE(r.top[i - 1].estimate.step_time_s, r.top[i].estimate.step_time_s);
+  for (const auto& row : r.top) EXPECT_TRUE(row.estimate.fits);
+  // Every candidate is counted once: legal + rejected (memory included) == evaluated.
+  int64_t rejected = 0;
+  for (int64_t v : r.rejected) rejected += v;
+  EXPECT_EQ(r.legal + rejected - r.rejected[int(Rejection::kMemory)], r.evaluated);
+  EXPECT_EQ(r.legal, r.fitting + r.rejected[int(Rejection::kMemory)]);
+  EXPECT_EQ(fake.calls, r.legal);
+  EXPECT_GT(r.rejected[int(Rejection::kMemory)], 0);  // mb 8 at pp 1 is 80 GiB > 40
+}
+
+TEST(Planner, NeverLetsTpCrossANodeUnlessForced) {
+  testing::FakeEstimator fake;
+  const ClusterSpec c = testing::DgxA100Like(4);  // 32 GPUs, 8 per node
+  SearchSpace s = Space(32, 64);
+  const PlanResult r = SearchLayouts(fake, SmallGpt(), c, s, 1000);
+  EXPECT_GT(r.rejected[int(Rejection::kTpCrossesNode)], 0);  // tp 16 is enumerated and refused
+  for (const auto& row : r.top) EXPECT_LE(row.layout.tp, 8) << row.layout.ShortName();
+  s.allow_tp_across_nodes = true;
+  const PlanResult forced = SearchLayouts(fake, SmallGpt(), c, s, 100000);
+  EXPECT_EQ(forced.rejected[int(Rejection::kTpCrossesNode)], 0);
+  bool saw_tp16 = false;
+  for (const auto& row : forced.top) saw_tp16 |= row.layout.tp == 16;
+  EXPECT_TRUE(saw_tp16);
+}
+
+TEST(Planner, FixedKnobsAreRespected) {
+  testing::FakeEstimator fake;
+  const ClusterSpec c = testing::DgxA100Like(2);
+  SearchSpace s = Space(16, 64);
+  s.tp = 2;
+  s.pp = 4;
+  s.micro_batch = 2;
+  s.sequence_parallel = true;
+  s.recompute = Recompute::kSelective;
+  const PlanResult r = SearchLayouts(fake, SmallGpt(), c, s, 100);
+  ASSERT_FALSE(r.top.empty());
+  for (const auto& row : r.top) {
+    EXPECT_EQ(row.layout.tp, 2);
+    EXPECT_EQ(row.layout.pp, 4);
+    EXPECT_EQ(row.layout.dp, 2);
+    EXPECT_EQ(row.layout.micro_batch, 2);
+    EXPECT_TRUE(row.layout.sequence_parallel);
+    EXPECT_EQ(row.layout.recompute, Recompute::kSelective);
+  }
+}
+
+TEST(Planner, NamesEachRejection) {
+  testing::FakeEstimator fake;
+  const ClusterSpec c = testing::DgxA100Like(2);
+  SearchSpace s = Space(16, 64);
+  const PlanResult r = SearchLayouts(fake, SmallGpt(), c, s, 10);
+  // 24 layers: pp 16 is illegal; vp > 1 with pp <= 2 is illegal; SP is only tried with tp > 1.
+  EXPECT_GT(r.rejected[int(Rejection::kLayersPp)], 0);
+  EXPECT_GT(r.rejected[int(Rejection::kInterleavePp)], 0);
+  EXPECT_EQ(r.rejected[int(Rejection::kSpNeedsTp)], 0);
+}
+
+TEST(Planner, Fp8RefusedOnA100) {
+  const ClusterSpec c = testing::DgxA100Like(2);
+  SearchSpace s = Space(16, 64);
+  s.precision = Precision::kFp8;
+  Status st = CheckSearchSpace(SmallGpt(), c, s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("fp8"), std::string::npos);
+}
+
+TEST(Planner, CheckSearchSpaceNamesTheFlag) {
+  const ClusterSpec c = testing::DgxA100Like(2);
+  SearchSpace s = Space(16, 64);
+  s.tp = 3;  // 16 heads % 3 != 0, and 3 does not divide 16
+  Status st = CheckSearchSpace(SmallGpt(), c, s);
+  ASSERT_FALSE(st.ok());
+  s = Space(16, 64);
+  s.tp = 0;
+  EXPECT_FALSE(CheckSearchSpace(SmallGpt(), c, s).ok());
+  s = Space(32, 64);  // more GPUs than the cluster
+  st = CheckSearchSpace(SmallGpt(), c, s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("--gpus 32"), std::string::npos);
+  s = Space(16, 0);
+  EXPECT_FALSE(CheckSearchSpace(SmallGpt(), c, s).ok());
+}
+
+TEST(Planner, ExplainsTheWinner) {
+  RankedLayout a, b;
+  a.layout.pp = 2;
+  b.layout.pp = 4;
+  a.estimate.step_time_s = 1.0;
+  a.estimate.breakdown.bubble_s = 0.1;
+  b.estimate.step_time_s = 1.5;
+  b.estimate.breakdown.bubble_s = 0.6;
+  const auto lines = ExplainChoice(a, b);
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_NE(lines[0].find("0.500 s"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("pipeline bubble"), std::string::npos) << lines[1];
+  bool knobs = false;
+  for (const auto& l : lines) knobs |= l.find("pp 2 vs 4") != std::string::npos;
+  EXPECT_TRUE(knobs);
+}
+
+}  // namespace
+}  // namespace ptdp

@@ -1,0 +1,258 @@
+// ClusterSpec: the shipped cluster files, strict errors (file:line, key, value), round trip.
+#include "topology/cluster.h"
+// Before gtest: <signal.h> (via gtest) defines a macro `si_value`, a parameter name in
+// core/units.h.
+#include "core/yaml_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace ptdp {
+namespace {
+
+std::string ClusterPath(const std::string& name) {
+  return std::string(PTDP_SOURCE_DIR) + "/configs/clusters/" + name + ".yaml";
+}
+
+Result<ClusterSpec> FromText(const std::string& text) {
+  auto node = ParseYamlText(text, "c.yaml");
+  if (!node.ok()) return node.status();
+  return ClusterFromYaml(*node, "c.yaml");
+}
+
+// Exact equality of every field (the file name aside).
+void ExpectSame(const ClusterSpec& a, const ClusterSpec& b) {
+  EXPECT_EQ(a.name, b.name);
+  EXPECT_EQ(a.nodes, b.nodes);
+  EXPECT_EQ(a.gpus_per_node, b.gpus_per_node);
+  EXPECT_EQ(a.gpu.name, b.gpu.name);
+  EXPECT_EQ(a.gpu.memory_bytes, b.gpu.memory_bytes);
+  EXPECT_EQ(a.gpu.hbm_bw_bytes_per_s, b.gpu.hbm_bw_bytes_per_s);
+  EXPECT_EQ(a.gpu.peak_bf16, b.gpu.peak_bf16);
+  EXPECT_EQ(a.gpu.peak_fp16, b.gpu.peak_fp16);
+  EXPECT_EQ(a.gpu.peak_fp8, b.gpu.peak_fp8);
+  EXPECT_EQ(a.gpu.peak_tf32, b.gpu.peak_tf32);
+  EXPECT_EQ(a.gpu.peak_fp32, b.gpu.peak_fp32);
+  EXPECT_EQ(a.intra.fabric, b.intra.fabric);
+  EXPECT_EQ(a.intra.bw_bytes_per_s, b.intra.bw_bytes_per_s);
+  EXPECT_EQ(a.intra.latency_s, b.intra.latency_s);
+  EXPECT_EQ(a.intra.pcie_bw_bytes_per_s, b.intra.pcie_bw_bytes_per_s);
+  EXPECT_EQ(a.inter.nics_per_node, b.inter.nics_per_node);
+  EXPECT_EQ(a.inter.nic_bw_bytes_per_s, b.inter.nic_bw_bytes_per_s);
+  EXPECT_EQ(a.inter.latency_s, b.inter.latency_s);
+  EXPECT_EQ(a.inter.oversubscription, b.inter.oversubscription);
+  ASSERT_EQ(a.links.size(), b.links.size());
+  for (size_t i = 0; i < a.links.size(); ++i) {
+    EXPECT_EQ(a.links[i].a, b.links[i].a);
+    EXPECT_EQ(a.links[i].b, b.links[i].b);
+    EXPECT_EQ(a.links[i].bw_bytes_per_s, b.links[i].bw_bytes_per_s);
+    EXPECT_EQ(a.links[i].latency_s, b.links[i].latency_s);
+  }
+  EXPECT_EQ(a.calibration, b.calibration);
+}
+
+void ExpectRoundTrip(const ClusterSpec& c) {
+  const std::string text = ClusterToYaml(c);
+  auto back = FromText(text);
+  ASSERT_TRUE(back.ok()) << back.status().message() << "\n" << text;
+  ExpectSame(c, *back);
+  EXPECT_EQ(ClusterToYaml(*back), text);
+}
+
+struct Shipped {
+  const char* name;
+  int world;
+};
+
+// World sizes: dgx-a100 and dgx-h100 128 nodes x 8; dgx-h200 32 x 8; the workstation 1 x 4;
+// local-cpu 1 x 8 rank slots.
+TEST(ClusterFiles, EveryShippedFileLoadsAndRoundTrips) {
+  for (const Shipped s : {Shipped{"dgx-a100", 1024}, Shipped{"dgx-h100", 1024},
+                          Shipped{"dgx-h200", 256}, Shipped{"workstation-pcie4", 4},
+                          Shipped{"local-cpu", 8}}) {
+    SCOPED_TRACE(s.name);
+    auto c = LoadClusterFile(ClusterPath(s.name));
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    EXPECT_EQ(c->name, s.name);
+    EXPECT_EQ(c->world(), s.world);
+    EXPECT_EQ(c->file, ClusterPath(s.name));
+    ExpectRoundTrip(*c);
+  }
+}
+
+TEST(ClusterFiles, DgxA100Values) {
+  auto c = LoadClusterFile(ClusterPath("dgx-a100"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->gpu.memory_bytes, 80.0 * 1024 * 1024 * 1024);
+  EXPECT_EQ(c->gpu.hbm_bw_bytes_per_s, 2039e9);
+  EXPECT_EQ(c->intra.fabric, IntraFabric::kNvSwitch);
+  EXPECT_EQ(c->intra.bw_bytes_per_s, 300e9);
+  EXPECT_DOUBLE_EQ(c->intra.latency_s, 3e-6);
+  EXPECT_EQ(c->inter.nics_per_node, 8);
+  EXPECT_EQ(c->inter.nic_bw_bytes_per_s, 25e9);  // 200 Gb/s / 8 bits
+  EXPECT_EQ(c->inter.oversubscription, 1.0);
+}
+
+TEST(ClusterFiles, H200MemoryIsDecimalGigabytes) {
+  auto c = LoadClusterFile(ClusterPath("dgx-h200"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->gpu.memory_bytes, 141e9);
+  EXPECT_EQ(c->gpu.peak_fp8, 1979e12);
+}
+
+TEST(GpuSpec, PeakFlopsPerPrecision) {
+  auto a100 = LoadClusterFile(ClusterPath("dgx-a100"));
+  ASSERT_TRUE(a100.ok()) << a100.status().message();
+  EXPECT_EQ(a100->gpu.PeakFlops(Precision::kBf16), 312e12);
+  EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp16), 312e12);
+  EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp8), 0);         // no fp8 on A100
+  EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp32), 156e12);   // tf32 tensor cores
+  auto cpu = LoadClusterFile(ClusterPath("local-cpu"));
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  EXPECT_EQ(cpu->gpu.PeakFlops(Precision::kFp32), 50e9);      // no tf32: the fp32 peak
+  EXPECT_EQ(cpu->gpu.PeakFlops(Precision::kBf16), 50e9);
+}
+
+TEST(IntraFabric, Names) {
+  EXPECT_STREQ(ToString(IntraFabric::kNvSwitch), "nvswitch");
+  EXPECT_STREQ(ToString(IntraFabric::kNvLinkMesh), "nvlink_mesh");
+  EXPECT_STREQ(ToString(IntraFabric::kNvLinkPairs), "nvlink_pairs");
+  EXPECT_STREQ(ToString(IntraFabric::kPcie), "pcie");
+  EXPECT_STREQ(ToString(IntraFabric::kSharedMemory), "shared_memory");
+}
+
+// Line numbers of kBase are those the error cases expect.
+const char* kBase =
+    "name: test\n"                   // 1
+    "nodes: 2\n"                     // 2
+    "gpus_per_node: 4\n"             // 3
+    "gpu:\n"                         // 4
+    "  name: G\n"                    // 5
+    "  memory: 80 GiB\n"             // 6
+    "  hbm_bandwidth: 2000 GB/s\n"   // 7
+    "  peak:\n"                      // 8
+    "    bf16: 312 TFLOP/s\n"        // 9
+    "intra_node:\n"                  // 10
+    "  fabric: nvswitch\n"           // 11
+    "  bandwidth: 300 GB/s\n"        // 12
+    "  latency: 3 us\n"              // 13
+    "inter_node:\n"                  // 14
+    "  nics_per_node: 4\n"           // 15
+    "  nic_bandwidth: 200 Gb/s\n"    // 16
+    "  latency: 5 us\n";             // 17
+
+TEST(ClusterYaml, BaseIsValid) {
+  auto c = FromText(kBase);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->world(), 8);
+  EXPECT_EQ(c->inter.oversubscription, 1.0);  // default
+}
+
+struct ErrorCase {
+  const char* what;
+  const char* from;    // text of kBase to replace ("" appends `to`)
+  const char* to;
+  const char* where;   // expected "file:line"
+  const char* key;     // expected key path
+  const char* value;   // expected quoted value (or other detail)
+};
+
+std::string Edit(const ErrorCase& e) {
+  std::string text = kBase;
+  if (std::string(e.from).empty()) return text + e.to;
+  const size_t at = text.find(e.from);
+  EXPECT_NE(at, std::string::npos) << e.from;
+  return text.replace(at, std::string(e.from).size(), e.to);
+}
+
+TEST(ClusterYaml, ErrorsNameFileLineKeyAndValue) {
+  const ErrorCase cases[] = {
+      {"bare number", "bandwidth: 300 GB/s", "bandwidth: 300", "c.yaml:12:",
+       "intra_node.bandwidth", "\"300\" has no unit"},
+      {"unknown unit", "300 GB/s", "300 GX/s", "c.yaml:12:", "intra_node.bandwidth", "GX/s"},
+      {"bare memory", "80 GiB", "80", "c.yaml:6:", "gpu.memory", "\"80\""},
+      {"unknown key", "  hbm_bandwidth: 2000 GB/s\n", "  hbm_bandwidth: 2000 GB/s\n  colour: red\n",
+       "c.yaml:8:", "gpu.colour", "unknown key"},
+      {"unknown top key", "", "racks: 3\n", "c.yaml:18:", "racks", "unknown key"},
+      // An absent key is located at its map (the gpu map starts on line 5).
+      {"missing key", "  memory: 80 GiB\n", "", "c.yaml:5:", "gpu.memory", "missing"},
+      {"negative memory", "80 GiB", "-80 GiB", "c.yaml:6:", "gpu.memory", "\"-80 GiB\""},
+      {"zero memory", "80 GiB", "0 GiB", "c.yaml:6:", "gpu.memory", "\"0 GiB\" is zero"},
+      {"nodes 0", "nodes: 2", "nodes: 0", "c.yaml:2:", "nodes", "'0'"},
+      {"nodes not a number", "nodes: 2", "nodes: two", "c.yaml:2:", "nodes", "'two'"},
+      {"unknown fabric", "nvswitch", "nvlink9", "c.yaml:11:", "intra_node.fabric", "'nvlink9'"},
+      {"missing latency", "  latency: 3 us\n", "", "c.yaml:11:", "intra_node.latency", "missing"},
+      {"pairs need pcie", "nvswitch", "nvlink_pairs", "c.yaml:11:", "intra_node.pcie_bandwidth",
+       "missing"},
+      {"no training peak", "bf16: 312", "fp8: 312", "c.yaml:9:", "gpu.peak.bf16", "fp32"},
+      {"multi-node without network",
+       "inter_node:\n  nics_per_node: 4\n  nic_bandwidth: 200 Gb/s\n  latency: 5 us\n", "",
+       "c.yaml:1:", "inter_node", "nodes > 1"},
+      {"zero nics", "nics_per_node: 4", "nics_per_node: 0", "c.yaml:15:",
+       "inter_node.nics_per_node", "'0'"},
+      {"oversubscription below 1", "", "  oversubscription: 0.5\n", "c.yaml:18:",
+       "inter_node.oversubscription", "0.5"},
+      {"link index out of range", "",
+       "links:\n  - {a: 0, b: 1, bandwidth: 100 GB/s, latency: 2 us}\n"
+       "  - {a: 0, b: 4, bandwidth: 100 GB/s, latency: 2 us}\n",
+       "c.yaml:20:", "links[1].b", "'4'"},
+      {"link to itself", "", "links:\n  - {a: 2, b: 2, bandwidth: 100 GB/s, latency: 2 us}\n",
+       "c.yaml:19:", "links[0].b", "itself"},
+      {"link bare bandwidth", "", "links:\n  - {a: 0, b: 1, bandwidth: 100, latency: 2 us}\n",
+       "c.yaml:19:", "links[0].bandwidth", "\"100\""},
+      {"calibration not a number", "", "calibration:\n  gemm_eff_max: high\n", "c.yaml:19:",
+       "calibration.gemm_eff_max", "'high'"},
+  };
+  for (const ErrorCase& e : cases) {
+    SCOPED_TRACE(e.what);
+    auto c = FromText(Edit(e));
+    ASSERT_FALSE(c.ok());
+    const std::string msg = c.status().message();
+    EXPECT_NE(msg.find(e.where), std::string::npos) << msg;
+    EXPECT_NE(msg.find(e.key), std::string::npos) << msg;
+    EXPECT_NE(msg.find(e.value), std::string::npos) << msg;
+  }
+}
+
+TEST(ClusterYaml, MissingFileNamesIt) {
+  auto c = LoadClusterFile("/nonexistent/cluster.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("/nonexistent/cluster.yaml"), std::string::npos);
+}
+
+TEST(ClusterYaml, SingleNodeNeedsNoNetwork) {
+  auto c = FromText(
+      "name: one\nnodes: 1\ngpus_per_node: 2\n"
+      "gpu: {name: G, memory: 16 GiB, hbm_bandwidth: 900 GB/s, peak: {fp32: 15 TFLOP/s}}\n"
+      "intra_node: {fabric: pcie, bandwidth: 12 GB/s, latency: 0 us}\n");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->inter.nics_per_node, 0);
+  EXPECT_EQ(c->intra.latency_s, 0);
+}
+
+TEST(ClusterYaml, RoundTripWithEveryOptionalPart) {
+  auto c = FromText(std::string(kBase) +
+                    "  oversubscription: 2.5\n"
+                    "links:\n"
+                    "  - {a: 0, b: 1, bandwidth: 100 GB/s, latency: 2 us}\n"
+                    "  - {a: 2, b: 3, bandwidth: 37.5 Gb/s, latency: 0 us}\n"
+                    "calibration:\n"
+                    "  gemm_eff_max: 0.8\n"
+                    "  layer_overhead_s: 4.2e-05\n");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->inter.oversubscription, 2.5);
+  ASSERT_EQ(c->links.size(), 2u);
+  EXPECT_EQ(c->links[1].bw_bytes_per_s, 37.5e9 / 8);
+  EXPECT_EQ(c->calibration.at("gemm_eff_max"), 0.8);
+  ExpectRoundTrip(*c);
+  // Quantities are written in readable units, not raw SI numbers.
+  const std::string text = ClusterToYaml(*c);
+  EXPECT_NE(text.find("memory: 80 GiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("bandwidth: 300 GB/s"), std::string::npos) << text;
+  EXPECT_NE(text.find("latency: 3 us"), std::string::npos) << text;
+  EXPECT_NE(text.find("gemm_eff_max: 0.8\n"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace ptdp
