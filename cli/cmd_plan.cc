@@ -32,7 +32,7 @@ Plan MakePlan(const World& w, const LayoutFlags& f, const Layout& l) {
 }
 
 void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
-  std::printf("ptdp plan: %s on %s (%d GPUs of %d nodes x %d), global batch %lld\n",
+  std::printf("ptdp plan: %s on %s (%d of %d nodes x %d GPUs), global batch %lld\n",
               w.model.name.c_str(), w.cluster.name.c_str(), w.gpus, w.cluster.nodes,
               w.cluster.gpus_per_node, static_cast<long long>(*f.layout.global_batch));
   std::printf("evaluated %lld layouts in %.3f s: %lld legal, %lld fit in %s\n\n",
@@ -47,8 +47,8 @@ void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
   for (const RankedLayout& row : rows) {
     const Estimate& e = row.estimate;
     const double tf = e.model_flops / e.step_time_s / row.layout.world() / 1e12;
-    std::printf("%-4d %-26s %-16s %10.3f %9.1f %5.1f%% %6.1f%% %10s %5s\n", rank++,
-                row.layout.ShortName().c_str(), KnobSummary(row.layout).c_str(), e.step_time_s, tf,
+    std::printf("%-4d %-26s %-16s %10.3f %9.3g %5.1f%% %6.1f%% %10s %5s\n", rank++,
+                row.layout.ShortName().c_str(), row.layout.Knobs().c_str(), e.step_time_s, tf,
                 100 * e.mfu, 100 * e.bubble_fraction, FormatBytes(e.memory.total).c_str(),
                 e.fits ? "yes" : "no");
   }

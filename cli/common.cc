@@ -182,16 +182,6 @@ nlohmann::json EstimateJson(const Layout& l, const Estimate& e) {
           {"fits", e.fits}, {"source", "analytic"}};
 }
 
-std::string KnobSummary(const Layout& l) {
-  std::string s;
-  if (l.sequence_parallel) s += "sp ";
-  if (l.recompute == Recompute::kSelective) s += "rc-sel ";
-  if (l.recompute == Recompute::kFull) s += "rc-full ";
-  if (l.distributed_optimizer) s += "dopt ";
-  if (!s.empty()) s.pop_back();
-  return s.empty() ? "-" : s;
-}
-
 std::string MegatronCommand(const Plan& plan) {
   const Layout& l = plan.layout;
   const ModelSpec& m = plan.model;
@@ -239,7 +229,7 @@ std::string RenderPrediction(const Plan& plan) {
   std::ostringstream o;
   char buf[200];
   o << plan.model.name << " on " << plan.cluster_name << ", " << l.world() << " GPUs: "
-    << l.ShortName() << " [" << KnobSummary(l) << "], " << ToString(l.schedule) << ", "
+    << l.ShortName() << " [" << l.Knobs() << "], " << ToString(l.schedule) << ", "
     << ToString(l.precision) << ", B " << l.global_batch << ", m " << l.num_microbatches()
     << " micro-batches\n\n";
   std::snprintf(buf, sizeof buf, "step time     %10.4f s   (%s)\n", p.step_time_s, p.source.c_str());

@@ -56,8 +56,6 @@ nlohmann::json EstimateJson(const Layout& l, const Estimate& e);
 
 // "on"/"off" flag values.
 Result<bool> ParseOnOff(const std::string& flag, const std::string& v);
-// Short knob summary for tables: "sp sel dopt".
-std::string KnobSummary(const Layout& l);
 // The Megatron-LM command line for a plan.
 std::string MegatronCommand(const Plan& plan);
 // Human-readable breakdown of a prediction (simulate's output).

@@ -62,6 +62,17 @@ std::string Layout::ShortName() const {
   return o.str();
 }
 
+std::string Layout::Knobs() const {
+  std::string s;
+  if (sequence_parallel) s += "sp ";
+  if (recompute == Recompute::kSelective) s += "rc-sel ";
+  if (recompute == Recompute::kFull) s += "rc-full ";
+  if (distributed_optimizer) s += "dopt ";
+  if (precision != Precision::kBf16) s += std::string(ToString(precision)) + " ";
+  if (!s.empty()) s.pop_back();
+  return s.empty() ? "-" : s;
+}
+
 const char* RejectionKey(Rejection r) {
   switch (r) {
     case Rejection::kOk: return "ok";

@@ -48,6 +48,8 @@ struct Layout {
   int group_size() const { return microbatch_group > 0 ? microbatch_group : pp; }
   // "tp4 pp8 dp4 vp12 mb1" style short name (cp shown when > 1).
   std::string ShortName() const;
+  // The on/off knobs in short: "sp rc-sel dopt", or "-" when none is on.
+  std::string Knobs() const;
 };
 
 // Why a layout is illegal. The names are stable: they key `rejected` in plan --json.

@@ -116,9 +116,10 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
   return lt;
 }
 
-StageTimes AnalyticModel::Stage(const Layout& l, int r) const {
+StageTimes AnalyticModel::Stage(const Layout& l, int r) const { return StageFrom(l, r, Layer(l)); }
+
+StageTimes AnalyticModel::StageFrom(const Layout& l, int r, const LayerTimes& lt) const {
   const ModelSpec& M = model_;
-  const LayerTimes lt = Layer(l);
   const double layers = double(M.layers) / l.pp;
   StageTimes st;
   double fc = layers * lt.fwd_compute_s, bc = layers * lt.bwd_compute_s;
@@ -274,9 +275,10 @@ Estimate AnalyticModel::Evaluate(const Layout& l) const {
   const int p = l.pp;
   const double m = double(l.num_microbatches());
   // Stages: first, a middle one (all middle stages are alike), last.
-  const StageTimes first = Stage(l, 0);
-  const StageTimes last = p > 1 ? Stage(l, p - 1) : first;
-  const StageTimes mid = p > 2 ? Stage(l, 1) : first;
+  const LayerTimes lt = Layer(l);
+  const StageTimes first = StageFrom(l, 0, lt);
+  const StageTimes last = p > 1 ? StageFrom(l, p - 1, lt) : first;
+  const StageTimes mid = p > 2 ? StageFrom(l, 1, lt) : first;
   const StageTimes* slow = &first;
   if (last.total() > slow->total()) slow = &last;
   if (p > 2 && mid.total() > slow->total()) slow = &mid;

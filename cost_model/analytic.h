@@ -87,6 +87,8 @@ class AnalyticModel : public Estimator {
  private:
   // Time of an (m x k) x (k x n) GEMM at precision p.
   double Gemm(double m, double n, double k, Precision p) const;
+  // Stage(l, r) given the layer times (computed once per layout in Evaluate).
+  StageTimes StageFrom(const Layout& l, int r, const LayerTimes& lt) const;
   double Coll(Collective c, int stride, int size, double bytes) const;
   double Activations(const Layout& l, int r) const;
 

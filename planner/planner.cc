@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/units.h"
+
 namespace ptdp {
 namespace {
 
@@ -162,8 +164,9 @@ std::vector<std::string> ExplainChoice(const RankedLayout& a, const RankedLayout
   std::vector<std::string> out;
   char buf[256];
   const double ta = a.estimate.step_time_s, tb = b.estimate.step_time_s;
-  std::snprintf(buf, sizeof buf, "%s beats %s by %.3f s per step (%.1f%%)",
-                a.layout.ShortName().c_str(), b.layout.ShortName().c_str(), tb - ta,
+  std::snprintf(buf, sizeof buf, "%s [%s] beats %s [%s] by %.3f s per step (%.1f%%)",
+                a.layout.ShortName().c_str(), a.layout.Knobs().c_str(),
+                b.layout.ShortName().c_str(), b.layout.Knobs().c_str(), tb - ta,
                 100.0 * (tb - ta) / tb);
   out.push_back(buf);
   struct Part { const char* name; double da; double db; };
@@ -200,9 +203,8 @@ std::vector<std::string> ExplainChoice(const RankedLayout& a, const RankedLayout
   diff("recompute", ToString(la.recompute), ToString(lb.recompute));
   diff("dist-opt", la.distributed_optimizer ? "on" : "off", lb.distributed_optimizer ? "on" : "off");
   if (!knobs.empty()) out.push_back("  differing knobs: " + knobs);
-  std::snprintf(buf, sizeof buf, "  memory: %.1f GiB vs %.1f GiB per GPU",
-                a.estimate.memory.total / 1073741824.0, b.estimate.memory.total / 1073741824.0);
-  out.push_back(buf);
+  out.push_back("  memory: " + FormatBytes(a.estimate.memory.total) + " vs " +
+                FormatBytes(b.estimate.memory.total) + " per GPU");
   return out;
 }
 
