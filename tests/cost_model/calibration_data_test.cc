@@ -8,7 +8,7 @@
 namespace ptdp {
 namespace {
 
-const std::string kData = std::string(PTDP_SOURCE_DIR) + "/../shared/calibration";
+const std::string kData = std::string(PTDP_SHARED_DIR) + "/calibration";
 
 TEST(CalibrationData, ReadsMeasuredRuns) {
   ASSERT_TRUE(std::filesystem::exists(kData)) << kData << " missing: shared/ must sit beside the repo";

@@ -13,7 +13,7 @@ namespace ptdp {
 namespace {
 
 const std::string kSrc = PTDP_SOURCE_DIR;
-const std::string kData = kSrc + "/../shared/calibration";
+const std::string kData = std::string(PTDP_SHARED_DIR) + "/calibration";
 
 class ValidationTest : public ::testing::Test {
  protected:
