@@ -13,11 +13,13 @@ namespace {
 struct PlanFlags {
   LayoutFlags layout;
   int top = 10;
+  int refine = 16;
   std::string out;
   std::string emit;
 };
 
-Plan MakePlan(const World& w, const LayoutFlags& f, const Layout& l) {
+Plan MakePlan(const World& w, const LayoutFlags& f, const RankedLayout& row) {
+  const Layout& l = row.layout;
   Plan plan;
   plan.model = w.model;
   plan.layout = l;
@@ -28,6 +30,17 @@ Plan MakePlan(const World& w, const LayoutFlags& f, const Layout& l) {
   plan.allow_tp_across_nodes = f.allow_tp_across_nodes;
   plan.has_prediction = true;
   plan.prediction = w.cost->Predict(l);
+  if (row.simulated) {  // the simulator's step time and breakdown, the analytic memory
+    const Estimate& e = row.estimate;
+    Prediction& p = plan.prediction;
+    p.source = "simulated";
+    p.step_time_s = e.step_time_s;
+    p.breakdown = e.breakdown;
+    p.bubble_fraction = e.bubble_fraction;
+    p.mfu = e.mfu;
+    p.tflops_per_gpu = e.model_flops / e.step_time_s / l.world() / 1e12;
+    p.hw_tflops_per_gpu = e.hw_flops / e.step_time_s / l.world() / 1e12;
+  }
   return plan;
 }
 
@@ -41,16 +54,16 @@ void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
   const auto& rows = r.top.empty() ? r.unfitting : r.top;
   if (r.top.empty())
     std::printf("no layout fits in memory; the %zu smallest are:\n", rows.size());
-  std::printf("%-4s %-26s %-16s %10s %9s %6s %7s %10s %5s\n", "rank", "layout", "knobs", "step (s)",
-              "TFLOP/s", "MFU", "bubble", "mem/GPU", "fits");
+  std::printf("%-4s %-26s %-16s %10s %9s %6s %7s %10s %5s %s\n", "rank", "layout", "knobs",
+              "step (s)", "TFLOP/s", "MFU", "bubble", "mem/GPU", "fits", "source");
   int rank = 1;
   for (const RankedLayout& row : rows) {
     const Estimate& e = row.estimate;
     const double tf = e.model_flops / e.step_time_s / row.layout.world() / 1e12;
-    std::printf("%-4d %-26s %-16s %10.3f %9.3g %5.1f%% %6.1f%% %10s %5s\n", rank++,
+    std::printf("%-4d %-26s %-16s %10.3f %9.3g %5.1f%% %6.1f%% %10s %5s %s\n", rank++,
                 row.layout.ShortName().c_str(), row.layout.Knobs().c_str(), e.step_time_s, tf,
                 100 * e.mfu, 100 * e.bubble_fraction, FormatBytes(e.memory.total).c_str(),
-                e.fits ? "yes" : "no");
+                e.fits ? "yes" : "no", row.simulated ? "simulated" : "analytic");
   }
   std::printf("\nrejected:");
   bool any = false;
@@ -79,8 +92,12 @@ nlohmann::json ResultJson(const World& w, const PlanResult& r, const Plan* chose
     if (r.rejected[i]) rej[RejectionKey(Rejection(i))] = r.rejected[i];
   j["rejected"] = rej;
   nlohmann::json plans = nlohmann::json::array();
-  for (const auto& row : r.top.empty() ? r.unfitting : r.top)
-    plans.push_back(EstimateJson(row.layout, row.estimate));
+  for (const auto& row : r.top.empty() ? r.unfitting : r.top) {
+    nlohmann::json p = EstimateJson(row.layout, row.estimate);
+    p["source"] = row.simulated ? "simulated" : "analytic";
+    p["analytic_step_time_s"] = row.analytic_step_time_s;
+    plans.push_back(p);
+  }
   j["plans"] = plans;
   j["model"] = w.model.name;
   j["cluster"] = w.cluster.name;
@@ -98,9 +115,13 @@ int RunPlan(const PlanFlags& f) {
   if (f.top <= 0) return Fail("--top " + std::to_string(f.top) + " must be positive");
   if (!f.emit.empty() && f.emit != "megatron")
     return Fail("--emit '" + f.emit + "': only 'megatron' is supported");
-  const PlanResult r = SearchLayouts(*w->cost, w->model, w->cluster, *space, f.top);
+  if (f.refine < 0) return Fail("--refine " + std::to_string(f.refine) + " must be >= 0");
+  PlanResult r = SearchLayouts(*w->cost, w->model, w->cluster, *space, std::max(f.top, f.refine));
+  Status refined = RefineWithSimulator(*w->cost, f.refine, &r);
+  if (!refined.ok()) return Fail(refined.message());
+  if (int(r.top.size()) > f.top) r.top.resize(f.top);
   std::unique_ptr<Plan> chosen;
-  if (!r.top.empty()) chosen = std::make_unique<Plan>(MakePlan(*w, f.layout, r.top[0].layout));
+  if (!r.top.empty()) chosen = std::make_unique<Plan>(MakePlan(*w, f.layout, r.top[0]));
   if (f.layout.json) std::cout << ResultJson(*w, r, chosen.get()).dump(2) << "\n";
   else PrintTable(*w, f, r);
   if (!chosen) {
@@ -123,6 +144,8 @@ Runner SetupPlan(CLI::App* sub) {
   auto f = std::make_shared<PlanFlags>();
   AddLayoutFlags(sub, &f->layout, /*need_cluster_model=*/true);
   sub->add_option("--top", f->top, "rows of the ranking to show (default 10)");
+  sub->add_option("--refine", f->refine,
+                  "re-score the best K analytic layouts with the event simulator (default 16, 0 = off)");
   sub->add_option("--out", f->out, "write the chosen plan to this plan.yaml");
   sub->add_option("--emit", f->emit, "print the Megatron-LM command line: --emit megatron");
   return [f] { return RunPlan(*f); };

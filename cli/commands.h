@@ -18,9 +18,11 @@ struct Command {
 };
 
 Runner SetupPlan(CLI::App* sub);
+Runner SetupSchedule(CLI::App* sub);
 Runner SetupSimulate(CLI::App* sub);
 Runner SetupTopo(CLI::App* sub);
 Runner SetupValidate(CLI::App* sub);
+Runner SetupReport(CLI::App* sub);
 
 // Prints "ptdp: <message>" on stderr and returns 1.
 int Fail(const std::string& message);

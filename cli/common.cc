@@ -70,6 +70,22 @@ Result<World> LoadWorld(const std::string& cluster_path, const std::string& mode
   return w;
 }
 
+Result<World> WorldForPlan(const Plan& plan, const std::string& cluster_override) {
+  World w;
+  const std::string file = cluster_override.empty() ? plan.cluster_file : cluster_override;
+  auto c = LoadClusterFile(file);
+  if (!c.ok()) return c.status().Prefixed("cluster of the plan");
+  w.cluster = *c;
+  w.cluster.nodes = plan.nodes;
+  PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(w.cluster));
+  w.topo = std::make_unique<Topology>(std::move(topo));
+  w.model = plan.model;
+  w.gpus = plan.layout.world();
+  PTDP_ASSIGN_OR_RETURN(AnalyticModel cost, AnalyticModel::Create(w.model, *w.topo));
+  w.cost = std::make_unique<AnalyticModel>(std::move(cost));
+  return w;
+}
+
 namespace {
 
 Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<bool>* dopt,

@@ -44,6 +44,10 @@ Result<World> LoadWorld(const std::string& cluster_path, const std::string& mode
                         std::optional<int> nodes, std::optional<int> gpus,
                         std::optional<int> seq_len);
 
+// The world a plan.yaml was made for: its cluster file (or `cluster_override`), resized to the
+// plan's nodes, and its inline model.
+Result<World> WorldForPlan(const Plan& plan, const std::string& cluster_override);
+
 // The search space of the flags (unset knobs searched).
 Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w);
 // One layout from the flags; unset knobs take Megatron's defaults (tp=pp=1, dp = rest,

@@ -19,6 +19,8 @@ const Command kCommands[] = {
      "ptdp plan --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml "
      "--global-batch 1536",
      SetupPlan},
+    {"schedule", "show a pipeline schedule's op order per rank (GPipe, 1F1B, interleaved), checked",
+     "ptdp schedule --pp 4 --vp 2 --microbatches 8", SetupSchedule},
     {"simulate", "predict one layout in detail: step-time breakdown and memory per stage",
      "ptdp simulate --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml "
      "--global-batch 1536 --tp 8 --pp 16 --vp 3   |   ptdp simulate plan.yaml",
@@ -27,6 +29,10 @@ const Command kCommands[] = {
      "ptdp topo --cluster configs/clusters/dgx-a100.yaml", SetupTopo},
     {"validate", "prediction error of the cost model on published measured runs",
      "ptdp validate --data ../shared/calibration", SetupValidate},
+    {"report", "one self-contained HTML page: ranking, breakdown, memory, Gantt of the step",
+     "ptdp report --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-13b.yaml "
+     "--nodes 4 --global-batch 256 --html report.html   |   ptdp report plan.yaml --html report.html",
+     SetupReport},
 };
 
 }  // namespace

@@ -119,8 +119,17 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
 StageTimes AnalyticModel::Stage(const Layout& l, int r) const { return StageFrom(l, r, Layer(l)); }
 
 StageTimes AnalyticModel::StageFrom(const Layout& l, int r, const LayerTimes& lt) const {
+  return Work(l, double(model_.layers) / l.pp, r == 0, r == l.pp - 1, lt);
+}
+
+StageTimes AnalyticModel::Chunk(const Layout& l, int r, int c, const LayerTimes& lt) const {
+  return Work(l, double(model_.layers) / (double(l.pp) * l.vp), r == 0 && c == 0,
+              r == l.pp - 1 && c == l.vp - 1, lt);
+}
+
+StageTimes AnalyticModel::Work(const Layout& l, double layers, bool embedding, bool output,
+                               const LayerTimes& lt) const {
   const ModelSpec& M = model_;
-  const double layers = double(M.layers) / l.pp;
   StageTimes st;
   double fc = layers * lt.fwd_compute_s, bc = layers * lt.bwd_compute_s;
   double ftp = layers * lt.fwd_tp_s, btp = layers * lt.bwd_tp_s;
@@ -128,12 +137,12 @@ StageTimes AnalyticModel::StageFrom(const Layout& l, int r, const LayerTimes& lt
   const double act = ActBytes(l.precision);
   const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
   const double tp_exp = l.tp_comm_overlap ? k_.tp_overlap_exposed : k_.tp_exposed;
-  if (r == 0) {  // embedding lookup (+ dropout) and its TP all-reduce (vocab-parallel)
+  if (embedding) {  // embedding lookup (+ dropout) and its TP all-reduce (vocab-parallel)
     fc += 4.0 * T * h * act / hbm;
     bc += 4.0 * T * h * act / hbm;
     if (l.tp > 1) ftp += Coll(Collective::kAllReduce, 1, l.tp, T * h * act) * tp_exp;
   }
-  if (r == l.pp - 1) {  // final norm, logits GEMM (fwd + 2 bwd), vocab-parallel cross entropy
+  if (output) {  // final norm, logits GEMM (fwd + 2 bwd), vocab-parallel cross entropy
     const double V = M.padded_vocab(l.tp);
     const double logits = Gemm(T, V / t, h, l.precision);
     const double ce_bytes = T * (V / t) * 4.0;  // fp32 logits read/written per pass
@@ -300,17 +309,8 @@ Estimate AnalyticModel::Evaluate(const Layout& l) const {
   double dp = DpTime(l, params);
   if (l.overlap_grad_reduce)
     dp = std::max(0.0, dp - k_.dp_overlap_window * (slow->bwd_s + (l.distributed_optimizer ? slow->fwd_s : 0)));
-  // Tied embedding gradient between first and last stage (embedding group).
-  if (model_.tied_embeddings && p > 1) {
-    const double emb = double(model_.padded_vocab(l.tp)) * model_.hidden / l.tp * 4.0;
-    dp += Coll(Collective::kAllReduce, l.tp * l.cp * l.dp * (p - 1), 2, emb);
-  }
-  br.dp_comm_s = dp;
-  const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
-  const double shard = l.distributed_optimizer ? double(l.dp) * l.cp : 1.0;
-  br.optimizer_s = params / shard * k_.optimizer_bytes_per_param / hbm +
-                   params * 4.0 / hbm +  // gradient norm reads every local gradient
-                   k_.step_overhead_s;
+  br.dp_comm_s = dp + EmbeddingReduceTime(l);
+  br.optimizer_s = OptimizerTime(l, params);
 
   e.step_time_s = br.total();
   e.bubble_fraction = br.bubble_s / e.step_time_s;
@@ -323,6 +323,49 @@ Estimate AnalyticModel::Evaluate(const Layout& l) const {
   e.memory = ml.total > m0.total ? ml : m0;
   e.fits = e.memory.total <= e.memory.capacity;
   return e;
+}
+
+double AnalyticModel::EmbeddingReduceTime(const Layout& l) const {
+  // Tied embedding gradient between first and last stage (the embedding group).
+  if (!model_.tied_embeddings || l.pp == 1) return 0;
+  const double emb = double(model_.padded_vocab(l.tp)) * model_.hidden / l.tp * 4.0;
+  return Coll(Collective::kAllReduce, l.tp * l.cp * l.dp * (l.pp - 1), 2, emb);
+}
+
+double AnalyticModel::OptimizerTime(const Layout& l, double params) const {
+  const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
+  const double shard = l.distributed_optimizer ? double(l.dp) * l.cp : 1.0;
+  return params / shard * k_.optimizer_bytes_per_param / hbm +
+         params * 4.0 / hbm +  // gradient norm reads every local gradient
+         k_.step_overhead_s;
+}
+
+double AnalyticModel::StaticMemory(const Layout& l, int r) const {
+  const MemoryBytes m = StageMemory(l, r);
+  return m.total - m.activations * (1 + k_.fragmentation);
+}
+
+double AnalyticModel::ChunkActivationBytes(const Layout& l) const {
+  return LayerActivationBytes(l) * double(model_.layers) / (double(l.pp) * l.vp) *
+         (1 + k_.fragmentation);
+}
+
+double AnalyticModel::ChunkDpTime(const Layout& l, int r, int c) const {
+  // The stage's parameters split over its chunks; the embedding/output rows go with the chunk
+  // that holds them.
+  const double layer_part = double(model_.layers) / l.pp * model_.params_per_layer() / l.tp;
+  const double extra = ParamsOnStage(l, r) - layer_part;
+  double params = layer_part / l.vp;
+  if ((r == 0 && c == 0) || (r == l.pp - 1 && c == l.vp - 1)) params += extra;
+  return DpTime(l, params);
+}
+
+double AnalyticModel::LowerBound(const Layout& l) const {
+  const LayerTimes lt = Layer(l);
+  double compute = 0;
+  for (int r : {0, l.pp / 2, l.pp - 1}) compute = std::max(compute, StageFrom(l, r, lt).compute_s);
+  const double params = std::max(ParamsOnStage(l, 0), ParamsOnStage(l, l.pp - 1));
+  return double(l.num_microbatches()) * compute + OptimizerTime(l, params);
 }
 
 Prediction AnalyticModel::Predict(const Layout& l) const {

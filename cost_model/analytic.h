@@ -69,6 +69,24 @@ class AnalyticModel : public Estimator {
   LayerTimes Layer(const Layout& l) const;
   // Stage r of p: r == 0 holds the embedding, r == p-1 the output layer and loss.
   StageTimes Stage(const Layout& l, int r) const;
+  // One model chunk c of stage r (L/(p v) layers; the embedding rides on chunk 0 of stage 0,
+  // the output layer and loss on chunk v-1 of stage p-1), given Layer(l).
+  StageTimes Chunk(const Layout& l, int r, int c, const LayerTimes& lt) const;
+  // Static memory of stage r: weights, grads, optimizer and other, without activations.
+  double StaticMemory(const Layout& l, int r) const;
+  // Activation bytes one model chunk keeps per micro-batch in flight on stage r (the layers'
+  // share; the embedding output and logits are in StageMemory).
+  double ChunkActivationBytes(const Layout& l) const;
+  // DP gradient reduction of the parameters of one chunk (+ the embedding/output on the first
+  // and last chunk), seconds; the per-chunk buckets that --overlap-grad-reduce launches.
+  double ChunkDpTime(const Layout& l, int r, int c) const;
+  // Analytic lower bound of the step: m times the slowest stage's compute, plus the optimizer;
+  // no bubble, no communication.
+  double LowerBound(const Layout& l) const;
+  // Exposed TP share the layout uses (tp_exposed or tp_overlap_exposed).
+  double TpExposed(const Layout& l) const {
+    return l.tp_comm_overlap ? k_.tp_overlap_exposed : k_.tp_exposed;
+  }
   MemoryBytes StageMemory(const Layout& l, int r) const;
   double ParamsOnStage(const Layout& l, int r) const;  // parameters held by one GPU of stage r
   // Activation bytes one layer keeps for one micro-batch (Korthikanti 2022 table 2).
@@ -77,6 +95,8 @@ class AnalyticModel : public Estimator {
   double HardwareFlops(const Layout& l) const;         // per step, recompute included
   double P2pTime(const Layout& l) const;               // one boundary transfer, seconds
   double DpTime(const Layout& l, double params) const; // gradient reduction (+ param gather)
+  double EmbeddingReduceTime(const Layout& l) const;   // tied-embedding all-reduce, seconds
+  double OptimizerTime(const Layout& l, double params) const;  // step + grad norm + overhead
   double PeakFlops(Precision p) const;                 // FLOP/s used for GEMMs at p
   double MfuPeak(Precision p) const;                   // the MFU basis (16-bit peak for fp8)
 
@@ -89,6 +109,8 @@ class AnalyticModel : public Estimator {
   double Gemm(double m, double n, double k, Precision p) const;
   // Stage(l, r) given the layer times (computed once per layout in Evaluate).
   StageTimes StageFrom(const Layout& l, int r, const LayerTimes& lt) const;
+  StageTimes Work(const Layout& l, double layers, bool embedding, bool output,
+                  const LayerTimes& lt) const;
   double Coll(Collective c, int stride, int size, double bytes) const;
   double Activations(const Layout& l, int r) const;
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "core/units.h"
+#include "cost_model/simulator.h"
 
 namespace ptdp {
 namespace {
@@ -143,6 +144,7 @@ PlanResult SearchLayouts(const Estimator& est, const ModelSpec& model,
                 }
                 ++res.legal;
                 RankedLayout r{l, est.Evaluate(l)};
+                r.analytic_step_time_s = r.estimate.step_time_s;
                 if (r.estimate.fits) {
                   ++res.fitting;
                   best.Offer(r, r.estimate.step_time_s);
@@ -158,6 +160,31 @@ PlanResult SearchLayouts(const Estimator& est, const ModelSpec& model,
   res.elapsed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return res;
+}
+
+Status RefineWithSimulator(const AnalyticModel& cost, int k, PlanResult* result) {
+  const auto start = std::chrono::steady_clock::now();
+  auto& top = result->top;
+  const int n = std::min<int>(k, int(top.size()));
+  SimOptions opt;
+  opt.record_events = false;
+  for (int i = 0; i < n; ++i) {
+    RankedLayout& r = top[i];
+    auto sim = SimulateStep(cost, r.layout, opt);
+    if (!sim.ok()) return sim.status();
+    Estimate& e = r.estimate;
+    e.step_time_s = sim->step_time_s;
+    e.breakdown = sim->breakdown;
+    e.bubble_fraction = sim->bubble_fraction;
+    e.mfu = e.model_flops / (e.step_time_s * r.layout.world() * cost.MfuPeak(r.layout.precision));
+    r.simulated = true;
+  }
+  std::stable_sort(top.begin(), top.begin() + n, [](const RankedLayout& a, const RankedLayout& b) {
+    return a.estimate.step_time_s < b.estimate.step_time_s;
+  });
+  result->elapsed_s +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::Ok();
 }
 
 std::vector<std::string> ExplainChoice(const RankedLayout& a, const RankedLayout& b) {

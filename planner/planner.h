@@ -34,7 +34,9 @@ struct SearchSpace {
 
 struct RankedLayout {
   Layout layout;
-  Estimate estimate;
+  Estimate estimate;              // simulated figures once refined
+  bool simulated = false;         // estimate comes from the event simulator
+  double analytic_step_time_s = 0;  // the analytic figure (kept after refinement)
 };
 
 struct PlanResult {
@@ -56,6 +58,11 @@ Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
 // Enumerates and ranks. `top_k` best fitting layouts are kept.
 PlanResult SearchLayouts(const Estimator& est, const ModelSpec& model,
                          const ClusterSpec& cluster, const SearchSpace& space, int top_k);
+
+// Re-scores the first `k` fitting layouts of `result->top` with the event-driven simulator
+// (cost_model/simulator.h) and re-ranks them by simulated step time; the others keep their
+// analytic figures and stay behind them. Fails only if a layout cannot be simulated.
+Status RefineWithSimulator(const AnalyticModel& cost, int k, PlanResult* result);
 
 // Why the winner beat the runner-up, in a few lines: step-time difference and the components
 // that differ most, with the knobs that cause them.

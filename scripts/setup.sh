@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ptdp needs to build and test, and only those that are missing.
-# Idempotent: a second run installs nothing and says so. Usage: scripts/setup.sh [--with-browser]
-#   --with-browser  also installs chromium (for the HTML report test, issue 3)
+# Idempotent: a second run installs nothing and says so. Usage: scripts/setup.sh
+# chromium is for the HTML report test (tests/cli/report_test.cc renders the page headless).
 set -euo pipefail
 
 pkgs=(cmake make g++ pkg-config libyaml-cpp-dev libfmt-dev libeigen3-dev libboost-graph-dev
-      googletest libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev)
-if [[ "${1:-}" == "--with-browser" ]]; then pkgs+=(chromium); fi
+      googletest libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
+      chromium)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -181,4 +181,51 @@ TEST(Cli, SimulatePlanFileErrorsNameTheFile) {
   ExpectOneLineError(r, "bad-plan.yaml");
 }
 
+TEST(Cli, SimulateWritesAPerfettoTrace) {
+  const std::string trace = ::testing::TempDir() + "/trace.json";
+  const CmdResult r = Ptdp("simulate --cluster " + kA100 + " --model " + k175b +
+                           " --global-batch 64 --nodes 4 --tp 8 --pp 4 --vp 2 --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(trace);
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_TRUE(j.contains("traceEvents"));
+  int processes = 0, forwards = 0, comm = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") ++processes;
+    if (e["ph"] == "X" && e["name"].get<std::string>().rfind("F", 0) == 0) ++forwards;
+    if (e["ph"] == "X" && e["tid"] == 1) ++comm;
+  }
+  EXPECT_EQ(processes, 4);          // a process per pipeline rank
+  EXPECT_EQ(forwards, 4 * 2 * 64);  // p * v * m: dp = 32 / (8 * 4) = 1, so m = B = 64
+  EXPECT_GT(comm, 0);
+}
+
+TEST(Cli, SimulateTimelineAndJson) {
+  const CmdResult r = Ptdp("simulate --cluster " + kA100 + " --model " + k175b +
+                           " --global-batch 8 --nodes 4 --tp 8 --pp 4 --timeline --width 60");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rank 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("analytic model:"), std::string::npos);
+  const CmdResult j = Ptdp("simulate --cluster " + kA100 + " --model " + k175b +
+                           " --global-batch 8 --nodes 4 --tp 8 --pp 4 --json");
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto js = nlohmann::json::parse(j.out);
+  EXPECT_EQ(js["source"], "simulated");
+  EXPECT_EQ(js["ranks"].size(), 4u);
+  EXPECT_GT(js["analytic_step_time_s"].get<double>(), 0);
+}
+
+TEST(Cli, PlanSaysWhichFiguresAreSimulated) {
+  const CmdResult r = Ptdp("plan --cluster " + kA100 + " --model " + k175b +
+                           " --global-batch 1536 --json --top 20 --refine 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["plans"].size(), 20u);
+  int simulated = 0;
+  for (const auto& p : j["plans"]) simulated += p["source"] == "simulated";
+  EXPECT_EQ(simulated, 4);
+  EXPECT_EQ(j["plans"][0]["source"], "simulated");
+  EXPECT_EQ(j["source"], "simulated");
+}
+
 }  // namespace

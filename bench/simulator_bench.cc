@@ -1,0 +1,79 @@
+// Event-simulator throughput: one step of the Megatron paper's 1T row (Narayanan 2021 table 1:
+// 128 layers, h 25600, 160 heads; tp 8, pp 64, 3072 A100s, batch 3072) with the interleaved
+// schedule (v = 2: one layer per virtual stage), m = 512 micro-batches = 1024 slots per rank.
+// Figures go to docs/benchmarks.md; events/s = simulated operations / wall time.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/model.h"
+#include "cost_model/analytic.h"
+#include "cost_model/simulator.h"
+#include "planner/planner.h"
+#include "topology/topology.h"
+
+namespace {
+
+using namespace ptdp;
+
+struct Fixture {
+  ClusterSpec cluster;
+  ModelSpec model;
+  std::unique_ptr<Topology> topo;
+  std::unique_ptr<AnalyticModel> cost;
+  explicit Fixture(const std::string& model_file, int nodes) {
+    const std::string src = PTDP_SOURCE_DIR;
+    auto c = LoadClusterFile(src + "/configs/clusters/dgx-a100.yaml");
+    auto m = LoadModelFile(src + "/configs/models/" + model_file);
+    if (!c.ok() || !m.ok()) {
+      std::fprintf(stderr, "simulator_bench: %s %s\n", c.status().message().c_str(),
+                   m.status().message().c_str());
+      std::exit(1);
+    }
+    cluster = *c;
+    cluster.nodes = nodes;
+    model = *m;
+    topo = std::make_unique<Topology>(*Topology::Build(cluster));
+    cost = std::make_unique<AnalyticModel>(*AnalyticModel::Create(model, *topo));
+  }
+};
+
+void BM_Simulate1T(benchmark::State& state) {
+  static Fixture f("megatron-1t.yaml", 384);
+  Layout l;
+  l.tp = 8; l.pp = 64; l.dp = 6; l.vp = 2; l.micro_batch = 1; l.global_batch = 3072;
+  l.schedule = ScheduleKind::kInterleaved;
+  l.recompute = Recompute::kFull;
+  SimOptions opt;
+  opt.record_events = state.range(0) != 0;
+  int64_t events = 0;
+  for (auto _ : state) {
+    auto r = SimulateStep(*f.cost, l, opt);
+    if (!r.ok()) { state.SkipWithError(r.status().message().c_str()); return; }
+    events += r->num_events;
+    benchmark::DoNotOptimize(r->step_time_s);
+  }
+  state.counters["events/s"] = benchmark::Counter(double(events), benchmark::Counter::kIsRate);
+  state.counters["events/step"] = double(events) / state.iterations();
+}
+BENCHMARK(BM_Simulate1T)->Arg(0)->Arg(1)->ArgName("record")->Unit(benchmark::kMillisecond);
+
+// The whole plan for GPT-3 175B on 1024 A100s, refining the top 16 with the simulator.
+void BM_Plan175bRefine16(benchmark::State& state) {
+  static Fixture f("gpt3-175b.yaml", 128);
+  SearchSpace s;
+  s.world = 1024;
+  s.global_batch = 1536;
+  for (auto _ : state) {
+    PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16);
+    Status st = RefineWithSimulator(*f.cost, 16, &r);
+    if (!st.ok()) { state.SkipWithError(st.message().c_str()); return; }
+    benchmark::DoNotOptimize(r.top.data());
+  }
+}
+BENCHMARK(BM_Plan175bRefine16)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,551 @@
+// RenderReportHtml: the `ptdp report` page as one string. Inline CSS and SVG only (no
+// xmlns attribute either: the page must not name any http(s) address). Charts are drawn in
+// pixel coordinates with a fixed width; every box carries an SVG <title> as its hover text.
+#include "cli/report_html.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+
+#include "core/units.h"
+
+namespace ptdp::cli {
+
+std::string HtmlEscape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+__attribute__((format(printf, 1, 2))) std::string Fmt(const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  const int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n < 0) return "";
+  if (n < int(sizeof buf)) return std::string(buf, n);
+  std::string big(n + 1, '\0');
+  va_start(ap, fmt);
+  std::vsnprintf(big.data(), big.size(), fmt, ap);
+  va_end(ap);
+  big.resize(n);
+  return big;
+}
+
+std::string E(const std::string& s) { return HtmlEscape(s); }
+
+// Palette (Tableau 10): readable on white, distinguishable in print.
+constexpr const char* kBlue = "#4e79a7";
+constexpr const char* kOrange = "#f28e2b";
+constexpr const char* kRed = "#e15759";
+constexpr const char* kTeal = "#76b7b2";
+constexpr const char* kGreen = "#59a14f";
+constexpr const char* kPurple = "#b07aa1";
+constexpr const char* kBrown = "#9c755f";
+constexpr const char* kGray = "#bab0ac";
+constexpr const char* kDark = "#7f7f7f";
+
+constexpr const char* kCss = R"(
+body{font-family:"DejaVu Sans",Arial,Helvetica,sans-serif;margin:24px auto;max-width:1240px;
+ color:#222;background:#fff;font-size:14px;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}
+h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.sub{color:#555;margin:0 0 12px}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:130px}
+.card .k{color:#666;font-size:12px}.card .v{font-size:18px;font-weight:bold}
+table{border-collapse:collapse;font-size:13px}
+th,td{padding:3px 9px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+th{background:#f5f5f5;border-bottom:1px solid #ccc}
+td.l,th.l{text-align:left}
+tr.chosen td{background:#eef4fb;font-weight:bold}
+.no{color:#c0392b;font-weight:bold}
+.note{color:#555;font-size:12px;margin:6px 0}
+.bar{display:inline-block;height:10px;background:#bab0ac;vertical-align:middle}
+pre.why{background:#f8f8f8;border:1px solid #eee;padding:10px;font-size:13px;white-space:pre-wrap}
+svg text{font-family:"DejaVu Sans",Arial,Helvetica,sans-serif}
+)";
+
+// "12.3 ms" / "1.234 s" with a unit picked once per chart.
+struct TimeUnit {
+  double scale;      // seconds -> unit
+  const char* name;  // "ms" or "s"
+};
+TimeUnit PickUnit(double span_s) { return span_s < 1.0 ? TimeUnit{1e3, "ms"} : TimeUnit{1, "s"}; }
+
+std::string Sec(double s) { return Fmt("%.4f s", s); }
+std::string Pct(double f) { return Fmt("%.1f%%", 100 * f); }
+
+// A tick spacing of 1, 2 or 5 times a power of ten giving about `target` ticks over `span`.
+double NiceStep(double span, int target) {
+  if (span <= 0) return 1;
+  const double raw = span / target;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double f : {1.0, 2.0, 5.0})
+    if (raw <= f * mag) return f * mag;
+  return 10 * mag;
+}
+
+std::string Rect(double x, double y, double w, double h, const char* fill, const std::string& title,
+                 const char* extra = "") {
+  return Fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"%s>", x, y,
+             std::max(w, 0.0), h, fill, extra) +
+         (title.empty() ? "" : "<title>" + title + "</title>") + "</rect>\n";
+}
+
+std::string Text(double x, double y, const std::string& escaped, const char* extra = "") {
+  return Fmt("<text x=\"%.1f\" y=\"%.1f\"%s>", x, y, extra) + escaped + "</text>\n";
+}
+
+// Approximate width of a 10-11 px label, for "does it fit in the box" decisions.
+double LabelWidth(const std::string& s, double font_px) { return 0.62 * font_px * s.size(); }
+
+// A row of colored squares with names, at (x, y), wrapping is not needed at our widths.
+std::string Legend(double x, double y, const std::vector<std::pair<std::string, const char*>>& items) {
+  std::string o;
+  for (const auto& [name, color] : items) {
+    o += Rect(x, y - 10, 12, 12, color, "");
+    o += Text(x + 16, y, E(name), " font-size=\"12\"");
+    x += 16 + LabelWidth(name, 12) + 22;
+  }
+  return o;
+}
+
+// ---- header -------------------------------------------------------------------------------
+
+std::string Card(const std::string& key, const std::string& value_escaped) {
+  return "<div class=\"card\"><div class=\"k\">" + E(key) + "</div><div class=\"v\">" +
+         value_escaped + "</div></div>\n";
+}
+
+std::string Header(const ReportData& d) {
+  std::string o = "<h1>" + E(d.title) + "</h1>\n<p class=\"sub\">" + E(d.model_name) + " on " +
+                  E(d.cluster_name) + Fmt(", %d GPUs, global batch %lld", d.gpus,
+                                          static_cast<long long>(d.global_batch));
+  if (!d.plans.empty()) {
+    const Layout& l = d.plans[0].layout;
+    o += "<br>chosen: <b>" + E(l.ShortName()) + "</b> [" + E(l.Knobs()) + "], " +
+         E(ToString(l.schedule)) + ", " + E(ToString(l.precision)) +
+         Fmt(", %lld micro-batches", static_cast<long long>(l.num_microbatches()));
+  }
+  o += "</p>\n<div class=\"cards\">\n";
+  const Prediction& p = d.chosen;
+  o += Card("step time (analytic)", E(Sec(p.step_time_s)));
+  if (d.has_sim) {
+    const double diff = p.step_time_s > 0 ? d.sim.step_time_s / p.step_time_s - 1 : 0;
+    o += Card("step time (simulated)", E(Sec(d.sim.step_time_s)) +
+                                           Fmt(" <small>(%+.1f%%)</small>", 100 * diff));
+  }
+  // The simulated step does the same FLOPs in a different time.
+  const double speed = d.has_sim && d.sim.step_time_s > 0 ? p.step_time_s / d.sim.step_time_s : 1;
+  const std::string src = d.has_sim ? " (simulated)" : " (analytic)";
+  o += Card("TFLOP/s per GPU" + src, Fmt("%.1f", p.tflops_per_gpu * speed));
+  o += Card("MFU" + src, E(Pct(p.mfu * speed)));
+  o += Card("bubble" + src, E(Pct(d.has_sim ? d.sim.bubble_fraction : p.bubble_fraction)));
+  o += Card("memory / GPU", E(FormatBytes(p.memory.total)) + " <small>of " +
+                                E(FormatBytes(p.memory.capacity)) + "</small>" +
+                                (p.fits ? "" : " <span class=\"no\">does not fit</span>"));
+  return o + "</div>\n";
+}
+
+// ---- ranking ------------------------------------------------------------------------------
+
+std::string Ranking(const ReportData& d) {
+  std::string o = "<section id=\"ranking\">\n<h2>Ranking</h2>\n";
+  if (d.searched)
+    o += Fmt("<p class=\"note\">evaluated %lld layouts: %lld legal, %lld fit in memory; the "
+             "best %zu by predicted step time. Rank 1 is the chosen plan.</p>\n",
+             static_cast<long long>(d.evaluated), static_cast<long long>(d.legal),
+             static_cast<long long>(d.fitting), d.plans.size());
+  else
+    o += "<p class=\"note\">one plan, read from a plan file (no search).</p>\n";
+  if (d.plans.empty()) return o + "<p>no plan.</p>\n</section>\n";
+  o += "<table>\n<tr><th>rank</th><th class=\"l\">layout</th><th class=\"l\">knobs</th>"
+       "<th>step (s)</th><th>TFLOP/s</th><th>MFU</th><th>bubble</th><th>mem/GPU</th>"
+       "<th>fits</th><th class=\"l\">source</th></tr>\n";
+  for (size_t i = 0; i < d.plans.size(); ++i) {
+    const ReportPlanRow& r = d.plans[i];
+    o += i == 0 ? "<tr class=\"chosen\">" : "<tr>";
+    o += Fmt("<td>%zu</td>", i + 1) + "<td class=\"l\">" + E(r.layout.ShortName()) +
+         "</td><td class=\"l\">" + E(r.layout.Knobs()) + "</td>" +
+         Fmt("<td>%.3f</td><td>%.1f</td><td>%.1f%%</td><td>%.1f%%</td>", r.step_time_s,
+             r.tflops_per_gpu, 100 * r.mfu, 100 * r.bubble_fraction) +
+         "<td>" + E(FormatBytes(r.memory_total_bytes)) + "</td>" +
+         (r.fits ? "<td>yes</td>" : "<td class=\"no\">no</td>") + "<td class=\"l\">" +
+         E(r.source) + "</td></tr>\n";
+  }
+  return o + "</table>\n</section>\n";
+}
+
+// ---- breakdown ----------------------------------------------------------------------------
+
+struct Part {
+  const char* name;
+  const char* color;
+  double (*get)(const Breakdown&);
+};
+const Part kParts[] = {
+    {"compute", kBlue, [](const Breakdown& b) { return b.compute_s; }},
+    {"tp_comm", kOrange, [](const Breakdown& b) { return b.tp_comm_s; }},
+    {"pp_comm", kRed, [](const Breakdown& b) { return b.pp_comm_s; }},
+    {"dp_comm", kTeal, [](const Breakdown& b) { return b.dp_comm_s; }},
+    {"bubble", kGray, [](const Breakdown& b) { return b.bubble_s; }},
+    {"optimizer", kGreen, [](const Breakdown& b) { return b.optimizer_s; }},
+};
+
+// One stacked bar of a breakdown at row y; x0/width in px; `scale_s` seconds span the width.
+std::string BreakdownBar(const std::string& label, const Breakdown& b, double y, double x0,
+                         double width, double scale_s) {
+  constexpr double kH = 26;
+  std::string o = Text(x0 - 8, y + 17, E(label), " font-size=\"12\" text-anchor=\"end\"");
+  const double total = b.total();
+  double x = x0;
+  for (const Part& p : kParts) {
+    const double v = p.get(b);
+    const double w = scale_s > 0 ? width * v / scale_s : 0;
+    if (w <= 0) continue;
+    const double frac = total > 0 ? v / total : 0;
+    o += Rect(x, y, w, kH, p.color, E(std::string(p.name) + ": " + Sec(v) + " (" + Pct(frac) + ")"));
+    const std::string pct = Pct(frac);
+    if (w >= LabelWidth(pct, 11) + 6)
+      o += Text(x + w / 2, y + 17, E(pct), " font-size=\"11\" fill=\"#fff\" text-anchor=\"middle\"");
+    x += w;
+  }
+  o += Text(x + 6, y + 17, E(Sec(total)), " font-size=\"12\"");
+  return o;
+}
+
+std::string BreakdownSection(const ReportData& d) {
+  std::string o = "<section id=\"breakdown\">\n<h2>Step-time breakdown</h2>\n"
+                  "<p class=\"note\">exposed time on the critical path of one step; the parts "
+                  "add up to the step time.</p>\n";
+  constexpr double kW = 1200, kX0 = 90, kBarW = 1000;
+  const Breakdown& a = d.chosen.breakdown;
+  const double scale = std::max(a.total(), d.has_sim ? d.sim.breakdown.total() : 0.0);
+  const int bars = d.has_sim ? 2 : 1;
+  const double h = 40 + 36 * bars;
+  o += Fmt("<svg width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" role=\"img\">\n", kW, h,
+           kW, h);
+  std::vector<std::pair<std::string, const char*>> legend;
+  for (const Part& p : kParts) legend.emplace_back(p.name, p.color);
+  o += Legend(kX0, 16, legend);
+  o += BreakdownBar("analytic", a, 30, kX0, kBarW, scale);
+  if (d.has_sim) o += BreakdownBar("simulated", d.sim.breakdown, 66, kX0, kBarW, scale);
+  o += "</svg>\n<table>\n<tr><th class=\"l\">part</th><th>analytic</th><th>share</th>";
+  if (d.has_sim) o += "<th>simulated</th><th>share</th>";
+  o += "</tr>\n";
+  const double st = d.has_sim ? d.sim.breakdown.total() : 0;
+  for (const Part& p : kParts) {
+    o += Fmt("<tr><td class=\"l\"><span class=\"bar\" style=\"width:10px;background:%s\"></span> ",
+             p.color) +
+         E(p.name) + "</td><td>" + E(Sec(p.get(a))) + "</td><td>" +
+         E(Pct(a.total() > 0 ? p.get(a) / a.total() : 0)) + "</td>";
+    if (d.has_sim)
+      o += "<td>" + E(Sec(p.get(d.sim.breakdown))) + "</td><td>" +
+           E(Pct(st > 0 ? p.get(d.sim.breakdown) / st : 0)) + "</td>";
+    o += "</tr>\n";
+  }
+  o += "<tr><td class=\"l\"><b>step</b></td><td><b>" + E(Sec(a.total())) + "</b></td><td></td>";
+  if (d.has_sim) o += "<td><b>" + E(Sec(st)) + "</b></td><td></td>";
+  return o + "</tr>\n</table>\n</section>\n";
+}
+
+// ---- memory -------------------------------------------------------------------------------
+
+struct MemoryGeom {
+  double x0 = 90, bar_w = 900, row = 22, top = 34;
+  double scale = 0;  // px per byte
+  double capacity_x = 0;  // 0 when the capacity is unknown
+};
+
+// One stage's bar at row r: split by kind when `kinds` is given (the most loaded stage),
+// one color otherwise; its label after the bar, or after the capacity line if it would cross.
+std::string StageBar(const MemoryGeom& g, size_t r, const std::string& name, double bytes,
+                     double capacity, const std::vector<std::pair<std::string, double>>* kinds) {
+  static const char* const kKindColors[] = {kBlue, kOrange, kGreen, kRed, kGray};
+  const double y = g.top + g.row * r;
+  std::string o = Text(g.x0 - 8, y + 13, E(name), " font-size=\"12\" text-anchor=\"end\"");
+  double x = g.x0;
+  if (kinds) {
+    for (size_t k = 0; k < kinds->size(); ++k) {
+      const auto& [kind, v] = (*kinds)[k];
+      o += Rect(x, y, v * g.scale, g.row - 6, kKindColors[k % 5],
+                E(name + " " + kind + ": " + FormatBytes(v)));
+      x += v * g.scale;
+    }
+  } else {
+    o += Rect(x, y, bytes * g.scale, g.row - 6, kPurple, E(name + ": " + FormatBytes(bytes)));
+  }
+  x = std::max(x, g.x0 + bytes * g.scale);
+  const std::string label = FormatBytes(bytes) + " (" + Pct(capacity > 0 ? bytes / capacity : 0) + ")";
+  double lx = x + 6;
+  if (g.capacity_x > 0 && x < g.capacity_x && lx + LabelWidth(label, 12) > g.capacity_x - 2)
+    lx = g.capacity_x + 6;
+  return o + Text(lx, y + 13, E(label), " font-size=\"12\"");
+}
+
+std::string MemorySection(const ReportData& d) {
+  std::string o = "<section id=\"memory\">\n<h2>Memory per pipeline stage</h2>\n";
+  const Prediction& p = d.chosen;
+  std::vector<double> stages = p.stage_memory_bytes;
+  const bool per_stage = !stages.empty();
+  if (!per_stage) stages.push_back(p.memory.total);
+  const size_t hot = std::max_element(stages.begin(), stages.end()) - stages.begin();
+  o += "<p class=\"note\">one GPU of each stage; the most loaded stage (" +
+       (per_stage ? Fmt("stage %zu", hot) : std::string("the only one given")) +
+       ") is split by kind. The dashed line is the GPU's capacity.</p>\n";
+  MemoryGeom g;
+  const double top = std::max(p.memory.capacity, stages[hot]);
+  g.scale = top > 0 ? g.bar_w / (1.08 * top) : 0;
+  g.capacity_x = p.memory.capacity > 0 ? g.x0 + p.memory.capacity * g.scale : 0;
+  const double h = g.top + g.row * stages.size() + 24;
+  o += Fmt("<svg width=\"1200\" height=\"%.0f\" viewBox=\"0 0 1200 %.0f\" role=\"img\">\n", h, h);
+  const std::vector<std::pair<std::string, double>> kinds = {
+      {"weights", p.memory.weights},     {"grads", p.memory.grads},
+      {"optimizer", p.memory.optimizer}, {"activations", p.memory.activations},
+      {"other", p.memory.other}};
+  o += Legend(g.x0, 16, {{"weights", kBlue}, {"grads", kOrange}, {"optimizer", kGreen},
+                         {"activations", kRed}, {"other", kGray},
+                         {"total (other stages)", kPurple}});
+  for (size_t r = 0; r < stages.size(); ++r)
+    o += StageBar(g, r, per_stage ? Fmt("stage %zu", r) : "most loaded", stages[r],
+                  p.memory.capacity, r == hot ? &kinds : nullptr);
+  if (g.capacity_x > 0) {
+    o += Fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c0392b\" "
+             "stroke-width=\"2\" stroke-dasharray=\"6,4\"/>\n",
+             g.capacity_x, g.top - 6, g.capacity_x, h - 18);
+    o += Text(g.capacity_x, h - 4, E("capacity " + FormatBytes(p.memory.capacity)),
+              " font-size=\"12\" fill=\"#c0392b\" text-anchor=\"middle\"");
+  }
+  return o + "</svg>\n</section>\n";
+}
+
+// ---- gantt --------------------------------------------------------------------------------
+
+const char* EventColor(OpKind k) {
+  switch (k) {
+    case OpKind::kForward: return kBlue;
+    case OpKind::kBackward: return kOrange;
+    case OpKind::kSendActivation:
+    case OpKind::kRecvActivation: return kTeal;
+    case OpKind::kSendGradient:
+    case OpKind::kRecvGradient: return kRed;
+    case OpKind::kReduceGradients: return kPurple;
+    case OpKind::kReduceEmbedding: return kBrown;
+    case OpKind::kOptimizerStep: return kGreen;
+  }
+  return kDark;
+}
+
+// Box label "F3.1" (micro-batch 3, chunk 1), or "F3" when the layout has one chunk per rank;
+// hover titles use SimEvent::Name().
+std::string ComputeLabel(const SimEvent& e, bool chunks) {
+  std::string s = e.kind == OpKind::kForward ? "F" : "B";
+  s += std::to_string(e.microbatch);
+  if (chunks) s += "." + std::to_string(e.chunk);
+  return s;
+}
+
+struct GanttGeom {
+  double x0 = 80, width = 1100;  // plot area, px
+  double top = 34;               // first row
+  double compute_h = 22, comm_h = 8, pitch = 40;
+  double t_end = 1;              // seconds spanning `width`
+  TimeUnit unit{1e3, "ms"};
+  double X(double t) const { return x0 + width * t / t_end; }
+};
+
+std::string When(const GanttGeom& g, double a, double b) {
+  return Fmt("%.3f-%.3f %s (%.3f %s)", a * g.unit.scale, b * g.unit.scale, g.unit.name,
+             (b - a) * g.unit.scale, g.unit.name);
+}
+
+// The boxes of one rank's track. Events narrower than kMinPx that follow each other closely
+// are drawn as one box ("N ops"), so a step of 100k ops still renders as a few thousand rects.
+std::string TrackBoxes(const GanttGeom& g, std::vector<const SimEvent*> ev, double y, double h,
+                       bool chunks, bool labels) {
+  constexpr double kMinPx = 2.0;
+  std::sort(ev.begin(), ev.end(), [](auto* a, auto* b) { return a->start_s < b->start_s; });
+  std::string o;
+  for (size_t i = 0; i < ev.size();) {
+    const SimEvent& e = *ev[i];
+    const double x = g.X(e.start_s), w = g.X(e.end_s) - x;
+    if (w >= kMinPx) {
+      const bool fb = e.kind == OpKind::kForward || e.kind == OpKind::kBackward;
+      const std::string name = fb ? ComputeLabel(e, chunks) : e.Name();
+      o += Rect(x, y, w, h, EventColor(e.kind),
+                E(Fmt("rank %d: ", e.rank) + e.Name() + ", " + When(g, e.start_s, e.end_s)),
+                " stroke=\"#fff\" stroke-width=\"0.5\" class=\"ev\"");
+      if (labels && e.track == SimTrack::kCompute && w >= LabelWidth(name, 10) + 4)
+        o += Text(x + w / 2, y + h / 2 + 3.5, E(name),
+                  " font-size=\"10\" fill=\"#fff\" text-anchor=\"middle\" pointer-events=\"none\"");
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    double end = e.end_s;
+    bool same = true;
+    while (j < ev.size() && g.X(ev[j]->end_s) - g.X(ev[j]->start_s) < kMinPx &&
+           g.X(ev[j]->start_s) - g.X(end) < kMinPx) {
+      same = same && ev[j]->kind == e.kind;
+      end = std::max(end, ev[j]->end_s);
+      ++j;
+    }
+    const std::string title = j - i == 1 ? e.Name()
+                                         : Fmt("%zu ops from ", j - i) + e.Name() + " to " +
+                                               ev[j - 1]->Name();
+    o += Rect(x, y, std::max(g.X(end) - x, 1.0), h, same ? EventColor(e.kind) : kDark,
+              E(Fmt("rank %d: ", e.rank) + title + ", " + When(g, e.start_s, end)), " class=\"ev\"");
+    i = j;
+  }
+  return o;
+}
+
+std::string TimeAxis(const GanttGeom& g, double y_top, double y_axis) {
+  std::string o = Fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n",
+                      g.x0, y_axis, g.x0 + g.width, y_axis);
+  const double span = g.t_end * g.unit.scale;
+  const double step = NiceStep(span, 10);
+  for (int i = 0; i * step <= span * (1 + 1e-9); ++i) {
+    const double t = i * step, x = g.x0 + g.width * t / span;
+    o += Fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>\n", x,
+             y_top, x, y_axis);
+    o += Fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", x,
+             y_axis, x, y_axis + 4);
+    o += Text(x, y_axis + 16, E(Fmt("%g", t)), " font-size=\"11\" text-anchor=\"middle\"");
+  }
+  o += Text(g.x0 + g.width, y_axis + 30, E(std::string("time (") + g.unit.name + ")"),
+            " font-size=\"12\" text-anchor=\"end\"");
+  return o;
+}
+
+std::string RankStatsTable(const ReportData& d, const TimeUnit& u) {
+  std::string o = "<table>\n<tr><th>rank</th>" +
+                  Fmt("<th>compute (%s)</th><th>p2p wait (%s)</th><th>bubble (%s)</th>"
+                      "<th>pipeline end (%s)</th><th>end (%s)</th>",
+                      u.name, u.name, u.name, u.name, u.name) +
+                  "<th>peak in flight</th><th>peak memory</th></tr>\n";
+  for (size_t r = 0; r < d.sim.ranks.size(); ++r) {
+    const SimRankStats& s = d.sim.ranks[r];
+    o += Fmt("<tr><td>%zu</td><td>%.3f</td><td>%.3f</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>"
+             "<td>%d</td>",
+             r, s.compute_s * u.scale, s.p2p_wait_s * u.scale, s.bubble_s * u.scale,
+             s.pipeline_end_s * u.scale, s.end_s * u.scale, s.peak_inflight) +
+         "<td>" + E(FormatBytes(s.peak_memory_bytes)) + "</td></tr>\n";
+  }
+  return o + "</table>\n";
+}
+
+std::string GanttSection(const ReportData& d) {
+  std::string o = "<section id=\"gantt\">\n<h2>Simulated step</h2>\n";
+  if (!d.has_sim) return o + "<p>no simulation.</p>\n</section>\n";
+  const SimResult& s = d.sim;
+  int ranks = int(s.ranks.size());
+  double t_end = s.step_time_s;
+  bool chunks = false;
+  for (const SimEvent& e : s.events) {
+    ranks = std::max(ranks, e.rank + 1);
+    t_end = std::max(t_end, e.end_s);
+    chunks = chunks || e.chunk > 0;
+  }
+  GanttGeom g;
+  g.t_end = t_end > 0 ? t_end : 1;
+  g.unit = PickUnit(g.t_end);
+  o += "<p class=\"note\">one row per pipeline rank (its TP and DP replicas behave the same): "
+       "the compute stream (Fm.c = forward of micro-batch m, model chunk c; B = backward) and, "
+       "below it, the thin communication stream. Hover a box for its name and times. " +
+       E(Fmt("Step %.3f %s, bubble %.1f%%, %lld events.", s.step_time_s * g.unit.scale,
+             g.unit.name, 100 * s.bubble_fraction, static_cast<long long>(s.events.size()))) +
+       "</p>\n";
+  const double axis_y = g.top + g.pitch * ranks + 2;
+  const double h = axis_y + 40;
+  o += Fmt("<svg width=\"1200\" height=\"%.0f\" viewBox=\"0 0 1200 %.0f\" role=\"img\">\n", h, h);
+  o += Legend(g.x0, 16, {{"forward", kBlue}, {"backward", kOrange}, {"p2p activation", kTeal},
+                         {"p2p gradient", kRed}, {"DP reduce", kPurple},
+                         {"embedding reduce", kBrown}, {"optimizer", kGreen}, {"merged", kDark}});
+  o += TimeAxis(g, g.top - 4, axis_y);
+  std::vector<std::vector<const SimEvent*>> compute(ranks), comm(ranks);
+  for (const SimEvent& e : s.events)
+    (e.track == SimTrack::kCompute ? compute : comm)[e.rank].push_back(&e);
+  for (int r = 0; r < ranks; ++r) {
+    const double y = g.top + g.pitch * r;
+    o += Fmt("<g class=\"rank\" data-rank=\"%d\">\n", r);
+    o += Rect(g.x0, y, g.width, g.compute_h + g.comm_h + 2, "#eeeeee", "", " fill-opacity=\"0.5\"");
+    o += Text(g.x0 - 8, y + 15, E(Fmt("rank %d", r)), " font-size=\"12\" text-anchor=\"end\"");
+    o += TrackBoxes(g, compute[r], y, g.compute_h, chunks, true);
+    o += TrackBoxes(g, comm[r], y + g.compute_h + 2, g.comm_h, chunks, false);
+    o += "</g>\n";
+  }
+  o += "</svg>\n";
+  if (!s.ranks.empty()) o += RankStatsTable(d, g.unit);
+  return o + "</section>\n";
+}
+
+// ---- rejected, why ------------------------------------------------------------------------
+
+std::string RejectedSection(const ReportData& d) {
+  std::string o = "<section id=\"rejected\">\n<h2>Rejected layouts</h2>\n";
+  if (!d.searched) return o + "<p>not searched: the plan came from a plan file.</p>\n</section>\n";
+  if (d.rejected.empty()) return o + "<p>none rejected.</p>\n</section>\n";
+  int64_t most = 1;
+  for (const auto& [reason, n] : d.rejected) most = std::max(most, n);
+  o += "<table>\n<tr><th class=\"l\">reason</th><th>layouts</th><th class=\"l\"></th></tr>\n";
+  for (const auto& [reason, n] : d.rejected)
+    o += "<tr><td class=\"l\">" + E(reason) + Fmt("</td><td>%lld</td>", static_cast<long long>(n)) +
+         Fmt("<td class=\"l\"><span class=\"bar\" style=\"width:%.0fpx\"></span></td></tr>\n",
+             std::max(1.0, 300.0 * n / most));
+  return o + "</table>\n</section>\n";
+}
+
+std::string WhySection(const ReportData& d) {
+  std::string o = "<section id=\"why\">\n<h2>Why this plan</h2>\n";
+  if (d.explanation.empty()) {
+    o += d.plans.size() < 2 ? "<p>one plan only: nothing to compare it with.</p>\n"
+                            : "<p>no explanation given.</p>\n";
+  } else {
+    o += "<pre class=\"why\">";
+    for (const std::string& line : d.explanation) o += E(line) + "\n";
+    o += "</pre>\n";
+  }
+  if (d.has_sim && d.chosen.step_time_s > 0)
+    o += "<p class=\"note\">" +
+         E(Fmt("The event simulation of the schedule gives %.4f s per step against the analytic "
+               "%.4f s (%+.1f%%).",
+               d.sim.step_time_s, d.chosen.step_time_s,
+               100 * (d.sim.step_time_s / d.chosen.step_time_s - 1))) +
+         "</p>\n";
+  return o + "</section>\n";
+}
+
+}  // namespace
+
+std::string RenderReportHtml(const ReportData& d) {
+  std::string o = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
+                  E(d.title) + "</title>\n<style>" + kCss + "</style>\n</head>\n"
+                  "<body data-script-errors=\"0\">\n";
+  o += Header(d);
+  o += Ranking(d);
+  o += BreakdownSection(d);
+  o += MemorySection(d);
+  o += GanttSection(d);
+  o += RejectedSection(d);
+  o += WhySection(d);
+  o += "<p class=\"note\">generated by ptdp report</p>\n</body>\n</html>\n";
+  return o;
+}
+
+}  // namespace ptdp::cli

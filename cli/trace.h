@@ -1,0 +1,21 @@
+// Renderings of a simulated step: Chrome trace-event JSON (opens in Perfetto / chrome://tracing)
+// and an ASCII Gantt chart for the terminal.
+#pragma once
+
+#include <string>
+
+#include "core/plan.h"
+#include "cost_model/simulator.h"
+
+namespace ptdp::cli {
+
+// Trace-event JSON: a process per pipeline rank ("pipeline rank r"), threads "compute" and
+// "communication", complete ("X") events named F3.1 / B0.0 / send ... / dp reduce / optimizer,
+// and a memory counter per rank. Times in microseconds.
+std::string ChromeTraceJson(const Plan& plan, const SimResult& sim);
+
+// One row per pipeline rank, `width` columns over the step: digits are forwards (micro-batch
+// mod 10), letters backwards (A = micro-batch 0, mod 26), '.' idle, '=' end-of-step work.
+std::string AsciiTimeline(const SimResult& sim, int pp, int width);
+
+}  // namespace ptdp::cli

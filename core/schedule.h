@@ -1,0 +1,75 @@
+// Schedule: the ordered list of operations each pipeline rank executes in one training step,
+// for GPipe, 1F1B and interleaved 1F1B, in Megatron-LM's exact order
+// (megatron/core/pipeline_parallel/schedules.py; ../shared/reference/megatron-reference.md
+// section 3). The contract shared by the event simulator (cost_model/) and the runtime.
+//
+//   rank0: F0 F1 F2 F3 B0 F4 B1 ...      Fm.c = forward of micro-batch m, model chunk c
+//   rank3: F0 B0 F1 B1 F2 B2 ...         Bm.c = backward; p2p ops sit between them
+//
+// Point-to-point: every forward of (m, c) that is not the model's first stage receives its
+// input from the previous virtual stage, and every one that is not the last sends its output
+// to the next; backwards do the mirror image with gradients. Virtual stage of (rank r, chunk c)
+// is c*p + r: chunk c of rank p-1 sends to chunk c+1 of rank 0. P2p ops that a rank posts
+// together (Megatron's batch_isend_irecv, ncclGroupStart/End) share a `group` id; a group
+// completes when all of its ops have matched and finished ("blocking, grouped semantics").
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/status.h"
+
+namespace ptdp {
+
+enum class OpKind {
+  kForward,        // forward of (microbatch, chunk)
+  kBackward,       // backward of (microbatch, chunk)
+  kSendActivation, // to the next virtual stage (peer rank), for (microbatch, chunk) = sender's
+  kRecvActivation, // from the previous virtual stage, for the receiver's (microbatch, chunk)
+  kSendGradient,   // to the previous virtual stage, for the sender's (microbatch, chunk)
+  kRecvGradient,   // from the next virtual stage, for the receiver's (microbatch, chunk)
+  kReduceGradients,         // end of step: DP gradient reduction (+ SP LayerNorm grads over TP)
+  kReduceEmbedding,         // end of step, first and last pipeline rank only: tied embedding
+  kOptimizerStep,           // end of step: grad norm, clip, AdamW (+ dist-opt all-gather)
+};
+const char* ToString(OpKind k);
+
+struct ScheduleOp {
+  OpKind kind = OpKind::kForward;
+  int microbatch = -1;  // 0..m-1 for compute and p2p; -1 for end-of-step ops
+  int chunk = -1;       // 0..v-1 (the chunk whose tensor this is, on this rank)
+  int peer = -1;        // pipeline rank of the other side of a p2p op; -1 otherwise
+  int group = -1;       // p2p ops of one rank with the same id are posted together; -1 otherwise
+  bool is_compute() const { return kind == OpKind::kForward || kind == OpKind::kBackward; }
+  bool is_p2p() const { return peer >= 0; }
+};
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::kOneFOneB;
+  int pp = 1;             // p, pipeline ranks
+  int vp = 1;             // v, model chunks per rank
+  int microbatches = 1;   // m
+  int group_size = 0;     // interleaving micro-batch group g (0 = p)
+  std::vector<std::vector<ScheduleOp>> ranks;  // ranks[r] = rank r's ops in order
+
+  // Rank r's compute order in the reference notation: "F0 F1 B0 ..." when v == 1,
+  // "F0.0 F1.0 ... B0.1 ..." when v > 1 (p2p and end-of-step ops omitted).
+  std::string Notation(int rank) const;
+};
+
+// Builds the schedule. Errors (a Status naming the rule) when the kind and sizes are not a
+// legal Megatron combination: p, v, m >= 1; gpipe and 1f1b need v == 1; interleaved needs
+// v > 1 and the micro-batch group rule of megatron-reference.md section 1.
+Result<Schedule> BuildSchedule(ScheduleKind kind, int pp, int vp, int microbatches,
+                               int group_size = 0);
+
+// Proves the schedule sound: every send has exactly one matching receive on its peer (same
+// kind of tensor, micro-batch and virtual stage), every forward/backward appears exactly once
+// per (microbatch, chunk) on each rank, data dependencies are respected, and executing all ranks
+// under blocking, grouped semantics finishes (no deadlock). On failure the message names the
+// rank, the op and why (e.g. "rank 2 blocks in group 7 (recv-activation F3.1 from rank 1)
+// forever").
+Status CheckSchedule(const Schedule& s);
+
+}  // namespace ptdp

@@ -1,0 +1,188 @@
+// RenderReportHtml on synthetic data (no browser, no simulator): every section is there, text
+// is escaped, the page is self-contained, and the Gantt chart has one row per pipeline rank.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cli/report_html.h"
+
+namespace ptdp::cli {
+namespace {
+
+size_t Count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t i = hay.find(needle); i != std::string::npos; i = hay.find(needle, i + 1)) ++n;
+  return n;
+}
+
+SimEvent Ev(int rank, SimTrack track, OpKind kind, int mb, int chunk, double start_s,
+            double end_s, int peer = -1) {
+  SimEvent e;
+  e.rank = rank;
+  e.track = track;
+  e.kind = kind;
+  e.microbatch = mb;
+  e.chunk = chunk;
+  e.peer = peer;
+  e.start_s = start_s;
+  e.end_s = end_s;
+  return e;
+}
+
+// 4 pipeline ranks, 2 chunks of 4 micro-batches. Forwards take 10 ms, except micro-batch 3's
+// 40 ms; backwards 20 ms; rank r starts 10 ms after rank r-1; the optimizer ends the step at
+// 1 s. The plot is 1100 px wide, so 1 ms is 1.1 px: a 10 ms forward (11 px) is too narrow for
+// the label "F0.0" (4 x 6.2 px + 4 = 28.8 px), a 40 ms one (44 px) is labelled.
+ReportData Synthetic() {
+  ReportData d;
+  d.title = "ptdp report: test";
+  d.model_name = "gpt-test";
+  d.cluster_name = "dgx-test";
+  d.gpus = 32;
+  d.global_batch = 64;
+  d.searched = true;
+  d.evaluated = 100;
+  d.legal = 40;
+  d.fitting = 10;
+  Layout l;
+  l.tp = 2; l.pp = 4; l.dp = 4; l.vp = 2; l.micro_batch = 4; l.global_batch = 64;
+  l.schedule = ScheduleKind::kInterleaved;
+  ReportPlanRow row{l, 1.0, 150.0, 0.48, 0.2, 60e9, true, "analytic"};
+  d.plans = {row, row};
+  d.plans[1].layout.vp = 1;
+  d.plans[1].step_time_s = 1.1;
+  // Breakdown 6 + 1 + 0.5 + 0.25 + 2 + 0.25 = 10 s: compute is 60.0%.
+  Breakdown& b = d.chosen.breakdown;
+  b.compute_s = 6; b.tp_comm_s = 1; b.pp_comm_s = 0.5; b.dp_comm_s = 0.25; b.bubble_s = 2;
+  b.optimizer_s = 0.25;
+  d.chosen.step_time_s = 10;
+  d.chosen.memory = {10e9, 20e9, 5e9, 20e9, 5e9, 60e9, 80e9};
+  d.chosen.stage_memory_bytes = {60e9, 55e9, 50e9, 45e9};
+  d.chosen.fits = true;
+  d.rejected = {{"heads_not_divisible_by_tp", 50}, {"out_of_memory", 30}};
+  d.explanation = {"tp2 pp4 dp4 vp2 mb4 beats tp2 pp4 dp4 vp1 mb4 by 0.1 s", "  bubble: less"};
+  d.has_sim = true;
+  d.sim.step_time_s = 1.0;
+  d.sim.breakdown = b;
+  d.sim.ranks.resize(4);
+  for (int r = 0; r < 4; ++r) {
+    double t = 0.01 * r;
+    for (int c = 0; c < 2; ++c)
+      for (int m = 0; m < 4; ++m) {
+        const double len = m == 3 ? 0.04 : 0.01;
+        d.sim.events.push_back(Ev(r, SimTrack::kCompute, OpKind::kForward, m, c, t, t + len));
+        if (r < 3)
+          d.sim.events.push_back(
+              Ev(r, SimTrack::kComm, OpKind::kSendActivation, m, c, t + len, t + len + 0.002, r + 1));
+        t += len;
+      }
+    for (int c = 1; c >= 0; --c)
+      for (int m = 0; m < 4; ++m) {
+        d.sim.events.push_back(Ev(r, SimTrack::kCompute, OpKind::kBackward, m, c, t, t + 0.02));
+        t += 0.02;
+      }
+    d.sim.events.push_back(Ev(r, SimTrack::kComm, OpKind::kReduceGradients, -1, -1, t, t + 0.05));
+    d.sim.events.push_back(Ev(r, SimTrack::kCompute, OpKind::kOptimizerStep, -1, -1, 0.95, 1.0));
+  }
+  return d;
+}
+
+TEST(ReportRender, HasEverySection) {
+  const std::string html = RenderReportHtml(Synthetic());
+  for (const char* id : {"ranking", "breakdown", "memory", "gantt", "rejected", "why"})
+    EXPECT_NE(html.find(std::string("<section id=\"") + id + "\">"), std::string::npos) << id;
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(html.find("<body data-script-errors=\"0\">"), std::string::npos);
+  EXPECT_NE(html.find("</html>"), std::string::npos);
+}
+
+TEST(ReportRender, EscapesText) {
+  ReportData d = Synthetic();
+  d.model_name = "gpt<script>alert('x')</script>&co";
+  d.explanation.push_back("a \"quoted\" <b>line</b>");
+  d.rejected.emplace_back("<img src=x>", 1);
+  const std::string html = RenderReportHtml(d);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("<img"), std::string::npos);
+  EXPECT_EQ(html.find("<b>line"), std::string::npos);
+  EXPECT_NE(html.find("gpt&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;co"), std::string::npos);
+  EXPECT_NE(html.find("a &quot;quoted&quot; &lt;b&gt;line&lt;/b&gt;"), std::string::npos);
+  EXPECT_EQ(HtmlEscape("a<b>&\"'"), "a&lt;b&gt;&amp;&quot;&#39;");
+}
+
+TEST(ReportRender, SelfContained) {
+  const std::string html = RenderReportHtml(Synthetic());
+  EXPECT_EQ(html.find("http://"), std::string::npos);
+  EXPECT_EQ(html.find("https://"), std::string::npos);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);
+  EXPECT_EQ(html.find("@import"), std::string::npos);
+  EXPECT_EQ(html.find("url("), std::string::npos);
+}
+
+TEST(ReportRender, GanttHasOneRowPerRank) {
+  ReportData d = Synthetic();
+  std::string html = RenderReportHtml(d);
+  EXPECT_EQ(Count(html, "<g class=\"rank\""), 4u);
+  for (int r = 0; r < 4; ++r)
+    EXPECT_NE(html.find("data-rank=\"" + std::to_string(r) + "\""), std::string::npos) << r;
+  // Without per-rank stats the rows come from the events (ranks 0..3).
+  d.sim.ranks.clear();
+  html = RenderReportHtml(d);
+  EXPECT_EQ(Count(html, "<g class=\"rank\""), 4u);
+}
+
+TEST(ReportRender, GanttBoxesLabelsAndAxis) {
+  const std::string html = RenderReportHtml(Synthetic());
+  // 4 ranks x (8 forwards + 8 backwards + 1 optimizer) compute boxes + 3 x 8 sends + 4 DP
+  // reductions = 68 + 24 + 4 = 96 event boxes, all at least 2 px wide (none merged).
+  EXPECT_EQ(Count(html, "class=\"ev\""), 96u);
+  // Micro-batch 3's forwards are 44 px wide: labelled; micro-batch 0's (11 px) are not.
+  EXPECT_NE(html.find(">F3.1</text>"), std::string::npos);
+  EXPECT_EQ(html.find(">F0.0</text>"), std::string::npos);
+  EXPECT_NE(html.find("rank 1: send act F2.0 -&gt; 2"), std::string::npos);
+  // Step 1 s: the axis is in seconds, ticks every 0.1 s; a 0.5 s step would be in ms.
+  EXPECT_NE(html.find("time (s)"), std::string::npos);
+  EXPECT_NE(html.find(">0.5</text>"), std::string::npos);
+  ReportData d = Synthetic();
+  d.sim.step_time_s = 0.5;
+  for (SimEvent& e : d.sim.events) { e.start_s /= 2; e.end_s /= 2; }
+  const std::string half = RenderReportHtml(d);
+  EXPECT_NE(half.find("time (ms)"), std::string::npos);
+  EXPECT_NE(half.find(">250</text>"), std::string::npos);
+}
+
+TEST(ReportRender, NarrowEventsAreMerged) {
+  ReportData d = Synthetic();
+  d.sim.events.clear();
+  // 100,000 forwards of 10 us each on one rank over 1 s: 0.011 px each, merged into one box.
+  for (int i = 0; i < 100000; ++i)
+    d.sim.events.push_back(
+        Ev(0, SimTrack::kCompute, OpKind::kForward, i, 0, i * 1e-5, (i + 1) * 1e-5));
+  const std::string html = RenderReportHtml(d);
+  EXPECT_EQ(Count(html, "class=\"ev\""), 1u);
+  EXPECT_NE(html.find("100000 ops from F0.0 to F99999.0"), std::string::npos);
+  EXPECT_LT(html.size(), 200000u);
+}
+
+TEST(ReportRender, BreakdownAndMemoryFigures) {
+  const std::string html = RenderReportHtml(Synthetic());
+  EXPECT_NE(html.find("compute: 6.0000 s (60.0%)"), std::string::npos);
+  EXPECT_NE(html.find("bubble: 2.0000 s (20.0%)"), std::string::npos);
+  // Stage 0 holds 60e9 B of 80e9 B capacity: 75.0%.
+  EXPECT_NE(html.find("(75.0%)"), std::string::npos);
+  EXPECT_NE(html.find("capacity "), std::string::npos);
+  EXPECT_NE(html.find("heads_not_divisible_by_tp"), std::string::npos);
+}
+
+TEST(ReportRender, MissingPiecesRenderNotes) {
+  ReportData d;
+  d.title = "empty";
+  const std::string html = RenderReportHtml(d);
+  for (const char* id : {"ranking", "breakdown", "memory", "gantt", "rejected", "why"})
+    EXPECT_NE(html.find(std::string("<section id=\"") + id + "\">"), std::string::npos) << id;
+  EXPECT_NE(html.find("no simulation"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ptdp::cli

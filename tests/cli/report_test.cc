@@ -1,0 +1,139 @@
+// `ptdp report` end to end: the built binary writes the HTML page, then headless Chromium
+// renders it (a screenshot of real size) and dumps its DOM (every section, the Gantt's SVG
+// boxes, one row per pipeline rank, no script errors). Chromium is installed by
+// scripts/setup.sh; without it this test fails and says so.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kSrc = PTDP_SOURCE_DIR;
+const std::string kBin = std::string(PTDP_BINARY_DIR) + "/ptdp";
+const std::string kChromium = "/usr/bin/chromium";
+const std::string kFlags = "--cluster " + kSrc + "/configs/clusters/dgx-a100.yaml --model " + kSrc +
+                           "/configs/models/gpt3-13b.yaml --nodes 4 --global-batch 256";
+
+struct CmdResult {
+  int code = -1;
+  std::string out;
+};
+
+// Runs a shell command; `out` is its stdout (and stderr when `with_stderr`).
+CmdResult Shell(const std::string& cmd, bool with_stderr = true) {
+  CmdResult r;
+  FILE* p = popen((cmd + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// A fresh directory under the test temp dir.
+std::string FreshDir(const std::string& name) {
+  std::string tmpl = ::testing::TempDir() + "/" + name + "-XXXXXX";
+  char* dir = mkdtemp(tmpl.data());
+  return dir ? std::string(dir) : std::string();
+}
+
+size_t Count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t i = hay.find(needle); i != std::string::npos; i = hay.find(needle, i + 1)) ++n;
+  return n;
+}
+
+// Headless Chromium, never hanging (timeout), offline, with its own profile directory.
+std::string Chromium(const std::string& args) {
+  return "timeout 60 " + kChromium +
+         " --headless --no-sandbox --disable-gpu --disable-quic --no-first-run"
+         " --disable-background-networking --disable-component-update --disable-sync"
+         " --disable-dev-shm-usage --user-data-dir=" + FreshDir("chromium-profile") + " " + args;
+}
+
+TEST(Report, HelpHasAnExample) {
+  const CmdResult r = Shell(kBin + " report --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("Example:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--html"), std::string::npos) << r.out;
+}
+
+TEST(Report, HtmlIsRequired) {
+  const CmdResult r = Shell(kBin + " report " + kFlags);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(r.out, "ptdp: --html is required: the file to write the report to\n");
+}
+
+TEST(Report, UnwritablePathIsNamed) {
+  const CmdResult r = Shell(kBin + " report " + kFlags + " --html /nonexistent-dir/report.html");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent-dir/report.html"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "more than one line: " << r.out;
+  EXPECT_EQ(r.out.rfind("ptdp:", 0), 0u) << r.out;
+}
+
+TEST(Report, FromPlanFile) {
+  const std::string dir = FreshDir("report-plan");
+  const std::string plan = dir + "/plan.yaml", html = dir + "/report.html";
+  ASSERT_EQ(Shell(kBin + " plan " + kFlags + " --top 3 --out " + plan).code, 0);
+  const CmdResult r = Shell(kBin + " report " + plan + " --html " + html);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::stringstream text;
+  text << std::ifstream(html).rdbuf();
+  const std::string page = text.str();
+  EXPECT_NE(page.find("one plan, read from a plan file"), std::string::npos);
+  EXPECT_EQ(Count(page, "<tr class=\"chosen\">"), 1u);
+  EXPECT_NE(page.find("<section id=\"gantt\">"), std::string::npos);
+}
+
+TEST(Report, RendersInHeadlessChromium) {
+  ASSERT_TRUE(fs::exists(kChromium))
+      << kChromium << " is missing: run scripts/setup.sh (it installs chromium for this test)";
+  const std::string dir = FreshDir("report");
+  ASSERT_FALSE(dir.empty());
+  const std::string html = dir + "/report.html", png = dir + "/report.png";
+  const CmdResult made = Shell(kBin + " report " + kFlags + " --json --html " + html, false);
+  ASSERT_EQ(made.code, 0) << made.out;
+  const nlohmann::json j = nlohmann::json::parse(made.out);
+  const int pp = j["layout"]["pp"];
+  ASSERT_TRUE(fs::exists(html));
+
+  // (a) A screenshot of the page: a real picture, not an error page of a few hundred bytes.
+  const CmdResult shot = Shell(Chromium("--screenshot=" + png + " --window-size=1400,2400 file://" + html));
+  ASSERT_EQ(shot.code, 0) << shot.out;
+  ASSERT_TRUE(fs::exists(png)) << shot.out;
+  EXPECT_GT(fs::file_size(png), 20000u);
+  std::ifstream in(png, std::ios::binary);
+  std::string magic(8, '\0');
+  in.read(magic.data(), 8);
+  EXPECT_EQ(magic, "\x89PNG\r\n\x1a\n");
+
+  // (b) The DOM after parsing and layout: every section, the Gantt's SVG boxes, one row per
+  // pipeline rank, and no script error recorded.
+  const CmdResult dom = Shell(Chromium("--dump-dom file://" + html), false);
+  ASSERT_EQ(dom.code, 0);
+  for (const char* id : {"ranking", "breakdown", "memory", "gantt", "rejected", "why"})
+    EXPECT_NE(dom.out.find(std::string("<section id=\"") + id + "\">"), std::string::npos) << id;
+  EXPECT_NE(dom.out.find("data-script-errors=\"0\""), std::string::npos);
+  const size_t gantt = dom.out.find("<section id=\"gantt\">");
+  ASSERT_NE(gantt, std::string::npos);
+  const std::string chart = dom.out.substr(gantt, dom.out.find("</section>", gantt) - gantt);
+  EXPECT_NE(chart.find("<svg"), std::string::npos);
+  EXPECT_GT(Count(chart, "<rect"), size_t(4 * pp));
+  EXPECT_GT(Count(chart, "class=\"ev\""), size_t(2 * pp));
+  EXPECT_EQ(Count(chart, "<g class=\"rank\""), size_t(pp));
+}
+
+}  // namespace
