@@ -67,11 +67,10 @@ std::string AsciiTimeline(const SimResult& sim, int pp, int width) {
     std::snprintf(buf, sizeof buf, "rank %-3d |", r);
     out += buf + rows[r] + "|\n";
   }
-  std::snprintf(buf, sizeof buf, "          0%*s\n", width, "");
-  std::string axis(buf);
+  // Time axis: "0" under the first column, the step time right-aligned under the last.
   const std::string end = std::to_string(sim.step_time_s * 1e3).substr(0, 8) + " ms";
-  axis.replace(axis.size() - 1 - end.size(), end.size(), end);
-  out += axis;
+  std::string axis = "          0" + std::string(std::max<int>(1, width + 1 - int(end.size())), ' ');
+  out += axis + end + "\n";
   out += "digits: forward of micro-batch n (mod 10); letters: backward (A = 0); "
          "'.': idle or waiting; '=': dp reduce / optimizer\n";
   return out;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job on the bundled example: plan a layout, then simulate the chosen plan.
-# (train and compare join this chain as they land: see README.md "Status".)
+# The main job on the bundled example: plan a layout, simulate the chosen plan step by step
+# (Perfetto trace), and write the HTML report. (train and compare join this chain as they land:
+# see README.md "Status".)
 set -euo pipefail
 build="${1:-build}"
 ptdp="$build/ptdp"
@@ -11,8 +12,12 @@ echo "== 1. plan: GPT-3 175B on 128 DGX A100 nodes (1024 GPUs), global batch 153
 "$ptdp" plan --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
   --global-batch 1536 --top 5 --out "$out/gpt3-175b.plan.yaml"
 echo
-echo "== 2. simulate the chosen plan"
-"$ptdp" simulate "$out/gpt3-175b.plan.yaml"
+echo "== 2. simulate the chosen plan (event-driven), with a Perfetto trace"
+"$ptdp" simulate "$out/gpt3-175b.plan.yaml" --trace "$out/gpt3-175b.trace.json"
+echo
+echo "== 2b. a small pipeline in the terminal: GPT-3 175B, tp 8, pp 4, 8 micro-batches"
+"$ptdp" simulate --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
+  --global-batch 8 --nodes 4 --tp 8 --pp 4 --timeline --width 80 | sed -n '/^rank 0 /,$p'
 echo
 echo "== 3. plan: gpt-tiny on this machine's 4 CPU rank slots (what the CPU runtime will train)"
 "$ptdp" plan --cluster configs/clusters/local-cpu.yaml --model configs/models/gpt-tiny.yaml \
@@ -22,4 +27,8 @@ echo "== 4. the Megatron-LM command line for the 175B plan"
 "$ptdp" plan --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
   --global-batch 1536 --top 1 --emit megatron | sed -n '/^torchrun/,$p'
 echo
-echo "plans written to $out/"
+echo "== 5. the HTML report"
+"$ptdp" report --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
+  --global-batch 1536 --html "$out/gpt3-175b.report.html"
+echo
+echo "plans, trace and report written to $out/"
