@@ -9,6 +9,7 @@
 
 #include "core/model.h"
 #include "cost_model/analytic.h"
+#include "bench/fixture.h"
 #include "planner/planner.h"
 #include "topology/cluster.h"
 #include "topology/topology.h"
@@ -17,30 +18,10 @@ namespace {
 
 using namespace ptdp;
 
-struct Fixture {
-  ClusterSpec cluster;
-  ModelSpec model;
-  std::unique_ptr<Topology> topo;
-  std::unique_ptr<AnalyticModel> cost;
-  Fixture() {
-    const std::string src = PTDP_SOURCE_DIR;
-    auto c = LoadClusterFile(src + "/configs/clusters/dgx-a100.yaml");
-    auto m = LoadModelFile(src + "/configs/models/gpt3-175b.yaml");
-    if (!c.ok() || !m.ok()) {
-      std::fprintf(stderr, "planner_bench: %s %s\n", c.status().message().c_str(),
-                   m.status().message().c_str());
-      std::exit(1);
-    }
-    cluster = *c;
-    cluster.nodes = 128;
-    model = *m;
-    topo = std::make_unique<Topology>(*Topology::Build(cluster));
-    cost = std::make_unique<AnalyticModel>(*AnalyticModel::Create(model, *topo));
-  }
-};
+using ptdp::bench::Fixture;
 
 Fixture& F() {
-  static Fixture f;
+  static Fixture f("dgx-a100.yaml", "gpt3-175b.yaml", 128);
   return f;
 }
 

@@ -10,6 +10,7 @@
 #include "core/model.h"
 #include "cost_model/analytic.h"
 #include "cost_model/simulator.h"
+#include "bench/fixture.h"
 #include "planner/planner.h"
 #include "topology/topology.h"
 
@@ -17,30 +18,10 @@ namespace {
 
 using namespace ptdp;
 
-struct Fixture {
-  ClusterSpec cluster;
-  ModelSpec model;
-  std::unique_ptr<Topology> topo;
-  std::unique_ptr<AnalyticModel> cost;
-  explicit Fixture(const std::string& model_file, int nodes) {
-    const std::string src = PTDP_SOURCE_DIR;
-    auto c = LoadClusterFile(src + "/configs/clusters/dgx-a100.yaml");
-    auto m = LoadModelFile(src + "/configs/models/" + model_file);
-    if (!c.ok() || !m.ok()) {
-      std::fprintf(stderr, "simulator_bench: %s %s\n", c.status().message().c_str(),
-                   m.status().message().c_str());
-      std::exit(1);
-    }
-    cluster = *c;
-    cluster.nodes = nodes;
-    model = *m;
-    topo = std::make_unique<Topology>(*Topology::Build(cluster));
-    cost = std::make_unique<AnalyticModel>(*AnalyticModel::Create(model, *topo));
-  }
-};
+using ptdp::bench::Fixture;
 
 void BM_Simulate1T(benchmark::State& state) {
-  static Fixture f("megatron-1t.yaml", 384);
+  static Fixture f("dgx-a100.yaml", "megatron-1t.yaml", 384);
   Layout l;
   l.tp = 8; l.pp = 64; l.dp = 6; l.vp = 2; l.micro_batch = 1; l.global_batch = 3072;
   l.schedule = ScheduleKind::kInterleaved;
@@ -61,7 +42,7 @@ BENCHMARK(BM_Simulate1T)->Arg(0)->Arg(1)->ArgName("record")->Unit(benchmark::kMi
 
 // The whole plan for GPT-3 175B on 1024 A100s, refining the top 16 with the simulator.
 void BM_Plan175bRefine16(benchmark::State& state) {
-  static Fixture f("gpt3-175b.yaml", 128);
+  static Fixture f("dgx-a100.yaml", "gpt3-175b.yaml", 128);
   SearchSpace s;
   s.world = 1024;
   s.global_batch = 1536;

@@ -4,11 +4,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <array>
-#include <cstdio>
 #include <fstream>
 #include <string>
-#include <sys/wait.h>
+
+#include "tests/fakes/shell.h"
 
 namespace {
 
@@ -19,23 +18,9 @@ const std::string k175b = kSrc + "/configs/models/gpt3-175b.yaml";
 const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
 const std::string kCpu = kSrc + "/configs/clusters/local-cpu.yaml";
 
-struct CmdResult {
-  int code = -1;
-  std::string out;  // stdout + stderr
-};
+using ptdp::testing::CmdResult;
 
-CmdResult Ptdp(const std::string& args) {
-  CmdResult r;
-  const std::string cmd = kBin + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CmdResult Ptdp(const std::string& args) { return ptdp::testing::Shell(kBin + " " + args); }
 
 std::string Write(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/" + name;

@@ -14,6 +14,8 @@
 #include <string>
 #include <sys/wait.h>
 
+#include "tests/fakes/shell.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -24,23 +26,8 @@ const std::string kChromium = "/usr/bin/chromium";
 const std::string kFlags = "--cluster " + kSrc + "/configs/clusters/dgx-a100.yaml --model " + kSrc +
                            "/configs/models/gpt3-13b.yaml --nodes 4 --global-batch 256";
 
-struct CmdResult {
-  int code = -1;
-  std::string out;
-};
-
-// Runs a shell command; `out` is its stdout (and stderr when `with_stderr`).
-CmdResult Shell(const std::string& cmd, bool with_stderr = true) {
-  CmdResult r;
-  FILE* p = popen((cmd + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using ptdp::testing::CmdResult;
+using ptdp::testing::Shell;
 
 // A fresh directory under the test temp dir.
 std::string FreshDir(const std::string& name) {
