@@ -112,14 +112,9 @@ int RunPlan(const PlanFlags& f) {
   if (!w.ok()) return Fail(w.status().message());
   auto space = SpaceFromFlags(f.layout, *w);
   if (!space.ok()) return Fail(space.status().message());
-  if (f.top <= 0) return Fail("--top " + std::to_string(f.top) + " must be positive");
-  if (!f.emit.empty() && f.emit != "megatron")
-    return Fail("--emit '" + f.emit + "': only 'megatron' is supported");
-  if (f.refine < 0) return Fail("--refine " + std::to_string(f.refine) + " must be >= 0");
-  PlanResult r = SearchLayouts(*w->cost, w->model, w->cluster, *space, std::max(f.top, f.refine));
-  Status refined = RefineWithSimulator(*w->cost, f.refine, &r);
-  if (!refined.ok()) return Fail(refined.message());
-  if (int(r.top.size()) > f.top) r.top.resize(f.top);
+  auto planned = RunPlanner(*w, *space, f.top, f.refine);
+  if (!planned.ok()) return Fail(planned.status().message());
+  const PlanResult& r = *planned;
   std::unique_ptr<Plan> chosen;
   if (!r.top.empty()) chosen = std::make_unique<Plan>(MakePlan(*w, f.layout, r.top[0]));
   if (f.layout.json) std::cout << ResultJson(*w, r, chosen.get()).dump(2) << "\n";

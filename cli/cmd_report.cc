@@ -53,9 +53,7 @@ ReportPlanRow RowFromPrediction(const Layout& l, const Prediction& p) {
 // d->plans[0].layout.
 Status FillFromSearch(const ReportFlags& f, const World& w, ReportData* d) {
   PTDP_ASSIGN_OR_RETURN(SearchSpace space, SpaceFromFlags(f.layout, w));
-  PlanResult r = SearchLayouts(*w.cost, w.model, w.cluster, space, std::max(f.top, f.refine));
-  PTDP_RETURN_IF_ERROR(RefineWithSimulator(*w.cost, f.refine, &r));
-  if (int(r.top.size()) > f.top) r.top.resize(f.top);
+  PTDP_ASSIGN_OR_RETURN(PlanResult r, RunPlanner(w, space, f.top, f.refine));
   if (r.top.empty()) {
     if (r.legal == 0) return Status::Error("no legal layout: see `ptdp plan` for the rejected counts");
     return Status::Error("no legal layout fits in GPU memory; try --recompute full, --dist-opt on, "
@@ -103,8 +101,6 @@ Result<ReportData> Gather(const ReportFlags& f) {
 
 int RunReport(const ReportFlags& f) {
   if (f.html.empty()) return Fail("--html is required: the file to write the report to");
-  if (f.top <= 0) return Fail("--top " + std::to_string(f.top) + " must be positive");
-  if (f.refine < 0) return Fail("--refine " + std::to_string(f.refine) + " must be >= 0");
   auto d = Gather(f);
   if (!d.ok()) return Fail(d.status().message());
   const std::string html = RenderReportHtml(*d);

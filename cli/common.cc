@@ -134,6 +134,9 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   l.micro_batch = f.micro_batch.value_or(1);
   if (l.tp <= 0 || l.pp <= 0 || l.cp <= 0 || l.vp <= 0 || l.micro_batch <= 0 || l.global_batch <= 0)
     return Status::Error("--tp, --pp, --cp, --vp, --micro-batch and --global-batch must be positive");
+  if (l.global_batch > kMaxGlobalBatch)
+    return Status::Error("--global-batch " + std::to_string(l.global_batch) + " must be at most " +
+                         std::to_string(kMaxGlobalBatch));
   const int model_ranks = l.tp * l.pp * l.cp;
   if (f.dp) {
     l.dp = *f.dp;
@@ -157,6 +160,17 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
     return Status::Error("--precision " + std::string(ToString(l.precision)) + ": GPU " +
                          w.cluster.gpu.name + " has no peak rate for it");
   return l;
+}
+
+Result<PlanResult> RunPlanner(const World& w, const SearchSpace& space, int top, int refine) {
+  if (top <= 0 || top > 10000)
+    return Status::Error("--top " + std::to_string(top) + " must be in 1..10000");
+  if (refine < 0 || refine > 10000)
+    return Status::Error("--refine " + std::to_string(refine) + " must be in 0..10000");
+  PlanResult r = SearchLayouts(*w.cost, w.model, w.cluster, space, std::max(top, refine));
+  PTDP_RETURN_IF_ERROR(RefineWithSimulator(*w.cost, refine, &r));
+  if (int(r.top.size()) > top) r.top.resize(top);
+  return r;
 }
 
 nlohmann::json LayoutJson(const Layout& l) {

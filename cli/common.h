@@ -54,6 +54,10 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w);
 // mb=1, no SP, no recompute, no distributed optimizer, bf16). Validated.
 Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w);
 
+// The planner as `plan` and `report` run it: search, re-score the best `refine` layouts with the
+// event simulator, keep the best `top`. Checks top (1..10000) and refine (0..10000).
+Result<PlanResult> RunPlanner(const World& w, const SearchSpace& space, int top, int refine);
+
 nlohmann::json LayoutJson(const Layout& l);
 nlohmann::json PredictionJson(const Prediction& p);
 nlohmann::json EstimateJson(const Layout& l, const Estimate& e);

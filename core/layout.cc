@@ -167,6 +167,10 @@ Status ValidateLayout(const ModelSpec& m, const Layout& l, int world, int gpus_p
   if (l.tp <= 0 || l.pp <= 0 || l.dp <= 0 || l.vp <= 0 || l.cp <= 0 || l.micro_batch <= 0 ||
       l.global_batch <= 0)
     return Status::Error("layout " + l.ShortName() + ": sizes must be positive");
+  if (l.global_batch > kMaxGlobalBatch)
+    return Status::Error("layout " + l.ShortName() + ": global batch " +
+                         std::to_string(l.global_batch) + " is above " +
+                         std::to_string(kMaxGlobalBatch));
   if (l.world() != world)
     return Status::Error("illegal layout " + l.ShortName() + ": " +
                          ExplainRejection(Rejection::kWorldSize, m, l) + " (" +

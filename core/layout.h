@@ -52,6 +52,11 @@ struct Layout {
   std::string Knobs() const;
 };
 
+// Upper bound on the global batch (sequences) ptdp accepts: far above any real run (the largest
+// published ones are ~10^4), low enough that enumerating its divisors and simulating its
+// micro-batches stays fast and exact.
+constexpr int64_t kMaxGlobalBatch = 1000000;
+
 // Why a layout is illegal. The names are stable: they key `rejected` in plan --json.
 enum class Rejection {
   kOk = 0,

@@ -64,8 +64,9 @@ Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
   if (!positive(s.tp) || !positive(s.pp) || !positive(s.dp) || !positive(s.vp) ||
       !positive(s.micro_batch) || s.cp <= 0)
     return Status::Error("--tp, --pp, --dp, --vp, --cp and --micro-batch must be positive");
-  if (s.global_batch <= 0)
-    return Status::Error("--global-batch " + std::to_string(s.global_batch) + " must be positive");
+  if (s.global_batch <= 0 || s.global_batch > kMaxGlobalBatch)
+    return Status::Error("--global-batch " + std::to_string(s.global_batch) + " must be in 1.." +
+                         std::to_string(kMaxGlobalBatch));
   if (s.world <= 0 || s.world > cluster.world())
     return Status::Error("--gpus " + std::to_string(s.world) + ": the cluster has " +
                          std::to_string(cluster.world()) + " GPUs");

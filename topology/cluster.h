@@ -11,6 +11,7 @@
 //         +------------[ IB fabric (inter, oversubscription) ]-----+
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -62,6 +63,10 @@ struct LinkSpec {
   double bw_bytes_per_s = 0;       // per direction
   double latency_s = 0;
 };
+
+// Largest cluster ptdp builds a graph for (GPUs): 16x the biggest published training runs, small
+// enough that a graph and a plan stay fast.
+constexpr int64_t kMaxClusterGpus = 262144;
 
 struct ClusterSpec {
   std::string name;

@@ -98,6 +98,9 @@ std::string Where(const ClusterSpec& s) {
 Status Validate(const ClusterSpec& s) {
   auto err = [&](const std::string& what) { return Status::Error(Where(s) + ": " + what); };
   if (s.nodes < 1 || s.gpus_per_node < 1) return err("nodes and gpus_per_node must be positive");
+  if (int64_t(s.nodes) * s.gpus_per_node > kMaxClusterGpus)
+    return err(std::to_string(s.nodes) + " nodes x " + std::to_string(s.gpus_per_node) +
+               " GPUs is above the " + std::to_string(kMaxClusterGpus) + "-GPU limit");
   if (!(s.intra.bw_bytes_per_s > 0)) return err("intra_node.bandwidth must be positive");
   if (s.intra.fabric == IntraFabric::kNvLinkPairs && !(s.intra.pcie_bw_bytes_per_s > 0))
     return err("intra_node.pcie_bandwidth is required for fabric nvlink_pairs");

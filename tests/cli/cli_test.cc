@@ -99,6 +99,13 @@ TEST(Cli, ZeroAndNegativeFlags) {
   ExpectOneLineError(Ptdp("plan --cluster " + kA100 + " --model " + k175b +
                           " --global-batch 8 --sp maybe"),
                      "--sp");
+  // Absurd sizes are refused quickly, not enumerated.
+  ExpectOneLineError(Ptdp("plan --cluster " + kA100 + " --model " + k175b +
+                          " --global-batch 9223372036854775807"),
+                     "--global-batch");
+  ExpectOneLineError(Ptdp("simulate --cluster " + kA100 + " --model " + k175b +
+                          " --global-batch 99999999999 --tp 8 --pp 16"),
+                     "--global-batch");
 }
 
 TEST(Cli, UnknownFlagIsAUsageError) {
