@@ -1,0 +1,196 @@
+// The Backend: every operation the GPT model needs, forward and backward, behind one interface.
+// The model is written once against it; runtime/cpu (Eigen, fp32) and runtime/cuda (bf16 GEMMs
+// with fp32 accumulation, own kernels) implement it. Parallelism is not in here: the
+// Communicator moves tensors between ranks, the Backend computes on one rank's tensors.
+//
+// Letters in shape comments (defined once for this file):
+//   N   rows: all leading dimensions of a tensor flattened (b*s tokens for activations)
+//   C   channels: the last dimension (h, 3h/t, 4h/t, ...)
+//   b   micro-batch, s sequence length, h hidden
+//   nh  attention heads on this rank (heads / t), d head dimension, A = nh*d
+//   V   vocabulary rows on this rank (the shard [vocab_start, vocab_start + V)), t TP size
+//
+// Conventions of every op:
+//   - Tensors are fp32 (DType::kF32) unless the comment says i32 (token ids, targets).
+//   - An output is overwritten unless the comment says "adds to" (parameter gradients and the
+//     residual-stream gradient accumulate, llm.c style; zero them with Fill before the first
+//     micro-batch).
+//   - Shape and dtype preconditions are our own invariants: they are assert()ed, not Statuses.
+//     Outputs must not overlap inputs unless the comment allows it ("may alias").
+//   - Compute ops return nothing. On the CPU they cannot fail; a device backend records its
+//     first failure (with file and line) and returns it from the next Synchronize() or
+//     CopyToHost(). Operations are ordered on one rank as they are called.
+//   - Deterministic: the same inputs on the same backend give bit-identical outputs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/status.h"
+#include "runtime/tensor.h"
+
+namespace ptdp::rt {
+
+// Where the token rows of a (b, s)-token activation lie. Only attention cares: every other op is
+// row-wise. Megatron uses kSeqFirst so that sequence-parallel chunks are contiguous (the SP
+// all-gather / reduce-scatter run along dimension 0).
+enum class TokenOrder {
+  kBatchFirst,  // (b, s, C): row = bi * s + t
+  kSeqFirst,    // (s, b, C): row = t * b + bi
+};
+
+// One AdamW step's hyper-parameters (PyTorch AdamW / llm.c; decoupled weight decay).
+struct AdamWConfig {
+  float lr = 3e-4f;           // learning rate of this step (after warmup / decay)
+  float beta1 = 0.9f;         // first-moment decay
+  float beta2 = 0.95f;        // second-moment decay
+  float eps = 1e-8f;          // added to sqrt(v_hat)
+  float weight_decay = 0.0f;  // decoupled; 0 for biases and LayerNorm parameters
+  float grad_scale = 1.0f;    // the gradient is multiplied by this first (clipping coefficient)
+  int64_t step = 1;           // 1-based step number, for the bias corrections 1 - beta^step
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "cuda".
+  virtual const char* Name() const = 0;
+
+  // ---- memory -------------------------------------------------------------------------------
+  // A new zeroed tensor of `shape` (every dim >= 0). Its memory counts in CurrentBytes() until
+  // the last handle to it goes. Fails (naming the shape and bytes) when the memory cannot be
+  // had: host or device memory exhausted, or a capacity the backend was given exceeded.
+  virtual Result<Tensor> Alloc(const Shape& shape, DType dtype) = 0;
+  // Bytes of live tensors allocated here (as requested: numel * dtype bytes).
+  virtual size_t CurrentBytes() const = 0;
+  // The most CurrentBytes() has been since construction or the last ResetPeak().
+  virtual size_t PeakBytes() const = 0;
+  // Sets the peak to the current bytes (e.g. after the parameters are allocated, or per step).
+  virtual void ResetPeak() = 0;
+
+  // Waits for every op called so far; returns the first failure recorded since the last call.
+  virtual Status Synchronize() = 0;
+
+  // ---- host transfer (dst/src hold numel() elements; the tensor's dtype must match) ----------
+  virtual Status CopyFromHost(const float* src, Tensor& dst) = 0;
+  virtual Status CopyFromHost(const int32_t* src, Tensor& dst) = 0;
+  virtual Status CopyToHost(const Tensor& src, float* dst) = 0;
+  virtual Status CopyToHost(const Tensor& src, int32_t* dst) = 0;
+
+  // ---- GEMM ---------------------------------------------------------------------------------
+  // c = alpha * op(a) @ op(b) + beta * c, row-major. Tensors of rank > 2 are read as 2-D
+  // (N, C). op(a) is (M, K): a is stored (M, K), or (K, M) when trans_a. op(b) is (K, P): b is
+  // stored (K, P), or (P, K) when trans_b. c is (M, P). With beta == 0, c is not read (it may
+  // hold anything). c must not overlap a or b.
+  // A linear layer with weight w (out, in): y = x @ w^T is Matmul(x, false, w, true, y);
+  // dx = dy @ w is Matmul(dy, false, w, false, dx); dw += dy^T @ x is
+  // Matmul(dy, true, x, false, dw, 1, 1).
+  virtual void Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                      float alpha = 1.0f, float beta = 0.0f) = 0;
+  // The same for each index of a leading batch dimension L: a, b, c are 3-D (L, ., .) with the
+  // same L, and each slice follows the 2-D rule above.
+  virtual void MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                             Tensor& c, float alpha = 1.0f, float beta = 0.0f) = 0;
+
+  // ---- bias ---------------------------------------------------------------------------------
+  // y (N, C) += bias (C), broadcast over rows. A learned position embedding wpe (s, h) on a
+  // kBatchFirst activation x (b, s, h) is AddBias(x viewed (b, s*h), wpe viewed (s*h)).
+  virtual void AddBias(Tensor& y, const Tensor& bias) = 0;
+  // dbias (C) adds the column sums of dy (N, C).
+  virtual void BiasGrad(const Tensor& dy, Tensor& dbias) = 0;
+
+  // ---- LayerNorm over the last dimension ----------------------------------------------------
+  // y (N, C) = (x - mean) * rstd * gamma + beta with mean, rstd = 1/sqrt(var + eps) over C
+  // (biased variance). Saves mean (N) and rstd (N) for the backward. y may alias x.
+  virtual void LayerNormForward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                                Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+  // Given dy (N, C), the forward's input x (N, C), gamma (C) and the saved mean, rstd (N):
+  // dx (N, C), dgamma (C), dbeta (C) all ADD the gradient (dx is the residual stream's gradient
+  // in a pre-LN block, so it usually already holds the gradient from the skip connection).
+  virtual void LayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
+                                 Tensor& dbeta) = 0;
+
+  // ---- GeLU, tanh approximation (GPT-2, Megatron) --------------------------------------------
+  // y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), any shape. y may alias x.
+  virtual void GeluForward(const Tensor& x, Tensor& y) = 0;
+  // dx = gelu'(x) * dy, any shape (all three the same numel). dx may alias dy.
+  virtual void GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) = 0;
+
+  // ---- causal multi-head self-attention -----------------------------------------------------
+  // qkv holds per row [q | k | v], each A = nh*d wide with head j at columns j*d .. j*d+d-1:
+  // qkv is (b, s, 3A) or (s, b, 3A) per `order`; out is (b, s, A) or (s, b, A) likewise.
+  // out = softmax(q k^T / sqrt(d) with positions > the query's masked) v, per batch and head.
+  // `saved` receives what the backward needs; allocate it with AttentionSavedShape (fp32).
+  virtual Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const = 0;
+  virtual void AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,
+                                Tensor& saved) = 0;
+  // dqkv (same shape as qkv) = the gradient of the forward given dout (shape of out), the
+  // forward's qkv and saved. dqkv is overwritten.
+  virtual void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved,
+                                 int64_t nh, TokenOrder order, Tensor& dqkv) = 0;
+
+  // ---- vocab-parallel embedding -------------------------------------------------------------
+  // tokens (N) i32 any leading shape; table (V, h) holds global rows [vocab_start,
+  // vocab_start + V); out (N, h) = table[token - vocab_start] for tokens in the shard, zeros
+  // for the others, so the TP all-reduce (SUM) of out gives the full lookup. Position
+  // embeddings in any TokenOrder: tokens = position ids, vocab_start = 0, then Add.
+  virtual void EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,
+                                Tensor& out) = 0;
+  // dtable (V, h) adds dout[n] at row token[n] - vocab_start for the tokens in the shard
+  // (scatter-add, in row order n = 0, 1, ... so it is deterministic).
+  virtual void EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int64_t vocab_start,
+                                 Tensor& dtable) = 0;
+
+  // ---- vocab-parallel cross entropy (megatron-reference.md section 4) ------------------------
+  // With local logits (N, V) and global targets (N) i32, rank by rank over TP:
+  //   CrossEntropyMax        -> row_max (N)     ; all-reduce MAX -> global max m
+  //   CrossEntropySumExp(m)  -> sum_exp (N)     ; all-reduce SUM -> global sum S
+  //   CrossEntropyTarget     -> target_logit (N); all-reduce SUM -> the target's logit z
+  //   CrossEntropyLoss(m, S, z) -> loss (N) = log S + m - z
+  //   CrossEntropyBackward(m, S) -> dlogits = (softmax - onehot) * scale, per shard.
+  virtual void CrossEntropyMax(const Tensor& logits, Tensor& row_max) = 0;
+  // sum_exp[n] = sum over the local columns v of exp(logits[n, v] - row_max[n]).
+  virtual void CrossEntropySumExp(const Tensor& logits, const Tensor& row_max, Tensor& sum_exp) = 0;
+  // target_logit[n] = logits[n, target[n] - vocab_start] when the target is in the shard, else 0.
+  virtual void CrossEntropyTarget(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                  Tensor& target_logit) = 0;
+  // loss (N) = log(sum_exp) + row_max - target_logit, from the all-reduced pieces.
+  virtual void CrossEntropyLoss(const Tensor& row_max, const Tensor& sum_exp,
+                                const Tensor& target_logit, Tensor& loss) = 0;
+  // dlogits (N, V) = (exp(logits - row_max) / sum_exp - onehot(target - vocab_start)) * scale,
+  // with the global row_max and sum_exp. `scale` is dLoss/dloss[n] (1 / tokens in the batch
+  // for a mean). dlogits may alias logits (in place, as Megatron does to save memory).
+  virtual void CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
+                                    int64_t vocab_start, const Tensor& row_max,
+                                    const Tensor& sum_exp, float scale, Tensor& dlogits) = 0;
+
+  // ---- element-wise and reductions (any shapes with equal numel) ----------------------------
+  // out = a + b. out may alias a or b (the residual add).
+  virtual void Add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // y += alpha * x.
+  virtual void Axpy(float alpha, const Tensor& x, Tensor& y) = 0;
+  // x *= alpha.
+  virtual void Scale(float alpha, Tensor& x) = 0;
+  // x = value everywhere.
+  virtual void Fill(float value, Tensor& x) = 0;
+  // dst = src, any dtype (the same in both), shapes may differ (a reshaping copy).
+  virtual void Copy(const Tensor& src, Tensor& dst) = 0;
+  // out (a 1-element tensor) adds sum(x^2): one call per gradient tensor, then the all-reduce
+  // over TP/PP (and DP shards) and a sqrt give the global gradient norm.
+  virtual void SumSquares(const Tensor& x, Tensor& out) = 0;
+  // out (a 1-element tensor) adds sum(x), e.g. of the per-row losses.
+  virtual void Sum(const Tensor& x, Tensor& out) = 0;
+
+  // ---- optimizer ----------------------------------------------------------------------------
+  // One AdamW step in place on param, with m and v (fp32 state, zero before step 1); all four
+  // have equal numel:
+  //   g = grad * grad_scale; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2
+  //   param -= lr * ((m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
+  //                  + weight_decay * param)
+  virtual void AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                     const AdamWConfig& cfg) = 0;
+};
+
+}  // namespace ptdp::rt

@@ -1,0 +1,105 @@
+// The Communicator interface: one rank's handle on one process group (a TP, DP, PP or embedding
+// group of core/RankGrid) with NCCL's collectives and point-to-point operations, and the
+// CommunicatorFactory that hands each rank its handles. Implementations: runtime/cpu/
+// ThreadWorld (every rank a thread of one process); the NCCL communicators come later.
+//
+// Ranks: a group is a list of global ranks; group rank i is ranks[i] (RankGrid's group order).
+// Every `peer` and `root` argument below is a group rank.
+//
+// Ordering rules (NCCL's, kept by every implementation so that a program that runs on threads
+// also runs on NCCL):
+//  - every member of a group issues the same collectives on it in the same order, each with the
+//    same kind, dtype, element count, reduce op and root;
+//  - every rank issues its operations on different groups in one order that cannot wait in a
+//    cycle (e.g. all ranks: TP op, then DP op);
+//  - an ungrouped Send blocks until the peer receives it, so two peers that both Send first
+//    deadlock; bracket such exchanges in GroupStart()/GroupEnd() on both peers.
+//
+// Failures are Status values, never hangs: a peer that does not arrive within the timeout, calls
+// that do not match between ranks, bad arguments. The message names the group (its global ranks
+// and label), the operation and the ranks involved. After a failure the group is unusable:
+// every later operation on it returns an error too (as an aborted NCCL communicator).
+//
+// A Communicator is used by one thread (its rank's); different ranks' handles may be used
+// concurrently, which is the point.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "runtime/tensor.h"
+
+namespace ptdp::rt {
+
+enum class ReduceOp { kSum, kMax };
+
+inline const char* ToString(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "max"; }
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // This rank's index in the group, 0 <= rank() < size().
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The group's global ranks in group-rank order, and its label ("TP", "DP", ...).
+  virtual const std::vector<int>& ranks() const = 0;
+  virtual const std::string& label() const = 0;
+
+  // ---- Collectives. Each returns when this rank's result is complete. A reduction's result is
+  // identical on every rank. Reductions take fp32 (the CUDA communicator also bf16); gathers,
+  // broadcasts and p2p copy any dtype. Not allowed between GroupStart() and GroupEnd().
+
+  // t <- op over all ranks' t (in place). Precondition: t defined.
+  virtual Status AllReduce(Tensor& t, ReduceOp op) = 0;
+  // out <- concatenation along dim 0 of every rank's `in`, in group-rank order.
+  // Preconditions: out.numel() == size() * in.numel(), same dtype; out does not overlap `in`,
+  // except that `in` may be exactly this rank's slot of out (in place, as NCCL allows).
+  virtual Status AllGather(const Tensor& in, Tensor& out) = 0;
+  // out <- op over all ranks of block rank() of `in`, where `in` is split along dim 0 into
+  // size() equal blocks. Precondition: in.numel() == size() * out.numel(), same dtype.
+  virtual Status ReduceScatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) = 0;
+  // t <- root's t on every rank.
+  virtual Status Broadcast(Tensor& t, int root) = 0;
+  // Returns once every rank of the group has called Barrier().
+  virtual Status Barrier() = 0;
+
+  // ---- Point to point. Messages between two ranks match in FIFO order; a Recv's tensor must
+  // have the dtype and element count of the matching Send's.
+
+  // Outside a group: blocks until `peer` has received t (t is read in place, not buffered).
+  // Inside a group: recorded; t must stay valid and unchanged until GroupEnd() returns.
+  virtual Status Send(const Tensor& t, int peer) = 0;
+  // Outside a group: blocks until t holds the message. Inside a group: recorded; t is filled
+  // by GroupEnd().
+  virtual Status Recv(Tensor& t, int peer) = 0;
+  // Brackets sends and receives that are posted together and complete together: GroupEnd()
+  // posts every send first, then completes every receive and send, so two peers that both send
+  // then receive inside a group do not deadlock. Groups nest; the outermost GroupEnd() runs the
+  // operations and returns the first failure. Grouping covers this communicator's operations.
+  virtual Status GroupStart() = 0;
+  virtual Status GroupEnd() = 0;
+};
+
+// Hands each rank its communicators. One factory serves the whole world (ThreadWorld is shared
+// by the rank threads; an NCCL factory is per process and may drive several ranks).
+class CommunicatorFactory {
+ public:
+  virtual ~CommunicatorFactory() = default;
+
+  virtual int world_size() const = 0;
+
+  // The communicator of `global_rank` on the group `ranks` (global ranks, group-rank order, no
+  // duplicates, containing global_rank). Each member calls it once for its own handle; members
+  // create their groups in the same order (an NCCL factory creates them collectively).
+  // Two calls with the same ranks and label give handles on the same group; a different label
+  // gives an independent group (as two NCCL communicators), e.g. PP [0,4] and embedding [0,4].
+  // Errors: a rank outside [0, world_size()), a duplicate, global_rank not in ranks.
+  virtual Result<std::unique_ptr<Communicator>> Group(int global_rank,
+                                                      const std::vector<int>& ranks,
+                                                      const std::string& label) = 0;
+};
+
+}  // namespace ptdp::rt

@@ -1,0 +1,575 @@
+// The CPU Backend: Eigen GEMMs over row-major maps of the tensors, plain loops for the rest.
+// Letters as in runtime/backend.h. Reductions over a row accumulate in double (cheap next to the
+// GEMMs, and it keeps layouts that split a row differently within fp32 rounding of each other).
+#include "runtime/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include <Eigen/Core>
+
+namespace ptdp::rt {
+namespace {
+
+using MatR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const MatR>;
+using MutMap = Eigen::Map<MatR>;
+// A (rows, cols) block whose rows lie `stride` floats apart (one head of a qkv activation).
+using ConstStrided = Eigen::Map<const MatR, 0, Eigen::OuterStride<>>;
+using MutStrided = Eigen::Map<MatR, 0, Eigen::OuterStride<>>;
+
+constexpr size_t kAlignBytes = 64;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+
+// The tensor read as 2-D (N, C): C the last dimension, N the product of the others.
+int64_t Cols(const Tensor& t) {
+  return t.shape().rank() == 0 ? 1 : t.shape()[t.shape().rank() - 1];
+}
+int64_t Rows(const Tensor& t) { return Cols(t) == 0 ? 0 : t.numel() / Cols(t); }
+
+const float* F32(const Tensor& t) {
+  assert(t.defined() && t.dtype() == DType::kF32);
+  return t.data_as<const float>();
+}
+float* MutF32(Tensor& t) {
+  assert(t.defined() && t.dtype() == DType::kF32);
+  return t.data_as<float>();
+}
+const int32_t* I32(const Tensor& t) {
+  assert(t.defined() && t.dtype() == DType::kI32);
+  return t.data_as<const int32_t>();
+}
+
+// c (m, p) = alpha * op(a) @ op(b) + beta * c with a stored (a_rows, a_cols), b (b_rows, b_cols).
+void Gemm(const float* a, int64_t a_rows, int64_t a_cols, bool trans_a, const float* b,
+          int64_t b_rows, int64_t b_cols, bool trans_b, float* c, float alpha, float beta) {
+  const int64_t m = trans_a ? a_cols : a_rows;
+  const int64_t p = trans_b ? b_rows : b_cols;
+  assert((trans_a ? a_rows : a_cols) == (trans_b ? b_cols : b_rows));  // K agrees
+  ConstMap A(a, a_rows, a_cols);
+  ConstMap B(b, b_rows, b_cols);
+  MutMap C(c, m, p);
+  if (beta == 0.0f) {
+    C.setZero();  // c is not read: it may hold NaNs
+  } else if (beta != 1.0f) {
+    C *= beta;
+  }
+  if (!trans_a && !trans_b) C.noalias() += alpha * A * B;
+  if (!trans_a && trans_b) C.noalias() += alpha * A * B.transpose();
+  if (trans_a && !trans_b) C.noalias() += alpha * A.transpose() * B;
+  if (trans_a && trans_b) C.noalias() += alpha * A.transpose() * B.transpose();
+}
+
+// Where one head's rows of a (b, s, W) or (s, b, W) activation start and how far apart they lie.
+struct RowLayout {
+  int64_t base;    // floats from the start to row t = 0 of batch bi
+  int64_t stride;  // floats between rows t and t + 1
+};
+RowLayout HeadRows(TokenOrder order, int64_t bi, int64_t b, int64_t s, int64_t width) {
+  if (order == TokenOrder::kBatchFirst) return {bi * s * width, width};
+  return {bi * width, b * width};
+}
+
+// (b, s) of a rank-3 activation in `order`.
+void BatchSeq(const Tensor& t, TokenOrder order, int64_t* b, int64_t* s) {
+  assert(t.shape().rank() == 3);
+  *b = order == TokenOrder::kBatchFirst ? t.shape()[0] : t.shape()[1];
+  *s = order == TokenOrder::kBatchFirst ? t.shape()[1] : t.shape()[0];
+}
+
+}  // namespace
+
+// ---- memory ---------------------------------------------------------------------------------
+
+CpuBackend::CpuBackend(CpuBackendOptions options)
+    : options_(options), counters_(std::make_shared<Counters>()) {
+  Eigen::setNbThreads(1);  // ranks are threads: no threads inside an op (only matters with OpenMP)
+}
+
+Result<Tensor> CpuBackend::Alloc(const Shape& shape, DType dtype) {
+  for (int64_t d : shape.dims) {
+    if (d < 0) return Status::Error("Alloc: negative dimension in shape " + shape.ToString());
+  }
+  const size_t bytes = size_t(shape.numel()) * DTypeBytes(dtype);
+  const std::string what = std::string("Alloc ") + shape.ToString() + " " + ToString(dtype);
+  const size_t now = counters_->current.fetch_add(bytes) + bytes;
+  if (options_.capacity_bytes != 0 && now > options_.capacity_bytes) {
+    counters_->current.fetch_sub(bytes);
+    return Status::Error(what + ": " + std::to_string(bytes) + " bytes do not fit (" +
+                         std::to_string(now - bytes) + " in use of a " +
+                         std::to_string(options_.capacity_bytes) + "-byte capacity)");
+  }
+  const size_t rounded =
+      std::max(kAlignBytes, (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes);
+  void* data = std::aligned_alloc(kAlignBytes, rounded);
+  if (data == nullptr) {
+    counters_->current.fetch_sub(bytes);
+    return Status::Error(what + ": out of host memory for " + std::to_string(bytes) + " bytes");
+  }
+  std::memset(data, 0, rounded);
+  size_t peak = counters_->peak.load();
+  while (now > peak && !counters_->peak.compare_exchange_weak(peak, now)) {
+  }
+  std::shared_ptr<Counters> counters = counters_;
+  auto release = [counters](void* p, size_t n) {
+    std::free(p);
+    counters->current.fetch_sub(n);
+  };
+  return Tensor(std::make_shared<Buffer>(data, bytes, release), shape, dtype);
+}
+
+size_t CpuBackend::CurrentBytes() const { return counters_->current.load(); }
+size_t CpuBackend::PeakBytes() const { return counters_->peak.load(); }
+void CpuBackend::ResetPeak() { counters_->peak.store(counters_->current.load()); }
+
+// ---- host transfer --------------------------------------------------------------------------
+
+Status CpuBackend::CopyFromHost(const float* src, Tensor& dst) {
+  std::memcpy(MutF32(dst), src, dst.bytes());
+  return Status::Ok();
+}
+
+Status CpuBackend::CopyFromHost(const int32_t* src, Tensor& dst) {
+  assert(dst.dtype() == DType::kI32);
+  std::memcpy(dst.data(), src, dst.bytes());
+  return Status::Ok();
+}
+
+Status CpuBackend::CopyToHost(const Tensor& src, float* dst) {
+  std::memcpy(dst, F32(src), src.bytes());
+  return Status::Ok();
+}
+
+Status CpuBackend::CopyToHost(const Tensor& src, int32_t* dst) {
+  std::memcpy(dst, I32(src), src.bytes());
+  return Status::Ok();
+}
+
+// ---- GEMM -----------------------------------------------------------------------------------
+
+void CpuBackend::Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                        float alpha, float beta) {
+  assert(Rows(c) == (trans_a ? Cols(a) : Rows(a)) && Cols(c) == (trans_b ? Rows(b) : Cols(b)));
+  Gemm(F32(a), Rows(a), Cols(a), trans_a, F32(b), Rows(b), Cols(b), trans_b, MutF32(c), alpha,
+       beta);
+}
+
+void CpuBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                               Tensor& c, float alpha, float beta) {
+  assert(a.shape().rank() == 3 && b.shape().rank() == 3 && c.shape().rank() == 3);
+  assert(a.shape()[0] == b.shape()[0] && a.shape()[0] == c.shape()[0]);
+  const int64_t L = a.shape()[0];
+  const int64_t ar = a.shape()[1], ac = a.shape()[2], br = b.shape()[1], bc = b.shape()[2];
+  assert(c.shape()[1] == (trans_a ? ac : ar) && c.shape()[2] == (trans_b ? br : bc));
+  const float* pa = F32(a);
+  const float* pb = F32(b);
+  float* pc = MutF32(c);
+  for (int64_t l = 0; l < L; ++l) {
+    Gemm(pa + l * ar * ac, ar, ac, trans_a, pb + l * br * bc, br, bc, trans_b,
+         pc + l * c.shape()[1] * c.shape()[2], alpha, beta);
+  }
+}
+
+// ---- bias -----------------------------------------------------------------------------------
+
+void CpuBackend::AddBias(Tensor& y, const Tensor& bias) {
+  const int64_t N = Rows(y), C = Cols(y);
+  assert(bias.numel() == C);
+  float* out = MutF32(y);
+  const float* bb = F32(bias);
+  for (int64_t n = 0; n < N; ++n) {
+    float* row = out + n * C;
+    for (int64_t i = 0; i < C; ++i) row[i] += bb[i];
+  }
+}
+
+void CpuBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
+  const int64_t N = Rows(dy), C = Cols(dy);
+  assert(dbias.numel() == C);
+  const float* g = F32(dy);
+  float* db = MutF32(dbias);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = g + n * C;
+    for (int64_t i = 0; i < C; ++i) db[i] += row[i];
+  }
+}
+
+// ---- LayerNorm ------------------------------------------------------------------------------
+
+void CpuBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                  float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const int64_t N = Rows(x), C = Cols(x);
+  assert(y.numel() == x.numel() && gamma.numel() == C && beta.numel() == C);
+  assert(mean.numel() == N && rstd.numel() == N);
+  const float* in = F32(x);
+  const float* w = F32(gamma);
+  const float* bb = F32(beta);
+  float* out = MutF32(y);
+  float* mu = MutF32(mean);
+  float* rs = MutF32(rstd);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = in + n * C;  // (C)
+    double sum = 0.0;
+    for (int64_t i = 0; i < C; ++i) sum += xr[i];
+    const float m = float(sum / double(C));
+    double var = 0.0;
+    for (int64_t i = 0; i < C; ++i) {
+      const double dx = double(xr[i] - m);
+      var += dx * dx;
+    }
+    const float s = 1.0f / std::sqrt(float(var / double(C)) + eps);
+    float* yr = out + n * C;  // written after xr is read: y may alias x
+    for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - m) * s * w[i] + bb[i];
+    mu[n] = m;
+    rs[n] = s;
+  }
+}
+
+void CpuBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                   const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                   Tensor& dgamma, Tensor& dbeta) {
+  const int64_t N = Rows(x), C = Cols(x);
+  assert(dy.numel() == x.numel() && dx.numel() == x.numel());
+  assert(gamma.numel() == C && dgamma.numel() == C && dbeta.numel() == C);
+  assert(mean.numel() == N && rstd.numel() == N);
+  const float* g = F32(dy);
+  const float* in = F32(x);
+  const float* w = F32(gamma);
+  const float* mu = F32(mean);
+  const float* rs = F32(rstd);
+  float* dinp = MutF32(dx);
+  float* dw = MutF32(dgamma);
+  float* db = MutF32(dbeta);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* gr = g + n * C;
+    const float* xr = in + n * C;
+    float* dr = dinp + n * C;
+    const float m = mu[n], s = rs[n];
+    // The two reductions of the LN backward: mean(w * dy) and mean(w * dy * xhat).
+    double dnorm_sum = 0.0, dnorm_norm_sum = 0.0;
+    for (int64_t i = 0; i < C; ++i) {
+      const float xhat = (xr[i] - m) * s;
+      const float dnorm = w[i] * gr[i];
+      dnorm_sum += dnorm;
+      dnorm_norm_sum += double(dnorm) * xhat;
+    }
+    const float dnorm_mean = float(dnorm_sum / double(C));
+    const float dnorm_norm_mean = float(dnorm_norm_sum / double(C));
+    for (int64_t i = 0; i < C; ++i) {
+      const float xhat = (xr[i] - m) * s;
+      const float dnorm = w[i] * gr[i];
+      db[i] += gr[i];
+      dw[i] += xhat * gr[i];
+      dr[i] += (dnorm - dnorm_mean - xhat * dnorm_norm_mean) * s;
+    }
+  }
+}
+
+// ---- GeLU -----------------------------------------------------------------------------------
+
+void CpuBackend::GeluForward(const Tensor& x, Tensor& y) {
+  assert(y.numel() == x.numel());
+  const float* in = F32(x);
+  float* out = MutF32(y);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+    const float v = in[i];
+    const float cube = 0.044715f * v * v * v;
+    out[i] = 0.5f * v * (1.0f + std::tanh(kGeluScale * (v + cube)));
+  }
+}
+
+void CpuBackend::GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  assert(dy.numel() == x.numel() && dx.numel() == x.numel());
+  const float* g = F32(dy);
+  const float* in = F32(x);
+  float* out = MutF32(dx);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+    const float v = in[i];
+    const float t = std::tanh(kGeluScale * (v + 0.044715f * v * v * v));
+    const float sech2 = 1.0f - t * t;
+    const float local =
+        0.5f * (1.0f + t) + 0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
+    out[i] = local * g[i];
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+Shape CpuBackend::AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const {
+  return Shape{b, nh, s, s};
+}
+
+// Per batch bi and head j, with Q, K, V the (s, d) blocks of qkv and P a (s, s) slice of saved:
+//   P = softmax(Q K^T / sqrt(d)), causal (P = 0 above the diagonal);  O = P V.
+void CpuBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,
+                                  Tensor& saved) {
+  int64_t b = 0, s = 0;
+  BatchSeq(qkv, order, &b, &s);
+  const int64_t A = Cols(qkv) / 3, d = A / nh;
+  assert(Cols(qkv) == 3 * A && A == nh * d && out.numel() == b * s * A);
+  assert(saved.shape() == AttentionSavedShape(b, s, nh));
+  const float scale = 1.0f / std::sqrt(float(d));
+  const float* in = F32(qkv);
+  float* o = MutF32(out);
+  float* att = MutF32(saved);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const RowLayout lin = HeadRows(order, bi, b, s, 3 * A);
+    const RowLayout lout = HeadRows(order, bi, b, s, A);
+    for (int64_t j = 0; j < nh; ++j) {
+      const float* q = in + lin.base + j * d;
+      ConstStrided Q(q, s, d, Eigen::OuterStride<>(lin.stride));
+      ConstStrided K(q + A, s, d, Eigen::OuterStride<>(lin.stride));
+      ConstStrided V(q + 2 * A, s, d, Eigen::OuterStride<>(lin.stride));
+      MutMap P(att + (bi * nh + j) * s * s, s, s);
+      P.noalias() = Q * K.transpose();  // (s, s) pre-softmax scores, unscaled
+      for (int64_t t = 0; t < s; ++t) {
+        float* p = P.data() + t * s;  // row t sees positions 0..t
+        float maxv = -std::numeric_limits<float>::infinity();
+        for (int64_t u = 0; u <= t; ++u) maxv = std::max(maxv, p[u] * scale);
+        double sum = 0.0;
+        for (int64_t u = 0; u <= t; ++u) {
+          p[u] = std::exp(p[u] * scale - maxv);
+          sum += p[u];
+        }
+        const float inv = float(1.0 / sum);
+        for (int64_t u = 0; u <= t; ++u) p[u] *= inv;
+        for (int64_t u = t + 1; u < s; ++u) p[u] = 0.0f;
+      }
+      MutStrided O(o + lout.base + j * d, s, d, Eigen::OuterStride<>(lout.stride));
+      O.noalias() = P.triangularView<Eigen::Lower>() * V;
+    }
+  }
+}
+
+// With dO the (s, d) gradient of O:
+//   dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP)) / sqrt(d);
+//   dQ = dS K;  dK = dS^T Q   (dS lower-triangular, like P).
+void CpuBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved,
+                                   int64_t nh, TokenOrder order, Tensor& dqkv) {
+  int64_t b = 0, s = 0;
+  BatchSeq(qkv, order, &b, &s);
+  const int64_t A = Cols(qkv) / 3, d = A / nh;
+  assert(A == nh * d && dout.numel() == b * s * A && dqkv.shape() == qkv.shape());
+  assert(saved.shape() == AttentionSavedShape(b, s, nh));
+  const float scale = 1.0f / std::sqrt(float(d));
+  const float* in = F32(qkv);
+  const float* g = F32(dout);
+  const float* att = F32(saved);
+  float* dinp = MutF32(dqkv);
+  scratch_.resize(size_t(s * s));
+  MutMap dP(scratch_.data(), s, s);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const RowLayout lin = HeadRows(order, bi, b, s, 3 * A);
+    const RowLayout lout = HeadRows(order, bi, b, s, A);
+    for (int64_t j = 0; j < nh; ++j) {
+      const Eigen::OuterStride<> st_in(lin.stride), st_out(lout.stride);
+      const float* q = in + lin.base + j * d;
+      ConstStrided Q(q, s, d, st_in), K(q + A, s, d, st_in), V(q + 2 * A, s, d, st_in);
+      float* dq = dinp + lin.base + j * d;
+      MutStrided dQ(dq, s, d, st_in), dK(dq + A, s, d, st_in), dV(dq + 2 * A, s, d, st_in);
+      ConstStrided dO(g + lout.base + j * d, s, d, st_out);
+      ConstMap P(att + (bi * nh + j) * s * s, s, s);
+      dV.noalias() = P.transpose().triangularView<Eigen::Upper>() * dO;
+      dP.noalias() = dO * V.transpose();
+      for (int64_t t = 0; t < s; ++t) {
+        const float* p = P.data() + t * s;
+        float* dp = dP.data() + t * s;  // becomes dS in place
+        double dot = 0.0;
+        for (int64_t u = 0; u <= t; ++u) dot += double(p[u]) * dp[u];
+        const float fdot = float(dot);
+        for (int64_t u = 0; u <= t; ++u) dp[u] = p[u] * (dp[u] - fdot) * scale;
+      }
+      dQ.noalias() = dP.triangularView<Eigen::Lower>() * K;
+      dK.noalias() = dP.transpose().triangularView<Eigen::Upper>() * Q;
+    }
+  }
+}
+
+// ---- vocab-parallel embedding ---------------------------------------------------------------
+
+void CpuBackend::EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,
+                                  Tensor& out) {
+  const int64_t N = tokens.numel(), V = Rows(table), h = Cols(table);
+  assert(out.numel() == N * h);
+  const int32_t* tok = I32(tokens);
+  const float* w = F32(table);
+  float* o = MutF32(out);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t row = int64_t(tok[n]) - vocab_start;
+    float* orow = o + n * h;
+    if (row >= 0 && row < V) {
+      std::memcpy(orow, w + row * h, size_t(h) * sizeof(float));
+    } else {
+      std::fill(orow, orow + h, 0.0f);
+    }
+  }
+}
+
+void CpuBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int64_t vocab_start,
+                                   Tensor& dtable) {
+  const int64_t N = tokens.numel(), V = Rows(dtable), h = Cols(dtable);
+  assert(dout.numel() == N * h);
+  const int32_t* tok = I32(tokens);
+  const float* g = F32(dout);
+  float* dw = MutF32(dtable);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t row = int64_t(tok[n]) - vocab_start;
+    if (row < 0 || row >= V) continue;
+    const float* grow = g + n * h;
+    float* drow = dw + row * h;
+    for (int64_t i = 0; i < h; ++i) drow[i] += grow[i];
+  }
+}
+
+// ---- vocab-parallel cross entropy -----------------------------------------------------------
+
+void CpuBackend::CrossEntropyMax(const Tensor& logits, Tensor& row_max) {
+  const int64_t N = Rows(logits), V = Cols(logits);
+  assert(row_max.numel() == N);
+  const float* l = F32(logits);
+  float* mx = MutF32(row_max);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* lr = l + n * V;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t v = 0; v < V; ++v) m = std::max(m, lr[v]);
+    mx[n] = m;
+  }
+}
+
+void CpuBackend::CrossEntropySumExp(const Tensor& logits, const Tensor& row_max, Tensor& sum_exp) {
+  const int64_t N = Rows(logits), V = Cols(logits);
+  assert(row_max.numel() == N && sum_exp.numel() == N);
+  const float* l = F32(logits);
+  const float* mx = F32(row_max);
+  float* se = MutF32(sum_exp);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* lr = l + n * V;
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(lr[v] - mx[n]);
+    se[n] = float(sum);
+  }
+}
+
+void CpuBackend::CrossEntropyTarget(const Tensor& logits, const Tensor& targets,
+                                    int64_t vocab_start, Tensor& target_logit) {
+  const int64_t N = Rows(logits), V = Cols(logits);
+  assert(targets.numel() == N && target_logit.numel() == N);
+  const float* l = F32(logits);
+  const int32_t* tgt = I32(targets);
+  float* z = MutF32(target_logit);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t v = int64_t(tgt[n]) - vocab_start;
+    z[n] = (v >= 0 && v < V) ? l[n * V + v] : 0.0f;
+  }
+}
+
+void CpuBackend::CrossEntropyLoss(const Tensor& row_max, const Tensor& sum_exp,
+                                  const Tensor& target_logit, Tensor& loss) {
+  const int64_t N = row_max.numel();
+  assert(sum_exp.numel() == N && target_logit.numel() == N && loss.numel() == N);
+  const float* mx = F32(row_max);
+  const float* se = F32(sum_exp);
+  const float* z = F32(target_logit);
+  float* out = MutF32(loss);
+  for (int64_t n = 0; n < N; ++n) out[n] = std::log(se[n]) + mx[n] - z[n];
+}
+
+void CpuBackend::CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
+                                      int64_t vocab_start, const Tensor& row_max,
+                                      const Tensor& sum_exp, float scale, Tensor& dlogits) {
+  const int64_t N = Rows(logits), V = Cols(logits);
+  assert(targets.numel() == N && row_max.numel() == N && sum_exp.numel() == N);
+  assert(dlogits.numel() == logits.numel());
+  const float* l = F32(logits);
+  const int32_t* tgt = I32(targets);
+  const float* mx = F32(row_max);
+  const float* se = F32(sum_exp);
+  float* dl = MutF32(dlogits);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* lr = l + n * V;
+    float* dr = dl + n * V;  // element v is read before it is written: may alias
+    const float inv = 1.0f / se[n];
+    const int64_t target = int64_t(tgt[n]) - vocab_start;
+    for (int64_t v = 0; v < V; ++v) {
+      const float p = std::exp(lr[v] - mx[n]) * inv;
+      dr[v] = (p - (v == target ? 1.0f : 0.0f)) * scale;
+    }
+  }
+}
+
+// ---- element-wise and reductions ------------------------------------------------------------
+
+void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
+  assert(a.numel() == out.numel() && b.numel() == out.numel());
+  const float* pa = F32(a);
+  const float* pb = F32(b);
+  float* o = MutF32(out);
+  for (int64_t i = 0, n = out.numel(); i < n; ++i) o[i] = pa[i] + pb[i];
+}
+
+void CpuBackend::Axpy(float alpha, const Tensor& x, Tensor& y) {
+  assert(x.numel() == y.numel());
+  const float* px = F32(x);
+  float* py = MutF32(y);
+  for (int64_t i = 0, n = y.numel(); i < n; ++i) py[i] += alpha * px[i];
+}
+
+void CpuBackend::Scale(float alpha, Tensor& x) {
+  float* p = MutF32(x);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] *= alpha;
+}
+
+void CpuBackend::Fill(float value, Tensor& x) {
+  float* p = MutF32(x);
+  std::fill(p, p + x.numel(), value);
+}
+
+void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
+  assert(src.dtype() == dst.dtype() && src.numel() == dst.numel());
+  std::memmove(dst.data(), src.data(), src.bytes());
+}
+
+void CpuBackend::SumSquares(const Tensor& x, Tensor& out) {
+  assert(out.numel() == 1);
+  const float* p = F32(x);
+  double sum = 0.0;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) sum += double(p[i]) * p[i];
+  MutF32(out)[0] += float(sum);
+}
+
+void CpuBackend::Sum(const Tensor& x, Tensor& out) {
+  assert(out.numel() == 1);
+  const float* p = F32(x);
+  double sum = 0.0;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) sum += p[i];
+  MutF32(out)[0] += float(sum);
+}
+
+// ---- optimizer ------------------------------------------------------------------------------
+
+void CpuBackend::AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                       const AdamWConfig& cfg) {
+  assert(grad.numel() == param.numel() && m.numel() == param.numel() &&
+         v.numel() == param.numel() && cfg.step >= 1);
+  const float bc1 = 1.0f - std::pow(cfg.beta1, float(cfg.step));
+  const float bc2 = 1.0f - std::pow(cfg.beta2, float(cfg.step));
+  float* p = MutF32(param);
+  const float* g = F32(grad);
+  float* pm = MutF32(m);
+  float* pv = MutF32(v);
+  for (int64_t i = 0, n = param.numel(); i < n; ++i) {
+    const float gi = g[i] * cfg.grad_scale;
+    pm[i] = cfg.beta1 * pm[i] + (1.0f - cfg.beta1) * gi;
+    pv[i] = cfg.beta2 * pv[i] + (1.0f - cfg.beta2) * gi * gi;
+    const float m_hat = pm[i] / bc1;
+    const float v_hat = pv[i] / bc2;
+    p[i] -= cfg.lr * (m_hat / (std::sqrt(v_hat) + cfg.eps) + cfg.weight_decay * p[i]);
+  }
+}
+
+}  // namespace ptdp::rt

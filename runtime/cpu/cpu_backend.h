@@ -1,0 +1,102 @@
+// The CPU Backend: fp32 on host memory, GEMMs by Eigen, the other kernels as plain loops
+// (llm.c style). The reference every other backend is checked against.
+//
+// One CpuBackend per rank; ranks are threads, so each op runs on its caller's thread and uses no
+// threads of its own (Eigen is held to one thread): results are bit-identical run to run. The
+// memory counters are atomic and outlive the backend (a tensor may be freed after it).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace ptdp::rt {
+
+struct CpuBackendOptions {
+  // Alloc fails once CurrentBytes() would pass this many bytes (a GPU's memory, to rehearse
+  // "does not fit" on a CPU); 0 means no limit but the host's.
+  size_t capacity_bytes = 0;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(CpuBackendOptions options = {});
+
+  const char* Name() const override { return "cpu"; }
+
+  Result<Tensor> Alloc(const Shape& shape, DType dtype) override;
+  size_t CurrentBytes() const override;
+  size_t PeakBytes() const override;
+  void ResetPeak() override;
+  Status Synchronize() override { return Status::Ok(); }
+
+  Status CopyFromHost(const float* src, Tensor& dst) override;
+  Status CopyFromHost(const int32_t* src, Tensor& dst) override;
+  Status CopyToHost(const Tensor& src, float* dst) override;
+  Status CopyToHost(const Tensor& src, int32_t* dst) override;
+
+  void Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+              float alpha = 1.0f, float beta = 0.0f) override;
+  void MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                     float alpha = 1.0f, float beta = 0.0f) override;
+
+  void AddBias(Tensor& y, const Tensor& bias) override;
+  void BiasGrad(const Tensor& dy, Tensor& dbias) override;
+
+  void LayerNormForward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                        Tensor& y, Tensor& mean, Tensor& rstd) override;
+  void LayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
+
+  void GeluForward(const Tensor& x, Tensor& y) override;
+  void GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) override;
+
+  // Saves the softmax probabilities P (b, nh, s, s), zero above the diagonal.
+  Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const override;
+  void AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,
+                        Tensor& saved) override;
+  void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved, int64_t nh,
+                         TokenOrder order, Tensor& dqkv) override;
+
+  void EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,
+                        Tensor& out) override;
+  void EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int64_t vocab_start,
+                         Tensor& dtable) override;
+
+  void CrossEntropyMax(const Tensor& logits, Tensor& row_max) override;
+  void CrossEntropySumExp(const Tensor& logits, const Tensor& row_max, Tensor& sum_exp) override;
+  void CrossEntropyTarget(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                          Tensor& target_logit) override;
+  void CrossEntropyLoss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                        Tensor& loss) override;
+  void CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                            const Tensor& row_max, const Tensor& sum_exp, float scale,
+                            Tensor& dlogits) override;
+
+  void Add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void Axpy(float alpha, const Tensor& x, Tensor& y) override;
+  void Scale(float alpha, Tensor& x) override;
+  void Fill(float value, Tensor& x) override;
+  void Copy(const Tensor& src, Tensor& dst) override;
+  void SumSquares(const Tensor& x, Tensor& out) override;
+  void Sum(const Tensor& x, Tensor& out) override;
+
+  void AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+             const AdamWConfig& cfg) override;
+
+ private:
+  // Shared with every Buffer's release function, so a tensor may outlive the backend.
+  struct Counters {
+    std::atomic<size_t> current{0};
+    std::atomic<size_t> peak{0};
+  };
+  CpuBackendOptions options_;
+  std::shared_ptr<Counters> counters_;
+  std::vector<float> scratch_;  // (s, s): dP in the attention backward
+};
+
+}  // namespace ptdp::rt
