@@ -82,7 +82,7 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
                       Gemm(T, mlp_in / t, h, prec) + Gemm(T, h, M.ffn_hidden / t, prec);
   // Attention core: QK^T and AV, 4 b s_l s h / t FLOPs (Narayanan's 4 b s^2 h term).
   const double attn_flops = 4.0 * b * sl * s * h / t;
-  double attn = attn_flops / (peak16 * k_.attention_eff) +
+  const double attn = attn_flops / (peak16 * k_.attention_eff) +
                 b * (a / t) * sl * s * k_.softmax_bytes_per_score / hbm;
   const double ew_rep = l.sequence_parallel ? k_.elementwise_replicated / t
                                             : k_.elementwise_replicated;
@@ -100,9 +100,8 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
 
   // TP: 2 all-reduces of T*h elements forward and 2 backward (with SP the same bytes as
   // all-gather + reduce-scatter pairs); full recompute repeats the forward's 2.
-  const double exposed = l.tp_comm_overlap ? k_.tp_overlap_exposed : k_.tp_exposed;
   const double msg = T * h * act;
-  const double tp_one = l.tp > 1 ? Coll(Collective::kAllReduce, 1, l.tp, msg) * exposed : 0;
+  const double tp_one = l.tp > 1 ? Coll(Collective::kAllReduce, 1, l.tp, msg) * TpExposed(l) : 0;
   // CP: all-gather of this rank's K and V across c ranks (reduce-scatter of their grads in
   // backward), overlapped with the attention core (Megatron's ring attention).
   double cp_f = 0, cp_b = 0;
@@ -136,7 +135,7 @@ StageTimes AnalyticModel::Work(const Layout& l, double layers, bool embedding, b
   const double t = l.tp, T = double(l.micro_batch) * M.seq_len / l.cp, h = M.hidden;
   const double act = ActBytes(l.precision);
   const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
-  const double tp_exp = l.tp_comm_overlap ? k_.tp_overlap_exposed : k_.tp_exposed;
+  const double tp_exp = TpExposed(l);
   if (embedding) {  // embedding lookup (+ dropout) and its TP all-reduce (vocab-parallel)
     fc += 4.0 * T * h * act / hbm;
     bc += 4.0 * T * h * act / hbm;
