@@ -1,0 +1,422 @@
+// GptChunk: forward and backward of one GPT pipeline chunk over Backend + Communicator; see gpt.h
+// for the letters and the picture of a layer.
+#include "runtime/gpt.h"
+
+#include <cassert>
+#include <utility>
+
+namespace ptdp::rt {
+namespace {
+
+constexpr float kLnEps = 1e-5f;  // LayerNorm epsilon (GPT-2, Megatron)
+// Added to the logits of padded vocabulary rows: exp(kMaskedLogit - max) is exactly 0 in fp32,
+// so the padding never enters the softmax (the loss does not depend on the padding, i.e. on t),
+// and it stays finite so max and the sums never see an inf.
+constexpr float kMaskedLogit = -1e30f;
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+struct GptChunk::LayerRefs {
+  ChunkParam *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
+  ChunkParam *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+};
+
+struct GptChunk::LayerSaved {
+  Tensor x;                    // (sl*b, h) layer input
+  Tensor ln1_mean, ln1_rstd;   // (sl*b)
+  Tensor ln1_full;             // (s*b, h) LN1 output, gathered along s with SP
+  Tensor qkv;                  // (s*b, 3A)
+  Tensor att_saved;            // AttentionSavedShape
+  Tensor att;                  // (s*b, A)
+  Tensor x2;                   // (sl*b, h) after the attention residual
+  Tensor ln2_mean, ln2_rstd;   // (sl*b)
+  Tensor ln2_full;             // (s*b, h)
+  Tensor fc1;                  // (s*b, F) before GeLU
+  Tensor gelu;                 // (s*b, F)
+};
+
+struct GptChunk::Saved {
+  int64_t b = 0;                    // micro-batch size
+  Tensor tokens;                    // (s*b) i32 seq-first token ids (has_embedding)
+  Tensor positions;                 // (sl*b) i32 this rank's position ids (has_embedding)
+  std::vector<LayerSaved> layers;   // one per layer held
+  Tensor final_x;                   // (sl*b, h) input of the final LN (has_output)
+  Tensor lnf_mean, lnf_rstd;        // (sl*b)
+  Tensor lnf_full;                  // (s*b, h)
+  Tensor logits;                    // (s*b, Vl) masked
+  Tensor targets;                   // (s*b) i32 seq-first
+  Tensor row_max, sum_exp;          // (s*b) global over TP
+  float row_scale = 0.0f;           // dLoss / dloss[n] = loss_scale / (s*b)
+};
+
+GptChunk::GptChunk(const GptChunkConfig& cfg, Backend& backend, Communicator& tp_comm)
+    : cfg_(cfg), be_(backend), tp_comm_(tp_comm) {}
+
+GptChunk::~GptChunk() = default;
+
+Result<std::unique_ptr<GptChunk>> GptChunk::Create(const GptChunkConfig& cfg, Backend& backend,
+                                                   Communicator& tp_comm) {
+  const ModelSpec& m = cfg.model;
+  PTDP_RETURN_IF_ERROR(ValidateModel(m, "GptChunk"));
+  if (m.activation != Activation::kGelu || m.norm != Norm::kLayerNorm ||
+      m.position != PositionEmbedding::kLearned || !m.tied_embeddings || !m.bias ||
+      m.kv_heads != m.heads)
+    return Status::Error("GptChunk: model '" + m.name +
+                         "' is not GPT-shaped (needs gelu, layernorm, learned positions, tied "
+                         "embeddings, biases, kv_heads == heads)");
+  if (cfg.tp < 1 || cfg.tp_rank < 0 || cfg.tp_rank >= cfg.tp)
+    return Status::Error("GptChunk: tp rank " + Str(cfg.tp_rank) + " of tp " + Str(cfg.tp));
+  if (tp_comm.size() != cfg.tp || tp_comm.rank() != cfg.tp_rank)
+    return Status::Error("GptChunk: TP communicator is rank " + Str(tp_comm.rank()) + " of " +
+                         Str(tp_comm.size()) + ", config says rank " + Str(cfg.tp_rank) +
+                         " of " + Str(cfg.tp));
+  if (m.heads % cfg.tp != 0 || m.ffn_hidden % cfg.tp != 0)
+    return Status::Error("GptChunk: heads " + Str(m.heads) + " and ffn_hidden " +
+                         Str(m.ffn_hidden) + " must be divisible by tp " + Str(cfg.tp));
+  if (cfg.sequence_parallel && m.seq_len % cfg.tp != 0)
+    return Status::Error("GptChunk: sequence parallelism needs seq_len " + Str(m.seq_len) +
+                         " divisible by tp " + Str(cfg.tp));
+  if (cfg.first_layer < 0 || cfg.n_layers < 0 || cfg.first_layer + cfg.n_layers > m.layers)
+    return Status::Error("GptChunk: layers [" + Str(cfg.first_layer) + ", " +
+                         Str(cfg.first_layer + cfg.n_layers) + ") outside the model's " +
+                         Str(m.layers));
+  std::unique_ptr<GptChunk> c(new GptChunk(cfg, backend, tp_comm));
+  PTDP_RETURN_IF_ERROR(c->Init());
+  return c;
+}
+
+Status GptChunk::Init() {
+  const ModelSpec& m = cfg_.model;
+  const int t = cfg_.tp;
+  h_ = m.hidden;
+  s_ = m.seq_len;
+  sl_ = cfg_.sequence_parallel ? s_ / t : s_;
+  nh_ = m.heads / t;
+  attn_ = nh_ * m.head_dim();
+  ffn_ = m.ffn_hidden / t;
+  vocab_local_ = m.padded_vocab(t) / t;
+  vocab_start_ = cfg_.tp_rank * vocab_local_;
+
+  const int last = cfg_.first_layer + cfg_.n_layers;
+  for (const ParamSpec& p : GptParams(m, t)) {
+    bool held = false;
+    if (p.name == "embedding.word") held = cfg_.has_embedding || cfg_.has_output;
+    else if (p.name == "embedding.position") held = cfg_.has_embedding;
+    else if (p.layer >= 0) held = p.layer >= cfg_.first_layer && p.layer < last;
+    else held = cfg_.has_output;  // final_ln.*
+    if (!held) continue;
+    ChunkParam cp;
+    cp.spec = p;
+    const std::vector<int64_t> local = LocalShape(p, t);
+    PTDP_ASSIGN_OR_RETURN(cp.value, F32(Shape(local)));
+    PTDP_ASSIGN_OR_RETURN(cp.grad, F32(Shape(local)));
+    std::vector<float> host(size_t(cp.value.numel()));
+    InitShard(p, cfg_.seed, t, cfg_.tp_rank, host.data());
+    PTDP_RETURN_IF_ERROR(be_.CopyFromHost(host.data(), cp.value));
+    cp.tp_partial_grad = cfg_.sequence_parallel && p.shard == ShardKind::kReplicated;
+    params_.push_back(std::move(cp));
+  }
+  // params_ is final: pointers into it stay valid.
+  word_ = Find("embedding.word");
+  position_ = Find("embedding.position");
+  final_w_ = Find("final_ln.weight");
+  final_b_ = Find("final_ln.bias");
+  for (int l = cfg_.first_layer; l < last; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    layers_.push_back({Find(p + "ln1.weight"), Find(p + "ln1.bias"), Find(p + "attn.qkv.weight"),
+                       Find(p + "attn.qkv.bias"), Find(p + "attn.proj.weight"),
+                       Find(p + "attn.proj.bias"), Find(p + "ln2.weight"), Find(p + "ln2.bias"),
+                       Find(p + "mlp.fc1.weight"), Find(p + "mlp.fc1.bias"),
+                       Find(p + "mlp.fc2.weight"), Find(p + "mlp.fc2.bias")});
+  }
+  if (cfg_.has_output) {
+    std::vector<float> mask(size_t(vocab_local_), 0.0f);
+    for (int64_t v = 0; v < vocab_local_; ++v)
+      if (vocab_start_ + v >= m.vocab) mask[size_t(v)] = kMaskedLogit;
+    PTDP_ASSIGN_OR_RETURN(vocab_mask_, F32({vocab_local_}));
+    PTDP_RETURN_IF_ERROR(be_.CopyFromHost(mask.data(), vocab_mask_));
+  }
+  return Status::Ok();
+}
+
+ChunkParam* GptChunk::Find(const std::string& name) {
+  for (ChunkParam& p : params_)
+    if (p.spec.name == name) return &p;
+  return nullptr;
+}
+
+void GptChunk::ZeroGrads() {
+  for (ChunkParam& p : params_) be_.Fill(0.0f, p.grad);
+}
+
+Status GptChunk::FinalizeTpGrads() {
+  if (!cfg_.sequence_parallel || cfg_.tp == 1) return Status::Ok();
+  for (ChunkParam& p : params_)
+    if (p.tp_partial_grad) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(p.grad, ReduceOp::kSum));
+  return Status::Ok();
+}
+
+void GptChunk::Release(int slot) { saved_.erase(slot); }
+
+// ---- helpers -------------------------------------------------------------------------------
+
+Result<Tensor> GptChunk::F32(const Shape& shape) { return be_.Alloc(shape, DType::kF32); }
+
+// (b, s) batch-first ids -> (s*b) seq-first ids. Through the host: ids are b*s integers, and the
+// Backend has no transpose.
+Result<Tensor> GptChunk::SeqFirstIds(const Tensor& ids_bs) {
+  assert(ids_bs.dtype() == DType::kI32 && ids_bs.shape().rank() == 2 && ids_bs.shape()[1] == s_);
+  const int64_t b = ids_bs.shape()[0];
+  std::vector<int32_t> bs(size_t(b * s_)), sb(size_t(b * s_));
+  PTDP_RETURN_IF_ERROR(be_.CopyToHost(ids_bs, bs.data()));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t ti = 0; ti < s_; ++ti) sb[size_t(ti * b + bi)] = bs[size_t(bi * s_ + ti)];
+  PTDP_ASSIGN_OR_RETURN(Tensor out, be_.Alloc({b * s_}, DType::kI32));
+  PTDP_RETURN_IF_ERROR(be_.CopyFromHost(sb.data(), out));
+  return out;
+}
+
+// This rank's position ids (sl*b) i32: row t*b + bi of the full sequence holds t.
+Result<Tensor> GptChunk::PositionIds(int64_t b) {
+  if (position_ids_b_ != b) {
+    std::vector<int32_t> ids(size_t(s_ * b));
+    for (int64_t ti = 0; ti < s_; ++ti)
+      for (int64_t bi = 0; bi < b; ++bi) ids[size_t(ti * b + bi)] = int32_t(ti);
+    PTDP_ASSIGN_OR_RETURN(position_ids_, be_.Alloc({s_ * b}, DType::kI32));
+    PTDP_RETURN_IF_ERROR(be_.CopyFromHost(ids.data(), position_ids_));
+    position_ids_b_ = b;
+  }
+  const int64_t first = cfg_.sequence_parallel ? cfg_.tp_rank * sl_ * b : 0;
+  return position_ids_.View({sl_ * b}, first);
+}
+
+Result<Tensor> GptChunk::GatherSeq(const Tensor& x) {
+  if (!cfg_.sequence_parallel || cfg_.tp == 1) return x;
+  PTDP_ASSIGN_OR_RETURN(Tensor full, F32({x.shape()[0] * cfg_.tp, x.shape()[1]}));
+  PTDP_RETURN_IF_ERROR(tp_comm_.AllGather(x, full));
+  return full;
+}
+
+Result<Tensor> GptChunk::ReduceSeq(Tensor& partial) {
+  if (cfg_.tp == 1) return partial;
+  if (!cfg_.sequence_parallel) {
+    PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(partial, ReduceOp::kSum));
+    return partial;
+  }
+  PTDP_ASSIGN_OR_RETURN(Tensor local, F32({partial.shape()[0] / cfg_.tp, partial.shape()[1]}));
+  PTDP_RETURN_IF_ERROR(tp_comm_.ReduceScatter(partial, local, ReduceOp::kSum));
+  return local;
+}
+
+// ---- forward ---------------------------------------------------------------------------------
+
+Result<Tensor> GptChunk::Forward(int slot, const Tensor& input, const Tensor& targets,
+                                 float loss_scale) {
+  if (saved_.count(slot))
+    return Status::Error("GptChunk::Forward: micro-batch slot " + Str(slot) + " is in flight");
+  auto sv = std::make_unique<Saved>();
+  Tensor x;  // (sl*b, h)
+  if (cfg_.has_embedding) {
+    assert(input.dtype() == DType::kI32 && input.shape().rank() == 2);
+    sv->b = input.shape()[0];
+    PTDP_ASSIGN_OR_RETURN(x, EmbedForward(input, *sv));
+  } else {
+    assert(input.dtype() == DType::kF32 && input.numel() % (sl_ * h_) == 0);
+    sv->b = input.numel() / (sl_ * h_);
+    PTDP_ASSIGN_OR_RETURN(x, F32({sl_ * sv->b, h_}));
+    be_.Copy(input, x);
+  }
+  sv->layers.resize(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    PTDP_ASSIGN_OR_RETURN(x, LayerForward(layers_[l], x, sv->b, sv->layers[l]));
+  }
+  Tensor out = x.View({sl_, sv->b, h_});
+  if (cfg_.has_output) {
+    PTDP_ASSIGN_OR_RETURN(out, OutputForward(x, targets, loss_scale, *sv));
+  }
+  saved_[slot] = std::move(sv);
+  return out;
+}
+
+// Vocab-parallel lookup of the local rows, g (or SP reduce-scatter), plus positions.
+Result<Tensor> GptChunk::EmbedForward(const Tensor& tokens, Saved& sv) {
+  const int64_t b = sv.b, n = s_ * b;
+  PTDP_ASSIGN_OR_RETURN(sv.tokens, SeqFirstIds(tokens));
+  PTDP_ASSIGN_OR_RETURN(Tensor partial, F32({n, h_}));
+  be_.EmbeddingForward(sv.tokens, word_->value, vocab_start_, partial);
+  PTDP_ASSIGN_OR_RETURN(Tensor x, ReduceSeq(partial));  // (sl*b, h)
+  PTDP_ASSIGN_OR_RETURN(sv.positions, PositionIds(b));
+  PTDP_ASSIGN_OR_RETURN(Tensor pos, F32({sl_ * b, h_}));
+  be_.EmbeddingForward(sv.positions, position_->value, 0, pos);
+  be_.Add(x, pos, x);
+  return x;
+}
+
+Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64_t b,
+                                      LayerSaved& sv) {
+  const int64_t nl = sl_ * b, n = s_ * b;
+  sv.x = x;
+  // Attention: x2 = x + proj(attn(qkv(LN1(x)))).
+  PTDP_ASSIGN_OR_RETURN(Tensor ln1, F32({nl, h_}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln1_mean, F32({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln1_rstd, F32({nl}));
+  be_.LayerNormForward(x, w.ln1_w->value, w.ln1_b->value, kLnEps, ln1, sv.ln1_mean, sv.ln1_rstd);
+  PTDP_ASSIGN_OR_RETURN(sv.ln1_full, GatherSeq(ln1));
+  PTDP_ASSIGN_OR_RETURN(sv.qkv, F32({n, 3 * attn_}));
+  be_.Matmul(sv.ln1_full, false, w.qkv_w->value, true, sv.qkv);
+  be_.AddBias(sv.qkv, w.qkv_b->value);
+  PTDP_ASSIGN_OR_RETURN(sv.att_saved, F32(be_.AttentionSavedShape(b, s_, nh_)));
+  PTDP_ASSIGN_OR_RETURN(sv.att, F32({n, attn_}));
+  Tensor att3 = sv.att.View({s_, b, attn_});
+  be_.AttentionForward(sv.qkv.View({s_, b, 3 * attn_}), nh_, TokenOrder::kSeqFirst, att3,
+                       sv.att_saved);
+  PTDP_ASSIGN_OR_RETURN(Tensor proj, F32({n, h_}));
+  be_.Matmul(sv.att, false, w.proj_w->value, true, proj);
+  PTDP_ASSIGN_OR_RETURN(sv.x2, ReduceSeq(proj));
+  be_.AddBias(sv.x2, w.proj_b->value);
+  be_.Add(sv.x2, x, sv.x2);
+  // MLP: out = x2 + fc2(gelu(fc1(LN2(x2)))).
+  PTDP_ASSIGN_OR_RETURN(Tensor ln2, F32({nl, h_}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln2_mean, F32({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln2_rstd, F32({nl}));
+  be_.LayerNormForward(sv.x2, w.ln2_w->value, w.ln2_b->value, kLnEps, ln2, sv.ln2_mean,
+                       sv.ln2_rstd);
+  PTDP_ASSIGN_OR_RETURN(sv.ln2_full, GatherSeq(ln2));
+  PTDP_ASSIGN_OR_RETURN(sv.fc1, F32({n, ffn_}));
+  be_.Matmul(sv.ln2_full, false, w.fc1_w->value, true, sv.fc1);
+  be_.AddBias(sv.fc1, w.fc1_b->value);
+  PTDP_ASSIGN_OR_RETURN(sv.gelu, F32({n, ffn_}));
+  be_.GeluForward(sv.fc1, sv.gelu);
+  PTDP_ASSIGN_OR_RETURN(Tensor fc2, F32({n, h_}));
+  be_.Matmul(sv.gelu, false, w.fc2_w->value, true, fc2);
+  PTDP_ASSIGN_OR_RETURN(Tensor out, ReduceSeq(fc2));
+  be_.AddBias(out, w.fc2_b->value);
+  be_.Add(out, sv.x2, out);
+  return out;
+}
+
+// Final LN, (SP all-gather), local logits against the tied embedding shard, vocab-parallel CE.
+Result<Tensor> GptChunk::OutputForward(const Tensor& x, const Tensor& targets, float loss_scale,
+                                       Saved& sv) {
+  const int64_t nl = sl_ * sv.b, n = s_ * sv.b;
+  sv.final_x = x;
+  PTDP_ASSIGN_OR_RETURN(Tensor lnf, F32({nl, h_}));
+  PTDP_ASSIGN_OR_RETURN(sv.lnf_mean, F32({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.lnf_rstd, F32({nl}));
+  be_.LayerNormForward(x, final_w_->value, final_b_->value, kLnEps, lnf, sv.lnf_mean,
+                       sv.lnf_rstd);
+  PTDP_ASSIGN_OR_RETURN(sv.lnf_full, GatherSeq(lnf));
+  PTDP_ASSIGN_OR_RETURN(sv.logits, F32({n, vocab_local_}));
+  be_.Matmul(sv.lnf_full, false, word_->value, true, sv.logits);
+  be_.AddBias(sv.logits, vocab_mask_);
+  PTDP_ASSIGN_OR_RETURN(sv.targets, SeqFirstIds(targets));
+  const bool reduce = cfg_.tp > 1;
+  PTDP_ASSIGN_OR_RETURN(sv.row_max, F32({n}));
+  be_.CrossEntropyMax(sv.logits, sv.row_max);
+  if (reduce) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(sv.row_max, ReduceOp::kMax));
+  PTDP_ASSIGN_OR_RETURN(sv.sum_exp, F32({n}));
+  be_.CrossEntropySumExp(sv.logits, sv.row_max, sv.sum_exp);
+  if (reduce) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(sv.sum_exp, ReduceOp::kSum));
+  PTDP_ASSIGN_OR_RETURN(Tensor target_logit, F32({n}));
+  be_.CrossEntropyTarget(sv.logits, sv.targets, vocab_start_, target_logit);
+  if (reduce) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(target_logit, ReduceOp::kSum));
+  PTDP_ASSIGN_OR_RETURN(Tensor rows, F32({n}));
+  be_.CrossEntropyLoss(sv.row_max, sv.sum_exp, target_logit, rows);
+  PTDP_ASSIGN_OR_RETURN(Tensor loss, F32({1}));
+  be_.Sum(rows, loss);
+  sv.row_scale = loss_scale / float(n);
+  be_.Scale(sv.row_scale, loss);
+  return loss;
+}
+
+// ---- backward --------------------------------------------------------------------------------
+
+Result<Tensor> GptChunk::Backward(int slot, const Tensor& grad_output) {
+  auto it = saved_.find(slot);
+  if (it == saved_.end())
+    return Status::Error("GptChunk::Backward: micro-batch slot " + Str(slot) + " not in flight");
+  std::unique_ptr<Saved> sv = std::move(it->second);
+  saved_.erase(it);
+  Tensor dx;  // (sl*b, h)
+  if (cfg_.has_output) {
+    PTDP_ASSIGN_OR_RETURN(dx, OutputBackward(*sv));
+  } else {
+    assert(grad_output.numel() == sl_ * sv->b * h_);
+    dx = grad_output.View({sl_ * sv->b, h_});
+  }
+  for (size_t l = layers_.size(); l-- > 0;) {
+    PTDP_ASSIGN_OR_RETURN(dx, LayerBackward(layers_[l], dx, sv->b, sv->layers[l]));
+  }
+  if (cfg_.has_embedding) {
+    PTDP_RETURN_IF_ERROR(EmbedBackward(dx, *sv));
+    return Tensor();
+  }
+  return dx.View({sl_, sv->b, h_});
+}
+
+Result<Tensor> GptChunk::OutputBackward(const Saved& sv) {
+  const int64_t nl = sl_ * sv.b, n = s_ * sv.b;
+  Tensor dlogits = sv.logits;  // in place: the logits are not needed again
+  be_.CrossEntropyBackward(sv.logits, sv.targets, vocab_start_, sv.row_max, sv.sum_exp,
+                           sv.row_scale, dlogits);
+  be_.Matmul(dlogits, true, sv.lnf_full, false, word_->grad, 1.0f, 1.0f);
+  PTDP_ASSIGN_OR_RETURN(Tensor dlnf_full, F32({n, h_}));
+  be_.Matmul(dlogits, false, word_->value, false, dlnf_full);
+  PTDP_ASSIGN_OR_RETURN(Tensor dlnf, ReduceSeq(dlnf_full));  // f backward (SP: reduce-scatter)
+  PTDP_ASSIGN_OR_RETURN(Tensor dx, F32({nl, h_}));           // zeroed; LN backward adds
+  be_.LayerNormBackward(dlnf, sv.final_x, final_w_->value, sv.lnf_mean, sv.lnf_rstd, dx,
+                        final_w_->grad, final_b_->grad);
+  return dx;
+}
+
+// dout (sl*b, h) is read only; returns a new (sl*b, h) gradient of the layer input.
+Result<Tensor> GptChunk::LayerBackward(const LayerRefs& w, const Tensor& dout, int64_t b,
+                                       const LayerSaved& sv) {
+  const int64_t nl = sl_ * b, n = s_ * b;
+  // The residual passes dout to x2 (and on to x): dx accumulates in one buffer.
+  PTDP_ASSIGN_OR_RETURN(Tensor dx, F32({nl, h_}));
+  be_.Copy(dout, dx);
+  // MLP.
+  be_.BiasGrad(dout, w.fc2_b->grad);
+  PTDP_ASSIGN_OR_RETURN(Tensor dfc2, GatherSeq(dout));  // g backward (SP: all-gather)
+  be_.Matmul(dfc2, true, sv.gelu, false, w.fc2_w->grad, 1.0f, 1.0f);
+  PTDP_ASSIGN_OR_RETURN(Tensor dh, F32({n, ffn_}));
+  be_.Matmul(dfc2, false, w.fc2_w->value, false, dh);
+  be_.GeluBackward(dh, sv.fc1, dh);
+  be_.BiasGrad(dh, w.fc1_b->grad);
+  be_.Matmul(dh, true, sv.ln2_full, false, w.fc1_w->grad, 1.0f, 1.0f);
+  PTDP_ASSIGN_OR_RETURN(Tensor dln2_full, F32({n, h_}));
+  be_.Matmul(dh, false, w.fc1_w->value, false, dln2_full);
+  PTDP_ASSIGN_OR_RETURN(Tensor dln2, ReduceSeq(dln2_full));  // f backward
+  be_.LayerNormBackward(dln2, sv.x2, w.ln2_w->value, sv.ln2_mean, sv.ln2_rstd, dx,
+                        w.ln2_w->grad, w.ln2_b->grad);
+  // Attention.
+  be_.BiasGrad(dx, w.proj_b->grad);
+  PTDP_ASSIGN_OR_RETURN(Tensor dproj, GatherSeq(dx));  // without SP this is dx itself
+  be_.Matmul(dproj, true, sv.att, false, w.proj_w->grad, 1.0f, 1.0f);
+  PTDP_ASSIGN_OR_RETURN(Tensor datt, F32({n, attn_}));
+  be_.Matmul(dproj, false, w.proj_w->value, false, datt);
+  PTDP_ASSIGN_OR_RETURN(Tensor dqkv, F32({n, 3 * attn_}));
+  Tensor dqkv3 = dqkv.View({s_, b, 3 * attn_});
+  be_.AttentionBackward(datt.View({s_, b, attn_}), sv.qkv.View({s_, b, 3 * attn_}), sv.att_saved,
+                        nh_, TokenOrder::kSeqFirst, dqkv3);
+  be_.BiasGrad(dqkv, w.qkv_b->grad);
+  be_.Matmul(dqkv, true, sv.ln1_full, false, w.qkv_w->grad, 1.0f, 1.0f);
+  PTDP_ASSIGN_OR_RETURN(Tensor dln1_full, F32({n, h_}));
+  be_.Matmul(dqkv, false, w.qkv_w->value, false, dln1_full);
+  PTDP_ASSIGN_OR_RETURN(Tensor dln1, ReduceSeq(dln1_full));  // f backward
+  be_.LayerNormBackward(dln1, sv.x, w.ln1_w->value, sv.ln1_mean, sv.ln1_rstd, dx,
+                        w.ln1_w->grad, w.ln1_b->grad);
+  return dx;
+}
+
+Status GptChunk::EmbedBackward(const Tensor& dx, const Saved& sv) {
+  be_.EmbeddingBackward(dx, sv.positions, 0, position_->grad);
+  PTDP_ASSIGN_OR_RETURN(Tensor dfull, GatherSeq(dx));  // g backward (SP: all-gather)
+  be_.EmbeddingBackward(dfull, sv.tokens, vocab_start_, word_->grad);
+  return Status::Ok();
+}
+
+}  // namespace ptdp::rt

@@ -1,0 +1,149 @@
+// GptChunk: one pipeline chunk of the runtime's GPT model (pre-LN decoder, learned positions,
+// GeLU MLP, causal multi-head attention, final LN, output tied to the word embedding), written
+// once against Backend + Communicator. Tensor parallelism is Megatron's: column-parallel QKV and
+// fc1, row-parallel proj and fc2, the f and g operators, vocab-parallel embedding and cross
+// entropy (full logits never gathered), optional sequence parallelism.
+//
+// Letters: b micro-batch, s sequence, h hidden, t TP size, sl = s/t with SP else s,
+// A = h/t (local attention width), F = ffn/t, Vl = padded vocabulary / t.
+// Activations are kSeqFirst, (s, b, h) row-major (Megatron), so an SP chunk is rows
+// [r*sl*b, (r+1)*sl*b) of the full activation and the SP all-gather / reduce-scatter run along
+// dimension 0.
+//
+//   x --LN1--[SP all-gather | f]--QKV--attn--proj--[SP reduce-scatter | g]--(+x)--> x2
+//   x2 --LN2--[SP all-gather | f]--fc1--GeLU--fc2--[SP reduce-scatter | g]--(+x2)--> out
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/model.h"
+#include "core/status.h"
+#include "runtime/backend.h"
+#include "runtime/communicator.h"
+#include "runtime/params.h"
+#include "runtime/tensor.h"
+
+namespace ptdp::rt {
+
+struct GptChunkConfig {
+  ModelSpec model;                 // GPT shape: gelu, layernorm, learned positions, tied, bias
+  int first_layer = 0;             // first transformer layer of the model held here
+  int n_layers = 0;                // layers [first_layer, first_layer + n_layers); may be 0
+  bool has_embedding = false;      // holds the word + position embedding (model's first stage)
+  bool has_output = false;         // holds final LN + tied output + loss (model's last stage)
+  int tp = 1;                      // TP size t (the TP communicator's size)
+  int tp_rank = 0;                 // this rank's index in the TP group
+  bool sequence_parallel = false;  // Megatron SP (needs s % t == 0)
+  uint64_t seed = 0;               // initialisation seed (InitShard)
+};
+
+// One parameter shard and its gradient.
+struct ChunkParam {
+  ParamSpec spec;               // global name, shape and sharding (GptParams at this t)
+  Tensor value;                 // this rank's shard, LocalShape(spec, t), fp32
+  Tensor grad;                  // same shape; Backward adds to it, ZeroGrads clears it
+  bool tp_partial_grad = false;  // with SP each TP rank holds a partial sum of this grad
+                                 // (LN, row-parallel biases, positions): FinalizeTpGrads sums
+};
+
+class GptChunk {
+ public:
+  // Allocates and initialises this rank's parameter shards (InitShard, so every layout starts
+  // from the same weights) and zeroed grads on `backend`. `tp_comm` is the TP group (size t,
+  // rank tp_rank). Both must outlive the chunk. Fails on a model or range this chunk cannot run
+  // (not GPT-shaped, heads % t, SP with s % t, layers out of range, communicator mismatch) or
+  // when the backend cannot allocate.
+  static Result<std::unique_ptr<GptChunk>> Create(const GptChunkConfig& cfg, Backend& backend,
+                                                  Communicator& tp_comm);
+  ~GptChunk();
+  GptChunk(const GptChunk&) = delete;
+  GptChunk& operator=(const GptChunk&) = delete;
+
+  // Runs micro-batch `slot` forward and keeps what its Backward needs until then (several slots
+  // may be in flight; a slot in flight is an error).
+  //  input: has_embedding: token ids (b, s) i32, batch-first as the DataLoader writes them;
+  //         otherwise the previous chunk's output (sl, b, h) fp32 (copied: the caller may reuse
+  //         it after the call).
+  //  targets: has_output only: (b, s) i32 next tokens; otherwise ignored (may be undefined).
+  //  loss_scale: has_output only: the loss is mean over the b*s tokens times loss_scale
+  //         (the executor passes 1/m, Megatron's loss / m).
+  // Returns the output activation (sl, b, h), or with has_output the loss, a (1) tensor equal
+  // on every TP rank. Fails when a collective fails or memory runs out.
+  Result<Tensor> Forward(int slot, const Tensor& input, const Tensor& targets, float loss_scale);
+
+  // Backward of micro-batch `slot` (then forgotten). grad_output: the gradient of the output
+  // (sl, b, h); ignored with has_output (the loss is the output). Adds to every parameter's
+  // grad. Returns the gradient of the input (sl, b, h), or an undefined Tensor with
+  // has_embedding. Fails on a slot not in flight, a failed collective or memory.
+  Result<Tensor> Backward(int slot, const Tensor& grad_output);
+
+  // Forgets a slot's saved state without a backward (forward-only evaluation). No-op if absent.
+  void Release(int slot);
+
+  // Sets every grad to zero (before the first micro-batch of a step).
+  void ZeroGrads();
+
+  // With SP and t > 1: all-reduces (SUM) over TP the grads marked tp_partial_grad, after the
+  // last Backward of a step (Megatron's finalize). Without SP those grads are already equal on
+  // every TP rank: nothing to do.
+  Status FinalizeTpGrads();
+
+  // This chunk's parameters in GptParams order: embedding.word (with has_embedding or
+  // has_output: one tensor for both uses when the chunk has both), embedding.position, the
+  // layers' parameters, final_ln.*.
+  // The Tensors are handles: an optimizer writes the values through them in place.
+  const std::vector<ChunkParam>& params() const { return params_; }
+  // The parameter named `name`, or nullptr when this chunk does not hold it.
+  ChunkParam* Find(const std::string& name);
+
+  const GptChunkConfig& config() const { return cfg_; }
+  // Micro-batches forwarded but not yet backwarded (or released).
+  size_t in_flight() const { return saved_.size(); }
+
+ private:
+  struct LayerRefs;   // a layer's parameters
+  struct LayerSaved;  // a layer's activations for backward
+  struct Saved;       // one micro-batch's activations
+
+  GptChunk(const GptChunkConfig& cfg, Backend& backend, Communicator& tp_comm);
+  Status Init();
+
+  Result<Tensor> F32(const Shape& shape);
+  Result<Tensor> SeqFirstIds(const Tensor& ids_bs);
+  Result<Tensor> PositionIds(int64_t b);
+  // SP: all-gather along s of (sl*b, C) -> (s*b, C); otherwise `x` itself (f forward).
+  Result<Tensor> GatherSeq(const Tensor& x);
+  // SP: reduce-scatter along s of (s*b, C) -> (sl*b, C); otherwise all-reduce in place (g).
+  Result<Tensor> ReduceSeq(Tensor& partial);
+
+  Result<Tensor> EmbedForward(const Tensor& tokens, Saved& sv);
+  Status EmbedBackward(const Tensor& dx, const Saved& sv);
+  Result<Tensor> LayerForward(const LayerRefs& w, const Tensor& x, int64_t b, LayerSaved& sv);
+  Result<Tensor> LayerBackward(const LayerRefs& w, const Tensor& dout, int64_t b,
+                               const LayerSaved& sv);
+  Result<Tensor> OutputForward(const Tensor& x, const Tensor& targets, float loss_scale,
+                               Saved& sv);
+  Result<Tensor> OutputBackward(const Saved& sv);
+
+  GptChunkConfig cfg_;
+  Backend& be_;
+  Communicator& tp_comm_;
+  int64_t h_ = 0, s_ = 0, sl_ = 0, nh_ = 0, attn_ = 0, ffn_ = 0, vocab_local_ = 0,
+          vocab_start_ = 0;
+  std::vector<ChunkParam> params_;
+  std::vector<LayerRefs> layers_;
+  ChunkParam* word_ = nullptr;       // embedding.word (Vl, h)
+  ChunkParam* position_ = nullptr;   // embedding.position (s, h)
+  ChunkParam* final_w_ = nullptr;    // final_ln.weight (h)
+  ChunkParam* final_b_ = nullptr;    // final_ln.bias (h)
+  Tensor vocab_mask_;                // (Vl): 0 for real rows, kMaskedLogit for padded rows
+  Tensor position_ids_;              // (s*b) i32, row t*b + bi holds t
+  int64_t position_ids_b_ = 0;       // the b position_ids_ was built for
+  std::map<int, std::unique_ptr<Saved>> saved_;  // micro-batches in flight, by slot
+};
+
+}  // namespace ptdp::rt
