@@ -23,6 +23,7 @@ Runner SetupSimulate(CLI::App* sub);
 Runner SetupTopo(CLI::App* sub);
 Runner SetupValidate(CLI::App* sub);
 Runner SetupReport(CLI::App* sub);
+Runner SetupTrain(CLI::App* sub);
 
 // Prints "ptdp: <message>" on stderr and returns 1.
 int Fail(const std::string& message);

@@ -33,6 +33,8 @@ const Command kCommands[] = {
      "ptdp report --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-13b.yaml "
      "--nodes 4 --global-batch 256 --html report.html   |   ptdp report plan.yaml --html report.html",
      SetupReport},
+    {"train", "train the plan's GPT with exactly its layout (CPU: ranks as threads)",
+     "ptdp train plan.yaml --backend cpu --steps 20 --out measured.json", SetupTrain},
 };
 
 }  // namespace

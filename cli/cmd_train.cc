@@ -1,0 +1,172 @@
+// `ptdp train plan.yaml --backend cpu`: trains the plan's GPT with exactly its layout (ranks as
+// threads on the CPU backend), prints a progress line per step and writes measured.json.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/units.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/thread_communicator.h"
+#include "runtime/data.h"
+#include "runtime/trainer.h"
+
+namespace ptdp::cli {
+namespace {
+
+struct TrainFlags {
+  std::string plan_file;
+  std::string backend = "cpu";
+  int steps = 10;
+  uint64_t seed = 1234;
+  std::string out;
+  std::string corpus = std::string(PTDP_SOURCE_DIR) + "/data/tinyshakespeare/input.txt";
+  double lr = 1e-3;
+  int warmup = 2;
+  int eval_windows = 16;
+  int max_ranks = 64;
+  double timeout_s = 120;
+};
+
+// What this machine is, for measured.json.
+nlohmann::json MachineJson(const std::string& backend) {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  std::string cpu;
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("model name", 0) == 0) { cpu = line.substr(line.find(':') + 2); break; }
+  return {{"hostname", host}, {"cpu", cpu}, {"cores", std::thread::hardware_concurrency()},
+          {"backend", backend}};
+}
+
+nlohmann::json StepJson(const rt::StepResult& s) {
+  return {{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm}, {"lr", s.lr},
+          {"step_time_s", s.step_time_s}, {"tokens_per_s", s.tokens_per_s}};
+}
+
+// Mean per-rank times over the steps after the first (which pays for warm-up), or over all
+// steps when there is only one.
+nlohmann::json RanksJson(const std::vector<rt::StepResult>& steps) {
+  const size_t first = steps.size() > 1 ? 1 : 0;
+  const size_t n = steps.size() - first;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < steps[0].ranks.size(); ++r) {
+    rt::RankTimes sum;
+    double peak = 0;
+    for (size_t i = first; i < steps.size(); ++i) {
+      const rt::RankTimes& t = steps[i].ranks[r];
+      sum.forward_s += t.forward_s; sum.backward_s += t.backward_s; sum.tp_comm_s += t.tp_comm_s;
+      sum.pp_wait_s += t.pp_wait_s; sum.dp_comm_s += t.dp_comm_s;
+      sum.optimizer_s += t.optimizer_s; sum.idle_s += t.idle_s;
+    }
+    for (const auto& s : steps) peak = std::max(peak, s.ranks[r].peak_memory_bytes);
+    ranks.push_back({{"rank", r}, {"forward_s", sum.forward_s / n}, {"backward_s", sum.backward_s / n},
+                     {"tp_comm_s", sum.tp_comm_s / n}, {"pp_wait_s", sum.pp_wait_s / n},
+                     {"dp_comm_s", sum.dp_comm_s / n}, {"optimizer_s", sum.optimizer_s / n},
+                     {"idle_s", sum.idle_s / n}, {"peak_memory_bytes", peak}});
+  }
+  return ranks;
+}
+
+int RunTrain(const TrainFlags& f) {
+  if (f.backend == "cuda")
+    return Fail("--backend cuda: this ptdp was built without the CUDA backend (see `ptdp info`)");
+  if (f.backend != "cpu") return Fail("--backend '" + f.backend + "': expected cpu or cuda");
+  if (f.steps <= 0 || f.steps > 1000000) return Fail("--steps " + std::to_string(f.steps) + " must be in 1..1000000");
+  if (!(f.lr > 0 && f.lr < 1)) return Fail("--lr " + std::to_string(f.lr) + " must be in (0, 1)");
+  if (f.warmup < 0) return Fail("--warmup must not be negative");
+  auto plan = LoadPlanFile(f.plan_file);
+  if (!plan.ok()) return Fail(plan.status().message());
+  const Layout& l = plan->layout;
+  if (l.world() > f.max_ranks)
+    return Fail(f.plan_file + ": " + std::to_string(l.world()) + " ranks is more than --max-ranks " +
+                std::to_string(f.max_ranks) + " threads");
+  auto corpus = rt::LoadCorpus(f.corpus, 0.1, plan->model.seq_len + 1);
+  if (!corpus.ok()) return Fail(corpus.status().message());
+  // Byte ids 0..255 must be valid tokens; a larger vocabulary is fine (unused rows).
+  if (plan->model.vocab < rt::ByteTokenizer::kVocab)
+    return Fail(f.plan_file + ": model.vocab " + std::to_string(plan->model.vocab) +
+                " is below the byte tokenizer's 256");
+
+  rt::TrainerConfig cfg;
+  cfg.model = plan->model;
+  cfg.layout = l;
+  cfg.seed = f.seed;
+  cfg.train_tokens = &corpus->train;
+  cfg.optimizer.lr = f.lr;
+  cfg.optimizer.min_lr = f.lr / 10;
+  cfg.optimizer.warmup_steps = f.warmup;
+  cfg.optimizer.decay_steps = std::max(1, f.steps - f.warmup);
+  rt::ThreadWorld world(l.world(), f.timeout_s);
+  auto trainer = rt::Trainer::Create(
+      cfg, [](int) { return std::make_unique<rt::CpuBackend>(); }, world);
+  if (!trainer.ok()) return Fail(f.plan_file + ": " + trainer.status().message());
+
+  std::printf("training %s with %s [%s], %s, on %d CPU rank threads, B %lld x s %lld, %d steps\n",
+              plan->model.name.c_str(), l.ShortName().c_str(), l.Knobs().c_str(),
+              ToString(l.schedule), l.world(), static_cast<long long>(l.global_batch),
+              static_cast<long long>(plan->model.seq_len), f.steps);
+  const std::vector<int32_t> val = rt::ValidationWindows(corpus->val, int(plan->model.seq_len), f.eval_windows);
+  std::vector<rt::StepResult> steps;
+  for (int i = 0; i < f.steps; ++i) {
+    auto s = (*trainer)->Step();
+    if (!s.ok()) return Fail("step " + std::to_string(i) + ": " + s.status().message());
+    if (!std::isfinite(s->loss)) return Fail("step " + std::to_string(i) + ": the loss is not finite");
+    std::printf("step %4lld/%d | loss %.4f | lr %.2e | grad norm %.3f | %8.1f ms | %8.0f tok/s\n",
+                static_cast<long long>(s->step + 1), f.steps, s->loss, s->lr, s->grad_norm,
+                s->step_time_s * 1e3, s->tokens_per_s);
+    std::fflush(stdout);
+    steps.push_back(*s);
+  }
+  const int windows = int(val.size() / size_t(plan->model.seq_len + 1));
+  auto val_loss = (*trainer)->Evaluate(val, windows);
+  if (!val_loss.ok()) return Fail("validation: " + val_loss.status().message());
+  std::printf("validation loss %.4f over %d windows of %lld tokens\n", *val_loss, windows,
+              static_cast<long long>(plan->model.seq_len));
+
+  if (!f.out.empty()) {
+    nlohmann::json j;
+    j["tool"] = "ptdp train";
+    j["plan"] = f.plan_file;
+    j["model"] = plan->model.name;
+    j["layout"] = LayoutJson(l);
+    j["machine"] = MachineJson(f.backend);
+    j["seed"] = f.seed;
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& s : steps) arr.push_back(StepJson(s));
+    j["steps"] = arr;
+    j["ranks"] = RanksJson(steps);
+    j["validation_loss"] = *val_loss;
+    std::ofstream out(f.out);
+    out << j.dump(2) << "\n";
+    if (!out) return Fail(f.out + ": cannot write measured.json");
+    std::printf("wrote %s\n", f.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner SetupTrain(CLI::App* sub) {
+  auto f = std::make_shared<TrainFlags>();
+  sub->add_option("plan", f->plan_file, "plan.yaml written by `ptdp plan --out`")->required();
+  sub->add_option("--backend", f->backend, "cpu (ranks as threads) or cuda (default cpu)");
+  sub->add_option("--steps", f->steps, "training steps (default 10)");
+  sub->add_option("--seed", f->seed, "initialisation and data-order seed (default 1234)");
+  sub->add_option("--out", f->out, "write measured.json (per-step and per-rank figures)");
+  sub->add_option("--corpus", f->corpus, "text file to train on (default: the shipped tinyshakespeare)");
+  sub->add_option("--lr", f->lr, "peak learning rate (default 1e-3; warmup then cosine to lr/10)");
+  sub->add_option("--warmup", f->warmup, "warmup steps (default 2)");
+  sub->add_option("--max-ranks", f->max_ranks, "refuse plans with more ranks than this (default 64)");
+  sub->add_option("--timeout", f->timeout_s, "seconds a rank may wait in a collective (default 120)");
+  return [f] { return RunTrain(*f); };
+}
+
+}  // namespace ptdp::cli

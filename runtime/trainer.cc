@@ -1,0 +1,636 @@
+// Trainer: every rank a thread walking its core/ Schedule over GptChunks, then Megatron's
+// finalize-grads, global-norm clipping and AdamW; see trainer.h for the contract.
+//
+// Letters: t TP, p PP, d DP, v chunks per pipeline rank, m micro-batches, b micro-batch,
+// s sequence, sl = s/t with SP else s, h hidden, L layers.
+//
+// Order of the end-of-step reductions (each rank issues them in this order, so no two groups
+// wait on each other in a cycle):
+//   TP  SP-partial grads (FinalizeTpGrads)      -- Megatron does this after the DP reduction;
+//   DP  all-reduce SUM / d of every grad           the two sums commute, so the result is the
+//       (dist-opt: reduce-scatter of each flattened grad, padded to a multiple of d, / d)
+//   EMB all-reduce SUM of embedding.word's grad (or its owned slice) between first and last stage
+//   TP, PP (, DP with dist-opt) all-reduce of the squared-grad sum -> norm, clip, AdamW
+//   DP  dist-opt: all-gather of the updated slices
+//   DP  loss (last stage): all-reduce SUM / d for the report
+#include "runtime/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numbers>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "core/rank_grid.h"
+#include "core/schedule.h"
+#include "runtime/data.h"
+#include "runtime/gpt.h"
+#include "runtime/params.h"
+
+namespace ptdp::rt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+// A Communicator that forwards to another and adds the seconds spent in it to *seconds (the
+// TP communicator handed to the chunks: TP time is measured inside forward and backward).
+class TimedCommunicator final : public Communicator {
+ public:
+  TimedCommunicator(std::unique_ptr<Communicator> inner, double* seconds)
+      : inner_(std::move(inner)), seconds_(seconds) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::vector<int>& ranks() const override { return inner_->ranks(); }
+  const std::string& label() const override { return inner_->label(); }
+  Status AllReduce(Tensor& t, ReduceOp op) override {
+    return Timed([&] { return inner_->AllReduce(t, op); });
+  }
+  Status AllGather(const Tensor& in, Tensor& out) override {
+    return Timed([&] { return inner_->AllGather(in, out); });
+  }
+  Status ReduceScatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+    return Timed([&] { return inner_->ReduceScatter(in, out, op); });
+  }
+  Status Broadcast(Tensor& t, int root) override {
+    return Timed([&] { return inner_->Broadcast(t, root); });
+  }
+  Status Barrier() override { return Timed([&] { return inner_->Barrier(); }); }
+  Status Send(const Tensor& t, int peer) override {
+    return Timed([&] { return inner_->Send(t, peer); });
+  }
+  Status Recv(Tensor& t, int peer) override {
+    return Timed([&] { return inner_->Recv(t, peer); });
+  }
+  Status GroupStart() override { return inner_->GroupStart(); }
+  Status GroupEnd() override { return Timed([&] { return inner_->GroupEnd(); }); }
+
+ private:
+  template <typename F>
+  Status Timed(F f) {
+    const Clock::time_point t0 = Clock::now();
+    Status st = f();
+    *seconds_ += Since(t0);
+    return st;
+  }
+  std::unique_ptr<Communicator> inner_;
+  double* seconds_;
+};
+
+// AdamW state of one parameter: the part this rank updates. Without the distributed optimizer
+// the whole (flattened) tensor; with it, DP rank j owns elements [j*k, j*k + owned) of the
+// parameter flattened and padded to d*k (k = ceil(numel / d)), owned = clamp(numel - j*k, 0, k).
+struct ParamState {
+  ChunkParam* param = nullptr;
+  int64_t numel = 0;
+  int64_t k = 0;          // slice length (numel without the distributed optimizer)
+  int64_t owned = 0;      // elements of the slice inside the parameter
+  Tensor m, v;            // (owned) AdamW moments
+  Tensor grad_slice;      // dist-opt: (k) this rank's reduce-scattered grad; else the grad
+  bool decay = false;     // weight decay: 2-D weights but the position table
+  bool counts_in_norm = false;  // not a TP replica (tp_rank 0 only) nor the last stage's word
+};
+
+// Keys of tensors waiting between p2p and compute: (micro-batch, chunk, is_gradient).
+using Key = std::tuple<int, int, bool>;
+
+struct Rank {
+  int global = 0;
+  RankCoord coord;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Communicator> pp, dp, emb;
+  std::unique_ptr<TimedCommunicator> tp;
+  std::vector<std::unique_ptr<GptChunk>> chunks;  // by chunk index c
+  std::vector<ParamState> state;
+  std::unique_ptr<DataLoader> data;
+  RankTimes times;
+  double tp_seconds = 0;  // accumulated by the TP decorator
+  // Step outputs.
+  double loss = 0, grad_norm = 0;
+};
+
+}  // namespace
+
+double OptimizerConfig::LearningRate(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps) return lr * double(step + 1) / warmup_steps;
+  const double t = decay_steps > 0 ? double(step - warmup_steps) / decay_steps : 1.0;
+  if (t >= 1.0) return min_lr;
+  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(std::numbers::pi * t));
+}
+
+struct Trainer::Impl {
+  TrainerConfig cfg;
+  RankGrid grid{1, 1, 1};
+  Schedule schedule;
+  int t = 1, p = 1, d = 1, v = 1, m = 1, b = 1, s = 1, sl = 1, h = 1;
+  std::vector<Rank> ranks;
+  int64_t steps = 0;
+
+  int Stage(int r, int c) const { return c * p + r; }
+  bool FirstStage(int r, int c) const { return Stage(r, c) == 0; }
+  bool LastStage(int r, int c) const { return Stage(r, c) == p * v - 1; }
+
+  Status Build(BackendFactory& backends, CommunicatorFactory& comms);
+  Status BuildState(Rank& rk);
+  Status RunStep(Rank& rk);
+  Status RunOps(Rank& rk);
+  Status RunGroup(Rank& rk, const std::vector<ScheduleOp>& ops, size_t begin, size_t end,
+                  std::map<Key, Tensor>& received, std::map<Key, Tensor>& to_send);
+  Status ReduceGradients(Rank& rk);
+  Status ReduceEmbedding(Rank& rk);
+  Status OptimizerStep(Rank& rk);
+  Result<Tensor> Tokens(Rank& rk, int64_t step, int mb, bool targets);
+  Status EvaluateRank(Rank& rk, const std::vector<int32_t>& windows, int count, double* loss);
+};
+
+namespace {
+
+// Runs fn(rank) on one thread per rank; the first failure (by rank order) names its rank.
+Status OnEveryRank(std::vector<Rank>& ranks, const std::function<Status(Rank&)>& fn) {
+  std::vector<Status> status(ranks.size());
+  std::vector<std::thread> threads;
+  threads.reserve(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i)
+    threads.emplace_back([&, i] { status[i] = fn(ranks[i]); });
+  for (std::thread& th : threads) th.join();
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (!status[i].ok()) return status[i].Prefixed("rank " + Str(int64_t(i)));
+  return Status::Ok();
+}
+
+Status CheckGptShaped(const ModelSpec& mod) {
+  if (mod.activation != Activation::kGelu || mod.norm != Norm::kLayerNorm ||
+      mod.position != PositionEmbedding::kLearned || !mod.tied_embeddings || !mod.bias ||
+      mod.kv_heads != mod.heads)
+    return Status::Error("model " + mod.name +
+                         ": the runtime trains GPT shapes only (gelu, layernorm, learned "
+                         "positions, tied embeddings, biases, kv_heads == heads)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms) {
+  const Layout& l = cfg.layout;
+  t = l.tp, p = l.pp, d = l.dp, v = l.vp, b = l.micro_batch;
+  m = int(l.num_microbatches());
+  s = int(cfg.model.seq_len), h = int(cfg.model.hidden);
+  sl = l.sequence_parallel ? s / t : s;
+  grid = RankGrid(t, d, p);
+  PTDP_ASSIGN_OR_RETURN(schedule, BuildSchedule(l.schedule, p, v, m, l.microbatch_group));
+  const int layers_per_chunk = int(cfg.model.layers) / (p * v);
+  ranks.resize(size_t(grid.world()));
+  for (int g = 0; g < grid.world(); ++g) {
+    Rank& rk = ranks[size_t(g)];
+    rk.global = g;
+    rk.coord = grid.Coord(g);
+    const std::string where = "rank " + Str(g);
+    rk.backend = backends(g);
+    if (!rk.backend) return Status::Error(where + ": the backend factory gave no backend");
+    PTDP_ASSIGN_OR_RETURN(auto tp, comms.Group(g, grid.TpGroup(g), "TP"));
+    rk.tp = std::make_unique<TimedCommunicator>(std::move(tp), &rk.tp_seconds);
+    PTDP_ASSIGN_OR_RETURN(rk.pp, comms.Group(g, grid.PpGroup(g), "PP"));
+    PTDP_ASSIGN_OR_RETURN(rk.dp, comms.Group(g, grid.DpGroup(g), "DP"));
+    if (rk.coord.pp == 0 || rk.coord.pp == p - 1) {
+      PTDP_ASSIGN_OR_RETURN(rk.emb, comms.Group(g, grid.EmbeddingGroup(g), "EMB"));
+    }
+    for (int c = 0; c < v; ++c) {
+      GptChunkConfig cc;
+      cc.model = cfg.model;
+      cc.first_layer = Stage(rk.coord.pp, c) * layers_per_chunk;
+      cc.n_layers = layers_per_chunk;
+      cc.has_embedding = FirstStage(rk.coord.pp, c);
+      cc.has_output = LastStage(rk.coord.pp, c);
+      cc.tp = t;
+      cc.tp_rank = rk.coord.tp;
+      cc.sequence_parallel = l.sequence_parallel;
+      cc.seed = cfg.seed;
+      auto chunk = GptChunk::Create(cc, *rk.backend, *rk.tp);
+      if (!chunk.ok()) return chunk.status().Prefixed(where + " chunk " + Str(c));
+      rk.chunks.push_back(std::move(chunk).value());
+    }
+    rk.data = std::make_unique<DataLoader>(cfg.train_tokens, s, l.global_batch, cfg.seed);
+    PTDP_RETURN_IF_ERROR(BuildState(rk).Prefixed(where));
+    rk.backend->ResetPeak();
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Impl::BuildState(Rank& rk) {
+  const bool dopt = cfg.layout.distributed_optimizer && d > 1;
+  for (auto& chunk : rk.chunks)
+    for (const ChunkParam& cp : chunk->params()) {
+      ParamState ps;
+      ps.param = chunk->Find(cp.spec.name);
+      ps.numel = cp.value.numel();
+      ps.k = dopt ? (ps.numel + d - 1) / d : ps.numel;
+      ps.owned = dopt ? std::clamp<int64_t>(ps.numel - rk.coord.dp * ps.k, 0, ps.k) : ps.numel;
+      ps.decay = cp.spec.shape.size() == 2 && cp.spec.name != "embedding.position";
+      const bool tied_copy = cp.spec.name == "embedding.word" && !chunk->config().has_embedding;
+      ps.counts_in_norm = !tied_copy && (cp.spec.shard != ShardKind::kReplicated || rk.coord.tp == 0);
+      PTDP_ASSIGN_OR_RETURN(ps.m, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
+      PTDP_ASSIGN_OR_RETURN(ps.v, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
+      if (dopt) {
+        PTDP_ASSIGN_OR_RETURN(ps.grad_slice, rk.backend->Alloc({ps.k}, DType::kF32));
+      } else {
+        ps.grad_slice = cp.grad.View(Shape({ps.numel}));
+      }
+      rk.state.push_back(std::move(ps));
+    }
+  return Status::Ok();
+}
+
+// (b, s) token ids of micro-batch `mb` of this rank's DP share at `step`: the inputs [:, :s],
+// or with `targets` the next tokens [:, 1:].
+Result<Tensor> Trainer::Impl::Tokens(Rank& rk, int64_t step, int mb, bool targets) {
+  std::vector<int32_t> window(size_t(b) * size_t(s + 1)), out(size_t(b) * size_t(s));
+  rk.data->MicroBatch(step, rk.coord.dp, d, b, mb, window.data());
+  for (int i = 0; i < b; ++i)
+    for (int j = 0; j < s; ++j)
+      out[size_t(i * s + j)] = window[size_t(i * (s + 1) + j + (targets ? 1 : 0))];
+  PTDP_ASSIGN_OR_RETURN(Tensor tk, rk.backend->Alloc({b, s}, DType::kI32));
+  PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(out.data(), tk));
+  return tk;
+}
+
+// One group of p2p ops [begin, end) of the schedule, posted together on the PP group.
+Status Trainer::Impl::RunGroup(Rank& rk, const std::vector<ScheduleOp>& ops, size_t begin,
+                               size_t end, std::map<Key, Tensor>& received,
+                               std::map<Key, Tensor>& to_send) {
+  const Clock::time_point t0 = Clock::now();
+  PTDP_RETURN_IF_ERROR(rk.pp->GroupStart());
+  std::vector<Key> sent;
+  Status st;
+  for (size_t i = begin; i < end && st.ok(); ++i) {
+    const ScheduleOp& op = ops[i];
+    const bool grad = op.kind == OpKind::kSendGradient || op.kind == OpKind::kRecvGradient;
+    const Key key{op.microbatch, op.chunk, grad};
+    if (op.kind == OpKind::kSendActivation || op.kind == OpKind::kSendGradient) {
+      auto it = to_send.find(key);
+      if (it == to_send.end())
+        st = Status::Error(std::string(ToString(op.kind)) + " of micro-batch " +
+                           Str(op.microbatch) + " chunk " + Str(op.chunk) + ": nothing computed");
+      else
+        st = rk.pp->Send(it->second, op.peer);
+      sent.push_back(key);
+    } else {
+      auto x = rk.backend->Alloc({sl, b, h}, DType::kF32);
+      if (!x.ok()) {
+        st = x.status();
+      } else {
+        received[key] = std::move(x).value();
+        st = rk.pp->Recv(received[key], op.peer);
+      }
+    }
+  }
+  Status end_st = rk.pp->GroupEnd();
+  for (const Key& k : sent) to_send.erase(k);
+  rk.times.pp_wait_s += Since(t0);
+  PTDP_RETURN_IF_ERROR(st);
+  return end_st;
+}
+
+// Walks this rank's schedule: forwards, backwards, p2p groups and the end-of-step ops.
+Status Trainer::Impl::RunOps(Rank& rk) {
+  const int r = rk.coord.pp;
+  const std::vector<ScheduleOp>& ops = schedule.ranks[size_t(r)];
+  std::map<Key, Tensor> received, to_send;
+  const float loss_scale = 1.0f / float(m);
+  for (size_t i = 0; i < ops.size();) {
+    const ScheduleOp& op = ops[i];
+    if (op.is_p2p()) {
+      size_t j = i + 1;
+      while (op.group >= 0 && j < ops.size() && ops[j].is_p2p() && ops[j].group == op.group) ++j;
+      PTDP_RETURN_IF_ERROR(RunGroup(rk, ops, i, j, received, to_send));
+      i = j;
+      continue;
+    }
+    const std::string what = std::string(ToString(op.kind)) + " of micro-batch " +
+                             Str(op.microbatch) + " chunk " + Str(op.chunk);
+    GptChunk* chunk = op.chunk >= 0 ? rk.chunks[size_t(op.chunk)].get() : nullptr;
+    const double tp0 = rk.tp_seconds;
+    const Clock::time_point t0 = Clock::now();
+    if (op.kind == OpKind::kForward) {
+      Tensor input, targets;
+      if (FirstStage(r, op.chunk)) {
+        PTDP_ASSIGN_OR_RETURN(input, Tokens(rk, steps, op.microbatch, false));
+      } else {
+        auto it = received.find({op.microbatch, op.chunk, false});
+        if (it == received.end()) return Status::Error(what + ": no activation received");
+        input = std::move(it->second);
+        received.erase(it);
+      }
+      if (LastStage(r, op.chunk)) {
+        PTDP_ASSIGN_OR_RETURN(targets, Tokens(rk, steps, op.microbatch, true));
+      }
+      auto out = chunk->Forward(op.microbatch, input, targets, loss_scale);
+      if (!out.ok()) return out.status().Prefixed(what);
+      if (LastStage(r, op.chunk)) {
+        float host = 0;
+        PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(*out, &host));
+        rk.loss += double(host);
+      } else {
+        to_send[{op.microbatch, op.chunk, false}] = std::move(out).value();
+      }
+      rk.times.forward_s += Since(t0) - (rk.tp_seconds - tp0);
+    } else if (op.kind == OpKind::kBackward) {
+      Tensor grad_out;
+      if (!LastStage(r, op.chunk)) {
+        auto it = received.find({op.microbatch, op.chunk, true});
+        if (it == received.end()) return Status::Error(what + ": no gradient received");
+        grad_out = std::move(it->second);
+        received.erase(it);
+      }
+      auto dx = chunk->Backward(op.microbatch, grad_out);
+      if (!dx.ok()) return dx.status().Prefixed(what);
+      if (!FirstStage(r, op.chunk)) to_send[{op.microbatch, op.chunk, true}] = std::move(dx).value();
+      rk.times.backward_s += Since(t0) - (rk.tp_seconds - tp0);
+    } else if (op.kind == OpKind::kReduceGradients) {
+      PTDP_RETURN_IF_ERROR(ReduceGradients(rk).Prefixed("reduce gradients"));
+    } else if (op.kind == OpKind::kReduceEmbedding) {
+      PTDP_RETURN_IF_ERROR(ReduceEmbedding(rk).Prefixed("reduce embedding"));
+    } else if (op.kind == OpKind::kOptimizerStep) {
+      PTDP_RETURN_IF_ERROR(OptimizerStep(rk).Prefixed("optimizer step"));
+    }
+    ++i;
+  }
+  if (!received.empty() || !to_send.empty())
+    return Status::Error("schedule of pipeline rank " + Str(r) + " left " +
+                         Str(int64_t(received.size() + to_send.size())) + " tensors unused");
+  return Status::Ok();
+}
+
+// TP (SP-partial grads), then DP: all-reduce SUM / d, or the dist-opt reduce-scatter.
+Status Trainer::Impl::ReduceGradients(Rank& rk) {
+  for (auto& chunk : rk.chunks) PTDP_RETURN_IF_ERROR(chunk->FinalizeTpGrads());
+  if (d == 1) return Status::Ok();
+  const Clock::time_point t0 = Clock::now();
+  Backend& be = *rk.backend;
+  const float inv_d = 1.0f / float(d);
+  for (ParamState& ps : rk.state) {
+    if (!cfg.layout.distributed_optimizer) {
+      PTDP_RETURN_IF_ERROR(rk.dp->AllReduce(ps.grad_slice, ReduceOp::kSum));
+      be.Scale(inv_d, ps.grad_slice);
+      continue;
+    }
+    // Flatten and zero-pad to d*k, so each DP rank's block is k elements.
+    PTDP_ASSIGN_OR_RETURN(Tensor padded, be.Alloc({d * ps.k}, DType::kF32));
+    Tensor head = padded.View(Shape({ps.numel}));
+    be.Copy(ps.param->grad.View(Shape({ps.numel})), head);
+    PTDP_RETURN_IF_ERROR(rk.dp->ReduceScatter(padded, ps.grad_slice, ReduceOp::kSum));
+    be.Scale(inv_d, ps.grad_slice);
+  }
+  rk.times.dp_comm_s += Since(t0);
+  return Status::Ok();
+}
+
+// The tied word embedding: first and last stage each hold a copy; sum their grads (or slices).
+Status Trainer::Impl::ReduceEmbedding(Rank& rk) {
+  if (p == 1 || !rk.emb) return Status::Ok();
+  const Clock::time_point t0 = Clock::now();
+  for (ParamState& ps : rk.state)
+    if (ps.param->spec.name == "embedding.word")
+      PTDP_RETURN_IF_ERROR(rk.emb->AllReduce(ps.grad_slice, ReduceOp::kSum));
+  rk.times.dp_comm_s += Since(t0);
+  return Status::Ok();
+}
+
+// Global grad norm (each element counted once), clipping, AdamW on what this rank owns, and the
+// dist-opt all-gather of the updated slices.
+Status Trainer::Impl::OptimizerStep(Rank& rk) {
+  const Clock::time_point t0 = Clock::now();
+  Backend& be = *rk.backend;
+  const bool dopt = cfg.layout.distributed_optimizer && d > 1;
+  PTDP_ASSIGN_OR_RETURN(Tensor sq, be.Alloc({1}, DType::kF32));
+  for (ParamState& ps : rk.state)
+    if (ps.counts_in_norm && ps.owned > 0) be.SumSquares(ps.grad_slice.View(Shape({ps.owned})), sq);
+  // The TP part goes through the timing decorator (TP time); PP and DP parts count here.
+  const double tp0 = rk.tp_seconds;
+  if (t > 1) PTDP_RETURN_IF_ERROR(rk.tp->AllReduce(sq, ReduceOp::kSum));
+  if (p > 1) PTDP_RETURN_IF_ERROR(rk.pp->AllReduce(sq, ReduceOp::kSum));
+  if (dopt) PTDP_RETURN_IF_ERROR(rk.dp->AllReduce(sq, ReduceOp::kSum));
+  float sq_host = 0;
+  PTDP_RETURN_IF_ERROR(be.CopyToHost(sq, &sq_host));
+  rk.grad_norm = std::sqrt(double(sq_host));
+  const OptimizerConfig& oc = cfg.optimizer;
+  AdamWConfig ac;
+  ac.lr = float(oc.LearningRate(steps));
+  ac.beta1 = float(oc.beta1);
+  ac.beta2 = float(oc.beta2);
+  ac.eps = float(oc.eps);
+  ac.grad_scale = oc.clip_grad > 0 ? float(std::min(1.0, oc.clip_grad / (rk.grad_norm + 1e-6))) : 1.0f;
+  ac.step = steps + 1;
+  for (ParamState& ps : rk.state) {
+    if (ps.owned == 0) continue;
+    ac.weight_decay = ps.decay ? float(oc.weight_decay) : 0.0f;
+    Tensor value = ps.param->value.View(Shape({ps.owned}), dopt ? rk.coord.dp * ps.k : 0);
+    Tensor grad = ps.grad_slice.View(Shape({ps.owned}));
+    be.AdamW(value, grad, ps.m, ps.v, ac);
+  }
+  rk.times.optimizer_s += Since(t0) - (rk.tp_seconds - tp0);
+  if (!dopt) return Status::Ok();
+  const Clock::time_point g0 = Clock::now();
+  for (ParamState& ps : rk.state) {
+    PTDP_ASSIGN_OR_RETURN(Tensor full, be.Alloc({d * ps.k}, DType::kF32));
+    Tensor mine = full.View(Shape({ps.k}), rk.coord.dp * ps.k);
+    if (ps.owned > 0) {
+      Tensor dst = full.View(Shape({ps.owned}), rk.coord.dp * ps.k);
+      be.Copy(ps.param->value.View(Shape({ps.owned}), rk.coord.dp * ps.k), dst);
+    }
+    PTDP_RETURN_IF_ERROR(rk.dp->AllGather(mine, full));
+    Tensor dst = ps.param->value.View(Shape({ps.numel}));
+    be.Copy(full.View(Shape({ps.numel})), dst);
+  }
+  rk.times.dp_comm_s += Since(g0);
+  return Status::Ok();
+}
+
+Status Trainer::Impl::RunStep(Rank& rk) {
+  const Clock::time_point t0 = Clock::now();
+  rk.times = RankTimes{};
+  rk.tp_seconds = 0;
+  rk.loss = 0;
+  rk.grad_norm = 0;
+  rk.backend->ResetPeak();
+  for (auto& chunk : rk.chunks) chunk->ZeroGrads();
+  PTDP_RETURN_IF_ERROR(RunOps(rk));
+  // The reported loss: mean over the global batch (last stage holds sum_j loss_j / m).
+  if (rk.coord.pp == p - 1 && d > 1) {
+    const Clock::time_point l0 = Clock::now();
+    PTDP_ASSIGN_OR_RETURN(Tensor loss, rk.backend->Alloc({1}, DType::kF32));
+    const float host = float(rk.loss);
+    PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(&host, loss));
+    PTDP_RETURN_IF_ERROR(rk.dp->AllReduce(loss, ReduceOp::kSum));
+    float sum = 0;
+    PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(loss, &sum));
+    rk.loss = double(sum) / d;
+    rk.times.dp_comm_s += Since(l0);
+  }
+  PTDP_RETURN_IF_ERROR(rk.backend->Synchronize());
+  rk.times.tp_comm_s = rk.tp_seconds;
+  rk.times.peak_memory_bytes = double(rk.backend->PeakBytes());
+  const double total = Since(t0);
+  const RankTimes& x = rk.times;
+  rk.times.idle_s = std::max(0.0, total - (x.forward_s + x.backward_s + x.tp_comm_s + x.pp_wait_s +
+                                           x.dp_comm_s + x.optimizer_s));
+  return Status::Ok();
+}
+
+// Forward only, micro-batches of up to b windows through the virtual stages in order
+// (ungrouped send/recv: stage order is a chain, so nothing waits in a cycle).
+Status Trainer::Impl::EvaluateRank(Rank& rk, const std::vector<int32_t>& windows, int count,
+                                   double* loss) {
+  Backend& be = *rk.backend;
+  const int r = rk.coord.pp;
+  double sum = 0;
+  for (int first = 0; first < count; first += b) {
+    const int bb = std::min(b, count - first);
+    std::vector<int32_t> in(size_t(bb * s)), tg(size_t(bb * s));
+    for (int i = 0; i < bb; ++i)
+      for (int j = 0; j < s; ++j) {
+        const size_t w = size_t(first + i) * size_t(s + 1) + size_t(j);
+        in[size_t(i * s + j)] = windows[w];
+        tg[size_t(i * s + j)] = windows[w + 1];
+      }
+    for (int c = 0; c < v; ++c) {
+      Tensor input, targets;
+      if (FirstStage(r, c)) {
+        PTDP_ASSIGN_OR_RETURN(input, be.Alloc({bb, s}, DType::kI32));
+        PTDP_RETURN_IF_ERROR(be.CopyFromHost(in.data(), input));
+      } else {
+        PTDP_ASSIGN_OR_RETURN(input, be.Alloc({sl, bb, h}, DType::kF32));
+        PTDP_RETURN_IF_ERROR(rk.pp->Recv(input, (r + p - 1) % p));
+      }
+      if (LastStage(r, c)) {
+        PTDP_ASSIGN_OR_RETURN(targets, be.Alloc({bb, s}, DType::kI32));
+        PTDP_RETURN_IF_ERROR(be.CopyFromHost(tg.data(), targets));
+      }
+      auto out = rk.chunks[size_t(c)]->Forward(0, input, targets, 1.0f);
+      rk.chunks[size_t(c)]->Release(0);
+      if (!out.ok()) return out.status().Prefixed("evaluate chunk " + Str(c));
+      if (LastStage(r, c)) {
+        float host = 0;
+        PTDP_RETURN_IF_ERROR(be.CopyToHost(*out, &host));
+        sum += double(host) * bb;
+      } else {
+        PTDP_RETURN_IF_ERROR(rk.pp->Send(*out, (r + 1) % p));
+      }
+    }
+  }
+  *loss = sum / count;
+  return Status::Ok();
+}
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+int64_t Trainer::steps_done() const { return impl_->steps; }
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, BackendFactory backends,
+                                                 CommunicatorFactory& comms) {
+  const Layout& l = cfg.layout;
+  const std::string where = "trainer, layout " + l.ShortName();
+  PTDP_RETURN_IF_ERROR(ValidateModel(cfg.model, "trainer model").Prefixed(where));
+  PTDP_RETURN_IF_ERROR(CheckGptShaped(cfg.model).Prefixed(where));
+  if (l.tp <= 0 || l.pp <= 0 || l.dp <= 0 || l.vp <= 0 || l.cp <= 0 || l.micro_batch <= 0 ||
+      l.global_batch <= 0)
+    return Status::Error(where + ": sizes must be positive");
+  if (l.cp != 1)
+    return Status::Error(where + ": context parallelism (cp " + Str(l.cp) +
+                         ") is not supported by the runtime; use cp 1");
+  const Rejection rej = CheckLayout(cfg.model, l);
+  if (rej != Rejection::kOk)
+    return Status::Error(where + ": illegal layout: " + ExplainRejection(rej, cfg.model, l));
+  if (l.sequence_parallel && cfg.model.seq_len % l.tp != 0)
+    return Status::Error(where + ": sequence parallelism needs seq_len " +
+                         Str(cfg.model.seq_len) + " divisible by tp " + Str(l.tp));
+  if (l.world() > comms.world_size())
+    return Status::Error(where + ": needs " + Str(l.world()) + " ranks but the communicator "
+                         "world has " + Str(comms.world_size()));
+  if (cfg.train_tokens == nullptr || int64_t(cfg.train_tokens->size()) < cfg.model.seq_len + 1)
+    return Status::Error(where + ": needs at least seq_len + 1 = " +
+                         Str(cfg.model.seq_len + 1) + " training tokens");
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = cfg;
+  PTDP_RETURN_IF_ERROR(impl->Build(backends, comms).Prefixed(where));
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+}
+
+Result<StepResult> Trainer::Step() {
+  Impl& im = *impl_;
+  const Clock::time_point t0 = Clock::now();
+  PTDP_RETURN_IF_ERROR(
+      OnEveryRank(im.ranks, [&](Rank& rk) { return im.RunStep(rk); })
+          .Prefixed("step " + Str(im.steps)));
+  StepResult res;
+  res.step_time_s = Since(t0);
+  res.step = im.steps;
+  res.lr = im.cfg.optimizer.LearningRate(im.steps);
+  // Every rank holds the same norm; the loss lives on the last stage (tp 0, dp 0).
+  res.grad_norm = im.ranks[0].grad_norm;
+  res.loss = im.ranks[size_t(im.grid.Rank({0, 0, im.p - 1}))].loss;
+  res.tokens_per_s = double(im.cfg.layout.global_batch) * im.s / std::max(res.step_time_s, 1e-12);
+  for (const Rank& rk : im.ranks) res.ranks.push_back(rk.times);
+  if (!std::isfinite(res.loss) || !std::isfinite(res.grad_norm))
+    return Status::Error("step " + Str(im.steps) + ": loss " + std::to_string(res.loss) +
+                         ", grad norm " + std::to_string(res.grad_norm) + " is not finite");
+  ++im.steps;
+  return res;
+}
+
+// Only the DP-0 replica evaluates (TP and PP groups never cross DP replicas, so the others
+// simply sit out); the loss comes from its last stage, tp rank 0.
+Result<double> Trainer::Evaluate(const std::vector<int32_t>& windows, int count) {
+  Impl& im = *impl_;
+  if (count <= 0 || int64_t(windows.size()) < int64_t(count) * (im.s + 1))
+    return Status::Error("evaluate: " + Str(count) + " windows of " + Str(im.s + 1) +
+                         " tokens need " + Str(int64_t(count) * (im.s + 1)) + " tokens, got " +
+                         Str(int64_t(windows.size())));
+  std::vector<double> loss(im.ranks.size(), 0.0);
+  PTDP_RETURN_IF_ERROR(OnEveryRank(im.ranks, [&](Rank& rk) {
+    if (rk.coord.dp != 0) return Status::Ok();
+    return im.EvaluateRank(rk, windows, count, &loss[size_t(rk.global)]);
+  }));
+  return loss[size_t(im.grid.Rank({0, 0, im.p - 1}))];
+}
+
+// From the DP-0 replica: each TP shard to its global rows/columns. Padded vocabulary rows are
+// dropped (their number depends on t), so the result compares across layouts.
+Result<std::map<std::string, std::vector<float>>> Trainer::GatherParameters() {
+  Impl& im = *impl_;
+  std::map<std::string, std::vector<float>> out;
+  for (const Rank& rk : im.ranks) {
+    if (rk.coord.dp != 0) continue;
+    for (const auto& chunk : rk.chunks)
+      for (const ChunkParam& cp : chunk->params()) {
+        const ParamSpec& ps = cp.spec;
+        if (ps.name == "embedding.word" && !chunk->config().has_embedding) continue;
+        if (ps.shard == ShardKind::kReplicated && rk.coord.tp != 0) continue;
+        const int64_t rows = ps.valid_rows >= 0 ? ps.valid_rows : ps.shape[0];
+        const int64_t cols = ps.shape.size() > 1 ? ps.shape[1] : 1;
+        std::vector<float>& g = out[ps.name];
+        g.resize(size_t(rows * cols));
+        std::vector<float> local(size_t(cp.value.numel()));
+        PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(cp.value, local.data()));
+        const std::vector<int64_t> ls = LocalShape(ps, im.t);
+        const int64_t lcols = ls.size() > 1 ? ls[1] : 1;
+        const int64_t col0 = ps.shard == ShardKind::kColumns ? rk.coord.tp * lcols : 0;
+        for (int64_t i = 0; i < ls[0]; ++i) {
+          const int64_t gi = GlobalRow(ps, im.t, rk.coord.tp, i);
+          if (gi >= rows) continue;
+          for (int64_t j = 0; j < lcols; ++j)
+            g[size_t(gi * cols + col0 + j)] = local[size_t(i * lcols + j)];
+        }
+      }
+  }
+  return out;
+}
+
+}  // namespace ptdp::rt

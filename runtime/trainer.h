@@ -1,0 +1,102 @@
+// Trainer: runs training steps of a GPT model with exactly a plan's layout. Every rank owns its
+// model chunks (v per pipeline rank: chunk c of rank r holds virtual stage c*p + r), walks its
+// core/ Schedule (forwards, backwards and the p2p groups exactly as listed), then finalizes the
+// gradients in Megatron's order (DP all-reduce, or reduce-scatter with the distributed
+// optimizer; SP LayerNorm grads over TP; the tied embedding over the embedding group), clips by
+// the global gradient norm and applies AdamW (warmup, then cosine decay), all-gathering the
+// updated shards with the distributed optimizer. Written against Backend and CommunicatorFactory
+// only: the CPU runtime passes CpuBackends and a ThreadWorld (ranks as threads).
+//
+// A training step reads like llm.c's loop (per rank):
+//   for op in schedule[r]: F -> chunk.Forward, B -> chunk.Backward, p2p -> pp group
+//   finalize grads; norm; clip; AdamW; (dist-opt all-gather)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/model.h"
+#include "core/status.h"
+#include "runtime/backend.h"
+#include "runtime/communicator.h"
+
+namespace ptdp::rt {
+
+struct OptimizerConfig {
+  double lr = 1e-3;            // peak learning rate
+  double min_lr = 1e-4;        // cosine decays to this
+  int warmup_steps = 2;        // linear warmup from lr/warmup to lr
+  int decay_steps = 100;       // cosine over these steps after warmup (then min_lr)
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.1;   // on 2-D weights only (not biases, LN, positions), as Megatron
+  double clip_grad = 1.0;      // global L2 norm clipping; 0 disables
+  // Learning rate at `step` (0-based).
+  double LearningRate(int64_t step) const;
+};
+
+struct TrainerConfig {
+  ModelSpec model;             // a GPT shape (the runtime's model; see runtime/gpt.h)
+  Layout layout;               // legal for the model; tp*cp*pp*dp ranks (cp must be 1)
+  OptimizerConfig optimizer;
+  uint64_t seed = 1234;        // parameter init and data order
+  const std::vector<int32_t>* train_tokens = nullptr;  // must outlive the trainer
+};
+
+// Seconds one rank spent in each part of a step (the measured side of `ptdp compare`).
+struct RankTimes {
+  double forward_s = 0;      // chunk forwards, TP collectives inside them excluded
+  double backward_s = 0;     // chunk backwards, TP collectives inside them excluded
+  double tp_comm_s = 0;      // TP (and SP) collectives
+  double pp_wait_s = 0;      // p2p groups: sends, receives and waiting for the peer
+  double dp_comm_s = 0;      // DP and embedding-group reductions, dist-opt all-gather
+  double optimizer_s = 0;    // grad norm, clipping, AdamW
+  double idle_s = 0;         // step time minus all the above
+  double peak_memory_bytes = 0;  // the rank's backend peak during the step
+};
+
+struct StepResult {
+  int64_t step = 0;          // 0-based
+  double loss = 0;           // mean loss over the global batch
+  double grad_norm = 0;      // global L2 norm before clipping
+  double lr = 0;
+  double step_time_s = 0;    // wall time of the step
+  double tokens_per_s = 0;
+  std::vector<RankTimes> ranks;  // by global rank
+};
+
+// Makes one Backend per rank (called once per rank at creation).
+using BackendFactory = std::function<std::unique_ptr<Backend>(int global_rank)>;
+
+class Trainer {
+ public:
+  // Builds every rank's chunks, communicators (TP, PP, DP, embedding groups of core/RankGrid)
+  // and optimizer state. Fails, naming the reason, when the layout is illegal for the model or
+  // the runtime cannot honour it (cp > 1, more ranks than `comms` has, a non-GPT model).
+  static Result<std::unique_ptr<Trainer>> Create(const TrainerConfig& cfg, BackendFactory backends,
+                                                 CommunicatorFactory& comms);
+  ~Trainer();
+
+  // One training step on every rank (one thread per rank). Errors from any rank (a timeout,
+  // a NaN) come back as a Status naming the rank.
+  Result<StepResult> Step();
+
+  // Mean loss over `windows` (count, s + 1) of held-out tokens, forward only.
+  Result<double> Evaluate(const std::vector<int32_t>& windows, int count);
+
+  // Every parameter gathered to its full (global) shape by name, for layout-invariance checks.
+  Result<std::map<std::string, std::vector<float>>> GatherParameters();
+
+  int64_t steps_done() const;
+
+ private:
+  struct Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ptdp::rt

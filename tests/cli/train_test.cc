@@ -1,0 +1,74 @@
+// `ptdp train` end to end on the CPU backend: a plan from `ptdp plan --out` trains, prints a
+// line per step and writes measured.json with the documented keys; plans the runtime cannot
+// honour are refused with one line.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+
+#include "tests/fakes/shell.h"
+
+namespace {
+
+using ptdp::testing::CmdResult;
+
+const std::string kSrc = PTDP_SOURCE_DIR;
+const std::string kBin = std::string(PTDP_BINARY_DIR) + "/ptdp";
+const std::string kCpu = kSrc + "/configs/clusters/local-cpu.yaml";
+const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
+
+CmdResult Ptdp(const std::string& args) { return ptdp::testing::Shell(kBin + " " + args); }
+
+// A plan for gpt-tiny with a fixed layout on `gpus` CPU rank slots.
+std::string MakePlan(const std::string& name, const std::string& layout_flags, int gpus) {
+  const std::string path = ::testing::TempDir() + "/" + name + ".plan.yaml";
+  const CmdResult r = Ptdp("plan --cluster " + kCpu + " --model " + kTiny + " --gpus " +
+                           std::to_string(gpus) + " --global-batch 8 " + layout_flags +
+                           " --refine 0 --out " + path);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return path;
+}
+
+TEST(Train, WritesMeasuredJson) {
+  const std::string plan = MakePlan("tp2pp2", "--tp 2 --pp 2 --micro-batch 2", 4);
+  const std::string out = ::testing::TempDir() + "/measured.json";
+  const CmdResult r = Ptdp("train " + plan + " --backend cpu --steps 2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step    2/2 | loss"), std::string::npos) << r.out;
+  std::ifstream in(out);
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["steps"].size(), 2u);
+  for (const char* k : {"step", "loss", "grad_norm", "lr", "step_time_s", "tokens_per_s"})
+    EXPECT_TRUE(j["steps"][0].contains(k)) << k;
+  ASSERT_EQ(j["ranks"].size(), 4u);
+  for (const char* k : {"forward_s", "backward_s", "tp_comm_s", "pp_wait_s", "dp_comm_s",
+                        "optimizer_s", "idle_s", "peak_memory_bytes"})
+    EXPECT_TRUE(j["ranks"][0].contains(k)) << k;
+  EXPECT_EQ(j["layout"]["tp"], 2);
+  EXPECT_EQ(j["layout"]["pp"], 2);
+  EXPECT_TRUE(j["machine"].contains("cores"));
+  // Byte-level model at init: the loss is near log(256) = 5.55.
+  EXPECT_NEAR(j["steps"][0]["loss"].get<double>(), 5.55, 0.3);
+}
+
+TEST(Train, RefusesWhatItCannotHonour) {
+  const std::string plan = MakePlan("dp4", "--dp 4", 4);
+  CmdResult r = Ptdp("train " + plan + " --backend cpu --max-ranks 2 --steps 1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--max-ranks 2"), std::string::npos) << r.out;
+  r = Ptdp("train " + plan + " --backend cuda --steps 1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("CUDA"), std::string::npos) << r.out;
+  r = Ptdp("train " + plan + " --steps 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--steps 0"), std::string::npos) << r.out;
+  r = Ptdp("train /nonexistent.plan.yaml");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("/nonexistent.plan.yaml"), std::string::npos) << r.out;
+  r = Ptdp("train " + plan + " --corpus /nonexistent.txt --steps 1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("/nonexistent.txt"), std::string::npos) << r.out;
+}
+
+}  // namespace
