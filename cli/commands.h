@@ -24,6 +24,7 @@ Runner SetupTopo(CLI::App* sub);
 Runner SetupValidate(CLI::App* sub);
 Runner SetupReport(CLI::App* sub);
 Runner SetupTrain(CLI::App* sub);
+Runner SetupInfo(CLI::App* sub);
 
 // Prints "ptdp: <message>" on stderr and returns 1.
 int Fail(const std::string& message);

@@ -35,6 +35,8 @@ const Command kCommands[] = {
      SetupReport},
     {"train", "train the plan's GPT with exactly its layout (CPU: ranks as threads)",
      "ptdp train plan.yaml --backend cpu --steps 20 --out measured.json", SetupTrain},
+    {"info", "what this binary can run: backends, CUDA/NCCL/MPI, visible GPUs",
+     "ptdp info --json", SetupInfo},
 };
 
 }  // namespace

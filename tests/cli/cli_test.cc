@@ -37,7 +37,7 @@ void ExpectOneLineError(const CmdResult& r, const std::string& must_contain) {
 }
 
 TEST(Cli, HelpHasAnExampleForEveryCommand) {
-  for (const char* cmd : {"plan", "simulate", "topo", "validate"}) {
+  for (const char* cmd : {"plan", "simulate", "topo", "validate", "schedule", "report", "train", "info"}) {
     const CmdResult r = Ptdp(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_NE(r.out.find("Example:"), std::string::npos) << cmd << ": " << r.out;
@@ -218,6 +218,15 @@ TEST(Cli, PlanSaysWhichFiguresAreSimulated) {
   EXPECT_EQ(simulated, 4);
   EXPECT_EQ(j["plans"][0]["source"], "simulated");
   EXPECT_EQ(j["source"], "simulated");
+}
+
+TEST(Cli, InfoSaysWhatThisBinaryRuns) {
+  const CmdResult r = Ptdp("info --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"cuda_compiled", "gpus_visible", "nccl_version", "cublas_version", "mpi", "backends"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["backends"][0], "cpu");
 }
 
 }  // namespace
