@@ -113,6 +113,12 @@ int RunTrain(const TrainFlags& f) {
               plan->model.name.c_str(), l.ShortName().c_str(), l.Knobs().c_str(),
               ToString(l.schedule), l.world(), static_cast<long long>(l.global_batch),
               static_cast<long long>(plan->model.seq_len), f.steps);
+  if (l.precision != Precision::kFp32 || l.recompute != Recompute::kNone)
+    std::printf("(the CPU backend computes in fp32 without recompute; the plan's %s%s changes "
+                "memory and time on GPUs, not the results)\n",
+                ToString(l.precision), l.recompute != Recompute::kNone
+                                           ? (std::string(" and ") + ToString(l.recompute) + " recompute").c_str()
+                                           : "");
   const std::vector<int32_t> val = rt::ValidationWindows(corpus->val, int(plan->model.seq_len), f.eval_windows);
   std::vector<rt::StepResult> steps;
   for (int i = 0; i < f.steps; ++i) {
