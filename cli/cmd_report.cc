@@ -73,18 +73,19 @@ Status FillFromSearch(const ReportFlags& f, const World& w, ReportData* d) {
 Result<ReportData> Gather(const ReportFlags& f) {
   ReportData d;
   World w;
+  Layout chosen;
   if (!f.plan_file.empty()) {
     PTDP_ASSIGN_OR_RETURN(Plan plan, LoadPlanFile(f.plan_file));
     PTDP_ASSIGN_OR_RETURN(w, WorldForPlan(plan, f.layout.cluster));
-    d.plans.push_back(RowFromPrediction(plan.layout, w.cost->Predict(plan.layout)));
+    chosen = plan.layout;
   } else {
     if (f.layout.cluster.empty() || f.layout.model.empty())
       return Status::Error("give a plan.yaml, or --cluster, --model and --global-batch");
     PTDP_ASSIGN_OR_RETURN(w, LoadWorld(f.layout.cluster, f.layout.model, f.layout.nodes,
                                        f.layout.gpus, f.layout.seq_len));
     PTDP_RETURN_IF_ERROR(FillFromSearch(f, w, &d));
+    chosen = d.plans[0].layout;
   }
-  const Layout& chosen = d.plans[0].layout;
   d.model_name = w.model.name;
   d.cluster_name = w.cluster.name;
   d.gpus = chosen.world();
@@ -95,7 +96,8 @@ Result<ReportData> Gather(const ReportFlags& f) {
   opt.record_events = true;
   PTDP_ASSIGN_OR_RETURN(d.sim, SimulateStep(*w.cost, chosen, opt));
   d.has_sim = true;
-  if (!d.searched) d.plans[0] = RowFromPrediction(chosen, SimulatedPrediction(*w.cost, chosen, d.sim));
+  // A plan file: the ranking is just that plan, with its simulated figures.
+  if (!d.searched) d.plans.push_back(RowFromPrediction(chosen, SimulatedPrediction(*w.cost, chosen, d.sim)));
   return d;
 }
 

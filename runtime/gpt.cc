@@ -60,12 +60,7 @@ Result<std::unique_ptr<GptChunk>> GptChunk::Create(const GptChunkConfig& cfg, Ba
                                                    Communicator& tp_comm) {
   const ModelSpec& m = cfg.model;
   PTDP_RETURN_IF_ERROR(ValidateModel(m, "GptChunk"));
-  if (m.activation != Activation::kGelu || m.norm != Norm::kLayerNorm ||
-      m.position != PositionEmbedding::kLearned || !m.tied_embeddings || !m.bias ||
-      m.kv_heads != m.heads)
-    return Status::Error("GptChunk: model '" + m.name +
-                         "' is not GPT-shaped (needs gelu, layernorm, learned positions, tied "
-                         "embeddings, biases, kv_heads == heads)");
+  PTDP_RETURN_IF_ERROR(CheckGptShaped(m).Prefixed("GptChunk"));
   if (cfg.tp < 1 || cfg.tp_rank < 0 || cfg.tp_rank >= cfg.tp)
     return Status::Error("GptChunk: tp rank " + Str(cfg.tp_rank) + " of tp " + Str(cfg.tp));
   if (tp_comm.size() != cfg.tp || tp_comm.rank() != cfg.tp_rank)

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/model.h"
+#include "core/status.h"
 
 namespace ptdp::rt {
 
@@ -45,6 +46,10 @@ struct ParamSpec {
   int64_t valid_rows = -1;     // rows that hold real values (the unpadded vocabulary); -1 all
   int model_layers = 1;        // L of the model, for kScaledNormal
 };
+
+// OK when `m` is the shape the runtime's GPT implements (gelu, layernorm, learned positions,
+// tied embeddings, biases, kv_heads == heads); otherwise an error naming the model.
+Status CheckGptShaped(const ModelSpec& m);
 
 // All parameters of `m` at TP size `tp` (which fixes the vocabulary padding), in a fixed order:
 // embeddings, then each layer's, then the final LN. Precondition: ValidateModel ok, a % tp == 0.

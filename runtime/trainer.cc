@@ -165,15 +165,6 @@ Status OnEveryRank(std::vector<Rank>& ranks, const std::function<Status(Rank&)>&
   return Status::Ok();
 }
 
-Status CheckGptShaped(const ModelSpec& mod) {
-  if (mod.activation != Activation::kGelu || mod.norm != Norm::kLayerNorm ||
-      mod.position != PositionEmbedding::kLearned || !mod.tied_embeddings || !mod.bias ||
-      mod.kv_heads != mod.heads)
-    return Status::Error("model " + mod.name +
-                         ": the runtime trains GPT shapes only (gelu, layernorm, learned "
-                         "positions, tied embeddings, biases, kv_heads == heads)");
-  return Status::Ok();
-}
 
 }  // namespace
 
