@@ -360,11 +360,12 @@ TEST_P(CudaGemmTest, BatchedAgainstCpu) {
 }
 
 TEST_P(CudaGemmTest, EmptySumScalesTheOutput) {
-  // K = 0: c = beta * c (cuBLAS is not asked).
-  Both a = F({3, 0}), b = F({0, 2}), c = F({3, 2}, {1, 2, 3, 4, 5, 6});
-  gpu->Matmul(a.g, false, b.g, false, c.g, 1.0f, 0.5f);
+  // K = 0 (a stored (K, M) = (0, 3) and transposed; a (3, 0) would read as 0 rows): c = beta c,
+  // without asking cuBLAS.
+  Both a = F({0, 3}), b = F({0, 2}), c = F({3, 2}, {1, 2, 3, 4, 5, 6});
+  gpu->Matmul(a.g, true, b.g, false, c.g, 1.0f, 0.5f);
   EXPECT_EQ(GpuHost(c.g), (std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}));
-  gpu->Matmul(a.g, false, b.g, false, c.g);
+  gpu->Matmul(a.g, true, b.g, false, c.g);
   EXPECT_EQ(GpuHost(c.g), std::vector<float>(6, 0.0f));
 }
 
@@ -452,7 +453,9 @@ TEST_F(CudaTest, GeluForwardAndBackward) {
   Both d = F({n}, Random(size_t(n), 23));
   cpu.GeluBackward(d.c, x.c, d.c);  // in place: dx aliases dy
   gpu->GeluBackward(d.g, x.g, d.g);
-  ExpectNear(d, 1e-6, 1e-6, "dgelu");
+  // The derivative uses sech^2 = 1 - tanh^2: tanhf's <= 2 ulp (1.2e-7) become 2.4e-7 absolute,
+  // times 0.5 |x| sqrt(2/pi) (1 + 0.134 x^2) <= 14 at |x| = 6: 3.3e-6.
+  ExpectNear(d, 1e-5, 1e-6, "dgelu");
   gpu->GeluForward(x.g, x.g);  // y aliases x
   ExpectClose(GpuHost(x.g), CpuHost(y.c), 1e-6, 1e-6, "gelu in place");
 }
@@ -493,9 +496,10 @@ TEST_P(CudaAttentionTest, ForwardAndBackwardAgainstCpu) {
   gpu->AttentionForward(qkv.g, nh, order, out.g, saved.g);
   // fp32: sums of <= 67 terms of size <= 1 in another order. bf16 (inputs in [-1, 1]): the
   // scores' error is <= 2^-8 sqrt(d) = 0.016 (file comment), 0.004 after the 1/sqrt(d) scale,
-  // so each P is within a relative 2 * 0.004; P v then adds <= 2^-8 (sum_u P = 1, |v| <= 1):
+  // so each P is within a relative 2 * 0.004 (a softmax moves by at most twice the largest
+  // change of its inputs); P v then adds <= 2^-8 (sum_u P = 1, |v| <= 1):
   // |out error| <= 0.008 + 0.004 = 0.012 < 0.02.
-  ExpectNear(saved, bf16 ? 0.01 : 1e-6, 0, "P");
+  ExpectNear(saved, bf16 ? 0.01 : 3e-6, 0, "P");
   ExpectNear(out, bf16 ? 0.02 : 1e-5, 0, "out");
   Both dout = F(out_shape, Random(size_t(b * s * a), 25)), dqkv = F(in_shape);
   cpu.AttentionBackward(dout.c, qkv.c, saved.c, nh, order, dqkv.c);
@@ -504,7 +508,7 @@ TEST_P(CudaAttentionTest, ForwardAndBackwardAgainstCpu) {
   // bf16: four chained GEMMs on rounded operands, each within ~2^-8 relative of its terms,
   // and the softmax backward's subtraction: 5% of the largest gradient.
   const std::vector<float> want = CpuHost(dqkv.c);
-  ExpectClose(GpuHost(dqkv.g), want, (bf16 ? 5e-2 : 1e-5) * MaxAbs(want), 0, "dqkv");
+  ExpectClose(GpuHost(dqkv.g), want, (bf16 ? 5e-2 : 1e-4) * MaxAbs(want), 0, "dqkv");
   EXPECT_TRUE(gpu->Synchronize().ok());
 }
 
