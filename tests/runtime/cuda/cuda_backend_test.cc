@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +35,12 @@
 #include "runtime/cpu/cpu_backend.h"
 
 namespace ptdp::rt::cuda {
+
+// gtest prints test parameters with PrintTo, found by argument-dependent lookup.
+void PrintTo(GemmPrecision p, std::ostream* os) {
+  *os << (p == GemmPrecision::kBf16 ? "bf16" : "fp32");
+}
+
 namespace {
 
 using ::testing::HasSubstr;
@@ -466,6 +473,10 @@ struct AttnCase {
   GemmPrecision precision;
   TokenOrder order;
 };
+
+void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << Name(c.precision) << (c.order == TokenOrder::kBatchFirst ? " (b, s)" : " (s, b)");
+}
 
 class CudaAttentionTest : public CudaTest, public ::testing::WithParamInterface<AttnCase> {
  protected:
