@@ -31,7 +31,9 @@ else()
     set(CMAKE_CUDA_ARCHITECTURES 80 90)
   endif()
   enable_language(CUDA)
-  set(CMAKE_CUDA_STANDARD 20)
+  # C++17 for the .cu files: CMake 3.25 (Debian 12) has no -std=c++20 flag for nvcc ("CUDA20"
+  # is unknown to it), and the kernels need nothing newer. The host .cc files stay C++20.
+  set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   add_library(PTDP::nccl UNKNOWN IMPORTED)
   set_target_properties(PTDP::nccl PROPERTIES IMPORTED_LOCATION ${PTDP_NCCL_LIBRARY}

@@ -1,0 +1,181 @@
+// cuBLAS GEMM throughput of the CUDA backend (CudaBackend::Matmul, as the model calls it) over
+// the GEMMs of one GPT-2-medium (350M) layer and its output layer: h 1024, 3h, 4h, padded
+// vocabulary 50304, b*s = 8192 tokens; forward, input-gradient (dgrad) and weight-gradient
+// (wgrad) shapes, in both GEMM precisions. Figures (docs/benchmarks.md):
+//   TFLOP/s = 2 M N K per GEMM / wall seconds (10 GEMMs enqueued, then one Synchronize);
+//   of_peak = TFLOP/s / the device's dense peak for that precision (table below): the bf16
+//             tensor-core peak for kBf16, the fp32 CUDA-core peak for kFp32.
+// Without a GPU it says so and exits 0.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/cuda/cuda_backend.h"
+
+namespace {
+
+using ptdp::Result;
+using ptdp::Status;
+using ptdp::rt::DType;
+using ptdp::rt::Shape;
+using ptdp::rt::Tensor;
+using ptdp::rt::cuda::CudaBackend;
+using ptdp::rt::cuda::CudaBackendOptions;
+using ptdp::rt::cuda::GemmPrecision;
+
+constexpr int kGemmsPerIteration = 10;
+
+// Dense peaks (no structured sparsity), TFLOP/s, from NVIDIA's datasheets: H100 Tensor Core GPU
+// datasheet (SXM5 and PCIe columns; GH200 has the H100 SXM GPU), H200 datasheet (SXM and NVL),
+// A100 datasheet (SXM and PCIe alike), L40S datasheet. The datasheets print the bf16 figure
+// "with sparsity"; dense is half of it. First match of the device name wins: specific first.
+struct DevicePeak {
+  const char* name_contains;  // a substring of cudaDeviceProp::name
+  double bf16_tflops;         // dense bf16 tensor cores
+  double fp32_tflops;         // fp32 CUDA cores (no TF32)
+};
+constexpr DevicePeak kPeaks[] = {
+    {"H100 PCIe", 756, 51}, {"H100 NVL", 835, 60}, {"H200 NVL", 835, 60},
+    {"H100", 989, 67},      {"H200", 989, 67},     {"A100", 312, 19.5},
+    {"L40S", 362, 91.6},
+};
+
+const DevicePeak* FindPeak(const std::string& device_name) {
+  for (const DevicePeak& p : kPeaks)
+    if (device_name.find(p.name_contains) != std::string::npos) return &p;
+  return nullptr;
+}
+
+// One GEMM in Matmul's terms: c (m, n) = op(a) (m, k) @ op(b) (k, n).
+struct GemmShape {
+  const char* name;
+  int64_t m, n, k;
+  bool trans_a, trans_b;
+};
+// x (8192, h) tokens; a linear layer with weight W (out, in): forward y = x W^T, dgrad
+// dx = dy W, wgrad dW += dy^T x.
+constexpr GemmShape kShapes[] = {
+    {"qkv_fwd", 8192, 3072, 1024, false, true},
+    {"proj_fwd", 8192, 1024, 1024, false, true},
+    {"fc1_fwd", 8192, 4096, 1024, false, true},
+    {"fc2_fwd", 8192, 1024, 4096, false, true},
+    {"fc1_dgrad", 8192, 1024, 4096, false, false},
+    {"fc1_wgrad", 4096, 1024, 8192, true, false},
+    {"qkv_wgrad", 3072, 1024, 8192, true, false},
+    {"logits_fwd", 8192, 50304, 1024, false, true},
+    {"logits_dgrad", 8192, 1024, 50304, false, false},
+    {"logits_wgrad", 50304, 1024, 8192, true, false},
+};
+
+// One backend per precision, created on first use (nullptr when that fails).
+CudaBackend* Backend(GemmPrecision p) {
+  static std::unique_ptr<CudaBackend> backends[2];
+  std::unique_ptr<CudaBackend>& be = backends[p == GemmPrecision::kBf16 ? 0 : 1];
+  if (!be) {
+    CudaBackendOptions o;
+    o.gemm = p;
+    Result<std::unique_ptr<CudaBackend>> r = CudaBackend::Create(o);
+    if (!r.ok()) {
+      std::fprintf(stderr, "gemm_bench: %s\n", r.status().message().c_str());
+      return nullptr;
+    }
+    be = std::move(r).value();
+  }
+  return be.get();
+}
+
+// A tensor of `shape` holding values in [-0.5, 0.5) (not zeros: the tensor cores' power, and so
+// their clocks, depend on the data): a 4 MiB pattern copied in over and over.
+Result<Tensor> Operand(CudaBackend& be, const Shape& shape) {
+  static const std::vector<float> pattern = [] {
+    std::vector<float> v(size_t(1) << 20);
+    uint32_t x = 12345;
+    for (float& f : v) {
+      x = x * 1664525u + 1013904223u;  // LCG (Numerical Recipes)
+      f = float(x >> 8) / float(1 << 24) - 0.5f;
+    }
+    return v;
+  }();
+  Result<Tensor> t = be.Alloc(shape, DType::kF32);
+  if (!t.ok()) return t;
+  const int64_t n = t->numel(), chunk = int64_t(pattern.size());
+  for (int64_t at = 0; at < n; at += chunk) {
+    Tensor part = t->View(Shape{std::min(chunk, n - at)}, at);
+    Status s = be.CopyFromHost(pattern.data(), part);
+    if (!s.ok()) return s;
+  }
+  return t;
+}
+
+void BM_Gemm(benchmark::State& state, GemmShape g, GemmPrecision p, double peak_tflops) {
+  CudaBackend* be = Backend(p);
+  if (be == nullptr) {
+    state.SkipWithError("no CUDA backend (see stderr)");
+    return;
+  }
+  Result<Tensor> a = Operand(*be, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k});
+  Result<Tensor> b = Operand(*be, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n});
+  Result<Tensor> c = be->Alloc(Shape{g.m, g.n}, DType::kF32);
+  for (const Status& s : {a.status(), b.status(), c.status()}) {
+    if (!s.ok()) {
+      state.SkipWithError(s.message().c_str());
+      return;
+    }
+  }
+  be->Matmul(*a, g.trans_a, *b, g.trans_b, *c);  // warm-up: cuBLAS picks and loads its kernel
+  Status warm = be->Synchronize();
+  if (!warm.ok()) {
+    state.SkipWithError(warm.message().c_str());
+    return;
+  }
+  for (auto _ : state) {
+    for (int r = 0; r < kGemmsPerIteration; ++r) be->Matmul(*a, g.trans_a, *b, g.trans_b, *c);
+    Status s = be->Synchronize();
+    if (!s.ok()) {
+      state.SkipWithError(s.message().c_str());
+      break;
+    }
+  }
+  const double flops = 2.0 * double(g.m) * double(g.n) * double(g.k) * kGemmsPerIteration;
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(flops / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  if (peak_tflops > 0)
+    state.counters["of_peak"] = benchmark::Counter(flops / (peak_tflops * 1e12),
+                                                   benchmark::Counter::kIsIterationInvariantRate);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const ptdp::rt::cuda::CudaInfo info = ptdp::rt::cuda::ProbeCuda();
+  if (info.gpus_visible == 0) {
+    std::printf("gemm_bench: no CUDA GPU visible (%s); nothing to measure\n",
+                info.why_none.c_str());
+    return 0;
+  }
+  const DevicePeak* peak = FindPeak(info.device_name);
+  std::printf("gemm_bench: %s; dense peaks %s\n", info.device_name.c_str(),
+              peak ? (std::to_string(peak->bf16_tflops) + " bf16, " +
+                      std::to_string(peak->fp32_tflops) + " fp32 TFLOP/s")
+                         .c_str()
+                   : "unknown (no of_peak column)");
+  for (const GemmShape& g : kShapes) {
+    for (GemmPrecision p : {GemmPrecision::kBf16, GemmPrecision::kFp32}) {
+      const bool bf16 = p == GemmPrecision::kBf16;
+      const double tflops = peak ? (bf16 ? peak->bf16_tflops : peak->fp32_tflops) : 0.0;
+      const std::string name = std::string("gemm/") + g.name + (bf16 ? "/bf16" : "/fp32");
+      benchmark::RegisterBenchmark(name.c_str(), BM_Gemm, g, p, tflops)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,725 @@
+// The CUDA Backend: memory from the device's stream-ordered pool, GEMMs by cuBLAS, the other ops
+// by the kernels of kernels.cu, everything in order on one stream. Letters as in
+// runtime/backend.h; L = b*nh, X = L*s*d (one of q, k, v unpacked per head).
+#include "runtime/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cassert>
+#include <climits>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/kernels.cuh"
+
+namespace ptdp::rt::cuda {
+namespace {
+
+// cuBLAS's recommended workspace on Hopper (cuBLAS docs, cublasSetWorkspace: 32 MiB on sm_90,
+// 4 MiB elsewhere); one size for all is simpler and costs little. Not counted in CurrentBytes().
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
+// The tensor read as 2-D (N, C): C the last dimension, N the product of the others.
+int64_t Cols(const Tensor& t) {
+  return t.shape().rank() == 0 ? 1 : t.shape()[t.shape().rank() - 1];
+}
+int64_t Rows(const Tensor& t) { return Cols(t) == 0 ? 0 : t.numel() / Cols(t); }
+
+const float* F32(const Tensor& t) {
+  assert(t.defined() && t.dtype() == DType::kF32);
+  return t.data_as<const float>();
+}
+float* MutF32(Tensor& t) {
+  assert(t.defined() && t.dtype() == DType::kF32);
+  return t.data_as<float>();
+}
+const int32_t* I32(const Tensor& t) {
+  assert(t.defined() && t.dtype() == DType::kI32);
+  return t.data_as<const int32_t>();
+}
+
+// (b, s) of a rank-3 activation in `order`.
+void BatchSeq(const Tensor& t, TokenOrder order, int64_t* b, int64_t* s) {
+  assert(t.shape().rank() == 3);
+  *b = order == TokenOrder::kBatchFirst ? t.shape()[0] : t.shape()[1];
+  *s = order == TokenOrder::kBatchFirst ? t.shape()[1] : t.shape()[0];
+}
+
+std::string Label(int device) { return "CUDA device " + std::to_string(device); }
+
+// "no CUDA-capable device is detected (cudaErrorNoDevice)"
+std::string ErrorText(cudaError_t e) {
+  return std::string(cudaGetErrorString(e)) + " (" + cudaGetErrorName(e) + ")";
+}
+
+// What the buffers' release functions need: shared with them, so that a tensor may outlive the
+// backend (its memory is then freed synchronously).
+struct SharedState {
+  int device = 0;
+  std::atomic<size_t> current{0};  // bytes of live tensors and scratch
+  std::atomic<size_t> peak{0};
+  std::atomic<bool> failed{false};  // first_error holds a failure not yet returned
+  std::mutex mu;                    // guards stream and first_error
+  cudaStream_t stream = nullptr;    // null once the backend is gone
+  Status first_error;
+
+  void RecordLocked(const Status& s) {
+    if (s.ok() || failed.load()) return;
+    first_error = s;
+    failed.store(true);
+  }
+  void Record(const Status& s) {
+    if (s.ok()) return;
+    std::lock_guard<std::mutex> lock(mu);
+    RecordLocked(s);
+  }
+  // The failure recorded since the last call (Ok when none), forgotten.
+  Status Take() {
+    if (!failed.load()) return Status::Ok();
+    std::lock_guard<std::mutex> lock(mu);
+    Status s = std::move(first_error);
+    first_error = Status::Ok();
+    failed.store(false);
+    return s;
+  }
+  void Release(void* p, size_t bytes) {
+    current.fetch_sub(bytes);
+    if (p == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu);
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device;
+    if (switched) (void)cudaSetDevice(device);
+    if (stream != nullptr) {
+      RecordLocked(PTDP_CUDA_STATUS(cudaFreeAsync(p, stream)));  // ordered after its last use
+    } else {
+      (void)cudaFree(p);  // the backend synchronized its stream before it went
+    }
+    if (switched) (void)cudaSetDevice(previous);
+  }
+};
+
+// One operand of a (batched) GEMM as stored: row-major (rows, cols), matrices `stride` apart.
+struct Operand {
+  const float* data;
+  int64_t rows, cols;
+  bool trans;
+  int64_t stride;
+};
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  CudaBackendOptions options;
+  std::string name;  // "CUDA device 0 (NVIDIA H100 80GB HBM3)"
+  std::shared_ptr<SharedState> shared = std::make_shared<SharedState>();
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  void* workspace = nullptr;
+
+  explicit Impl(const CudaBackendOptions& o) : options(o), name(Label(o.device)) {
+    shared->device = o.device;
+  }
+  ~Impl();
+  Status Init();
+
+  // Called first by every compute op: makes the device current and clears a stale error of an
+  // earlier call (already returned by that call) so that it is not blamed on this op's
+  // launches. False when a failure is pending: the op is then skipped.
+  bool Begin() {
+    if (shared->failed.load()) return false;
+    Status s = PTDP_CUDA_STATUS(cudaSetDevice(options.device));
+    if (!s.ok()) {
+      (void)cudaGetLastError();
+      shared->Record(s);
+      return false;
+    }
+    (void)cudaGetLastError();
+    return true;
+  }
+  void Check(const Status& s) {
+    if (!s.ok()) shared->Record(s);
+  }
+  Result<Tensor> Alloc(const Shape& shape, DType dtype, bool zero);
+  // Scratch of an op (not zeroed; counted like tensors); a failure is recorded.
+  Result<Tensor> Scratch(const char* op, const Shape& shape) {
+    Result<Tensor> t = Alloc(shape, DType::kF32, /*zero=*/false);
+    if (!t.ok()) shared->Record(t.status().Prefixed(std::string(op) + " scratch"));
+    return t;
+  }
+  // c (batch of (m, p), stride_c apart) = alpha * op(a) @ op(b) + beta * c.
+  void Gemm(const char* op, const Operand& a, const Operand& b, float* c, int64_t m, int64_t p,
+            int64_t k, float alpha, float beta, int64_t batch, int64_t stride_c);
+  // out[0] += sum(x) or sum(x^2), deterministic (kernels::SumPartials, SumFinalize).
+  void Reduce(const char* op, const Tensor& x, bool squares, Tensor& out);
+  // A host <-> device copy, waited for. A pending failure is returned first (and the copy
+  // skipped).
+  Status Transfer(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+};
+
+// ---- creation -------------------------------------------------------------------------------
+
+CudaInfo ProbeCuda() {
+  CudaInfo info;
+  if (cudaRuntimeGetVersion(&info.runtime_version) != cudaSuccess) info.runtime_version = 0;
+  if (cudaDriverGetVersion(&info.driver_version) != cudaSuccess) info.driver_version = 0;
+  int major = 0, minor = 0, patch = 0;
+  if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+    info.cublas_version = major * 10000 + minor * 100 + patch;
+  if (ncclGetVersion(&info.nccl_version) != ncclSuccess) info.nccl_version = 0;
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    info.why_none = ErrorText(e);
+    count = 0;
+  } else if (count == 0) {
+    info.why_none = "cudaGetDeviceCount found no devices";
+  }
+  info.gpus_visible = count;
+  cudaDeviceProp prop{};
+  if (count > 0 && cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+    info.device_name = prop.name;
+    info.device_memory_bytes = prop.totalGlobalMem;
+  }
+  (void)cudaGetLastError();  // the probe's failures are in `info`, not pending for others
+  return info;
+}
+
+Status CudaBackend::Impl::Init() {
+  const int dev = options.device;
+  PTDP_CUDA_RETURN_IF_ERROR(cudaSetDevice(dev));
+  cudaDeviceProp prop{};
+  PTDP_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, dev));
+  name = Label(dev) + " (" + prop.name + ")";
+  int pools = 0;
+  PTDP_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev));
+  if (pools == 0)
+    return Status::Error(std::string(prop.name) +
+                         " has no stream-ordered allocator (cudaDevAttrMemoryPoolsSupported 0)");
+  PTDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Keep freed memory in the pool (the default threshold 0 returns it to the driver at every
+  // synchronization): per-micro-batch allocations then cost no driver calls.
+  cudaMemPool_t pool = nullptr;
+  PTDP_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t threshold = UINT64_MAX;
+  PTDP_CUDA_RETURN_IF_ERROR(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  PTDP_CUDA_RETURN_IF_ERROR(cublasCreate(&cublas));
+  // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
+  PTDP_CUDA_RETURN_IF_ERROR(cublasSetStream(cublas, stream));
+  PTDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace, kCublasWorkspaceBytes));
+  PTDP_CUDA_RETURN_IF_ERROR(cublasSetWorkspace(cublas, workspace, kCublasWorkspaceBytes));
+  std::lock_guard<std::mutex> lock(shared->mu);
+  shared->stream = stream;
+  return Status::Ok();
+}
+
+CudaBackend::Impl::~Impl() {
+  if (stream != nullptr) {
+    (void)cudaSetDevice(options.device);
+    (void)cudaStreamSynchronize(stream);
+  }
+  {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    shared->stream = nullptr;  // tensors released from now on are freed synchronously
+  }
+  if (cublas != nullptr) (void)cublasDestroy(cublas);
+  if (workspace != nullptr) (void)cudaFree(workspace);
+  if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  (void)cudaGetLastError();
+}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& options) {
+  const std::string label = Label(options.device);
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status::Error(label + ": " + ErrorText(e) +
+                         "; `ptdp info` lists the GPUs this machine has");
+  }
+  if (options.device < 0 || options.device >= count)
+    return Status::Error(label + ": no such device, this machine has " + std::to_string(count) +
+                         " GPU(s) (devices 0.." + std::to_string(count - 1) +
+                         "); `ptdp info` lists them");
+  auto impl = std::make_unique<Impl>(options);
+  Status s = impl->Init();
+  if (!s.ok()) {
+    (void)cudaGetLastError();
+    return s.Prefixed(label);
+  }
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+}
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaBackend::~CudaBackend() = default;
+
+int CudaBackend::device() const { return impl_->options.device; }
+cudaStream_t CudaBackend::stream() const { return impl_->stream; }
+
+// ---- memory -----------------------------------------------------------------------------------
+
+Result<Tensor> CudaBackend::Impl::Alloc(const Shape& shape, DType dtype, bool zero) {
+  const std::string what = "Alloc " + shape.ToString() + " " + ToString(dtype) + " on " + name;
+  for (int64_t d : shape.dims) {
+    if (d < 0) return Status::Error(what + ": negative dimension");
+  }
+  const size_t bytes = size_t(shape.numel()) * DTypeBytes(dtype);
+  const size_t now = shared->current.fetch_add(bytes) + bytes;
+  if (options.capacity_bytes != 0 && now > options.capacity_bytes) {
+    shared->current.fetch_sub(bytes);
+    return Status::Error(what + ": " + std::to_string(bytes) + " bytes do not fit (" +
+                         std::to_string(now - bytes) + " in use of a " +
+                         std::to_string(options.capacity_bytes) + "-byte capacity)");
+  }
+  void* data = nullptr;
+  if (bytes > 0) {
+    Status s = PTDP_CUDA_STATUS(cudaSetDevice(options.device));
+    if (s.ok()) s = PTDP_CUDA_STATUS(cudaMallocAsync(&data, bytes, stream));
+    if (s.ok() && zero) {
+      s = PTDP_CUDA_STATUS(cudaMemsetAsync(data, 0, bytes, stream));
+      if (!s.ok()) (void)cudaFreeAsync(data, stream);
+    }
+    if (!s.ok()) {
+      (void)cudaGetLastError();
+      shared->current.fetch_sub(bytes);
+      return Status::Error(what + ": " + std::to_string(bytes) + " bytes: " + s.message());
+    }
+  }
+  size_t peak = shared->peak.load();
+  while (now > peak && !shared->peak.compare_exchange_weak(peak, now)) {
+  }
+  std::shared_ptr<SharedState> state = shared;
+  auto release = [state](void* p, size_t n) { state->Release(p, n); };
+  return Tensor(std::make_shared<Buffer>(data, bytes, release), shape, dtype);
+}
+
+Result<Tensor> CudaBackend::Alloc(const Shape& shape, DType dtype) {
+  return impl_->Alloc(shape, dtype, /*zero=*/true);
+}
+
+size_t CudaBackend::CurrentBytes() const { return impl_->shared->current.load(); }
+size_t CudaBackend::PeakBytes() const { return impl_->shared->peak.load(); }
+void CudaBackend::ResetPeak() { impl_->shared->peak.store(impl_->shared->current.load()); }
+
+Status CudaBackend::Synchronize() {
+  Status s = PTDP_CUDA_STATUS(cudaSetDevice(impl_->options.device));
+  if (s.ok()) s = PTDP_CUDA_STATUS(cudaStreamSynchronize(impl_->stream));
+  if (!s.ok()) {
+    (void)cudaGetLastError();
+    impl_->shared->Record(s);
+  }
+  return impl_->shared->Take();
+}
+
+// ---- host transfer ----------------------------------------------------------------------------
+
+Status CudaBackend::Impl::Transfer(void* dst, const void* src, size_t bytes,
+                                   cudaMemcpyKind kind) {
+  PTDP_RETURN_IF_ERROR(shared->Take());
+  Status s = PTDP_CUDA_STATUS(cudaSetDevice(options.device));
+  if (s.ok() && bytes > 0) s = PTDP_CUDA_STATUS(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  if (s.ok()) s = PTDP_CUDA_STATUS(cudaStreamSynchronize(stream));
+  if (!s.ok()) (void)cudaGetLastError();
+  shared->Record(s);
+  return shared->Take();  // this copy's failure, or one a release recorded meanwhile
+}
+
+Status CudaBackend::CopyFromHost(const float* src, Tensor& dst) {
+  return impl_->Transfer(MutF32(dst), src, dst.bytes(), cudaMemcpyHostToDevice);
+}
+
+Status CudaBackend::CopyFromHost(const int32_t* src, Tensor& dst) {
+  assert(dst.dtype() == DType::kI32);
+  return impl_->Transfer(dst.data(), src, dst.bytes(), cudaMemcpyHostToDevice);
+}
+
+Status CudaBackend::CopyToHost(const Tensor& src, float* dst) {
+  return impl_->Transfer(dst, F32(src), src.bytes(), cudaMemcpyDeviceToHost);
+}
+
+Status CudaBackend::CopyToHost(const Tensor& src, int32_t* dst) {
+  return impl_->Transfer(dst, I32(src), src.bytes(), cudaMemcpyDeviceToHost);
+}
+
+// ---- GEMM -------------------------------------------------------------------------------------
+
+// Row-major C (m, p) = op(A) op(B) is column-major C^T (p, m) = op(B)^T op(A)^T, and a row-major
+// matrix read column-major is its transpose: so cuBLAS gets b first and a second, each with its
+// own op and its stored row length as leading dimension, and C with ldc = p.
+void CudaBackend::Impl::Gemm(const char* op, const Operand& a, const Operand& b, float* c,
+                             int64_t m, int64_t p, int64_t k, float alpha, float beta,
+                             int64_t batch, int64_t stride_c) {
+  if (m == 0 || p == 0 || batch == 0) return;
+  if (k == 0) {  // an empty sum: c = beta * c (c is contiguous: a whole tensor)
+    const int64_t n = batch * m * p;
+    Check(beta == 0.0f ? PTDP_CUDA_STATUS(kernels::Fill(0.0f, c, n, stream))
+                       : PTDP_CUDA_STATUS(kernels::Scale(beta, c, n, stream)));
+    return;
+  }
+  for (int64_t dim : {m, p, k, a.cols, b.cols, batch}) {
+    if (dim > INT_MAX) {
+      shared->Record(Status::Error(std::string(op) + ": dimension " + std::to_string(dim) +
+                                   " exceeds cuBLAS's int range"));
+      return;
+    }
+  }
+  const cublasComputeType_t compute = options.gemm == GemmPrecision::kBf16
+                                          ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                          : CUBLAS_COMPUTE_32F;
+  const cublasOperation_t op_a = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1) {
+    Check(PTDP_CUDA_STATUS(cublasGemmEx(cublas, op_b, op_a, int(p), int(m), int(k), &alpha,
+                                        b.data, CUDA_R_32F, int(b.cols), a.data, CUDA_R_32F,
+                                        int(a.cols), &beta, c, CUDA_R_32F, int(p), compute,
+                                        CUBLAS_GEMM_DEFAULT)));
+  } else {
+    Check(PTDP_CUDA_STATUS(cublasGemmStridedBatchedEx(
+        cublas, op_b, op_a, int(p), int(m), int(k), &alpha, b.data, CUDA_R_32F, int(b.cols),
+        b.stride, a.data, CUDA_R_32F, int(a.cols), a.stride, &beta, c, CUDA_R_32F, int(p),
+        stride_c, int(batch), compute, CUBLAS_GEMM_DEFAULT)));
+  }
+}
+
+void CudaBackend::Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                         float alpha, float beta) {
+  const int64_t m = trans_a ? Cols(a) : Rows(a), k = trans_a ? Rows(a) : Cols(a);
+  const int64_t p = trans_b ? Rows(b) : Cols(b);
+  assert(Rows(c) == m && Cols(c) == p && (trans_b ? Cols(b) : Rows(b)) == k);
+  if (!impl_->Begin()) return;
+  impl_->Gemm("Matmul", Operand{F32(a), Rows(a), Cols(a), trans_a, 0},
+              Operand{F32(b), Rows(b), Cols(b), trans_b, 0}, MutF32(c), m, p, k, alpha, beta, 1,
+              0);
+}
+
+void CudaBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                                Tensor& c, float alpha, float beta) {
+  assert(a.shape().rank() == 3 && b.shape().rank() == 3 && c.shape().rank() == 3);
+  assert(a.shape()[0] == b.shape()[0] && a.shape()[0] == c.shape()[0]);
+  const int64_t batch = a.shape()[0];
+  const int64_t ar = a.shape()[1], ac = a.shape()[2], br = b.shape()[1], bc = b.shape()[2];
+  const int64_t m = trans_a ? ac : ar, k = trans_a ? ar : ac, p = trans_b ? br : bc;
+  assert(c.shape()[1] == m && c.shape()[2] == p && (trans_b ? bc : br) == k);
+  if (!impl_->Begin()) return;
+  impl_->Gemm("MatmulBatched", Operand{F32(a), ar, ac, trans_a, ar * ac},
+              Operand{F32(b), br, bc, trans_b, br * bc}, MutF32(c), m, p, k, alpha, beta, batch,
+              m * p);
+}
+
+// ---- bias -------------------------------------------------------------------------------------
+
+void CudaBackend::AddBias(Tensor& y, const Tensor& bias) {
+  assert(bias.numel() == Cols(y));
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::AddBias(MutF32(y), F32(bias), Rows(y), Cols(y), impl_->stream)));
+}
+
+void CudaBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
+  const int64_t n = Rows(dy), c = Cols(dy);
+  assert(dbias.numel() == c);
+  if (!impl_->Begin()) return;
+  const kernels::RowSplit split = kernels::SplitRows(n);
+  if (split.chunks == 0 || c == 0) return;
+  Result<Tensor> partials = impl_->Scratch("BiasGrad", Shape{split.chunks, c});
+  if (!partials.ok()) return;
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::BiasGradPartials(F32(dy), n, c, split, MutF32(*partials), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::ColumnFinalize(F32(*partials), split.chunks, c, MutF32(dbias), impl_->stream)));
+}
+
+// ---- LayerNorm --------------------------------------------------------------------------------
+
+void CudaBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                   float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const int64_t n = Rows(x), c = Cols(x);
+  assert(y.numel() == x.numel() && gamma.numel() == c && beta.numel() == c);
+  assert(mean.numel() == n && rstd.numel() == n);
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::LayerNormForward(F32(x), F32(gamma), F32(beta), eps, n,
+                                                          c, MutF32(y), MutF32(mean),
+                                                          MutF32(rstd), impl_->stream)));
+}
+
+void CudaBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                    const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                    Tensor& dgamma, Tensor& dbeta) {
+  const int64_t n = Rows(x), c = Cols(x);
+  assert(dy.numel() == x.numel() && dx.numel() == x.numel());
+  assert(gamma.numel() == c && dgamma.numel() == c && dbeta.numel() == c);
+  assert(mean.numel() == n && rstd.numel() == n);
+  if (!impl_->Begin()) return;
+  cudaStream_t st = impl_->stream;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::LayerNormBackwardInput(
+      F32(dy), F32(x), F32(gamma), F32(mean), F32(rstd), n, c, MutF32(dx), st)));
+  const kernels::RowSplit split = kernels::SplitRows(n);
+  if (split.chunks == 0 || c == 0) return;
+  Result<Tensor> partials = impl_->Scratch("LayerNormBackward", Shape{2, split.chunks, c});
+  if (!partials.ok()) return;
+  float* dgamma_partials = MutF32(*partials);
+  float* dbeta_partials = dgamma_partials + split.chunks * c;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::LayerNormParamPartials(
+      F32(dy), F32(x), F32(mean), F32(rstd), n, c, split, dgamma_partials, dbeta_partials, st)));
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::ColumnFinalize(dgamma_partials, split.chunks, c, MutF32(dgamma), st)));
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::ColumnFinalize(dbeta_partials, split.chunks, c, MutF32(dbeta), st)));
+}
+
+// ---- GeLU -------------------------------------------------------------------------------------
+
+void CudaBackend::GeluForward(const Tensor& x, Tensor& y) {
+  assert(y.numel() == x.numel());
+  if (!impl_->Begin()) return;
+  impl_->Check(
+      PTDP_CUDA_STATUS(kernels::GeluForward(F32(x), MutF32(y), x.numel(), impl_->stream)));
+}
+
+void CudaBackend::GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  assert(dy.numel() == x.numel() && dx.numel() == x.numel());
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::GeluBackward(F32(dy), F32(x), MutF32(dx), x.numel(), impl_->stream)));
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+// Saves the softmax probabilities P (b, nh, s, s), zero above the diagonal, as the CPU backend.
+Shape CudaBackend::AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const {
+  return Shape{b, nh, s, s};
+}
+
+// q, k, v unpacked per head to (L, s, d) each; S = q k^T (L, s, s) into saved by one strided
+// batched GEMM (the full square: the masked half costs the GEMM twice the causal minimum), the
+// fused scale + mask + softmax in place, O = P v, packed back into out's rows.
+void CudaBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,
+                                   Tensor& saved) {
+  int64_t b = 0, s = 0;
+  BatchSeq(qkv, order, &b, &s);
+  const int64_t a = Cols(qkv) / 3, d = a / nh, l = b * nh, x = l * s * d;
+  assert(Cols(qkv) == 3 * a && a == nh * d && out.numel() == b * s * a);
+  assert(saved.shape() == AttentionSavedShape(b, s, nh));
+  if (!impl_->Begin() || x == 0) return;
+  const bool seq_first = order == TokenOrder::kSeqFirst;
+  cudaStream_t st = impl_->stream;
+  Result<Tensor> heads = impl_->Scratch("AttentionForward", Shape{3, l, s, d});  // q | k | v
+  if (!heads.ok()) return;
+  Result<Tensor> o = impl_->Scratch("AttentionForward", Shape{l, s, d});
+  if (!o.ok()) return;
+  const float* q = F32(*heads);
+  const float* k = q + x;
+  const float* v = q + 2 * x;
+  float* p = MutF32(saved);
+  impl_->Check(PTDP_CUDA_STATUS(kernels::RowsToHeads(
+      F32(qkv), kernels::HeadLayout{b, s, nh, d, 3, seq_first}, MutF32(*heads), st)));
+  impl_->Gemm("AttentionForward", Operand{q, s, d, false, s * d}, Operand{k, s, d, true, s * d},
+              p, s, s, d, 1.0f, 0.0f, l, s * s);
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::CausalSoftmaxForward(p, l, s, 1.0f / std::sqrt(float(d)), st)));
+  impl_->Gemm("AttentionForward", Operand{p, s, s, false, s * s}, Operand{v, s, d, false, s * d},
+              MutF32(*o), s, d, s, 1.0f, 0.0f, l, s * d);
+  impl_->Check(PTDP_CUDA_STATUS(kernels::HeadsToRows(
+      F32(*o), kernels::HeadLayout{b, s, nh, d, 1, seq_first}, MutF32(out), st)));
+}
+
+// With dO the gradient of O per head:
+//   dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP)) / sqrt(d);  dQ = dS K;
+//   dK = dS^T Q; dQ, dK, dV packed into dqkv's rows.
+void CudaBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved,
+                                    int64_t nh, TokenOrder order, Tensor& dqkv) {
+  int64_t b = 0, s = 0;
+  BatchSeq(qkv, order, &b, &s);
+  const int64_t a = Cols(qkv) / 3, d = a / nh, l = b * nh, x = l * s * d;
+  assert(a == nh * d && dout.numel() == b * s * a && dqkv.shape() == qkv.shape());
+  assert(saved.shape() == AttentionSavedShape(b, s, nh));
+  if (!impl_->Begin() || x == 0) return;
+  const bool seq_first = order == TokenOrder::kSeqFirst;
+  cudaStream_t st = impl_->stream;
+  const char* op = "AttentionBackward";
+  Result<Tensor> heads = impl_->Scratch(op, Shape{3, l, s, d});   // q | k | v
+  if (!heads.ok()) return;
+  Result<Tensor> dheads = impl_->Scratch(op, Shape{3, l, s, d});  // dq | dk | dv
+  if (!dheads.ok()) return;
+  Result<Tensor> dout_heads = impl_->Scratch(op, Shape{l, s, d});
+  if (!dout_heads.ok()) return;
+  Result<Tensor> dp = impl_->Scratch(op, Shape{l, s, s});  // dP, then dS in place
+  if (!dp.ok()) return;
+  const float* q = F32(*heads);
+  const float* k = q + x;
+  const float* v = q + 2 * x;
+  float* dq = MutF32(*dheads);
+  float* dk = dq + x;
+  float* dv = dq + 2 * x;
+  const float* p = F32(saved);
+  const float* dO = F32(*dout_heads);
+  float* ds = MutF32(*dp);
+  impl_->Check(PTDP_CUDA_STATUS(kernels::RowsToHeads(
+      F32(qkv), kernels::HeadLayout{b, s, nh, d, 3, seq_first}, MutF32(*heads), st)));
+  impl_->Check(PTDP_CUDA_STATUS(kernels::RowsToHeads(
+      F32(dout), kernels::HeadLayout{b, s, nh, d, 1, seq_first}, MutF32(*dout_heads), st)));
+  impl_->Gemm(op, Operand{p, s, s, true, s * s}, Operand{dO, s, d, false, s * d}, dv, s, d, s,
+              1.0f, 0.0f, l, s * d);
+  impl_->Gemm(op, Operand{dO, s, d, false, s * d}, Operand{v, s, d, true, s * d}, ds, s, s, d,
+              1.0f, 0.0f, l, s * s);
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::CausalSoftmaxBackward(p, ds, l, s, 1.0f / std::sqrt(float(d)), st)));
+  impl_->Gemm(op, Operand{ds, s, s, false, s * s}, Operand{k, s, d, false, s * d}, dq, s, d, s,
+              1.0f, 0.0f, l, s * d);
+  impl_->Gemm(op, Operand{ds, s, s, true, s * s}, Operand{q, s, d, false, s * d}, dk, s, d, s,
+              1.0f, 0.0f, l, s * d);
+  impl_->Check(PTDP_CUDA_STATUS(kernels::HeadsToRows(
+      F32(*dheads), kernels::HeadLayout{b, s, nh, d, 3, seq_first}, MutF32(dqkv), st)));
+}
+
+// ---- vocab-parallel embedding -----------------------------------------------------------------
+
+void CudaBackend::EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,
+                                   Tensor& out) {
+  const int64_t n = tokens.numel(), v = Rows(table), h = Cols(table);
+  assert(out.numel() == n * h);
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::EmbeddingForward(
+      I32(tokens), n, F32(table), v, h, vocab_start, MutF32(out), impl_->stream)));
+}
+
+void CudaBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int64_t vocab_start,
+                                    Tensor& dtable) {
+  const int64_t n = tokens.numel(), v = Rows(dtable), h = Cols(dtable);
+  assert(dout.numel() == n * h);
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::EmbeddingBackward(
+      F32(dout), I32(tokens), n, vocab_start, v, h, MutF32(dtable), impl_->stream)));
+}
+
+// ---- vocab-parallel cross entropy -------------------------------------------------------------
+
+void CudaBackend::CrossEntropyMax(const Tensor& logits, Tensor& row_max) {
+  assert(row_max.numel() == Rows(logits));
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::CrossEntropyMax(F32(logits), Rows(logits), Cols(logits),
+                                                         MutF32(row_max), impl_->stream)));
+}
+
+void CudaBackend::CrossEntropySumExp(const Tensor& logits, const Tensor& row_max,
+                                     Tensor& sum_exp) {
+  assert(row_max.numel() == Rows(logits) && sum_exp.numel() == Rows(logits));
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::CrossEntropySumExp(
+      F32(logits), F32(row_max), Rows(logits), Cols(logits), MutF32(sum_exp), impl_->stream)));
+}
+
+void CudaBackend::CrossEntropyTarget(const Tensor& logits, const Tensor& targets,
+                                     int64_t vocab_start, Tensor& target_logit) {
+  assert(targets.numel() == Rows(logits) && target_logit.numel() == Rows(logits));
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::CrossEntropyTarget(F32(logits), I32(targets), Rows(logits), Cols(logits),
+                                  vocab_start, MutF32(target_logit), impl_->stream)));
+}
+
+void CudaBackend::CrossEntropyLoss(const Tensor& row_max, const Tensor& sum_exp,
+                                   const Tensor& target_logit, Tensor& loss) {
+  const int64_t n = row_max.numel();
+  assert(sum_exp.numel() == n && target_logit.numel() == n && loss.numel() == n);
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::CrossEntropyLoss(
+      F32(row_max), F32(sum_exp), F32(target_logit), n, MutF32(loss), impl_->stream)));
+}
+
+void CudaBackend::CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
+                                       int64_t vocab_start, const Tensor& row_max,
+                                       const Tensor& sum_exp, float scale, Tensor& dlogits) {
+  const int64_t n = Rows(logits), v = Cols(logits);
+  assert(targets.numel() == n && row_max.numel() == n && sum_exp.numel() == n);
+  assert(dlogits.numel() == logits.numel());
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::CrossEntropyBackward(F32(logits), I32(targets), n, v, vocab_start, F32(row_max),
+                                    F32(sum_exp), scale, MutF32(dlogits), impl_->stream)));
+}
+
+// ---- element-wise and reductions --------------------------------------------------------------
+
+void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
+  assert(a.numel() == out.numel() && b.numel() == out.numel());
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::Add(F32(a), F32(b), MutF32(out), out.numel(), impl_->stream)));
+}
+
+void CudaBackend::Axpy(float alpha, const Tensor& x, Tensor& y) {
+  assert(x.numel() == y.numel());
+  if (!impl_->Begin()) return;
+  impl_->Check(
+      PTDP_CUDA_STATUS(kernels::Axpy(alpha, F32(x), MutF32(y), y.numel(), impl_->stream)));
+}
+
+void CudaBackend::Scale(float alpha, Tensor& x) {
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::Scale(alpha, MutF32(x), x.numel(), impl_->stream)));
+}
+
+void CudaBackend::Fill(float value, Tensor& x) {
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::Fill(value, MutF32(x), x.numel(), impl_->stream)));
+}
+
+void CudaBackend::Copy(const Tensor& src, Tensor& dst) {
+  assert(src.dtype() == dst.dtype() && src.numel() == dst.numel());
+  if (!impl_->Begin() || src.bytes() == 0 || src.data() == dst.data()) return;
+  impl_->Check(PTDP_CUDA_STATUS(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(),
+                                                cudaMemcpyDeviceToDevice, impl_->stream)));
+}
+
+// out[0] += the sum of x (or of x^2) through SumBlocks(n) double partials in scratch.
+void CudaBackend::Impl::Reduce(const char* op, const Tensor& x, bool squares, Tensor& out) {
+  const int64_t blocks = kernels::SumBlocks(x.numel());
+  if (blocks == 0) return;
+  Result<Tensor> partials = Scratch(op, Shape{2 * blocks});  // doubles in f32 pairs
+  if (!partials.ok()) return;
+  double* p = reinterpret_cast<double*>(MutF32(*partials));  // 256-byte aligned: a whole buffer
+  Check(PTDP_CUDA_STATUS(kernels::SumPartials(F32(x), x.numel(), squares, p, stream)));
+  Check(PTDP_CUDA_STATUS(kernels::SumFinalize(p, blocks, MutF32(out), stream)));
+}
+
+void CudaBackend::SumSquares(const Tensor& x, Tensor& out) {
+  assert(out.numel() == 1);
+  if (!impl_->Begin()) return;
+  impl_->Reduce("SumSquares", x, /*squares=*/true, out);
+}
+
+void CudaBackend::Sum(const Tensor& x, Tensor& out) {
+  assert(out.numel() == 1);
+  if (!impl_->Begin()) return;
+  impl_->Reduce("Sum", x, /*squares=*/false, out);
+}
+
+// ---- optimizer --------------------------------------------------------------------------------
+
+void CudaBackend::AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                        const AdamWConfig& cfg) {
+  assert(grad.numel() == param.numel() && m.numel() == param.numel() &&
+         v.numel() == param.numel() && cfg.step >= 1);
+  if (!impl_->Begin()) return;
+  // The bias corrections as the CPU backend computes them (fp32 pow on the host).
+  const kernels::AdamWArgs args{cfg.lr,
+                                cfg.beta1,
+                                cfg.beta2,
+                                cfg.eps,
+                                cfg.weight_decay,
+                                cfg.grad_scale,
+                                1.0f - std::pow(cfg.beta1, float(cfg.step)),
+                                1.0f - std::pow(cfg.beta2, float(cfg.step))};
+  impl_->Check(PTDP_CUDA_STATUS(kernels::AdamW(MutF32(param), F32(grad), MutF32(m), MutF32(v),
+                                               param.numel(), args, impl_->stream)));
+}
+
+}  // namespace ptdp::rt::cuda

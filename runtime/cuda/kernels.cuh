@@ -1,0 +1,127 @@
+// Host-side launchers of the CUDA backend's own kernels (kernels.cu): every Backend op that is not
+// a GEMM. Each enqueues its kernels on `st` and returns cudaGetLastError() after the launches (a
+// bad launch configuration, or an earlier sticky fault), so that the backend can record the first
+// failure with file and line. With nothing to do (an empty tensor) nothing is launched and
+// cudaSuccess is returned. Pointers are device pointers, 4-byte aligned (tensor views may start
+// at any element); counts are elements. Letters as in runtime/backend.h; L = b*nh.
+//
+// Determinism: no atomics; every reduction has a fixed order that depends only on the shapes
+// (per-thread loops, then warp butterflies or shared-memory trees of fixed size), so the same
+// inputs give bit-identical outputs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ptdp::rt::cuda::kernels {
+
+// ---- column sums in two passes (BiasGrad, LayerNorm's dgamma/dbeta) ------------------------------
+// Rows are cut into `chunks` runs of `rows_per_chunk` rows; pass 1 writes one partial sum per
+// (chunk, column) into a (chunks, C) scratch, pass 2 adds the chunks' partials in chunk order.
+struct RowSplit {
+  int64_t rows_per_chunk = 0;
+  int64_t chunks = 0;  // 0 when there are no rows
+};
+RowSplit SplitRows(int64_t n);
+
+// partials (chunks, C) = column sums of dy (N, C) per chunk of rows.
+cudaError_t BiasGradPartials(const float* dy, int64_t n, int64_t c, RowSplit split, float* partials,
+                             cudaStream_t st);
+// out (C) adds the sum over chunks of partials (chunks, C), chunk 0 first.
+cudaError_t ColumnFinalize(const float* partials, int64_t chunks, int64_t c, float* out,
+                           cudaStream_t st);
+
+// ---- bias -----------------------------------------------------------------------------------------
+// y (N, C) += bias (C).
+cudaError_t AddBias(float* y, const float* bias, int64_t n, int64_t c, cudaStream_t st);
+
+// ---- LayerNorm (one warp per row) -------------------------------------------------------------------
+// y (N, C) = (x - mean) * rstd * gamma + beta; mean, rstd (N) saved. y may alias x.
+cudaError_t LayerNormForward(const float* x, const float* gamma, const float* beta, float eps,
+                             int64_t n, int64_t c, float* y, float* mean, float* rstd,
+                             cudaStream_t st);
+// dx (N, C) adds the input gradient.
+cudaError_t LayerNormBackwardInput(const float* dy, const float* x, const float* gamma,
+                                   const float* mean, const float* rstd, int64_t n, int64_t c,
+                                   float* dx, cudaStream_t st);
+// dgamma_partials, dbeta_partials (chunks, C): per chunk of rows, the column sums of xhat * dy
+// and of dy (finished by ColumnFinalize).
+cudaError_t LayerNormParamPartials(const float* dy, const float* x, const float* mean,
+                                   const float* rstd, int64_t n, int64_t c, RowSplit split,
+                                   float* dgamma_partials, float* dbeta_partials, cudaStream_t st);
+
+// ---- GeLU (tanh approximation) ----------------------------------------------------------------------
+cudaError_t GeluForward(const float* x, float* y, int64_t n, cudaStream_t st);  // y may alias x
+cudaError_t GeluBackward(const float* dy, const float* x, float* dx, int64_t n,
+                         cudaStream_t st);  // dx may alias dy
+
+// ---- attention --------------------------------------------------------------------------------------
+// A token-row activation (b, s, W) or (s, b, W) seen as heads: `nmat` matrices of nh heads of
+// width d side by side per row (matrix m, head j at columns m*nh*d + j*d), W = nmat*nh*d.
+struct HeadLayout {
+  int64_t b = 0, s = 0, nh = 0, d = 0;
+  int64_t nmat = 1;        // 3 for qkv, 1 for the attention output
+  bool seq_first = false;  // TokenOrder::kSeqFirst: row = t*b + bi; else row = bi*s + t
+};
+// heads (nmat, L, s, d) <- rows (b*s, W): unpack, L index bi*nh + j.
+cudaError_t RowsToHeads(const float* rows, HeadLayout lay, float* heads, cudaStream_t st);
+// rows (b*s, W) <- heads (nmat, L, s, d): pack (every element of rows is written).
+cudaError_t HeadsToRows(const float* heads, HeadLayout lay, float* rows, cudaStream_t st);
+// In place on p (L, s, s) holding the raw scores q k^T: row t of each matrix becomes
+// softmax(scale * p[t, 0..t]) with zeros at columns > t (one warp per row).
+cudaError_t CausalSoftmaxForward(float* p, int64_t l, int64_t s, float scale, cudaStream_t st);
+// In place on dp (L, s, s): dS = P * (dP - rowsum(P * dP)) * scale, zero above the diagonal.
+cudaError_t CausalSoftmaxBackward(const float* p, float* dp, int64_t l, int64_t s, float scale,
+                                  cudaStream_t st);
+
+// ---- vocab-parallel embedding -----------------------------------------------------------------------
+// out (N, h) = table[token - vocab_start] for tokens in [vocab_start, vocab_start + V), else 0.
+cudaError_t EmbeddingForward(const int32_t* tokens, int64_t n, const float* table, int64_t v,
+                             int64_t h, int64_t vocab_start, float* out, cudaStream_t st);
+// dtable (V, h) adds dout[n] at row token[n] - vocab_start, n = 0, 1, ... in order for every
+// element (the CPU backend's order, so the sums are bit-identical to it).
+cudaError_t EmbeddingBackward(const float* dout, const int32_t* tokens, int64_t n,
+                              int64_t vocab_start, int64_t v, int64_t h, float* dtable,
+                              cudaStream_t st);
+
+// ---- vocab-parallel cross entropy (logits (N, V); one warp per row for the row reductions) --------
+// sum_exp accumulates in double, as the CPU backend does.
+cudaError_t CrossEntropyMax(const float* logits, int64_t n, int64_t v, float* row_max,
+                            cudaStream_t st);
+cudaError_t CrossEntropySumExp(const float* logits, const float* row_max, int64_t n, int64_t v,
+                               float* sum_exp, cudaStream_t st);
+cudaError_t CrossEntropyTarget(const float* logits, const int32_t* targets, int64_t n, int64_t v,
+                               int64_t vocab_start, float* target_logit, cudaStream_t st);
+cudaError_t CrossEntropyLoss(const float* row_max, const float* sum_exp, const float* target_logit,
+                             int64_t n, float* loss, cudaStream_t st);
+// dlogits may alias logits.
+cudaError_t CrossEntropyBackward(const float* logits, const int32_t* targets, int64_t n, int64_t v,
+                                 int64_t vocab_start, const float* row_max, const float* sum_exp,
+                                 float scale, float* dlogits, cudaStream_t st);
+
+// ---- element-wise -----------------------------------------------------------------------------------
+cudaError_t Add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st);
+cudaError_t Axpy(float alpha, const float* x, float* y, int64_t n, cudaStream_t st);
+cudaError_t Scale(float alpha, float* x, int64_t n, cudaStream_t st);
+cudaError_t Fill(float value, float* x, int64_t n, cudaStream_t st);
+
+// ---- whole-tensor sums in two passes, in double --------------------------------------------------
+// The number of partials pass 1 writes for n elements (fixed by n: the order is deterministic).
+int64_t SumBlocks(int64_t n);
+// partials (SumBlocks(n)) = per-block sums of x (or of x^2 with squares) in double.
+cudaError_t SumPartials(const float* x, int64_t n, bool squares, double* partials,
+                        cudaStream_t st);
+// out[0] += float(sum of partials), in a fixed order.
+cudaError_t SumFinalize(const double* partials, int64_t blocks, float* out, cudaStream_t st);
+
+// ---- AdamW ---------------------------------------------------------------------------------------
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale;
+  float bias_correction1;  // 1 - beta1^step
+  float bias_correction2;  // 1 - beta2^step
+};
+cudaError_t AdamW(float* param, const float* grad, float* m, float* v, int64_t n, AdamWArgs a,
+                  cudaStream_t st);
+
+}  // namespace ptdp::rt::cuda::kernels
