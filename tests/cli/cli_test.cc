@@ -227,6 +227,14 @@ TEST(Cli, InfoSaysWhatThisBinaryRuns) {
   for (const char* k : {"cuda_compiled", "gpus_visible", "nccl_version", "cublas_version", "mpi", "backends"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["backends"][0], "cpu");
+  ASSERT_TRUE(j["gpus_visible"].is_number_integer());
+  // cuda is listed exactly when it can run: compiled in and a GPU visible; otherwise the JSON
+  // says why not (on the build machine: no driver).
+  const bool can_run_cuda = j["cuda_compiled"] == true && j["gpus_visible"].get<int>() > 0;
+  EXPECT_EQ(j["backends"].size(), can_run_cuda ? 2u : 1u);
+  if (j["cuda_compiled"] == true && !can_run_cuda)
+    EXPECT_FALSE(j["why_no_gpu"].get<std::string>().empty());
+  if (j["cuda_compiled"] == true) EXPECT_TRUE(j["nccl_version"].is_string());
 }
 
 }  // namespace
