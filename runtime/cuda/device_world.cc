@@ -2,6 +2,7 @@
 // the rank's stream, stream synchronizations at the publish and finish points).
 #include "runtime/cuda/device_world.h"
 
+#include <algorithm>
 #include <cassert>
 
 #include "runtime/cuda/cuda_check.h"
@@ -65,8 +66,9 @@ double DeviceWorld::timeout_s() const { return rendezvous_.timeout_s(); }
 Result<std::unique_ptr<Communicator>> DeviceWorld::Group(int global_rank,
                                                          const std::vector<int>& ranks,
                                                          const std::string& label) {
-  // The core checks the rank list; only a valid rank's stream is asked for.
-  if (global_rank < 0 || global_rank >= world_size())
+  // The core checks the rank list and says what is wrong; only a member's stream is asked for.
+  const bool member = std::find(ranks.begin(), ranks.end(), global_rank) != ranks.end();
+  if (!member || global_rank < 0 || global_rank >= world_size())
     return rendezvous_.Group(global_rank, ranks, label, nullptr);
   return rendezvous_.Group(global_rank, ranks, label,
                            std::make_unique<DevicePlane>(device_, stream_of_(global_rank)));
