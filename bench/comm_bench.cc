@@ -6,15 +6,20 @@
 // buffer, the gathered output, the scattered input, the sent tensor) and factor 2(n-1)/n for
 // all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for send/recv.
 //
-// Each benchmark runs rank 0 in Google Benchmark's loop and ranks 1..n-1 on threads doing the same
-// number of operations (state.max_iterations), so the time of rank 0's loop is the time of n
-// ranks completing the operation back to back. Every operation returns with its result complete
-// (communicator.h), so on the GPU each includes a stream synchronization.
+// Each benchmark runs this process's first rank in Google Benchmark's loop and its other ranks on
+// threads doing the same number of operations (state.max_iterations), so the time of the loop is
+// the time of n ranks completing the operation back to back. Every operation returns with its
+// result complete (communicator.h), so on the GPU each includes a stream synchronization.
+//
+// Several processes (built with MPI; started by mpirun or srun, see docs/gpus.md): each process
+// drives one GPU of an NcclWorld over all of them; the benchmarks run a fixed number of
+// iterations (every process must make the same calls) and only process 0 prints.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,6 +34,9 @@
 
 #include "runtime/cuda/device_world.h"
 #include "runtime/cuda/nccl_world.h"
+#endif
+#ifdef PTDP_HAVE_MPI
+#include "runtime/cuda/mpi_bootstrap.h"
 #endif
 
 namespace {
@@ -62,9 +70,10 @@ double BusFactor(Op op, int n) {
   return 1.0;
 }
 
-// A world of n ranks (all driven here) with one communicator per rank on the group [0, n).
+// A world of n ranks with one communicator per rank driven here (all of them, except with MPI)
+// on the group [0, n).
 struct Env {
-  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::unique_ptr<Communicator>> comms;  // this process's ranks
   // A tensor of `elems` f32 in rank r's memory (host, or its device).
   std::function<Tensor(int r, int64_t elems)> alloc;
   std::shared_ptr<void> keep;      // the world and whatever the communicators need
@@ -107,17 +116,18 @@ Status RunOp(Communicator& c, Op op, Tensor& big, Tensor& small) {
 }
 
 void Drive(benchmark::State& state, Env& env, Op op, int64_t bytes) {
-  const int n = int(env.comms.size());
+  const int n = env.comms[0]->size();
+  const int local = int(env.comms.size());
   const int64_t elems = bytes / int64_t(sizeof(float));
   std::vector<Tensor> big, small;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < local; ++r) {
     big.push_back(env.alloc(r, elems));
     small.push_back(env.alloc(r, elems / n));
   }
   const int64_t iterations = int64_t(state.max_iterations);
   std::atomic<bool> failed{false};
   std::vector<std::thread> others;
-  for (int r = 1; r < n; ++r)
+  for (int r = 1; r < local; ++r)
     others.emplace_back([&, r] {
       for (int64_t i = 0; i < iterations && !failed; ++i)
         if (!RunOp(*env.comms[size_t(r)], op, big[size_t(r)], small[size_t(r)]).ok()) failed = true;
@@ -142,12 +152,13 @@ void Drive(benchmark::State& state, Env& env, Op op, int64_t bytes) {
 
 // Registers op x sizes for a world maker; `cache` keeps worlds that are slow to make (NCCL) until
 // main() clears them, before the CUDA runtime shuts down.
+// With `iterations` > 0 every benchmark runs exactly that many (several processes).
 using Maker = std::function<Result<std::unique_ptr<Env>>(int n)>;
 using EnvCache = std::map<int, std::unique_ptr<Env>>;
 std::vector<std::shared_ptr<EnvCache>> g_caches;
 
 void Register(const std::string& world, const Maker& make, bool cache, const std::vector<int>& ns,
-              const std::vector<int64_t>& sizes) {
+              const std::vector<int64_t>& sizes, int64_t iterations = 0) {
   auto envs = std::make_shared<EnvCache>();
   g_caches.push_back(envs);
   for (Op op : {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter, Op::kSendRecv})
@@ -156,7 +167,7 @@ void Register(const std::string& world, const Maker& make, bool cache, const std
       for (int64_t bytes : sizes) {
         const std::string name = std::string("BM_") + world + "_" + OpName(op) + "/ranks:" +
                                  std::to_string(n) + "/bytes:" + std::to_string(bytes);
-        benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
+        auto* b = benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
           std::unique_ptr<Env> fresh;
           Env* env = nullptr;
           if (cache && envs->count(n)) env = (*envs)[n].get();
@@ -171,7 +182,9 @@ void Register(const std::string& world, const Maker& make, bool cache, const std
             if (cache) (*envs)[n] = std::move(fresh);
           }
           Drive(state, *env, op, bytes);
-        })->UseRealTime()->Unit(benchmark::kMicrosecond);
+        });
+        b->UseRealTime()->Unit(benchmark::kMicrosecond);
+        if (iterations > 0) b->Iterations(iterations);
       }
     }
 }
@@ -259,9 +272,85 @@ Result<std::unique_ptr<Env>> NcclEnv(int n) {
 }
 #endif
 
+#if defined(PTDP_HAVE_CUDA) && defined(PTDP_HAVE_MPI)
+// Started by mpirun or srun: OpenMPI's, PMIx's or Slurm's variables are set.
+bool UnderMpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
+// Prints nothing: the reporter of every process but 0.
+class QuietReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+// One GPU per process, an NcclWorld over all processes, the NCCL benchmarks only.
+int RunUnderMpi(int argc, char** argv) {
+  auto mpi = cuda::MpiSession::Init(&argc, &argv);
+  if (!mpi.ok()) {
+    std::fprintf(stderr, "comm_bench: %s\n", mpi.status().message().c_str());
+    return 1;
+  }
+  const int n = (*mpi)->size();
+  // Every process must reach the id broadcast, or none: they agree first.
+  auto place = (*mpi)->Place(1, VisibleGpus());
+  auto all = (*mpi)->AllOk(place.ok());
+  if (!place.ok() || !all.ok() || !*all) {
+    std::fprintf(stderr, "comm_bench: process %d: %s\n", (*mpi)->rank(),
+                 !place.ok() ? place.status().message().c_str()
+                 : !all.ok() ? all.status().message().c_str()
+                             : "another process could not place its ranks");
+    return 1;
+  }
+  auto id = (*mpi)->ShareNcclId();
+  if (!id.ok()) {
+    std::fprintf(stderr, "comm_bench: process %d: %s\n", (*mpi)->rank(), id.status().message().c_str());
+    return 1;
+  }
+  const cuda::Placement p = *place;
+  const cuda::NcclId nccl_id = *id;
+  Maker make = [p, nccl_id](int) -> Result<std::unique_ptr<Env>> {
+    auto streams = std::make_shared<StreamSet>(p.devices);
+    cuda::NcclWorldOptions o;
+    o.world_size = p.world_size;
+    o.local_ranks = p.local_ranks;
+    o.devices = p.devices;
+    o.id = nccl_id;
+    o.timeout_s = kTimeoutS;
+    o.stream_of = [streams](int) { return streams->s[0]; };
+    PTDP_ASSIGN_OR_RETURN(std::unique_ptr<cuda::NcclWorld> made, cuda::NcclWorld::Create(o));
+    std::shared_ptr<cuda::NcclWorld> world = std::move(made);
+    PTDP_RETURN_IF_ERROR(world->Prepare({{"BENCH", {Iota(p.world_size)}}}));
+    auto env = std::make_unique<Env>();
+    PTDP_ASSIGN_OR_RETURN(auto c, world->Group(p.local_ranks[0], Iota(p.world_size), "BENCH"));
+    env->comms.push_back(std::move(c));
+    env->alloc = DeviceAlloc([p](int) { return p.devices[0]; });
+    env->keep =
+        std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(world, streams);
+    return env;
+  };
+  Register("NcclWorld", make, true, {n}, {1 << 16, 1 << 20, 1 << 24, 1 << 28}, 20);
+  benchmark::Initialize(&argc, argv);
+  QuietReporter quiet;
+  if ((*mpi)->rank() == 0)
+    benchmark::RunSpecifiedBenchmarks();
+  else
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+  for (auto& cache : g_caches) cache->clear();
+  benchmark::Shutdown();
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
+#if defined(PTDP_HAVE_CUDA) && defined(PTDP_HAVE_MPI)
+  if (UnderMpi()) return RunUnderMpi(argc, argv);
+#endif
   // Host threads on this machine's cores: 4 KiB (latency) to 16 MiB (memory bandwidth).
   Register("ThreadWorld", ThreadEnv, false, {2, 4, 8}, {1 << 12, 1 << 18, 1 << 24});
 #ifdef PTDP_HAVE_CUDA

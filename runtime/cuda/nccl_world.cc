@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <list>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -65,8 +66,12 @@ ncclConfig_t NonBlockingConfig() {
   return config;
 }
 
+// Longest wait for a healthy communicator to finalize at destruction before aborting it.
+constexpr double kFinalizeMaxS = 10.0;
+
 // One rank's NCCL communicator. Destroyed with its last holder: finalized and destroyed when
-// healthy, aborted when it failed or does not finalize within timeout_s.
+// healthy (NCCL's order for non-blocking communicators: finalize, wait, destroy), aborted when it
+// failed or does not finalize within min(timeout_s, kFinalizeMaxS).
 class CommHandle {
  public:
   CommHandle(ncclComm_t comm, int device, double timeout_s)
@@ -101,7 +106,7 @@ class CommHandle {
       if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress)
         return false;
     }
-    const Clock::time_point deadline = Deadline(timeout_s_);
+    const Clock::time_point deadline = Deadline(std::min(timeout_s_, kFinalizeMaxS));
     int polls = 0;
     for (;;) {
       ncclResult_t state = ncclSuccess;
@@ -169,6 +174,10 @@ struct NcclWorld::State {
   std::map<std::pair<std::string, std::vector<int>>, Prepared> groups;
   std::vector<std::string> labels;  // prepared so far
   std::string broken;               // why the world is unusable (a failed init or split)
+  // Where NCCL writes the communicators a split makes: its jobs write there when they finish,
+  // which after a failure is at the latest when Break's aborts return; kept with the state so
+  // that no late write lands in freed memory.
+  std::list<std::vector<ncclComm_t>> split_outputs;
 
   std::mutex mu;                          // guards activity
   std::map<int, std::string> activity;  // local global rank -> what it is doing
@@ -654,7 +663,7 @@ Status NcclWorld::Prepare(const std::vector<GroupSet>& sets) {
     PTDP_ASSIGN_OR_RETURN(std::vector<SplitArgs> args,
                           PlanSplit(set, o.world_size, o.local_ranks));
     const size_t n = o.local_ranks.size();
-    std::vector<ncclComm_t> children(n, nullptr);
+    std::vector<ncclComm_t>& children = st.split_outputs.emplace_back(n, nullptr);
     ncclConfig_t config = NonBlockingConfig();
     const std::string what = "splitting the " + set.label + " groups";
     PTDP_CUDA_RETURN_IF_ERROR(ncclGroupStart());

@@ -86,8 +86,10 @@ class NcclWorld final : public CommunicatorFactory {
   // (sizes, ranks, devices that do not exist or repeat), a failed or timed-out init (every
   // communicator made so far is aborted).
   static Result<std::unique_ptr<NcclWorld>> Create(NcclWorldOptions options);
-  // Destroys the world communicators (finalize, then destroy; abort if that does not finish
-  // within timeout_s). Group handles keep their own communicators and may outlive the world.
+  // Group handles keep the world's state alive and may outlive this object; the last of them
+  // destroys every communicator (finalize, then destroy; abort if that does not finish in time,
+  // or if it failed). Prepare() must not run concurrently with Group() (Trainer::Create calls
+  // both from one thread); Group() calls may run concurrently with each other.
   ~NcclWorld() override;
   NcclWorld(const NcclWorld&) = delete;
   NcclWorld& operator=(const NcclWorld&) = delete;
