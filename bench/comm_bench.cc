@@ -208,6 +208,7 @@ std::function<Tensor(int, int64_t)> DeviceAlloc(std::function<int(int)> device_o
     size_t bytes = std::max<size_t>(size_t(elems) * sizeof(float), 4);
     if (cudaMalloc(&p, bytes) != cudaSuccess) return Tensor();
     cudaMemset(p, 0, bytes);
+    cudaDeviceSynchronize();  // the legacy stream's memset before the ranks' non-blocking streams
     auto buf = std::make_shared<Buffer>(p, bytes, [device](void* q, size_t) {
       cudaSetDevice(device);
       cudaFree(q);

@@ -333,8 +333,11 @@ class RendezvousCommunicator final : public Communicator {
     }
     lk.unlock();
 
+    // Finish even after a failed share: whatever was enqueued must stop reading the peers'
+    // buffers before the barrier lets them go.
     Status computed = Compute(d);
-    if (computed.ok()) computed = plane_->Finish();
+    const Status finished = plane_->Finish();
+    if (computed.ok()) computed = finished;
 
     // Second barrier: nobody returns (and frees or overwrites its buffers) before all have read
     // them. No timeout: every member has arrived, so every member finishes. A member whose
@@ -556,7 +559,8 @@ class RendezvousCommunicator final : public Communicator {
     lk.unlock();
     // The copy is complete before the sender learns it is done (and may reuse its tensor).
     Status copied = m->bytes > 0 ? plane_->Copy(op.t.data(), m->data, m->bytes) : Status::Ok();
-    if (copied.ok()) copied = plane_->Finish();
+    const Status finished = plane_->Finish();
+    if (copied.ok()) copied = finished;
     lk.lock();
     m->done = true;
     g_.cv.notify_all();

@@ -49,6 +49,9 @@ inline Tensor DeviceTensor(int device, Shape shape, DType dtype = DType::kF32) {
   EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
   EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
   EXPECT_EQ(cudaMemset(p, 0, bytes), cudaSuccess);
+  // cudaMemset runs on the legacy default stream, which the ranks' non-blocking streams do not
+  // wait for: finish it before any of them writes the tensor.
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   auto buf = std::make_shared<Buffer>(p, bytes, [device](void* q, size_t) {
     cudaSetDevice(device);
     cudaFree(q);
