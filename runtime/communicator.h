@@ -1,7 +1,9 @@
 // The Communicator interface: one rank's handle on one process group (a TP, DP, PP or embedding
 // group of core/RankGrid) with NCCL's collectives and point-to-point operations, and the
 // CommunicatorFactory that hands each rank its handles. Implementations: runtime/cpu/
-// ThreadWorld (every rank a thread of one process); the NCCL communicators come later.
+// ThreadWorld (every rank a thread of one process, host memory), runtime/cuda/DeviceWorld (every
+// rank a thread, all on one GPU) and runtime/cuda/NcclWorld (NCCL, one rank per GPU, any number
+// of processes).
 //
 // Ranks: a group is a list of global ranks; group rank i is ranks[i] (RankGrid's group order).
 // Every `peer` and `root` argument below is a group rank.
@@ -83,6 +85,14 @@ class Communicator {
   virtual Status GroupEnd() = 0;
 };
 
+// One label's groups, for CommunicatorFactory::Prepare: disjoint lists of global ranks, each in
+// group-rank order. A rank in none of them takes no part in this label (e.g. "EMB": only the
+// first and last pipeline stages).
+struct GroupSet {
+  std::string label;
+  std::vector<std::vector<int>> groups;
+};
+
 // Hands each rank its communicators. One factory serves the whole world (ThreadWorld is shared
 // by the rank threads; an NCCL factory is per process and may drive several ranks).
 class CommunicatorFactory {
@@ -90,6 +100,15 @@ class CommunicatorFactory {
   virtual ~CommunicatorFactory() = default;
 
   virtual int world_size() const = 0;
+
+  // Announces, once and before any Group(), every group that will be asked for, label by label,
+  // in the same order in every process (Trainer::Create calls it with RankGrid's TP, PP, DP, EMB
+  // and WORLD groups). A factory whose groups must be created collectively by every rank of the
+  // world (NCCL: ncclCommSplit from the world communicator) creates them all here, so that the
+  // Group() calls, which come one rank after another from one thread, never block. Factories
+  // that create groups on demand (the in-process ones) keep this default. Errors: groups that
+  // overlap within a label, ranks outside the world, or the creation failing.
+  virtual Status Prepare(const std::vector<GroupSet>& sets) { return Status::Ok(); }
 
   // The communicator of `global_rank` on the group `ranks` (global ranks, group-rank order, no
   // duplicates, containing global_rank). Each member calls it once for its own handle; members

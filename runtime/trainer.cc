@@ -13,14 +13,18 @@
 //   TP, PP (, DP with dist-opt) all-reduce of the squared-grad sum -> norm, clip, AdamW
 //   DP  dist-opt: all-gather of the updated slices
 //   DP  loss (last stage): all-reduce SUM / d for the report
+//   WORLD all-gather of every rank's report (loss, grad norm, times), so that every process
+//         holds the whole job's figures (ranks may live in several processes: local_ranks)
 #include "runtime/trainer.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "core/rank_grid.h"
@@ -101,11 +105,31 @@ struct ParamState {
 // Keys of tensors waiting between p2p and compute: (micro-batch, chunk, is_gradient).
 using Key = std::tuple<int, int, bool>;
 
+// What a rank reports after a step, exchanged over the WORLD group so that every process holds
+// every rank's: 11 doubles, sent bit for bit as 22 i32 (a gather copies any dtype exactly).
+struct RankReport {
+  double ok = 0;  // 1 when the rank's step succeeded
+  double loss = 0, grad_norm = 0;
+  RankTimes times;
+};
+static_assert(sizeof(RankReport) == 11 * sizeof(double) &&
+                  std::is_trivially_copyable_v<RankReport>,
+              "RankReport is sent as raw words");
+
+// One parameter shard of the DP-0 replica and the rank that holds it (GatherParameters).
+struct ShardSource {
+  ParamSpec spec;
+  int tp_rank = 0;
+  int holder = 0;  // global rank
+  int chunk = 0;   // the holder's chunk index
+};
+
 struct Rank {
   int global = 0;
   RankCoord coord;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Communicator> pp, dp, emb;
+  std::unique_ptr<Communicator> world;  // every rank of the layout, group rank = global rank
   std::unique_ptr<TimedCommunicator> tp;
   std::vector<std::unique_ptr<GptChunk>> chunks;  // by chunk index c
   std::vector<ParamState> state;
@@ -114,6 +138,9 @@ struct Rank {
   double tp_seconds = 0;  // accumulated by the TP decorator
   // Step outputs.
   double loss = 0, grad_norm = 0;
+  std::vector<RankReport> reports;  // after a step: every rank's, by global rank
+  double eval_loss = 0;             // after Evaluate: the job's loss
+  bool eval_root_ok = false;        // the rank that computed it succeeded
 };
 
 }  // namespace
@@ -137,7 +164,9 @@ struct Trainer::Impl {
   bool FirstStage(int r, int c) const { return Stage(r, c) == 0; }
   bool LastStage(int r, int c) const { return Stage(r, c) == p * v - 1; }
 
-  Status Build(BackendFactory& backends, CommunicatorFactory& comms);
+  Status Build(BackendFactory& backends, CommunicatorFactory& comms,
+               const std::vector<int>& local);
+  std::vector<GroupSet> GroupSets() const;
   Status BuildState(Rank& rk);
   Status RunStep(Rank& rk);
   Status RunOps(Rank& rk);
@@ -148,6 +177,11 @@ struct Trainer::Impl {
   Status OptimizerStep(Rank& rk);
   Result<Tensor> Tokens(Rank& rk, int64_t step, int mb, bool targets);
   Status EvaluateRank(Rank& rk, const std::vector<int32_t>& windows, int count, double* loss);
+  Status ExchangeReports(Rank& rk, const RankReport& mine);
+  Status BroadcastDoubles(Rank& rk, int root, double* values, int64_t n);
+  std::vector<ShardSource> ShardSources() const;
+  Status GatherShards(Rank& rk, const std::vector<ShardSource>& sources,
+                      std::map<std::string, std::vector<float>>* out);
 };
 
 namespace {
@@ -161,14 +195,35 @@ Status OnEveryRank(std::vector<Rank>& ranks, const std::function<Status(Rank&)>&
     threads.emplace_back([&, i] { status[i] = fn(ranks[i]); });
   for (std::thread& th : threads) th.join();
   for (size_t i = 0; i < ranks.size(); ++i)
-    if (!status[i].ok()) return status[i].Prefixed("rank " + Str(int64_t(i)));
+    if (!status[i].ok()) return status[i].Prefixed("rank " + Str(ranks[i].global));
   return Status::Ok();
 }
 
 
 }  // namespace
 
-Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms) {
+// Every group the layout uses, label by label in the order Build asks for them.
+std::vector<GroupSet> Trainer::Impl::GroupSets() const {
+  std::vector<GroupSet> sets = {{"TP", grid.AllTpGroups()},
+                                {"PP", grid.AllPpGroups()},
+                                {"DP", grid.AllDpGroups()},
+                                {"EMB", {}},
+                                {"WORLD", {}}};
+  for (const std::vector<int>& pipeline : grid.AllPpGroups()) {
+    if (p == 1) {  // a 1-rank embedding group per rank
+      for (int g : pipeline) sets[3].groups.push_back(grid.EmbeddingGroup(g));
+    } else {
+      sets[3].groups.push_back(grid.EmbeddingGroup(pipeline.front()));
+    }
+  }
+  std::vector<int> all(size_t(grid.world()));
+  for (int g = 0; g < grid.world(); ++g) all[size_t(g)] = g;
+  sets[4].groups.push_back(all);
+  return sets;
+}
+
+Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms,
+                            const std::vector<int>& local) {
   const Layout& l = cfg.layout;
   t = l.tp, p = l.pp, d = l.dp, v = l.vp, b = l.micro_batch;
   m = int(l.num_microbatches());
@@ -177,9 +232,12 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
   grid = RankGrid(t, d, p);
   PTDP_ASSIGN_OR_RETURN(schedule, BuildSchedule(l.schedule, p, v, m, l.microbatch_group));
   const int layers_per_chunk = int(cfg.model.layers) / (p * v);
-  ranks.resize(size_t(grid.world()));
-  for (int g = 0; g < grid.world(); ++g) {
-    Rank& rk = ranks[size_t(g)];
+  const std::vector<GroupSet> sets = GroupSets();
+  PTDP_RETURN_IF_ERROR(comms.Prepare(sets).Prefixed("preparing the communicators"));
+  ranks.resize(local.size());
+  for (size_t i = 0; i < local.size(); ++i) {
+    const int g = local[i];
+    Rank& rk = ranks[i];
     rk.global = g;
     rk.coord = grid.Coord(g);
     const std::string where = "rank " + Str(g);
@@ -192,6 +250,7 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
     if (rk.coord.pp == 0 || rk.coord.pp == p - 1) {
       PTDP_ASSIGN_OR_RETURN(rk.emb, comms.Group(g, grid.EmbeddingGroup(g), "EMB"));
     }
+    PTDP_ASSIGN_OR_RETURN(rk.world, comms.Group(g, sets[4].groups[0], "WORLD"));
     for (int c = 0; c < v; ++c) {
       GptChunkConfig cc;
       cc.model = cfg.model;
@@ -548,27 +607,47 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   if (cfg.train_tokens == nullptr || int64_t(cfg.train_tokens->size()) < cfg.model.seq_len + 1)
     return Status::Error(where + ": needs at least seq_len + 1 = " +
                          Str(cfg.model.seq_len + 1) + " training tokens");
+  std::vector<int> local = cfg.local_ranks;
+  if (local.empty())
+    for (int g = 0; g < l.world(); ++g) local.push_back(g);
+  for (int g : local) {
+    if (g < 0 || g >= l.world())
+      return Status::Error(where + ": local rank " + Str(g) + " is outside the layout's " +
+                           Str(l.world()) + " ranks");
+    if (std::count(local.begin(), local.end(), g) > 1)
+      return Status::Error(where + ": local rank " + Str(g) + " is listed twice");
+  }
   auto impl = std::make_unique<Impl>();
   impl->cfg = cfg;
-  PTDP_RETURN_IF_ERROR(impl->Build(backends, comms).Prefixed(where));
+  PTDP_RETURN_IF_ERROR(impl->Build(backends, comms, local).Prefixed(where));
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
 Result<StepResult> Trainer::Step() {
   Impl& im = *impl_;
   const Clock::time_point t0 = Clock::now();
-  PTDP_RETURN_IF_ERROR(
-      OnEveryRank(im.ranks, [&](Rank& rk) { return im.RunStep(rk); })
-          .Prefixed("step " + Str(im.steps)));
+  const std::string where = "step " + Str(im.steps);
+  // A rank that failed still reports (ok = 0), so that the other processes learn of it.
+  PTDP_RETURN_IF_ERROR(OnEveryRank(im.ranks, [&](Rank& rk) {
+                         const Status st = im.RunStep(rk);
+                         const Status ex = im.ExchangeReports(
+                             rk, {st.ok() ? 1.0 : 0.0, rk.loss, rk.grad_norm, rk.times});
+                         return st.ok() ? ex : st;
+                       }).Prefixed(where));
+  const std::vector<RankReport>& all = im.ranks[0].reports;
+  for (size_t g = 0; g < all.size(); ++g)
+    if (all[g].ok != 1.0)
+      return Status::Error(where + ": rank " + Str(int64_t(g)) +
+                           " failed (its process reports why)");
   StepResult res;
   res.step_time_s = Since(t0);
   res.step = im.steps;
   res.lr = im.cfg.optimizer.LearningRate(im.steps);
   // Every rank holds the same norm; the loss lives on the last stage (tp 0, dp 0).
-  res.grad_norm = im.ranks[0].grad_norm;
-  res.loss = im.ranks[size_t(im.grid.Rank({0, 0, im.p - 1}))].loss;
+  res.grad_norm = all[0].grad_norm;
+  res.loss = all[size_t(im.grid.Rank({0, 0, im.p - 1}))].loss;
   res.tokens_per_s = double(im.cfg.layout.global_batch) * im.s / std::max(res.step_time_s, 1e-12);
-  for (const Rank& rk : im.ranks) res.ranks.push_back(rk.times);
+  for (const RankReport& r : all) res.ranks.push_back(r.times);
   if (!std::isfinite(res.loss) || !std::isfinite(res.grad_norm))
     return Status::Error("step " + Str(im.steps) + ": loss " + std::to_string(res.loss) +
                          ", grad norm " + std::to_string(res.grad_norm) + " is not finite");
@@ -577,51 +656,123 @@ Result<StepResult> Trainer::Step() {
 }
 
 // Only the DP-0 replica evaluates (TP and PP groups never cross DP replicas, so the others
-// simply sit out); the loss comes from its last stage, tp rank 0.
+// simply sit out); the loss comes from its last stage, tp rank 0, which broadcasts it over
+// WORLD with a success flag.
 Result<double> Trainer::Evaluate(const std::vector<int32_t>& windows, int count) {
   Impl& im = *impl_;
   if (count <= 0 || int64_t(windows.size()) < int64_t(count) * (im.s + 1))
     return Status::Error("evaluate: " + Str(count) + " windows of " + Str(im.s + 1) +
                          " tokens need " + Str(int64_t(count) * (im.s + 1)) + " tokens, got " +
                          Str(int64_t(windows.size())));
-  std::vector<double> loss(im.ranks.size(), 0.0);
+  const int root = im.grid.Rank({0, 0, im.p - 1});
   PTDP_RETURN_IF_ERROR(OnEveryRank(im.ranks, [&](Rank& rk) {
-    if (rk.coord.dp != 0) return Status::Ok();
-    return im.EvaluateRank(rk, windows, count, &loss[size_t(rk.global)]);
-  }));
-  return loss[size_t(im.grid.Rank({0, 0, im.p - 1}))];
+    double loss = 0;
+    const Status st =
+        rk.coord.dp == 0 ? im.EvaluateRank(rk, windows, count, &loss) : Status::Ok();
+    double flag_and_loss[2] = {st.ok() ? 1.0 : 0.0, loss};
+    const Status bc = im.BroadcastDoubles(rk, root, flag_and_loss, 2);
+    rk.eval_root_ok = flag_and_loss[0] == 1.0;
+    rk.eval_loss = flag_and_loss[1];
+    return st.ok() ? bc : st;
+  }).Prefixed("evaluate"));
+  if (!im.ranks[0].eval_root_ok)
+    return Status::Error("evaluate: rank " + Str(root) + " failed (its process reports why)");
+  return im.ranks[0].eval_loss;
 }
 
 // From the DP-0 replica: each TP shard to its global rows/columns. Padded vocabulary rows are
 // dropped (their number depends on t), so the result compares across layouts.
 Result<std::map<std::string, std::vector<float>>> Trainer::GatherParameters() {
   Impl& im = *impl_;
+  const std::vector<ShardSource> sources = im.ShardSources();
   std::map<std::string, std::vector<float>> out;
-  for (const Rank& rk : im.ranks) {
-    if (rk.coord.dp != 0) continue;
-    for (const auto& chunk : rk.chunks)
-      for (const ChunkParam& cp : chunk->params()) {
-        const ParamSpec& ps = cp.spec;
-        if (ps.name == "embedding.word" && !chunk->config().has_embedding) continue;
-        if (ps.shard == ShardKind::kReplicated && rk.coord.tp != 0) continue;
-        const int64_t rows = ps.valid_rows >= 0 ? ps.valid_rows : ps.shape[0];
-        const int64_t cols = ps.shape.size() > 1 ? ps.shape[1] : 1;
-        std::vector<float>& g = out[ps.name];
-        g.resize(size_t(rows * cols));
-        std::vector<float> local(size_t(cp.value.numel()));
-        PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(cp.value, local.data()));
-        const std::vector<int64_t> ls = LocalShape(ps, im.t);
-        const int64_t lcols = ls.size() > 1 ? ls[1] : 1;
-        const int64_t col0 = ps.shard == ShardKind::kColumns ? rk.coord.tp * lcols : 0;
-        for (int64_t i = 0; i < ls[0]; ++i) {
-          const int64_t gi = GlobalRow(ps, im.t, rk.coord.tp, i);
-          if (gi >= rows) continue;
-          for (int64_t j = 0; j < lcols; ++j)
-            g[size_t(gi * cols + col0 + j)] = local[size_t(i * lcols + j)];
-        }
-      }
+  const int collector = im.ranks[0].global;  // the local rank that fills `out`
+  PTDP_RETURN_IF_ERROR(OnEveryRank(im.ranks, [&](Rank& rk) {
+    return im.GatherShards(rk, sources, rk.global == collector ? &out : nullptr);
+  }).Prefixed("gather parameters"));
+  return out;
+}
+
+// Every shard of the DP-0 replica, in GptParams order: the first stage holds the embeddings,
+// the last the final LayerNorm, layer l lives in virtual stage l / (L / (p v)) (chunk
+// stage / p of pipeline rank stage % p); replicated parameters are taken from tp rank 0.
+std::vector<ShardSource> Trainer::Impl::ShardSources() const {
+  const int layers_per_chunk = int(cfg.model.layers) / (p * v);
+  std::vector<ShardSource> out;
+  for (const ParamSpec& ps : GptParams(cfg.model, t)) {
+    int stage = 0;
+    if (ps.layer >= 0) stage = ps.layer / layers_per_chunk;
+    else if (ps.name.rfind("final_ln.", 0) == 0) stage = p * v - 1;
+    const int shards = ps.shard == ShardKind::kReplicated ? 1 : t;
+    for (int k = 0; k < shards; ++k)
+      out.push_back({ps, k, grid.Rank({k, 0, stage % p}), stage / p});
   }
   return out;
+}
+
+// One WORLD broadcast per shard from its holder; `out` (one local rank's) places it.
+Status Trainer::Impl::GatherShards(Rank& rk, const std::vector<ShardSource>& sources,
+                                   std::map<std::string, std::vector<float>>* out) {
+  Backend& be = *rk.backend;
+  for (const ShardSource& src : sources) {
+    const ParamSpec& ps = src.spec;
+    const std::vector<int64_t> ls = LocalShape(ps, t);
+    PTDP_ASSIGN_OR_RETURN(Tensor shard, be.Alloc(Shape(ls), DType::kF32));
+    if (rk.global == src.holder) {
+      const ChunkParam* cp = rk.chunks[size_t(src.chunk)]->Find(ps.name);
+      if (cp == nullptr)
+        return Status::Error("rank " + Str(rk.global) + " chunk " + Str(src.chunk) +
+                             " does not hold " + ps.name);
+      be.Copy(cp->value, shard);
+    }
+    PTDP_RETURN_IF_ERROR(rk.world->Broadcast(shard, src.holder).Prefixed(ps.name));
+    if (out == nullptr) continue;
+    const int64_t rows = ps.valid_rows >= 0 ? ps.valid_rows : ps.shape[0];
+    const int64_t cols = ps.shape.size() > 1 ? ps.shape[1] : 1;
+    std::vector<float>& g = (*out)[ps.name];
+    g.resize(size_t(rows * cols));
+    std::vector<float> local(size_t(shard.numel()));
+    PTDP_RETURN_IF_ERROR(be.CopyToHost(shard, local.data()));
+    const int64_t lcols = ls.size() > 1 ? ls[1] : 1;
+    const int64_t col0 = ps.shard == ShardKind::kColumns ? src.tp_rank * lcols : 0;
+    for (int64_t i = 0; i < ls[0]; ++i) {
+      const int64_t gi = GlobalRow(ps, t, src.tp_rank, i);
+      if (gi >= rows) continue;
+      for (int64_t j = 0; j < lcols; ++j)
+        g[size_t(gi * cols + col0 + j)] = local[size_t(i * lcols + j)];
+    }
+  }
+  return Status::Ok();
+}
+
+// Every rank's report to every rank: an all-gather over WORLD of the raw words.
+Status Trainer::Impl::ExchangeReports(Rank& rk, const RankReport& mine) {
+  constexpr int64_t kWords = int64_t(sizeof(RankReport) / sizeof(int32_t));
+  const int n = grid.world();
+  Backend& be = *rk.backend;
+  std::vector<int32_t> words(size_t(kWords) * size_t(n));
+  std::memcpy(words.data(), &mine, sizeof(RankReport));
+  PTDP_ASSIGN_OR_RETURN(Tensor in, be.Alloc({kWords}, DType::kI32));
+  PTDP_ASSIGN_OR_RETURN(Tensor all, be.Alloc({n * kWords}, DType::kI32));
+  PTDP_RETURN_IF_ERROR(be.CopyFromHost(words.data(), in));
+  PTDP_RETURN_IF_ERROR(rk.world->AllGather(in, all).Prefixed("exchanging the step reports"));
+  PTDP_RETURN_IF_ERROR(be.CopyToHost(all, words.data()));
+  rk.reports.resize(size_t(n));
+  std::memcpy(static_cast<void*>(rk.reports.data()), words.data(), words.size() * sizeof(int32_t));
+  return Status::Ok();
+}
+
+// values[0, n) <- root's, bit for bit (as 2n i32 words).
+Status Trainer::Impl::BroadcastDoubles(Rank& rk, int root, double* values, int64_t n) {
+  Backend& be = *rk.backend;
+  std::vector<int32_t> words(size_t(2 * n));
+  std::memcpy(words.data(), values, size_t(n) * sizeof(double));
+  PTDP_ASSIGN_OR_RETURN(Tensor t, be.Alloc({2 * n}, DType::kI32));
+  PTDP_RETURN_IF_ERROR(be.CopyFromHost(words.data(), t));
+  PTDP_RETURN_IF_ERROR(rk.world->Broadcast(t, root));
+  PTDP_RETURN_IF_ERROR(be.CopyToHost(t, words.data()));
+  std::memcpy(values, words.data(), size_t(n) * sizeof(double));
+  return Status::Ok();
 }
 
 }  // namespace ptdp::rt

@@ -45,6 +45,10 @@ struct TrainerConfig {
   OptimizerConfig optimizer;
   uint64_t seed = 1234;        // parameter init and data order
   const std::vector<int32_t>* train_tokens = nullptr;  // must outlive the trainer
+  // The global ranks this trainer (this process) drives; empty: all of them. With several
+  // processes (one per GPU, or per node) each creates a Trainer for its own ranks over a shared
+  // CommunicatorFactory world (NcclWorld); every Trainer's results are still the whole job's.
+  std::vector<int> local_ranks;
 };
 
 // Seconds one rank spent in each part of a step (the measured side of `ptdp compare`).
@@ -72,23 +76,33 @@ struct StepResult {
 // Makes one Backend per rank (called once per rank at creation).
 using BackendFactory = std::function<std::unique_ptr<Backend>(int global_rank)>;
 
+// Several processes (or several Trainers of one process, as the tests do) each drive some of the
+// ranks: Step, Evaluate and GatherParameters must then be called on every Trainer of the job,
+// concurrently, the same number of times in the same order (they communicate). Their results
+// are complete and equal on every Trainer: whatever a process reports (loss, grad norm, every
+// rank's RankTimes, the evaluation loss, the parameters) travels through the communicators'
+// WORLD group, never a side channel.
 class Trainer {
  public:
-  // Builds every rank's chunks, communicators (TP, PP, DP, embedding groups of core/RankGrid)
-  // and optimizer state. Fails, naming the reason, when the layout is illegal for the model or
-  // the runtime cannot honour it (cp > 1, more ranks than `comms` has, a non-GPT model).
+  // Builds the chunks, communicators (TP, PP, DP, embedding groups of core/RankGrid and a WORLD
+  // group of all ranks) and optimizer state of every rank in cfg.local_ranks (all when empty);
+  // first calls comms.Prepare() with every group of the layout. Fails, naming the reason, when
+  // the layout is illegal for the model or the runtime cannot honour it (cp > 1, more ranks
+  // than `comms` has, a non-GPT model, a local rank outside the layout or listed twice).
   static Result<std::unique_ptr<Trainer>> Create(const TrainerConfig& cfg, BackendFactory backends,
                                                  CommunicatorFactory& comms);
   ~Trainer();
 
-  // One training step on every rank (one thread per rank). Errors from any rank (a timeout,
-  // a NaN) come back as a Status naming the rank.
+  // One training step on every local rank (one thread per rank). Errors from any local rank (a
+  // timeout, a NaN) come back as a Status naming the rank; a rank of another process that
+  // failed is named too (its own process reports why).
   Result<StepResult> Step();
 
   // Mean loss over `windows` (count, s + 1) of held-out tokens, forward only.
   Result<double> Evaluate(const std::vector<int32_t>& windows, int count);
 
-  // Every parameter gathered to its full (global) shape by name, for layout-invariance checks.
+  // Every parameter gathered to its full (global) shape by name, for layout-invariance checks:
+  // each shard is broadcast over WORLD from the rank that holds it.
   Result<std::map<std::string, std::vector<float>>> GatherParameters();
 
   int64_t steps_done() const;

@@ -2,11 +2,13 @@
 # Installs the Debian packages ptdp needs to build and test, and only those that are missing.
 # Idempotent: a second run installs nothing and says so. Usage: scripts/setup.sh
 # chromium is for the HTML report test (tests/cli/report_test.cc renders the page headless).
+# OpenMPI (libopenmpi-dev, openmpi-bin) is the optional bootstrap of multi-process GPU runs
+# (runtime/cuda/mpi_bootstrap.h; built when CUDA is found too).
 set -euo pipefail
 
 pkgs=(cmake make g++ pkg-config libyaml-cpp-dev libfmt-dev libeigen3-dev libboost-graph-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-      chromium)
+      chromium libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,172 @@
+// Multi-process training, on the CPU: two Trainers in one process share one ThreadWorld, each
+// driving some of the ranks (TrainerConfig::local_ranks), each called from its own thread, as two
+// processes sharing an NCCL world would be. Their step losses, grad norms, every rank's times
+// count, evaluation loss and gathered parameters must equal, bit for bit, those of one Trainer
+// driving every rank: the same arithmetic on the same ranks, the results exchanged through the
+// communicators' WORLD group.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/thread_communicator.h"
+#include "runtime/data.h"
+#include "runtime/trainer.h"
+
+namespace ptdp::rt {
+namespace {
+
+constexpr int kSteps = 3;
+constexpr double kTimeoutS = 30.0;
+
+const TokenCorpus& Corpus() {
+  static const TokenCorpus corpus = [] {
+    auto c = LoadCorpus(std::string(PTDP_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", 0.1, 17);
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    return c.ok() ? *c : TokenCorpus{};
+  }();
+  return corpus;
+}
+
+// The trainer tests' tiny GPT (L 4, h 32, 4 heads, s 16, bytes), 8 sequences per step.
+TrainerConfig Config(int tp, int pp, int dp) {
+  TrainerConfig c;
+  c.model.name = "tiny";
+  c.model.layers = 4;
+  c.model.hidden = 32;
+  c.model.heads = 4;
+  c.model.kv_heads = 4;
+  c.model.ffn_hidden = 128;
+  c.model.seq_len = 16;
+  c.model.vocab = 256;
+  c.layout.tp = tp;
+  c.layout.pp = pp;
+  c.layout.dp = dp;
+  c.layout.micro_batch = 2;
+  c.layout.global_batch = 8;
+  c.layout.sequence_parallel = tp > 1;
+  c.layout.precision = Precision::kFp32;
+  c.train_tokens = &Corpus().train;
+  return c;
+}
+
+BackendFactory Cpu() {
+  return [](int) { return std::unique_ptr<Backend>(new CpuBackend()); };
+}
+
+struct JobRun {
+  std::vector<StepResult> steps;
+  double eval_loss = 0;
+  std::map<std::string, std::vector<float>> params;
+};
+
+// Steps, evaluates and gathers on `trainer` (a Trainer of a job that others may share).
+JobRun Drive(Trainer& trainer) {
+  JobRun run;
+  for (int i = 0; i < kSteps; ++i) {
+    auto r = trainer.Step();
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (!r.ok()) return run;
+    run.steps.push_back(*r);
+  }
+  static const std::vector<int32_t> val = ValidationWindows(Corpus().val, 16, 5);
+  auto e = trainer.Evaluate(val, 5);
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  if (e.ok()) run.eval_loss = *e;
+  auto p = trainer.GatherParameters();
+  EXPECT_TRUE(p.ok()) << p.status().message();
+  if (p.ok()) run.params = *p;
+  return run;
+}
+
+// One Trainer per rank list, all over one ThreadWorld, each driven from its own thread.
+std::vector<JobRun> TrainSplit(const TrainerConfig& base, const std::vector<std::vector<int>>& parts) {
+  ThreadWorld world(base.layout.world(), kTimeoutS);
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (const std::vector<int>& part : parts) {
+    TrainerConfig cfg = base;
+    cfg.local_ranks = part;
+    auto t = Trainer::Create(cfg, Cpu(), world);
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    if (!t.ok()) return {};
+    trainers.push_back(std::move(t).value());
+  }
+  std::vector<JobRun> runs(parts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < parts.size(); ++i)
+    threads.emplace_back([&, i] { runs[i] = Drive(*trainers[i]); });
+  for (std::thread& th : threads) th.join();
+  return runs;
+}
+
+void ExpectIdentical(const JobRun& got, const JobRun& want, const std::string& what) {
+  ASSERT_EQ(got.steps.size(), want.steps.size()) << what;
+  for (size_t i = 0; i < want.steps.size(); ++i) {
+    const StepResult &a = got.steps[i], &b = want.steps[i];
+    EXPECT_EQ(a.loss, b.loss) << what << " step " << i;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << what << " step " << i;
+    ASSERT_EQ(a.ranks.size(), b.ranks.size()) << what;
+    for (size_t g = 0; g < a.ranks.size(); ++g)
+      EXPECT_GT(a.ranks[g].forward_s + a.ranks[g].backward_s, 0.0)
+          << what << ": rank " << g << " reported no compute time";
+  }
+  EXPECT_EQ(got.eval_loss, want.eval_loss) << what;
+  EXPECT_EQ(got.params, want.params) << what;  // bit for bit, every element
+}
+
+struct SplitCase {
+  const char* name;
+  int tp, pp, dp;
+  std::vector<std::vector<int>> parts;  // the ranks of each Trainer
+};
+
+class TrainerSplit : public ::testing::TestWithParam<SplitCase> {};
+
+INSTANTIATE_TEST_SUITE_P(
+    Runtime, TrainerSplit,
+    ::testing::Values(
+        // RankGrid(tp 2, dp 1, pp 2): stage 0 = ranks 0, 1; stage 1 = ranks 2, 3.
+        SplitCase{"tp2_pp2_by_stage", 2, 2, 1, {{0, 1}, {2, 3}}},
+        SplitCase{"tp2_pp2_across_stages", 2, 2, 1, {{0, 3}, {1, 2}}},
+        // RankGrid(tp 1, dp 2, pp 2): replica 0 = ranks 0, 2; replica 1 = ranks 1, 3.
+        SplitCase{"dp2_pp2_by_stage", 1, 2, 2, {{0, 1}, {2, 3}}},
+        SplitCase{"dp2_pp2_three_trainers", 1, 2, 2, {{3}, {0, 2}, {1}}}),
+    [](const ::testing::TestParamInfo<SplitCase>& i) { return std::string(i.param.name); });
+
+TEST_P(TrainerSplit, EqualsOneTrainerDrivingEveryRankBitForBit) {
+  const SplitCase& c = GetParam();
+  const TrainerConfig cfg = Config(c.tp, c.pp, c.dp);
+  const std::vector<JobRun> whole = TrainSplit(cfg, {{}});  // empty: every rank
+  ASSERT_EQ(whole.size(), 1u);
+  ASSERT_EQ(whole[0].steps.size(), size_t(kSteps));
+  EXPECT_EQ(whole[0].params.size(), 4u * 12u + 4u);  // 12 per layer, 2 embeddings, final LN
+  const std::vector<JobRun> parts = TrainSplit(cfg, c.parts);
+  ASSERT_EQ(parts.size(), c.parts.size());
+  for (size_t i = 0; i < parts.size(); ++i)
+    ExpectIdentical(parts[i], whole[0], "trainer " + std::to_string(i));
+}
+
+TEST(TrainerSplit, RefusesLocalRanksOutsideTheLayoutOrTwice) {
+  ThreadWorld world(4, kTimeoutS);
+  struct Case {
+    std::vector<int> local;
+    const char* error;
+  } cases[] = {{{0, 4}, "local rank 4 is outside the layout's 4 ranks"},
+               {{1, 1}, "local rank 1 is listed twice"}};
+  for (const Case& k : cases) {
+    TrainerConfig cfg = Config(2, 2, 1);
+    cfg.local_ranks = k.local;
+    auto t = Trainer::Create(cfg, Cpu(), world);
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find(k.error), std::string::npos) << t.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace ptdp::rt
