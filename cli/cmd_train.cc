@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/launch.h"
 #include "core/units.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
@@ -32,6 +33,7 @@ struct TrainFlags {
   int eval_windows = 16;
   int max_ranks = 64;
   double timeout_s = 120;
+  bool one_gpu = false;
 };
 
 // What this machine is, for measured.json.
@@ -76,9 +78,8 @@ nlohmann::json RanksJson(const std::vector<rt::StepResult>& steps) {
 }
 
 int RunTrain(const TrainFlags& f) {
-  if (f.backend == "cuda")
-    return Fail("--backend cuda: this ptdp was built without the CUDA backend (see `ptdp info`)");
-  if (f.backend != "cpu") return Fail("--backend '" + f.backend + "': expected cpu or cuda");
+  if (f.backend != "cpu" && f.backend != "cuda")
+    return Fail("--backend '" + f.backend + "': expected cpu or cuda");
   if (f.steps <= 0 || f.steps > 1000000) return Fail("--steps " + std::to_string(f.steps) + " must be in 1..1000000");
   if (!(f.lr > 0 && f.lr < 1)) return Fail("--lr " + std::to_string(f.lr) + " must be in (0, 1)");
   if (f.warmup < 0) return Fail("--warmup must not be negative");
@@ -104,16 +105,27 @@ int RunTrain(const TrainFlags& f) {
   cfg.optimizer.min_lr = f.lr / 10;
   cfg.optimizer.warmup_steps = f.warmup;
   cfg.optimizer.decay_steps = std::max(1, f.steps - f.warmup);
-  rt::ThreadWorld world(l.world(), f.timeout_s);
-  auto trainer = rt::Trainer::Create(
-      cfg, [](int) { return std::make_unique<rt::CpuBackend>(); }, world);
+  LaunchOptions lo;
+  lo.backend = f.backend;
+  lo.timeout_s = f.timeout_s;
+  lo.one_gpu = f.one_gpu;
+  auto launch = MakeLaunch(l, lo);
+  if (!launch.ok()) return Fail(f.plan_file + ": " + launch.status().message());
+  cfg.local_ranks = launch->local_ranks;
+  auto trainer = rt::Trainer::Create(cfg, launch->backends, *launch->comms);
   if (!trainer.ok()) return Fail(f.plan_file + ": " + trainer.status().message());
+  // Under mpirun every process holds the same results; process 0 prints and writes files.
+  if (!launch->main_process) std::freopen("/dev/null", "w", stdout);
 
-  std::printf("training %s with %s [%s], %s, on %d CPU rank threads, B %lld x s %lld, %d steps\n",
+  std::printf("training %s with %s [%s], %s, on %s, B %lld x s %lld, %d steps\n",
               plan->model.name.c_str(), l.ShortName().c_str(), l.Knobs().c_str(),
-              ToString(l.schedule), l.world(), static_cast<long long>(l.global_batch),
+              ToString(l.schedule), launch->where.c_str(), static_cast<long long>(l.global_batch),
               static_cast<long long>(plan->model.seq_len), f.steps);
-  if (l.precision != Precision::kFp32 || l.recompute != Recompute::kNone)
+  if (f.backend == "cuda")
+    std::printf("(CUDA: %s GEMMs on tensor cores with fp32 accumulation; fp32 master weights, "
+                "optimizer state and activations; no recompute)\n",
+                l.precision == Precision::kFp32 ? "fp32" : "bf16");
+  else if (l.precision != Precision::kFp32 || l.recompute != Recompute::kNone)
     std::printf("(the CPU backend computes in fp32 without recompute; the plan's %s%s changes "
                 "memory and time on GPUs, not the results)\n",
                 ToString(l.precision), l.recompute != Recompute::kNone
@@ -172,6 +184,7 @@ Runner SetupTrain(CLI::App* sub) {
   sub->add_option("--warmup", f->warmup, "warmup steps (default 2)");
   sub->add_option("--max-ranks", f->max_ranks, "refuse plans with more ranks than this (default 64)");
   sub->add_option("--timeout", f->timeout_s, "seconds a rank may wait in a collective (default 120)");
+  sub->add_flag("--one-gpu", f->one_gpu, "cuda: run every rank on GPU 0 (device copies), even with more GPUs");
   return [f] { return RunTrain(*f); };
 }
 

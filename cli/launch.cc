@@ -1,0 +1,184 @@
+// MakeLaunch: the rank placement rules of launch.h.
+#include "cli/launch.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/thread_communicator.h"
+#if PTDP_HAVE_CUDA
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/device_world.h"
+#include "runtime/cuda/nccl_world.h"
+#endif
+#if PTDP_HAVE_MPI
+#include "runtime/cuda/mpi_bootstrap.h"
+#endif
+
+namespace ptdp::cli {
+namespace {
+
+using std::to_string;
+
+Launch CpuLaunch(const Layout& l, double timeout_s) {
+  Launch run;
+  run.comms = std::make_shared<rt::ThreadWorld>(l.world(), timeout_s);
+  run.backends = [](int) { return std::make_unique<rt::CpuBackend>(); };
+  run.where = to_string(l.world()) + " CPU rank thread" + (l.world() > 1 ? "s" : "");
+  return run;
+}
+
+#if PTDP_HAVE_CUDA
+// The backends of the local ranks, created before the trainer so that a failure keeps its reason;
+// the trainer takes each once, and the communicators find each rank's stream here.
+struct CudaRanks {
+  std::mutex mu;
+  std::vector<std::unique_ptr<rt::cuda::CudaBackend>> owned;  // by global rank, until taken
+  std::vector<cudaStream_t> streams;                           // by global rank
+};
+
+Result<std::shared_ptr<CudaRanks>> MakeBackends(const Layout& l, const std::vector<int>& ranks,
+                                                const std::vector<int>& devices) {
+  auto cr = std::make_shared<CudaRanks>();
+  cr->owned.resize(size_t(l.world()));
+  cr->streams.resize(size_t(l.world()), nullptr);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    rt::cuda::CudaBackendOptions o;
+    o.device = devices[i];
+    // fp32 plans run exact fp32 GEMMs; bf16/fp16 plans run bf16 tensor-core GEMMs.
+    o.gemm = l.precision == Precision::kFp32 ? rt::cuda::GemmPrecision::kFp32
+                                             : rt::cuda::GemmPrecision::kBf16;
+    auto b = rt::cuda::CudaBackend::Create(o);
+    if (!b.ok()) return b.status().Prefixed("rank " + to_string(ranks[i]));
+    cr->streams[size_t(ranks[i])] = (*b)->stream();
+    cr->owned[size_t(ranks[i])] = std::move(*b);
+  }
+  return cr;
+}
+
+void HandOut(Launch& run, const std::shared_ptr<CudaRanks>& cr) {
+  run.backends = [cr](int g) -> std::unique_ptr<rt::Backend> {
+    std::lock_guard<std::mutex> lk(cr->mu);
+    return std::move(cr->owned[size_t(g)]);
+  };
+}
+
+rt::cuda::StreamOf StreamsOf(const std::shared_ptr<CudaRanks>& cr) {
+  return [cr](int g) {
+    std::lock_guard<std::mutex> lk(cr->mu);
+    return cr->streams[size_t(g)];
+  };
+}
+
+// Launched by mpirun or srun with more than one process.
+bool UnderMpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_NTASKS"}) {
+    const char* s = std::getenv(v);
+    if (s && std::atoi(s) > 1) return true;
+  }
+  return false;
+}
+
+#if PTDP_HAVE_MPI
+Result<Launch> MpiLaunch(const Layout& l, const LaunchOptions& o, int gpus) {
+  PTDP_ASSIGN_OR_RETURN(auto mpi, rt::cuda::MpiSession::Init(nullptr, nullptr));
+  if (l.world() % mpi->size() != 0)
+    return Status::Error("the plan's " + to_string(l.world()) + " ranks do not divide over " +
+                         to_string(mpi->size()) + " MPI processes");
+  auto place = mpi->Place(l.world() / mpi->size(), gpus);
+  std::shared_ptr<CudaRanks> cr;
+  Status set_up = place.status();
+  if (set_up.ok()) {
+    auto made = MakeBackends(l, place->local_ranks, place->devices);
+    set_up = made.status();
+    if (made.ok()) cr = *made;
+  }
+  // Every process stops together when one of them could not set up.
+  PTDP_ASSIGN_OR_RETURN(bool all_ok, mpi->AllOk(set_up.ok()));
+  if (!set_up.ok()) return set_up;
+  if (!all_ok) return Status::Error("another MPI process failed to set up (see its message)");
+  PTDP_ASSIGN_OR_RETURN(rt::cuda::NcclId id, mpi->ShareNcclId());
+  rt::cuda::NcclWorldOptions w;
+  w.world_size = l.world();
+  w.local_ranks = place->local_ranks;
+  w.devices = place->devices;
+  w.id = id;
+  w.timeout_s = o.timeout_s;
+  w.stream_of = StreamsOf(cr);
+  PTDP_ASSIGN_OR_RETURN(auto world, rt::cuda::NcclWorld::Create(w));
+  Launch run;
+  run.comms = std::move(world);
+  HandOut(run, cr);
+  run.local_ranks = place->local_ranks;
+  run.main_process = mpi->rank() == 0;
+  run.where = to_string(l.world()) + " ranks on " + to_string(mpi->size()) +
+              " MPI processes (NCCL), " + to_string(place->local_ranks.size()) + " here";
+  run.keep_alive = std::make_shared<std::pair<std::unique_ptr<rt::cuda::MpiSession>,
+                                              std::shared_ptr<CudaRanks>>>(std::move(mpi), cr);
+  return run;
+}
+#endif
+
+Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
+  const rt::cuda::CudaInfo info = rt::cuda::ProbeCuda();
+  if (info.gpus_visible == 0)
+    return Status::Error("--backend cuda: no CUDA GPU is usable here: " + info.why_none +
+                         " (`ptdp info` says what this binary can run)");
+  if (UnderMpi()) {
+#if PTDP_HAVE_MPI
+    return MpiLaunch(l, o, info.gpus_visible);
+#else
+    return Status::Error("launched under mpirun/srun, but this ptdp was built without MPI "
+                         "(install libopenmpi-dev and rebuild)");
+#endif
+  }
+  const int world = l.world();
+  std::vector<int> ranks(static_cast<size_t>(world)), devices(static_cast<size_t>(world), 0);
+  for (int r = 0; r < world; ++r) ranks[size_t(r)] = r;
+  const bool shared_gpu = world == 1 || o.one_gpu || info.gpus_visible == 1;
+  if (!shared_gpu && info.gpus_visible < world)
+    return Status::Error("the plan has " + to_string(world) + " ranks but " +
+                         to_string(info.gpus_visible) + " GPUs are visible: add --one-gpu to run " +
+                         "every rank on GPU 0, or launch on " + to_string(world) +
+                         " GPUs (mpirun/srun for several nodes: docs/gpus.md)");
+  if (!shared_gpu)
+    for (int r = 0; r < world; ++r) devices[size_t(r)] = r;
+  PTDP_ASSIGN_OR_RETURN(auto cr, MakeBackends(l, ranks, devices));
+  Launch run;
+  HandOut(run, cr);
+  run.keep_alive = cr;
+  if (shared_gpu) {
+    run.comms = std::make_shared<rt::cuda::DeviceWorld>(world, o.timeout_s, 0, StreamsOf(cr));
+    run.where = to_string(world) + (world > 1 ? " ranks" : " rank") + " on GPU 0 (" +
+                info.device_name + (world > 1 ? ", device copies)" : ")");
+    return run;
+  }
+  rt::cuda::NcclWorldOptions w;
+  w.world_size = world;
+  w.local_ranks = ranks;
+  w.devices = devices;
+  PTDP_ASSIGN_OR_RETURN(w.id, rt::cuda::NewNcclId());
+  w.timeout_s = o.timeout_s;
+  w.stream_of = StreamsOf(cr);
+  PTDP_ASSIGN_OR_RETURN(auto nccl, rt::cuda::NcclWorld::Create(w));
+  run.comms = std::move(nccl);
+  run.where = to_string(world) + " GPUs (" + info.device_name + ", NCCL)";
+  return run;
+}
+#endif
+
+}  // namespace
+
+Result<Launch> MakeLaunch(const Layout& layout, const LaunchOptions& options) {
+  if (options.backend == "cpu") return CpuLaunch(layout, options.timeout_s);
+  if (options.backend != "cuda")
+    return Status::Error("--backend '" + options.backend + "': expected cpu or cuda");
+#if PTDP_HAVE_CUDA
+  return CudaLaunch(layout, options);
+#else
+  return Status::Error("--backend cuda: this ptdp was built without the CUDA backend "
+                       "(configure with the CUDA toolkit; `ptdp info` says what it can run)");
+#endif
+}
+
+}  // namespace ptdp::cli

@@ -1,0 +1,43 @@
+// How `ptdp train` (and `ptdp calibrate`) get their ranks running: the backend of each rank and the
+// communicator factory over them, for `--backend cpu` (CpuBackends, ranks as threads of one
+// ThreadWorld) or `--backend cuda`:
+//
+//   one process, plan of 1 rank, 1 GPU visible or --one-gpu:  every rank a thread on GPU 0,
+//                                                          DeviceWorld (device copies)
+//   one process, >= world GPUs visible:                    rank r on GPU r, NcclWorld
+//   under mpirun / srun (several processes):               each process its share of the ranks,
+//                                                          one GPU each, NcclWorld (MPI bootstrap)
+//
+// Errors (a Status naming the reason): CUDA not compiled in, no GPU usable, too few GPUs for the
+// plan, a failed MPI or NCCL set-up.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/status.h"
+#include "runtime/communicator.h"
+#include "runtime/trainer.h"
+
+namespace ptdp::cli {
+
+struct LaunchOptions {
+  std::string backend = "cpu";  // cpu or cuda
+  double timeout_s = 120;       // a rank's wait in a collective before it fails
+  bool one_gpu = false;         // cuda: every rank on GPU 0 even when more GPUs are visible
+};
+
+struct Launch {
+  std::shared_ptr<rt::CommunicatorFactory> comms;
+  rt::BackendFactory backends;       // hands out the backend of each local rank once
+  std::vector<int> local_ranks;      // the ranks this process drives; empty: all
+  bool main_process = true;          // prints progress and writes files
+  std::string where;                 // "4 CPU rank threads", "2 ranks on GPU 0 (NVIDIA H200)"
+  std::shared_ptr<void> keep_alive;  // the MPI session and backends, until the run ends
+};
+
+Result<Launch> MakeLaunch(const Layout& layout, const LaunchOptions& options);
+
+}  // namespace ptdp::cli
