@@ -2,6 +2,7 @@
 // threads on the CPU backend), prints a progress line per step and writes measured.json.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -77,6 +78,33 @@ nlohmann::json RanksJson(const std::vector<rt::StepResult>& steps) {
   return ranks;
 }
 
+// Throughput of the run: the median step after the first (which pays for warm-up), model FLOPs
+// as the cost model counts them (Korthikanti et al. 2022: no recompute), and MFU against the
+// peak of the plan's cluster GPU at the plan's precision, on the devices the run used (one GPU
+// shared by every rank counts once; the CPU backend counts each rank slot).
+nlohmann::json SummaryJson(const Plan& plan, const std::vector<rt::StepResult>& steps, int devices) {
+  std::vector<double> t;
+  for (size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i) t.push_back(steps[i].step_time_s);
+  std::sort(t.begin(), t.end());
+  const double median_s = t[t.size() / 2];
+  double peak_bytes = 0;
+  for (const auto& s : steps)
+    for (const auto& r : s.ranks) peak_bytes = std::max(peak_bytes, r.peak_memory_bytes);
+  const double tokens = double(plan.layout.global_batch) * double(plan.model.seq_len);
+  nlohmann::json j = {{"median_step_time_s", median_s}, {"tokens_per_s", tokens / median_s},
+                      {"peak_memory_bytes", peak_bytes}, {"devices", devices}};
+  auto w = WorldForPlan(plan, "");
+  if (!w.ok()) return j;  // MFU needs the plan's cluster; the rest stands without it
+  const double flops = w->cost->ModelFlops(plan.layout);
+  const int n = devices > 0 ? devices : plan.layout.world();
+  const double per_device = flops / median_s / n;
+  j["model_flops_per_step"] = flops;
+  j["model_tflops_per_s_per_device"] = per_device / 1e12;
+  j["mfu"] = per_device / w->cost->PeakFlops(plan.layout.precision);
+  j["mfu_against"] = w->cluster.name + " " + w->cluster.gpu.name;
+  return j;
+}
+
 int RunTrain(const TrainFlags& f) {
   if (f.backend != "cpu" && f.backend != "cuda")
     return Fail("--backend '" + f.backend + "': expected cpu or cuda");
@@ -148,6 +176,16 @@ int RunTrain(const TrainFlags& f) {
   if (!val_loss.ok()) return Fail("validation: " + val_loss.status().message());
   std::printf("validation loss %.4f over %d windows of %lld tokens\n", *val_loss, windows,
               static_cast<long long>(plan->model.seq_len));
+  const nlohmann::json summary = SummaryJson(*plan, steps, launch->devices);
+  std::printf("throughput: %.0f tok/s (median step %.1f ms), peak memory %.2f GiB per rank",
+              summary["tokens_per_s"].get<double>(), summary["median_step_time_s"].get<double>() * 1e3,
+              summary["peak_memory_bytes"].get<double>() / double(1 << 30));
+  if (summary.contains("mfu"))
+    std::printf(", %.3g model TFLOP/s per %s, MFU %.1f%% (against %s)",
+                summary["model_tflops_per_s_per_device"].get<double>(),
+                launch->devices > 0 ? "GPU" : "rank", 100 * summary["mfu"].get<double>(),
+                summary["mfu_against"].get<std::string>().c_str());
+  std::printf("\n");
 
   if (!f.out.empty()) {
     nlohmann::json j;
@@ -162,6 +200,7 @@ int RunTrain(const TrainFlags& f) {
     j["steps"] = arr;
     j["ranks"] = RanksJson(steps);
     j["validation_loss"] = *val_loss;
+    j["summary"] = summary;
     std::ofstream out(f.out);
     out << j.dump(2) << "\n";
     if (!out) return Fail(f.out + ": cannot write measured.json");

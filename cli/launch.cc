@@ -111,6 +111,7 @@ Result<Launch> MpiLaunch(const Layout& l, const LaunchOptions& o, int gpus) {
   HandOut(run, cr);
   run.local_ranks = place->local_ranks;
   run.main_process = mpi->rank() == 0;
+  run.devices = l.world();
   run.where = to_string(l.world()) + " ranks on " + to_string(mpi->size()) +
               " MPI processes (NCCL), " + to_string(place->local_ranks.size()) + " here";
   run.keep_alive = std::make_shared<std::pair<std::unique_ptr<rt::cuda::MpiSession>,
@@ -147,6 +148,7 @@ Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
   Launch run;
   HandOut(run, cr);
   run.keep_alive = cr;
+  run.devices = shared_gpu ? 1 : world;
   if (shared_gpu) {
     run.comms = std::make_shared<rt::cuda::DeviceWorld>(world, o.timeout_s, 0, StreamsOf(cr));
     run.where = to_string(world) + (world > 1 ? " ranks" : " rank") + " on GPU 0 (" +

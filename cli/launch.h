@@ -34,6 +34,7 @@ struct Launch {
   rt::BackendFactory backends;       // hands out the backend of each local rank once
   std::vector<int> local_ranks;      // the ranks this process drives; empty: all
   bool main_process = true;          // prints progress and writes files
+  int devices = 0;                   // GPUs the whole job uses (0 on the CPU backend)
   std::string where;                 // "4 CPU rank threads", "2 ranks on GPU 0 (NVIDIA H200)"
   std::shared_ptr<void> keep_alive;  // the MPI session and backends, until the run ends
 };
