@@ -1,0 +1,58 @@
+// Microbenchmarks of the runtime's primitives, for `ptdp calibrate`: every op the GPT model
+// calls, timed through the Backend interface over grids of shapes (GEMMs over (m, n, k), the
+// attention core over (s, d), row-wise ops over (rows, cols), element-wise ops over sizes,
+// allocation), and every collective and p2p transfer through the CommunicatorFactory over
+// (ranks, bytes). The backend and the communicators are whatever the factories make (CPU +
+// threads today, CUDA + NCCL later): the measurement code does not know which.
+//
+// Timing: one warm-up call, then `batches` batches, each repeating the call until
+// `min_batch_s` has passed; the time of a call is the median over the batches of the batch
+// mean (robust to a batch that another process interrupted).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/measured.h"
+#include "core/status.h"
+#include "runtime/backend.h"
+#include "runtime/communicator.h"
+
+namespace ptdp::rt {
+
+struct MicrobenchOptions {
+  bool quick = false;         // coarser, smaller grids (tests, `make demo`): a few seconds
+  int max_ranks = 8;          // largest collective group measured (>= 2)
+  double min_batch_s = 2e-3;  // each batch repeats a call for at least this long
+  int batches = 3;            // median over this many batches
+};
+
+// The grids a run measures (quick or full), exposed for tests and docs.
+struct MicrobenchGrids {
+  std::vector<double> gemm_dims;        // m, n and k each take these values
+  std::vector<double> attention_s, attention_d;
+  std::vector<double> row_rows, row_cols;
+  std::vector<double> elements;         // element-wise ops
+  std::vector<double> alloc_bytes;
+  std::vector<double> comm_ranks, comm_bytes;
+};
+MicrobenchGrids GridsFor(const MicrobenchOptions& opt);
+
+// Makes one Backend (each rank thread of a collective benchmark gets its own).
+using MakeBackend = std::function<std::unique_ptr<Backend>()>;
+// Makes a fresh communicator world of `ranks` ranks (ranks are threads of this process).
+using MakeWorld = std::function<std::unique_ptr<CommunicatorFactory>(int ranks)>;
+// Called after each measured point: fraction done in [0, 1] and what was just measured.
+using MicrobenchProgress = std::function<void(double fraction, const std::string& what)>;
+
+// Measures every table of MeasuredTableKinds() and the backend's attention storage. Fills
+// `tables`, `attention_saved_per_*` and `element_bytes`; the caller sets backend, host, date
+// and cores. Fails when the backend cannot allocate or a collective fails (naming it).
+Result<MeasuredPrimitives> RunMicrobenchmarks(const MakeBackend& make_backend,
+                                              const MakeWorld& make_world,
+                                              const MicrobenchOptions& opt,
+                                              const MicrobenchProgress& progress);
+
+}  // namespace ptdp::rt
