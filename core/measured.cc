@@ -219,9 +219,9 @@ Result<MeasuredPrimitives> MeasuredFromYaml(const YAML::Node& node, const std::s
   m.element_bytes = r.PositiveNumber("element_bytes", 4);
   const YAML::Node saved = r.Child("attention_saved");
   const YAML::Node tables = r.Child("tables");
-  if (!tables) r.Fail("tables", "missing required key");
+  if (!tables.IsDefined() || tables.IsNull()) r.Fail("tables", "missing required key");
   PTDP_RETURN_IF_ERROR(r.Finish());
-  if (saved) {
+  if (saved.IsDefined() && !saved.IsNull()) {
     YamlReader s(saved, file, "measured.attention_saved");
     m.attention_saved_per_score = s.PositiveNumber("per_score", 0);
     m.attention_saved_per_token = s.PositiveNumber("per_token", 0);

@@ -357,16 +357,17 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
   }
   if (r == l.pp - 1) {
     // The output layer's saved tensors (final LN input and output, statistics, logits, targets,
-    // row max and sum) for the micro-batches in flight there: one in 1F1B, all with GPipe.
-    const double out_in_flight = l.schedule == ScheduleKind::kGPipe
-                                     ? double(l.num_microbatches())
-                                     : std::max(1.0, std::ceil(in_flight / l.vp));
+    // row max and sum) for the micro-batches in flight there: all with GPipe; one with 1F1B and
+    // interleaving, whose last virtual stage runs each backward right after its forward.
+    const double out_in_flight =
+        l.schedule == ScheduleKind::kGPipe ? double(l.num_microbatches()) : 1.0;
     const double out = x.Tl * x.h + x.T * x.h + 2 * x.Tl + x.T * x.Vl + 3 * x.T;
     act += out_in_flight * out * e;
     cached += x.Vl * e;  // the padded-vocabulary mask
   }
-  // A stage below the last keeps the received gradient while its layers pass on new ones.
-  if (l.pp > 1 && r < l.pp - 1 && layers_per_chunk > 1) act += x.Tl * x.h * e;
+  // A stage below the last holds one more (Tl, h) tensor at its peak: the received gradient
+  // while its layers pass on new ones (interleaved: the next forward's input, received with it).
+  if (l.pp > 1 && r < l.pp - 1) act += x.Tl * x.h * e;
   mem.activations = act;
   const double sum = mem.weights + mem.grads + mem.optimizer + mem.activations;
   mem.other = cached + workspace_bytes + fragmentation * sum;

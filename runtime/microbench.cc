@@ -393,6 +393,7 @@ Result<MeasuredPrimitives> Bench::Run() {
 }  // namespace
 
 MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
+  if (opt.grids) return *opt.grids;
   MicrobenchGrids g;
   const double max_ranks = std::max(2, opt.max_ranks);
   if (opt.quick) {

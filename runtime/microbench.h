@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,13 +23,6 @@
 
 namespace ptdp::rt {
 
-struct MicrobenchOptions {
-  bool quick = false;         // coarser, smaller grids (tests, `make demo`): a few seconds
-  int max_ranks = 8;          // largest collective group measured (>= 2)
-  double min_batch_s = 2e-3;  // each batch repeats a call for at least this long
-  int batches = 3;            // median over this many batches
-};
-
 // The grids a run measures (quick or full), exposed for tests and docs.
 struct MicrobenchGrids {
   std::vector<double> gemm_dims;        // m, n and k each take these values
@@ -36,7 +30,15 @@ struct MicrobenchGrids {
   std::vector<double> row_rows, row_cols;
   std::vector<double> elements;         // element-wise ops
   std::vector<double> alloc_bytes;
-  std::vector<double> comm_ranks, comm_bytes;
+  std::vector<double> comm_ranks, comm_bytes;  // bytes: multiples of 4 x the largest rank count
+};
+
+struct MicrobenchOptions {
+  bool quick = false;         // coarser, smaller grids (tests, `make demo`): a few seconds
+  int max_ranks = 8;          // largest collective group measured (>= 2)
+  double min_batch_s = 2e-3;  // each batch repeats a call for at least this long
+  int batches = 3;            // median over this many batches
+  std::optional<MicrobenchGrids> grids;  // instead of the quick or full ones (tests)
 };
 MicrobenchGrids GridsFor(const MicrobenchOptions& opt);
 
