@@ -90,6 +90,12 @@ int RunCompare(const CompareFlags& f) {
                 f.measured_file.c_str(), c.backend.c_str(), c.host.c_str(), c.timed_steps,
                 c.warmup_steps, c.measured_step_min_s * u.scale, c.measured_step_max_s * u.scale,
                 u.name);
+    if (c.other_cpu_share >= 0)
+      std::printf("other processes used %.0f%% of the cores during the timed steps%s\n",
+                  100 * c.other_cpu_share,
+                  c.busy() ? ": the machine was busy (rank threads waiting in a collective wake up "
+                             "late), so the measured times are not this machine's own"
+                           : "");
     PrintTable(c, u);
     PrintRanks(c, u);
     std::printf("\nerrors are (predicted - measured) / measured; pp_bubble is the time blocked in "

@@ -80,6 +80,8 @@ void ReadMeasured(const json& j, const std::string& file, Comparison* c) {
     c->measured_step_max_s = Num(t, "step_time_max_s", file + ": timing");
     c->warmup_steps = int(Num(t, "warmup_steps", file + ": timing"));
     c->timed_steps = int(Num(t, "timed_steps", file + ": timing"));
+    if (t.contains("other_cpu_share") && t["other_cpu_share"].is_number())
+      c->other_cpu_share = t["other_cpu_share"].get<double>();
   } else {  // an older measured.json: the median of the steps after the first
     const json& steps = j.at("steps");
     std::vector<double> v;
@@ -106,6 +108,7 @@ void ReadMeasured(const json& j, const std::string& file, Comparison* c) {
     m[kOptimizer] = Num(x, "optimizer_s", at);
     m[kIdle] = Num(x, "idle_s", at);
     c->ranks[r].measured_memory_bytes = Num(x, "peak_memory_bytes", at);
+
   }
   if (j.contains("timeline") && j["timeline"].is_object()) {
     const json& t = j["timeline"];
@@ -218,6 +221,7 @@ json ComparisonJson(const Comparison& c) {
                      {"measured", parts(r.measured)},
                      {"predicted_memory_bytes", r.predicted_memory_bytes},
                      {"measured_memory_bytes", r.measured_memory_bytes},
+
                      {"memory_error_pct", err(r.predicted_memory_bytes, r.measured_memory_bytes)}});
   return {{"step_time_error_pct", err(c.predicted_step_s, c.measured_step_s)},
           {"memory_error_pct", err(c.PredictedMemoryMax(), c.MeasuredMemoryMax())},
@@ -229,6 +233,8 @@ json ComparisonJson(const Comparison& c) {
           {"timed_steps", c.timed_steps},
           {"predicted_memory_bytes", c.PredictedMemoryMax()},
           {"measured_memory_bytes", c.MeasuredMemoryMax()},
+          {"other_cpu_share", c.other_cpu_share >= 0 ? json(c.other_cpu_share) : json(nullptr)},
+          {"machine_busy", c.busy()},
           {"components", comps},
           {"ranks", ranks},
           {"layout", LayoutJson(c.plan.layout)},

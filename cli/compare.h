@@ -57,6 +57,12 @@ struct Comparison {
   Parts MeasuredMean() const;
   double PredictedMemoryMax() const;
   double MeasuredMemoryMax() const;
+  // Share of the machine's cores other processes used during the timed steps (measured.json
+  // timing.other_cpu_share; < 0 when unknown). Above kBusyShare rank threads waiting in a
+  // collective wake up late: the times are the machine's under load, not its own.
+  double other_cpu_share = -1;
+  bool busy() const { return other_cpu_share > kBusyShare; }
+  static constexpr double kBusyShare = 0.1;
 };
 
 // Signed error in percent, (predicted - measured) / measured; 0 when both are 0, and +-inf when
