@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -97,6 +98,13 @@ struct Derived {
   double peak_flops = 0, copy_bw = 0, p2p_bw = 0, p2p_latency_s = 0;
 };
 
+// Three significant digits: what a measurement supports, and a readable cluster file.
+double Round3(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return std::strtod(buf, nullptr);
+}
+
 Derived Derive(const MeasuredPrimitives& m) {
   Derived d;
   for (const auto& row : m.Table("gemm_nt")->Rows())
@@ -106,6 +114,7 @@ Derived Derive(const MeasuredPrimitives& m) {
   const auto p2p = m.Table("send_recv")->Rows();
   d.p2p_latency_s = p2p.front()[1];
   d.p2p_bw = p2p.back()[0] / std::max(1e-12, p2p.back()[1] - d.p2p_latency_s);
+  for (double* v : {&d.peak_flops, &d.copy_bw, &d.p2p_bw, &d.p2p_latency_s}) *v = Round3(*v);
   return d;
 }
 

@@ -17,11 +17,7 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+double Fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
 // Powers of `factor` from `lo` to `hi` (both included when on the progression).
 std::vector<double> Geometric(double lo, double hi, double factor) {
@@ -55,7 +51,7 @@ class Bench {
   Result<MeasuredPrimitives> Run();
 
  private:
-  // Seconds of one call of fn: the median over the batches of the batch mean (see the header).
+  // Seconds of one call of fn: the fastest batch's mean (see the header).
   double TimeCall(const std::function<void()>& fn) const;
   Result<Tensor> Random(const Shape& shape, uint32_t seed);
   void Done(const std::string& what);
@@ -99,7 +95,7 @@ double Bench::TimeCall(const std::function<void()>& fn) const {
     for (int i = 0; i < calls; ++i) fn();
     means.push_back(Since(t0) / calls);
   }
-  return Median(means);
+  return Fastest(means);
 }
 
 Result<Tensor> Bench::Random(const Shape& shape, uint32_t seed) {
@@ -316,7 +312,7 @@ Status Bench::CollectiveRank(int rank, int ranks, CommunicatorFactory& world,
         PTDP_RETURN_IF_ERROR(batch(calls, &elapsed));
         means.push_back(elapsed / calls);
       }
-      if (rank == 0) seconds[kind][i] = Median(means);
+      if (rank == 0) seconds[kind][i] = Fastest(means);
       PTDP_RETURN_IF_ERROR(c.Barrier());  // rank 0's write before the next size's decision
     }
   }

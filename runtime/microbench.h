@@ -6,8 +6,10 @@
 // threads today, CUDA + NCCL later): the measurement code does not know which.
 //
 // Timing: one warm-up call, then `batches` batches, each repeating the call until
-// `min_batch_s` has passed; the time of a call is the median over the batches of the batch
-// mean (robust to a batch that another process interrupted).
+// `min_batch_s` has passed; the time of a call is the fastest batch's mean. Other processes only
+// ever add time (a preempted op, a rank thread woken late in a collective), so the fastest batch
+// is the machine's own figure, which is what a calibration is for; a busy machine shows in
+// `ptdp train`'s measurements instead (timing.other_cpu_share).
 #pragma once
 
 #include <functional>
@@ -37,7 +39,7 @@ struct MicrobenchOptions {
   bool quick = false;         // coarser, smaller grids (tests, `make demo`): a few seconds
   int max_ranks = 8;          // largest collective group measured (>= 2)
   double min_batch_s = 2e-3;  // each batch repeats a call for at least this long
-  int batches = 3;            // median over this many batches
+  int batches = 3;            // the fastest of this many batches
   std::optional<MicrobenchGrids> grids;  // instead of the quick or full ones (tests)
 };
 MicrobenchGrids GridsFor(const MicrobenchOptions& opt);
