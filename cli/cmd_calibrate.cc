@@ -23,6 +23,10 @@
 namespace ptdp::cli {
 namespace {
 
+// Above this share of the cores used by other processes, the measurement is the machine under
+// load (as in `ptdp compare`).
+constexpr double kBusyShare = 0.1;
+
 struct CalibrateFlags {
   std::string backend = "cpu";
   std::string cluster = std::string(PTDP_SOURCE_DIR) + "/configs/clusters/local-cpu.yaml";
@@ -181,6 +185,7 @@ int RunCalibrate(const CalibrateFlags& f) {
                 f.backend.c_str(), f.quick ? "quick" : "full", max_ranks, f.cluster.c_str());
   std::fflush(stdout);
   ProgressBar bar;
+  OtherLoad load;
   const auto t0 = std::chrono::steady_clock::now();
   auto measured = rt::RunMicrobenchmarks(choice->make_backend, choice->make_world, opt,
                                          [&](double frac, const std::string& what) { bar(frac, what); });
@@ -191,13 +196,11 @@ int RunCalibrate(const CalibrateFlags& f) {
   m.host = HostName();
   m.date = Today();
   m.cores = choice->cores;
-  double load[3] = {0, 0, 0};
-  if (getloadavg(load, 3) > 0) {
-    char note[96];
-    std::snprintf(note, sizeof note, "%s grids; load average %.2f when done", f.quick ? "quick" : "full",
-                  load[0]);
-    m.note = note;
-  }
+  const double others = load.Share();
+  char note[128];
+  std::snprintf(note, sizeof note, "%s grids; other processes used %.0f%% of the cores meanwhile",
+                f.quick ? "quick" : "full", 100 * std::max(0.0, others));
+  m.note = note;
   const Derived d = Derive(m);
   const ClusterSpec c = Calibrated(*base, m, d);
   std::ofstream out(f.out);
@@ -221,11 +224,17 @@ int RunCalibrate(const CalibrateFlags& f) {
                         {"copy_bytes_per_s", d.copy_bw},
                         {"p2p_bytes_per_s", d.p2p_bw},
                         {"p2p_latency_s", d.p2p_latency_s},
-                        {"tables", m.tables.size()}};
+                        {"tables", m.tables.size()},
+                        {"other_cpu_share", others >= 0 ? nlohmann::json(others) : nullptr},
+                        {"machine_busy", others > kBusyShare}};
     std::cout << j.dump(2) << "\n";
     return 0;
   }
   PrintSummary(m, d, elapsed);
+  if (others > kBusyShare)
+    std::printf("warning: other processes used %.0f%% of the cores while measuring: some figures "
+                "may be slower than this machine's own; run calibrate again when it is quiet\n",
+                100 * others);
   std::printf("wrote %s\n", f.out.c_str());
   return 0;
 }

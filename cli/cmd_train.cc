@@ -1,6 +1,5 @@
 // `ptdp train plan.yaml --backend cpu`: trains the plan's GPT with exactly its layout (ranks as
 // threads on the CPU backend), prints a progress line per step and writes measured.json.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -81,50 +80,6 @@ nlohmann::json RanksJson(const std::vector<rt::StepResult>& steps) {
   }
   return ranks;
 }
-
-// CPU seconds every process of the machine has used (user, system, irq and a hypervisor's steal
-// time, /proc/stat); < 0 when unknown.
-double MachineBusySeconds() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-  in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
-  if (!in || cpu != "cpu") return -1;
-  return (user + nice + system + irq + softirq + steal) / double(sysconf(_SC_CLK_TCK));
-}
-
-// CPU seconds this process has used.
-double ProcessCpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-// How much of the machine other processes used over an interval: their CPU seconds over the
-// interval's wall seconds times the cores. Rank threads sleeping in a collective wake up late
-// when others hold the cores, so timings taken above ~10% are the machine under load.
-class OtherLoad {
- public:
-  void Start() {
-    busy0_ = MachineBusySeconds();
-    own0_ = ProcessCpuSeconds();
-    t0_ = std::chrono::steady_clock::now();
-  }
-  // The share in [0, 1], or -1 when /proc/stat is not there.
-  double Share() const {
-    const double busy = MachineBusySeconds();
-    if (busy0_ < 0 || busy < 0) return -1;
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    const double others = (busy - busy0_) - (ProcessCpuSeconds() - own0_);
-    const double cores = std::max(1u, std::thread::hardware_concurrency());
-    return std::clamp(others / std::max(1e-9, wall * cores), 0.0, 1.0);
-  }
-
- private:
-  double busy0_ = -1, own0_ = 0;
-  std::chrono::steady_clock::time_point t0_;
-};
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -237,7 +192,6 @@ int RunTrain(const TrainFlags& f) {
   const std::vector<int32_t> val = rt::ValidationWindows(corpus->val, int(plan->model.seq_len), f.eval_windows);
   std::vector<rt::StepResult> steps;
   OtherLoad load;  // over the timed steps
-  load.Start();
   for (int i = 0; i < f.steps; ++i) {
     if (i == f.timing_warmup) load.Start();
     auto s = (*trainer)->Step();
