@@ -69,6 +69,14 @@ double RuntimeModel::Op(const char* table, double a, double b, double slow) cons
 
 double RuntimeModel::Alloc(double bytes, double slow) const { return Op("alloc", bytes, slow); }
 
+// fc1's outputs on a freshly initialised layer: LayerNorm outputs (unit variance) times weights
+// drawn N(0, 0.02^2) (GPT-2 and Megatron's init, runtime/params.cc), summed over h inputs.
+double RuntimeModel::GeluSigma() const { return 0.02 * std::sqrt(double(model_.hidden)); }
+
+double RuntimeModel::Gelu(const char* table, double elements, double slow) const {
+  return m_.Table(table)->Seconds(std::max(elements, 1.0), GeluSigma()) * slow;
+}
+
 // Collectives were measured with the group's ranks as the only busy threads; when more of the
 // layout's ranks share the cores, they take turns.
 double RuntimeModel::Coll(const char* table, int ranks, double bytes, const Layout& l) const {
@@ -127,7 +135,7 @@ RuntimeLayerTimes RuntimeModel::Layer(const Layout& l) const {
   gather(&lt.fwd_tp_s, &f);
   f += Alloc(x.T * x.Fi * e, k) + Gemm("gemm_nt", x.T, x.Fi, x.h, k);
   if (bias) f += Op("bias_add", x.T, x.Fi, k);
-  f += Alloc(x.T * x.F * e, k) + Op("gelu_forward", x.T * x.F, k);
+  f += Alloc(x.T * x.F * e, k) + Gelu("gelu_forward", x.T * x.F, k);
   f += Alloc(x.T * x.h * e, k) + Gemm("gemm_nt", x.T, x.h, x.F, k);
   reduce(&lt.fwd_tp_s, &f);
   if (bias) f += Op("bias_add", x.Tl, x.h, k);
@@ -139,7 +147,7 @@ RuntimeLayerTimes RuntimeModel::Layer(const Layout& l) const {
   gather(&lt.bwd_tp_s, &b);                                    // g backward
   b += Gemm("gemm_tn", x.h, x.F, x.T, k);                     // fc2 weight gradient
   b += Alloc(x.T * x.F * e, k) + Gemm("gemm_nn", x.T, x.F, x.h, k);  // fc2 input gradient
-  b += Op("gelu_backward", x.T * x.F, k);
+  b += Gelu("gelu_backward", x.T * x.F, k);
   if (bias) b += Op("bias_grad", x.T, x.Fi, k);
   b += Gemm("gemm_tn", x.Fi, x.h, x.T, k);                    // fc1 weight gradient
   b += Alloc(x.T * x.h * e, k) + Gemm("gemm_nn", x.T, x.h, x.Fi, k);

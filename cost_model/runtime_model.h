@@ -12,7 +12,9 @@
 //  - the DP reduction is one collective per parameter tensor (no buckets), the PP transfer the
 //    whole (s/t with SP, b, h) activation per TP rank (no scatter/gather);
 //  - the attention keeps what the backend's AttentionSavedShape says (P, b x a/t x s x s, on CPU);
-//  - ranks beyond `cores` on a node share them: compute takes ranks/cores times longer.
+//  - ranks beyond `cores` on a node share them: compute takes ranks/cores times longer;
+//  - GeLU's cost depends on its inputs' magnitude (tanh); they are taken as a freshly
+//    initialised layer's, N(0, 0.02^2 h): the prediction is for the first steps of training.
 // Letters: b micro-batch, s sequence, h hidden, t/p/d/v TP/PP/DP/virtual sizes, T = b s tokens,
 // Tl = T/t with SP else T, A = h/t, Q = (h + 2 kv_heads d_h)/t QKV width, F = ffn/t, Fi = F (2F
 // for SwiGLU), Vl = padded vocabulary / t, e element bytes.
@@ -84,7 +86,10 @@ class RuntimeModel {
   double Gemm(const char* table, double m, double n, double k, double slow) const;
   double Op(const char* table, double a, double slow) const;             // 1-axis tables
   double Op(const char* table, double a, double b, double slow) const;   // 2-axis tables
-  double Alloc(double elements, double slow) const;
+  double Alloc(double bytes, double slow) const;
+  // The standard deviation of GeLU's inputs (its cost depends on it, see core/measured.cc).
+  double GeluSigma() const;
+  double Gelu(const char* table, double elements, double slow) const;
   // A collective over `ranks` ranks of `bytes`; 0 when ranks == 1.
   double Coll(const char* table, int ranks, double bytes, const Layout& l) const;
   // How much slower compute runs with this layout's ranks sharing a node's cores (>= 1).

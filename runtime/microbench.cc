@@ -39,6 +39,17 @@ std::vector<float> Noise(int64_t n, uint32_t seed) {
   return v;
 }
 
+// N(0, sigma^2) values (Box-Muller over the xorshift stream of Noise).
+std::vector<float> Normal(int64_t n, double sigma, uint32_t seed) {
+  const std::vector<float> u = Noise(2 * n, seed);
+  std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double u1 = 0.5 * (double(u[2 * i]) + 1.0) + 1e-12, u2 = 0.5 * (double(u[2 * i + 1]) + 1.0);
+    v[i] = float(sigma * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+  return v;
+}
+
 constexpr int kMaxCallsPerBatch = 1 << 22;
 
 class Bench {
@@ -229,8 +240,12 @@ Status Bench::ElementOps() {
     PTDP_ASSIGN_OR_RETURN(Tensor v, Random({n}, 34));
     PTDP_ASSIGN_OR_RETURN(Tensor one, Random({1}, 35));
     be_->Fill(0.01f, v);  // AdamW's second moment must be non-negative
-    Add("gelu_forward", {e, TimeCall([&] { be_->GeluForward(a, c); })});
-    Add("gelu_backward", {e, TimeCall([&] { be_->GeluBackward(b, a, c); })});
+    for (double sigma : grids_.gelu_sigma) {
+      const std::vector<float> x = Normal(n, sigma, 36);
+      PTDP_RETURN_IF_ERROR(be_->CopyFromHost(x.data(), a));
+      Add("gelu_forward", {e, sigma, TimeCall([&] { be_->GeluForward(a, c); })});
+      Add("gelu_backward", {e, sigma, TimeCall([&] { be_->GeluBackward(b, a, c); })});
+    }
     Add("add", {e, TimeCall([&] { be_->Add(a, b, c); })});
     Add("copy", {e, TimeCall([&] { be_->Copy(a, c); })});
     Add("scale", {e, TimeCall([&] { be_->Scale(1.0f, c); })});
@@ -399,6 +414,7 @@ MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
     g.row_rows = Geometric(16, 1024, 4);
     g.row_cols = Geometric(16, 256, 4);
     g.elements = Geometric(64, 2097152, 8);
+    g.gelu_sigma = Geometric(0.0625, 4, 4);
     g.alloc_bytes = Geometric(256, 8388608, 8);
     g.comm_ranks = Geometric(2, std::min(4.0, max_ranks), 2);
     g.comm_bytes = Geometric(32, 2097152, 16);
@@ -409,6 +425,7 @@ MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
     g.row_rows = Geometric(16, 4096, 4);
     g.row_cols = Geometric(16, 1024, 4);
     g.elements = Geometric(64, 4194304, 4);
+    g.gelu_sigma = Geometric(0.0625, 4, 4);
     g.alloc_bytes = Geometric(256, 16777216, 4);
     g.comm_ranks = Geometric(2, std::min(8.0, max_ranks), 2);
     g.comm_bytes = Geometric(32, 8388608, 4);

@@ -31,6 +31,7 @@ struct MicrobenchGrids {
   std::vector<double> attention_s, attention_d;
   std::vector<double> row_rows, row_cols;
   std::vector<double> elements;         // element-wise ops
+  std::vector<double> gelu_sigma;       // standard deviations of GeLU's normal inputs
   std::vector<double> alloc_bytes;
   std::vector<double> comm_ranks, comm_bytes;  // bytes: multiples of 4 x the largest rank count
 };

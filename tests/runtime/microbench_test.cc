@@ -21,6 +21,7 @@ MicrobenchOptions Tiny() {
   g.row_rows = {16, 64};
   g.row_cols = {16, 64};
   g.elements = {64, 65536};
+  g.gelu_sigma = {0.25, 1};
   g.alloc_bytes = {256, 65536};
   g.comm_ranks = {2};
   g.comm_bytes = {32, 65536};
