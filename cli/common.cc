@@ -259,6 +259,14 @@ std::string MegatronCommand(const Plan& plan) {
   return o.str();
 }
 
+std::string MeasuredNote(const ClusterSpec& c) {
+  const MeasuredPrimitives& m = c.measured;
+  if (m.empty()) return "";
+  return "cost model: " + m.backend + " primitives measured by `ptdp calibrate`" +
+         (m.host.empty() ? "" : " on " + m.host) + (m.date.empty() ? "" : ", " + m.date) +
+         "; layouts as ptdp's runtime runs them (fp32, no recompute, no overlap)\n";
+}
+
 std::string RenderPrediction(const Plan& plan) {
   const Prediction& p = plan.prediction;
   const Layout& l = plan.layout;

@@ -67,6 +67,9 @@ nlohmann::json EstimateJson(const Layout& l, const Estimate& e);
 Result<bool> ParseOnOff(const std::string& flag, const std::string& v);
 // The Megatron-LM command line for a plan.
 std::string MegatronCommand(const Plan& plan);
+// One line naming the measured primitives a cluster's cost model composes times from, or "" for
+// a cluster without `measured:` (plan's and simulate's output).
+std::string MeasuredNote(const ClusterSpec& c);
 // Human-readable breakdown of a prediction (simulate's output).
 std::string RenderPrediction(const Plan& plan);
 
