@@ -96,6 +96,10 @@ int RunCompare(const CompareFlags& f) {
                   c.busy() ? ": the machine was busy (rank threads waiting in a collective wake up "
                              "late), so the measured times are not this machine's own"
                            : "");
+    if (!c.calibrated)
+      std::printf("note: %s has no measured primitives, so this is its Megatron-on-GPU model; for "
+                  "ptdp's runtime on this machine run `ptdp calibrate` and pass --cluster\n",
+                  c.cluster_name.c_str());
     PrintTable(c, u);
     PrintRanks(c, u);
     std::printf("\nerrors are (predicted - measured) / measured; pp_bubble is the time blocked in "

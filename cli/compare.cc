@@ -171,6 +171,7 @@ Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_fil
   c.measured_file = measured_file;
   PTDP_ASSIGN_OR_RETURN(World w, WorldForPlan(plan, cluster_override));
   c.cluster_name = w.cluster.name;
+  c.calibrated = w.cost->runtime() != nullptr;
   const Layout& l = plan.layout;
   SimOptions opt;
   opt.record_events = true;
@@ -235,6 +236,7 @@ json ComparisonJson(const Comparison& c) {
           {"measured_memory_bytes", c.MeasuredMemoryMax()},
           {"other_cpu_share", c.other_cpu_share >= 0 ? json(c.other_cpu_share) : json(nullptr)},
           {"machine_busy", c.busy()},
+          {"calibrated", c.calibrated},
           {"components", comps},
           {"ranks", ranks},
           {"layout", LayoutJson(c.plan.layout)},

@@ -43,6 +43,7 @@ struct MeasuredEvent {
 struct Comparison {
   Plan plan;
   std::string cluster_name, measured_file, backend, host;
+  bool calibrated = false;  // the cluster carries measured primitives (`ptdp calibrate`)
   int warmup_steps = 0, timed_steps = 0;
   double predicted_step_s = 0, measured_step_s = 0;
   double measured_step_min_s = 0, measured_step_max_s = 0;  // spread of the timed steps

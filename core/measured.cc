@@ -71,6 +71,7 @@ Result<MeasuredTable> MeasuredTable::FromRows(const std::vector<std::vector<doub
                                               const std::vector<double>& exponents,
                                               const std::string& where) {
   const size_t dims = exponents.size();
+  if (dims < 1 || dims > kMaxDims) return Status::Error(where + ": tables have 1 to 3 axes");
   std::vector<std::set<double>> values(dims);
   for (size_t i = 0; i < rows.size(); ++i) {
     const std::vector<double>& row = rows[i];
@@ -107,13 +108,13 @@ Result<MeasuredTable> MeasuredTable::FromRows(const std::vector<std::vector<doub
   return MeasuredTable(std::move(axes), std::move(seconds), exponents);
 }
 
-double MeasuredTable::Seconds(const std::vector<double>& at) const {
-  assert(at.size() == axes_.size() && !seconds_.empty());
+double MeasuredTable::Seconds(const double* at) const {
   const size_t dims = axes_.size();
+  assert(dims >= 1 && dims <= kMaxDims && !seconds_.empty());
   // Per axis: the two grid indices around the value, the weight of the upper one, and the
   // scale factor for a value past the grid.
-  std::vector<size_t> lo(dims), hi(dims);
-  std::vector<double> w(dims, 0.0);
+  size_t lo[kMaxDims] = {}, hi[kMaxDims] = {};
+  double w[kMaxDims] = {};
   double scale = 1.0;
   for (size_t a = 0; a < dims; ++a) {
     const std::vector<double>& v = axes_[a];

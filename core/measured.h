@@ -54,13 +54,21 @@ class MeasuredTable {
                                         const std::vector<double>& exponents,
                                         const std::string& where);
 
-  // Interpolated seconds at `at` (one value per axis, each > 0).
-  double Seconds(const std::vector<double>& at) const;
-  double Seconds(double a) const { return Seconds(std::vector<double>{a}); }
-  double Seconds(double a, double b) const { return Seconds(std::vector<double>{a, b}); }
-  double Seconds(double a, double b, double c) const {
-    return Seconds(std::vector<double>{a, b, c});
+  // Interpolated seconds at `at` (one value per axis, each > 0). No allocation: the cost
+  // model calls this a few dozen times per layout it evaluates.
+  double Seconds(const double* at) const;
+  double Seconds(const std::vector<double>& at) const { return Seconds(at.data()); }
+  double Seconds(double a) const { return Seconds(&a); }
+  double Seconds(double a, double b) const {
+    const double at[2] = {a, b};
+    return Seconds(at);
   }
+  double Seconds(double a, double b, double c) const {
+    const double at[3] = {a, b, c};
+    return Seconds(at);
+  }
+
+  static constexpr size_t kMaxDims = 3;  // tables have 1 to 3 axes
 
   // The rows, axis values then seconds, in grid order (for writing).
   std::vector<std::vector<double>> Rows() const;
