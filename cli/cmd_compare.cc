@@ -93,8 +93,8 @@ int RunCompare(const CompareFlags& f) {
     if (c.other_cpu_share >= 0)
       std::printf("other processes used %.0f%% of the cores during the timed steps%s\n",
                   100 * c.other_cpu_share,
-                  c.busy() ? ": the machine was busy (rank threads waiting in a collective wake up "
-                             "late), so the measured times are not this machine's own"
+                  c.busy() ? ": the machine was busy (they took cores the ranks needed), so the "
+                             "measured times are not this machine's own"
                            : "");
     if (!c.calibrated)
       std::printf("note: %s has no measured primitives, so this is its Megatron-on-GPU model; for "

@@ -70,6 +70,7 @@ double Median(std::vector<double> v) {
 void ReadMeasured(const json& j, const std::string& file, Comparison* c) {
   c->backend = j.contains("machine") ? j["machine"].value("backend", std::string("?")) : "?";
   c->host = j.contains("machine") ? j["machine"].value("hostname", std::string("?")) : "?";
+  c->machine_cores = j.contains("machine") ? j["machine"].value("cores", 0) : 0;
   const bool timing = j.contains("timing") && j["timing"].is_object();
   const json& ranks = timing ? j["timing"]["ranks"] : j.at("ranks");
   if (!ranks.is_array() || ranks.empty()) throw std::runtime_error(file + ": no ranks");
@@ -148,6 +149,12 @@ void FillPredicted(const World& w, const Layout& l, Comparison* c) {
 }
 
 }  // namespace
+
+bool Comparison::busy() const {
+  if (other_cpu_share < 0 || machine_cores <= 0) return other_cpu_share > kBusyShare;
+  const double spare = std::max(0, machine_cores - plan.layout.world());
+  return other_cpu_share * machine_cores > spare + kBusyShare * machine_cores;
+}
 
 Parts Comparison::PredictedMean() const { return Mean(ranks, true); }
 Parts Comparison::MeasuredMean() const { return Mean(ranks, false); }

@@ -59,10 +59,13 @@ struct Comparison {
   double PredictedMemoryMax() const;
   double MeasuredMemoryMax() const;
   // Share of the machine's cores other processes used during the timed steps (measured.json
-  // timing.other_cpu_share; < 0 when unknown). Above kBusyShare rank threads waiting in a
-  // collective wake up late: the times are the machine's under load, not its own.
+  // timing.other_cpu_share; < 0 when unknown), and the machine's cores.
   double other_cpu_share = -1;
-  bool busy() const { return other_cpu_share > kBusyShare; }
+  int machine_cores = 0;
+  // Whether other processes took cores the ranks needed: more than the cores the layout left
+  // free, plus a tenth of the machine. Then rank threads waiting in a collective wake up late
+  // and the times are the machine under load, not its own.
+  bool busy() const;
   static constexpr double kBusyShare = 0.1;
 };
 

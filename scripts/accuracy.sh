@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # How well the calibrated cost model predicts this machine: calibrate it, then train each CPU
 # layout that fits 2 cores (1x1x1, tp 2, pp 2, dp 2) until RUNS runs were quiet, and compare
-# every run with its prediction. A run (or the calibration) is busy when other processes used
-# more than 10% of the cores meanwhile (`ptdp train`/`calibrate` measure it); busy runs are
+# every run with its prediction. A run is busy when other processes took cores its ranks needed
+# (a calibration: more than 10% of the cores) meanwhile (`ptdp train`/`calibrate` measure it); busy runs are
 # printed but left out of the medians, and retried after a pause (up to 4 x RUNS attempts).
 # Prints each run's step-time and memory errors, then per layout the median over the quiet runs:
 # the figures of docs/cost-model.md, "Measured primitives".

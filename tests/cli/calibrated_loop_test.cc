@@ -10,8 +10,8 @@
 // percent (docs/cost-model.md, "Measured primitives", has the figures); 20% is the noise floor
 // of a shared 2-core machine, not the model's. So the test runs alone (RUN_SERIAL), takes the
 // median of 6 timed steps, gives a layout up to 3 training runs, and counts a run only when
-// `ptdp train` saw other processes use under 10% of the cores (measured.json
-// timing.other_cpu_share): a model error shows in every quiet run, a burst of load does not.
+// other processes did not take cores its ranks needed (`ptdp compare`'s machine_busy, from
+// measured.json timing.other_cpu_share): a model error shows in every quiet run, load does not.
 // When no run of a layout was quiet, the timing bound cannot be checked here: the test says
 // so and skips (the memory bound, which is deterministic, is checked on every run).
 #include <gtest/gtest.h>
