@@ -48,6 +48,7 @@ void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
   std::printf("ptdp plan: %s on %s (%d of %d nodes x %d GPUs), global batch %lld\n",
               w.model.name.c_str(), w.cluster.name.c_str(), w.gpus, w.cluster.nodes,
               w.cluster.gpus_per_node, static_cast<long long>(*f.layout.global_batch));
+  std::printf("%s", MeasuredNote(w.cluster).c_str());
   std::printf("evaluated %lld layouts in %.3f s: %lld legal, %lld fit in %s\n\n",
               static_cast<long long>(r.evaluated), r.elapsed_s, static_cast<long long>(r.legal),
               static_cast<long long>(r.fitting), FormatBytes(w.cluster.gpu.memory_bytes).c_str());

@@ -18,6 +18,7 @@ struct ReportFlags {
   LayoutFlags layout;
   std::string plan_file;
   std::string html;
+  std::string measured;  // measured.json of the plan (`ptdp train --out`), for #compare
   int top = 10;
   int refine = 16;  // as `ptdp plan`, so both pick the same rank 1
 };
@@ -78,7 +79,13 @@ Result<ReportData> Gather(const ReportFlags& f) {
     PTDP_ASSIGN_OR_RETURN(Plan plan, LoadPlanFile(f.plan_file));
     PTDP_ASSIGN_OR_RETURN(w, WorldForPlan(plan, f.layout.cluster));
     chosen = plan.layout;
+    if (!f.measured.empty()) {
+      PTDP_ASSIGN_OR_RETURN(d.comparison, ComparePlan(plan, f.measured, f.layout.cluster));
+      d.has_comparison = true;
+    }
   } else {
+    if (!f.measured.empty())
+      return Status::Error("--measured needs the plan.yaml that was trained, not a search");
     if (f.layout.cluster.empty() || f.layout.model.empty())
       return Status::Error("give a plan.yaml, or --cluster, --model and --global-batch");
     PTDP_ASSIGN_OR_RETURN(w, LoadWorld(f.layout.cluster, f.layout.model, f.layout.nodes,
@@ -122,6 +129,11 @@ int RunReport(const ReportFlags& f) {
     j["analytic_step_time_s"] = d->chosen.step_time_s;
     j["plans"] = d->plans.size();
     j["events"] = d->sim.events.size();
+    if (d->has_comparison) {
+      j["step_time_error_pct"] =
+          ErrorPct(d->comparison.predicted_step_s, d->comparison.measured_step_s);
+      j["measured_step_time_s"] = d->comparison.measured_step_s;
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -130,6 +142,10 @@ int RunReport(const ReportFlags& f) {
   std::printf("chosen: %s [%s], %.4f s per step simulated (%.4f s analytic), %zu events\n",
               c.layout.ShortName().c_str(), c.layout.Knobs().c_str(), d->sim.step_time_s,
               d->chosen.step_time_s, d->sim.events.size());
+  if (d->has_comparison)
+    std::printf("measured %.4f s per step (median), predicted %.4f s: %+.1f%%\n",
+                d->comparison.measured_step_s, d->comparison.predicted_step_s,
+                ErrorPct(d->comparison.predicted_step_s, d->comparison.measured_step_s));
   std::printf("wrote %s (%.0f KiB)\n", f.html.c_str(), html.size() / 1024.0);
   return 0;
 }
@@ -144,6 +160,8 @@ Runner SetupReport(CLI::App* sub) {
   sub->add_option("--refine", f->refine,
                   "re-score the best K analytic layouts with the event simulator (default 16, 0 = off)");
   sub->add_option("--html", f->html, "the HTML file to write (required)");
+  sub->add_option("--measured", f->measured,
+                  "measured.json of the plan (`ptdp train --out`): adds predicted against measured");
   return [f] { return RunReport(*f); };
 }
 

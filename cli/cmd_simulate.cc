@@ -80,7 +80,7 @@ int RunSimulate(const SimFlags& f) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << RenderPrediction(plan);
+  std::cout << MeasuredNote(world.cluster) << RenderPrediction(plan);
   std::printf("\nanalytic model: %.4f s (the simulation is %+.1f%% from it)\n", analytic,
               100 * (sim->step_time_s - analytic) / analytic);
   std::printf("\nper pipeline rank (simulated):\n  rank  compute (s)  p2p (s)  bubble (s)  "

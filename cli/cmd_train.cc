@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -35,7 +36,11 @@ struct TrainFlags {
   int max_ranks = 64;
   double timeout_s = 120;
   bool one_gpu = false;
+  int timing_warmup = 1;  // steps left out of the timing medians
 };
+
+// The timeline of at most this many timed steps is kept (the median one is written).
+constexpr size_t kTimelineSteps = 32;
 
 // What this machine is, for measured.json.
 nlohmann::json MachineJson(const std::string& backend) {
@@ -105,12 +110,75 @@ nlohmann::json SummaryJson(const Plan& plan, const std::vector<rt::StepResult>& 
   return j;
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The steps the timing figures use: after the warm-up ones, or all when there are no others.
+size_t FirstTimed(const std::vector<rt::StepResult>& steps, int warmup) {
+  return steps.size() > size_t(warmup) ? size_t(warmup) : 0;
+}
+
+// Medians over the timed steps: the step time and each rank's parts (each part's own median).
+nlohmann::json TimingJson(const std::vector<rt::StepResult>& steps, int warmup,
+                          double other_cpu_share) {
+  const size_t first = FirstTimed(steps, warmup);
+  std::vector<double> step_times;
+  for (size_t i = first; i < steps.size(); ++i) step_times.push_back(steps[i].step_time_s);
+  using Field = double rt::RankTimes::*;
+  const std::pair<const char*, Field> fields[] = {
+      {"forward_s", &rt::RankTimes::forward_s},     {"backward_s", &rt::RankTimes::backward_s},
+      {"tp_comm_s", &rt::RankTimes::tp_comm_s},     {"pp_wait_s", &rt::RankTimes::pp_wait_s},
+      {"dp_comm_s", &rt::RankTimes::dp_comm_s},     {"optimizer_s", &rt::RankTimes::optimizer_s},
+      {"idle_s", &rt::RankTimes::idle_s}, {"peak_memory_bytes", &rt::RankTimes::peak_memory_bytes}};
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < steps[0].ranks.size(); ++r) {
+    nlohmann::json j = {{"rank", r}};
+    for (const auto& [name, field] : fields) {
+      std::vector<double> v;
+      for (size_t i = first; i < steps.size(); ++i) v.push_back(steps[i].ranks[r].*field);
+      j[name] = Median(v);
+    }
+    ranks.push_back(j);
+  }
+  return {{"warmup_steps", first}, {"timed_steps", step_times.size()},
+          {"step_time_median_s", Median(step_times)},
+          {"step_time_min_s", *std::min_element(step_times.begin(), step_times.end())},
+          {"step_time_max_s", *std::max_element(step_times.begin(), step_times.end())},
+          {"other_cpu_share", other_cpu_share >= 0 ? nlohmann::json(other_cpu_share) : nullptr},
+          {"ranks", ranks}};
+}
+
+// Every rank's events of the timed step (among those that kept their timeline) whose time is
+// the median.
+nlohmann::json TimelineJson(const std::vector<rt::StepResult>& steps, int warmup) {
+  std::vector<size_t> kept;
+  for (size_t i = FirstTimed(steps, warmup); i < steps.size(); ++i)
+    if (!steps[i].ranks.empty() && !steps[i].ranks[0].events.empty()) kept.push_back(i);
+  if (kept.empty()) return nullptr;
+  std::sort(kept.begin(), kept.end(),
+            [&](size_t a, size_t b) { return steps[a].step_time_s < steps[b].step_time_s; });
+  const rt::StepResult& s = steps[kept[(kept.size() - 1) / 2]];
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    nlohmann::json events = nlohmann::json::array();
+    for (const rt::StepEvent& e : s.ranks[r].events)
+      events.push_back({{"kind", rt::ToString(e.kind)}, {"microbatch", e.microbatch},
+                        {"chunk", e.chunk}, {"start_s", e.start_s}, {"end_s", e.end_s}});
+    ranks.push_back({{"rank", r}, {"events", events}});
+  }
+  return {{"step", s.step}, {"step_time_s", s.step_time_s}, {"ranks", ranks}};
+}
+
 int RunTrain(const TrainFlags& f) {
   if (f.backend != "cpu" && f.backend != "cuda")
     return Fail("--backend '" + f.backend + "': expected cpu or cuda");
   if (f.steps <= 0 || f.steps > 1000000) return Fail("--steps " + std::to_string(f.steps) + " must be in 1..1000000");
   if (!(f.lr > 0 && f.lr < 1)) return Fail("--lr " + std::to_string(f.lr) + " must be in (0, 1)");
   if (f.warmup < 0) return Fail("--warmup must not be negative");
+  if (f.timing_warmup < 0) return Fail("--timing-warmup must not be negative");
   auto plan = LoadPlanFile(f.plan_file);
   if (!plan.ok()) return Fail(plan.status().message());
   const Layout& l = plan->layout;
@@ -129,6 +197,7 @@ int RunTrain(const TrainFlags& f) {
   cfg.layout = l;
   cfg.seed = f.seed;
   cfg.train_tokens = &corpus->train;
+  cfg.record_timeline = !f.out.empty();
   cfg.optimizer.lr = f.lr;
   cfg.optimizer.min_lr = f.lr / 10;
   cfg.optimizer.warmup_steps = f.warmup;
@@ -161,7 +230,9 @@ int RunTrain(const TrainFlags& f) {
                                            : "");
   const std::vector<int32_t> val = rt::ValidationWindows(corpus->val, int(plan->model.seq_len), f.eval_windows);
   std::vector<rt::StepResult> steps;
+  OtherLoad load;  // over the timed steps
   for (int i = 0; i < f.steps; ++i) {
+    if (i == f.timing_warmup) load.Start();
     auto s = (*trainer)->Step();
     if (!s.ok()) return Fail("step " + std::to_string(i) + ": " + s.status().message());
     if (!std::isfinite(s->loss)) return Fail("step " + std::to_string(i) + ": the loss is not finite");
@@ -170,7 +241,10 @@ int RunTrain(const TrainFlags& f) {
                 s->step_time_s * 1e3, s->tokens_per_s);
     std::fflush(stdout);
     steps.push_back(*s);
+    if (steps.size() > size_t(f.timing_warmup) + kTimelineSteps)  // keep memory bounded
+      for (rt::RankTimes& rk : steps.back().ranks) rk.events = {};
   }
+  const double other_share = load.Share();
   const int windows = int(val.size() / size_t(plan->model.seq_len + 1));
   auto val_loss = (*trainer)->Evaluate(val, windows);
   if (!val_loss.ok()) return Fail("validation: " + val_loss.status().message());
@@ -199,6 +273,8 @@ int RunTrain(const TrainFlags& f) {
     for (const auto& s : steps) arr.push_back(StepJson(s));
     j["steps"] = arr;
     j["ranks"] = RanksJson(steps);
+    j["timing"] = TimingJson(steps, f.timing_warmup, other_share);
+    j["timeline"] = TimelineJson(steps, f.timing_warmup);
     j["validation_loss"] = *val_loss;
     j["summary"] = summary;
     std::ofstream out(f.out);
@@ -224,6 +300,8 @@ Runner SetupTrain(CLI::App* sub) {
   sub->add_option("--max-ranks", f->max_ranks, "refuse plans with more ranks than this (default 64)");
   sub->add_option("--timeout", f->timeout_s, "seconds a rank may wait in a collective (default 120)");
   sub->add_flag("--one-gpu", f->one_gpu, "cuda: run every rank on GPU 0 (device copies), even with more GPUs");
+  sub->add_option("--timing-warmup", f->timing_warmup,
+                  "steps left out of measured.json's timing medians (default 1)");
   return [f] { return RunTrain(*f); };
 }
 

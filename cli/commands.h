@@ -25,6 +25,8 @@ Runner SetupValidate(CLI::App* sub);
 Runner SetupReport(CLI::App* sub);
 Runner SetupTrain(CLI::App* sub);
 Runner SetupInfo(CLI::App* sub);
+Runner SetupCalibrate(CLI::App* sub);
+Runner SetupCompare(CLI::App* sub);
 
 // Prints "ptdp: <message>" on stderr and returns 1.
 int Fail(const std::string& message);

@@ -1,8 +1,14 @@
 // Shared flag handling and rendering for the ptdp commands.
 #include "cli/common.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/units.h"
 
@@ -253,6 +259,14 @@ std::string MegatronCommand(const Plan& plan) {
   return o.str();
 }
 
+std::string MeasuredNote(const ClusterSpec& c) {
+  const MeasuredPrimitives& m = c.measured;
+  if (m.empty()) return "";
+  return "cost model: " + m.backend + " primitives measured by `ptdp calibrate`" +
+         (m.host.empty() ? "" : " on " + m.host) + (m.date.empty() ? "" : ", " + m.date) +
+         "; layouts as ptdp's runtime runs them (fp32, no recompute, no overlap)\n";
+}
+
 std::string RenderPrediction(const Plan& plan) {
   const Prediction& p = plan.prediction;
   const Layout& l = plan.layout;
@@ -300,6 +314,44 @@ std::string RenderPrediction(const Plan& plan) {
     o << buf;
   }
   return o.str();
+}
+
+namespace {
+
+// CPU seconds every process of the machine has used (user, system, irq and a hypervisor's steal
+// time, /proc/stat); < 0 when unknown.
+double MachineBusySeconds() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  if (!in || cpu != "cpu") return -1;
+  return (user + nice + system + irq + softirq + steal) / double(sysconf(_SC_CLK_TCK));
+}
+
+// CPU seconds this process has used.
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+}  // namespace
+
+void OtherLoad::Start() {
+  busy0_ = MachineBusySeconds();
+  own0_ = ProcessCpuSeconds();
+  t0_ = std::chrono::steady_clock::now();
+}
+
+double OtherLoad::Share() const {
+  const double busy = MachineBusySeconds();
+  if (busy0_ < 0 || busy < 0) return -1;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  const double others = (busy - busy0_) - (ProcessCpuSeconds() - own0_);
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::clamp(others / std::max(1e-9, wall * cores), 0.0, 1.0);
 }
 
 }  // namespace ptdp::cli

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,7 +67,26 @@ nlohmann::json EstimateJson(const Layout& l, const Estimate& e);
 Result<bool> ParseOnOff(const std::string& flag, const std::string& v);
 // The Megatron-LM command line for a plan.
 std::string MegatronCommand(const Plan& plan);
+// One line naming the measured primitives a cluster's cost model composes times from, or "" for
+// a cluster without `measured:` (plan's and simulate's output).
+std::string MeasuredNote(const ClusterSpec& c);
 // Human-readable breakdown of a prediction (simulate's output).
 std::string RenderPrediction(const Plan& plan);
+
+// How much of the machine other processes used over an interval: their CPU seconds (every
+// process's, from /proc/stat, minus this process's) over the interval's wall seconds times the
+// cores. Timings taken above ~10% are the machine under load: rank threads sleeping in a
+// collective wake up late, and other cgroups take their share of the cores.
+class OtherLoad {
+ public:
+  OtherLoad() { Start(); }
+  void Start();
+  // The share in [0, 1] since Start(), or -1 when /proc/stat cannot be read.
+  double Share() const;
+
+ private:
+  double busy0_ = -1, own0_ = 0;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 }  // namespace ptdp::cli

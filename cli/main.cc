@@ -35,6 +35,10 @@ const Command kCommands[] = {
      SetupReport},
     {"train", "train the plan's GPT with exactly its layout (CPU: ranks as threads)",
      "ptdp train plan.yaml --backend cpu --steps 20 --out measured.json", SetupTrain},
+    {"calibrate", "measure this machine's primitives and write a calibrated cluster YAML",
+     "ptdp calibrate --backend cpu --out calibrated.yaml", SetupCalibrate},
+    {"compare", "predicted against measured: step time, breakdown and memory per rank",
+     "ptdp compare plan.yaml measured.json --max-error 10", SetupCompare},
     {"info", "what this binary can run: backends, CUDA/NCCL/MPI, visible GPUs",
      "ptdp info --json", SetupInfo},
 };

@@ -8,6 +8,7 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include "core/rank_grid.h"
 #include "core/units.h"
 
 namespace ptdp::cli {
@@ -64,6 +65,7 @@ body{font-family:"DejaVu Sans",Arial,Helvetica,sans-serif;margin:24px auto;max-w
  color:#222;background:#fff;font-size:14px;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}
 h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+h3{font-size:14px;margin:16px 0 6px}
 .sub{color:#555;margin:0 0 12px}
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:130px}
@@ -495,6 +497,256 @@ std::string GanttSection(const ReportData& d) {
   return o + "</section>\n";
 }
 
+// ---- predicted against measured -------------------------------------------------------------
+
+const char* const kComponentColors[kNumComponents] = {kBlue, kOrange, kRed, kTeal, kGreen, kGray};
+
+std::string ErrCell(double predicted, double measured) {
+  const double e = ErrorPct(predicted, measured);
+  return std::isfinite(e) ? Fmt("%+.1f%%", e) : std::string("n/a");
+}
+
+// One horizontal bar per (component, side): the predicted one solid, the measured one lighter
+// with an outline, both on one scale.
+std::string ComponentBars(const Comparison& c, const TimeUnit& u) {
+  constexpr double kX0 = 120, kW = 900, kRow = 20, kTop = 30;
+  const Parts p = c.PredictedMean(), m = c.MeasuredMean();
+  double top = 0;
+  for (int k = 0; k < kNumComponents; ++k) top = std::max({top, p[k], m[k]});
+  const double scale = top > 0 ? kW / (1.05 * top) : 0;
+  const double h = kTop + kNumComponents * (2 * kRow + 8) + 10;
+  std::string o = Fmt("<svg width=\"1200\" height=\"%.0f\" viewBox=\"0 0 1200 %.0f\" role=\"img\" "
+                      "class=\"components\">\n", h, h);
+  o += Legend(kX0, 16, {{"predicted (solid)", kDark}, {"measured (light, outlined)", kGray}});
+  for (int k = 0; k < kNumComponents; ++k) {
+    const double y = kTop + k * (2 * kRow + 8);
+    o += Text(kX0 - 8, y + kRow + 4, E(ComponentName(k)), " font-size=\"12\" text-anchor=\"end\"");
+    const std::string name = ComponentName(k);
+    o += Rect(kX0, y, p[k] * scale, kRow - 3, kComponentColors[k],
+              E(name + " predicted: " + Fmt("%.3f %s", p[k] * u.scale, u.name)), " class=\"pred\"");
+    o += Text(kX0 + p[k] * scale + 6, y + 13, E(Fmt("%.2f %s", p[k] * u.scale, u.name)),
+              " font-size=\"11\"");
+    o += Rect(kX0, y + kRow, m[k] * scale, kRow - 3, kComponentColors[k],
+              E(name + " measured: " + Fmt("%.3f %s", m[k] * u.scale, u.name)),
+              " fill-opacity=\"0.45\" stroke=\"#333\" stroke-width=\"0.8\" class=\"meas\"");
+    o += Text(kX0 + m[k] * scale + 6, y + kRow + 13,
+              E(Fmt("%.2f %s (%s)", m[k] * u.scale, u.name, ErrCell(p[k], m[k]).c_str())),
+              " font-size=\"11\"");
+  }
+  return o + "</svg>\n";
+}
+
+// Per rank: a stacked bar of its parts, predicted then measured.
+std::string RankBars(const Comparison& c, const TimeUnit& u) {
+  constexpr double kX0 = 150, kW = 900, kRow = 18, kTop = 30;
+  double top = 0;
+  for (const RankComparison& r : c.ranks) {
+    double a = 0, b = 0;
+    for (int k = 0; k < kNumComponents; ++k) a += r.predicted[k], b += r.measured[k];
+    top = std::max({top, a, b});
+  }
+  const double scale = top > 0 ? kW / (1.05 * top) : 0;
+  const double h = kTop + c.ranks.size() * (2 * kRow + 10) + 10;
+  std::string o = Fmt("<svg width=\"1200\" height=\"%.0f\" viewBox=\"0 0 1200 %.0f\" role=\"img\" "
+                      "class=\"ranks\">\n", h, h);
+  std::vector<std::pair<std::string, const char*>> legend;
+  for (int k = 0; k < kNumComponents; ++k) legend.emplace_back(ComponentName(k), kComponentColors[k]);
+  o += Legend(kX0, 16, legend);
+  for (size_t i = 0; i < c.ranks.size(); ++i) {
+    const RankComparison& r = c.ranks[i];
+    const double y = kTop + i * (2 * kRow + 10);
+    o += Fmt("<g class=\"cmp-rank\" data-rank=\"%d\">\n", r.rank);
+    for (int side = 0; side < 2; ++side) {
+      const Parts& parts = side == 0 ? r.predicted : r.measured;
+      const double yy = y + side * kRow;
+      o += Text(kX0 - 8, yy + 12,
+                E(Fmt("rank %d %s", r.rank, side == 0 ? "predicted" : "measured")),
+                " font-size=\"11\" text-anchor=\"end\"");
+      double x = kX0, total = 0;
+      for (int k = 0; k < kNumComponents; ++k) {
+        const double w = parts[k] * scale;
+        total += parts[k];
+        if (w <= 0) continue;
+        o += Rect(x, yy, w, kRow - 3, kComponentColors[k],
+                  E(Fmt("rank %d %s ", r.rank, side == 0 ? "predicted" : "measured") +
+                    ComponentName(k) + Fmt(": %.3f %s", parts[k] * u.scale, u.name)),
+                  side == 0 ? "" : " fill-opacity=\"0.45\" stroke=\"#333\" stroke-width=\"0.6\"");
+        x += w;
+      }
+      o += Text(x + 6, yy + 12, E(Fmt("%.2f %s", total * u.scale, u.name)), " font-size=\"11\"");
+    }
+    o += "</g>\n";
+  }
+  return o + "</svg>\n";
+}
+
+const char* MeasuredColor(const std::string& kind) {
+  if (kind == "forward") return kBlue;
+  if (kind == "backward") return kOrange;
+  if (kind == "p2p") return kTeal;
+  if (kind == "tp") return kRed;
+  if (kind == "dp") return kPurple;
+  if (kind == "embedding") return kBrown;
+  if (kind == "optimizer") return kGreen;
+  return kDark;
+}
+
+// One track of measured events; narrow neighbours merge as in TrackBoxes.
+std::string MeasuredBoxes(const GanttGeom& g, const std::vector<const MeasuredEvent*>& ev, int rank,
+                          double y, double h, bool labels) {
+  constexpr double kMinPx = 2.0;
+  auto name = [](const MeasuredEvent& e) {
+    if (e.kind == "forward" || e.kind == "backward")
+      return std::string(e.kind == "forward" ? "F" : "B") + std::to_string(e.microbatch) +
+             (e.chunk > 0 ? "." + std::to_string(e.chunk) : "");
+    if (e.kind == "p2p") return "p2p " + std::to_string(e.microbatch);
+    return e.kind;
+  };
+  std::string o;
+  for (size_t i = 0; i < ev.size();) {
+    const MeasuredEvent& e = *ev[i];
+    const double x = g.X(e.start_s), w = g.X(e.end_s) - x;
+    if (w >= kMinPx) {
+      const std::string label = name(e);
+      o += Rect(x, y, w, h, MeasuredColor(e.kind),
+                E(Fmt("rank %d: ", rank) + label + " (" + e.kind + "), " + When(g, e.start_s, e.end_s)),
+                " stroke=\"#fff\" stroke-width=\"0.5\" class=\"mev\"");
+      if (labels && w >= LabelWidth(label, 10) + 4)
+        o += Text(x + w / 2, y + h / 2 + 3.5, E(label),
+                  " font-size=\"10\" fill=\"#fff\" text-anchor=\"middle\" pointer-events=\"none\"");
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    double end = e.end_s;
+    bool same = true;
+    while (j < ev.size() && g.X(ev[j]->end_s) - g.X(ev[j]->start_s) < kMinPx &&
+           g.X(ev[j]->start_s) - g.X(end) < kMinPx) {
+      same = same && ev[j]->kind == e.kind;
+      end = std::max(end, ev[j]->end_s);
+      ++j;
+    }
+    o += Rect(x, y, std::max(g.X(end) - x, 1.0), h, same ? MeasuredColor(e.kind) : kDark,
+              E(Fmt("rank %d: %zu ops from ", rank, j - i) + name(e) + " to " + name(*ev[j - 1]) +
+                ", " + When(g, e.start_s, end)),
+              " class=\"mev\"");
+    i = j;
+  }
+  return o;
+}
+
+// The simulated step (one row per pipeline rank) above the measured one (one row per rank), on
+// one time axis.
+std::string Timelines(const Comparison& c) {
+  const SimResult& s = c.sim;
+  double t_end = std::max(s.step_time_s, c.timeline_step_s);
+  for (const auto& rank : c.timeline)
+    for (const MeasuredEvent& e : rank) t_end = std::max(t_end, e.end_s);
+  GanttGeom g;
+  g.x0 = 130;
+  g.width = 1050;
+  g.t_end = t_end > 0 ? t_end : 1;
+  g.unit = PickUnit(g.t_end);
+  const int sim_rows = int(s.ranks.size()), meas_rows = int(c.timeline.size());
+  const double gap = 26;
+  const double meas_top = g.top + g.pitch * sim_rows + gap;
+  const double axis_y = meas_top + g.pitch * meas_rows + 2;
+  const double h = axis_y + 40;
+  std::string o = Fmt("<svg width=\"1200\" height=\"%.0f\" viewBox=\"0 0 1200 %.0f\" role=\"img\" "
+                      "class=\"timelines\">\n", h, h);
+  o += Legend(g.x0, 16, {{"forward", kBlue}, {"backward", kOrange}, {"p2p", kTeal},
+                         {"TP collective", kRed}, {"DP reduce", kPurple},
+                         {"embedding", kBrown}, {"optimizer", kGreen}, {"merged", kDark}});
+  o += TimeAxis(g, g.top - 4, axis_y);
+  bool chunks = false;
+  for (const SimEvent& e : s.events) chunks = chunks || e.chunk > 0;
+  std::vector<std::vector<const SimEvent*>> compute(sim_rows), comm(sim_rows);
+  for (const SimEvent& e : s.events)
+    if (e.rank < sim_rows) (e.track == SimTrack::kCompute ? compute : comm)[e.rank].push_back(&e);
+  for (int r = 0; r < sim_rows; ++r) {
+    const double y = g.top + g.pitch * r;
+    o += Fmt("<g class=\"sim-rank\" data-rank=\"%d\">\n", r);
+    o += Rect(g.x0, y, g.width, g.compute_h + g.comm_h + 2, "#eeeeee", "", " fill-opacity=\"0.5\"");
+    o += Text(g.x0 - 8, y + 15, E(Fmt("simulated %d", r)), " font-size=\"12\" text-anchor=\"end\"");
+    o += TrackBoxes(g, compute[r], y, g.compute_h, chunks, true);
+    o += TrackBoxes(g, comm[r], y + g.compute_h + 2, g.comm_h, chunks, false);
+    o += "</g>\n";
+  }
+  o += Fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" "
+           "stroke-dasharray=\"4,3\"/>\n", 10.0, meas_top - gap / 2, 1190.0, meas_top - gap / 2);
+  const RankGrid grid(c.plan.layout.tp, c.plan.layout.dp, c.plan.layout.pp);
+  for (int r = 0; r < meas_rows; ++r) {
+    const double y = meas_top + g.pitch * r;
+    std::vector<const MeasuredEvent*> top, bottom;
+    for (const MeasuredEvent& e : c.timeline[size_t(r)])
+      (e.kind == "forward" || e.kind == "backward" || e.kind == "optimizer" ? top : bottom).push_back(&e);
+    auto by_start = [](const MeasuredEvent* a, const MeasuredEvent* b) { return a->start_s < b->start_s; };
+    std::sort(top.begin(), top.end(), by_start);
+    std::sort(bottom.begin(), bottom.end(), by_start);
+    o += Fmt("<g class=\"meas-rank\" data-rank=\"%d\">\n", r);
+    o += Rect(g.x0, y, g.width, g.compute_h + g.comm_h + 2, "#f4efe6", "", " fill-opacity=\"0.7\"");
+    o += Text(g.x0 - 8, y + 15, E(Fmt("measured %d (pp %d)", r, grid.Coord(r).pp)),
+              " font-size=\"12\" text-anchor=\"end\"");
+    o += MeasuredBoxes(g, top, r, y, g.compute_h, true);
+    o += MeasuredBoxes(g, bottom, r, y + g.compute_h + 2, g.comm_h, false);
+    o += "</g>\n";
+  }
+  return o + "</svg>\n";
+}
+
+std::string CompareSection(const ReportData& d) {
+  if (!d.has_comparison) return "";
+  const Comparison& c = d.comparison;
+  const TimeUnit u = PickUnit(std::max(c.measured_step_s, c.predicted_step_s));
+  std::string o = "<section id=\"compare\">\n<h2>Predicted against measured</h2>\n";
+  o += "<p class=\"note\">" +
+       E(c.measured_file + ": " + c.backend + " backend on " + c.host +
+         Fmt(", median of %d steps after %d warm-up (%.2f to %.2f %s). Predicted on ",
+             c.timed_steps, c.warmup_steps, c.measured_step_min_s * u.scale,
+             c.measured_step_max_s * u.scale, u.name) +
+         c.cluster_name +
+         ". Errors are (predicted - measured) / measured. pp_bubble is the time blocked in "
+         "pipeline sends and receives, the wait for the peer included.") +
+       "</p>\n<div class=\"cards\">\n";
+  o += Card("step time predicted", E(Fmt("%.2f %s", c.predicted_step_s * u.scale, u.name)));
+  o += Card("step time measured", E(Fmt("%.2f %s", c.measured_step_s * u.scale, u.name)));
+  o += Card("step-time error", E(ErrCell(c.predicted_step_s, c.measured_step_s)));
+  o += Card("peak memory predicted / measured",
+            E(FormatBytes(c.PredictedMemoryMax()) + " / " + FormatBytes(c.MeasuredMemoryMax())));
+  o += Card("memory error", E(ErrCell(c.PredictedMemoryMax(), c.MeasuredMemoryMax())));
+  o += "</div>\n<h3>Per component, mean over the ranks</h3>\n" + ComponentBars(c, u);
+  o += "<table>\n<tr><th class=\"l\">part</th>" +
+       Fmt("<th>predicted (%s)</th><th>measured (%s)</th>", u.name, u.name) +
+       "<th>error</th></tr>\n";
+  const Parts p = c.PredictedMean(), m = c.MeasuredMean();
+  for (int k = 0; k < kNumComponents; ++k)
+    o += "<tr><td class=\"l\">" + E(ComponentName(k)) + "</td>" +
+         Fmt("<td>%.3f</td><td>%.3f</td>", p[k] * u.scale, m[k] * u.scale) + "<td>" +
+         E(ErrCell(p[k], m[k])) + "</td></tr>\n";
+  o += "<tr><td class=\"l\"><b>step</b></td>" +
+       Fmt("<td><b>%.3f</b></td><td><b>%.3f</b></td>", c.predicted_step_s * u.scale,
+           c.measured_step_s * u.scale) +
+       "<td><b>" + E(ErrCell(c.predicted_step_s, c.measured_step_s)) + "</b></td></tr>\n</table>\n";
+  o += "<h3>Per rank</h3>\n" + RankBars(c, u);
+  o += "<table>\n<tr><th>rank</th><th>stage</th><th>memory predicted</th><th>measured</th>"
+       "<th>error</th></tr>\n";
+  for (const RankComparison& r : c.ranks)
+    o += Fmt("<tr><td>%d</td><td>%d</td>", r.rank, r.stage) + "<td>" +
+         E(FormatBytes(r.predicted_memory_bytes)) + "</td><td>" +
+         E(FormatBytes(r.measured_memory_bytes)) + "</td><td>" +
+         E(ErrCell(r.predicted_memory_bytes, r.measured_memory_bytes)) + "</td></tr>\n";
+  o += "</table>\n<h3>Timeline: the simulated step above the measured one</h3>\n";
+  if (c.timeline.empty())
+    return o + "<p>no measured timeline in " + E(c.measured_file) +
+           " (written by `ptdp train --out` since issue 6).</p>\n</section>\n";
+  o += "<p class=\"note\">" +
+       E(Fmt("Simulated: one row per pipeline rank. Measured: every rank, the step of median "
+             "time (%.2f %s); TP collectives on the thin track under the compute they sit in.",
+             c.timeline_step_s * u.scale, u.name)) +
+       "</p>\n";
+  return o + Timelines(c) + "</section>\n";
+}
+
 // ---- rejected, why ------------------------------------------------------------------------
 
 std::string RejectedSection(const ReportData& d) {
@@ -542,6 +794,7 @@ std::string RenderReportHtml(const ReportData& d) {
   o += BreakdownSection(d);
   o += MemorySection(d);
   o += GanttSection(d);
+  o += CompareSection(d);
   o += RejectedSection(d);
   o += WhySection(d);
   o += "<p class=\"note\">generated by ptdp report</p>\n</body>\n</html>\n";

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/compare.h"
 #include "core/layout.h"
 #include "core/plan.h"
 #include "cost_model/simulator.h"
@@ -43,10 +44,15 @@ struct ReportData {
 
   bool has_sim = false;            // `sim` holds the chosen plan's simulated step
   SimResult sim;                   // with events (record_events)
+
+  bool has_comparison = false;     // `comparison` holds a measured run of the chosen plan
+  Comparison comparison;           // (`ptdp report --measured`), drawn in #compare
 };
 
 // The whole page. Every piece of text from `d` is HTML-escaped. Sections carry stable ids:
-// #ranking, #breakdown, #memory, #gantt, #rejected, #why. The <body> starts with
+// #ranking, #breakdown, #memory, #gantt, #rejected, #why, and with a measured run #compare
+// (predicted and measured bars per component and per rank, and the measured step's timeline
+// under the simulated one, on one time axis). The <body> starts with
 // data-script-errors="0" (the page has no script; the attribute is for browser tests).
 // Never fails: missing data renders as a short note in its section.
 std::string RenderReportHtml(const ReportData& d);

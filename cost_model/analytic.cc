@@ -28,12 +28,18 @@ GroupShape RegularGroupShape(int stride, int size, int gpus_per_node) {
 
 Result<AnalyticModel> AnalyticModel::Create(const ModelSpec& model, const Topology& topo) {
   PTDP_ASSIGN_OR_RETURN(CostConstants k, ConstantsFor(topo.spec()));
+  const MeasuredPrimitives& m = topo.spec().measured;
+  if (!m.empty()) PTDP_RETURN_IF_ERROR(m.CheckComplete(topo.spec().file));
   return AnalyticModel(model, topo, k);
 }
 
 AnalyticModel::AnalyticModel(const ModelSpec& model, const Topology& topo,
                              const CostConstants& k)
-    : model_(model), topo_(&topo), k_(k) {}
+    : model_(model), topo_(&topo), k_(k) {
+  const ClusterSpec& c = topo.spec();
+  if (!c.measured.empty() && c.measured.CheckComplete(c.file).ok())
+    runtime_ = std::make_shared<RuntimeModel>(model, c.measured, c.gpus_per_node);
+}
 
 double AnalyticModel::PeakFlops(Precision p) const {
   double peak = topo_->spec().gpu.PeakFlops(p);
@@ -65,6 +71,15 @@ double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) con
 }
 
 LayerTimes AnalyticModel::Layer(const Layout& l) const {
+  if (runtime_) {
+    const RuntimeLayerTimes r = runtime_->Layer(l);
+    LayerTimes lt;
+    lt.fwd_compute_s = r.fwd_compute_s;
+    lt.bwd_compute_s = r.bwd_compute_s;
+    lt.fwd_tp_s = r.fwd_tp_s;
+    lt.bwd_tp_s = r.bwd_tp_s;
+    return lt;
+  }
   const ModelSpec& M = model_;
   const double t = l.tp, c = l.cp, b = l.micro_batch;
   const double s = M.seq_len, sl = s / c, h = M.hidden, a = M.heads, hd = M.head_dim();
@@ -136,6 +151,14 @@ StageTimes AnalyticModel::Work(const Layout& l, double layers, bool embedding, b
   const double act = ActBytes(l.precision);
   const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
   const double tp_exp = TpExposed(l);
+  if (runtime_) {
+    const RuntimeLayerTimes x = runtime_->ChunkExtras(l, embedding, output);
+    fc += x.fwd_compute_s;
+    bc += x.bwd_compute_s;
+    ftp += x.fwd_tp_s;
+    btp += x.bwd_tp_s;
+    embedding = output = false;  // done
+  }
   if (embedding) {  // embedding lookup (+ dropout) and its TP all-reduce (vocab-parallel)
     fc += 4.0 * T * h * act / hbm;
     bc += 4.0 * T * h * act / hbm;
@@ -156,11 +179,14 @@ StageTimes AnalyticModel::Work(const Layout& l, double layers, bool embedding, b
   st.bwd_s = bc + btp;
   st.compute_s = fc + bc;
   st.tp_s = ftp + btp;
+  st.fwd_tp_s = ftp;
+  st.bwd_tp_s = btp;
   return st;
 }
 
 double AnalyticModel::P2pTime(const Layout& l) const {
   if (l.pp == 1) return 0;
+  if (runtime_) return runtime_->P2p(l);
   const double T = double(l.micro_batch) * model_.seq_len / l.cp;
   const double full = T * model_.hidden * ActBytes(l.precision);
   // Scatter/gather optimisation (Narayanan sec. 4.1): each TP rank sends 1/t, then the
@@ -197,6 +223,7 @@ double AnalyticModel::DpTime(const Layout& l, double params) const {
 }
 
 double AnalyticModel::LayerActivationBytes(const Layout& l) const {
+  if (runtime_) return runtime_->LayerActivationBytes(l);
   const ModelSpec& M = model_;
   const double t = l.tp, b = l.micro_batch, s = M.seq_len, sl = s / l.cp, h = M.hidden,
                a = M.heads;
@@ -243,6 +270,9 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
 }
 
 MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
+  if (runtime_)
+    return runtime_->StageMemory(l, r, k_.workspace_bytes, k_.fragmentation,
+                                 topo_->spec().gpu.memory_bytes);
   const double params = ParamsOnStage(l, r);
   const double shard = l.distributed_optimizer ? double(l.dp) * l.cp : 1.0;
   MemoryBytes mem;
@@ -278,7 +308,8 @@ double AnalyticModel::HardwareFlops(const Layout& l) const {
   return ModelFlops(l) + extra;
 }
 
-Estimate AnalyticModel::Evaluate(const Layout& l) const {
+Estimate AnalyticModel::Evaluate(const Layout& layout) const {
+  const Layout l = Executed(layout);
   Estimate e;
   const int p = l.pp;
   const double m = double(l.num_microbatches());
@@ -305,11 +336,20 @@ Estimate AnalyticModel::Evaluate(const Layout& l) const {
 
   // DP: the stage with the most parameters finishes last.
   const double params = std::max(ParamsOnStage(l, 0), ParamsOnStage(l, p - 1));
-  double dp = DpTime(l, params);
+  double dp = 0;
+  if (runtime_) {  // per-tensor reductions of the stage with the most to reduce
+    for (int r : {0, p - 1}) {
+      double stage = 0;
+      for (int c = 0; c < l.vp; ++c) stage += runtime_->ChunkDp(l, r, c);
+      dp = std::max(dp, stage);
+    }
+  } else {
+    dp = DpTime(l, params);
+  }
   if (l.overlap_grad_reduce)
     dp = std::max(0.0, dp - k_.dp_overlap_window * (slow->bwd_s + (l.distributed_optimizer ? slow->fwd_s : 0)));
   br.dp_comm_s = dp + EmbeddingReduceTime(l);
-  br.optimizer_s = OptimizerTime(l, params);
+  br.optimizer_s = std::max(StageOptimizerTime(l, 0), StageOptimizerTime(l, p - 1));
 
   e.step_time_s = br.total();
   e.bubble_fraction = br.bubble_s / e.step_time_s;
@@ -325,6 +365,7 @@ Estimate AnalyticModel::Evaluate(const Layout& l) const {
 }
 
 double AnalyticModel::EmbeddingReduceTime(const Layout& l) const {
+  if (runtime_) return runtime_->EmbeddingReduce(l);
   // Tied embedding gradient between first and last stage (the embedding group).
   if (!model_.tied_embeddings || l.pp == 1) return 0;
   const double emb = double(model_.padded_vocab(l.tp)) * model_.hidden / l.tp * 4.0;
@@ -339,6 +380,11 @@ double AnalyticModel::OptimizerTime(const Layout& l, double params) const {
          k_.step_overhead_s;
 }
 
+double AnalyticModel::StageOptimizerTime(const Layout& l, int r) const {
+  if (runtime_) return runtime_->Optimizer(l, r).total_s;
+  return OptimizerTime(l, ParamsOnStage(l, r));
+}
+
 double AnalyticModel::StaticMemory(const Layout& l, int r) const {
   const MemoryBytes m = StageMemory(l, r);
   return m.total - m.activations * (1 + k_.fragmentation);
@@ -350,6 +396,7 @@ double AnalyticModel::ChunkActivationBytes(const Layout& l) const {
 }
 
 double AnalyticModel::ChunkDpTime(const Layout& l, int r, int c) const {
+  if (runtime_) return runtime_->ChunkDp(l, r, c);
   // The stage's parameters split over its chunks; the embedding/output rows go with the chunk
   // that holds them.
   const double layer_part = double(model_.layers) / l.pp * model_.params_per_layer() / l.tp;
@@ -359,12 +406,13 @@ double AnalyticModel::ChunkDpTime(const Layout& l, int r, int c) const {
   return DpTime(l, params);
 }
 
-double AnalyticModel::LowerBound(const Layout& l) const {
+double AnalyticModel::LowerBound(const Layout& layout) const {
+  const Layout l = Executed(layout);
   const LayerTimes lt = Layer(l);
   double compute = 0;
   for (int r : {0, l.pp / 2, l.pp - 1}) compute = std::max(compute, StageFrom(l, r, lt).compute_s);
-  const double params = std::max(ParamsOnStage(l, 0), ParamsOnStage(l, l.pp - 1));
-  return double(l.num_microbatches()) * compute + OptimizerTime(l, params);
+  return double(l.num_microbatches()) * compute +
+         std::max(StageOptimizerTime(l, 0), StageOptimizerTime(l, l.pp - 1));
 }
 
 Prediction AnalyticModel::Predict(const Layout& l) const {
@@ -379,8 +427,9 @@ Prediction AnalyticModel::Predict(const Layout& l) const {
   p.memory = e.memory;
   p.fits = e.fits;
   p.source = "analytic";
+  const Layout x = Executed(l);
   for (int r = 0; r < l.pp; ++r) {
-    const MemoryBytes mem = StageMemory(l, r);
+    const MemoryBytes mem = StageMemory(x, r);
     p.stage_memory_bytes.push_back(mem.total);
     if (mem.total > p.memory.total) p.memory = mem;
   }

@@ -7,12 +7,14 @@
 #pragma once
 
 #include <array>
+#include <memory>
 
 #include "core/layout.h"
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/status.h"
 #include "cost_model/hardware_table.h"
+#include "cost_model/runtime_model.h"
 #include "topology/topology.h"
 
 namespace ptdp {
@@ -31,6 +33,7 @@ struct StageTimes {
   double fwd_s = 0, bwd_s = 0;            // compute + exposed TP, forward and backward
   double compute_s = 0;                   // of which pure compute (fwd + bwd)
   double tp_s = 0;                        // of which exposed TP/CP communication
+  double fwd_tp_s = 0, bwd_tp_s = 0;      // tp_s split into forward and backward
   double total() const { return fwd_s + bwd_s; }
 };
 
@@ -57,13 +60,22 @@ class Estimator {
 
 class AnalyticModel : public Estimator {
  public:
-  // Fails when the cluster's calibration names an unknown constant.
+  // Fails when the cluster's calibration names an unknown constant, or its `measured:` block
+  // lacks a table.
   static Result<AnalyticModel> Create(const ModelSpec& model, const Topology& topo);
+  // With a complete `measured:` block in the topology's cluster, times and memory come from the
+  // RuntimeModel (the layout as ptdp's runtime executes it, on the measured primitives).
   AnalyticModel(const ModelSpec& model, const Topology& topo, const CostConstants& k);
 
   Estimate Evaluate(const Layout& l) const override;
   // Evaluate() plus memory per stage, as the plan file stores it.
   Prediction Predict(const Layout& l) const;
+
+  // The layout as the machine executes it: itself, or with a measured runtime its Executed()
+  // form (no recompute or overlap on ptdp's runtime, fp32). Evaluate and the simulator use it.
+  Layout Executed(const Layout& l) const { return runtime_ ? runtime_->Executed(l) : l; }
+  // The runtime model when the cluster carries measured primitives, else nullptr.
+  const RuntimeModel* runtime() const { return runtime_.get(); }
 
   // Pieces, public for tests, the simulator and docs.
   LayerTimes Layer(const Layout& l) const;
@@ -97,6 +109,7 @@ class AnalyticModel : public Estimator {
   double DpTime(const Layout& l, double params) const; // gradient reduction (+ param gather)
   double EmbeddingReduceTime(const Layout& l) const;   // tied-embedding all-reduce, seconds
   double OptimizerTime(const Layout& l, double params) const;  // step + grad norm + overhead
+  double StageOptimizerTime(const Layout& l, int r) const;     // the optimizer op of stage r
   double PeakFlops(Precision p) const;                 // FLOP/s used for GEMMs at p
   double MfuPeak(Precision p) const;                   // the MFU basis (16-bit peak for fp8)
 
@@ -117,6 +130,7 @@ class AnalyticModel : public Estimator {
   ModelSpec model_;
   const Topology* topo_;
   CostConstants k_;
+  std::shared_ptr<const RuntimeModel> runtime_;  // set when the cluster has measured primitives
 };
 
 // The shape of a regular Megatron group: `size` ranks `stride` apart, on nodes of

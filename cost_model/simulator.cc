@@ -55,6 +55,7 @@ struct RankState {
   double act_bytes = 0;
   bool waiting_embedding = false;
   double embedding_post = 0;
+  double dp_start = -1;        // when the rank reached its ReduceGradients op
 };
 
 class Sim {
@@ -109,12 +110,16 @@ void Sim::Prepare() {
       // Stage -1 / chunk -1 is a chunk of layers with neither embedding nor output.
       StageTimes ch = opt_.uniform_stages ? cost_.Chunk(l_, -1, -1, lt)
                                           : cost_.Chunk(l_, r, c, lt);
-      const double f_tp = opt_.free_communication ? 0 : lt.fwd_tp_s * ch.tp_s /
-                                                            std::max(1e-300, lt.fwd_tp_s + lt.bwd_tp_s);
-      const double b_tp = opt_.free_communication ? 0 : ch.tp_s - f_tp;
+      double f_tp = opt_.free_communication ? 0 : lt.fwd_tp_s * ch.tp_s /
+                                                      std::max(1e-300, lt.fwd_tp_s + lt.bwd_tp_s);
       // Split the chunk's compute into forward and backward as the layer does.
       const double f_share = lt.fwd_compute_s / (lt.fwd_compute_s + lt.bwd_compute_s);
       fwd_pure_[r][c] = ch.compute_s * f_share;
+      if (cost_.runtime()) {  // the runtime model knows each chunk's split exactly
+        f_tp = opt_.free_communication ? 0 : ch.fwd_tp_s;
+        fwd_pure_[r][c] = ch.fwd_s - ch.fwd_tp_s;
+      }
+      const double b_tp = opt_.free_communication ? 0 : ch.tp_s - f_tp;
       bwd_pure_[r][c] = ch.compute_s - fwd_pure_[r][c];
       fwd_[r][c] = fwd_pure_[r][c] + f_tp;
       bwd_[r][c] = bwd_pure_[r][c] + b_tp;
@@ -124,7 +129,7 @@ void Sim::Prepare() {
   emb_ = opt_.free_communication ? 0 : cost_.EmbeddingReduceTime(l_);
   act_chunk_ = cost_.ChunkActivationBytes(l_);
   for (int r = 0; r < p_; ++r) {
-    opt_time_.push_back(cost_.OptimizerTime(l_, cost_.ParamsOnStage(l_, r)));
+    opt_time_.push_back(cost_.StageOptimizerTime(l_, r));
     static_mem_.push_back(cost_.StaticMemory(l_, r));
   }
   // Match every send with its receive: key (receiving virtual stage, is-gradient, microbatch).
@@ -196,6 +201,7 @@ void Sim::Compute(int r, const ScheduleOp& op) {
   Record(r, SimTrack::kCompute, op, start, start + dur, op.chunk);
   st.t = start + dur;
   rs.compute_s += dur;
+  rs.tp_s += dur - (fwd ? fwd_pure_[r][op.chunk] : bwd_pure_[r][op.chunk]);
   if (!fwd) {
     --st.inflight;
     Memory(r, st.t, -act_chunk_);
@@ -237,6 +243,7 @@ void Sim::FinishGroupIfDone(int r, bool push) {
   SimRankStats& rs = res_.ranks[r];
   const double blocked = st.group_end - st.group_post;
   rs.p2p_wait_s += std::min(blocked, st.group_transfer);
+  rs.p2p_blocked_s += blocked;
   st.pc = st.group_end_pc;
   st.t = std::max(st.t, st.group_end);
   if (push) ready_.push({st.t, r});
@@ -270,6 +277,7 @@ void Sim::ReduceGradients(int r, const ScheduleOp& op) {
   RankState& st = st_[r];
   SimRankStats& rs = res_.ranks[r];
   rs.pipeline_end_s = st.t;
+  st.dp_start = st.t;
   if (!l_.overlap_grad_reduce) {
     for (int c = v_ - 1; c >= 0; --c) {
       if (dp_chunk_[r][c] <= 0) continue;
@@ -331,6 +339,8 @@ void Sim::Step(int r) {
       Record(r, SimTrack::kCompute, op, start, st.t, -1);
       ++st.pc;
       res_.ranks[r].end_s = st.t;
+      res_.ranks[r].optimizer_s = opt_time_[r];
+      if (st.dp_start >= 0) res_.ranks[r].dp_s = start - st.dp_start;
       return;
     }
     default:
@@ -379,7 +389,9 @@ SimResult Sim::Run() {
 
 }  // namespace
 
-Result<SimResult> SimulateStep(const AnalyticModel& cost, const Layout& l, const SimOptions& opt) {
+Result<SimResult> SimulateStep(const AnalyticModel& cost, const Layout& layout,
+                               const SimOptions& opt) {
+  const Layout l = cost.Executed(layout);  // as the machine runs it (a measured runtime)
   PTDP_ASSIGN_OR_RETURN(Schedule s, BuildSchedule(l.schedule, l.pp, l.vp,
                                                   int(l.num_microbatches()), l.microbatch_group));
   Sim sim(cost, l, opt, s);

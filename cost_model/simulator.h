@@ -39,6 +39,14 @@ struct SimRankStats {
   double bubble_s = 0;        // idle until the whole pipeline drained: max pipeline_end over
                               // ranks - compute - p2p_wait
   double end_s = 0;           // after the optimizer
+  // Where the rank's time went, the way the runtime measures it (ptdp compare): exposed TP
+  // inside its forwards and backwards (part of compute_s), time blocked in p2p groups (the
+  // transfers and the waits for peers, i.e. most of the bubble), from its DP reduction's start
+  // to the optimizer (DP and tied-embedding reductions, waits included), and its optimizer op.
+  double tp_s = 0;
+  double p2p_blocked_s = 0;
+  double dp_s = 0;
+  double optimizer_s = 0;
   int peak_inflight = 0;      // max (forwards - backwards) in chunks
   double peak_memory_bytes = 0;
   // (time, bytes) each time the rank's memory changes (activations come and go).

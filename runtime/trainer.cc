@@ -45,11 +45,13 @@ double Since(Clock::time_point t0) {
 std::string Str(int64_t v) { return std::to_string(v); }
 
 // A Communicator that forwards to another and adds the seconds spent in it to *seconds (the
-// TP communicator handed to the chunks: TP time is measured inside forward and backward).
+// TP communicator handed to the chunks: TP time is measured inside forward and backward), and,
+// when `events` is given, records each call as a kTpComm event relative to *step_start.
 class TimedCommunicator final : public Communicator {
  public:
-  TimedCommunicator(std::unique_ptr<Communicator> inner, double* seconds)
-      : inner_(std::move(inner)), seconds_(seconds) {}
+  TimedCommunicator(std::unique_ptr<Communicator> inner, double* seconds,
+                    std::vector<StepEvent>* events, const Clock::time_point* step_start)
+      : inner_(std::move(inner)), seconds_(seconds), events_(events), step_start_(step_start) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const std::vector<int>& ranks() const override { return inner_->ranks(); }
@@ -81,11 +83,18 @@ class TimedCommunicator final : public Communicator {
   Status Timed(F f) {
     const Clock::time_point t0 = Clock::now();
     Status st = f();
-    *seconds_ += Since(t0);
+    const Clock::time_point t1 = Clock::now();
+    *seconds_ += std::chrono::duration<double>(t1 - t0).count();
+    if (events_)
+      events_->push_back({StepEventKind::kTpComm, -1, -1,
+                          std::chrono::duration<double>(t0 - *step_start_).count(),
+                          std::chrono::duration<double>(t1 - *step_start_).count()});
     return st;
   }
   std::unique_ptr<Communicator> inner_;
   double* seconds_;
+  std::vector<StepEvent>* events_;        // nullptr: not recording
+  const Clock::time_point* step_start_;
 };
 
 // AdamW state of one parameter: the part this rank updates. Without the distributed optimizer
@@ -107,10 +116,27 @@ using Key = std::tuple<int, int, bool>;
 
 // What a rank reports after a step, exchanged over the WORLD group so that every process holds
 // every rank's: 11 doubles, sent bit for bit as 22 i32 (a gather copies any dtype exactly).
+// RankTimes' figures as plain words; its event list stays with the rank's own process.
+struct TimesWords {
+  double forward_s = 0, backward_s = 0, tp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0,
+         optimizer_s = 0, idle_s = 0, peak_memory_bytes = 0;
+};
+TimesWords ToWords(const RankTimes& t) {
+  return {t.forward_s, t.backward_s, t.tp_comm_s, t.pp_wait_s,
+          t.dp_comm_s, t.optimizer_s, t.idle_s,   t.peak_memory_bytes};
+}
+RankTimes FromWords(const TimesWords& w) {
+  RankTimes t;
+  t.forward_s = w.forward_s, t.backward_s = w.backward_s, t.tp_comm_s = w.tp_comm_s;
+  t.pp_wait_s = w.pp_wait_s, t.dp_comm_s = w.dp_comm_s, t.optimizer_s = w.optimizer_s;
+  t.idle_s = w.idle_s, t.peak_memory_bytes = w.peak_memory_bytes;
+  return t;
+}
+
 struct RankReport {
   double ok = 0;  // 1 when the rank's step succeeded
   double loss = 0, grad_norm = 0;
-  RankTimes times;
+  TimesWords times;
 };
 static_assert(sizeof(RankReport) == 11 * sizeof(double) &&
                   std::is_trivially_copyable_v<RankReport>,
@@ -145,6 +171,19 @@ struct Rank {
 
 }  // namespace
 
+const char* ToString(StepEventKind k) {
+  switch (k) {
+    case StepEventKind::kForward: return "forward";
+    case StepEventKind::kBackward: return "backward";
+    case StepEventKind::kP2p: return "p2p";
+    case StepEventKind::kTpComm: return "tp";
+    case StepEventKind::kDpComm: return "dp";
+    case StepEventKind::kEmbedding: return "embedding";
+    case StepEventKind::kOptimizer: return "optimizer";
+  }
+  return "?";
+}
+
 double OptimizerConfig::LearningRate(int64_t step) const {
   if (warmup_steps > 0 && step < warmup_steps) return lr * double(step + 1) / warmup_steps;
   const double t = decay_steps > 0 ? double(step - warmup_steps) / decay_steps : 1.0;
@@ -159,6 +198,16 @@ struct Trainer::Impl {
   int t = 1, p = 1, d = 1, v = 1, m = 1, b = 1, s = 1, sl = 1, h = 1;
   std::vector<Rank> ranks;
   int64_t steps = 0;
+  Clock::time_point step_start;  // origin of the step's timeline events
+
+  // Appends an event [t0, t1) to the rank's timeline when recording.
+  void Record(Rank& rk, StepEventKind kind, int microbatch, int chunk, Clock::time_point t0,
+              Clock::time_point t1) const {
+    if (!cfg.record_timeline) return;
+    rk.times.events.push_back({kind, microbatch, chunk,
+                               std::chrono::duration<double>(t0 - step_start).count(),
+                               std::chrono::duration<double>(t1 - step_start).count()});
+  }
 
   int Stage(int r, int c) const { return c * p + r; }
   bool FirstStage(int r, int c) const { return Stage(r, c) == 0; }
@@ -244,7 +293,9 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
     rk.backend = backends(g);
     if (!rk.backend) return Status::Error(where + ": the backend factory gave no backend");
     PTDP_ASSIGN_OR_RETURN(auto tp, comms.Group(g, grid.TpGroup(g), "TP"));
-    rk.tp = std::make_unique<TimedCommunicator>(std::move(tp), &rk.tp_seconds);
+    rk.tp = std::make_unique<TimedCommunicator>(
+        std::move(tp), &rk.tp_seconds, cfg.record_timeline ? &rk.times.events : nullptr,
+        &step_start);
     PTDP_ASSIGN_OR_RETURN(rk.pp, comms.Group(g, grid.PpGroup(g), "PP"));
     PTDP_ASSIGN_OR_RETURN(rk.dp, comms.Group(g, grid.DpGroup(g), "DP"));
     if (rk.coord.pp == 0 || rk.coord.pp == p - 1) {
@@ -343,6 +394,7 @@ Status Trainer::Impl::RunGroup(Rank& rk, const std::vector<ScheduleOp>& ops, siz
   Status end_st = rk.pp->GroupEnd();
   for (const Key& k : sent) to_send.erase(k);
   rk.times.pp_wait_s += Since(t0);
+  Record(rk, StepEventKind::kP2p, ops[begin].microbatch, ops[begin].chunk, t0, Clock::now());
   PTDP_RETURN_IF_ERROR(st);
   return end_st;
 }
@@ -390,6 +442,7 @@ Status Trainer::Impl::RunOps(Rank& rk) {
         to_send[{op.microbatch, op.chunk, false}] = std::move(out).value();
       }
       rk.times.forward_s += Since(t0) - (rk.tp_seconds - tp0);
+      Record(rk, StepEventKind::kForward, op.microbatch, op.chunk, t0, Clock::now());
     } else if (op.kind == OpKind::kBackward) {
       Tensor grad_out;
       if (!LastStage(r, op.chunk)) {
@@ -402,6 +455,7 @@ Status Trainer::Impl::RunOps(Rank& rk) {
       if (!dx.ok()) return dx.status().Prefixed(what);
       if (!FirstStage(r, op.chunk)) to_send[{op.microbatch, op.chunk, true}] = std::move(dx).value();
       rk.times.backward_s += Since(t0) - (rk.tp_seconds - tp0);
+      Record(rk, StepEventKind::kBackward, op.microbatch, op.chunk, t0, Clock::now());
     } else if (op.kind == OpKind::kReduceGradients) {
       PTDP_RETURN_IF_ERROR(ReduceGradients(rk).Prefixed("reduce gradients"));
     } else if (op.kind == OpKind::kReduceEmbedding) {
@@ -438,6 +492,7 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
     be.Scale(inv_d, ps.grad_slice);
   }
   rk.times.dp_comm_s += Since(t0);
+  Record(rk, StepEventKind::kDpComm, -1, -1, t0, Clock::now());
   return Status::Ok();
 }
 
@@ -449,6 +504,7 @@ Status Trainer::Impl::ReduceEmbedding(Rank& rk) {
     if (ps.param->spec.name == "embedding.word")
       PTDP_RETURN_IF_ERROR(rk.emb->AllReduce(ps.grad_slice, ReduceOp::kSum));
   rk.times.dp_comm_s += Since(t0);
+  Record(rk, StepEventKind::kEmbedding, -1, -1, t0, Clock::now());
   return Status::Ok();
 }
 
@@ -485,6 +541,7 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
     be.AdamW(value, grad, ps.m, ps.v, ac);
   }
   rk.times.optimizer_s += Since(t0) - (rk.tp_seconds - tp0);
+  Record(rk, StepEventKind::kOptimizer, -1, -1, t0, Clock::now());
   if (!dopt) return Status::Ok();
   const Clock::time_point g0 = Clock::now();
   for (ParamState& ps : rk.state) {
@@ -499,6 +556,7 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
     be.Copy(full.View(Shape({ps.numel})), dst);
   }
   rk.times.dp_comm_s += Since(g0);
+  Record(rk, StepEventKind::kDpComm, -1, -1, g0, Clock::now());
   return Status::Ok();
 }
 
@@ -522,6 +580,7 @@ Status Trainer::Impl::RunStep(Rank& rk) {
     PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(loss, &sum));
     rk.loss = double(sum) / d;
     rk.times.dp_comm_s += Since(l0);
+    Record(rk, StepEventKind::kDpComm, -1, -1, l0, Clock::now());
   }
   PTDP_RETURN_IF_ERROR(rk.backend->Synchronize());
   rk.times.tp_comm_s = rk.tp_seconds;
@@ -530,6 +589,8 @@ Status Trainer::Impl::RunStep(Rank& rk) {
   const RankTimes& x = rk.times;
   rk.times.idle_s = std::max(0.0, total - (x.forward_s + x.backward_s + x.tp_comm_s + x.pp_wait_s +
                                            x.dp_comm_s + x.optimizer_s));
+  std::stable_sort(rk.times.events.begin(), rk.times.events.end(),
+                   [](const StepEvent& a, const StepEvent& b) { return a.start_s < b.start_s; });
   return Status::Ok();
 }
 
@@ -626,12 +687,13 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
 Result<StepResult> Trainer::Step() {
   Impl& im = *impl_;
   const Clock::time_point t0 = Clock::now();
+  im.step_start = t0;
   const std::string where = "step " + Str(im.steps);
   // A rank that failed still reports (ok = 0), so that the other processes learn of it.
   PTDP_RETURN_IF_ERROR(OnEveryRank(im.ranks, [&](Rank& rk) {
                          const Status st = im.RunStep(rk);
                          const Status ex = im.ExchangeReports(
-                             rk, {st.ok() ? 1.0 : 0.0, rk.loss, rk.grad_norm, rk.times});
+                             rk, {st.ok() ? 1.0 : 0.0, rk.loss, rk.grad_norm, ToWords(rk.times)});
                          return st.ok() ? ex : st;
                        }).Prefixed(where));
   const std::vector<RankReport>& all = im.ranks[0].reports;
@@ -647,7 +709,8 @@ Result<StepResult> Trainer::Step() {
   res.grad_norm = all[0].grad_norm;
   res.loss = all[size_t(im.grid.Rank({0, 0, im.p - 1}))].loss;
   res.tokens_per_s = double(im.cfg.layout.global_batch) * im.s / std::max(res.step_time_s, 1e-12);
-  for (const RankReport& r : all) res.ranks.push_back(r.times);
+  for (const RankReport& r : all) res.ranks.push_back(FromWords(r.times));
+  for (const Rank& rk : im.ranks) res.ranks[size_t(rk.global)].events = rk.times.events;
   if (!std::isfinite(res.loss) || !std::isfinite(res.grad_norm))
     return Status::Error("step " + Str(im.steps) + ": loss " + std::to_string(res.loss) +
                          ", grad norm " + std::to_string(res.grad_norm) + " is not finite");

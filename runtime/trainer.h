@@ -49,6 +49,25 @@ struct TrainerConfig {
   // processes (one per GPU, or per node) each creates a Trainer for its own ranks over a shared
   // CommunicatorFactory world (NcclWorld); every Trainer's results are still the whole job's.
   std::vector<int> local_ranks;
+  bool record_timeline = false;  // fill RankTimes::events every step (the measured timeline)
+};
+
+// What one interval of a rank's step was (the measured timeline of `ptdp compare`/`report`).
+enum class StepEventKind {
+  kForward,    // a chunk's forward of a micro-batch (its TP collectives nest inside)
+  kBackward,   // a chunk's backward
+  kP2p,        // a p2p group: its sends and receives, waiting for the peer included
+  kTpComm,     // one TP (or SP) collective
+  kDpComm,     // the DP gradient reduction, the dist-opt all-gather, the loss all-reduce
+  kEmbedding,  // the tied embedding's all-reduce between the first and last stage
+  kOptimizer,  // grad norm, clipping and AdamW
+};
+const char* ToString(StepEventKind k);  // "forward", "backward", "p2p", "tp", "dp", ...
+
+struct StepEvent {
+  StepEventKind kind = StepEventKind::kForward;
+  int microbatch = -1, chunk = -1;  // of the forward/backward, or the p2p group's first op
+  double start_s = 0, end_s = 0;    // seconds since the step started (all ranks share the origin)
 };
 
 // Seconds one rank spent in each part of a step (the measured side of `ptdp compare`).
@@ -61,6 +80,7 @@ struct RankTimes {
   double optimizer_s = 0;    // grad norm, clipping, AdamW
   double idle_s = 0;         // step time minus all the above
   double peak_memory_bytes = 0;  // the rank's backend peak during the step
+  std::vector<StepEvent> events;  // in start order, when TrainerConfig::record_timeline
 };
 
 struct StepResult {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the bundled example: plan a layout, simulate the chosen plan step by step
-# (Perfetto trace), write the HTML report, and train a plan for real on the CPU runtime.
-# (compare joins this chain with issue 6: see README.md "Status".)
+# (Perfetto trace), write the HTML report; then close the loop on this machine: calibrate it,
+# plan gpt-tiny on the calibrated cluster, train the plan and the other layouts that fit 2 cores
+# on the CPU runtime, compare each with its prediction, and report predicted against measured.
 set -euo pipefail
 build="${1:-build}"
 ptdp="$build/ptdp"
@@ -19,11 +20,33 @@ echo "== 2b. a small pipeline in the terminal: GPT-3 175B, tp 8, pp 4, 8 micro-b
 "$ptdp" simulate --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
   --global-batch 8 --nodes 4 --tp 8 --pp 4 --timeline --width 80 | sed -n '/^rank 0 /,$p'
 echo
-echo "== 3. plan gpt-tiny on this machine's 4 CPU rank slots (tp 2 x pp 2), and train it"
-"$ptdp" plan --cluster configs/clusters/local-cpu.yaml --model configs/models/gpt-tiny.yaml \
-  --global-batch 8 --gpus 4 --tp 2 --pp 2 --top 3 --out "$out/gpt-tiny.plan.yaml"
+echo "== 3. close the loop on this machine: calibrate (short), plan gpt-tiny on the calibrated"
+echo "      cluster, train the chosen plan, compare it with its prediction"
+cal="$out/local-cpu.calibrated.yaml"
+"$ptdp" calibrate --backend cpu --quick --out "$cal"
+echo
+"$ptdp" plan --cluster "$cal" --model configs/models/gpt-tiny.yaml --global-batch 8 --gpus 2 \
+  --recompute none --top 3 --out "$out/gpt-tiny.plan.yaml"
 echo
 "$ptdp" train "$out/gpt-tiny.plan.yaml" --backend cpu --steps 30 --out "$out/gpt-tiny.measured.json"
+echo
+"$ptdp" compare "$out/gpt-tiny.plan.yaml" "$out/gpt-tiny.measured.json"
+echo
+echo "== 3b. the other layouts that fit 2 cores, each trained and compared"
+for layout in "1x1x1:--gpus 1" "tp2:--gpus 2 --tp 2" "pp2:--gpus 2 --pp 2" "dp2:--gpus 2 --dp 2"; do
+  name="${layout%%:*}"
+  # shellcheck disable=SC2086  # the flags are words
+  "$ptdp" plan --cluster "$cal" --model configs/models/gpt-tiny.yaml --global-batch 8 \
+    ${layout#*:} --recompute none --top 1 --out "$out/gpt-tiny-$name.plan.yaml" > /dev/null
+  "$ptdp" train "$out/gpt-tiny-$name.plan.yaml" --steps 12 --timing-warmup 2 \
+    --out "$out/gpt-tiny-$name.measured.json" > /dev/null
+  "$ptdp" compare "$out/gpt-tiny-$name.plan.yaml" "$out/gpt-tiny-$name.measured.json" |
+    grep -E "^(summary|other processes)"
+done
+echo
+echo "== 3c. the HTML report of the chosen plan with its measured run (predicted against measured)"
+"$ptdp" report "$out/gpt-tiny.plan.yaml" --measured "$out/gpt-tiny.measured.json" \
+  --html "$out/gpt-tiny.report.html"
 echo
 echo "== 4. the Megatron-LM command line for the 175B plan"
 "$ptdp" plan --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
@@ -33,4 +56,4 @@ echo "== 5. the HTML report"
 "$ptdp" report --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
   --global-batch 1536 --html "$out/gpt3-175b.report.html"
 echo
-echo "plans, trace, report and measured.json written to $out/"
+echo "plans, trace, reports, the calibrated cluster and measured.json files written to $out/"

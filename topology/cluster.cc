@@ -183,7 +183,7 @@ Result<ClusterSpec> ClusterFromYaml(const YAML::Node& node, const std::string& f
                              ")");
   const YAML::Node gpu = r.Child("gpu"), intra = r.Child("intra_node"),
                    inter = r.Child("inter_node"), links = r.Child("links"),
-                   calibration = r.Child("calibration");
+                   calibration = r.Child("calibration"), measured = r.Child("measured");
   PTDP_RETURN_IF_ERROR(r.Finish());
   PTDP_RETURN_IF_ERROR(FirstError({
       ReadGpu(gpu, file, &c.gpu),
@@ -195,6 +195,9 @@ Result<ClusterSpec> ClusterFromYaml(const YAML::Node& node, const std::string& f
           ? ReadCalibration(calibration, file, &c.calibration)
           : Status::Ok(),
   }));
+  if (measured.IsDefined() && !measured.IsNull()) {
+    PTDP_ASSIGN_OR_RETURN(c.measured, MeasuredFromYaml(measured, file));
+  }
   return c;
 }
 
@@ -277,6 +280,7 @@ std::string ClusterToYaml(const ClusterSpec& c) {
       << ", latency: " << Spell(l.latency_s, Dimension::kDuration) << "}\n";
   if (!c.calibration.empty()) o << "calibration:\n";
   for (const auto& [name, v] : c.calibration) o << "  " << name << ": " << Number(v) << "\n";
+  if (!c.measured.empty()) o << MeasuredToYaml(c.measured);
   return o.str();
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/layout.h"
+#include "core/measured.h"
 #include "core/status.h"
 
 namespace YAML { class Node; }
@@ -80,6 +81,9 @@ struct ClusterSpec {
   // Calibrated constants by name (cost_model/hardware_table names), overriding the defaults.
   // Written by `ptdp calibrate`; optional `calibration:` map of name -> number.
   std::map<std::string, double> calibration;
+  // Measured primitives (`measured:`, written by `ptdp calibrate`): when present, the cost model
+  // composes times from them instead of from peaks and efficiency constants. Empty otherwise.
+  MeasuredPrimitives measured;
 
   int world() const { return nodes * gpus_per_node; }
 };

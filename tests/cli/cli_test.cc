@@ -37,7 +37,8 @@ void ExpectOneLineError(const CmdResult& r, const std::string& must_contain) {
 }
 
 TEST(Cli, HelpHasAnExampleForEveryCommand) {
-  for (const char* cmd : {"plan", "simulate", "topo", "validate", "schedule", "report", "train", "info"}) {
+  for (const char* cmd : {"plan", "simulate", "topo", "validate", "schedule", "report", "train", "info",
+                          "calibrate", "compare"}) {
     const CmdResult r = Ptdp(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_NE(r.out.find("Example:"), std::string::npos) << cmd << ": " << r.out;

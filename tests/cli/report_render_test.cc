@@ -175,6 +175,62 @@ TEST(ReportRender, BreakdownAndMemoryFigures) {
   EXPECT_NE(html.find("heads_not_divisible_by_tp"), std::string::npos);
 }
 
+// A measured run of a pp 2 plan: predicted 50 ms against measured 40 ms (+25.0%), two ranks,
+// each measured rank a 20 ms forward and a 20 ms backward (the 1100 px plot spans 50 ms: 440 px
+// boxes, labelled).
+ReportData WithComparison() {
+  ReportData d = Synthetic();
+  d.has_comparison = true;
+  Comparison& c = d.comparison;
+  c.plan.layout.pp = 2;
+  c.plan.layout.global_batch = 2;
+  c.measured_file = "m.json";
+  c.backend = "cpu";
+  c.host = "box";
+  c.cluster_name = "calibrated";
+  c.timed_steps = 5;
+  c.warmup_steps = 1;
+  c.predicted_step_s = 0.05;
+  c.measured_step_s = 0.04;
+  c.timeline_step_s = 0.04;
+  c.sim.step_time_s = 0.05;
+  c.sim.ranks.resize(2);
+  for (int r = 0; r < 2; ++r) {
+    c.sim.events.push_back(Ev(r, SimTrack::kCompute, OpKind::kForward, 0, 0, 0, 0.02));
+    c.sim.events.push_back(Ev(r, SimTrack::kCompute, OpKind::kBackward, 0, 0, 0.02, 0.05));
+    RankComparison rc;
+    rc.rank = r;
+    rc.stage = r;
+    rc.predicted = {0.03, 0, 0.01, 0.005, 0.004, 0.001};
+    rc.measured = {0.025, 0, 0.008, 0.004, 0.002, 0.001};
+    rc.predicted_memory_bytes = 6e6;
+    rc.measured_memory_bytes = 6e6;
+    c.ranks.push_back(rc);
+    c.timeline.push_back({{"forward", 0, 0, 0.0, 0.02}, {"backward", 0, 0, 0.02, 0.04},
+                          {"p2p", 0, 0, 0.02, 0.021}});
+  }
+  return d;
+}
+
+TEST(ReportRender, ComparisonSection) {
+  EXPECT_EQ(RenderReportHtml(Synthetic()).find("id=\"compare\""), std::string::npos);
+  const std::string html = RenderReportHtml(WithComparison());
+  ASSERT_NE(html.find("<section id=\"compare\">"), std::string::npos);
+  EXPECT_NE(html.find("+25.0%"), std::string::npos);  // (50 - 40) / 40
+  EXPECT_EQ(Count(html, "<g class=\"cmp-rank\""), 2u);
+  EXPECT_EQ(Count(html, "<g class=\"sim-rank\""), 2u);
+  EXPECT_EQ(Count(html, "<g class=\"meas-rank\""), 2u);
+  // 2 ranks x 3 measured events, none merged; the 440 px forward and backward are labelled.
+  EXPECT_EQ(Count(html, "class=\"mev\""), 6u);
+  EXPECT_NE(html.find(">B0</text>"), std::string::npos);
+  EXPECT_NE(html.find("rank 1: B0 (backward)"), std::string::npos);
+  EXPECT_NE(html.find("pp_bubble measured: 8.000 ms"), std::string::npos);
+  // Without a timeline the section says so.
+  ReportData d = WithComparison();
+  d.comparison.timeline.clear();
+  EXPECT_NE(RenderReportHtml(d).find("no measured timeline"), std::string::npos);
+}
+
 TEST(ReportRender, MissingPiecesRenderNotes) {
   ReportData d;
   d.title = "empty";

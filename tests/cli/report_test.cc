@@ -123,4 +123,35 @@ TEST(Report, RendersInHeadlessChromium) {
   EXPECT_EQ(Count(chart, "<g class=\"rank\""), size_t(pp));
 }
 
+// A measured run in the page: `--measured` adds #compare, and Chromium lays it out with a row
+// per rank in the measured timeline and a row per pipeline rank in the simulated one.
+TEST(Report, PredictedAgainstMeasuredInHeadlessChromium) {
+  ASSERT_TRUE(fs::exists(kChromium)) << kChromium << " is missing: run scripts/setup.sh";
+  const std::string dir = FreshDir("report-measured");
+  ASSERT_FALSE(dir.empty());
+  const std::string plan = dir + "/plan.yaml", measured = dir + "/measured.json",
+                    html = dir + "/report.html";
+  ASSERT_EQ(Shell(kBin + " plan --cluster " + kSrc + "/configs/clusters/local-cpu.yaml --model " +
+                  kSrc + "/configs/models/gpt-tiny.yaml --gpus 2 --global-batch 8 --pp 2 "
+                  "--refine 0 --out " + plan).code, 0);
+  ASSERT_EQ(Shell(kBin + " train " + plan + " --steps 3 --out " + measured).code, 0);
+  const CmdResult made = Shell(kBin + " report " + plan + " --measured " + measured +
+                               " --json --html " + html, false);
+  ASSERT_EQ(made.code, 0) << made.out;
+  EXPECT_TRUE(nlohmann::json::parse(made.out).contains("step_time_error_pct"));
+  const CmdResult dom = Shell(Chromium("--dump-dom file://" + html), false);
+  ASSERT_EQ(dom.code, 0);
+  const size_t at = dom.out.find("<section id=\"compare\">");
+  ASSERT_NE(at, std::string::npos);
+  const std::string section = dom.out.substr(at, dom.out.find("</section>", at) - at);
+  EXPECT_EQ(Count(section, "<g class=\"meas-rank\""), 2u);
+  EXPECT_EQ(Count(section, "<g class=\"sim-rank\""), 2u);
+  EXPECT_EQ(Count(section, "<g class=\"cmp-rank\""), 2u);
+  EXPECT_GE(Count(section, "class=\"mev\""), 8u);  // 4 forwards + 4 backwards per rank at least
+  // --measured needs the plan that was trained.
+  const CmdResult bad = Shell(kBin + " report " + kFlags + " --measured " + measured + " --html " + html);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("--measured needs the plan.yaml"), std::string::npos) << bad.out;
+}
+
 }  // namespace

@@ -297,6 +297,44 @@ TEST(Trainer, StepResultIsSane) {
   EXPECT_EQ(run.steps[1].step, 1);
 }
 
+// The measured timeline: with record_timeline, every rank lists its m*v forwards and backwards,
+// its p2p groups, TP collectives, DP reduction and optimizer, in start order inside the step;
+// without it, nothing is recorded.
+TEST(Trainer, RecordsTheTimelineOfAStep) {
+  const Spec spec{2, 2, 2, 1, 2, true, true, ScheduleKind::kOneFOneB};  // m = 8 / (2*2) = 2
+  TrainerConfig cfg = Config(MakeLayout(spec));
+  EXPECT_TRUE(Train(cfg, 1).steps[0].ranks[0].events.empty());
+  cfg.record_timeline = true;
+  const TrainRun run = Train(cfg, 2);
+  const StepResult& s = run.steps[1];
+  for (size_t g = 0; g < s.ranks.size(); ++g) {
+    std::map<StepEventKind, int> count;
+    double last = 0;
+    for (const StepEvent& e : s.ranks[g].events) {
+      ++count[e.kind];
+      EXPECT_GE(e.start_s, last) << "rank " << g << ": not in start order";
+      EXPECT_LE(e.start_s, e.end_s);
+      EXPECT_LE(e.end_s, s.step_time_s);
+      last = e.start_s;
+      if (e.kind == StepEventKind::kForward || e.kind == StepEventKind::kBackward) {
+        EXPECT_GE(e.microbatch, 0);
+        EXPECT_LT(e.microbatch, 2);
+        EXPECT_EQ(e.chunk, 0);
+      }
+    }
+    EXPECT_EQ(count[StepEventKind::kForward], 2) << "rank " << g;
+    EXPECT_EQ(count[StepEventKind::kBackward], 2) << "rank " << g;
+    // 1F1B, p 2, m 2: stage 0 posts [send act 0], [send act 1 + recv grad 0], [recv grad 1];
+    // stage 1 [recv act 0], [send grad 0 + recv act 1], [send grad 1].
+    EXPECT_EQ(count[StepEventKind::kP2p], 3) << "rank " << g;
+    EXPECT_GT(count[StepEventKind::kTpComm], 8) << "rank " << g;  // SP: 4 per layer each way
+    EXPECT_GE(count[StepEventKind::kDpComm], 2) << "rank " << g;  // reduce-scatter, all-gather
+    EXPECT_EQ(count[StepEventKind::kEmbedding], 1) << "rank " << g;
+    EXPECT_EQ(count[StepEventKind::kOptimizer], 1) << "rank " << g;
+  }
+  EXPECT_STREQ(ToString(StepEventKind::kTpComm), "tp");
+}
+
 TEST(Trainer, LearningRateWarmsUpThenDecays) {
   // lr 1e-3, warmup 2: 0.5e-3, 1e-3; cosine over 100 steps to 1e-4; min_lr after.
   OptimizerConfig o;

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <string>
 
 namespace ptdp {
@@ -50,6 +52,10 @@ void ExpectSame(const ClusterSpec& a, const ClusterSpec& b) {
     EXPECT_EQ(a.links[i].latency_s, b.links[i].latency_s);
   }
   EXPECT_EQ(a.calibration, b.calibration);
+  EXPECT_EQ(a.measured.backend, b.measured.backend);
+  ASSERT_EQ(a.measured.tables.size(), b.measured.tables.size());
+  for (const auto& [name, t] : a.measured.tables)
+    EXPECT_EQ(t.Rows(), b.measured.Table(name)->Rows()) << name;
 }
 
 void ExpectRoundTrip(const ClusterSpec& c) {
@@ -252,6 +258,29 @@ TEST(ClusterYaml, RoundTripWithEveryOptionalPart) {
   EXPECT_NE(text.find("bandwidth: 300 GB/s"), std::string::npos) << text;
   EXPECT_NE(text.find("latency: 3 us"), std::string::npos) << text;
   EXPECT_NE(text.find("gemm_eff_max: 0.8\n"), std::string::npos) << text;
+}
+
+// `measured:` (ptdp calibrate) rides along: read, written back, read again to the same tables.
+TEST(ClusterYaml, RoundTripWithMeasuredPrimitives) {
+  auto c = FromText(std::string(kBase) +
+                    "measured:\n"
+                    "  backend: cpu\n"
+                    "  cores: 2\n"
+                    "  tables:\n"
+                    "    copy:\n"
+                    "      - [64, 1e-07]\n"
+                    "      - [4096, 2.5e-06]\n"
+                    "    send_recv:\n"
+                    "      - [32, 1e-05]\n");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->measured.cores, 2);
+  ASSERT_NE(c->measured.Table("copy"), nullptr);
+  EXPECT_NEAR(c->measured.Table("copy")->Seconds(512), 1e-7 * std::pow(25.0, 0.5), 1e-15);
+  ExpectRoundTrip(*c);
+  auto bad = FromText(std::string(kBase) + "measured:\n  tables:\n    copy: 3\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("measured.tables.copy"), std::string::npos)
+      << bad.status().message();
 }
 
 }  // namespace

@@ -1,0 +1,257 @@
+// Predicted against measured; see compare.h.
+#include "cli/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+
+#include "core/rank_grid.h"
+
+namespace ptdp::cli {
+
+const char* ComponentName(int c) {
+  static const char* const kNames[] = {"compute", "tp_comm", "pp_bubble", "dp_comm", "optimizer", "idle"};
+  return c >= 0 && c < kNumComponents ? kNames[c] : "?";
+}
+
+double ErrorPct(double predicted, double measured) {
+  if (measured == 0)
+    return predicted == 0 ? 0 : std::copysign(std::numeric_limits<double>::infinity(), predicted);
+  return 100 * (predicted - measured) / measured;
+}
+
+namespace {
+
+Parts Mean(const std::vector<RankComparison>& ranks, bool predicted) {
+  Parts p{};
+  for (const RankComparison& r : ranks)
+    for (int c = 0; c < kNumComponents; ++c) p[c] += (predicted ? r.predicted : r.measured)[c];
+  for (double& v : p) v /= std::max<size_t>(1, ranks.size());
+  return p;
+}
+
+using json = nlohmann::json;
+
+double Num(const json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || !j[key].is_number())
+    throw std::runtime_error(where + ": missing number '" + key + "'");
+  return j[key].get<double>();
+}
+
+// Fails when the measured layout is not the plan's (a comparison of different things).
+Status SameLayout(const Layout& l, const json& m, const std::string& file) {
+  const std::string got = "tp" + std::to_string(m.value("tp", 0)) + " pp" +
+                          std::to_string(m.value("pp", 0)) + " dp" + std::to_string(m.value("dp", 0)) +
+                          " vp" + std::to_string(m.value("vp", 0)) + " mb" +
+                          std::to_string(m.value("micro_batch", 0)) + " B" +
+                          std::to_string(m.value("global_batch", int64_t(0)));
+  const bool same = m.value("tp", 0) == l.tp && m.value("pp", 0) == l.pp &&
+                    m.value("dp", 0) == l.dp && m.value("vp", 0) == l.vp &&
+                    m.value("cp", 1) == l.cp && m.value("micro_batch", 0) == l.micro_batch &&
+                    m.value("global_batch", int64_t(0)) == l.global_batch &&
+                    m.value("sequence_parallel", false) == l.sequence_parallel &&
+                    m.value("distributed_optimizer", false) == l.distributed_optimizer &&
+                    m.value("schedule", std::string()) == ToString(l.schedule);
+  if (same) return Status::Ok();
+  return Status::Error(file + ": measured layout " + got + " (" + m.dump() +
+                       ") is not the plan's " + l.ShortName() + " [" + l.Knobs() + "], " +
+                       ToString(l.schedule) + ", B " + std::to_string(l.global_batch));
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The measured side: per-rank parts (medians of `timing`, else the means of `ranks`), the step
+// time (median of the timed steps) and the timeline.
+void ReadMeasured(const json& j, const std::string& file, Comparison* c) {
+  c->backend = j.contains("machine") ? j["machine"].value("backend", std::string("?")) : "?";
+  c->host = j.contains("machine") ? j["machine"].value("hostname", std::string("?")) : "?";
+  c->machine_cores = j.contains("machine") ? j["machine"].value("cores", 0) : 0;
+  const bool timing = j.contains("timing") && j["timing"].is_object();
+  const json& ranks = timing ? j["timing"]["ranks"] : j.at("ranks");
+  if (!ranks.is_array() || ranks.empty()) throw std::runtime_error(file + ": no ranks");
+  if (timing) {
+    const json& t = j["timing"];
+    c->measured_step_s = Num(t, "step_time_median_s", file + ": timing");
+    c->measured_step_min_s = Num(t, "step_time_min_s", file + ": timing");
+    c->measured_step_max_s = Num(t, "step_time_max_s", file + ": timing");
+    c->warmup_steps = int(Num(t, "warmup_steps", file + ": timing"));
+    c->timed_steps = int(Num(t, "timed_steps", file + ": timing"));
+    if (t.contains("other_cpu_share") && t["other_cpu_share"].is_number())
+      c->other_cpu_share = t["other_cpu_share"].get<double>();
+  } else {  // an older measured.json: the median of the steps after the first
+    const json& steps = j.at("steps");
+    std::vector<double> v;
+    for (size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i)
+      v.push_back(Num(steps[i], "step_time_s", file + ": steps"));
+    if (v.empty()) throw std::runtime_error(file + ": no steps");
+    c->measured_step_s = Median(v);
+    c->measured_step_min_s = *std::min_element(v.begin(), v.end());
+    c->measured_step_max_s = *std::max_element(v.begin(), v.end());
+    c->warmup_steps = steps.size() > 1 ? 1 : 0;
+    c->timed_steps = int(v.size());
+  }
+  if (ranks.size() != c->ranks.size())
+    throw std::runtime_error(file + ": " + std::to_string(ranks.size()) + " ranks, the plan has " +
+                             std::to_string(c->ranks.size()));
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const json& x = ranks[r];
+    const std::string at = file + ": rank " + std::to_string(r);
+    Parts& m = c->ranks[r].measured;
+    m[kCompute] = Num(x, "forward_s", at) + Num(x, "backward_s", at);
+    m[kTpComm] = Num(x, "tp_comm_s", at);
+    m[kPpBubble] = Num(x, "pp_wait_s", at);
+    m[kDpComm] = Num(x, "dp_comm_s", at);
+    m[kOptimizer] = Num(x, "optimizer_s", at);
+    m[kIdle] = Num(x, "idle_s", at);
+    c->ranks[r].measured_memory_bytes = Num(x, "peak_memory_bytes", at);
+
+  }
+  if (j.contains("timeline") && j["timeline"].is_object()) {
+    const json& t = j["timeline"];
+    c->timeline_step_s = Num(t, "step_time_s", file + ": timeline");
+    c->timeline.assign(c->ranks.size(), {});
+    for (const json& r : t.at("ranks")) {
+      const size_t rank = r.at("rank").get<size_t>();
+      if (rank >= c->timeline.size()) throw std::runtime_error(file + ": timeline rank out of range");
+      for (const json& e : r.at("events"))
+        c->timeline[rank].push_back({e.at("kind").get<std::string>(), e.value("microbatch", -1),
+                                     e.value("chunk", -1), Num(e, "start_s", file + ": timeline"),
+                                     Num(e, "end_s", file + ": timeline")});
+    }
+  }
+}
+
+// The predicted side of every rank, from the simulation of its pipeline rank.
+void FillPredicted(const World& w, const Layout& l, Comparison* c) {
+  const Layout x = w.cost->Executed(l);
+  for (RankComparison& rc : c->ranks) {
+    const SimRankStats& s = c->sim.ranks[size_t(rc.stage)];
+    RuntimeOptimizerTimes opt;  // zero parts without a runtime model
+    if (w.cost->runtime()) opt = w.cost->runtime()->Optimizer(x, rc.stage);
+    Parts& p = rc.predicted;
+    p[kCompute] = s.compute_s - s.tp_s;
+    p[kTpComm] = s.tp_s + opt.tp_s;
+    p[kPpBubble] = s.p2p_blocked_s;
+    p[kDpComm] = s.dp_s + opt.dp_s;
+    p[kOptimizer] = s.optimizer_s - opt.tp_s - opt.dp_s - opt.fill_s;
+    double busy = 0;
+    for (int k = 0; k < kIdle; ++k) busy += p[k];
+    p[kIdle] = std::max(0.0, s.end_s - busy);
+    rc.predicted_memory_bytes = c->prediction.stage_memory_bytes.empty()
+                                    ? c->prediction.memory.total
+                                    : c->prediction.stage_memory_bytes[size_t(rc.stage)];
+  }
+}
+
+}  // namespace
+
+bool Comparison::busy() const {
+  if (other_cpu_share < 0 || machine_cores <= 0) return other_cpu_share > kBusyShare;
+  const double spare = std::max(0, machine_cores - plan.layout.world());
+  return other_cpu_share * machine_cores > spare + kBusyShare * machine_cores;
+}
+
+Parts Comparison::PredictedMean() const { return Mean(ranks, true); }
+Parts Comparison::MeasuredMean() const { return Mean(ranks, false); }
+
+double Comparison::PredictedMemoryMax() const {
+  double m = 0;
+  for (const RankComparison& r : ranks) m = std::max(m, r.predicted_memory_bytes);
+  return m;
+}
+
+double Comparison::MeasuredMemoryMax() const {
+  double m = 0;
+  for (const RankComparison& r : ranks) m = std::max(m, r.measured_memory_bytes);
+  return m;
+}
+
+Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_file,
+                               const std::string& cluster_override) {
+  Comparison c;
+  c.plan = plan;
+  c.measured_file = measured_file;
+  PTDP_ASSIGN_OR_RETURN(World w, WorldForPlan(plan, cluster_override));
+  c.cluster_name = w.cluster.name;
+  c.calibrated = w.cost->runtime() != nullptr;
+  const Layout& l = plan.layout;
+  SimOptions opt;
+  opt.record_events = true;
+  PTDP_ASSIGN_OR_RETURN(c.sim, SimulateStep(*w.cost, l, opt));
+  c.prediction = SimulatedPrediction(*w.cost, l, c.sim);
+  c.predicted_step_s = c.sim.step_time_s;
+  const RankGrid grid(l.tp, l.dp, l.pp);
+  for (int g = 0; g < l.world(); ++g) {
+    RankComparison rc;
+    rc.rank = g;
+    rc.stage = grid.Coord(g).pp;
+    c.ranks.push_back(rc);
+  }
+  std::ifstream in(measured_file);
+  if (!in) return Status::Error(measured_file + ": cannot open the measured file");
+  try {
+    const json j = json::parse(in);
+    if (!j.is_object() || !j.contains("layout"))
+      return Status::Error(measured_file + ": not a measured.json of `ptdp train` (no layout)");
+    PTDP_RETURN_IF_ERROR(SameLayout(l, j["layout"], measured_file));
+    ReadMeasured(j, measured_file, &c);
+  } catch (const std::exception& e) {  // a malformed file: one line naming it
+    const std::string what = e.what();
+    return Status::Error(what.rfind(measured_file, 0) == 0 ? what : measured_file + ": " + what);
+  }
+  FillPredicted(w, l, &c);
+  return c;
+}
+
+json ComparisonJson(const Comparison& c) {
+  auto err = [](double p, double m) -> json {
+    const double e = ErrorPct(p, m);
+    return std::isfinite(e) ? json(e) : json(nullptr);
+  };
+  auto parts = [](const Parts& p) {
+    json j;
+    for (int k = 0; k < kNumComponents; ++k) j[std::string(ComponentName(k)) + "_s"] = p[k];
+    return j;
+  };
+  const Parts pm = c.PredictedMean(), mm = c.MeasuredMean();
+  json comps = json::object();
+  for (int k = 0; k < kNumComponents; ++k)
+    comps[ComponentName(k)] = {{"predicted_s", pm[k]}, {"measured_s", mm[k]},
+                               {"error_pct", err(pm[k], mm[k])}};
+  json ranks = json::array();
+  for (const RankComparison& r : c.ranks)
+    ranks.push_back({{"rank", r.rank}, {"stage", r.stage}, {"predicted", parts(r.predicted)},
+                     {"measured", parts(r.measured)},
+                     {"predicted_memory_bytes", r.predicted_memory_bytes},
+                     {"measured_memory_bytes", r.measured_memory_bytes},
+
+                     {"memory_error_pct", err(r.predicted_memory_bytes, r.measured_memory_bytes)}});
+  return {{"step_time_error_pct", err(c.predicted_step_s, c.measured_step_s)},
+          {"memory_error_pct", err(c.PredictedMemoryMax(), c.MeasuredMemoryMax())},
+          {"predicted_step_time_s", c.predicted_step_s},
+          {"measured_step_time_s", c.measured_step_s},
+          {"measured_step_time_min_s", c.measured_step_min_s},
+          {"measured_step_time_max_s", c.measured_step_max_s},
+          {"warmup_steps", c.warmup_steps},
+          {"timed_steps", c.timed_steps},
+          {"predicted_memory_bytes", c.PredictedMemoryMax()},
+          {"measured_memory_bytes", c.MeasuredMemoryMax()},
+          {"other_cpu_share", c.other_cpu_share >= 0 ? json(c.other_cpu_share) : json(nullptr)},
+          {"machine_busy", c.busy()},
+          {"calibrated", c.calibrated},
+          {"components", comps},
+          {"ranks", ranks},
+          {"layout", LayoutJson(c.plan.layout)},
+          {"model", c.plan.model.name},
+          {"cluster", c.cluster_name},
+          {"measured_file", c.measured_file},
+          {"backend", c.backend},
+          {"host", c.host}};
+}
+
+}  // namespace ptdp::cli

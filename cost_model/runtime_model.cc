@@ -1,0 +1,387 @@
+// The runtime's cost model over measured primitives; see runtime_model.h. Each function lists
+// the runtime's ops in the order runtime/gpt.cc and runtime/trainer.cc issue them.
+#include "cost_model/runtime_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ptdp {
+namespace {
+
+// The sizes of one micro-batch of a layout (letters as in the header).
+struct Dims {
+  double b, s, h, T, Tl, A, Q, F, Fi, Vl, nh, hd;
+  int t;
+  bool sp;
+};
+
+Dims DimsOf(const ModelSpec& M, const Layout& l) {
+  Dims x;
+  x.t = l.tp;
+  x.sp = l.sequence_parallel && l.tp > 1;
+  const double t = l.tp;
+  x.b = l.micro_batch;
+  x.s = double(M.seq_len);
+  x.h = double(M.hidden);
+  x.T = x.b * x.s;
+  x.Tl = x.sp ? x.T / t : x.T;
+  x.hd = double(M.head_dim());
+  x.A = x.h / t;
+  const double kv_local = std::max(1.0, double(M.kv_heads) / t);
+  x.Q = x.A + 2 * kv_local * x.hd;
+  x.F = double(M.ffn_hidden) / t;
+  x.Fi = M.activation == Activation::kSwiglu ? 2 * x.F : x.F;
+  x.Vl = double(M.padded_vocab(l.tp)) / t;
+  x.nh = double(M.heads) / t;
+  return x;
+}
+
+}  // namespace
+
+RuntimeModel::RuntimeModel(const ModelSpec& model, const MeasuredPrimitives& m, int gpus_per_node)
+    : model_(model), m_(m), gpus_per_node_(gpus_per_node) {}
+
+Layout RuntimeModel::Executed(const Layout& l) const {
+  Layout x = l;
+  x.recompute = Recompute::kNone;
+  x.overlap_grad_reduce = false;
+  x.tp_comm_overlap = false;
+  if (m_.element_bytes == 4) x.precision = Precision::kFp32;
+  return x;
+}
+
+double RuntimeModel::Slowdown(const Layout& l) const {
+  const double ranks = std::min(l.world(), gpus_per_node_);
+  return std::max(1.0, ranks / std::max(1, m_.cores));
+}
+
+double RuntimeModel::Gemm(const char* table, double m, double n, double k, double slow) const {
+  return m_.Table(table)->Seconds(m, n, k) * slow;
+}
+
+double RuntimeModel::Op(const char* table, double a, double slow) const {
+  return m_.Table(table)->Seconds(std::max(a, 1.0)) * slow;
+}
+
+double RuntimeModel::Op(const char* table, double a, double b, double slow) const {
+  return m_.Table(table)->Seconds(std::max(a, 1.0), std::max(b, 1.0)) * slow;
+}
+
+double RuntimeModel::Alloc(double bytes, double slow) const { return Op("alloc", bytes, slow); }
+
+// fc1's outputs on a freshly initialised layer: LayerNorm outputs (unit variance) times weights
+// drawn N(0, 0.02^2) (GPT-2 and Megatron's init, runtime/params.cc), summed over h inputs.
+double RuntimeModel::GeluSigma() const { return 0.02 * std::sqrt(double(model_.hidden)); }
+
+double RuntimeModel::Gelu(const char* table, double elements, double slow) const {
+  return m_.Table(table)->Seconds(std::max(elements, 1.0), GeluSigma()) * slow;
+}
+
+// Collectives were measured with the group's ranks as the only busy threads; when more of the
+// layout's ranks share the cores, they take turns.
+double RuntimeModel::Coll(const char* table, int ranks, double bytes, const Layout& l) const {
+  if (ranks <= 1) return 0;
+  const double busy = std::min(l.world(), gpus_per_node_);
+  const double share = std::max(1.0, busy / std::max(ranks, m_.cores));
+  const MeasuredTable& t = *m_.Table(table);
+  const double s = t.dims() == 1 ? t.Seconds(std::max(bytes, 1.0))
+                                 : t.Seconds(double(ranks), std::max(bytes, 1.0));
+  return s * share;
+}
+
+RuntimeLayerTimes RuntimeModel::Layer(const Layout& l) const {
+  const Dims x = DimsOf(model_, l);
+  const double k = Slowdown(l), e = m_.element_bytes;
+  const bool bias = model_.bias;
+  RuntimeLayerTimes lt;
+  double& f = lt.fwd_compute_s;
+  double& b = lt.bwd_compute_s;
+  // f (column-parallel input): SP all-gather along s; g (row-parallel output): all-reduce, or
+  // SP reduce-scatter. Their backwards swap.
+  auto gather = [&](double* tp, double* compute) {
+    if (!x.sp) return;
+    *tp += Coll("all_gather", x.t, x.T * x.h * e, l);
+    *compute += Alloc(x.T * x.h * e, k);
+  };
+  auto reduce = [&](double* tp, double* compute) {
+    if (x.t == 1) return;
+    if (!x.sp) {
+      *tp += Coll("all_reduce", x.t, x.T * x.h * e, l);
+      return;
+    }
+    *tp += Coll("reduce_scatter", x.t, x.T * x.h * e, l);
+    *compute += Alloc(x.Tl * x.h * e, k);
+  };
+  auto norm = [&](double* compute) {
+    *compute += Alloc(x.Tl * x.h * e, k) + 2 * Alloc(x.Tl * e, k) +
+                Op("layernorm_forward", x.Tl, x.h, k);
+  };
+  const double heads = x.b * x.nh;
+  const double saved = heads * (m_.attention_saved_per_score * x.s * x.s +
+                                m_.attention_saved_per_token * x.s);
+  // Forward. Attention block: LN1, f, QKV (+bias), core, projection, g, bias, residual.
+  norm(&f);
+  gather(&lt.fwd_tp_s, &f);
+  f += Alloc(x.T * x.Q * e, k) + Gemm("gemm_nt", x.T, x.Q, x.h, k);
+  if (bias) f += Op("bias_add", x.T, x.Q, k);
+  f += Alloc(saved * e, k) + Alloc(x.T * x.A * e, k) +
+       heads * Op("attention_forward", x.s, x.hd, k);
+  f += Alloc(x.T * x.h * e, k) + Gemm("gemm_nt", x.T, x.h, x.A, k);
+  reduce(&lt.fwd_tp_s, &f);
+  if (bias) f += Op("bias_add", x.Tl, x.h, k);
+  f += Op("add", x.Tl * x.h, k);
+  // MLP block: LN2, f, fc1 (+bias), activation, fc2, g, bias, residual.
+  norm(&f);
+  gather(&lt.fwd_tp_s, &f);
+  f += Alloc(x.T * x.Fi * e, k) + Gemm("gemm_nt", x.T, x.Fi, x.h, k);
+  if (bias) f += Op("bias_add", x.T, x.Fi, k);
+  f += Alloc(x.T * x.F * e, k) + Gelu("gelu_forward", x.T * x.F, k);
+  f += Alloc(x.T * x.h * e, k) + Gemm("gemm_nt", x.T, x.h, x.F, k);
+  reduce(&lt.fwd_tp_s, &f);
+  if (bias) f += Op("bias_add", x.Tl, x.h, k);
+  f += Op("add", x.Tl * x.h, k);
+
+  // Backward, in reverse: the residual gradient buffer, then the MLP.
+  b += Alloc(x.Tl * x.h * e, k) + Op("copy", x.Tl * x.h, k);
+  if (bias) b += Op("bias_grad", x.Tl, x.h, k);
+  gather(&lt.bwd_tp_s, &b);                                    // g backward
+  b += Gemm("gemm_tn", x.h, x.F, x.T, k);                     // fc2 weight gradient
+  b += Alloc(x.T * x.F * e, k) + Gemm("gemm_nn", x.T, x.F, x.h, k);  // fc2 input gradient
+  b += Gelu("gelu_backward", x.T * x.F, k);
+  if (bias) b += Op("bias_grad", x.T, x.Fi, k);
+  b += Gemm("gemm_tn", x.Fi, x.h, x.T, k);                    // fc1 weight gradient
+  b += Alloc(x.T * x.h * e, k) + Gemm("gemm_nn", x.T, x.h, x.Fi, k);
+  reduce(&lt.bwd_tp_s, &b);                                   // f backward
+  b += Op("layernorm_backward", x.Tl, x.h, k);
+  // Attention block.
+  if (bias) b += Op("bias_grad", x.Tl, x.h, k);
+  gather(&lt.bwd_tp_s, &b);
+  b += Gemm("gemm_tn", x.h, x.A, x.T, k);
+  b += Alloc(x.T * x.A * e, k) + Gemm("gemm_nn", x.T, x.A, x.h, k);
+  b += Alloc(x.T * x.Q * e, k) + heads * Op("attention_backward", x.s, x.hd, k);
+  if (bias) b += Op("bias_grad", x.T, x.Q, k);
+  b += Gemm("gemm_tn", x.Q, x.h, x.T, k);
+  b += Alloc(x.T * x.h * e, k) + Gemm("gemm_nn", x.T, x.h, x.Q, k);
+  reduce(&lt.bwd_tp_s, &b);
+  b += Op("layernorm_backward", x.Tl, x.h, k);
+  return lt;
+}
+
+RuntimeLayerTimes RuntimeModel::ChunkExtras(const Layout& l, bool embedding, bool output) const {
+  const Dims x = DimsOf(model_, l);
+  const double k = Slowdown(l), e = m_.element_bytes;
+  RuntimeLayerTimes r;
+  double& f = r.fwd_compute_s;
+  double& b = r.bwd_compute_s;
+  if (embedding) {
+    // Vocab-parallel lookup of the (b, s) ids (made sequence-first), g over TP, + positions.
+    f += Alloc(x.T * 4, k) + Alloc(x.T * x.h * e, k) + Op("embedding_forward", x.T, x.h, k);
+    if (x.t > 1) {
+      if (x.sp) {
+        r.fwd_tp_s += Coll("reduce_scatter", x.t, x.T * x.h * e, l);
+        f += Alloc(x.Tl * x.h * e, k);
+      } else {
+        r.fwd_tp_s += Coll("all_reduce", x.t, x.T * x.h * e, l);
+      }
+    }
+    f += Alloc(x.Tl * x.h * e, k) + Op("embedding_forward", x.Tl, x.h, k) +
+         Op("add", x.Tl * x.h, k);
+    b += Op("embedding_backward", x.Tl, x.h, k);
+    if (x.sp) {
+      r.bwd_tp_s += Coll("all_gather", x.t, x.T * x.h * e, l);
+      b += Alloc(x.T * x.h * e, k);
+    }
+    b += Op("embedding_backward", x.T, x.h, k);
+  } else {
+    f += Alloc(x.Tl * x.h * e, k) + Op("copy", x.Tl * x.h, k);  // the received input, copied
+  }
+  if (output) {
+    // Final LN, f, logits against the local vocabulary rows (+ padding mask), cross entropy
+    // with three TP all-reduces (max, sum, target logit), the loss sum.
+    f += Alloc(x.Tl * x.h * e, k) + 2 * Alloc(x.Tl * e, k) + Op("layernorm_forward", x.Tl, x.h, k);
+    if (x.sp) {
+      r.fwd_tp_s += Coll("all_gather", x.t, x.T * x.h * e, l);
+      f += Alloc(x.T * x.h * e, k);
+    }
+    f += Alloc(x.T * x.Vl * e, k) + Gemm("gemm_nt", x.T, x.Vl, x.h, k) +
+         Op("bias_add", x.T, x.Vl, k);
+    f += 6 * Alloc(x.T * 4, k) + Op("cross_entropy_forward", x.T, x.Vl, k) +
+         Op("sum_squares", x.T, k);
+    if (x.t > 1) r.fwd_tp_s += 3 * Coll("all_reduce", x.t, x.T * e, l);
+    b += Op("cross_entropy_backward", x.T, x.Vl, k) + Gemm("gemm_tn", x.Vl, x.h, x.T, k);
+    b += Alloc(x.T * x.h * e, k) + Gemm("gemm_nn", x.T, x.h, x.Vl, k);
+    if (x.t > 1) {
+      if (x.sp) {
+        r.bwd_tp_s += Coll("reduce_scatter", x.t, x.T * x.h * e, l);
+        b += Alloc(x.Tl * x.h * e, k);
+      } else {
+        r.bwd_tp_s += Coll("all_reduce", x.t, x.T * x.h * e, l);
+      }
+    }
+    b += Alloc(x.Tl * x.h * e, k) + Op("layernorm_backward", x.Tl, x.h, k);
+  }
+  return r;
+}
+
+double RuntimeModel::P2p(const Layout& l) const {
+  if (l.pp == 1) return 0;
+  const Dims x = DimsOf(model_, l);
+  return Coll("send_recv", 2, x.Tl * x.h * m_.element_bytes, l);
+}
+
+std::vector<RuntimeTensor> RuntimeModel::ChunkTensors(const Layout& l, int r, int c) const {
+  const ModelSpec& M = model_;
+  const Dims x = DimsOf(M, l);
+  const int stage = c * l.pp + r, last = l.pp * l.vp - 1;
+  const bool embedding = stage == 0, output = stage == last;
+  const int64_t layers = M.layers / (int64_t(l.pp) * l.vp);
+  const int norm_tensors = M.norm == Norm::kLayerNorm ? 2 : 1;
+  std::vector<RuntimeTensor> t;
+  if (embedding || output) t.push_back({x.Vl * x.h, false});  // one word table for both uses
+  if (embedding && M.position == PositionEmbedding::kLearned) t.push_back({x.s * x.h, true});
+  for (int64_t i = 0; i < layers; ++i) {
+    for (int n = 0; n < 2 * norm_tensors; ++n) t.push_back({x.h, true});
+    t.push_back({x.Q * x.h, false});   // QKV weight (column-parallel)
+    t.push_back({x.h * x.A, false});   // projection weight (row-parallel)
+    t.push_back({x.Fi * x.h, false});  // fc1
+    t.push_back({x.h * x.F, false});   // fc2
+    if (M.bias) {
+      t.push_back({x.Q, false});
+      t.push_back({x.h, true});
+      t.push_back({x.Fi, false});
+      t.push_back({x.h, true});
+    }
+  }
+  if (output) {
+    for (int n = 0; n < norm_tensors; ++n) t.push_back({x.h, true});
+    if (!M.tied_embeddings) t.push_back({x.Vl * x.h, false});
+  }
+  return t;
+}
+
+double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
+  const int d = l.dp;
+  if (d <= 1) return 0;
+  const double k = Slowdown(l), e = m_.element_bytes;
+  double s = 0;
+  for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
+    if (!l.distributed_optimizer) {
+      s += Coll("all_reduce", d, t.numel * e, l) + Op("scale", t.numel, k);
+      continue;
+    }
+    // Reduce-scatter of the zero-padded flat copy (d slices of ks), then, after AdamW, the
+    // all-gather of the updated slices and the copy back.
+    const double ks = std::ceil(t.numel / d), padded = d * ks;
+    s += Alloc(padded * e, k) + Op("copy", t.numel, k) +
+         Coll("reduce_scatter", d, padded * e, l) + Op("scale", ks, k);
+    s += Alloc(padded * e, k) + Op("copy", ks, k) + Coll("all_gather", d, padded * e, l) +
+         Op("copy", t.numel, k);
+  }
+  return s;
+}
+
+double RuntimeModel::EmbeddingReduce(const Layout& l) const {
+  if (!model_.tied_embeddings || l.pp == 1) return 0;
+  const Dims x = DimsOf(model_, l);
+  double n = x.Vl * x.h;
+  if (l.distributed_optimizer && l.dp > 1) n = std::ceil(n / l.dp);
+  return Coll("all_reduce", 2, n * m_.element_bytes, l);
+}
+
+RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
+  const double k = Slowdown(l), e = m_.element_bytes;
+  const bool dopt = l.distributed_optimizer && l.dp > 1;
+  RuntimeOptimizerTimes o;
+  double compute = Alloc(4, k);  // the norm accumulator
+  for (int c = 0; c < l.vp; ++c)
+    for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
+      const double owned = dopt ? std::ceil(t.numel / l.dp) : t.numel;
+      o.fill_s += Op("fill", t.numel, k);
+      compute += Op("sum_squares", owned, k) + Op("adamw", owned, k);
+      if (l.sequence_parallel && l.tp > 1 && t.replicated)  // FinalizeTpGrads
+        o.tp_s += Coll("all_reduce", l.tp, t.numel * e, l);
+    }
+  // The squared norm summed over TP, PP and (dist-opt) DP.
+  o.tp_s += Coll("all_reduce", l.tp, 4, l);
+  compute += Coll("all_reduce", l.pp, 4, l) + (dopt ? Coll("all_reduce", l.dp, 4, l) : 0);
+  if (r == l.pp - 1) o.dp_s = Coll("all_reduce", l.dp, 4, l);  // the reported loss
+  o.total_s = compute + o.fill_s + o.tp_s + o.dp_s;
+  return o;
+}
+
+double RuntimeModel::LayerActivationBytes(const Layout& l) const {
+  const Dims x = DimsOf(model_, l);
+  // x and x2 (Tl h), the two LN outputs as the GEMMs read them (T h), LN statistics (4 Tl),
+  // QKV (T Q), the attention output (T A), fc1 and its activation (T F each), and what the
+  // attention keeps for its backward.
+  const double saved = x.b * x.nh * (m_.attention_saved_per_score * x.s * x.s +
+                                     m_.attention_saved_per_token * x.s);
+  const double elements = 2 * x.Tl * x.h + 2 * x.T * x.h + 4 * x.Tl + x.T * x.Q + x.T * x.A +
+                          x.T * x.Fi + x.T * x.F + saved;
+  return elements * m_.element_bytes;
+}
+
+// The most a layer's backward holds at once besides the saved activations: the incoming and
+// outgoing residual gradients, the MLP's input gradient (T F), the gathered/reduced (T h)
+// gradients and the attention's (T A) and QKV (T Q) gradients.
+double RuntimeModel::BackwardWorkingSet(const Layout& l) const {
+  const Dims x = DimsOf(model_, l);
+  double elements = 2 * x.Tl * x.h + x.T * x.F + 2 * x.T * x.h + x.T * x.A + x.T * x.Q;
+  if (x.sp) elements += 2 * x.T * x.h + 2 * x.Tl * x.h;
+  return elements * m_.element_bytes;
+}
+
+double RuntimeModel::InFlight(const Layout& l, int r) const {
+  const double m = double(l.num_microbatches());
+  if (l.schedule == ScheduleKind::kGPipe) return m * l.vp;
+  if (l.vp > 1)
+    return std::min(m * l.vp, double(l.pp - r - 1) * 2 + double(l.vp - 1) * l.group_size() + 1);
+  return std::min(double(l.pp - r), m);
+}
+
+MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_bytes,
+                                      double fragmentation, double capacity) const {
+  const Dims x = DimsOf(model_, l);
+  const double e = m_.element_bytes;
+  const bool dopt = l.distributed_optimizer && l.dp > 1;
+  MemoryBytes mem;
+  double params = 0, state = 0;
+  for (int c = 0; c < l.vp; ++c)
+    for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
+      params += t.numel;
+      const double slice = dopt ? std::ceil(t.numel / l.dp) : t.numel;
+      state += 2 * std::max(1.0, slice) + (dopt ? slice : 0);  // AdamW m, v (+ dist-opt grad slice)
+    }
+  mem.weights = params * e;
+  mem.grads = params * e;
+  mem.optimizer = state * e;
+  const double in_flight = InFlight(l, r);
+  const double layers_per_chunk = double(model_.layers) / (double(l.pp) * l.vp);
+  double act = in_flight * layers_per_chunk * LayerActivationBytes(l) + BackwardWorkingSet(l);
+  double cached = 0;
+  if (r == 0) {  // sequence-first token ids per micro-batch in flight; the cached position ids
+    act += in_flight / l.vp * x.T * 4;
+    cached += x.T * 4;
+  }
+  if (r == l.pp - 1) {
+    // The output layer's saved tensors (final LN input and output, statistics, logits, targets,
+    // row max and sum) for the micro-batches in flight there: all with GPipe; one with 1F1B and
+    // interleaving, whose last virtual stage runs each backward right after its forward.
+    const double out_in_flight =
+        l.schedule == ScheduleKind::kGPipe ? double(l.num_microbatches()) : 1.0;
+    const double out = x.Tl * x.h + x.T * x.h + 2 * x.Tl + x.T * x.Vl + 3 * x.T;
+    act += out_in_flight * out * e;
+    cached += x.Vl * e;  // the padded-vocabulary mask
+  }
+  // A stage below the last holds one more (Tl, h) tensor at its peak: the received gradient
+  // while its layers pass on new ones (interleaved: the next forward's input, received with it).
+  if (l.pp > 1 && r < l.pp - 1) act += x.Tl * x.h * e;
+  mem.activations = act;
+  const double sum = mem.weights + mem.grads + mem.optimizer + mem.activations;
+  mem.other = cached + workspace_bytes + fragmentation * sum;
+  mem.total = sum + mem.other;
+  mem.capacity = capacity;
+  return mem;
+}
+
+}  // namespace ptdp

@@ -1,0 +1,105 @@
+// The cost model of a layout executed by ptdp's own runtime (runtime/: GptChunk and Trainer) on
+// a machine whose primitives `ptdp calibrate` measured (core/measured.h). AnalyticModel
+// delegates to it when the cluster YAML carries `measured:`; without it nothing here is used.
+//
+// Times are composed, not fitted: a layer's forward is the sum of its ops' measured times in
+// Megatron's op order, which the runtime follows (LN, [SP all-gather], QKV GEMM + bias,
+// attention core, projection GEMM, [TP all-reduce | SP reduce-scatter], bias, residual; the MLP
+// likewise), plus the allocation of each new tensor; the backward is its ops (dgrad and wgrad
+// GEMMs at their own shapes, LN/GeLU/attention backward, bias grads) rather than 2x the forward.
+// The runtime differs from Megatron on GPUs in ways the formulas follow, for every layout:
+//  - tensors are fp32 (element_bytes), nothing is recomputed, DP does not overlap the backward;
+//  - the DP reduction is one collective per parameter tensor (no buckets), the PP transfer the
+//    whole (s/t with SP, b, h) activation per TP rank (no scatter/gather);
+//  - the attention keeps what the backend's AttentionSavedShape says (P, b x a/t x s x s, on CPU);
+//  - ranks beyond `cores` on a node share them: compute takes ranks/cores times longer;
+//  - GeLU's cost depends on its inputs' magnitude (tanh); they are taken as a freshly
+//    initialised layer's, N(0, 0.02^2 h): the prediction is for the first steps of training.
+// Letters: b micro-batch, s sequence, h hidden, t/p/d/v TP/PP/DP/virtual sizes, T = b s tokens,
+// Tl = T/t with SP else T, A = h/t, Q = (h + 2 kv_heads d_h)/t QKV width, F = ffn/t, Fi = F (2F
+// for SwiGLU), Vl = padded vocabulary / t, e element bytes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/measured.h"
+#include "core/model.h"
+#include "core/plan.h"
+
+namespace ptdp {
+
+// One micro-batch through one layer, seconds (the analytic model's LayerTimes fields).
+struct RuntimeLayerTimes {
+  double fwd_compute_s = 0, bwd_compute_s = 0, fwd_tp_s = 0, bwd_tp_s = 0;
+};
+
+// The optimizer op of one pipeline rank (end of step), seconds; total_s includes the parts.
+struct RuntimeOptimizerTimes {
+  double total_s = 0;
+  double tp_s = 0;    // SP-partial grads over TP (FinalizeTpGrads) and the norm's TP all-reduce
+  double dp_s = 0;    // the loss all-reduce over DP (last stage)
+  double fill_s = 0;  // zeroing the gradients at the start of the step
+};
+
+// A parameter tensor held by one rank.
+struct RuntimeTensor {
+  double numel = 0;         // elements of this rank's shard
+  bool replicated = false;  // same on every TP rank (norms, row-parallel biases, positions)
+};
+
+class RuntimeModel {
+ public:
+  // `gpus_per_node`: rank slots of a node (the cores are shared by the ranks on one node).
+  // Precondition: m.CheckComplete() is OK.
+  RuntimeModel(const ModelSpec& model, const MeasuredPrimitives& m, int gpus_per_node);
+
+  // The layout as the runtime executes it: no recompute, no DP or TP overlap, fp32 when the
+  // runtime stores 4-byte elements. The cost model evaluates this one.
+  Layout Executed(const Layout& l) const;
+
+  RuntimeLayerTimes Layer(const Layout& l) const;
+  // Extra work of a chunk holding the embedding and/or the output layer, or of a chunk whose
+  // input comes from another stage (a copy); fields as Layer().
+  RuntimeLayerTimes ChunkExtras(const Layout& l, bool embedding, bool output) const;
+  double P2p(const Layout& l) const;  // one activation or gradient transfer between stages
+  // DP reduction of chunk c of pipeline rank r: per tensor, all-reduce and scale (or, with the
+  // distributed optimizer, reduce-scatter of the padded copy, then the updated slices'
+  // all-gather).
+  double ChunkDp(const Layout& l, int r, int c) const;
+  double EmbeddingReduce(const Layout& l) const;  // tied embedding, first <-> last stage
+  RuntimeOptimizerTimes Optimizer(const Layout& l, int r) const;
+
+  // Memory of one rank of stage r (dp rank 0, which owns the largest slices), bytes, as the
+  // runtime's backend counts it: parameters, gradients, AdamW state, and at the peak the saved
+  // activations of the micro-batches in flight plus the working set of one backward.
+  MemoryBytes StageMemory(const Layout& l, int r, double workspace_bytes,
+                          double fragmentation, double capacity) const;
+  // Bytes one layer keeps per micro-batch for its backward.
+  double LayerActivationBytes(const Layout& l) const;
+
+  // The tensors chunk c of pipeline rank r holds.
+  std::vector<RuntimeTensor> ChunkTensors(const Layout& l, int r, int c) const;
+
+ private:
+  double Gemm(const char* table, double m, double n, double k, double slow) const;
+  double Op(const char* table, double a, double slow) const;             // 1-axis tables
+  double Op(const char* table, double a, double b, double slow) const;   // 2-axis tables
+  double Alloc(double bytes, double slow) const;
+  // The standard deviation of GeLU's inputs (its cost depends on it, see core/measured.cc).
+  double GeluSigma() const;
+  double Gelu(const char* table, double elements, double slow) const;
+  // A collective over `ranks` ranks of `bytes`; 0 when ranks == 1.
+  double Coll(const char* table, int ranks, double bytes, const Layout& l) const;
+  // How much slower compute runs with this layout's ranks sharing a node's cores (>= 1).
+  double Slowdown(const Layout& l) const;
+  double BackwardWorkingSet(const Layout& l) const;  // bytes, transient, one layer's backward
+  double InFlight(const Layout& l, int r) const;     // chunks in flight at stage r's peak
+
+  ModelSpec model_;
+  MeasuredPrimitives m_;
+  int gpus_per_node_;
+};
+
+}  // namespace ptdp

@@ -1,0 +1,446 @@
+// Microbenchmarks of the runtime's primitives; see microbench.h.
+#include "runtime/microbench.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <thread>
+
+namespace ptdp::rt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double Fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+
+// Powers of `factor` from `lo` to `hi` (both included when on the progression).
+std::vector<double> Geometric(double lo, double hi, double factor) {
+  std::vector<double> v;
+  for (double x = lo; x <= hi * (1 + 1e-9); x *= factor) v.push_back(x);
+  return v;
+}
+
+// Deterministic pseudo-random values in [-1, 1] (xorshift), so every run measures the same data.
+std::vector<float> Noise(int64_t n, uint32_t seed) {
+  std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
+  uint32_t x = seed * 2654435761u + 1;
+  for (float& f : v) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    f = float(x) / 2147483648.0f - 1.0f;
+  }
+  return v;
+}
+
+// N(0, sigma^2) values (Box-Muller over the xorshift stream of Noise).
+std::vector<float> Normal(int64_t n, double sigma, uint32_t seed) {
+  const std::vector<float> u = Noise(2 * n, seed);
+  std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double u1 = 0.5 * (double(u[2 * i]) + 1.0) + 1e-12, u2 = 0.5 * (double(u[2 * i + 1]) + 1.0);
+    v[i] = float(sigma * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+  return v;
+}
+
+constexpr int kMaxCallsPerBatch = 1 << 22;
+
+class Bench {
+ public:
+  Bench(const MakeBackend& make_backend, const MakeWorld& make_world, const MicrobenchOptions& opt,
+        const MicrobenchProgress& progress)
+      : make_backend_(make_backend), make_world_(make_world), opt_(opt), progress_(progress),
+        grids_(GridsFor(opt)) {}
+
+  Result<MeasuredPrimitives> Run();
+
+ private:
+  // Seconds of one call of fn: the fastest batch's mean (see the header).
+  double TimeCall(const std::function<void()>& fn) const;
+  Result<Tensor> Random(const Shape& shape, uint32_t seed);
+  void Done(const std::string& what);
+  void Add(const char* table, std::vector<double> row) { rows_[table].push_back(std::move(row)); }
+
+  Status Gemms();
+  Status Attention();
+  Status RowOps();
+  Status ElementOps();
+  Status Allocs();
+  Status Collectives();
+  Status CollectiveRank(int rank, int ranks, CommunicatorFactory& world, std::atomic<int>& decide,
+                        std::vector<std::vector<double>>& seconds);
+  void AttentionStorage(MeasuredPrimitives* m) const;
+
+  const MakeBackend& make_backend_;
+  const MakeWorld& make_world_;
+  const MicrobenchOptions opt_;
+  const MicrobenchProgress& progress_;
+  const MicrobenchGrids grids_;
+  std::unique_ptr<Backend> be_;
+  std::map<std::string, std::vector<std::vector<double>>> rows_;
+  double done_ = 0, total_ = 1;
+};
+
+double Bench::TimeCall(const std::function<void()>& fn) const {
+  fn();  // warm-up: caches, first-touch of the buffers
+  std::vector<double> means;
+  int calls = 1;
+  double elapsed = 0;
+  for (;;) {  // the first batch finds how many calls fill min_batch_s
+    const Clock::time_point t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) fn();
+    elapsed = Since(t0);
+    if (elapsed >= opt_.min_batch_s || calls >= kMaxCallsPerBatch) break;
+    calls *= 2;
+  }
+  means.push_back(elapsed / calls);
+  for (int b = 1; b < opt_.batches; ++b) {
+    const Clock::time_point t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) fn();
+    means.push_back(Since(t0) / calls);
+  }
+  return Fastest(means);
+}
+
+Result<Tensor> Bench::Random(const Shape& shape, uint32_t seed) {
+  PTDP_ASSIGN_OR_RETURN(Tensor t, be_->Alloc(shape, DType::kF32));
+  const std::vector<float> v = Noise(t.numel(), seed);
+  PTDP_RETURN_IF_ERROR(be_->CopyFromHost(v.data(), t));
+  return t;
+}
+
+void Bench::Done(const std::string& what) {
+  done_ += 1;
+  if (progress_) progress_(std::min(1.0, done_ / total_), what);
+}
+
+std::string Dims(std::initializer_list<double> d) {
+  std::string s;
+  for (double x : d) s += (s.empty() ? "" : "x") + std::to_string(int64_t(x));
+  return s;
+}
+
+Status Bench::Gemms() {
+  const std::vector<double>& g = grids_.gemm_dims;
+  for (double m : g)
+    for (double n : g)
+      for (double k : g) {
+        const int64_t M = int64_t(m), N = int64_t(n), K = int64_t(k);
+        PTDP_ASSIGN_OR_RETURN(Tensor a_mk, Random({M, K}, 1));
+        PTDP_ASSIGN_OR_RETURN(Tensor b_nk, Random({N, K}, 2));
+        PTDP_ASSIGN_OR_RETURN(Tensor b_kn, Random({K, N}, 3));
+        PTDP_ASSIGN_OR_RETURN(Tensor a_km, Random({K, M}, 4));
+        PTDP_ASSIGN_OR_RETURN(Tensor c, Random({M, N}, 5));
+        Add("gemm_nt", {m, n, k, TimeCall([&] { be_->Matmul(a_mk, false, b_nk, true, c); })});
+        Add("gemm_nn", {m, n, k, TimeCall([&] { be_->Matmul(a_mk, false, b_kn, false, c); })});
+        // Weight gradients accumulate (beta 1), as the model's backward does.
+        Add("gemm_tn", {m, n, k, TimeCall([&] { be_->Matmul(a_km, true, b_kn, false, c, 1, 1); })});
+        be_->Fill(0.0f, c);
+        Done("gemm " + Dims({m, n, k}));
+      }
+  return Status::Ok();
+}
+
+// One (batch, head) of the attention core: measured with 4 heads of batch 1 (seq-first, as the
+// model calls it), divided by 4.
+Status Bench::Attention() {
+  constexpr int64_t kHeads = 4;
+  for (double s : grids_.attention_s)
+    for (double d : grids_.attention_d) {
+      const int64_t S = int64_t(s), A = kHeads * int64_t(d);
+      PTDP_ASSIGN_OR_RETURN(Tensor qkv, Random({S, 1, 3 * A}, 6));
+      PTDP_ASSIGN_OR_RETURN(Tensor out, Random({S, 1, A}, 7));
+      PTDP_ASSIGN_OR_RETURN(Tensor dout, Random({S, 1, A}, 8));
+      PTDP_ASSIGN_OR_RETURN(Tensor dqkv, Random({S, 1, 3 * A}, 9));
+      PTDP_ASSIGN_OR_RETURN(Tensor saved, be_->Alloc(be_->AttentionSavedShape(1, S, kHeads), DType::kF32));
+      const double fwd = TimeCall([&] {
+        be_->AttentionForward(qkv, kHeads, TokenOrder::kSeqFirst, out, saved);
+      });
+      const double bwd = TimeCall([&] {
+        be_->AttentionBackward(dout, qkv, saved, kHeads, TokenOrder::kSeqFirst, dqkv);
+      });
+      Add("attention_forward", {s, d, fwd / kHeads});
+      Add("attention_backward", {s, d, bwd / kHeads});
+      Done("attention s " + Dims({s}) + " d " + Dims({d}));
+    }
+  return Status::Ok();
+}
+
+Status Bench::RowOps() {
+  constexpr int64_t kVocab = 1024;  // embedding table rows
+  for (double rows : grids_.row_rows)
+    for (double cols : grids_.row_cols) {
+      const int64_t N = int64_t(rows), C = int64_t(cols);
+      PTDP_ASSIGN_OR_RETURN(Tensor x, Random({N, C}, 10));
+      PTDP_ASSIGN_OR_RETURN(Tensor y, Random({N, C}, 11));
+      PTDP_ASSIGN_OR_RETURN(Tensor dx, Random({N, C}, 12));
+      PTDP_ASSIGN_OR_RETURN(Tensor gamma, Random({C}, 13));
+      PTDP_ASSIGN_OR_RETURN(Tensor beta, Random({C}, 14));
+      PTDP_ASSIGN_OR_RETURN(Tensor dgamma, Random({C}, 15));
+      PTDP_ASSIGN_OR_RETURN(Tensor dbeta, Random({C}, 16));
+      PTDP_ASSIGN_OR_RETURN(Tensor mean, Random({N}, 17));
+      PTDP_ASSIGN_OR_RETURN(Tensor rstd, Random({N}, 18));
+      be_->LayerNormForward(x, gamma, beta, 1e-5f, y, mean, rstd);  // valid statistics
+      Add("layernorm_forward", {rows, cols, TimeCall([&] {
+            be_->LayerNormForward(x, gamma, beta, 1e-5f, y, mean, rstd);
+          })});
+      Add("layernorm_backward", {rows, cols, TimeCall([&] {
+            be_->LayerNormBackward(y, x, gamma, mean, rstd, dx, dgamma, dbeta);
+          })});
+      Add("bias_add", {rows, cols, TimeCall([&] { be_->AddBias(y, gamma); })});
+      Add("bias_grad", {rows, cols, TimeCall([&] { be_->BiasGrad(y, dgamma); })});
+      // Token ids (rows) into a kVocab x cols table; cross entropy over (rows, cols) logits with
+      // targets inside the shard.
+      std::vector<int32_t> ids(static_cast<size_t>(N));
+      for (int64_t i = 0; i < N; ++i) ids[size_t(i)] = int32_t((i * 7919) % kVocab);
+      PTDP_ASSIGN_OR_RETURN(Tensor tokens, be_->Alloc({N}, DType::kI32));
+      PTDP_RETURN_IF_ERROR(be_->CopyFromHost(ids.data(), tokens));
+      PTDP_ASSIGN_OR_RETURN(Tensor table, Random({kVocab, C}, 19));
+      Add("embedding_forward", {rows, cols, TimeCall([&] {
+            be_->EmbeddingForward(tokens, table, 0, y);
+          })});
+      Add("embedding_backward", {rows, cols, TimeCall([&] {
+            be_->EmbeddingBackward(dx, tokens, 0, table);
+          })});
+      for (int64_t i = 0; i < N; ++i) ids[size_t(i)] = int32_t((i * 7919) % C);
+      PTDP_ASSIGN_OR_RETURN(Tensor targets, be_->Alloc({N}, DType::kI32));
+      PTDP_RETURN_IF_ERROR(be_->CopyFromHost(ids.data(), targets));
+      PTDP_ASSIGN_OR_RETURN(Tensor row_max, Random({N}, 20));
+      PTDP_ASSIGN_OR_RETURN(Tensor sum_exp, Random({N}, 21));
+      PTDP_ASSIGN_OR_RETURN(Tensor target_logit, Random({N}, 22));
+      PTDP_ASSIGN_OR_RETURN(Tensor loss, Random({N}, 23));
+      Add("cross_entropy_forward", {rows, cols, TimeCall([&] {
+            be_->CrossEntropyMax(x, row_max);
+            be_->CrossEntropySumExp(x, row_max, sum_exp);
+            be_->CrossEntropyTarget(x, targets, 0, target_logit);
+            be_->CrossEntropyLoss(row_max, sum_exp, target_logit, loss);
+          })});
+      Add("cross_entropy_backward", {rows, cols, TimeCall([&] {
+            be_->CrossEntropyBackward(x, targets, 0, row_max, sum_exp, 1.0f / float(N), y);
+          })});
+      Done("row ops " + Dims({rows, cols}));
+    }
+  return Status::Ok();
+}
+
+Status Bench::ElementOps() {
+  for (double e : grids_.elements) {
+    const int64_t n = int64_t(e);
+    PTDP_ASSIGN_OR_RETURN(Tensor a, Random({n}, 30));
+    PTDP_ASSIGN_OR_RETURN(Tensor b, Random({n}, 31));
+    PTDP_ASSIGN_OR_RETURN(Tensor c, Random({n}, 32));
+    PTDP_ASSIGN_OR_RETURN(Tensor m, Random({n}, 33));
+    PTDP_ASSIGN_OR_RETURN(Tensor v, Random({n}, 34));
+    PTDP_ASSIGN_OR_RETURN(Tensor one, Random({1}, 35));
+    be_->Fill(0.01f, v);  // AdamW's second moment must be non-negative
+    for (double sigma : grids_.gelu_sigma) {
+      const std::vector<float> x = Normal(n, sigma, 36);
+      PTDP_RETURN_IF_ERROR(be_->CopyFromHost(x.data(), a));
+      Add("gelu_forward", {e, sigma, TimeCall([&] { be_->GeluForward(a, c); })});
+      Add("gelu_backward", {e, sigma, TimeCall([&] { be_->GeluBackward(b, a, c); })});
+    }
+    Add("add", {e, TimeCall([&] { be_->Add(a, b, c); })});
+    Add("copy", {e, TimeCall([&] { be_->Copy(a, c); })});
+    Add("scale", {e, TimeCall([&] { be_->Scale(1.0f, c); })});
+    Add("fill", {e, TimeCall([&] { be_->Fill(0.0f, c); })});
+    Add("sum_squares", {e, TimeCall([&] { be_->SumSquares(a, one); })});
+    AdamWConfig cfg;
+    cfg.lr = 1e-6f;
+    Add("adamw", {e, TimeCall([&] { be_->AdamW(c, a, m, v, cfg); })});
+    Done("element-wise " + Dims({e}));
+  }
+  return Status::Ok();
+}
+
+Status Bench::Allocs() {
+  for (double bytes : grids_.alloc_bytes) {
+    const int64_t n = std::max<int64_t>(1, int64_t(bytes) / 4);
+    Status failed;
+    const double s = TimeCall([&] {
+      auto t = be_->Alloc({n}, DType::kF32);
+      if (!t.ok()) failed = t.status();
+    });
+    PTDP_RETURN_IF_ERROR(failed);
+    Add("alloc", {bytes, s});
+    Done("alloc " + Dims({bytes}) + " B");
+  }
+  return Status::Ok();
+}
+
+// One rank of the collective benchmarks: every collective over every size, with the group's
+// ranks agreeing on the number of calls per batch (rank 0 decides, a barrier publishes it).
+// seconds[kind][size] is filled by rank 0.
+Status Bench::CollectiveRank(int rank, int ranks, CommunicatorFactory& world,
+                             std::atomic<int>& decide, std::vector<std::vector<double>>& seconds) {
+  std::unique_ptr<Backend> be = make_backend_();
+  if (!be) return Status::Error("the backend factory gave no backend");
+  std::vector<int> all(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) all[size_t(r)] = r;
+  PTDP_ASSIGN_OR_RETURN(auto comm, world.Group(rank, all, "calibrate"));
+  PTDP_ASSIGN_OR_RETURN(auto pair, world.Group(rank, all, "calibrate p2p"));
+  Communicator& c = *comm;
+  const std::vector<double>& sizes = grids_.comm_bytes;
+  for (size_t kind = 0; kind < 4; ++kind) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (kind == 3 && ranks != 2) break;  // send/recv: between two ranks
+      // Elements: bytes / 4, a multiple of the ranks (the grids' sizes are multiples of 32 B).
+      const int64_t n = std::max<int64_t>(ranks, int64_t(sizes[i]) / 4 / ranks * ranks);
+      PTDP_ASSIGN_OR_RETURN(Tensor full, be->Alloc({n}, DType::kF32));
+      PTDP_ASSIGN_OR_RETURN(Tensor part, be->Alloc({n / ranks}, DType::kF32));
+      std::function<Status()> call;
+      if (kind == 0) call = [&] { return c.AllReduce(full, ReduceOp::kSum); };
+      if (kind == 1) call = [&] { return c.AllGather(part, full); };
+      if (kind == 2) call = [&] { return c.ReduceScatter(full, part, ReduceOp::kSum); };
+      if (kind == 3)
+        call = [&] {
+          PTDP_RETURN_IF_ERROR(pair->GroupStart());
+          PTDP_RETURN_IF_ERROR(rank == 0 ? pair->Send(full, 1) : pair->Recv(full, 0));
+          return pair->GroupEnd();
+        };
+      PTDP_RETURN_IF_ERROR(call());  // warm-up
+      auto batch = [&](int calls, double* elapsed) -> Status {
+        PTDP_RETURN_IF_ERROR(c.Barrier());
+        const Clock::time_point t0 = Clock::now();
+        for (int k = 0; k < calls; ++k) PTDP_RETURN_IF_ERROR(call());
+        PTDP_RETURN_IF_ERROR(c.Barrier());
+        *elapsed = Since(t0);
+        return Status::Ok();
+      };
+      int calls = 1;
+      double elapsed = 0;
+      for (;;) {
+        PTDP_RETURN_IF_ERROR(batch(calls, &elapsed));
+        if (rank == 0) decide = elapsed >= opt_.min_batch_s || calls >= (1 << 16) ? 1 : 0;
+        PTDP_RETURN_IF_ERROR(c.Barrier());
+        if (decide.load()) break;
+        calls *= 2;
+      }
+      std::vector<double> means = {elapsed / calls};
+      for (int b = 1; b < opt_.batches; ++b) {
+        PTDP_RETURN_IF_ERROR(batch(calls, &elapsed));
+        means.push_back(elapsed / calls);
+      }
+      if (rank == 0) seconds[kind][i] = Fastest(means);
+      PTDP_RETURN_IF_ERROR(c.Barrier());  // rank 0's write before the next size's decision
+    }
+  }
+  return Status::Ok();
+}
+
+Status Bench::Collectives() {
+  static const char* const kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv"};
+  const std::vector<double>& sizes = grids_.comm_bytes;
+  for (double r : grids_.comm_ranks) {
+    const int ranks = int(r);
+    std::unique_ptr<CommunicatorFactory> world = make_world_(ranks);
+    if (!world) return Status::Error("the communicator factory gave no world");
+    std::atomic<int> decide{0};
+    std::vector<std::vector<double>> seconds(4, std::vector<double>(sizes.size(), 0.0));
+    std::vector<Status> status(static_cast<size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int k = 0; k < ranks; ++k)
+      threads.emplace_back([&, k] {
+        status[size_t(k)] = CollectiveRank(k, ranks, *world, decide, seconds);
+      });
+    for (std::thread& t : threads) t.join();
+    for (int k = 0; k < ranks; ++k)
+      if (!status[size_t(k)].ok())
+        return status[size_t(k)].Prefixed("collectives over " + std::to_string(ranks) +
+                                          " ranks, rank " + std::to_string(k));
+    for (size_t kind = 0; kind < 4; ++kind)
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        if (kind == 3) {
+          if (ranks == 2) Add(kNames[kind], {sizes[i], seconds[kind][i]});
+          continue;
+        }
+        Add(kNames[kind], {r, sizes[i], seconds[kind][i]});
+      }
+    for (size_t i = 0; i < 4; ++i) Done(std::string("collectives over ") + std::to_string(ranks) + " ranks");
+  }
+  return Status::Ok();
+}
+
+// Elements saved per (batch, head) = per_score s^2 + per_token s, from two sequence lengths.
+void Bench::AttentionStorage(MeasuredPrimitives* m) const {
+  const double f16 = double(be_->AttentionSavedShape(1, 16, 1).numel());
+  const double f32 = double(be_->AttentionSavedShape(1, 32, 1).numel());
+  m->attention_saved_per_score = (f32 / 32 - f16 / 16) / 16;
+  m->attention_saved_per_token = f16 / 16 - 16 * m->attention_saved_per_score;
+}
+
+Result<MeasuredPrimitives> Bench::Run() {
+  be_ = make_backend_();
+  if (!be_) return Status::Error("the backend factory gave no backend");
+  const MicrobenchGrids& g = grids_;
+  const double gd = double(g.gemm_dims.size());
+  total_ = gd * gd * gd + double(g.attention_s.size() * g.attention_d.size()) +
+           double(g.row_rows.size() * g.row_cols.size()) + double(g.elements.size()) +
+           double(g.alloc_bytes.size()) + 4.0 * double(g.comm_ranks.size());
+  PTDP_RETURN_IF_ERROR(Gemms().Prefixed("GEMMs"));
+  PTDP_RETURN_IF_ERROR(Attention().Prefixed("attention"));
+  PTDP_RETURN_IF_ERROR(RowOps().Prefixed("row-wise ops"));
+  PTDP_RETURN_IF_ERROR(ElementOps().Prefixed("element-wise ops"));
+  PTDP_RETURN_IF_ERROR(Allocs().Prefixed("allocation"));
+  PTDP_RETURN_IF_ERROR(Collectives());
+  MeasuredPrimitives m;
+  m.element_bytes = double(DTypeBytes(DType::kF32));
+  AttentionStorage(&m);
+  for (const TableKind& kind : MeasuredTableKinds()) {
+    std::vector<double> exponents;
+    for (const TableAxis& a : kind.axes) exponents.push_back(a.exponent);
+    PTDP_ASSIGN_OR_RETURN(m.tables[kind.name],
+                          MeasuredTable::FromRows(rows_[kind.name], exponents, kind.name));
+  }
+  return m;
+}
+
+}  // namespace
+
+MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
+  if (opt.grids) return *opt.grids;
+  MicrobenchGrids g;
+  const double max_ranks = std::max(2, opt.max_ranks);
+  if (opt.quick) {
+    g.gemm_dims = Geometric(16, 512, 2);
+    g.attention_s = Geometric(16, 256, 2);
+    g.attention_d = Geometric(16, 64, 2);
+    g.row_rows = Geometric(16, 1024, 4);
+    g.row_cols = Geometric(16, 256, 4);
+    g.elements = Geometric(64, 2097152, 8);
+    g.gelu_sigma = Geometric(0.0625, 4, 4);
+    g.alloc_bytes = Geometric(256, 8388608, 8);
+    g.comm_ranks = Geometric(2, std::min(4.0, max_ranks), 2);
+    g.comm_bytes = Geometric(32, 2097152, 16);
+  } else {
+    g.gemm_dims = Geometric(16, 1024, 2);
+    g.attention_s = Geometric(16, 1024, 2);
+    g.attention_d = Geometric(16, 128, 2);
+    g.row_rows = Geometric(16, 4096, 4);
+    g.row_cols = Geometric(16, 1024, 4);
+    g.elements = Geometric(64, 4194304, 4);
+    g.gelu_sigma = Geometric(0.0625, 4, 4);
+    g.alloc_bytes = Geometric(256, 16777216, 4);
+    g.comm_ranks = Geometric(2, std::min(8.0, max_ranks), 2);
+    g.comm_bytes = Geometric(32, 8388608, 4);
+  }
+  return g;
+}
+
+Result<MeasuredPrimitives> RunMicrobenchmarks(const MakeBackend& make_backend,
+                                              const MakeWorld& make_world,
+                                              const MicrobenchOptions& opt,
+                                              const MicrobenchProgress& progress) {
+  if (opt.batches < 1 || !(opt.min_batch_s > 0))
+    return Status::Error("microbenchmarks: batches must be >= 1 and min_batch_s > 0");
+  Bench bench(make_backend, make_world, opt, progress);
+  return bench.Run();
+}
+
+}  // namespace ptdp::rt

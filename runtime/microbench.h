@@ -1,0 +1,63 @@
+// Microbenchmarks of the runtime's primitives, for `ptdp calibrate`: every op the GPT model
+// calls, timed through the Backend interface over grids of shapes (GEMMs over (m, n, k), the
+// attention core over (s, d), row-wise ops over (rows, cols), element-wise ops over sizes,
+// allocation), and every collective and p2p transfer through the CommunicatorFactory over
+// (ranks, bytes). The backend and the communicators are whatever the factories make (CPU +
+// threads today, CUDA + NCCL later): the measurement code does not know which.
+//
+// Timing: one warm-up call, then `batches` batches, each repeating the call until
+// `min_batch_s` has passed; the time of a call is the fastest batch's mean. Other processes only
+// ever add time (a preempted op, a rank thread woken late in a collective), so the fastest batch
+// is the machine's own figure, which is what a calibration is for; a busy machine shows in
+// `ptdp train`'s measurements instead (timing.other_cpu_share).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/measured.h"
+#include "core/status.h"
+#include "runtime/backend.h"
+#include "runtime/communicator.h"
+
+namespace ptdp::rt {
+
+// The grids a run measures (quick or full), exposed for tests and docs.
+struct MicrobenchGrids {
+  std::vector<double> gemm_dims;        // m, n and k each take these values
+  std::vector<double> attention_s, attention_d;
+  std::vector<double> row_rows, row_cols;
+  std::vector<double> elements;         // element-wise ops
+  std::vector<double> gelu_sigma;       // standard deviations of GeLU's normal inputs
+  std::vector<double> alloc_bytes;
+  std::vector<double> comm_ranks, comm_bytes;  // bytes: multiples of 4 x the largest rank count
+};
+
+struct MicrobenchOptions {
+  bool quick = false;         // coarser, smaller grids (tests, `make demo`): a few seconds
+  int max_ranks = 8;          // largest collective group measured (>= 2)
+  double min_batch_s = 2e-3;  // each batch repeats a call for at least this long
+  int batches = 3;            // the fastest of this many batches
+  std::optional<MicrobenchGrids> grids;  // instead of the quick or full ones (tests)
+};
+MicrobenchGrids GridsFor(const MicrobenchOptions& opt);
+
+// Makes one Backend (each rank thread of a collective benchmark gets its own).
+using MakeBackend = std::function<std::unique_ptr<Backend>()>;
+// Makes a fresh communicator world of `ranks` ranks (ranks are threads of this process).
+using MakeWorld = std::function<std::unique_ptr<CommunicatorFactory>(int ranks)>;
+// Called after each measured point: fraction done in [0, 1] and what was just measured.
+using MicrobenchProgress = std::function<void(double fraction, const std::string& what)>;
+
+// Measures every table of MeasuredTableKinds() and the backend's attention storage. Fills
+// `tables`, `attention_saved_per_*` and `element_bytes`; the caller sets backend, host, date
+// and cores. Fails when the backend cannot allocate or a collective fails (naming it).
+Result<MeasuredPrimitives> RunMicrobenchmarks(const MakeBackend& make_backend,
+                                              const MakeWorld& make_world,
+                                              const MicrobenchOptions& opt,
+                                              const MicrobenchProgress& progress);
+
+}  // namespace ptdp::rt

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# How well the calibrated cost model predicts this machine: calibrate it, then train each CPU
+# layout that fits 2 cores (1x1x1, tp 2, pp 2, dp 2) until RUNS runs were quiet, and compare
+# every run with its prediction. A run is busy when other processes took cores its ranks needed
+# (a calibration: more than 10% of the cores) meanwhile (`ptdp train`/`calibrate` measure it); busy runs are
+# printed but left out of the medians, and retried after a pause (up to 4 x RUNS attempts).
+# Prints each run's step-time and memory errors, then per layout the median over the quiet runs:
+# the figures of docs/cost-model.md, "Measured primitives".
+#
+#   scripts/accuracy.sh [build] [runs] [--quick]     e.g. scripts/accuracy.sh build 5
+set -euo pipefail
+build="${1:-build}"
+runs="${2:-5}"
+quick="${3:-}"
+ptdp="$build/ptdp"
+out="${ACCURACY_OUT:-$build/accuracy}"
+mkdir -p "$out"
+
+# A value from a `--json` output (nlohmann's dump(2): one "key": value per line).
+field() { grep -m1 "\"$1\":" "$2" | sed -E 's/.*: ([^,]*),?$/\1/'; }
+pct() { awk "BEGIN{printf \"%.0f\", 100*$1}"; }
+
+for attempt in 1 2 3 4 5; do
+  "$ptdp" calibrate --backend cpu $quick --json --out "$out/calibrated.yaml" 2> /dev/null \
+    > "$out/calibrate.json"
+  [ "$(field machine_busy "$out/calibrate.json")" = true ] || break
+  echo "calibration $attempt: busy (others used $(pct "$(field other_cpu_share "$out/calibrate.json")")% of the cores); again in 10 s"
+  sleep 10
+done
+echo "calibrated in $(field elapsed_s "$out/calibrate.json") s: $out/calibrated.yaml"
+
+printf '%-6s %4s %12s %12s %10s %10s %s\n' layout run predicted measured "step err" "mem err" machine
+summary=""
+for layout in "1x1x1:--gpus 1" "tp2:--gpus 2 --tp 2" "pp2:--gpus 2 --pp 2" "dp2:--gpus 2 --dp 2"; do
+  name="${layout%%:*}"
+  plan="$out/$name.plan.yaml"
+  # shellcheck disable=SC2086  # the flags are words
+  "$ptdp" plan --cluster "$out/calibrated.yaml" --model configs/models/gpt-tiny.yaml \
+    --global-batch 8 ${layout#*:} --recompute none --top 1 --out "$plan" > /dev/null
+  errors=""
+  quiet=0
+  for run in $(seq 1 $((4 * runs))); do
+    [ "$quiet" -lt "$runs" ] || break
+    "$ptdp" train "$plan" --steps 12 --timing-warmup 2 --out "$out/$name.$run.json" > /dev/null
+    c="$out/$name.$run.compare.json"
+    "$ptdp" compare "$plan" "$out/$name.$run.json" --json > "$c"
+    busy=$(field machine_busy "$c")
+    err=$(field step_time_error_pct "$c")
+    printf '%-6s %4s %9.2f ms %9.2f ms %+9.1f%% %+9.1f%% %s\n' "$name" "$run" \
+      "$(awk "BEGIN{print 1000*$(field predicted_step_time_s "$c")}")" \
+      "$(awk "BEGIN{print 1000*$(field measured_step_time_s "$c")}")" "$err" \
+      "$(field memory_error_pct "$c")" \
+      "$( [ "$busy" = true ] && echo "busy (others $(pct "$(field other_cpu_share "$c")")%)" || echo quiet)"
+    if [ "$busy" = true ]; then
+      sleep 5
+    else
+      errors="$errors $err"
+      quiet=$((quiet + 1))
+    fi
+  done
+  median=$(echo "$errors" | tr ' ' '\n' | { grep -v '^$' || true; } | sort -g |
+           awk '{v[NR]=$1} END{if(NR==0) print "n/a"; else if(NR%2) printf "%+.1f%%", v[(NR+1)/2]; else printf "%+.1f%%", (v[NR/2]+v[NR/2+1])/2}')
+  summary="$summary$(printf '%-6s median step-time error over %d quiet runs: %s' "$name" "$quiet" "$median")\n"
+done
+printf '\n%b' "$summary"

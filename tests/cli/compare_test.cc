@@ -1,0 +1,121 @@
+// `ptdp compare` and `ptdp calibrate` end to end: the JSON keys, --max-error's exit code, errors
+// that name the file, the CUDA backend refused with a clear message. (The calibrated loop and
+// its accuracy bound are in calibrated_loop_test.cc.)
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+
+#include "tests/fakes/shell.h"
+
+namespace {
+
+using ptdp::testing::CmdResult;
+
+const std::string kSrc = PTDP_SOURCE_DIR;
+const std::string kBin = std::string(PTDP_BINARY_DIR) + "/ptdp";
+const std::string kCpu = kSrc + "/configs/clusters/local-cpu.yaml";
+const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
+
+CmdResult Ptdp(const std::string& args, bool with_stderr = true) {
+  return ptdp::testing::Shell(kBin + " " + args, with_stderr);
+}
+
+std::string Plan(const std::string& name, const std::string& flags, int gpus) {
+  const std::string path = ::testing::TempDir() + "/cmp-" + name + ".plan.yaml";
+  const CmdResult r = Ptdp("plan --cluster " + kCpu + " --model " + kTiny + " --gpus " +
+                           std::to_string(gpus) + " --global-batch 8 " + flags +
+                           " --refine 0 --out " + path);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return path;
+}
+
+// A pp 2 plan trained for 3 steps (1 warm-up, 2 timed), shared by the tests below.
+struct Trained {
+  std::string plan, measured;
+};
+const Trained& Pp2() {
+  static const Trained t = [] {
+    Trained x;
+    x.plan = Plan("pp2", "--pp 2", 2);
+    x.measured = ::testing::TempDir() + "/cmp-pp2.measured.json";
+    const CmdResult r = Ptdp("train " + x.plan + " --steps 3 --out " + x.measured);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return x;
+  }();
+  return t;
+}
+
+TEST(Compare, JsonHasTheErrorAtTheTopAndEveryRank) {
+  const CmdResult r = Ptdp("compare " + Pp2().plan + " " + Pp2().measured + " --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"step_time_error_pct", "memory_error_pct", "predicted_step_time_s",
+                        "measured_step_time_s", "components", "ranks", "layout"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  // The error is (predicted - measured) / measured, in percent.
+  const double p = j["predicted_step_time_s"], m = j["measured_step_time_s"];
+  EXPECT_NEAR(j["step_time_error_pct"].get<double>(), 100 * (p - m) / m, 1e-9);
+  EXPECT_EQ(j["timed_steps"], 2);
+  EXPECT_EQ(j["warmup_steps"], 1);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  EXPECT_EQ(j["ranks"][1]["stage"], 1);
+  for (const char* c : {"compute", "tp_comm", "pp_bubble", "dp_comm", "optimizer", "idle"})
+    EXPECT_TRUE(j["components"].contains(c)) << c;
+  EXPECT_GT(j["ranks"][0]["measured"]["compute_s"].get<double>(), 0);
+  EXPECT_GT(j["ranks"][1]["measured"]["pp_bubble_s"].get<double>(), 0);
+}
+
+TEST(Compare, TextHasTheTableAndASummary) {
+  const CmdResult r = Ptdp("compare " + Pp2().plan + " " + Pp2().measured);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"step time", "pp_bubble", "peak memory", "per rank", "summary: tp1 pp2"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
+TEST(Compare, MaxErrorSetsTheExitCode) {
+  // Any measured run is within a billion percent, and none is predicted to the last bit.
+  CmdResult r = Ptdp("compare " + Pp2().plan + " " + Pp2().measured + " --max-error 1e9");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = Ptdp("compare " + Pp2().plan + " " + Pp2().measured + " --max-error 0 --json", false);
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_TRUE(nlohmann::json::parse(r.out).contains("step_time_error_pct"));  // still printed
+  r = Ptdp("compare " + Pp2().plan + " " + Pp2().measured + " --max-error 0");
+  EXPECT_NE(r.out.find("is above --max-error 0%"), std::string::npos) << r.out;
+}
+
+TEST(Compare, ErrorsNameTheFile) {
+  CmdResult r = Ptdp("compare " + Pp2().plan + " /nonexistent/measured.json");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("/nonexistent/measured.json"), std::string::npos) << r.out;
+  // A measured run of another layout is not this plan's.
+  const std::string dp2 = Plan("dp2", "--dp 2", 2);
+  r = Ptdp("compare " + dp2 + " " + Pp2().measured);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("is not the plan's tp1 pp1 dp2"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "one line: " << r.out;
+  const std::string junk = ::testing::TempDir() + "/cmp-junk.json";
+  std::ofstream(junk) << "{ not json";
+  r = Ptdp("compare " + Pp2().plan + " " + junk);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find(junk), std::string::npos) << r.out;
+}
+
+TEST(Calibrate, RefusesWhatItCannotMeasure) {
+  CmdResult r = Ptdp("calibrate --backend cuda --out " + ::testing::TempDir() + "/c.yaml");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--backend cuda"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CUDA"), std::string::npos) << r.out;
+  r = Ptdp("calibrate --backend tpu --out " + ::testing::TempDir() + "/c.yaml");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("'tpu'"), std::string::npos) << r.out;
+  r = Ptdp("calibrate");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--out is required"), std::string::npos) << r.out;
+  r = Ptdp("calibrate --cluster /nonexistent.yaml --out " + ::testing::TempDir() + "/c.yaml");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("/nonexistent.yaml"), std::string::npos) << r.out;
+}
+
+}  // namespace

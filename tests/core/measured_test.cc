@@ -1,0 +1,136 @@
+// MeasuredTable interpolation by hand, grid checks, and the `measured:` YAML block read strictly
+// and written back to the same values.
+#include "core/measured.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/yaml_reader.h"
+
+namespace ptdp {
+namespace {
+
+TEST(MeasuredTableTest, InterpolatesInLogLogAndExtrapolatesByTheExponent) {
+  // 1 element: 1 s, 4 elements: 16 s (time ~ n^2 between the points).
+  auto t = MeasuredTable::FromRows({{1, 1}, {4, 16}}, {1.0}, "t");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_DOUBLE_EQ(t->Seconds(1), 1);
+  EXPECT_DOUBLE_EQ(t->Seconds(4), 16);
+  EXPECT_NEAR(t->Seconds(2), 4, 1e-12);      // log-log line through both points: n^2
+  EXPECT_DOUBLE_EQ(t->Seconds(0.5), 1);      // below the grid: the smallest point's time
+  EXPECT_NEAR(t->Seconds(8), 32, 1e-12);     // above: 16 s x (8/4)^1
+}
+
+TEST(MeasuredTableTest, MultilinearOverTwoAxes) {
+  // seconds = a * b^2 on {1, 2} x {1, 2}: a power law, reproduced exactly in between.
+  auto t = MeasuredTable::FromRows({{2, 2, 8}, {1, 1, 1}, {1, 2, 4}, {2, 1, 2}}, {1.0, 2.0}, "t");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_NEAR(t->Seconds(std::sqrt(2.0), std::sqrt(2.0)), std::pow(2.0, 1.5), 1e-12);
+  EXPECT_NEAR(t->Seconds(1.5, 1), 1.5, 1e-12);
+  EXPECT_NEAR(t->Seconds(2, 4), 8 * 4, 1e-12);  // b past the grid: x (4/2)^2
+  // Rows come back in grid order, last axis fastest.
+  const auto rows = t->Rows();
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[1], (std::vector<double>{1, 2, 4}));
+  EXPECT_EQ(rows[2], (std::vector<double>{2, 1, 2}));
+}
+
+TEST(MeasuredTableTest, RefusesGridsWithHolesOrBadRows) {
+  auto hole = MeasuredTable::FromRows({{1, 1, 1}, {2, 2, 8}, {1, 2, 4}}, {1, 1}, "gemm");
+  ASSERT_FALSE(hole.ok());
+  EXPECT_NE(hole.status().message().find("do not fill the 4-point grid"), std::string::npos)
+      << hole.status().message();
+  auto twice = MeasuredTable::FromRows({{1, 1}, {1, 2}}, {1}, "t");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("twice"), std::string::npos);
+  auto shape = MeasuredTable::FromRows({{1, 1, 1}}, {1}, "t");
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(shape.status().message().find("t row 1: expected 2 numbers, got 3"), std::string::npos)
+      << shape.status().message();
+  auto zero = MeasuredTable::FromRows({{1, 0}}, {1}, "t");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("positive"), std::string::npos);
+}
+
+MeasuredPrimitives Sample() {
+  MeasuredPrimitives m;
+  m.backend = "cpu";
+  m.host = "box";
+  m.date = "2026-11-29";
+  m.cores = 2;
+  m.attention_saved_per_score = 1;
+  for (const TableKind& k : MeasuredTableKinds()) {
+    std::vector<std::vector<double>> rows;
+    std::vector<double> exponents;
+    for (const TableAxis& a : k.axes) exponents.push_back(a.exponent);
+    const size_t dims = k.axes.size();
+    for (size_t corner = 0; corner < (size_t(1) << dims); ++corner) {
+      std::vector<double> row;
+      for (size_t a = 0; a < dims; ++a) row.push_back((corner >> a) & 1 ? 1048576 : 16);
+      row.push_back(1.25e-6 * double(corner + 1));
+      rows.push_back(row);
+    }
+    m.tables[k.name] = *MeasuredTable::FromRows(rows, exponents, k.name);
+  }
+  return m;
+}
+
+TEST(MeasuredYamlTest, RoundTrip) {
+  const MeasuredPrimitives m = Sample();
+  EXPECT_TRUE(m.CheckComplete("f").ok());
+  const std::string text = MeasuredToYaml(m);
+  auto node = ParseYamlText(text, "m.yaml");
+  ASSERT_TRUE(node.ok()) << node.status().message();
+  auto back = MeasuredFromYaml((*node)["measured"], "m.yaml");
+  ASSERT_TRUE(back.ok()) << back.status().message() << "\n" << text;
+  EXPECT_EQ(back->backend, "cpu");
+  EXPECT_EQ(back->host, "box");
+  EXPECT_EQ(back->cores, 2);
+  EXPECT_EQ(back->attention_saved_per_score, 1);
+  EXPECT_EQ(back->attention_saved_per_token, 0);
+  ASSERT_EQ(back->tables.size(), m.tables.size());
+  // Axis values come back exactly, times to the 6 digits written (measurements are noisier).
+  for (const auto& [name, t] : m.tables) {
+    ASSERT_NE(back->Table(name), nullptr) << name;
+    const auto a = t.Rows(), b = back->Table(name)->Rows();
+    ASSERT_EQ(a.size(), b.size()) << name;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].size(), b[i].size());
+      for (size_t j = 0; j + 1 < a[i].size(); ++j) EXPECT_EQ(a[i][j], b[i][j]) << name;
+      EXPECT_NEAR(b[i].back() / a[i].back(), 1.0, 1e-6) << name;
+    }
+  }
+  EXPECT_EQ(MeasuredToYaml(*back), text);  // and the text is a fixed point
+}
+
+TEST(MeasuredYamlTest, StrictReading) {
+  auto read = [](const std::string& text) {
+    auto node = ParseYamlText(text, "c.yaml");
+    EXPECT_TRUE(node.ok());
+    return MeasuredFromYaml((*node)["measured"], "c.yaml");
+  };
+  auto unknown = read("measured:\n  backend: cpu\n  tables:\n    gemm_xx:\n      - [1, 1, 1, 1]\n");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("c.yaml:4: measured.tables.gemm_xx: unknown table"),
+            std::string::npos)
+      << unknown.status().message();
+  auto key = read("measured:\n  backend: cpu\n  colour: red\n  tables: {}\n");
+  ASSERT_FALSE(key.ok());
+  EXPECT_NE(key.status().message().find("colour"), std::string::npos) << key.status().message();
+  auto backend = read("measured:\n  backend: tpu\n  tables: {}\n");
+  ASSERT_FALSE(backend.ok());
+  EXPECT_NE(backend.status().message().find("tpu"), std::string::npos);
+  auto text = read("measured:\n  tables:\n    copy:\n      - [64, fast]\n");
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.status().message().find("'fast' is not a number"), std::string::npos)
+      << text.status().message();
+  auto partial = read("measured:\n  tables:\n    copy:\n      - [64, 1e-6]\n");
+  ASSERT_TRUE(partial.ok()) << partial.status().message();
+  const Status incomplete = partial->CheckComplete("c.yaml");
+  ASSERT_FALSE(incomplete.ok());
+  EXPECT_NE(incomplete.message().find("gemm_nt"), std::string::npos) << incomplete.message();
+}
+
+}  // namespace
+}  // namespace ptdp
