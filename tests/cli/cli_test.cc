@@ -233,9 +233,12 @@ TEST(Cli, InfoSaysWhatThisBinaryRuns) {
   // says why not (on the build machine: no driver).
   const bool can_run_cuda = j["cuda_compiled"] == true && j["gpus_visible"].get<int>() > 0;
   EXPECT_EQ(j["backends"].size(), can_run_cuda ? 2u : 1u);
-  if (j["cuda_compiled"] == true && !can_run_cuda)
+  if (j["cuda_compiled"] == true && !can_run_cuda) {
     EXPECT_FALSE(j["why_no_gpu"].get<std::string>().empty());
-  if (j["cuda_compiled"] == true) EXPECT_TRUE(j["nccl_version"].is_string());
+  }
+  if (j["cuda_compiled"] == true) {
+    EXPECT_TRUE(j["nccl_version"].is_string());
+  }
 }
 
 }  // namespace
