@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/train_checkpoint.h"
 #include "core/units.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
@@ -32,6 +33,7 @@ struct TrainFlags {
   int eval_windows = 16;
   int max_ranks = 64;
   double timeout_s = 120;
+  CheckpointFlags ckpt;
 };
 
 // What this machine is, for measured.json.
@@ -48,7 +50,7 @@ nlohmann::json MachineJson(const std::string& backend) {
 
 nlohmann::json StepJson(const rt::StepResult& s) {
   return {{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm}, {"lr", s.lr},
-          {"step_time_s", s.step_time_s}, {"tokens_per_s", s.tokens_per_s}};
+          {"skipped", s.skipped}, {"step_time_s", s.step_time_s}, {"tokens_per_s", s.tokens_per_s}};
 }
 
 // Mean per-rank times over the steps after the first (which pays for warm-up), or over all
@@ -82,6 +84,7 @@ int RunTrain(const TrainFlags& f) {
   if (f.steps <= 0 || f.steps > 1000000) return Fail("--steps " + std::to_string(f.steps) + " must be in 1..1000000");
   if (!(f.lr > 0 && f.lr < 1)) return Fail("--lr " + std::to_string(f.lr) + " must be in (0, 1)");
   if (f.warmup < 0) return Fail("--warmup must not be negative");
+  if (Status st = CheckCheckpointFlags(f.ckpt); !st.ok()) return Fail(st.message());
   auto plan = LoadPlanFile(f.plan_file);
   if (!plan.ok()) return Fail(plan.status().message());
   const Layout& l = plan->layout;
@@ -104,10 +107,24 @@ int RunTrain(const TrainFlags& f) {
   cfg.optimizer.min_lr = f.lr / 10;
   cfg.optimizer.warmup_steps = f.warmup;
   cfg.optimizer.decay_steps = std::max(1, f.steps - f.warmup);
+  cfg.on_nan = f.ckpt.on_nan == "skip" ? rt::NanPolicy::kSkip : rt::NanPolicy::kStop;
+  auto resume = PrepareCheckpoints(f.ckpt);
+  if (!resume.ok()) return Fail(resume.status().message());
+  if (*resume) {
+    if (Status st = ApplyCheckpoint(**resume, &cfg); !st.ok()) return Fail(st.message());
+    if ((*resume)->ckpt.state.step >= f.steps)
+      return Fail((*resume)->path + " is at step " + std::to_string((*resume)->ckpt.state.step) +
+                  " already: --steps " + std::to_string(f.steps) + " counts from step 0");
+  }
   rt::ThreadWorld world(l.world(), f.timeout_s);
   auto trainer = rt::Trainer::Create(
       cfg, [](int) { return std::make_unique<rt::CpuBackend>(); }, world);
   if (!trainer.ok()) return Fail(f.plan_file + ": " + trainer.status().message());
+  if (*resume) {
+    if (Status st = (*trainer)->ImportState((*resume)->ckpt.state); !st.ok())
+      return Fail((*resume)->path + ": " + st.message());
+    resume->reset();  // the tensors are in the ranks now
+  }
 
   std::printf("training %s with %s [%s], %s, on %d CPU rank threads, B %lld x s %lld, %d steps\n",
               plan->model.name.c_str(), l.ShortName().c_str(), l.Knobs().c_str(),
@@ -121,15 +138,25 @@ int RunTrain(const TrainFlags& f) {
                                            : "");
   const std::vector<int32_t> val = rt::ValidationWindows(corpus->val, int(plan->model.seq_len), f.eval_windows);
   std::vector<rt::StepResult> steps;
-  for (int i = 0; i < f.steps; ++i) {
+  const int64_t first_step = (*trainer)->steps_done();
+  for (int64_t i = first_step; i < f.steps; ++i) {
     auto s = (*trainer)->Step();
-    if (!s.ok()) return Fail("step " + std::to_string(i) + ": " + s.status().message());
-    if (!std::isfinite(s->loss)) return Fail("step " + std::to_string(i) + ": the loss is not finite");
-    std::printf("step %4lld/%d | loss %.4f | lr %.2e | grad norm %.3f | %8.1f ms | %8.0f tok/s\n",
-                static_cast<long long>(s->step + 1), f.steps, s->loss, s->lr, s->grad_norm,
-                s->step_time_s * 1e3, s->tokens_per_s);
+    if (!s.ok()) {
+      const bool nan = s.status().message().find("not finite") != std::string::npos;
+      return Fail(s.status().message() + (nan ? " (--on-nan stop; --on-nan skip skips such steps)" : ""));
+    }
+    if (s->skipped)
+      std::printf("step %4lld/%d | skipped: loss %.4f, grad norm %.3f not finite (--on-nan skip)\n",
+                  static_cast<long long>(s->step + 1), f.steps, s->loss, s->grad_norm);
+    else
+      std::printf("step %4lld/%d | loss %.4f | lr %.2e | grad norm %.3f | %8.1f ms | %8.0f tok/s\n",
+                  static_cast<long long>(s->step + 1), f.steps, s->loss, s->lr, s->grad_norm,
+                  s->step_time_s * 1e3, s->tokens_per_s);
     std::fflush(stdout);
     steps.push_back(*s);
+    const bool last = i + 1 == f.steps;
+    if (!f.ckpt.dir.empty() && (last || (f.ckpt.save_every > 0 && (i + 1) % f.ckpt.save_every == 0)))
+      if (Status st = SaveCheckpoint(f.ckpt, **trainer, cfg); !st.ok()) return Fail(st.message());
   }
   const int windows = int(val.size() / size_t(plan->model.seq_len + 1));
   auto val_loss = (*trainer)->Evaluate(val, windows);
@@ -144,7 +171,8 @@ int RunTrain(const TrainFlags& f) {
     j["model"] = plan->model.name;
     j["layout"] = LayoutJson(l);
     j["machine"] = MachineJson(f.backend);
-    j["seed"] = f.seed;
+    j["seed"] = cfg.seed;
+    j["first_step"] = first_step;
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& s : steps) arr.push_back(StepJson(s));
     j["steps"] = arr;
@@ -172,6 +200,7 @@ Runner SetupTrain(CLI::App* sub) {
   sub->add_option("--warmup", f->warmup, "warmup steps (default 2)");
   sub->add_option("--max-ranks", f->max_ranks, "refuse plans with more ranks than this (default 64)");
   sub->add_option("--timeout", f->timeout_s, "seconds a rank may wait in a collective (default 120)");
+  AddCheckpointFlags(sub, &f->ckpt);
   return [f] { return RunTrain(*f); };
 }
 
