@@ -157,9 +157,16 @@ Result<std::string> JsonString(const nlohmann::json& j, const std::string& file,
 Result<ModelSpec> ImportHfConfig(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::Error(path + ": cannot open file");
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Status::Error(path + ": cannot read file");
+  return ImportHfConfigText(text.str(), path);
+}
+
+Result<ModelSpec> ImportHfConfigText(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     return Status::Error(path + ": malformed JSON: " + e.what());
   }

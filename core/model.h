@@ -64,6 +64,8 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
 Result<ModelSpec> LoadModelFile(const std::string& path);
 // Imports a Hugging Face config.json (GPT-2, Llama, Mistral, Qwen2 style).
 Result<ModelSpec> ImportHfConfig(const std::string& path);
+// The same from the JSON text; `name` stands for the file in messages.
+Result<ModelSpec> ImportHfConfigText(const std::string& text, const std::string& name);
 // Loads "hf:path/config.json" through ImportHfConfig, anything else through LoadModelFile.
 Result<ModelSpec> LoadModel(const std::string& spec);
 

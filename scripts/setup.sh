@@ -2,11 +2,12 @@
 # Installs the Debian packages ptdp needs to build and test, and only those that are missing.
 # Idempotent: a second run installs nothing and says so. Usage: scripts/setup.sh
 # chromium is for the HTML report test (tests/cli/report_test.cc renders the page headless).
+# clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes) are for `make fuzz-smoke`.
 set -euo pipefail
 
 pkgs=(cmake make g++ pkg-config libyaml-cpp-dev libfmt-dev libeigen3-dev libboost-graph-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-      chromium)
+      chromium clang libclang-rt-14-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -8,6 +8,7 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -30,7 +31,13 @@ const std::string kSrc = PTDP_SOURCE_DIR;
 const std::string kBin = std::string(PTDP_BINARY_DIR) + "/ptdp";
 const std::string kCpu = kSrc + "/configs/clusters/local-cpu.yaml";
 const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
-const std::string kTmp = ::testing::TempDir() + "/ckpt_cli";
+// Per process: ctest runs each test of this file as its own process, in parallel.
+const std::string kTmp = ::testing::TempDir() + "/ckpt_cli_" + std::to_string(getpid());
+
+// Removes this process's folder (checkpoints of a few MB each) when the tests end.
+struct RemoveTmpAtExit {
+  ~RemoveTmpAtExit() { fs::remove_all(kTmp); }
+} remove_tmp_at_exit;
 
 CmdResult Ptdp(const std::string& args) { return ptdp::testing::Shell(kBin + " " + args); }
 
