@@ -204,6 +204,14 @@ YAML::Node YamlReader::Child(const std::string& key) {
 
 Status YamlReader::Finish() const {
   if (!first_error_.ok()) return first_error_;
+  // A key given twice: yaml-cpp would silently use one of the values.
+  for (auto it = node_.begin(); it != node_.end(); ++it)
+    for (auto prev = node_.begin(); prev != it; ++prev)
+      if (prev->first.Scalar() == it->first.Scalar())
+        return Status::Error(file_ + ":" + std::to_string(it->first.Mark().line + 1) +
+                             ": duplicate key '" + KeyPath(it->first.Scalar()) +
+                             "' (first at line " + std::to_string(prev->first.Mark().line + 1) +
+                             ")");
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     const std::string k = it->first.Scalar();
     if (std::find(consumed_.begin(), consumed_.end(), k) == consumed_.end()) {

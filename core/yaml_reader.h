@@ -57,7 +57,7 @@ class YamlReader {
   // Location prefix "file:line" of `key` (or of the map when absent).
   std::string Where(const std::string& key) const;
 
-  // The first error, or an unknown key, or OK.
+  // The first error, or a key given twice, or an unknown key, or OK.
   Status Finish() const;
   const std::string& file() const { return file_; }
   std::string KeyPath(const std::string& key) const;
