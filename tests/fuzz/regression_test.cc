@@ -45,6 +45,22 @@ struct Finding {
 const Finding kFindings[] = {
     {"model", "hidden_overflow.yaml", "fuzz.yaml:3: layers: missing required key",
      "UBSan: signed overflow in 4 * hidden (the default ffn_hidden), core/model.cc"},
+    // Found by reading the readers while fixing the above; the old fuzz binaries report each
+    // (UBSan) or misread it silently (truncation).
+    {"plan", "tp_truncated.plan.yaml", "layout.tp: '4294967298' is larger than the limit 262144",
+     "tp read as int64 and cast to int: 4294967298 became tp 2, silently"},
+    {"plan", "world_overflow.plan.yaml", "65536 nodes x 65536 GPUs is above the 262144-GPU limit",
+     "UBSan: signed overflow in nodes * gpus_per_node, core/plan.cc"},
+    {"plan", "layout_overflow.plan.yaml", "tp*cp*pp*dp is above the 262144-rank limit",
+     "UBSan: signed overflow in Layout::world(), core/layout.h"},
+    {"cluster", "world_overflow.yaml", "100000 nodes x 100000 GPUs is above the 262144-GPU limit",
+     "UBSan: signed overflow in ClusterSpec::world(), topology/cluster.h"},
+    {"cluster", "link_index_truncated.yaml", "links[0].b: '4294967297' is larger than the limit",
+     "link GPU index cast to int: 4294967297 became GPU 1, silently"},
+    {"layout_flags", "tp_pp_cp_overflow.txt", "do not divide the world size",
+     "UBSan: signed overflow in tp * pp * cp, cli/common.cc LayoutFromFlags"},
+    {"layout_flags", "dp_given_overflow.txt", "do not divide the world size",
+     "UBSan: signed overflow in tp * pp * cp, cli/common.cc LayoutFromFlags"},
 };
 
 TEST(FuzzRegressions, EveryFindingIsRefusedWithAMessage) {
