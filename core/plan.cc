@@ -187,6 +187,10 @@ Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name) 
   }
   PTDP_RETURN_IF_ERROR(r.Finish());
   const int world = plan.nodes * plan.gpus_per_node;
+  // lay.world() below multiplies four ints: refuse products past the limit first.
+  if (double(lay.tp) * lay.cp * lay.pp * lay.dp > double(kMaxWorldSize))
+    return Status::Error(name + ": layout " + lay.ShortName() + ": tp*cp*pp*dp is above the " +
+                         std::to_string(kMaxWorldSize) + "-rank limit");
   PTDP_RETURN_IF_ERROR(ValidateLayout(plan.model, lay, lay.world(), plan.gpus_per_node,
                                       plan.allow_tp_across_nodes)
                            .Prefixed(name));
