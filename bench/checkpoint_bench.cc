@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -64,18 +66,37 @@ Bench& Get(const std::string& model_file) {
   return *b;
 }
 
-Status Save(Bench& b) {
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Seconds spent in the two halves of a save or a load, summed over iterations.
+struct Split {
+  double trainer_s = 0;  // ExportState / ImportState
+  double file_s = 0;     // WriteCheckpoint / ReadCheckpoint
+};
+
+Status Save(Bench& b, Split* split) {
   rt::Checkpoint c;
   c.model = b.cfg.model;
   c.global_batch = b.cfg.layout.global_batch;
   c.layout = b.cfg.layout.ShortName();
+  Clock::time_point t0 = Clock::now();
   PTDP_ASSIGN_OR_RETURN(c.state, b.trainer->ExportState());
-  return rt::WriteCheckpoint(b.path, c);
+  split->trainer_s += Since(t0);
+  t0 = Clock::now();
+  Status st = rt::WriteCheckpoint(b.path, c);
+  split->file_s += Since(t0);
+  return st;
 }
 
-Status Load(Bench& b) {
+Status Load(Bench& b, Split* split) {
+  Clock::time_point t0 = Clock::now();
   PTDP_ASSIGN_OR_RETURN(rt::Checkpoint c, rt::ReadCheckpoint(b.path));
-  return b.trainer->ImportState(c.state);
+  split->file_s += Since(t0);
+  t0 = Clock::now();
+  Status st = b.trainer->ImportState(c.state);
+  split->trainer_s += Since(t0);
+  return st;
 }
 
 // Evicts the file from the page cache (its pages are clean after the fsync).
@@ -86,32 +107,37 @@ void DropCache(const std::string& path) {
   ::close(fd);
 }
 
-void SetBytes(benchmark::State& state, const Bench& b) {
+void SetBytes(benchmark::State& state, const Bench& b, const Split& split) {
   const double bytes = double(std::filesystem::file_size(b.path));
+  const double n = double(std::max<int64_t>(state.iterations(), 1));
   state.counters["file_MB"] = bytes / 1e6;
+  state.counters["trainer_s"] = split.trainer_s / n;  // export or import
+  state.counters["file_s"] = split.file_s / n;        // write (fsync) or read (verify)
   state.counters["GB/s"] = benchmark::Counter(bytes * double(state.iterations()) / 1e9,
                                               benchmark::Counter::kIsRate);
 }
 
 void BM_Save(benchmark::State& state, const std::string& model_file) {
   Bench& b = Get(model_file);
+  Split split;
   for (auto _ : state)
-    if (Status st = Save(b); !st.ok()) { state.SkipWithError(st.message().c_str()); return; }
-  SetBytes(state, b);
+    if (Status st = Save(b, &split); !st.ok()) { state.SkipWithError(st.message().c_str()); return; }
+  SetBytes(state, b, split);
 }
 
 void BM_Load(benchmark::State& state, const std::string& model_file, bool cold) {
   Bench& b = Get(model_file);
-  if (Status st = Save(b); !st.ok()) { state.SkipWithError(st.message().c_str()); return; }
+  Split unused, split;
+  if (Status st = Save(b, &unused); !st.ok()) { state.SkipWithError(st.message().c_str()); return; }
   for (auto _ : state) {
     if (cold) {
       state.PauseTiming();
       DropCache(b.path);
       state.ResumeTiming();
     }
-    if (Status st = Load(b); !st.ok()) { state.SkipWithError(st.message().c_str()); return; }
+    if (Status st = Load(b, &split); !st.ok()) { state.SkipWithError(st.message().c_str()); return; }
   }
-  SetBytes(state, b);
+  SetBytes(state, b, split);
   std::filesystem::remove(b.path);
 }
 

@@ -20,6 +20,10 @@
 
 #include "core/yaml_reader.h"
 
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
 namespace ptdp::rt {
 
 static_assert(std::endian::native == std::endian::little,
@@ -343,9 +347,36 @@ Status ParseMetadata(const std::string& text, const std::string& file, uint64_t 
   return ReadTable(tensors, file, data_bytes, table);
 }
 
+#if defined(__x86_64__)
+// The SSE4.2 crc32 instruction computes the same CRC32C (same polynomial, same reflection),
+// 8 bytes per instruction: ~4x the table version on the build machine.
+__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t crc, const void* data,
+                                                       size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t c = ~crc;
+  for (; bytes > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0; --bytes)
+    c = _mm_crc32_u8(uint32_t(c), *p++);
+  for (; bytes >= 8; bytes -= 8, p += 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c = _mm_crc32_u64(c, w);
+  }
+  for (; bytes > 0; --bytes) c = _mm_crc32_u8(uint32_t(c), *p++);
+  return ~uint32_t(c);
+}
+#endif
+
 }  // namespace
 
 uint32_t Crc32c(uint32_t crc, const void* data, size_t bytes) {
+#if defined(__x86_64__)
+  static const bool sse42 = __builtin_cpu_supports("sse4.2");
+  if (sse42) return Crc32cSse42(crc, data, bytes);
+#endif
+  return Crc32cPortable(crc, data, bytes);
+}
+
+uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t bytes) {
   const CrcTables& T = Tables();
   const auto* p = static_cast<const unsigned char*>(data);
   crc = ~crc;

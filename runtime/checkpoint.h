@@ -39,8 +39,11 @@
 namespace ptdp::rt {
 
 // CRC32C (Castagnoli, reflected polynomial 0x82F63B78) of `bytes` bytes at `data`, continuing
-// from `crc` (0 to start). Crc32c(0, "123456789", 9) == 0xE3069283.
+// from `crc` (0 to start). Crc32c(0, "123456789", 9) == 0xE3069283. Uses the CPU's crc32
+// instruction where there is one (x86 SSE4.2), else Crc32cPortable; both give the same value.
 uint32_t Crc32c(uint32_t crc, const void* data, size_t bytes);
+// The same from 8 tables of 256 entries built from the polynomial ("slicing-by-8"), any CPU.
+uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t bytes);
 
 // A whole tensor, fp32, global shape, row-major.
 struct NamedTensor {
