@@ -1,10 +1,16 @@
 # ptdp: `make` builds, `make test` runs every test, `make demo` runs the main job on the
 # bundled example, `make bench` runs the benchmarks. Each target installs what is missing first.
+# `make test-asan` runs the suite once more built with AddressSanitizer and
+# UndefinedBehaviorSanitizer; `make fuzz-smoke` runs every libFuzzer target briefly (both in CI).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+ASAN_BUILD ?= build-asan
+# Debug (assertions on) at -O1: sanitizer reports stop the test (-fno-sanitize-recover=all).
+ASAN_FLAGS ?= -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_SECONDS ?= 30
 
-.PHONY: all setup configure build test demo bench clean
+.PHONY: all setup configure build test test-asan fuzz-smoke demo bench clean
 
 all: build
 
@@ -20,6 +26,17 @@ build: configure
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+test-asan: setup
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DPTDP_CUDA=OFF -DPTDP_BUILD_BENCH=OFF \
+	  -DCMAKE_CXX_FLAGS="$(ASAN_FLAGS)" > $(ASAN_BUILD).configure.log 2>&1 \
+	  || (cat $(ASAN_BUILD).configure.log; exit 1)
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+
+fuzz-smoke: setup
+	@bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
 demo: build
 	@bash scripts/demo.sh $(BUILD)
 
@@ -27,4 +44,4 @@ bench: build
 	@bash scripts/bench.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD).configure.log
+	rm -rf $(BUILD) $(BUILD).configure.log $(ASAN_BUILD) $(ASAN_BUILD).configure.log build-fuzz build-fuzz.configure.log

@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/launch.h"
+#include "cli/train_checkpoint.h"
 #include "core/units.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
@@ -37,6 +38,7 @@ struct TrainFlags {
   double timeout_s = 120;
   bool one_gpu = false;
   int timing_warmup = 1;  // steps left out of the timing medians
+  CheckpointFlags ckpt;
 };
 
 // The timeline of at most this many timed steps is kept (the median one is written).
@@ -56,7 +58,7 @@ nlohmann::json MachineJson(const std::string& backend) {
 
 nlohmann::json StepJson(const rt::StepResult& s) {
   return {{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm}, {"lr", s.lr},
-          {"step_time_s", s.step_time_s}, {"tokens_per_s", s.tokens_per_s}};
+          {"skipped", s.skipped}, {"step_time_s", s.step_time_s}, {"tokens_per_s", s.tokens_per_s}};
 }
 
 // Mean per-rank times over the steps after the first (which pays for warm-up), or over all
@@ -179,6 +181,7 @@ int RunTrain(const TrainFlags& f) {
   if (!(f.lr > 0 && f.lr < 1)) return Fail("--lr " + std::to_string(f.lr) + " must be in (0, 1)");
   if (f.warmup < 0) return Fail("--warmup must not be negative");
   if (f.timing_warmup < 0) return Fail("--timing-warmup must not be negative");
+  if (Status st = CheckCheckpointFlags(f.ckpt); !st.ok()) return Fail(st.message());
   auto plan = LoadPlanFile(f.plan_file);
   if (!plan.ok()) return Fail(plan.status().message());
   const Layout& l = plan->layout;
@@ -202,6 +205,15 @@ int RunTrain(const TrainFlags& f) {
   cfg.optimizer.min_lr = f.lr / 10;
   cfg.optimizer.warmup_steps = f.warmup;
   cfg.optimizer.decay_steps = std::max(1, f.steps - f.warmup);
+  cfg.on_nan = f.ckpt.on_nan == "skip" ? rt::NanPolicy::kSkip : rt::NanPolicy::kStop;
+  auto resume = PrepareCheckpoints(f.ckpt);
+  if (!resume.ok()) return Fail(resume.status().message());
+  if (*resume) {
+    if (Status st = ApplyCheckpoint(**resume, &cfg); !st.ok()) return Fail(st.message());
+    if ((*resume)->ckpt.state.step >= f.steps)
+      return Fail((*resume)->path + " is at step " + std::to_string((*resume)->ckpt.state.step) +
+                  " already: --steps " + std::to_string(f.steps) + " counts from step 0");
+  }
   LaunchOptions lo;
   lo.backend = f.backend;
   lo.timeout_s = f.timeout_s;
@@ -209,10 +221,18 @@ int RunTrain(const TrainFlags& f) {
   auto launch = MakeLaunch(l, lo);
   if (!launch.ok()) return Fail(f.plan_file + ": " + launch.status().message());
   cfg.local_ranks = launch->local_ranks;
+  if (!launch->local_ranks.empty() && (!f.ckpt.dir.empty()))
+    return Fail("--checkpoint-dir: checkpoints need every rank in one process; runs over several "
+                "processes cannot save or resume them yet");
   auto trainer = rt::Trainer::Create(cfg, launch->backends, *launch->comms);
   if (!trainer.ok()) return Fail(f.plan_file + ": " + trainer.status().message());
   // Under mpirun every process holds the same results; process 0 prints and writes files.
   if (!launch->main_process) std::freopen("/dev/null", "w", stdout);
+  if (*resume) {
+    if (Status st = (*trainer)->ImportState((*resume)->ckpt.state); !st.ok())
+      return Fail((*resume)->path + ": " + st.message());
+    resume->reset();  // the tensors are in the ranks now
+  }
 
   std::printf("training %s with %s [%s], %s, on %s, B %lld x s %lld, %d steps\n",
               plan->model.name.c_str(), l.ShortName().c_str(), l.Knobs().c_str(),
@@ -231,18 +251,28 @@ int RunTrain(const TrainFlags& f) {
   const std::vector<int32_t> val = rt::ValidationWindows(corpus->val, int(plan->model.seq_len), f.eval_windows);
   std::vector<rt::StepResult> steps;
   OtherLoad load;  // over the timed steps
-  for (int i = 0; i < f.steps; ++i) {
-    if (i == f.timing_warmup) load.Start();
+  const int64_t first_step = (*trainer)->steps_done();
+  for (int64_t i = first_step; i < f.steps; ++i) {
+    if (i - first_step == f.timing_warmup) load.Start();
     auto s = (*trainer)->Step();
-    if (!s.ok()) return Fail("step " + std::to_string(i) + ": " + s.status().message());
-    if (!std::isfinite(s->loss)) return Fail("step " + std::to_string(i) + ": the loss is not finite");
-    std::printf("step %4lld/%d | loss %.4f | lr %.2e | grad norm %.3f | %8.1f ms | %8.0f tok/s\n",
-                static_cast<long long>(s->step + 1), f.steps, s->loss, s->lr, s->grad_norm,
-                s->step_time_s * 1e3, s->tokens_per_s);
+    if (!s.ok()) {
+      const bool nan = s.status().message().find("not finite") != std::string::npos;
+      return Fail(s.status().message() + (nan ? " (--on-nan stop; --on-nan skip skips such steps)" : ""));
+    }
+    if (s->skipped)
+      std::printf("step %4lld/%d | skipped: loss %.4f, grad norm %.3f not finite (--on-nan skip)\n",
+                  static_cast<long long>(s->step + 1), f.steps, s->loss, s->grad_norm);
+    else
+      std::printf("step %4lld/%d | loss %.4f | lr %.2e | grad norm %.3f | %8.1f ms | %8.0f tok/s\n",
+                  static_cast<long long>(s->step + 1), f.steps, s->loss, s->lr, s->grad_norm,
+                  s->step_time_s * 1e3, s->tokens_per_s);
     std::fflush(stdout);
     steps.push_back(*s);
     if (steps.size() > size_t(f.timing_warmup) + kTimelineSteps)  // keep memory bounded
       for (rt::RankTimes& rk : steps.back().ranks) rk.events = {};
+    const bool last = i + 1 == f.steps;
+    if (!f.ckpt.dir.empty() && (last || (f.ckpt.save_every > 0 && (i + 1) % f.ckpt.save_every == 0)))
+      if (Status st = SaveCheckpoint(f.ckpt, **trainer, cfg); !st.ok()) return Fail(st.message());
   }
   const double other_share = load.Share();
   const int windows = int(val.size() / size_t(plan->model.seq_len + 1));
@@ -268,7 +298,8 @@ int RunTrain(const TrainFlags& f) {
     j["model"] = plan->model.name;
     j["layout"] = LayoutJson(l);
     j["machine"] = MachineJson(f.backend);
-    j["seed"] = f.seed;
+    j["seed"] = cfg.seed;
+    j["first_step"] = first_step;
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& s : steps) arr.push_back(StepJson(s));
     j["steps"] = arr;
@@ -302,6 +333,7 @@ Runner SetupTrain(CLI::App* sub) {
   sub->add_flag("--one-gpu", f->one_gpu, "cuda: run every rank on GPU 0 (device copies), even with more GPUs");
   sub->add_option("--timing-warmup", f->timing_warmup,
                   "steps left out of measured.json's timing medians (default 1)");
+  AddCheckpointFlags(sub, &f->ckpt);
   return [f] { return RunTrain(*f); };
 }
 

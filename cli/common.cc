@@ -53,6 +53,10 @@ Result<World> LoadWorld(const std::string& cluster_path, const std::string& mode
   PTDP_ASSIGN_OR_RETURN(w.cluster, LoadClusterFile(cluster_path));
   if (nodes) {
     if (*nodes <= 0) return Status::Error("--nodes " + std::to_string(*nodes) + " must be positive");
+    if (int64_t(*nodes) * w.cluster.gpus_per_node > kMaxClusterGpus)
+      return Status::Error("--nodes " + std::to_string(*nodes) + " x " +
+                           std::to_string(w.cluster.gpus_per_node) + " GPUs is above the " +
+                           std::to_string(kMaxClusterGpus) + "-GPU limit");
     if (*nodes > 1 && w.cluster.inter.nics_per_node <= 0)
       return Status::Error("--nodes " + std::to_string(*nodes) + ": " + cluster_path +
                            " has no inter_node network");
@@ -143,14 +147,18 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   if (l.global_batch > kMaxGlobalBatch)
     return Status::Error("--global-batch " + std::to_string(l.global_batch) + " must be at most " +
                          std::to_string(kMaxGlobalBatch));
-  const int model_ranks = l.tp * l.pp * l.cp;
+  // In 64 bits: three flags up to INT_MAX could overflow an int product.
+  const int64_t model_ranks = int64_t(l.tp) * l.pp * l.cp;
+  if (model_ranks > kMaxWorldSize)
+    return Status::Error("tp*cp*pp = " + std::to_string(model_ranks) + " is above the " +
+                         std::to_string(kMaxWorldSize) + "-rank limit");
   if (f.dp) {
     l.dp = *f.dp;
   } else {
     if (w.gpus % model_ranks != 0)
       return Status::Error("tp*cp*pp = " + std::to_string(model_ranks) +
                            " does not divide the world size " + std::to_string(w.gpus));
-    l.dp = w.gpus / model_ranks;
+    l.dp = int(w.gpus / model_ranks);
   }
   std::optional<bool> sp, dopt;
   std::optional<Recompute> rc;

@@ -167,6 +167,13 @@ Status ValidateLayout(const ModelSpec& m, const Layout& l, int world, int gpus_p
   if (l.tp <= 0 || l.pp <= 0 || l.dp <= 0 || l.vp <= 0 || l.cp <= 0 || l.micro_batch <= 0 ||
       l.global_batch <= 0)
     return Status::Error("layout " + l.ShortName() + ": sizes must be positive");
+  // Before l.world(): the product of four ints could overflow.
+  if (double(l.tp) * l.cp * l.pp * l.dp > double(kMaxWorldSize) || l.vp > kMaxLayers ||
+      l.micro_batch > kMaxGlobalBatch)
+    return Status::Error("layout " + l.ShortName() + ": tp*cp*pp*dp is above the " +
+                         std::to_string(kMaxWorldSize) + "-rank limit, or vp or the micro-batch "
+                         "is above its limit (" + std::to_string(kMaxLayers) + ", " +
+                         std::to_string(kMaxGlobalBatch) + ")");
   if (l.global_batch > kMaxGlobalBatch)
     return Status::Error("layout " + l.ShortName() + ": global batch " +
                          std::to_string(l.global_batch) + " is above " +

@@ -57,6 +57,10 @@ struct Layout {
 // micro-batches stays fast and exact.
 constexpr int64_t kMaxGlobalBatch = 1000000;
 
+// Upper bound on every parallel size and on the world size (ranks, GPUs): 16x the biggest
+// published training runs. Within it tp*cp*pp*dp and nodes*gpus_per_node fit an int.
+constexpr int64_t kMaxWorldSize = 262144;
+
 // Why a layout is illegal. The names are stable: they key `rejected` in plan --json.
 enum class Rejection {
   kOk = 0,

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "core/yaml_reader.h"
 
@@ -63,11 +64,30 @@ int64_t ModelSpec::total_params() const {
          final_norm;
 }
 
+namespace {
+// (key, value, limit) of every size with a limit.
+struct SizeLimit {
+  const char* name;
+  int64_t value, limit;
+};
+std::vector<SizeLimit> SizeLimits(const ModelSpec& m) {
+  return {{"layers", m.layers, kMaxLayers},     {"hidden", m.hidden, kMaxHidden},
+          {"ffn_hidden", m.ffn_hidden, kMaxFfnHidden}, {"seq_len", m.seq_len, kMaxSeqLen},
+          {"vocab", m.vocab, kMaxVocab}};
+}
+// 4h, the default MLP width, without overflowing for an h past the limit (refused later).
+int64_t DefaultFfn(int64_t hidden) { return hidden <= kMaxHidden ? 4 * hidden : hidden; }
+}  // namespace
+
 Status ValidateModel(const ModelSpec& m, const std::string& where) {
   auto err = [&](const std::string& s) { return Status::Error(where + ": " + s); };
   if (m.layers <= 0 || m.hidden <= 0 || m.heads <= 0 || m.kv_heads <= 0 || m.ffn_hidden <= 0 ||
       m.seq_len <= 0 || m.vocab <= 0)
     return err("layers, hidden, heads, kv_heads, ffn_hidden, seq_len and vocab must be positive");
+  for (const auto& [name, value, limit] : SizeLimits(m))
+    if (value > limit)
+      return err(std::string(name) + " " + std::to_string(value) + " is larger than the limit " +
+                 std::to_string(limit));
   if (m.hidden % m.heads != 0)
     return err("hidden " + std::to_string(m.hidden) + " is not divisible by heads " +
                std::to_string(m.heads));
@@ -87,7 +107,7 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
   m.hidden = r.PositiveInt("hidden");
   m.heads = r.PositiveInt("heads");
   m.kv_heads = r.PositiveInt("kv_heads", m.heads);
-  m.ffn_hidden = r.PositiveInt("ffn_hidden", 4 * m.hidden);
+  m.ffn_hidden = r.PositiveInt("ffn_hidden", DefaultFfn(m.hidden));
   m.seq_len = r.PositiveInt("seq_len");
   m.vocab = r.PositiveInt("vocab");
   const std::string act = r.Enum("activation", {"gelu", "swiglu", "squared_relu"}, "gelu");
@@ -106,6 +126,10 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
   if (m.heads % m.kv_heads != 0)
     r.Fail("kv_heads", "'" + std::to_string(m.kv_heads) + "' does not divide heads " +
                            std::to_string(m.heads));
+  for (const auto& [name, value, limit] : SizeLimits(m))
+    if (value > limit)
+      r.Fail(name, "'" + std::to_string(value) + "' is larger than the limit " +
+                       std::to_string(limit));
   PTDP_RETURN_IF_ERROR(r.Finish());
   return m;
 }
@@ -157,9 +181,16 @@ Result<std::string> JsonString(const nlohmann::json& j, const std::string& file,
 Result<ModelSpec> ImportHfConfig(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::Error(path + ": cannot open file");
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Status::Error(path + ": cannot read file");
+  return ImportHfConfigText(text.str(), path);
+}
+
+Result<ModelSpec> ImportHfConfigText(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     return Status::Error(path + ": malformed JSON: " + e.what());
   }
@@ -181,7 +212,7 @@ Result<ModelSpec> ImportHfJson(const nlohmann::json& j, const std::string& path)
     PTDP_ASSIGN_OR_RETURN(m.layers, JsonInt(j, path, "n_layer", 0));
     PTDP_ASSIGN_OR_RETURN(m.hidden, JsonInt(j, path, "n_embd", 0));
     PTDP_ASSIGN_OR_RETURN(m.heads, JsonInt(j, path, "n_head", 0));
-    PTDP_ASSIGN_OR_RETURN(m.ffn_hidden, JsonInt(j, path, "n_inner", 4 * m.hidden));
+    PTDP_ASSIGN_OR_RETURN(m.ffn_hidden, JsonInt(j, path, "n_inner", DefaultFfn(m.hidden)));
     PTDP_ASSIGN_OR_RETURN(m.seq_len, JsonInt(j, path, "n_positions", 1024));
     PTDP_ASSIGN_OR_RETURN(m.vocab, JsonInt(j, path, "vocab_size", 0));
     m.kv_heads = m.heads;
@@ -195,7 +226,7 @@ Result<ModelSpec> ImportHfJson(const nlohmann::json& j, const std::string& path)
     PTDP_ASSIGN_OR_RETURN(m.hidden, JsonInt(j, path, "hidden_size", 0));
     PTDP_ASSIGN_OR_RETURN(m.heads, JsonInt(j, path, "num_attention_heads", 0));
     PTDP_ASSIGN_OR_RETURN(m.kv_heads, JsonInt(j, path, "num_key_value_heads", m.heads));
-    PTDP_ASSIGN_OR_RETURN(m.ffn_hidden, JsonInt(j, path, "intermediate_size", 4 * m.hidden));
+    PTDP_ASSIGN_OR_RETURN(m.ffn_hidden, JsonInt(j, path, "intermediate_size", DefaultFfn(m.hidden)));
     PTDP_ASSIGN_OR_RETURN(m.seq_len, JsonInt(j, path, "max_position_embeddings", 0));
     PTDP_ASSIGN_OR_RETURN(m.vocab, JsonInt(j, path, "vocab_size", 0));
     PTDP_ASSIGN_OR_RETURN(const std::string act, JsonString(j, path, "hidden_act", "silu"));

@@ -52,7 +52,17 @@ struct ModelSpec {
   int64_t total_params() const;
 };
 
-// Checks the cross-field rules (positive sizes, h % a, a % k, ...). `where` prefixes messages.
+// The largest sizes ptdp accepts, far above any published model (Megatron-1T: h 25600, f
+// 102400, L 128; Llama 3 405B: V 128256). Within them every derived count (total_params(),
+// FLOPs) fits int64 exactly: L * f * h * 3 <= 2^16 * 2^22 * 2^20 * 3 < 2^60.
+constexpr int64_t kMaxLayers = int64_t(1) << 16;
+constexpr int64_t kMaxHidden = int64_t(1) << 20;
+constexpr int64_t kMaxFfnHidden = int64_t(1) << 22;
+constexpr int64_t kMaxSeqLen = int64_t(1) << 24;
+constexpr int64_t kMaxVocab = int64_t(1) << 24;
+
+// Checks the cross-field rules (positive sizes within the limits above, h % a, a % k, ...).
+// `where` prefixes messages.
 Status ValidateModel(const ModelSpec& m, const std::string& where);
 
 // Reads a model from a YAML map (keys: name, layers, hidden, heads, kv_heads, ffn_hidden,
@@ -64,6 +74,8 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
 Result<ModelSpec> LoadModelFile(const std::string& path);
 // Imports a Hugging Face config.json (GPT-2, Llama, Mistral, Qwen2 style).
 Result<ModelSpec> ImportHfConfig(const std::string& path);
+// The same from the JSON text; `name` stands for the file in messages.
+Result<ModelSpec> ImportHfConfigText(const std::string& text, const std::string& name);
 // Loads "hf:path/config.json" through ImportHfConfig, anything else through LoadModelFile.
 Result<ModelSpec> LoadModel(const std::string& spec);
 

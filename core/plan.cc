@@ -147,23 +147,27 @@ Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name) 
   YamlReader c(r.Child("cluster"), name, "cluster");
   plan.cluster_file = c.String("file");
   plan.cluster_name = c.String("name", "");
-  plan.nodes = static_cast<int>(c.PositiveInt("nodes"));
-  plan.gpus_per_node = static_cast<int>(c.PositiveInt("gpus_per_node"));
+  plan.nodes = c.PositiveIntAtMost("nodes", kMaxWorldSize);
+  plan.gpus_per_node = c.PositiveIntAtMost("gpus_per_node", kMaxWorldSize);
+  if (int64_t(plan.nodes) * plan.gpus_per_node > kMaxWorldSize)
+    c.Fail("gpus_per_node", std::to_string(plan.nodes) + " nodes x " +
+                                std::to_string(plan.gpus_per_node) + " GPUs is above the " +
+                                std::to_string(kMaxWorldSize) + "-GPU limit");
   plan.allow_tp_across_nodes = c.Bool("allow_tp_across_nodes", false);
   PTDP_RETURN_IF_ERROR(c.Finish());
   if (!r.Has("model")) return Status::Error(name + ": missing required key 'model'");
   PTDP_ASSIGN_OR_RETURN(plan.model, ModelFromYaml(r.Child("model"), name, "model"));
   YamlReader l(r.Child("layout"), name, "layout");
   Layout& lay = plan.layout;
-  lay.tp = static_cast<int>(l.PositiveInt("tp"));
-  lay.pp = static_cast<int>(l.PositiveInt("pp"));
-  lay.dp = static_cast<int>(l.PositiveInt("dp"));
-  lay.vp = static_cast<int>(l.PositiveInt("vp", 1));
-  lay.cp = static_cast<int>(l.PositiveInt("cp", 1));
-  lay.micro_batch = static_cast<int>(l.PositiveInt("micro_batch"));
+  lay.tp = l.PositiveIntAtMost("tp", kMaxWorldSize);
+  lay.pp = l.PositiveIntAtMost("pp", kMaxWorldSize);
+  lay.dp = l.PositiveIntAtMost("dp", kMaxWorldSize);
+  lay.vp = l.PositiveIntAtMost("vp", kMaxLayers, 1);
+  lay.cp = l.PositiveIntAtMost("cp", kMaxWorldSize, 1);
+  lay.micro_batch = l.PositiveIntAtMost("micro_batch", kMaxGlobalBatch);
   lay.global_batch = l.PositiveInt("global_batch");
   const int64_t m_written = l.PositiveInt("num_microbatches", 0 + 1);
-  lay.microbatch_group = static_cast<int>(l.NonNegativeInt("microbatch_group", 0));
+  lay.microbatch_group = l.NonNegativeIntAtMost("microbatch_group", kMaxGlobalBatch, 0);
   lay.sequence_parallel = l.Bool("sequence_parallel", false);
   lay.recompute = *ParseRecompute(l.Enum("recompute", {"none", "selective", "full"}, "none"));
   lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
@@ -183,6 +187,10 @@ Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name) 
   }
   PTDP_RETURN_IF_ERROR(r.Finish());
   const int world = plan.nodes * plan.gpus_per_node;
+  // lay.world() below multiplies four ints: refuse products past the limit first.
+  if (double(lay.tp) * lay.cp * lay.pp * lay.dp > double(kMaxWorldSize))
+    return Status::Error(name + ": layout " + lay.ShortName() + ": tp*cp*pp*dp is above the " +
+                         std::to_string(kMaxWorldSize) + "-rank limit");
   PTDP_RETURN_IF_ERROR(ValidateLayout(plan.model, lay, lay.world(), plan.gpus_per_node,
                                       plan.allow_tp_across_nodes)
                            .Prefixed(name));

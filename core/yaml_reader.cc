@@ -124,6 +124,29 @@ int64_t YamlReader::NonNegativeInt(const std::string& key, int64_t fallback) {
   return v;
 }
 
+namespace {
+std::string Limit(int64_t v, int64_t max) {
+  return "'" + std::to_string(v) + "' is larger than the limit " + std::to_string(max);
+}
+}  // namespace
+
+int YamlReader::PositiveIntAtMost(const std::string& key, int64_t max) {
+  const int64_t v = PositiveInt(key);
+  if (v > max) { Fail(key, Limit(v, max)); return 1; }
+  return int(v);
+}
+
+int YamlReader::PositiveIntAtMost(const std::string& key, int64_t max, int fallback) {
+  if (!Has(key)) { consumed_.push_back(key); return fallback; }
+  return PositiveIntAtMost(key, max);
+}
+
+int YamlReader::NonNegativeIntAtMost(const std::string& key, int64_t max, int fallback) {
+  const int64_t v = NonNegativeInt(key, fallback);
+  if (v > max) { Fail(key, Limit(v, max)); return fallback; }
+  return int(v);
+}
+
 double YamlReader::PositiveNumber(const std::string& key, double fallback) {
   auto n = Take(key, false);
   if (!n) return fallback;
@@ -204,6 +227,14 @@ YAML::Node YamlReader::Child(const std::string& key) {
 
 Status YamlReader::Finish() const {
   if (!first_error_.ok()) return first_error_;
+  // A key given twice: yaml-cpp would silently use one of the values.
+  for (auto it = node_.begin(); it != node_.end(); ++it)
+    for (auto prev = node_.begin(); prev != it; ++prev)
+      if (prev->first.Scalar() == it->first.Scalar())
+        return Status::Error(file_ + ":" + std::to_string(it->first.Mark().line + 1) +
+                             ": duplicate key '" + KeyPath(it->first.Scalar()) +
+                             "' (first at line " + std::to_string(prev->first.Mark().line + 1) +
+                             ")");
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     const std::string k = it->first.Scalar();
     if (std::find(consumed_.begin(), consumed_.end(), k) == consumed_.end()) {

@@ -39,6 +39,11 @@ class YamlReader {
   int64_t PositiveInt(const std::string& key);
   int64_t PositiveInt(const std::string& key, int64_t fallback);
   int64_t NonNegativeInt(const std::string& key, int64_t fallback);
+  // A positive integer no larger than `max` (<= INT_MAX): sizes kept in an int. A value above
+  // `max` is an error naming the limit (never truncated).
+  int PositiveIntAtMost(const std::string& key, int64_t max);
+  int PositiveIntAtMost(const std::string& key, int64_t max, int fallback);
+  int NonNegativeIntAtMost(const std::string& key, int64_t max, int fallback);
   double PositiveNumber(const std::string& key, double fallback);
   double Quantity(const std::string& key, Dimension dim);
   double Quantity(const std::string& key, Dimension dim, double fallback);
@@ -57,7 +62,7 @@ class YamlReader {
   // Location prefix "file:line" of `key` (or of the map when absent).
   std::string Where(const std::string& key) const;
 
-  // The first error, or an unknown key, or OK.
+  // The first error, or a key given twice, or an unknown key, or OK.
   Status Finish() const;
   const std::string& file() const { return file_; }
   std::string KeyPath(const std::string& key) const;

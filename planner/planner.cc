@@ -70,10 +70,11 @@ Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
   if (s.world <= 0 || s.world > cluster.world())
     return Status::Error("--gpus " + std::to_string(s.world) + ": the cluster has " +
                          std::to_string(cluster.world()) + " GPUs");
-  int fixed = s.cp;
+  // 64 bits, and no growing past the world: the product of flags up to INT_MAX would overflow.
+  int64_t fixed = s.cp;
   for (const auto& v : {s.tp, s.pp, s.dp})
-    if (v) fixed *= *v;
-  if (s.world % fixed != 0)
+    if (v && fixed <= s.world) fixed *= *v;
+  if (fixed > s.world || s.world % fixed != 0)
     return Status::Error("fixed sizes (tp*cp*pp*dp so far " + std::to_string(fixed) +
                          ") do not divide the world size " + std::to_string(s.world));
   if (s.tp && s.pp && s.dp && fixed != s.world)

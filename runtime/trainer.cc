@@ -19,8 +19,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cassert>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numbers>
 #include <thread>
 #include <tuple>
@@ -30,6 +32,7 @@
 #include "core/rank_grid.h"
 #include "core/schedule.h"
 #include "runtime/data.h"
+#include "runtime/failures.h"
 #include "runtime/gpt.h"
 #include "runtime/params.h"
 
@@ -167,6 +170,7 @@ struct Rank {
   std::vector<RankReport> reports;  // after a step: every rank's, by global rank
   double eval_loss = 0;             // after Evaluate: the job's loss
   bool eval_root_ok = false;        // the rank that computed it succeeded
+  bool skipped = false;  // non-finite norm or loss under NanPolicy::kSkip: no update
 };
 
 }  // namespace
@@ -208,6 +212,7 @@ struct Trainer::Impl {
                                std::chrono::duration<double>(t0 - step_start).count(),
                                std::chrono::duration<double>(t1 - step_start).count()});
   }
+  int64_t optimizer_steps = 0;  // AdamW updates applied: the LR schedule's and Adam's step
 
   int Stage(int r, int c) const { return c * p + r; }
   bool FirstStage(int r, int c) const { return Stage(r, c) == 0; }
@@ -231,21 +236,37 @@ struct Trainer::Impl {
   std::vector<ShardSource> ShardSources() const;
   Status GatherShards(Rank& rk, const std::vector<ShardSource>& sources,
                       std::map<std::string, std::vector<float>>* out);
+  // Checkpoint state (bottom of this file).
+  Result<std::vector<float>> LocalShard(int tp, int pp, size_t state_index, int which);
+  Status ImportRank(Rank& rk, const std::map<std::string, const NamedTensor*>& by_name);
+  Status RequireAllRanksLocal(const char* what) const;
 };
 
 namespace {
 
-// Runs fn(rank) on one thread per rank; the first failure (by rank order) names its rank.
+// Runs fn(rank) on one thread per rank. On failure returns the failure that names the silent
+// rank when one stopped answering (runtime/failures.h), prefixed with its rank.
 Status OnEveryRank(std::vector<Rank>& ranks, const std::function<Status(Rank&)>& fn) {
   std::vector<Status> status(ranks.size());
+  std::vector<Clock::time_point> done(ranks.size());
   std::vector<std::thread> threads;
   threads.reserve(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i)
-    threads.emplace_back([&, i] { status[i] = fn(ranks[i]); });
+    threads.emplace_back([&, i] {
+      status[i] = fn(ranks[i]);
+      done[i] = Clock::now();
+    });
   for (std::thread& th : threads) th.join();
-  for (size_t i = 0; i < ranks.size(); ++i)
-    if (!status[i].ok()) return status[i].Prefixed("rank " + Str(ranks[i].global));
-  return Status::Ok();
+  // By global rank (ranks of other processes count as OK here), for the root-cause search.
+  size_t n = 0;
+  for (const Rank& rk : ranks) n = std::max(n, size_t(rk.global) + 1);
+  std::vector<Status> by_global(n);
+  std::vector<Clock::time_point> when(n, Clock::now());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    by_global[size_t(ranks[i].global)] = status[i];
+    when[size_t(ranks[i].global)] = done[i];
+  }
+  return ReportRankFailures(by_global, when);
 }
 
 
@@ -514,25 +535,39 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
   const Clock::time_point t0 = Clock::now();
   Backend& be = *rk.backend;
   const bool dopt = cfg.layout.distributed_optimizer && d > 1;
-  PTDP_ASSIGN_OR_RETURN(Tensor sq, be.Alloc({1}, DType::kF32));
+  // sq[0]: squares of the grads that count in the norm; sq[1]: squares of the others (TP
+  // replicas, the tied copy) plus a NaN if this rank's loss is not finite, so that a NaN or Inf
+  // anywhere reaches every rank through the same all-reduces and all ranks decide alike.
+  PTDP_ASSIGN_OR_RETURN(Tensor sq, be.Alloc({2}, DType::kF32));
+  Tensor sq_norm = sq.View(Shape({1}), 0), sq_rest = sq.View(Shape({1}), 1);
   for (ParamState& ps : rk.state)
-    if (ps.counts_in_norm && ps.owned > 0) be.SumSquares(ps.grad_slice.View(Shape({ps.owned})), sq);
+    if (ps.owned > 0)
+      be.SumSquares(ps.grad_slice.View(Shape({ps.owned})), ps.counts_in_norm ? sq_norm : sq_rest);
+  if (!std::isfinite(rk.loss)) be.Fill(std::numeric_limits<float>::quiet_NaN(), sq_rest);
   // The TP part goes through the timing decorator (TP time); PP and DP parts count here.
   const double tp0 = rk.tp_seconds;
   if (t > 1) PTDP_RETURN_IF_ERROR(rk.tp->AllReduce(sq, ReduceOp::kSum));
   if (p > 1) PTDP_RETURN_IF_ERROR(rk.pp->AllReduce(sq, ReduceOp::kSum));
   if (dopt) PTDP_RETURN_IF_ERROR(rk.dp->AllReduce(sq, ReduceOp::kSum));
-  float sq_host = 0;
-  PTDP_RETURN_IF_ERROR(be.CopyToHost(sq, &sq_host));
-  rk.grad_norm = std::sqrt(double(sq_host));
+  float sq_host[2] = {0, 0};
+  PTDP_RETURN_IF_ERROR(be.CopyToHost(sq, sq_host));
+  rk.grad_norm = std::sqrt(double(sq_host[0]));
+  if (!std::isfinite(sq_host[0] + sq_host[1])) {
+    rk.times.optimizer_s += Since(t0) - (rk.tp_seconds - tp0);
+    if (cfg.on_nan == NanPolicy::kStop)
+      return Status::Error("gradient norm " + std::to_string(rk.grad_norm) + " (or the loss) is "
+                           "not finite: stopped before updating any parameter");
+    rk.skipped = true;  // every rank sees the same sums, so every rank skips
+    return Status::Ok();
+  }
   const OptimizerConfig& oc = cfg.optimizer;
   AdamWConfig ac;
-  ac.lr = float(oc.LearningRate(steps));
+  ac.lr = float(oc.LearningRate(optimizer_steps));
   ac.beta1 = float(oc.beta1);
   ac.beta2 = float(oc.beta2);
   ac.eps = float(oc.eps);
   ac.grad_scale = oc.clip_grad > 0 ? float(std::min(1.0, oc.clip_grad / (rk.grad_norm + 1e-6))) : 1.0f;
-  ac.step = steps + 1;
+  ac.step = optimizer_steps + 1;
   for (ParamState& ps : rk.state) {
     if (ps.owned == 0) continue;
     ac.weight_decay = ps.decay ? float(oc.weight_decay) : 0.0f;
@@ -566,6 +601,7 @@ Status Trainer::Impl::RunStep(Rank& rk) {
   rk.tp_seconds = 0;
   rk.loss = 0;
   rk.grad_norm = 0;
+  rk.skipped = false;
   rk.backend->ResetPeak();
   for (auto& chunk : rk.chunks) chunk->ZeroGrads();
   PTDP_RETURN_IF_ERROR(RunOps(rk));
@@ -643,6 +679,7 @@ Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 
 int64_t Trainer::steps_done() const { return impl_->steps; }
+int64_t Trainer::optimizer_steps() const { return impl_->optimizer_steps; }
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, BackendFactory backends,
                                                  CommunicatorFactory& comms) {
@@ -704,17 +741,21 @@ Result<StepResult> Trainer::Step() {
   StepResult res;
   res.step_time_s = Since(t0);
   res.step = im.steps;
-  res.lr = im.cfg.optimizer.LearningRate(im.steps);
+  res.lr = im.cfg.optimizer.LearningRate(im.optimizer_steps);
   // Every rank holds the same norm; the loss lives on the last stage (tp 0, dp 0).
   res.grad_norm = all[0].grad_norm;
   res.loss = all[size_t(im.grid.Rank({0, 0, im.p - 1}))].loss;
+  res.skipped = im.ranks[0].skipped;  // every rank decides on the same all-reduced sums
   res.tokens_per_s = double(im.cfg.layout.global_batch) * im.s / std::max(res.step_time_s, 1e-12);
   for (const RankReport& r : all) res.ranks.push_back(FromWords(r.times));
-  for (const Rank& rk : im.ranks) res.ranks[size_t(rk.global)].events = rk.times.events;
-  if (!std::isfinite(res.loss) || !std::isfinite(res.grad_norm))
-    return Status::Error("step " + Str(im.steps) + ": loss " + std::to_string(res.loss) +
-                         ", grad norm " + std::to_string(res.grad_norm) + " is not finite");
+  for (const Rank& rk : im.ranks) {
+    res.ranks[size_t(rk.global)].events = rk.times.events;
+    if (rk.skipped != res.skipped)  // cannot happen: every rank decides on the same sums
+      return Status::Error("step " + Str(im.steps) + ": ranks " + Str(im.ranks[0].global) +
+                           " and " + Str(rk.global) + " disagree on skipping a non-finite step");
+  }
   ++im.steps;
+  if (!res.skipped) ++im.optimizer_steps;
   return res;
 }
 
@@ -836,6 +877,165 @@ Status Trainer::Impl::BroadcastDoubles(Rank& rk, int root, double* values, int64
   PTDP_RETURN_IF_ERROR(be.CopyToHost(t, words.data()));
   std::memcpy(values, words.data(), size_t(n) * sizeof(double));
   return Status::Ok();
+}
+
+// ---- Checkpoint state: whole tensors <-> this layout's shards ---------------------------------
+// `which` selects the tensor of a parameter: 0 its value, 1 AdamW m, 2 AdamW v.
+
+namespace {
+
+const char* const kStatePrefix[3] = {"param/", "adam_m/", "adam_v/"};
+
+// The shape a checkpoint stores: the global shape without the padded vocabulary rows.
+std::vector<int64_t> WholeShape(const ParamSpec& ps) {
+  std::vector<int64_t> s = ps.shape;
+  if (ps.valid_rows >= 0) s[0] = ps.valid_rows;
+  return s;
+}
+
+// Calls f(local, whole) for each element of TP rank tp_rank's shard of `ps` that is in the
+// whole tensor (flat indices into LocalShape and WholeShape; padded rows have no whole index).
+template <typename F>
+void ForEachShardElement(const ParamSpec& ps, int t, int tp_rank, F f) {
+  const std::vector<int64_t> ls = LocalShape(ps, t);
+  const int64_t rows = ps.valid_rows >= 0 ? ps.valid_rows : ps.shape[0];
+  const int64_t cols = ps.shape.size() > 1 ? ps.shape[1] : 1;
+  const int64_t lcols = ls.size() > 1 ? ls[1] : 1;
+  const int64_t col0 = ps.shard == ShardKind::kColumns ? tp_rank * lcols : 0;
+  for (int64_t i = 0; i < ls[0]; ++i) {
+    const int64_t gi = GlobalRow(ps, t, tp_rank, i);
+    if (gi >= rows) continue;
+    for (int64_t j = 0; j < lcols; ++j) f(i * lcols + j, gi * cols + col0 + j);
+  }
+}
+
+}  // namespace
+
+// The flattened local shard of rk.state[state_index] (the same index on every DP rank of
+// (tp, pp)): its value from DP replica 0, or its moment assembled from the DP ranks' slices.
+Result<std::vector<float>> Trainer::Impl::LocalShard(int tp, int pp, size_t state_index,
+                                                     int which) {
+  const Rank& first = ranks[size_t(grid.Rank({tp, 0, pp}))];
+  const ParamState& ps0 = first.state[state_index];
+  std::vector<float> local(size_t(ps0.numel), 0.0f);
+  if (which == 0) {
+    PTDP_RETURN_IF_ERROR(first.backend->CopyToHost(ps0.param->value, local.data()));
+    return local;
+  }
+  const bool dopt = cfg.layout.distributed_optimizer && d > 1;
+  for (int j = 0; j < (dopt ? d : 1); ++j) {
+    const Rank& rk = ranks[size_t(grid.Rank({tp, j, pp}))];
+    const ParamState& ps = rk.state[state_index];
+    if (ps.owned == 0) continue;
+    const Tensor& moment = which == 1 ? ps.m : ps.v;
+    PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(moment.View(Shape({ps.owned})),
+                                                local.data() + (dopt ? j * ps.k : 0)));
+  }
+  return local;
+}
+
+Status Trainer::Impl::ImportRank(Rank& rk,
+                                 const std::map<std::string, const NamedTensor*>& by_name) {
+  const bool dopt = cfg.layout.distributed_optimizer && d > 1;
+  for (ParamState& ps : rk.state) {
+    const ParamSpec& spec = ps.param->spec;
+    for (int which = 0; which < 3; ++which) {
+      const std::vector<float>& whole = by_name.at(kStatePrefix[which] + spec.name)->data;
+      std::vector<float> local(size_t(ps.numel), 0.0f);  // padded rows stay 0
+      ForEachShardElement(spec, t, rk.coord.tp,
+                          [&](int64_t l, int64_t g) { local[size_t(l)] = whole[size_t(g)]; });
+      if (which == 0) {
+        PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(local.data(), ps.param->value));
+        continue;
+      }
+      if (ps.owned == 0) continue;
+      Tensor dst = (which == 1 ? ps.m : ps.v).View(Shape({ps.owned}));
+      PTDP_RETURN_IF_ERROR(
+          rk.backend->CopyFromHost(local.data() + (dopt ? rk.coord.dp * ps.k : 0), dst));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<TrainingState> Trainer::ExportState() {
+  Impl& im = *impl_;
+  PTDP_RETURN_IF_ERROR(im.RequireAllRanksLocal("exporting the training state"));
+  TrainingState st;
+  st.step = im.steps;
+  st.optimizer_steps = im.optimizer_steps;
+  st.consumed_samples = im.steps * im.cfg.layout.global_batch;
+  const std::vector<ParamSpec> specs = GptParams(im.cfg.model, im.t);
+  std::map<std::string, size_t> index;
+  for (int which = 0; which < 3; ++which)
+    for (const ParamSpec& ps : specs) {
+      const std::vector<int64_t> shape = WholeShape(ps);
+      int64_t n = 1;
+      for (int64_t x : shape) n *= x;
+      index[kStatePrefix[which] + ps.name] = st.tensors.size();
+      st.tensors.push_back({kStatePrefix[which] + ps.name, shape, std::vector<float>(size_t(n))});
+    }
+  // Each whole tensor from DP replica 0's shards: TP replicas and the last stage's copy of the
+  // tied embedding hold the same values as the ones read.
+  for (const Rank& rk : im.ranks) {
+    if (rk.coord.dp != 0) continue;
+    size_t state_index = 0;
+    for (const auto& chunk : rk.chunks)
+      for (const ChunkParam& cp : chunk->params()) {
+        const ParamSpec& ps = cp.spec;
+        const size_t here = state_index++;
+        if (ps.name == "embedding.word" && !chunk->config().has_embedding) continue;
+        if (ps.shard == ShardKind::kReplicated && rk.coord.tp != 0) continue;
+        for (int which = 0; which < 3; ++which) {
+          PTDP_ASSIGN_OR_RETURN(std::vector<float> local,
+                                im.LocalShard(rk.coord.tp, rk.coord.pp, here, which));
+          std::vector<float>& whole = st.tensors[index.at(kStatePrefix[which] + ps.name)].data;
+          ForEachShardElement(ps, im.t, rk.coord.tp,
+                              [&](int64_t l, int64_t g) { whole[size_t(g)] = local[size_t(l)]; });
+        }
+      }
+  }
+  return st;
+}
+
+Status Trainer::ImportState(const TrainingState& st) {
+  Impl& im = *impl_;
+  PTDP_RETURN_IF_ERROR(im.RequireAllRanksLocal("importing a training state"));
+  const int64_t B = im.cfg.layout.global_batch;
+  if (st.step < 0 || st.optimizer_steps < 0 || st.optimizer_steps > st.step)
+    return Status::Error("training state: step " + Str(st.step) + " and optimizer steps " +
+                         Str(st.optimizer_steps) + " are inconsistent");
+  if (st.consumed_samples != st.step * B)
+    return Status::Error("training state: " + Str(st.consumed_samples) + " samples consumed in " +
+                         Str(st.step) + " steps do not match this run's global batch " + Str(B) +
+                         " (resuming needs the same global batch)");
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& nt : st.tensors) by_name[nt.name] = &nt;
+  for (const ParamSpec& ps : GptParams(im.cfg.model, im.t))
+    for (const char* prefix : kStatePrefix) {
+      const std::string name = prefix + ps.name;
+      auto it = by_name.find(name);
+      if (it == by_name.end())
+        return Status::Error("training state: no tensor '" + name + "'");
+      const std::vector<int64_t> want = WholeShape(ps);
+      int64_t n = 1;
+      for (int64_t x : want) n *= x;
+      if (it->second->shape != want || int64_t(it->second->data.size()) != n)
+        return Status::Error("training state: tensor '" + name + "' has shape " +
+                             Shape(it->second->shape).ToString() + ", this model needs " +
+                             Shape(want).ToString());
+    }
+  for (Rank& rk : im.ranks) PTDP_RETURN_IF_ERROR(im.ImportRank(rk, by_name).Prefixed("rank " + Str(rk.global)));
+  im.steps = st.step;
+  im.optimizer_steps = st.optimizer_steps;
+  return Status::Ok();
+}
+
+// The checkpoint code reads every rank's shards by global rank (im.ranks[g]): all in this process.
+Status Trainer::Impl::RequireAllRanksLocal(const char* what) const {
+  if (int(ranks.size()) == grid.world()) return Status::Ok();
+  return Status::Error(std::string(what) + " needs every rank in this process (" +
+                       Str(int64_t(ranks.size())) + " of " + Str(grid.world()) +
+                       " here): not supported over several processes yet");
 }
 
 }  // namespace ptdp::rt

@@ -23,6 +23,7 @@
 #include "core/model.h"
 #include "core/status.h"
 #include "runtime/backend.h"
+#include "runtime/checkpoint.h"
 #include "runtime/communicator.h"
 
 namespace ptdp::rt {
@@ -39,11 +40,20 @@ struct OptimizerConfig {
   double LearningRate(int64_t step) const;
 };
 
+// What a step does when the global gradient norm (or the loss) is NaN or Inf. The decision is
+// taken on the all-reduced norm, which is the same on every rank, so all ranks agree.
+enum class NanPolicy {
+  kStop,  // Step() fails (naming the step and the norm) before any parameter changes
+  kSkip,  // no rank updates its parameters; the step counts (its data is consumed) but the
+          // optimizer's step count and the learning-rate schedule do not advance (Megatron)
+};
+
 struct TrainerConfig {
   ModelSpec model;             // a GPT shape (the runtime's model; see runtime/gpt.h)
   Layout layout;               // legal for the model; tp*cp*pp*dp ranks (cp must be 1)
   OptimizerConfig optimizer;
   uint64_t seed = 1234;        // parameter init and data order
+  NanPolicy on_nan = NanPolicy::kStop;
   const std::vector<int32_t>* train_tokens = nullptr;  // must outlive the trainer
   // The global ranks this trainer (this process) drives; empty: all of them. With several
   // processes (one per GPU, or per node) each creates a Trainer for its own ranks over a shared
@@ -87,7 +97,8 @@ struct StepResult {
   int64_t step = 0;          // 0-based
   double loss = 0;           // mean loss over the global batch
   double grad_norm = 0;      // global L2 norm before clipping
-  double lr = 0;
+  double lr = 0;              // of this step's update (the schedule at optimizer_steps)
+  bool skipped = false;        // non-finite gradients under NanPolicy::kSkip: no update
   double step_time_s = 0;    // wall time of the step
   double tokens_per_s = 0;
   std::vector<RankTimes> ranks;  // by global rank
@@ -126,6 +137,16 @@ class Trainer {
   Result<std::map<std::string, std::vector<float>>> GatherParameters();
 
   int64_t steps_done() const;
+  int64_t optimizer_steps() const;
+
+  // The whole training state, gathered from the ranks (parameters from DP replica 0, moments
+  // from every DP rank that owns a slice). Fails only when a backend copy fails.
+  Result<TrainingState> ExportState();
+  // Loads a state exported by a trainer of the same model in any layout (with the same global
+  // batch): shards every tensor into this layout and sets the counters, so the next Step()
+  // continues that run. Fails, changing nothing, naming the tensor that is missing or has the
+  // wrong shape, or when the data position does not match this global batch.
+  Status ImportState(const TrainingState& state);
 
  private:
   struct Impl;

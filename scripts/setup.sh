@@ -4,11 +4,12 @@
 # chromium is for the HTML report test (tests/cli/report_test.cc renders the page headless).
 # OpenMPI (libopenmpi-dev, openmpi-bin) is the optional bootstrap of multi-process GPU runs
 # (runtime/cuda/mpi_bootstrap.h; built when CUDA is found too).
+# clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes) are for `make fuzz-smoke`.
 set -euo pipefail
 
 pkgs=(cmake make g++ pkg-config libyaml-cpp-dev libfmt-dev libeigen3-dev libboost-graph-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-      chromium libopenmpi-dev openmpi-bin)
+      chromium libopenmpi-dev openmpi-bin clang libclang-rt-14-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do

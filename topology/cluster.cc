@@ -100,7 +100,7 @@ Status ReadIntra(const YAML::Node& node, const std::string& file, IntraNodeSpec*
 
 Status ReadInter(const YAML::Node& node, const std::string& file, InterNodeSpec* inter) {
   YamlReader r(node, file, "inter_node");
-  inter->nics_per_node = static_cast<int>(r.PositiveInt("nics_per_node"));
+  inter->nics_per_node = r.PositiveIntAtMost("nics_per_node", kMaxClusterGpus);
   inter->nic_bw_bytes_per_s = r.Quantity("nic_bandwidth", Dimension::kBandwidth);
   inter->latency_s = RequiredLatency(r, "latency");
   inter->oversubscription = r.PositiveNumber("oversubscription", 1);
@@ -112,7 +112,7 @@ Status ReadInter(const YAML::Node& node, const std::string& file, InterNodeSpec*
 // A required non-negative integer (GPU index of a link).
 int RequiredIndex(YamlReader& r, const std::string& key) {
   if (!r.Has(key)) r.Fail(key, "missing required key");
-  return static_cast<int>(r.NonNegativeInt(key, 0));
+  return r.NonNegativeIntAtMost(key, kMaxClusterGpus, 0);
 }
 
 Status ReadLinks(const YAML::Node& node, const std::string& file, int gpus_per_node,
@@ -174,8 +174,12 @@ Result<ClusterSpec> ClusterFromYaml(const YAML::Node& node, const std::string& f
   c.file = file;
   c.name = r.String("name");
   r.String("description", "");  // free text, ignored
-  c.nodes = static_cast<int>(r.PositiveInt("nodes"));
-  c.gpus_per_node = static_cast<int>(r.PositiveInt("gpus_per_node"));
+  c.nodes = r.PositiveIntAtMost("nodes", kMaxClusterGpus);
+  c.gpus_per_node = r.PositiveIntAtMost("gpus_per_node", kMaxClusterGpus);
+  if (int64_t(c.nodes) * c.gpus_per_node > kMaxClusterGpus)
+    r.Fail("gpus_per_node", std::to_string(c.nodes) + " nodes x " +
+                                std::to_string(c.gpus_per_node) + " GPUs is above the " +
+                                std::to_string(kMaxClusterGpus) + "-GPU limit");
   for (const char* key : {"gpu", "intra_node"})
     if (!r.Has(key)) r.Fail(key, "missing required key");
   if (c.nodes > 1 && !r.Has("inter_node"))

@@ -67,7 +67,7 @@ struct LinkSpec {
 
 // Largest cluster ptdp builds a graph for (GPUs): 16x the biggest published training runs, small
 // enough that a graph and a plan stay fast.
-constexpr int64_t kMaxClusterGpus = 262144;
+constexpr int64_t kMaxClusterGpus = kMaxWorldSize;
 
 struct ClusterSpec {
   std::string name;

@@ -253,6 +253,12 @@ TEST(ModelYamlTest, BadFilesNameFileLineAndKey) {
       {"bad_bool", good + "bias: maybe\n", {":6:", "bias", "'maybe'", "not a boolean"}},
       {"list_for_hidden", "layers: 4\nhidden: [64]\nheads: 4\nseq_len: 32\nvocab: 256\n",
        {":2:", "hidden", "not an integer"}},
+      // Found by fuzz/model_fuzz: 4 * hidden (the default ffn_hidden) overflowed int64.
+      {"huge_hidden", "layers: 4\nhidden: 6549109558124245452\nheads: 4\nseq_len: 32\nvocab: 256\n",
+       {":2:", "hidden", "'6549109558124245452' is larger than the limit 1048576"}},
+      {"huge_vocab", "layers: 4\nhidden: 64\nheads: 4\nseq_len: 32\nvocab: 16777217\n",
+       {":5:", "vocab", "larger than the limit 16777216"}},
+      {"duplicate_key", good + "vocab: 512\n", {":6:", "duplicate key 'vocab'", "line 5"}},
       {"malformed", "layers: 4\nhidden: [64\nheads: 4\n", {"malformed YAML"}},
       {"not_a_map", "- layers\n- hidden\n", {"must be a mapping"}},
       {"empty", "", {"empty"}},

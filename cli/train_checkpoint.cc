@@ -1,0 +1,158 @@
+// `ptdp train` checkpoint flags, resume and save; see train_checkpoint.h.
+#include "cli/train_checkpoint.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+namespace ptdp::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+void AddCheckpointFlags(CLI::App* app, CheckpointFlags* f) {
+  app->add_option("--checkpoint-dir", f->dir,
+                  "save checkpoints (step-NNNNNNNN.ckpt) in this folder, created if missing");
+  app->add_option("--save-every", f->save_every,
+                  "checkpoint after every N-th step (default 0: only after the last step)");
+  app->add_option("--keep", f->keep, "keep the newest K checkpoints (default 3)");
+  app->add_flag("--resume", f->resume,
+                "continue from the newest checkpoint in --checkpoint-dir (any layout may have "
+                "written it); starts from step 0 when there is none");
+  app->add_option("--on-nan", f->on_nan,
+                  "a NaN/Inf loss or gradient: stop (default, before any update) or skip the "
+                  "step's update on every rank");
+}
+
+Status CheckCheckpointFlags(const CheckpointFlags& f) {
+  if (f.save_every < 0) return Status::Error("--save-every " + std::to_string(f.save_every) + " must not be negative");
+  if (f.keep < 1) return Status::Error("--keep " + std::to_string(f.keep) + " must be at least 1");
+  if (f.dir.empty() && (f.resume || f.save_every > 0))
+    return Status::Error(std::string(f.resume ? "--resume" : "--save-every") + " needs --checkpoint-dir");
+  if (f.on_nan != "stop" && f.on_nan != "skip")
+    return Status::Error("--on-nan '" + f.on_nan + "': expected stop or skip");
+  return Status::Ok();
+}
+
+std::map<std::string, double> OptimizerSettings(const rt::OptimizerConfig& o) {
+  return {{"lr", o.lr},         {"min_lr", o.min_lr},
+          {"warmup_steps", o.warmup_steps}, {"decay_steps", o.decay_steps},
+          {"beta1", o.beta1},   {"beta2", o.beta2},
+          {"eps", o.eps},       {"weight_decay", o.weight_decay},
+          {"clip_grad", o.clip_grad}};
+}
+
+Result<rt::OptimizerConfig> OptimizerFromSettings(const std::map<std::string, double>& s,
+                                                  const std::string& file) {
+  rt::OptimizerConfig o;
+  for (const auto& [key, value] : OptimizerSettings(o))
+    if (!s.count(key)) return Status::Error(file + ": no optimizer setting '" + key + "'");
+  for (const auto& [key, value] : s)
+    if (!OptimizerSettings(o).count(key))
+      return Status::Error(file + ": unknown optimizer setting '" + key + "'");
+  const double warmup = s.at("warmup_steps"), decay = s.at("decay_steps");
+  if (warmup < 0 || warmup > 1e9 || warmup != int(warmup) || decay < 0 || decay > 1e9 ||
+      decay != int(decay))
+    return Status::Error(file + ": warmup_steps and decay_steps must be whole numbers");
+  o.lr = s.at("lr");
+  o.min_lr = s.at("min_lr");
+  o.warmup_steps = int(warmup);
+  o.decay_steps = int(decay);
+  o.beta1 = s.at("beta1");
+  o.beta2 = s.at("beta2");
+  o.eps = s.at("eps");
+  o.weight_decay = s.at("weight_decay");
+  o.clip_grad = s.at("clip_grad");
+  return o;
+}
+
+Result<std::optional<ResumePoint>> PrepareCheckpoints(const CheckpointFlags& f) {
+  std::optional<ResumePoint> none;
+  if (f.dir.empty()) return none;
+  std::error_code ec;
+  std::filesystem::create_directories(f.dir, ec);
+  if (ec) return Status::Error(f.dir + ": cannot create the checkpoint folder: " + ec.message());
+  PTDP_ASSIGN_OR_RETURN(std::vector<std::string> removed, rt::RemoveIncompleteCheckpoints(f.dir));
+  for (const std::string& r : removed)
+    std::printf("removed %s: a checkpoint write that never finished\n", r.c_str());
+  if (!f.resume) return none;
+  PTDP_ASSIGN_OR_RETURN(std::vector<std::string> all, rt::ListCheckpoints(f.dir));
+  if (all.empty()) {
+    std::printf("no checkpoint in %s: starting from step 0\n", f.dir.c_str());
+    return none;
+  }
+  const Clock::time_point t0 = Clock::now();
+  auto ckpt = rt::ReadCheckpoint(all.back());
+  if (!ckpt.ok())
+    return Status::Error(ckpt.status().message() +
+                         " (cannot resume; move the file away to resume from an older checkpoint)");
+  std::printf("loaded %s: step %lld, written by %s (%.1f MB in %.2f s)\n", all.back().c_str(),
+              static_cast<long long>(ckpt->state.step), ckpt->layout.c_str(),
+              double(std::filesystem::file_size(all.back())) / 1e6, Since(t0));
+  return std::optional<ResumePoint>(ResumePoint{all.back(), std::move(ckpt).value()});
+}
+
+Status ApplyCheckpoint(const ResumePoint& from, rt::TrainerConfig* cfg) {
+  const rt::Checkpoint& c = from.ckpt;
+  ModelSpec a = c.model, b = cfg->model;
+  a.name = b.name = "";  // the name is free text
+  if (ModelToYaml(a, "") != ModelToYaml(b, ""))
+    return Status::Error(from.path + ": holds a different model than the plan's:\n" +
+                         ModelToYaml(c.model, "  ") + "plan:\n" + ModelToYaml(cfg->model, "  "));
+  if (c.global_batch != cfg->layout.global_batch)
+    return Status::Error(from.path + ": written with global batch " +
+                         std::to_string(c.global_batch) + ", the plan has " +
+                         std::to_string(cfg->layout.global_batch) +
+                         " (the data position counts sequences of that batch)");
+  PTDP_ASSIGN_OR_RETURN(rt::OptimizerConfig o, OptimizerFromSettings(c.optimizer, from.path));
+  if (OptimizerSettings(o) != OptimizerSettings(cfg->optimizer))
+    std::printf("using the checkpoint's optimizer settings (lr %g, warmup %d, decay over %d "
+                "steps), not the flags'\n", o.lr, o.warmup_steps, o.decay_steps);
+  if (c.seed != cfg->seed)
+    std::printf("using the checkpoint's seed %llu for the data order, not %llu\n",
+                static_cast<unsigned long long>(c.seed), static_cast<unsigned long long>(cfg->seed));
+  if (c.layout != cfg->layout.ShortName())
+    std::printf("resharding: the checkpoint was written by %s, this run is %s\n", c.layout.c_str(),
+                cfg->layout.ShortName().c_str());
+  cfg->optimizer = o;
+  cfg->seed = c.seed;
+  return Status::Ok();
+}
+
+Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::TrainerConfig& cfg) {
+  const Clock::time_point t0 = Clock::now();
+  rt::Checkpoint c;
+  c.model = cfg.model;
+  c.seed = cfg.seed;
+  c.global_batch = cfg.layout.global_batch;
+  c.layout = cfg.layout.ShortName();
+  c.optimizer = OptimizerSettings(cfg.optimizer);
+  PTDP_ASSIGN_OR_RETURN(c.state, trainer.ExportState());
+  const std::string path = f.dir + "/" + rt::CheckpointFileName(c.state.step);
+  rt::PartialWriteHook hook;
+  const char* pause = std::getenv("PTDP_TEST_PAUSE_CHECKPOINT_WRITE");
+  if (pause && std::to_string(c.state.step) == pause)
+    hook = [](const std::string& tmp) {
+      std::fprintf(stderr, "checkpoint write paused: %s\n", tmp.c_str());
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::minutes(10));
+    };
+  PTDP_RETURN_IF_ERROR(rt::WriteCheckpoint(path, c, hook));
+  std::error_code ec;
+  const double mb = double(std::filesystem::file_size(path, ec)) / 1e6;
+  PTDP_ASSIGN_OR_RETURN(std::vector<std::string> pruned, rt::PruneCheckpoints(f.dir, f.keep));
+  std::printf("saved %s (%.1f MB in %.2f s)%s\n", path.c_str(), mb, Since(t0),
+              pruned.empty() ? "" : (", deleted " + std::to_string(pruned.size()) + " older").c_str());
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+}  // namespace ptdp::cli

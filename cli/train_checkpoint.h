@@ -1,0 +1,54 @@
+// Checkpointing for `ptdp train`: its flags, resuming from the newest checkpoint of a folder
+// (into the plan's layout, whatever layout wrote it) and saving every N steps. The file format
+// is runtime/checkpoint.h; what a checkpoint restores is docs/reliability.md.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "core/status.h"
+#include "runtime/checkpoint.h"
+#include "runtime/trainer.h"
+
+namespace ptdp::cli {
+
+struct CheckpointFlags {
+  std::string dir;      // --checkpoint-dir: where step-NNNNNNNN.ckpt files go; empty: none
+  int save_every = 0;   // --save-every N: after every N-th step (0: only after the last step)
+  int keep = 3;         // --keep K: the newest K checkpoints stay, older ones are deleted
+  bool resume = false;  // --resume: continue from the newest checkpoint in dir (if any)
+  std::string on_nan = "stop";  // --on-nan skip|stop
+};
+void AddCheckpointFlags(CLI::App* app, CheckpointFlags* f);
+// Range checks of the flags (the message names the flag).
+Status CheckCheckpointFlags(const CheckpointFlags& f);
+
+// The optimizer settings as a checkpoint stores them, by name; and back.
+std::map<std::string, double> OptimizerSettings(const rt::OptimizerConfig& o);
+Result<rt::OptimizerConfig> OptimizerFromSettings(const std::map<std::string, double>& s,
+                                                  const std::string& file);
+
+// Creates the folder, removes the temporary files of writes that never finished (printing
+// them) and, with --resume, reads the newest checkpoint: nullopt when the folder has none.
+// A damaged newest checkpoint is an error naming it (older ones are not tried silently).
+struct ResumePoint {
+  std::string path;
+  rt::Checkpoint ckpt;
+};
+Result<std::optional<ResumePoint>> PrepareCheckpoints(const CheckpointFlags& f);
+
+// Takes the checkpoint's seed and optimizer settings into `cfg` (printing those that differ
+// from the flags), after checking that its model and global batch are the plan's.
+Status ApplyCheckpoint(const ResumePoint& from, rt::TrainerConfig* cfg);
+
+// Writes the trainer's state as <dir>/step-NNNNNNNN.ckpt (NNNNNNNN = steps done), prints the
+// size and time, and deletes all but the newest --keep. Test hook: with the environment
+// variable PTDP_TEST_PAUSE_CHECKPOINT_WRITE=<steps>, the write of that checkpoint pauses for
+// 10 minutes halfway through the data, after printing "checkpoint write paused: <tmp path>" on
+// stderr (tests kill -9 the process there).
+Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::TrainerConfig& cfg);
+
+}  // namespace ptdp::cli

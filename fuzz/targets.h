@@ -1,0 +1,29 @@
+// The fuzz targets' bodies, one per reader of user input, shared by the libFuzzer entry points
+// (fuzz/*_fuzz.cc) and the replay of saved findings in the test suite (tests/fuzz). Each takes
+// the raw input and returns what the reader said (OK or its error); each aborts, printing why,
+// when a property that must hold for every input breaks (libFuzzer then keeps the input).
+#pragma once
+
+#include <string>
+
+#include "core/status.h"
+
+namespace ptdp::fuzz {
+
+// Cluster YAML (topology/cluster.h): accepted clusters write back (ClusterToYaml) to text that
+// is accepted again; those of up to 4096 GPUs also build a Topology.
+Status FuzzCluster(const std::string& text);
+// Model YAML (core/model.h): accepted models pass ValidateModel, give their counts without
+// overflow, and round-trip through ModelToYaml unchanged.
+Status FuzzModel(const std::string& text);
+// plan.yaml (core/plan.h): accepted plans round-trip through PlanToYaml unchanged.
+Status FuzzPlan(const std::string& text);
+// Hugging Face config.json (core/model.h ImportHfConfigText): imported models pass
+// ValidateModel and give their counts without overflow.
+Status FuzzHfConfig(const std::string& text);
+// The layout flags (cli/common.h): one argument per line, parsed by CLI11 as `ptdp simulate`
+// does, then LayoutFromFlags and SpaceFromFlags on dgx-a100 x gpt3-13b (resized by --nodes up
+// to 64, --gpus, --seq-len as LoadWorld does).
+Status FuzzLayoutFlags(const std::string& text);
+
+}  // namespace ptdp::fuzz

@@ -1,0 +1,112 @@
+// Checkpoint files: the layout-independent state of a training run in one binary file with a
+// CRC32C, written atomically, and the folder of numbered checkpoints `ptdp train` keeps.
+// Tensors are whole (global shapes, by name), so any TP x PP x DP layout of the same model can
+// load what any other layout wrote. Depends on core/ only.
+//
+// File layout (little-endian; fixed 48-byte header, YAML metadata, tensor data, 8-byte trailer):
+//
+//   offset  bytes  field
+//   0       8      magic "PTDPCKPT"
+//   8       4      u32 format version (1)
+//   12      4      u32 reserved, 0
+//   16      8      u64 file bytes F (the whole file, trailer included)
+//   24      8      u64 metadata bytes M
+//   32      8      u64 data offset D (48 + M rounded up to a multiple of 64)
+//   40      8      u64 data bytes (F - 8 - D)
+//   48      M      metadata, YAML text (see CheckpointMetadataYaml): model, step, optimizer
+//                  settings, data position, RNG, and the tensor table (name, shape, offset
+//                  relative to D); zero padding up to D
+//   D       ...    tensor data, fp32 row-major, each tensor at its table offset (64-aligned)
+//   F - 8   4      u32 CRC32C (Castagnoli) of bytes [0, F - 8)
+//   F - 4   4      "END1"
+//
+// Writing goes to "<path>.tmp" in the same folder, is fsync'ed, renamed over <path>, and the
+// folder is fsync'ed: a reader sees the old file or the whole new one, never a part. Reading
+// checks, in order: size, magic, version, recorded size (truncation), trailer, CRC32C
+// (alteration), then the metadata and the tensor table; each refusal names the file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/model.h"
+#include "core/status.h"
+
+namespace ptdp::rt {
+
+// CRC32C (Castagnoli, reflected polynomial 0x82F63B78) of `bytes` bytes at `data`, continuing
+// from `crc` (0 to start). Crc32c(0, "123456789", 9) == 0xE3069283. Uses the CPU's crc32
+// instruction where there is one (x86 SSE4.2), else Crc32cPortable; both give the same value.
+uint32_t Crc32c(uint32_t crc, const void* data, size_t bytes);
+// The same from 8 tables of 256 entries built from the polynomial ("slicing-by-8"), any CPU.
+uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t bytes);
+
+// A whole tensor, fp32, global shape, row-major.
+struct NamedTensor {
+  std::string name;             // "param/layers.0.attn.qkv.weight", "adam_m/...", "adam_v/..."
+  std::vector<int64_t> shape;   // global shape; numel = product (1 for an empty shape)
+  std::vector<float> data;      // numel elements
+};
+
+// What a checkpoint holds of a trainer (Trainer::ExportState / ImportState): the counters and
+// every tensor whole, so that any layout of the same model can import it.
+struct TrainingState {
+  int64_t step = 0;              // steps completed: the next step is step `step`
+  int64_t optimizer_steps = 0;   // AdamW updates applied (steps minus skipped ones)
+  // The data position: sequences of the sample stream consumed (step * global batch). The
+  // data-order generator is counter-based (splitmix64 keyed by seed and epoch, runtime/data.h),
+  // so (seed, consumed_samples) is its whole state: there is no other RNG state to save.
+  int64_t consumed_samples = 0;
+  // "param/<name>" for every parameter, then "adam_m/<name>" and "adam_v/<name>" (the AdamW
+  // moments), in GptParams order.
+  std::vector<NamedTensor> tensors;
+};
+
+struct Checkpoint {
+  ModelSpec model;               // the model the tensors belong to
+  uint64_t seed = 0;             // parameter init and data-order seed
+  int64_t global_batch = 0;      // sequences per step
+  std::string layout;            // the layout that wrote it (informational: any layout loads it)
+  std::map<std::string, double> optimizer;  // optimizer settings by name (lr, warmup_steps, ...)
+  TrainingState state;
+};
+
+// Test hook: called once while writing, after about half the tensor data is in the temporary
+// file (flushed to the OS, not fsync'ed), with the temporary file's path.
+using PartialWriteHook = std::function<void(const std::string& tmp_path)>;
+
+// Writes `ckpt` to `path` atomically (see above). Fails, naming the file and the system error,
+// when the folder is not writable or the disk is full; then `path` is untouched and the
+// temporary file removed. Precondition: every tensor's data has the numel of its shape.
+Status WriteCheckpoint(const std::string& path, const Checkpoint& ckpt,
+                       const PartialWriteHook& hook = nullptr);
+
+// Reads and verifies a checkpoint. Fails with "<path>: <what is wrong>" on a missing or
+// unreadable file, a truncated one, a wrong magic or version, a checksum mismatch, or bad
+// metadata (naming the key).
+Result<Checkpoint> ReadCheckpoint(const std::string& path);
+
+// The metadata YAML of `ckpt` with tensor offsets, as stored in the file (for docs and tests).
+std::string CheckpointMetadataYaml(const Checkpoint& ckpt);
+
+// ---- The checkpoint folder of a run: "step-00000012.ckpt" files, newest = highest step.
+
+// The file name of the checkpoint after `step` completed steps: "step-%08lld.ckpt".
+std::string CheckpointFileName(int64_t step);
+
+// Checkpoint files in `dir` (not the temporary ones), sorted by step, oldest first. Fails when
+// `dir` cannot be listed.
+Result<std::vector<std::string>> ListCheckpoints(const std::string& dir);
+
+// Removes leftover "*.ckpt.tmp" files of writes that never finished (a killed run) and
+// returns their names.
+Result<std::vector<std::string>> RemoveIncompleteCheckpoints(const std::string& dir);
+
+// Deletes all but the newest `keep` checkpoints (keep >= 1) and returns the deleted names.
+Result<std::vector<std::string>> PruneCheckpoints(const std::string& dir, int keep);
+
+}  // namespace ptdp::rt

@@ -1,0 +1,271 @@
+// `ptdp train` checkpoints end to end on the real binary: resuming gives the losses of a run
+// never interrupted, to the last bit (measured.json keeps doubles exactly); kill -9 during a
+// step and during a checkpoint write leave the last complete checkpoint intact and resumable;
+// a damaged newest checkpoint is refused naming it; resuming into another layout continues
+// within fp32 tolerance. gpt-tiny (s 64), global batch 8, 12 steps, a checkpoint every 4.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/checkpoint.h"
+#include "tests/fakes/process.h"
+#include "tests/fakes/shell.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ptdp::testing::CmdResult;
+
+const std::string kSrc = PTDP_SOURCE_DIR;
+const std::string kBin = std::string(PTDP_BINARY_DIR) + "/ptdp";
+const std::string kCpu = kSrc + "/configs/clusters/local-cpu.yaml";
+const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
+// Per process: ctest runs each test of this file as its own process, in parallel.
+const std::string kTmp = ::testing::TempDir() + "/ckpt_cli_" + std::to_string(getpid());
+
+// Removes this process's folder (checkpoints of a few MB each) when the tests end.
+struct RemoveTmpAtExit {
+  ~RemoveTmpAtExit() { fs::remove_all(kTmp); }
+} remove_tmp_at_exit;
+
+CmdResult Ptdp(const std::string& args) { return ptdp::testing::Shell(kBin + " " + args); }
+
+std::string MakePlan(const std::string& name, const std::string& layout_flags, int gpus,
+                     int global_batch = 8) {
+  fs::create_directories(kTmp);
+  const std::string path = kTmp + "/" + name + ".plan.yaml";
+  const CmdResult r = Ptdp("plan --cluster " + kCpu + " --model " + kTiny + " --gpus " +
+                           std::to_string(gpus) + " --global-batch " +
+                           std::to_string(global_batch) + " " + layout_flags +
+                           " --refine 0 --out " + path);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return path;
+}
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = kTmp + "/" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// "step" -> loss, grad norm of measured.json.
+struct Losses {
+  std::vector<int64_t> step;
+  std::vector<double> loss, grad_norm;
+};
+Losses ReadLosses(const std::string& path) {
+  Losses l;
+  std::ifstream in(path);
+  if (!in) {
+    ADD_FAILURE() << "no " << path;
+    return l;
+  }
+  const auto j = nlohmann::json::parse(in);
+  for (const auto& s : j["steps"]) {
+    l.step.push_back(s["step"].get<int64_t>());
+    l.loss.push_back(s["loss"].get<double>());
+    l.grad_norm.push_back(s["grad_norm"].get<double>());
+  }
+  return l;
+}
+
+const std::string& Plan() {
+  static const std::string plan = MakePlan("tp2pp2", "--tp 2 --pp 2 --micro-batch 2", 4);
+  return plan;
+}
+
+std::string TrainArgs(const std::string& plan, const std::string& dir, const std::string& out) {
+  return "train " + plan + " --steps 12 --save-every 4 --checkpoint-dir " + dir + " --out " + out;
+}
+
+// The uninterrupted run every interrupted one is compared with (12 steps, tp2 pp2).
+const Losses& Whole() {
+  static const Losses whole = [] {
+    const std::string dir = FreshDir("whole");
+    const CmdResult r = Ptdp(TrainArgs(Plan(), dir, dir + "/measured.json"));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return ReadLosses(dir + "/measured.json");
+  }();
+  return whole;
+}
+
+// The resumed run's steps must be the uninterrupted run's steps from `from` on, bit for bit.
+void ExpectContinues(const Losses& resumed, int64_t from) {
+  const Losses& whole = Whole();
+  ASSERT_EQ(whole.step.size(), 12u);
+  ASSERT_EQ(resumed.step.size(), size_t(12 - from));
+  for (size_t i = 0; i < resumed.step.size(); ++i) {
+    EXPECT_EQ(resumed.step[i], from + int64_t(i));
+    EXPECT_EQ(resumed.loss[i], whole.loss[size_t(from) + i]) << "step " << resumed.step[i];
+    EXPECT_EQ(resumed.grad_norm[i], whole.grad_norm[size_t(from) + i]) << "step " << resumed.step[i];
+  }
+}
+
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(TrainCheckpoint, ResumeGivesTheSameLossesBitForBit) {
+  const std::string dir = FreshDir("resume");
+  CmdResult r = Ptdp(TrainArgs(Plan(), dir, dir + "/first.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("saved " + dir + "/step-00000004.ckpt"), std::string::npos) << r.out;
+  // --keep 3 (default): steps 4, 8, 12. Drop the last two, as if the run had died after step 5.
+  EXPECT_EQ(Names(dir), (std::vector<std::string>{"first.json", "step-00000004.ckpt",
+                                                  "step-00000008.ckpt", "step-00000012.ckpt"}));
+  fs::remove(dir + "/step-00000008.ckpt");
+  fs::remove(dir + "/step-00000012.ckpt");
+  r = Ptdp(TrainArgs(Plan(), dir, dir + "/resumed.json") + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("loaded " + dir + "/step-00000004.ckpt: step 4"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step    4/12"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step    5/12"), std::string::npos) << r.out;
+  ExpectContinues(ReadLosses(dir + "/resumed.json"), 4);
+  // The first run's own losses are the uninterrupted ones too (the same command).
+  EXPECT_EQ(ReadLosses(dir + "/first.json").loss, Whole().loss);
+}
+
+TEST(TrainCheckpoint, Kill9DuringAStepResumesFromTheLastCheckpoint) {
+  const std::string dir = FreshDir("kill_step");
+  ASSERT_EQ(Whole().step.size(), 12u);
+  std::string line;
+  {
+    ptdp::testing::Child child(kBin + " " + TrainArgs(Plan(), dir, dir + "/killed.json"));
+    ASSERT_TRUE(child.started());
+    ASSERT_TRUE(child.WaitForLine("step    6/12", 120, &line)) << child.output();
+    // Half a step after step 6's line: inside step 7 (nothing else runs between the lines).
+    const double ms = std::stod(line.substr(line.find(" ms") - 8, 8));
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms / 2));
+    child.Signal(SIGKILL);
+    const int status = child.Wait();
+    ASSERT_TRUE(WIFSIGNALED(status)) << child.output();
+    EXPECT_EQ(WTERMSIG(status), SIGKILL);
+    // It died inside step 7 or 8: step 8's line (and so its checkpoint) never came.
+    EXPECT_EQ(child.output().find("step    8/12"), std::string::npos) << child.output();
+  }
+  EXPECT_EQ(Names(dir), (std::vector<std::string>{"step-00000004.ckpt"}));
+  const CmdResult r = Ptdp(TrainArgs(Plan(), dir, dir + "/resumed.json") + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  ExpectContinues(ReadLosses(dir + "/resumed.json"), 4);
+}
+
+TEST(TrainCheckpoint, Kill9DuringACheckpointWriteLeavesThePreviousOne) {
+  const std::string dir = FreshDir("kill_write");
+  ASSERT_EQ(Whole().step.size(), 12u);
+  std::string line;
+  {
+    ptdp::testing::Child child("env PTDP_TEST_PAUSE_CHECKPOINT_WRITE=8 " + kBin + " " +
+                               TrainArgs(Plan(), dir, dir + "/killed.json"));
+    ASSERT_TRUE(child.started());
+    ASSERT_TRUE(child.WaitForLine("checkpoint write paused: ", 120, &line)) << child.output();
+    EXPECT_NE(line.find(dir + "/step-00000008.ckpt.tmp"), std::string::npos) << line;
+    child.Signal(SIGKILL);
+    const int status = child.Wait();
+    ASSERT_TRUE(WIFSIGNALED(status)) << child.output();
+  }
+  // The half-written file is there under its temporary name, refused as truncated; the
+  // previous checkpoint is whole.
+  EXPECT_EQ(Names(dir), (std::vector<std::string>{"step-00000004.ckpt", "step-00000008.ckpt.tmp"}));
+  auto partial = ptdp::rt::ReadCheckpoint(dir + "/step-00000008.ckpt.tmp");
+  ASSERT_FALSE(partial.ok());
+  EXPECT_NE(partial.status().message().find("truncated"), std::string::npos) << partial.status().message();
+  auto prev = ptdp::rt::ReadCheckpoint(dir + "/step-00000004.ckpt");
+  ASSERT_TRUE(prev.ok()) << prev.status().message();
+  EXPECT_EQ(prev->state.step, 4);
+  const CmdResult r = Ptdp(TrainArgs(Plan(), dir, dir + "/resumed.json") + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("removed " + dir + "/step-00000008.ckpt.tmp"), std::string::npos) << r.out;
+  ExpectContinues(ReadLosses(dir + "/resumed.json"), 4);
+}
+
+TEST(TrainCheckpoint, RefusesADamagedNewestCheckpointNamingIt) {
+  const std::string dir = FreshDir("damaged");
+  CmdResult r = Ptdp("train " + Plan() + " --steps 2 --checkpoint-dir " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string path = dir + "/step-00000002.ckpt";
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 1000u);
+  struct Case {
+    std::string bytes, expect;
+  };
+  std::string altered = bytes;
+  altered[bytes.size() / 2] ^= 0x10;
+  for (const Case& c : {Case{altered, "checksum mismatch"},
+                        Case{bytes.substr(0, bytes.size() - 100), "truncated"}}) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << c.bytes;
+    r = Ptdp("train " + Plan() + " --steps 4 --checkpoint-dir " + dir + " --resume");
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("ptdp: " + path + ": " + c.expect), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("step    3/4"), std::string::npos) << r.out;
+  }
+}
+
+TEST(TrainCheckpoint, ResumesIntoAnotherLayoutWithinFp32Tolerance) {
+  const std::string dir = FreshDir("reshard");
+  CmdResult r = Ptdp(TrainArgs(Plan(), dir, dir + "/first.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  fs::remove(dir + "/step-00000008.ckpt");
+  fs::remove(dir + "/step-00000012.ckpt");
+  const std::string dp2 = MakePlan("dp2dopt", "--dp 2 --micro-batch 2 --dist-opt on", 2);
+  r = Ptdp(TrainArgs(dp2, dir, dir + "/resumed.json") + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resharding: the checkpoint was written by tp2 pp2 dp1"), std::string::npos)
+      << r.out;
+  const Losses got = ReadLosses(dir + "/resumed.json");
+  ASSERT_EQ(got.step.size(), 8u);
+  for (size_t i = 0; i < got.step.size(); ++i)
+    EXPECT_NEAR(got.loss[i], Whole().loss[4 + i], 1e-5 * Whole().loss[4 + i]) << got.step[i];
+}
+
+TEST(TrainCheckpoint, RefusesWhatCannotContinue) {
+  const std::string dir = FreshDir("refuse");
+  CmdResult r = Ptdp("train " + Plan() + " --steps 2 --checkpoint-dir " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  // Another global batch: the data position would mean other samples.
+  const std::string b16 = MakePlan("b16", "--tp 2 --pp 2 --micro-batch 2", 4, 16);
+  r = Ptdp("train " + b16 + " --steps 4 --checkpoint-dir " + dir + " --resume");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find(dir + "/step-00000002.ckpt: written with global batch 8, the plan has 16"),
+            std::string::npos)
+      << r.out;
+  // Already there.
+  r = Ptdp("train " + Plan() + " --steps 2 --checkpoint-dir " + dir + " --resume");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("is at step 2 already"), std::string::npos) << r.out;
+  // Flags.
+  r = Ptdp("train " + Plan() + " --steps 2 --resume");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--resume needs --checkpoint-dir"), std::string::npos) << r.out;
+  r = Ptdp("train " + Plan() + " --steps 2 --on-nan maybe");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--on-nan 'maybe': expected stop or skip"), std::string::npos) << r.out;
+  r = Ptdp("train " + Plan() + " --steps 2 --checkpoint-dir " + dir + " --keep 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--keep 0"), std::string::npos) << r.out;
+  // An empty folder: --resume starts from step 0 (the same command works before and after a crash).
+  const std::string empty = FreshDir("empty");
+  r = Ptdp("train " + Plan() + " --steps 1 --checkpoint-dir " + empty + " --resume");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("no checkpoint in " + empty + ": starting from step 0"), std::string::npos) << r.out;
+}
+
+}  // namespace
