@@ -94,26 +94,29 @@ class Bench {
   std::unique_ptr<Backend> be_;
   std::map<std::string, std::vector<std::vector<double>>> rows_;
   double done_ = 0, total_ = 1;
+  mutable Status failed_;  // the backend's first failure while timing
 };
 
 double Bench::TimeCall(const std::function<void()>& fn) const {
-  fn();  // warm-up: caches, first-touch of the buffers
+  // Synchronize() ends each batch: a device backend runs ops asynchronously.
+  auto run = [&](int calls) {
+    const Clock::time_point t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) fn();
+    const Status st = be_->Synchronize();
+    if (!st.ok() && failed_.ok()) failed_ = st;  // reported when the run ends
+    return Since(t0);
+  };
+  run(1);  // warm-up: caches, first-touch of the buffers
   std::vector<double> means;
   int calls = 1;
   double elapsed = 0;
   for (;;) {  // the first batch finds how many calls fill min_batch_s
-    const Clock::time_point t0 = Clock::now();
-    for (int i = 0; i < calls; ++i) fn();
-    elapsed = Since(t0);
+    elapsed = run(calls);
     if (elapsed >= opt_.min_batch_s || calls >= kMaxCallsPerBatch) break;
     calls *= 2;
   }
   means.push_back(elapsed / calls);
-  for (int b = 1; b < opt_.batches; ++b) {
-    const Clock::time_point t0 = Clock::now();
-    for (int i = 0; i < calls; ++i) fn();
-    means.push_back(Since(t0) / calls);
-  }
+  for (int b = 1; b < opt_.batches; ++b) means.push_back(run(calls) / calls);
   return Fastest(means);
 }
 
@@ -363,6 +366,7 @@ Status Bench::CollectiveRank(int rank, int ranks, CommunicatorFactory& world,
         PTDP_RETURN_IF_ERROR(c.Barrier());
         const Clock::time_point t0 = Clock::now();
         for (int k = 0; k < calls; ++k) PTDP_RETURN_IF_ERROR(call());
+        PTDP_RETURN_IF_ERROR(be->Synchronize());
         PTDP_RETURN_IF_ERROR(c.Barrier());
         *elapsed = Since(t0);
         return Status::Ok();
@@ -443,6 +447,8 @@ Result<MeasuredPrimitives> Bench::Run() {
   PTDP_RETURN_IF_ERROR(ElementOps().Prefixed("element-wise ops"));
   PTDP_RETURN_IF_ERROR(Allocs().Prefixed("allocation"));
   PTDP_RETURN_IF_ERROR(Collectives());
+  PTDP_RETURN_IF_ERROR(be_->Synchronize().Prefixed("the backend"));
+  PTDP_RETURN_IF_ERROR(failed_.Prefixed("the backend"));
   MeasuredPrimitives m;
   m.element_bytes = double(DTypeBytes(DType::kF32));
   AttentionStorage(&m);
