@@ -4,6 +4,7 @@
 // Letters in shape comments: b micro-batch, s sequence, h hidden, V vocabulary, t TP size.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -76,5 +77,26 @@ class Tensor {
   DType dtype_ = DType::kF32;
   int64_t offset_ = 0;  // elements
 };
+
+// The tensor read as 2-D (N, C): C the last dimension, N the product of the others (the Backend
+// convention, backend.h).
+inline int64_t Cols(const Tensor& t) {
+  return t.shape().rank() == 0 ? 1 : t.shape()[t.shape().rank() - 1];
+}
+inline int64_t Rows(const Tensor& t) { return Cols(t) == 0 ? 0 : t.numel() / Cols(t); }
+
+// Typed pointers to a tensor's data; the dtype is asserted (our invariant, not user input).
+inline const float* F32(const Tensor& t) {
+  assert(t.defined() && t.dtype() == DType::kF32);
+  return t.data_as<const float>();
+}
+inline float* MutF32(Tensor& t) {
+  assert(t.defined() && t.dtype() == DType::kF32);
+  return t.data_as<float>();
+}
+inline const int32_t* I32(const Tensor& t) {
+  assert(t.defined() && t.dtype() == DType::kI32);
+  return t.data_as<const int32_t>();
+}
 
 }  // namespace ptdp::rt

@@ -26,24 +26,6 @@ using MutStrided = Eigen::Map<MatR, 0, Eigen::OuterStride<>>;
 constexpr size_t kAlignBytes = 64;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
-// The tensor read as 2-D (N, C): C the last dimension, N the product of the others.
-int64_t Cols(const Tensor& t) {
-  return t.shape().rank() == 0 ? 1 : t.shape()[t.shape().rank() - 1];
-}
-int64_t Rows(const Tensor& t) { return Cols(t) == 0 ? 0 : t.numel() / Cols(t); }
-
-const float* F32(const Tensor& t) {
-  assert(t.defined() && t.dtype() == DType::kF32);
-  return t.data_as<const float>();
-}
-float* MutF32(Tensor& t) {
-  assert(t.defined() && t.dtype() == DType::kF32);
-  return t.data_as<float>();
-}
-const int32_t* I32(const Tensor& t) {
-  assert(t.defined() && t.dtype() == DType::kI32);
-  return t.data_as<const int32_t>();
-}
 
 // c (m, p) = alpha * op(a) @ op(b) + beta * c with a stored (a_rows, a_cols), b (b_rows, b_cols).
 void Gemm(const float* a, int64_t a_rows, int64_t a_cols, bool trans_a, const float* b,

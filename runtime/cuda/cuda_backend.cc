@@ -25,23 +25,6 @@ namespace {
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 
 // The tensor read as 2-D (N, C): C the last dimension, N the product of the others.
-int64_t Cols(const Tensor& t) {
-  return t.shape().rank() == 0 ? 1 : t.shape()[t.shape().rank() - 1];
-}
-int64_t Rows(const Tensor& t) { return Cols(t) == 0 ? 0 : t.numel() / Cols(t); }
-
-const float* F32(const Tensor& t) {
-  assert(t.defined() && t.dtype() == DType::kF32);
-  return t.data_as<const float>();
-}
-float* MutF32(Tensor& t) {
-  assert(t.defined() && t.dtype() == DType::kF32);
-  return t.data_as<float>();
-}
-const int32_t* I32(const Tensor& t) {
-  assert(t.defined() && t.dtype() == DType::kI32);
-  return t.data_as<const int32_t>();
-}
 
 // (b, s) of a rank-3 activation in `order`.
 void BatchSeq(const Tensor& t, TokenOrder order, int64_t* b, int64_t* s) {
