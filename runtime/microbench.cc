@@ -17,7 +17,11 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double Fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+// The median (the upper one of an even count).
+double Median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
 
 // Powers of `factor` from `lo` to `hi` (both included when on the progression).
 std::vector<double> Geometric(double lo, double hi, double factor) {
@@ -68,7 +72,7 @@ class Bench {
   Result<MeasuredPrimitives> Run();
 
  private:
-  // Seconds of one call of fn: the fastest batch's mean (see the header).
+  // Seconds of one call of fn: the median batch's mean (see the header).
   double TimeCall(const std::function<void()>& fn) const;
   Result<Tensor> Random(const Shape& shape, uint32_t seed);
   // kVariants tensors of `shape` with different values.
@@ -117,7 +121,7 @@ double Bench::TimeCall(const std::function<void()>& fn) const {
   }
   means.push_back(elapsed / calls);
   for (int b = 1; b < opt_.batches; ++b) means.push_back(run(calls) / calls);
-  return Fastest(means);
+  return Median(means);
 }
 
 Result<Tensor> Bench::Random(const Shape& shape, uint32_t seed) {
@@ -385,7 +389,7 @@ Status Bench::CollectiveRank(int rank, int ranks, CommunicatorFactory& world,
         PTDP_RETURN_IF_ERROR(batch(calls, &elapsed));
         means.push_back(elapsed / calls);
       }
-      if (rank == 0) seconds[kind][i] = Fastest(means);
+      if (rank == 0) seconds[kind][i] = Median(means);
       PTDP_RETURN_IF_ERROR(c.Barrier());  // rank 0's write before the next size's decision
     }
   }

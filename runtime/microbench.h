@@ -6,10 +6,13 @@
 // threads today, CUDA + NCCL later): the measurement code does not know which.
 //
 // Timing: one warm-up call, then `batches` batches, each repeating the call until
-// `min_batch_s` has passed; the time of a call is the fastest batch's mean. Other processes only
-// ever add time (a preempted op, a rank thread woken late in a collective), so the fastest batch
-// is the machine's own figure, which is what a calibration is for; a busy machine shows in
-// `ptdp train`'s measurements instead (timing.other_cpu_share).
+// `min_batch_s` has passed; the time of a call is the median batch's mean. The median, not the
+// fastest: `ptdp train` reports the median step, and on a virtual machine the speed of a vCPU
+// drifts with its host's load even when no other process of this machine runs (on the 2-core
+// dev VM the same 1x1x1 step took 75 ms one hour and 80-98 ms the next, with no steal time
+// shown); the fastest of a few 2 ms batches catches a lucky moment and predicted every layout
+// 6-12% fast on such a host, the median 0-6%. On a quiet host the two agree. Other processes of
+// this machine show in `ptdp train`'s measurements (timing.other_cpu_share).
 #pragma once
 
 #include <functional>
@@ -40,7 +43,7 @@ struct MicrobenchOptions {
   bool quick = false;         // coarser, smaller grids (tests, `make demo`): a few seconds
   int max_ranks = 8;          // largest collective group measured (>= 2)
   double min_batch_s = 2e-3;  // each batch repeats a call for at least this long
-  int batches = 3;            // the fastest of this many batches
+  int batches = 3;            // the median of this many batches
   std::optional<MicrobenchGrids> grids;  // instead of the quick or full ones (tests)
 };
 MicrobenchGrids GridsFor(const MicrobenchOptions& opt);

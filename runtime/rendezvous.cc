@@ -4,14 +4,17 @@
 #include "runtime/rendezvous.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 namespace ptdp::rt {
@@ -94,7 +97,15 @@ struct GroupState {
   std::string name;        // "[0,2] (TP)"
   std::mutex mu;
   std::condition_variable cv;
+  // Bumped (under mu) with every notify, so that a spinning waiter sees a change without the lock.
+  std::atomic<uint64_t> epoch{0};
   std::string failure;  // non-empty once the group failed (guarded by mu)
+
+  // Holding mu: wakes every waiter, spinning or sleeping.
+  void Notify() {
+    epoch.fetch_add(1, std::memory_order_release);
+    cv.notify_all();
+  }
 
   // Collective rendezvous: generation `gen` gathers (arrived < n), runs (all arrived), and ends
   // when the last member finished computing, which advances gen.
@@ -139,6 +150,7 @@ char* At(void* p, size_t offset_bytes) { return static_cast<char*>(p) + offset_b
 struct Rendezvous::State {
   int size = 0;
   double timeout_s = 0;
+  double spin_s = 0;  // how long a waiting rank spins before it sleeps
   std::string name;
   std::mutex mu;  // guards groups and activity; never held while taking a group's mu
   std::map<std::pair<std::string, std::vector<int>>, std::unique_ptr<GroupState>> groups;
@@ -282,7 +294,7 @@ class RendezvousCommunicator final : public Communicator {
   }
   Status FailLocked(const std::string& message) {
     if (g_.failure.empty()) g_.failure = message;
-    g_.cv.notify_all();
+    g_.Notify();
     return Status::Error(message);
   }
   // A failed plane operation fails the group; the message names the operation.
@@ -298,6 +310,64 @@ class RendezvousCommunicator final : public Communicator {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::duration<double>(w_->timeout_s));
   }
+  // Waits until pred() holds (evaluated holding the lock) or `timeout` passed; returns pred().
+  // A waiter first spins for up to the world's spin_s, watching the group's epoch without the
+  // lock, and only then sleeps on the condition variable. Why: a rank that sleeps is woken by the
+  // kernel, and on a virtual machine a vCPU that halted during a wait of more than some 50-200 us
+  // takes tens of microseconds to come back (measured on the 2-core dev VM: 2.5 us after a 50 us
+  // wait, 37-42 us after 1-3 ms, with a tail past 0.5 ms), more on a busy host. A training step
+  // waits hundreds of times (each TP collective, each pipeline transfer), so that latency lands
+  // in step times but not in the microbenchmarks' back-to-back calls. NCCL's kernels and MPI's
+  // progress engines poll for the same reason. spin_s is 0 when the world has more ranks than
+  // cores (Rendezvous::DefaultSpinSeconds), where a spinning rank would take a working one's core.
+  template <class Pred>
+  bool WaitFor(std::unique_lock<std::mutex>& lk, std::chrono::nanoseconds timeout, Pred pred) {
+    const auto start = std::chrono::steady_clock::now();
+    if (pred() || Spin(lk, start + std::min(timeout, SpinTime()), pred)) return true;
+    return g_.cv.wait_until(lk, start + timeout, pred);
+  }
+  // As WaitFor, without a timeout.
+  template <class Pred>
+  void Wait(std::unique_lock<std::mutex>& lk, Pred pred) {
+    if (pred() || Spin(lk, std::chrono::steady_clock::now() + SpinTime(), pred)) return;
+    g_.cv.wait(lk, pred);
+  }
+  std::chrono::nanoseconds SpinTime() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::duration<double>(w_->spin_s));
+  }
+  // Holding the lock on entry and exit: polls the group's epoch without it until pred() holds
+  // (true) or `end` passed (false).
+  template <class Pred>
+  bool Spin(std::unique_lock<std::mutex>& lk, std::chrono::steady_clock::time_point end,
+            Pred pred) {
+    int polls = 0;
+    while (std::chrono::steady_clock::now() < end) {
+      const uint64_t seen = g_.epoch.load(std::memory_order_acquire);
+      lk.unlock();
+      while (g_.epoch.load(std::memory_order_acquire) == seen) {
+        // Pause first (a peer usually answers within microseconds), then yield, so that a rank
+        // spinning on a machine shared with other work gives its core away.
+        if (++polls < 2048) {
+          CpuRelax();
+        } else {
+          std::this_thread::yield();
+        }
+        if ((polls & 63) == 0 && std::chrono::steady_clock::now() >= end) break;
+      }
+      lk.lock();
+      if (pred()) return true;
+    }
+    return false;
+  }
+  static void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
   std::string TimeoutText() const {
     std::ostringstream s;
     s << "timed out after " << w_->timeout_s << " s";
@@ -320,9 +390,9 @@ class RendezvousCommunicator final : public Communicator {
       if (Status s = CheckMatch(seq); !s.ok()) return s;
       if (Status s = GrowScratch(d); !s.ok()) return s;
       g_.running = true;
-      g_.cv.notify_all();
+      g_.Notify();
     } else {
-      bool ready = g_.cv.wait_for(lk, Timeout(), [&] {
+      bool ready = WaitFor(lk, Timeout(), [&] {
         return (g_.running && g_.gen == gen) || !g_.failure.empty();
       });
       if (!ready) return FailLocked(CollectiveTimeout(d, seq));
@@ -349,9 +419,9 @@ class RendezvousCommunicator final : public Communicator {
       g_.arrived = g_.computed = 0;
       g_.running = false;
       ++g_.gen;
-      g_.cv.notify_all();
+      g_.Notify();
     } else {
-      g_.cv.wait(lk, [&] { return g_.gen != gen; });
+      Wait(lk, [&] { return g_.gen != gen; });
     }
     const std::string failure = g_.failure;
     lk.unlock();
@@ -514,7 +584,7 @@ class RendezvousCommunicator final : public Communicator {
       msgs[k] = {t.data(), t.bytes(), t.dtype(), t.numel(), ++g_.sent[box], false, false};
       g_.mailbox[box].push_back(&msgs[k]);
     }
-    g_.cv.notify_all();
+    g_.Notify();
 
     Status st;
     for (size_t k = 0; k < ops.size() && st.ok(); ++k)
@@ -532,8 +602,7 @@ class RendezvousCommunicator final : public Communicator {
     std::deque<Message*>& box = g_.mailbox[size_t(op.peer * size() + me_)];
     int64_t seq = g_.received[size_t(op.peer * size() + me_)] + 1;
     w_->Set(global_, {&g_, OpKind::kRecv, seq, peer_global, true});
-    bool ready = g_.cv.wait_for(lk, Timeout(),
-                                [&] { return !box.empty() || !g_.failure.empty(); });
+    bool ready = WaitFor(lk, Timeout(), [&] { return !box.empty() || !g_.failure.empty(); });
     if (!g_.failure.empty()) {
       w_->SetWaiting(global_, false);
       return Status::Error(g_.failure);
@@ -563,7 +632,7 @@ class RendezvousCommunicator final : public Communicator {
     if (copied.ok()) copied = finished;
     lk.lock();
     m->done = true;
-    g_.cv.notify_all();
+    g_.Notify();
     w_->SetWaiting(global_, false);
     if (!copied.ok()) return FailLocked(head + ": data plane: " + copied.message());
     return Status::Ok();
@@ -576,9 +645,7 @@ class RendezvousCommunicator final : public Communicator {
                           bool wait) {
     int peer_global = g_.ranks[size_t(op.peer)];
     w_->Set(global_, {&g_, OpKind::kSend, m.seq, peer_global, true});
-    bool ready = !wait || g_.cv.wait_for(lk, Timeout(), [&] {
-      return m.done || !g_.failure.empty();
-    });
+    bool ready = !wait || WaitFor(lk, Timeout(), [&] { return m.done || !g_.failure.empty(); });
     Status st;
     if (!m.taken) {
       std::deque<Message*>& box = g_.mailbox[size_t(me_ * size() + op.peer)];
@@ -594,7 +661,7 @@ class RendezvousCommunicator final : public Communicator {
         st = Status::Error(g_.failure);
       }
     }
-    g_.cv.wait(lk, [&] { return m.done || !m.taken; });
+    Wait(lk, [&] { return m.done || !m.taken; });
     w_->SetWaiting(global_, false);
     return st;
   }
@@ -613,11 +680,34 @@ class RendezvousCommunicator final : public Communicator {
 
 }  // namespace
 
+double Rendezvous::DefaultSpinSeconds(int world_size, int cores) {
+  // Up to 20 ms: longer than any wait inside a step of the models the CPU runtime trains
+  // (a pipeline stage's warm-up forward, a TP collective behind a slower peer), short enough
+  // that a rank left waiting for long (a failed peer, a timeout) soon stops burning its core.
+  return cores > 0 && world_size <= cores ? 0.02 : 0.0;
+}
+
+namespace {
+// PTDP_COMM_SPIN_US (microseconds, >= 0) if set to a number, else the default for this machine.
+double SpinSecondsHere(int world_size) {
+  if (const char* env = std::getenv("PTDP_COMM_SPIN_US")) {
+    char* end = nullptr;
+    const double us = std::strtod(env, &end);
+    if (end != env && *end == '\0' && us >= 0 && us <= 1e9) return us * 1e-6;
+  }
+  return Rendezvous::DefaultSpinSeconds(world_size, int(std::thread::hardware_concurrency()));
+}
+}  // namespace
+
 Rendezvous::Rendezvous(int world_size, double timeout_s, std::string name)
+    : Rendezvous(world_size, timeout_s, std::move(name), SpinSecondsHere(world_size)) {}
+
+Rendezvous::Rendezvous(int world_size, double timeout_s, std::string name, double spin_s)
     : state_(std::make_shared<State>()) {
-  assert(world_size > 0 && timeout_s > 0);
+  assert(world_size > 0 && timeout_s > 0 && spin_s >= 0);
   state_->size = world_size;
   state_->timeout_s = timeout_s;
+  state_->spin_s = spin_s;
   state_->name = std::move(name);
   state_->activity.resize(size_t(world_size));
 }
@@ -626,6 +716,7 @@ Rendezvous::~Rendezvous() = default;
 
 int Rendezvous::world_size() const { return state_->size; }
 double Rendezvous::timeout_s() const { return state_->timeout_s; }
+double Rendezvous::spin_s() const { return state_->spin_s; }
 
 Result<std::unique_ptr<Communicator>> Rendezvous::Group(int global_rank,
                                                         const std::vector<int>& ranks,

@@ -29,6 +29,10 @@
 //    gives up after timeout_s and fails the group with a message naming the operation, the ranks
 //    that arrived and what each missing rank is doing (e.g. "waiting in recv #1 from rank 2 on
 //    group [0,2] (PP)"). Once every member has arrived the operation always completes.
+//  - Waiting: a rank waiting for its peers spins (polling, then yielding its core) for up to
+//    spin_s before it sleeps, so that a kernel wake-up (tens of microseconds on a VM, more on a
+//    busy host) does not land in every collective; spin_s defaults to 20 ms when the world has
+//    no more ranks than the machine has cores and to 0 (sleep at once) otherwise.
 //  - Any failure (timeout, mismatched calls, a bad argument on one rank, a failed plane
 //    operation) fails the whole group at once: ranks waiting on it return the error at once and
 //    later calls on it are refused.
@@ -74,15 +78,21 @@ class RankPlane {
 
 class Rendezvous {
  public:
-  // `name` starts every message ("thread communicator", "device communicator").
-  // Preconditions: world_size > 0, timeout_s > 0.
+  // `name` starts every message ("thread communicator", "device communicator"). The first form
+  // spins for PTDP_COMM_SPIN_US microseconds when that is set to a number >= 0, else for
+  // DefaultSpinSeconds(world_size, this machine's hardware threads).
+  // Preconditions: world_size > 0, timeout_s > 0, spin_s >= 0.
   Rendezvous(int world_size, double timeout_s, std::string name);
+  Rendezvous(int world_size, double timeout_s, std::string name, double spin_s);
+  // How long a waiting rank spins before sleeping: 20 ms when world_size <= cores, else 0.
+  static double DefaultSpinSeconds(int world_size, int cores);
   ~Rendezvous();
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   int world_size() const;
   double timeout_s() const;
+  double spin_s() const;
 
   // As CommunicatorFactory::Group (same errors), with this rank's data plane for the handle.
   // Thread-safe. The handles keep the shared state alive, so they may outlive the Rendezvous.

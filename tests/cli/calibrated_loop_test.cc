@@ -4,8 +4,8 @@
 // 20% of the prediction and its peak memory within 5%.
 //
 // Why 20% when the target is 10%: the steps take 40-80 ms on 2 shared cores, and the runtime's
-// rank threads sleep in every collective; when another process holds the cores, a woken rank
-// waits for a time slice, and that wait lands in the step (measured: two busy loops beside tp 2
+// rank threads wait in every collective; when another process holds the cores, a waiting rank
+// loses its time slice, and that wait lands in the step (measured: two busy loops beside tp 2
 // turn 46 ms into 235 ms, all of it in TP collectives). On a quiet machine the errors are a few
 // percent (docs/cost-model.md, "Measured primitives", has the figures); 20% is the noise floor
 // of a shared 2-core machine, not the model's. So the test runs alone (RUN_SERIAL), takes the
@@ -99,7 +99,12 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
       continue;
     }
     ++checked;
-    EXPECT_LE(std::fabs(best), kMaxStepErrorPct) << c.name << ": step-time errors " << tried;
+    std::string breakdown;  // the last run's comparison per part, to see where a miss comes from
+    if (std::fabs(best) > kMaxStepErrorPct)
+      breakdown = Shell(kBin + " compare " + plan + " " + dir + "/" + c.name + ".measured.json",
+                        false).out;
+    EXPECT_LE(std::fabs(best), kMaxStepErrorPct)
+        << c.name << ": step-time errors " << tried << "\n" << breakdown;
   }
 
   // The report of the last layout draws the comparison: bars per rank and both timelines.

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -244,6 +245,67 @@ TEST(Rendezvous, ThreadWorldRefusesBf16ReductionsButCopiesIt) {
     EXPECT_TRUE(gather[r].ok()) << gather[r].message();
     EXPECT_EQ(got[r], (std::vector<uint16_t>{0x3f80, 0x4000, 0x3f81, 0x4001}));
   }
+}
+
+TEST(Rendezvous, SpinsOnlyWhenEveryRankHasACore) {
+  EXPECT_GT(Rendezvous::DefaultSpinSeconds(2, 2), 0);
+  EXPECT_GT(Rendezvous::DefaultSpinSeconds(1, 16), 0);
+  EXPECT_EQ(Rendezvous::DefaultSpinSeconds(3, 2), 0);  // a spinner would take a worker's core
+  EXPECT_EQ(Rendezvous::DefaultSpinSeconds(2, 0), 0);  // cores unknown
+  EXPECT_EQ(Rendezvous(2, kTimeoutS, "x", 0.5).spin_s(), 0.5);
+}
+
+// Spinning (for longer than any wait here), sleeping at once, and the default: the same results.
+// Rank 0 sleeps before some calls, so that the others wait long enough to stop spinning (1 ms
+// spin) or keep spinning (10 s), and both wake paths (epoch seen while spinning, notify while
+// sleeping) are taken.
+class RendezvousSpin : public ::testing::TestWithParam<double> {};
+INSTANTIATE_TEST_SUITE_P(SpinSeconds, RendezvousSpin, ::testing::Values(0.0, 1e-3, 10.0));
+
+TEST_P(RendezvousSpin, CollectivesAndRingSendsAgreeWithTheSleepingPath) {
+  constexpr int n = 3, kRounds = 60;
+  Rendezvous world(n, kTimeoutS, "spin communicator", GetParam());
+  std::vector<std::vector<float>> sums(n), got(n);
+  RunRanks(n, [&](int r) {
+    auto all = world.Group(r, {0, 1, 2}, "ALL", std::make_unique<LazyPlane>(std::make_shared<Stream>()));
+    auto ring = world.Group(r, {0, 1, 2}, "RING", std::make_unique<LazyPlane>(std::make_shared<Stream>()));
+    ASSERT_TRUE(all.ok() && ring.ok());
+    for (int k = 0; k < kRounds; ++k) {
+      if (r == 0 && k % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      Tensor x = HostTensor({2});
+      x.data_as<float>()[0] = float(r + k);
+      x.data_as<float>()[1] = float(r * k);
+      ASSERT_TRUE((*all)->AllReduce(x, ReduceOp::kSum).ok());
+      sums[r].push_back(x.data_as<float>()[0] + x.data_as<float>()[1]);
+      Tensor out = HostTensor({1}), in = HostTensor({1});
+      out.data_as<float>()[0] = float(100 * r + k);
+      ASSERT_TRUE((*ring)->GroupStart().ok());
+      ASSERT_TRUE((*ring)->Send(out, (r + 1) % n).ok());
+      ASSERT_TRUE((*ring)->Recv(in, (r + n - 1) % n).ok());
+      ASSERT_TRUE((*ring)->GroupEnd().ok());
+      got[r].push_back(in.data_as<float>()[0]);
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(sums[r].size(), size_t(kRounds));
+    for (int k = 0; k < kRounds; ++k) {
+      EXPECT_EQ(sums[r][size_t(k)], float(3 * k + 3 + 3 * k)) << "rank " << r << " round " << k;
+      EXPECT_EQ(got[r][size_t(k)], float(100 * ((r + n - 1) % n) + k));
+    }
+  }
+}
+
+TEST(Rendezvous, ATimeoutShorterThanTheSpinStillFires) {
+  // Spinning for 60 s must not delay a 0.2 s timeout: rank 1 never calls.
+  Rendezvous world(2, 0.2, "spin communicator", 60.0);
+  auto c = world.Group(0, {0, 1}, "TP", std::make_unique<LazyPlane>(std::make_shared<Stream>()));
+  ASSERT_TRUE(c.ok());
+  Tensor t = HostTensor({1});
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = (*c)->AllReduce(t, ReduceOp::kSum);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(st.message().find("timed out after 0.2 s"), std::string::npos) << st.message();
+  EXPECT_LT(waited, 30.0);  // far below the spin: the timeout, not the spin, ended the wait
 }
 
 }  // namespace
