@@ -1,7 +1,8 @@
-// `ptdp calibrate --backend cpu --out calibrated.yaml`: measures this machine's primitives
-// through the runtime's Backend and CommunicatorFactory (runtime/microbench.h) and writes a
-// cluster YAML: the base cluster with its peak, bandwidths and latency replaced by measured ones
-// and a `measured:` block of curves that `plan`, `simulate` and `compare` then use.
+// `ptdp calibrate --backend cpu|cuda --out calibrated.yaml`: measures this machine's primitives
+// through the runtime's Backend and CommunicatorFactory (runtime/microbench.h), with the ranks
+// placed as `ptdp train` places them (cli/launch.h), and writes a cluster YAML: the base cluster
+// with a `measured:` block of curves that `plan`, `simulate` and `compare` then use (on the CPU
+// also its peak, bandwidths and latency replaced by measured ones; a GPU keeps its datasheet's).
 #include <unistd.h>
 
 #include <chrono>
@@ -15,9 +16,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/launch.h"
 #include "core/units.h"
-#include "runtime/cpu/cpu_backend.h"
-#include "runtime/cpu/thread_communicator.h"
 #include "runtime/microbench.h"
 
 namespace ptdp::cli {
@@ -27,39 +27,101 @@ namespace {
 // load (as in `ptdp compare`).
 constexpr double kBusyShare = 0.1;
 
+const std::string kClusters = std::string(PTDP_SOURCE_DIR) + "/configs/clusters/";
+
 struct CalibrateFlags {
   std::string backend = "cpu";
-  std::string cluster = std::string(PTDP_SOURCE_DIR) + "/configs/clusters/local-cpu.yaml";
+  std::string cluster;    // empty: local-cpu.yaml, or for cuda the shipped cluster of the GPU
   std::string out;
+  std::string precision;  // cuda: the GEMMs' precision, bf16 (default) or fp32
   bool quick = false;
-  int max_ranks = 0;  // 0: the base cluster's ranks per node, at most 8
+  int max_ranks = 0;  // 0: the base cluster's ranks per node, at most 8 (and the GPUs, with NCCL)
   bool json = false;
 };
 
-// The factories of one backend: what the benchmarks run on. The CUDA backend plugs in here.
-struct BackendChoice {
-  rt::MakeBackend make_backend;
+// Where the benchmarks run: `ptdp train`'s placement (cli/launch.h) of a world of any size.
+//   cpu:                 ranks as threads, CpuBackends, ThreadWorld
+//   cuda, 1 GPU:         ranks as threads on GPU 0, DeviceWorld (as `train --one-gpu`)
+//   cuda, N >= 2 GPUs:   rank r on GPU r, NcclWorld: collectives of at most N ranks
+struct Placement {
   rt::MakeWorld make_world;
-  int cores = 1;  // ranks that compute at once at full speed
+  Precision precision = Precision::kBf16;  // of the CUDA GEMMs
+  int gpus = 0;                            // visible (0 on the CPU)
+  std::string gpu_name;
+  std::string communicator;  // measured.communicator: threads, device or nccl
+  // measured.cores: ranks that compute at once at full speed. CPU: the cores. CUDA: the GPUs,
+  // since `ptdp train` gives each rank a GPU of its own while there are enough of them (ranks
+  // sharing GPU 0 take turns on it, as threads take turns on a CPU core).
+  int cores = 1;
 };
 
-Result<BackendChoice> ChooseBackend(const std::string& name) {
-  if (name == "cpu") {
-    BackendChoice c;
-    c.make_backend = [] { return std::make_unique<rt::CpuBackend>(); };
-    c.make_world = [](int ranks) -> std::unique_ptr<rt::CommunicatorFactory> {
-      return std::make_unique<rt::ThreadWorld>(ranks, /*timeout_s=*/120.0);
-    };
-    c.cores = int(std::max(1u, std::thread::hardware_concurrency()));
-    return c;
+// A world of `ranks` ranks placed by MakeLaunch, as `ptdp train` places a plan of that size.
+rt::MakeWorld WorldsOf(const std::string& backend, Precision precision) {
+  return [backend, precision](int ranks) -> Result<rt::BenchWorld> {
+    Layout l;
+    l.dp = ranks;
+    l.precision = precision;  // fp32 plans run fp32 GEMMs on CUDA, the others bf16 ones
+    LaunchOptions o;
+    o.backend = backend;
+    PTDP_ASSIGN_OR_RETURN(Launch run, MakeLaunch(l, o));
+    return rt::BenchWorld{run.comms, run.backends, run.keep_alive};
+  };
+}
+
+Result<Placement> Place(const CalibrateFlags& f) {
+  if (f.backend != "cpu" && f.backend != "cuda")
+    return Status::Error("--backend '" + f.backend + "': expected cpu or cuda");
+  Placement p;
+  if (f.backend == "cpu") {
+    if (!f.precision.empty())
+      return Status::Error("--precision " + f.precision + ": only for --backend cuda (the CPU "
+                           "backend computes everything in fp32)");
+    p.communicator = "threads";
+    p.cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  } else {
+    if (!f.precision.empty() && f.precision != "bf16" && f.precision != "fp32")
+      return Status::Error("--precision '" + f.precision + "': expected bf16 or fp32");
+    if (f.precision == "fp32") p.precision = Precision::kFp32;
+    // Every rank of a collective benchmark is a thread of this process: no MPI placement.
+    if (UnderMpi())
+      return Status::Error("--backend cuda: calibrate drives every GPU from one process; run it "
+                           "without mpirun/srun");
+    PTDP_ASSIGN_OR_RETURN(const UsableGpus gpus, ProbeUsableGpus());
+    p.gpus = gpus.visible;
+    p.gpu_name = gpus.name;
+    p.communicator = gpus.visible == 1 ? "device" : "nccl";
+    p.cores = gpus.visible;
   }
-  if (name == "cuda")
-    // The microbenchmarks make backends and worlds separately; DeviceWorld/NcclWorld need each
-    // rank's stream at Group() time, which this interface does not pass yet.
-    return Status::Error("--backend cuda: calibrating on GPUs is not implemented yet; "
-                         "bench/gemm_bench and bench/comm_bench measure the GEMM and collective "
-                         "figures (docs/gpus.md)");
-  return Status::Error("--backend '" + name + "': expected cpu or cuda");
+  p.make_world = WorldsOf(f.backend, p.precision);
+  return p;
+}
+
+// The base cluster: --cluster, else local-cpu.yaml for the CPU, else the shipped cluster of the
+// GPU's model (its memory, node size and datasheet figures stay in the calibrated file).
+Result<std::string> BaseCluster(const CalibrateFlags& f, const Placement& p) {
+  if (!f.cluster.empty()) return f.cluster;
+  if (f.backend == "cpu") return kClusters + "local-cpu.yaml";
+  const std::pair<const char*, const char*> kShipped[] = {
+      {"A100", "dgx-a100.yaml"}, {"H100", "dgx-h100.yaml"}, {"H200", "dgx-h200.yaml"}};
+  for (const auto& [model, file] : kShipped)
+    if (p.gpu_name.find(model) != std::string::npos) return kClusters + file;
+  return Status::Error("--backend cuda: no shipped cluster describes '" + p.gpu_name +
+                       "': give --cluster (a cluster YAML with this GPU's memory and GPUs per "
+                       "node; configs/clusters/ has examples)");
+}
+
+// The largest collective group: --max-ranks, else the base's ranks per node, at most 8; NCCL
+// places one rank per GPU, so at most the GPUs there.
+Result<int> MaxRanks(const CalibrateFlags& f, const Placement& p, const ClusterSpec& base) {
+  int n = f.max_ranks > 0 ? f.max_ranks : std::min(8, base.gpus_per_node);
+  if (p.communicator == "nccl") {
+    if (f.max_ranks > p.gpus)
+      return Status::Error("--max-ranks " + std::to_string(f.max_ranks) + ": only " +
+                           std::to_string(p.gpus) + " GPUs are visible (one rank per GPU)");
+    n = std::min(n, p.gpus);
+  }
+  if (n < 2 || n > 64) return Status::Error("--max-ranks " + std::to_string(n) + ": expected 2..64");
+  return n;
 }
 
 std::string Today() {
@@ -125,36 +187,62 @@ Derived Derive(const MeasuredPrimitives& m) {
   return d;
 }
 
-// The base cluster with the measured figures in place; `calibration:` keeps the base's entries.
+// The base cluster with the measured curves in place; `calibration:` keeps the base's entries.
+// On the CPU the peak, HBM and intra-node figures become the measured ones. A GPU keeps its
+// datasheet's: the grids' largest GEMM (1024^3) and copy (16 MiB) are far from what a GPU peaks
+// at, and with one GPU the "p2p" is a device copy, not the NVLink the base describes.
 ClusterSpec Calibrated(const ClusterSpec& base, const MeasuredPrimitives& m, const Derived& d) {
   ClusterSpec c = base;
   c.name = base.name + "-calibrated";
   c.measured = m;
-  for (double* peak : {&c.gpu.peak_bf16, &c.gpu.peak_fp16, &c.gpu.peak_fp32, &c.gpu.peak_tf32})
-    if (*peak > 0) *peak = d.peak_flops;
-  if (c.gpu.peak_fp32 <= 0) c.gpu.peak_fp32 = d.peak_flops;
-  c.gpu.hbm_bw_bytes_per_s = d.copy_bw;
-  c.intra.bw_bytes_per_s = d.p2p_bw;
-  c.intra.latency_s = d.p2p_latency_s;
   if (m.backend == "cpu") {
-    // The CPU backend's capacity and tracked peak count the bytes of live tensors exactly: no
-    // runtime workspace, no allocator slack.
-    c.calibration["workspace_bytes"] = 0;
-    c.calibration["fragmentation"] = 0;
+    for (double* peak : {&c.gpu.peak_bf16, &c.gpu.peak_fp16, &c.gpu.peak_fp32, &c.gpu.peak_tf32})
+      if (*peak > 0) *peak = d.peak_flops;
+    if (c.gpu.peak_fp32 <= 0) c.gpu.peak_fp32 = d.peak_flops;
+    c.gpu.hbm_bw_bytes_per_s = d.copy_bw;
+    c.intra.bw_bytes_per_s = d.p2p_bw;
+    c.intra.latency_s = d.p2p_latency_s;
   }
+  // Both backends' capacity and tracked peak (what `ptdp train` reports and `compare` checks)
+  // count the bytes of live tensors exactly: no runtime workspace, no allocator slack. (On a GPU
+  // the CUDA context, cuBLAS's workspace and NCCL's buffers come on top, about 1 GiB per GPU.)
+  c.calibration["workspace_bytes"] = 0;
+  c.calibration["fragmentation"] = 0;
   return c;
 }
 
-void PrintSummary(const MeasuredPrimitives& m, const Derived& d, double elapsed_s) {
-  std::printf("measured in %.1f s on %s (%s backend, %d cores)\n", elapsed_s, m.host.c_str(),
-              m.backend.c_str(), m.cores);
-  std::printf("GEMM (C = A B^T) throughput, GFLOP/s:\n");
+// "1 GPU (NVIDIA H200), bf16 GEMMs, collectives by device copies on it" and the like.
+std::string Describe(const Placement& p) {
+  if (p.communicator == "threads") return "";
+  const std::string gemm = p.precision == Precision::kFp32 ? "fp32" : "bf16";
+  const std::string gpus = std::to_string(p.gpus) + (p.gpus == 1 ? " GPU (" : " GPUs (") + p.gpu_name + ")";
+  return gpus + ", " + gemm + " GEMMs, collectives " +
+         (p.communicator == "device" ? "by device copies on GPU 0" : "by NCCL, one GPU per rank");
+}
+
+void PrintSummary(const MeasuredPrimitives& m, const Placement& p, const Derived& d,
+                  const ClusterSpec& c, double elapsed_s) {
+  if (p.communicator == "threads")
+    std::printf("measured in %.1f s on %s (%s backend, %d cores)\n", elapsed_s, m.host.c_str(),
+                m.backend.c_str(), m.cores);
+  else
+    std::printf("measured in %.1f s on %s (%s backend, %s)\n", elapsed_s, m.host.c_str(),
+                m.backend.c_str(), Describe(p).c_str());
+  // GFLOP/s on a CPU, TFLOP/s on a GPU.
+  const bool gpu = p.communicator != "threads";
+  const double unit = gpu ? 1e12 : 1e9;
+  std::printf("GEMM (C = A B^T) throughput, %s:\n", gpu ? "TFLOP/s" : "GFLOP/s");
   const MeasuredTable& g = *m.Table("gemm_nt");
   for (double dim : {16.0, 64.0, 256.0, 1024.0}) {
     const double s = g.Seconds(dim, dim, dim);
-    std::printf("  %5.0f^3  %8.2f\n", dim, 2 * dim * dim * dim / s / 1e9);
+    std::printf("  %5.0f^3  %8.2f\n", dim, 2 * dim * dim * dim / s / unit);
   }
-  std::printf("  best     %8.2f (the cluster's peak)\n", d.peak_flops / 1e9);
+  if (gpu)
+    std::printf("  best     %8.2f (the cluster keeps its datasheet peak, %.0f TFLOP/s %s)\n",
+                d.peak_flops / unit, c.gpu.PeakFlops(p.precision) / unit,
+                p.precision == Precision::kFp32 ? "fp32" : "bf16");
+  else
+    std::printf("  best     %8.2f (the cluster's peak)\n", d.peak_flops / unit);
   std::printf("copy bandwidth %s; p2p %s, latency %s\n", FormatBandwidth(d.copy_bw).c_str(),
               FormatBandwidth(d.p2p_bw).c_str(), FormatSeconds(d.p2p_latency_s).c_str());
   std::printf("collective bus bandwidth (nccl-tests busbw) at the largest size:\n");
@@ -170,70 +258,95 @@ void PrintSummary(const MeasuredPrimitives& m, const Derived& d, double elapsed_
   }
 }
 
+// Writes the calibrated cluster, with a header saying where it comes from, and reads it back.
+Status WriteCalibrated(const CalibrateFlags& f, const std::string& base_file, const Placement& p,
+                       const ClusterSpec& c) {
+  const MeasuredPrimitives& m = c.measured;
+  std::ofstream out(f.out);
+  out << "# " << c.name << ": " << base_file << " calibrated by `ptdp calibrate --backend "
+      << f.backend << (f.quick ? " --quick" : "") << "` on " << m.host << ", " << m.date << ".\n";
+  if (p.communicator == "threads")
+    out << "# gpu.peak, gpu.hbm_bandwidth and intra_node bandwidth/latency are measured (best GEMM,\n"
+        << "# copy, p2p); the `measured:` curves below are what the cost model composes times from.\n";
+  else
+    out << "# Measured on " << Describe(p) << ".\n"
+        << "# gpu.peak, gpu.hbm_bandwidth and intra_node are the base's datasheet figures; the\n"
+        << "# `measured:` curves below are what the cost model composes times from.\n";
+  out << ClusterToYaml(c);
+  out.close();
+  if (!out) return Status::Error(f.out + ": cannot write the calibrated cluster");
+  // Read it back: what we wrote must load as a cluster the cost model accepts.
+  auto check = LoadClusterFile(f.out);
+  if (!check.ok())
+    return Status::Error("internal error: the written file does not load: " + check.status().message());
+  return Status::Ok();
+}
+
+nlohmann::json SummaryJson(const CalibrateFlags& f, const MeasuredPrimitives& m, const Derived& d,
+                           double elapsed_s, double others) {
+  return {{"out", f.out},
+          {"backend", m.backend},
+          {"communicator", m.communicator},
+          {"host", m.host},
+          {"cores", m.cores},
+          {"elapsed_s", elapsed_s},
+          {"peak_flop_per_s", d.peak_flops},
+          {"copy_bytes_per_s", d.copy_bw},
+          {"p2p_bytes_per_s", d.p2p_bw},
+          {"p2p_latency_s", d.p2p_latency_s},
+          {"tables", m.tables.size()},
+          {"other_cpu_share", others >= 0 ? nlohmann::json(others) : nullptr},
+          {"machine_busy", others > kBusyShare}};
+}
+
 int RunCalibrate(const CalibrateFlags& f) {
   if (f.out.empty()) return Fail("--out is required: the calibrated cluster YAML to write");
-  auto choice = ChooseBackend(f.backend);
-  if (!choice.ok()) return Fail(choice.status().message());
-  auto base = LoadClusterFile(f.cluster);
+  auto place = Place(f);
+  if (!place.ok()) return Fail(place.status().message());
+  const Placement& p = *place;
+  auto base_file = BaseCluster(f, p);
+  if (!base_file.ok()) return Fail(base_file.status().message());
+  auto base = LoadClusterFile(*base_file);
   if (!base.ok()) return Fail(base.status().message());
-  const int max_ranks = f.max_ranks > 0 ? f.max_ranks : std::min(8, base->gpus_per_node);
-  if (max_ranks < 2 || max_ranks > 64)
-    return Fail("--max-ranks " + std::to_string(max_ranks) + ": expected 2..64");
+  auto max_ranks = MaxRanks(f, p, *base);
+  if (!max_ranks.ok()) return Fail(max_ranks.status().message());
   rt::MicrobenchOptions opt;
   opt.quick = f.quick;
-  opt.max_ranks = max_ranks;
+  opt.max_ranks = *max_ranks;
   if (f.quick) opt.min_batch_s = 5e-4;
   if (!f.json)
-    std::printf("ptdp calibrate: %s backend, %s grids, collectives up to %d ranks (base %s)\n",
-                f.backend.c_str(), f.quick ? "quick" : "full", max_ranks, f.cluster.c_str());
+    std::printf("ptdp calibrate: %s backend, %s grids, collectives up to %d ranks%s (base %s)\n",
+                f.backend.c_str(), f.quick ? "quick" : "full", *max_ranks,
+                p.communicator == "threads" ? "" : (" on " + Describe(p)).c_str(), base_file->c_str());
   std::fflush(stdout);
   ProgressBar bar;
   OtherLoad load;
   const auto t0 = std::chrono::steady_clock::now();
-  auto measured = rt::RunMicrobenchmarks(choice->make_backend, choice->make_world, opt,
+  auto measured = rt::RunMicrobenchmarks(p.make_world, opt,
                                          [&](double frac, const std::string& what) { bar(frac, what); });
   if (!measured.ok()) return Fail("calibrate: " + measured.status().message());
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MeasuredPrimitives& m = *measured;
   m.backend = f.backend;
+  m.communicator = p.communicator;
   m.host = HostName();
   m.date = Today();
-  m.cores = choice->cores;
+  m.cores = p.cores;
   const double others = load.Share();
-  char note[128];
-  std::snprintf(note, sizeof note, "%s grids; other processes used %.0f%% of the cores meanwhile",
-                f.quick ? "quick" : "full", 100 * std::max(0.0, others));
+  char note[160];
+  std::snprintf(note, sizeof note, "%s grids;%s other processes used %.0f%% of the cores meanwhile",
+                f.quick ? "quick" : "full",
+                p.communicator == "threads" ? "" : p.precision == Precision::kFp32 ? " fp32 GEMMs;" : " bf16 GEMMs;",
+                100 * std::max(0.0, others));
   m.note = note;
   const Derived d = Derive(m);
   const ClusterSpec c = Calibrated(*base, m, d);
-  std::ofstream out(f.out);
-  out << "# " << c.name << ": " << f.cluster << " calibrated by `ptdp calibrate --backend "
-      << f.backend << (f.quick ? " --quick" : "") << "` on " << m.host << ", " << m.date << ".\n"
-      << "# gpu.peak, gpu.hbm_bandwidth and intra_node bandwidth/latency are measured (best GEMM,\n"
-      << "# copy, p2p); the `measured:` curves below are what the cost model composes times from.\n"
-      << ClusterToYaml(c);
-  out.close();
-  if (!out) return Fail(f.out + ": cannot write the calibrated cluster");
-  // Read it back: what we wrote must load as a cluster the cost model accepts.
-  auto check = LoadClusterFile(f.out);
-  if (!check.ok()) return Fail("internal error: the written file does not load: " + check.status().message());
+  if (Status st = WriteCalibrated(f, *base_file, p, c); !st.ok()) return Fail(st.message());
   if (f.json) {
-    nlohmann::json j = {{"out", f.out},
-                        {"backend", m.backend},
-                        {"host", m.host},
-                        {"cores", m.cores},
-                        {"elapsed_s", elapsed},
-                        {"peak_flop_per_s", d.peak_flops},
-                        {"copy_bytes_per_s", d.copy_bw},
-                        {"p2p_bytes_per_s", d.p2p_bw},
-                        {"p2p_latency_s", d.p2p_latency_s},
-                        {"tables", m.tables.size()},
-                        {"other_cpu_share", others >= 0 ? nlohmann::json(others) : nullptr},
-                        {"machine_busy", others > kBusyShare}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << SummaryJson(f, m, d, elapsed, others).dump(2) << "\n";
     return 0;
   }
-  PrintSummary(m, d, elapsed);
+  PrintSummary(m, p, d, c, elapsed);
   if (others > kBusyShare)
     std::printf("warning: other processes used %.0f%% of the cores while measuring: some figures "
                 "may be slower than this machine's own; run calibrate again when it is quiet\n",
@@ -246,13 +359,20 @@ int RunCalibrate(const CalibrateFlags& f) {
 
 Runner SetupCalibrate(CLI::App* sub) {
   auto f = std::make_shared<CalibrateFlags>();
-  sub->add_option("--backend", f->backend, "cpu (Eigen, ranks as threads) or cuda (default cpu)");
+  sub->add_option("--backend", f->backend,
+                  "cpu (Eigen, ranks as threads) or cuda (GPU 0; collectives on GPU 0 by device "
+                  "copies with 1 GPU, by NCCL over one GPU per rank with more) (default cpu)");
   sub->add_option("--cluster", f->cluster,
-                  "base cluster YAML to calibrate (default configs/clusters/local-cpu.yaml)");
+                  "base cluster YAML to calibrate (default configs/clusters/local-cpu.yaml; cuda: "
+                  "dgx-a100/h100/h200.yaml after the GPU's name)");
   sub->add_option("--out", f->out, "the calibrated cluster YAML to write (required)");
+  sub->add_option("--precision", f->precision,
+                  "cuda: the GEMMs' precision, bf16 (default, as `ptdp train` runs bf16 plans) or "
+                  "fp32 (as it runs fp32 plans)");
   sub->add_flag("--quick", f->quick, "coarser grids and shorter timings (a few seconds)");
   sub->add_option("--max-ranks", f->max_ranks,
-                  "largest collective group to measure (default: ranks per node, at most 8)");
+                  "largest collective group to measure (default: ranks per node, at most 8; with "
+                  "NCCL at most the GPUs)");
   sub->add_flag("--json", f->json, "machine-readable summary");
   return [f] { return RunCalibrate(*f); };
 }

@@ -70,15 +70,6 @@ rt::cuda::StreamOf StreamsOf(const std::shared_ptr<CudaRanks>& cr) {
   };
 }
 
-// Launched by mpirun or srun with more than one process.
-bool UnderMpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_NTASKS"}) {
-    const char* s = std::getenv(v);
-    if (s && std::atoi(s) > 1) return true;
-  }
-  return false;
-}
-
 #if PTDP_HAVE_MPI
 Result<Launch> MpiLaunch(const Layout& l, const LaunchOptions& o, int gpus) {
   PTDP_ASSIGN_OR_RETURN(auto mpi, rt::cuda::MpiSession::Init(nullptr, nullptr));
@@ -121,13 +112,10 @@ Result<Launch> MpiLaunch(const Layout& l, const LaunchOptions& o, int gpus) {
 #endif
 
 Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
-  const rt::cuda::CudaInfo info = rt::cuda::ProbeCuda();
-  if (info.gpus_visible == 0)
-    return Status::Error("--backend cuda: no CUDA GPU is usable here: " + info.why_none +
-                         " (`ptdp info` says what this binary can run)");
+  PTDP_ASSIGN_OR_RETURN(const UsableGpus gpus, ProbeUsableGpus());
   if (UnderMpi()) {
 #if PTDP_HAVE_MPI
-    return MpiLaunch(l, o, info.gpus_visible);
+    return MpiLaunch(l, o, gpus.visible);
 #else
     return Status::Error("launched under mpirun/srun, but this ptdp was built without MPI "
                          "(install libopenmpi-dev and rebuild)");
@@ -136,10 +124,10 @@ Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
   const int world = l.world();
   std::vector<int> ranks(static_cast<size_t>(world)), devices(static_cast<size_t>(world), 0);
   for (int r = 0; r < world; ++r) ranks[size_t(r)] = r;
-  const bool shared_gpu = world == 1 || o.one_gpu || info.gpus_visible == 1;
-  if (!shared_gpu && info.gpus_visible < world)
+  const bool shared_gpu = world == 1 || o.one_gpu || gpus.visible == 1;
+  if (!shared_gpu && gpus.visible < world)
     return Status::Error("the plan has " + to_string(world) + " ranks but " +
-                         to_string(info.gpus_visible) + " GPUs are visible: add --one-gpu to run " +
+                         to_string(gpus.visible) + " GPUs are visible: add --one-gpu to run " +
                          "every rank on GPU 0, or launch on " + to_string(world) +
                          " GPUs (mpirun/srun for several nodes: docs/gpus.md)");
   if (!shared_gpu)
@@ -152,7 +140,7 @@ Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
   if (shared_gpu) {
     run.comms = std::make_shared<rt::cuda::DeviceWorld>(world, o.timeout_s, 0, StreamsOf(cr));
     run.where = to_string(world) + (world > 1 ? " ranks" : " rank") + " on GPU 0 (" +
-                info.device_name + (world > 1 ? ", device copies)" : ")");
+                gpus.name + (world > 1 ? ", device copies)" : ")");
     return run;
   }
   rt::cuda::NcclWorldOptions w;
@@ -164,12 +152,33 @@ Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
   w.stream_of = StreamsOf(cr);
   PTDP_ASSIGN_OR_RETURN(auto nccl, rt::cuda::NcclWorld::Create(w));
   run.comms = std::move(nccl);
-  run.where = to_string(world) + " GPUs (" + info.device_name + ", NCCL)";
+  run.where = to_string(world) + " GPUs (" + gpus.name + ", NCCL)";
   return run;
 }
 #endif
 
 }  // namespace
+
+bool UnderMpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_NTASKS"}) {
+    const char* s = std::getenv(v);
+    if (s && std::atoi(s) > 1) return true;
+  }
+  return false;
+}
+
+Result<UsableGpus> ProbeUsableGpus() {
+#if PTDP_HAVE_CUDA
+  const rt::cuda::CudaInfo info = rt::cuda::ProbeCuda();
+  if (info.gpus_visible == 0)
+    return Status::Error("--backend cuda: no CUDA GPU is usable here: " + info.why_none +
+                         " (`ptdp info` says what this binary can run)");
+  return UsableGpus{info.gpus_visible, info.device_name};
+#else
+  return Status::Error("--backend cuda: this ptdp was built without the CUDA backend "
+                       "(configure with the CUDA toolkit; `ptdp info` says what it can run)");
+#endif
+}
 
 Result<Launch> MakeLaunch(const Layout& layout, const LaunchOptions& options) {
   if (options.backend == "cpu") return CpuLaunch(layout, options.timeout_s);
@@ -178,8 +187,7 @@ Result<Launch> MakeLaunch(const Layout& layout, const LaunchOptions& options) {
 #if PTDP_HAVE_CUDA
   return CudaLaunch(layout, options);
 #else
-  return Status::Error("--backend cuda: this ptdp was built without the CUDA backend "
-                       "(configure with the CUDA toolkit; `ptdp info` says what it can run)");
+  return ProbeUsableGpus().status();
 #endif
 }
 

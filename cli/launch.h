@@ -41,4 +41,17 @@ struct Launch {
 
 Result<Launch> MakeLaunch(const Layout& layout, const LaunchOptions& options);
 
+// The GPUs `--backend cuda` can use in this process, as MakeLaunch places ranks on them.
+struct UsableGpus {
+  int visible = 0;          // >= 1
+  std::string name;         // of device 0, e.g. "NVIDIA H200"
+};
+// Fails, in the words MakeLaunch uses ("--backend cuda: ..."), when CUDA is not compiled in or no
+// GPU is usable (with CUDA's reason).
+Result<UsableGpus> ProbeUsableGpus();
+
+// Whether mpirun or srun started this process among several (MakeLaunch then places each
+// process's share of the ranks over MPI).
+bool UnderMpi();
+
 }  // namespace ptdp::cli

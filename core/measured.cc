@@ -215,6 +215,7 @@ Result<MeasuredPrimitives> MeasuredFromYaml(const YAML::Node& node, const std::s
   YamlReader r(node, file, "measured");
   MeasuredPrimitives m;
   m.backend = r.Enum("backend", {"cpu", "cuda"}, "cpu");
+  m.communicator = r.Enum("communicator", {"threads", "device", "nccl"}, "");
   m.host = r.String("host", "");
   m.date = r.String("date", "");
   m.note = r.String("note", "");
@@ -259,6 +260,8 @@ std::string MeasuredToYaml(const MeasuredPrimitives& m) {
        "# interpolates them (docs/cost-model.md, \"Measured primitives\").\n"
     << "measured:\n"
     << "  backend: " << m.backend << "\n";
+  if (!m.communicator.empty())
+    o << "  communicator: " << m.communicator << "     # the collectives' (threads, device, nccl)\n";
   if (!m.host.empty()) o << "  host: " << YamlQuote(m.host) << "\n";
   if (!m.date.empty()) o << "  date: " << YamlQuote(m.date) << "\n";
   if (!m.note.empty()) o << "  note: " << YamlQuote(m.note) << "\n";

@@ -85,11 +85,16 @@ class MeasuredTable {
 
 struct MeasuredPrimitives {
   std::string backend;             // runtime backend measured: "cpu" or "cuda"
+  // The communicator the collectives went through: "threads" (ThreadWorld, CPU), "device"
+  // (DeviceWorld: every rank on one GPU, device copies) or "nccl" (NcclWorld, a GPU per rank);
+  // empty when not recorded (files from before the key).
+  std::string communicator;
   std::string host;                // hostname of the machine
   std::string date;                // when, YYYY-MM-DD
   std::string note;                // free text (e.g. the machine's load), may be empty
-  // Ranks that compute at once at full speed (CPU cores; 1 per GPU). More ranks than this on a
-  // node share it: their compute takes ranks / cores times longer.
+  // Ranks that compute at once at full speed: the CPU's cores; on CUDA the GPUs calibrate saw
+  // (one rank per GPU, as `ptdp train` places them; 1 when every rank shares GPU 0). More ranks
+  // than this on a node share them: their compute takes ranks / cores times longer.
   int cores = 1;
   // Bytes per element of the tensors the runtime keeps (activations, weights, gradients and
   // AdamW state): 4 for the fp32 runtime.

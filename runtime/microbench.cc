@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <thread>
+#include <utility>
 
 namespace ptdp::rt {
 namespace {
@@ -56,6 +58,11 @@ std::vector<float> Normal(int64_t n, double sigma, uint32_t seed) {
 
 constexpr int kMaxCallsPerBatch = 1 << 22;
 
+// The labels of the collective benchmarks' two groups, both over the whole world: one for the
+// collectives, one for the send/receive (as the trainer's p2p runs on PP groups of its own).
+const char* const kGroup = "calibrate";
+const char* const kPairGroup = "calibrate p2p";
+
 // Every op reads a different one of this many inputs on each call, as in training, where every
 // call sees new data: on the same input over and over the branch predictor learns an op's
 // data-dependent branches (libm's tanh in GeLU runs 40% faster on the same 16K inputs repeated
@@ -64,10 +71,9 @@ constexpr size_t kVariants = 4;
 
 class Bench {
  public:
-  Bench(const MakeBackend& make_backend, const MakeWorld& make_world, const MicrobenchOptions& opt,
+  Bench(const MakeWorld& make_world, const MicrobenchOptions& opt,
         const MicrobenchProgress& progress)
-      : make_backend_(make_backend), make_world_(make_world), opt_(opt), progress_(progress),
-        grids_(GridsFor(opt)) {}
+      : make_world_(make_world), opt_(opt), progress_(progress), grids_(GridsFor(opt)) {}
 
   Result<MeasuredPrimitives> Run();
 
@@ -86,16 +92,16 @@ class Bench {
   Status ElementOps();
   Status Allocs();
   Status Collectives();
-  Status CollectiveRank(int rank, int ranks, CommunicatorFactory& world, std::atomic<int>& decide,
-                        std::vector<std::vector<double>>& seconds);
+  Status CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& world,
+                        std::atomic<int>& decide, std::vector<std::vector<double>>& seconds);
   void AttentionStorage(MeasuredPrimitives* m) const;
 
-  const MakeBackend& make_backend_;
   const MakeWorld& make_world_;
   const MicrobenchOptions opt_;
   const MicrobenchProgress& progress_;
   const MicrobenchGrids grids_;
-  std::unique_ptr<Backend> be_;
+  BenchWorld ops_world_;         // the one-rank world whose rank 0 times the ops
+  std::unique_ptr<Backend> be_;  // its backend (released before the world)
   std::map<std::string, std::vector<std::vector<double>>> rows_;
   double done_ = 0, total_ = 1;
   mutable Status failed_;  // the backend's first failure while timing
@@ -337,15 +343,14 @@ Status Bench::Allocs() {
 
 // One rank of the collective benchmarks: every collective over every size, with the group's
 // ranks agreeing on the number of calls per batch (rank 0 decides, a barrier publishes it).
-// seconds[kind][size] is filled by rank 0.
-Status Bench::CollectiveRank(int rank, int ranks, CommunicatorFactory& world,
+// seconds[kind][size] is filled by rank 0. `all`: the world's ranks, 0..ranks-1.
+Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& world,
                              std::atomic<int>& decide, std::vector<std::vector<double>>& seconds) {
-  std::unique_ptr<Backend> be = make_backend_();
-  if (!be) return Status::Error("the backend factory gave no backend");
-  std::vector<int> all(static_cast<size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) all[size_t(r)] = r;
-  PTDP_ASSIGN_OR_RETURN(auto comm, world.Group(rank, all, "calibrate"));
-  PTDP_ASSIGN_OR_RETURN(auto pair, world.Group(rank, all, "calibrate p2p"));
+  const int ranks = int(all.size());
+  std::unique_ptr<Backend> be = world.backends(rank);
+  if (!be) return Status::Error("the world gave no backend");
+  PTDP_ASSIGN_OR_RETURN(auto comm, world.comms->Group(rank, all, kGroup));
+  PTDP_ASSIGN_OR_RETURN(auto pair, world.comms->Group(rank, all, kPairGroup));
   Communicator& c = *comm;
   const std::vector<double>& sizes = grids_.comm_bytes;
   for (size_t kind = 0; kind < 4; ++kind) {
@@ -401,21 +406,27 @@ Status Bench::Collectives() {
   const std::vector<double>& sizes = grids_.comm_bytes;
   for (double r : grids_.comm_ranks) {
     const int ranks = int(r);
-    std::unique_ptr<CommunicatorFactory> world = make_world_(ranks);
-    if (!world) return Status::Error("the communicator factory gave no world");
+    const std::string where = "collectives over " + std::to_string(ranks) + " ranks";
+    auto made = make_world_(ranks);
+    if (!made.ok()) return made.status().Prefixed(where);
+    BenchWorld& world = *made;
+    if (!world.comms || !world.backends) return Status::Error(where + ": the world is incomplete");
+    std::vector<int> all(static_cast<size_t>(ranks));
+    for (int k = 0; k < ranks; ++k) all[size_t(k)] = k;
+    // NCCL makes its groups collectively, here, before the rank threads ask for them.
+    PTDP_RETURN_IF_ERROR(world.comms->Prepare({{kGroup, {all}}, {kPairGroup, {all}}}).Prefixed(where));
     std::atomic<int> decide{0};
     std::vector<std::vector<double>> seconds(4, std::vector<double>(sizes.size(), 0.0));
     std::vector<Status> status(static_cast<size_t>(ranks));
     std::vector<std::thread> threads;
     for (int k = 0; k < ranks; ++k)
       threads.emplace_back([&, k] {
-        status[size_t(k)] = CollectiveRank(k, ranks, *world, decide, seconds);
+        status[size_t(k)] = CollectiveRank(k, all, world, decide, seconds);
       });
     for (std::thread& t : threads) t.join();
     for (int k = 0; k < ranks; ++k)
       if (!status[size_t(k)].ok())
-        return status[size_t(k)].Prefixed("collectives over " + std::to_string(ranks) +
-                                          " ranks, rank " + std::to_string(k));
+        return status[size_t(k)].Prefixed(where + ", rank " + std::to_string(k));
     for (size_t kind = 0; kind < 4; ++kind)
       for (size_t i = 0; i < sizes.size(); ++i) {
         if (kind == 3) {
@@ -424,7 +435,7 @@ Status Bench::Collectives() {
         }
         Add(kNames[kind], {r, sizes[i], seconds[kind][i]});
       }
-    for (size_t i = 0; i < 4; ++i) Done(std::string("collectives over ") + std::to_string(ranks) + " ranks");
+    for (size_t i = 0; i < 4; ++i) Done(where);
   }
   return Status::Ok();
 }
@@ -438,8 +449,11 @@ void Bench::AttentionStorage(MeasuredPrimitives* m) const {
 }
 
 Result<MeasuredPrimitives> Bench::Run() {
-  be_ = make_backend_();
-  if (!be_) return Status::Error("the backend factory gave no backend");
+  auto ops = make_world_(1);
+  if (!ops.ok()) return ops.status();
+  ops_world_ = std::move(*ops);
+  if (ops_world_.backends) be_ = ops_world_.backends(0);
+  if (!be_) return Status::Error("the one-rank world gave no backend");
   const MicrobenchGrids& g = grids_;
   const double gd = double(g.gemm_dims.size());
   total_ = gd * gd * gd + double(g.attention_s.size() * g.attention_d.size()) +
@@ -497,13 +511,12 @@ MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
   return g;
 }
 
-Result<MeasuredPrimitives> RunMicrobenchmarks(const MakeBackend& make_backend,
-                                              const MakeWorld& make_world,
+Result<MeasuredPrimitives> RunMicrobenchmarks(const MakeWorld& make_world,
                                               const MicrobenchOptions& opt,
                                               const MicrobenchProgress& progress) {
   if (opt.batches < 1 || !(opt.min_batch_s > 0))
     return Status::Error("microbenchmarks: batches must be >= 1 and min_batch_s > 0");
-  Bench bench(make_backend, make_world, opt, progress);
+  Bench bench(make_world, opt, progress);
   return bench.Run();
 }
 

@@ -2,8 +2,10 @@
 // calls, timed through the Backend interface over grids of shapes (GEMMs over (m, n, k), the
 // attention core over (s, d), row-wise ops over (rows, cols), element-wise ops over sizes,
 // allocation), and every collective and p2p transfer through the CommunicatorFactory over
-// (ranks, bytes). The backend and the communicators are whatever the factories make (CPU +
-// threads today, CUDA + NCCL later): the measurement code does not know which.
+// (ranks, bytes). The backends and the communicators are whatever one factory makes, a world of
+// `ranks` ranks with each rank's backend (CPU backends + ThreadWorld; CudaBackends + DeviceWorld
+// on one GPU or NcclWorld on one GPU per rank: cli/launch.h places them): the measurement code
+// does not know which. The ops are timed on rank 0 of a one-rank world.
 //
 // Timing: one warm-up call, then `batches` batches, each repeating the call until
 // `min_batch_s` has passed; the time of a call is the median batch's mean. The median, not the
@@ -48,18 +50,27 @@ struct MicrobenchOptions {
 };
 MicrobenchGrids GridsFor(const MicrobenchOptions& opt);
 
-// Makes one Backend (each rank thread of a collective benchmark gets its own).
-using MakeBackend = std::function<std::unique_ptr<Backend>()>;
-// Makes a fresh communicator world of `ranks` ranks (ranks are threads of this process).
-using MakeWorld = std::function<std::unique_ptr<CommunicatorFactory>(int ranks)>;
+// A world of ranks made together with their backends: a GPU communicator needs each rank's
+// stream, i.e. its backend, so the two come from one factory (cli/launch.h's MakeLaunch).
+struct BenchWorld {
+  std::shared_ptr<CommunicatorFactory> comms;  // over every rank of the world
+  // Rank r's backend, asked for once per rank, from rank r's thread; nullptr is an error.
+  std::function<std::unique_ptr<Backend>(int rank)> backends;
+  std::shared_ptr<void> keep_alive;  // what comms and backends need, until the world is done
+};
+// Makes a fresh world of `ranks` ranks, all driven by threads of this process; fails with the
+// reason (no GPU, too few GPUs, a failed communicator set-up).
+using MakeWorld = std::function<Result<BenchWorld>(int ranks)>;
 // Called after each measured point: fraction done in [0, 1] and what was just measured.
 using MicrobenchProgress = std::function<void(double fraction, const std::string& what)>;
 
-// Measures every table of MeasuredTableKinds() and the backend's attention storage. Fills
-// `tables`, `attention_saved_per_*` and `element_bytes`; the caller sets backend, host, date
-// and cores. Fails when the backend cannot allocate or a collective fails (naming it).
-Result<MeasuredPrimitives> RunMicrobenchmarks(const MakeBackend& make_backend,
-                                              const MakeWorld& make_world,
+// Measures every table of MeasuredTableKinds() and the backend's attention storage: the ops on
+// rank 0 of make_world(1), the collectives on make_world(r) for each r of the grid's comm_ranks
+// (a world's communicators get Prepare()d with the benchmark's groups first, as NCCL needs).
+// Fills `tables`, `attention_saved_per_*` and `element_bytes`; the caller sets backend, host,
+// date, cores and communicator. Fails when a world cannot be made, the backend cannot allocate
+// or a collective fails (naming it).
+Result<MeasuredPrimitives> RunMicrobenchmarks(const MakeWorld& make_world,
                                               const MicrobenchOptions& opt,
                                               const MicrobenchProgress& progress);
 

@@ -1,10 +1,13 @@
 // `ptdp compare` and `ptdp calibrate` end to end: the JSON keys, --max-error's exit code, errors
-// that name the file, the CUDA backend refused with a clear message. (The calibrated loop and
-// its accuracy bound are in calibrated_loop_test.cc.)
+// that name the file, the communicator recorded in the calibrated file, the CUDA backend refused
+// with CUDA's reason where it cannot run. (The calibrated loop and its accuracy bound are in
+// calibrated_loop_test.cc; calibrating on a GPU in calibrate_cuda_test.cc.)
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "tests/fakes/shell.h"
@@ -103,10 +106,31 @@ TEST(Compare, ErrorsNameTheFile) {
 }
 
 TEST(Calibrate, RefusesWhatItCannotMeasure) {
-  CmdResult r = Ptdp("calibrate --backend cuda --out " + ::testing::TempDir() + "/c.yaml");
+  const std::string out = ::testing::TempDir() + "/c.yaml";
+  CmdResult r;
+  // Where CUDA cannot run (not compiled in, or no GPU as on the build machine): one line with
+  // CUDA's reason, as `ptdp train --backend cuda` words it, and no file.
+  const auto info = nlohmann::json::parse(Ptdp("info --json", false).out);
+  if (info["gpus_visible"].get<int>() == 0) {
+    std::remove(out.c_str());
+    r = Ptdp("calibrate --backend cuda --quick --out " + out);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_EQ(r.out.rfind("ptdp: --backend cuda: ", 0), 0u) << r.out;
+    EXPECT_NE(r.out.find(info["cuda_compiled"] == true ? "no CUDA GPU is usable here: "
+                                                       : "built without the CUDA backend"),
+              std::string::npos) << r.out;
+    if (info.contains("why_no_gpu")) {
+      EXPECT_NE(r.out.find(info["why_no_gpu"].get<std::string>()), std::string::npos) << r.out;
+    }
+    EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "one line: " << r.out;
+    EXPECT_FALSE(std::ifstream(out).good());
+  }
+  r = Ptdp("calibrate --backend cuda --precision fp8 --out " + out);
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("--backend cuda"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("not implemented yet"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--precision 'fp8': expected bf16 or fp32"), std::string::npos) << r.out;
+  r = Ptdp("calibrate --backend cpu --precision bf16 --out " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("only for --backend cuda"), std::string::npos) << r.out;
   r = Ptdp("calibrate --backend tpu --out " + ::testing::TempDir() + "/c.yaml");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("'tpu'"), std::string::npos) << r.out;
@@ -116,6 +140,31 @@ TEST(Calibrate, RefusesWhatItCannotMeasure) {
   r = Ptdp("calibrate --cluster /nonexistent.yaml --out " + ::testing::TempDir() + "/c.yaml");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("/nonexistent.yaml"), std::string::npos) << r.out;
+}
+
+// The calibrated file says which communicator the collectives went through (`measured.
+// communicator`), the planner reads it back, and a value it does not know is an error naming
+// the file and the key.
+TEST(Calibrate, RecordsTheCommunicator) {
+  const std::string out = ::testing::TempDir() + "/cal-threads.yaml";
+  CmdResult r = Ptdp("calibrate --backend cpu --quick --max-ranks 2 --json --out " + out, false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["communicator"], "threads");
+  std::stringstream text;
+  text << std::ifstream(out).rdbuf();
+  const std::string yaml = text.str();
+  ASSERT_NE(yaml.find("  communicator: threads"), std::string::npos) << yaml.substr(0, 2000);
+  r = Ptdp("plan --cluster " + out + " --model " + kTiny + " --gpus 2 --global-batch 8 --top 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::string bad = yaml;
+  bad.replace(bad.find("communicator: threads"), 21, "communicator: pigeons");
+  const std::string bad_file = ::testing::TempDir() + "/cal-pigeons.yaml";
+  std::ofstream(bad_file) << bad;
+  r = Ptdp("plan --cluster " + bad_file + " --model " + kTiny + " --gpus 2 --global-batch 8");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(bad_file), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("communicator"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("threads, device, nccl"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -1,15 +1,57 @@
 // The microbenchmarks on the CPU backend and thread communicator, on tiny grids: every table is
 // measured with positive times, bigger work takes longer, and what the backend's attention saves
-// is read from AttentionSavedShape (P, s x s per head, on the CPU).
+// is read from AttentionSavedShape (P, s x s per head, on the CPU). The worlds come from one
+// factory with their ranks' backends: which worlds are asked for, that each is prepared before
+// its groups, that each rank takes its backend once, and that a failing factory's reason comes
+// back.
 #include "runtime/microbench.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <mutex>
+#include <set>
 
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
 
 namespace ptdp::rt {
 namespace {
+
+// ThreadWorld over `ranks` ranks with a CpuBackend per rank: the CPU placement of cli/launch.
+Result<BenchWorld> CpuWorld(int ranks) {
+  BenchWorld w;
+  w.comms = std::make_shared<ThreadWorld>(ranks, 30.0);
+  w.backends = [](int) { return std::make_unique<CpuBackend>(); };
+  return w;
+}
+
+// A ThreadWorld that records Prepare() and Group() calls.
+class RecordingWorld : public CommunicatorFactory {
+ public:
+  explicit RecordingWorld(int ranks) : inner_(ranks, 30.0) {}
+  int world_size() const override { return inner_.world_size(); }
+  Status Prepare(const std::vector<GroupSet>& sets) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const GroupSet& s : sets) prepared_.insert(s.label);
+    return Status::Ok();
+  }
+  Result<std::unique_ptr<Communicator>> Group(int rank, const std::vector<int>& ranks,
+                                              const std::string& label) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!prepared_.count(label)) unprepared_ = true;
+    }
+    return inner_.Group(rank, ranks, label);
+  }
+  bool unprepared() const { return unprepared_; }
+
+ private:
+  ThreadWorld inner_;
+  std::mutex mu_;
+  std::set<std::string> prepared_;
+  bool unprepared_ = false;  // a group asked for before Prepare announced its label
+};
 
 MicrobenchOptions Tiny() {
   MicrobenchOptions opt;
@@ -33,9 +75,7 @@ TEST(Microbench, MeasuresEveryTableOnTheCpuBackend) {
   int calls = 0;
   double last = 0;
   auto m = RunMicrobenchmarks(
-      [] { return std::make_unique<CpuBackend>(); },
-      [](int ranks) { return std::make_unique<ThreadWorld>(ranks, 30.0); }, Tiny(),
-      [&](double fraction, const std::string& what) {
+      CpuWorld, Tiny(), [&](double fraction, const std::string& what) {
         ++calls;
         EXPECT_GE(fraction, last) << what;
         last = fraction;
@@ -58,11 +98,80 @@ TEST(Microbench, MeasuresEveryTableOnTheCpuBackend) {
   EXPECT_EQ(m->Table("all_reduce")->axis_values()[0], std::vector<double>{2});
 }
 
+// The ops run on a one-rank world, the collectives on one world per group size of the grid; each
+// world is prepared with the benchmark's groups before any rank asks for them (NCCL makes them
+// collectively there), and each rank takes its own backend once.
+TEST(Microbench, WorldsComeWithTheirRanksBackends) {
+  MicrobenchOptions opt = Tiny();
+  opt.grids->comm_ranks = {2, 4};
+  std::mutex mu;
+  std::vector<int> sizes;                    // of the worlds asked for, in order
+  std::vector<std::vector<int>> taken;       // backends taken, per world
+  std::vector<std::shared_ptr<RecordingWorld>> worlds;
+  auto make = [&](int ranks) -> Result<BenchWorld> {
+    std::lock_guard<std::mutex> lk(mu);
+    const size_t w = sizes.size();
+    sizes.push_back(ranks);
+    taken.emplace_back();
+    worlds.push_back(std::make_shared<RecordingWorld>(ranks));
+    BenchWorld bw;
+    bw.comms = worlds.back();
+    bw.backends = [&, w](int rank) -> std::unique_ptr<Backend> {
+      std::lock_guard<std::mutex> lk2(mu);
+      taken[w].push_back(rank);
+      return std::make_unique<CpuBackend>();
+    };
+    return bw;
+  };
+  auto m = RunMicrobenchmarks(make, opt, {});
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(sizes, (std::vector<int>{1, 2, 4}));
+  ASSERT_EQ(taken.size(), 3u);
+  EXPECT_EQ(taken[0], std::vector<int>{0});
+  for (size_t w = 1; w < 3; ++w) {
+    std::sort(taken[w].begin(), taken[w].end());
+    std::vector<int> all(size_t(sizes[w]));
+    for (int r = 0; r < sizes[w]; ++r) all[size_t(r)] = r;
+    EXPECT_EQ(taken[w], all) << "world of " << sizes[w];
+    EXPECT_FALSE(worlds[w]->unprepared()) << "world of " << sizes[w];
+  }
+  EXPECT_EQ(m->Table("all_reduce")->axis_values()[0], (std::vector<double>{2, 4}));
+}
+
+// A world that cannot be made (no GPU, too few GPUs) fails the run with its reason and the group
+// size; so does a world that hands out no backend.
+TEST(Microbench, ReportsWhyAWorldCouldNotBeMade) {
+  auto m = RunMicrobenchmarks(
+      [](int ranks) -> Result<BenchWorld> {
+        if (ranks == 1) return CpuWorld(1);
+        return Status::Error("the plan has 2 ranks but 1 GPUs are visible");
+      },
+      Tiny(), {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("collectives over 2 ranks"), std::string::npos)
+      << m.status().message();
+  EXPECT_NE(m.status().message().find("1 GPUs are visible"), std::string::npos)
+      << m.status().message();
+  m = RunMicrobenchmarks(
+      [](int ranks) -> Result<BenchWorld> { return Status::Error("--backend cuda: no CUDA GPU"); },
+      Tiny(), {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message(), "--backend cuda: no CUDA GPU");
+  m = RunMicrobenchmarks(
+      [](int ranks) -> Result<BenchWorld> {
+        BenchWorld w = *CpuWorld(ranks);
+        w.backends = [](int) { return std::unique_ptr<Backend>(); };
+        return w;
+      },
+      Tiny(), {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("no backend"), std::string::npos) << m.status().message();
+}
+
 TEST(Microbench, RefusesBadOptions) {
   MicrobenchOptions opt = Tiny();
   opt.batches = 0;
-  auto m = RunMicrobenchmarks([] { return std::make_unique<CpuBackend>(); },
-                              [](int r) { return std::make_unique<ThreadWorld>(r, 30.0); }, opt, {});
+  auto m = RunMicrobenchmarks(CpuWorld, opt, {});
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("batches"), std::string::npos);
 }
