@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check: one script for a machine with an NVIDIA GPU (issue 5). It builds ptdp with the
-# CUDA backend, runs the GPU tests and the GEMM/collective benchmarks, trains three layouts of
-# GPT-2 medium (350M) for a few dozen steps, compares each with its prediction, and leaves
-# everything under OUT_DIR: summary.txt (the figures) and gpu-check.tar.gz (every log and
-# measured.json). It aims to finish within 8 minutes on one H200.
+# The GPU check: one script for a machine with an NVIDIA GPU (issues 5 and 6). It builds ptdp with
+# the CUDA backend, runs the GPU tests and the GEMM/collective benchmarks, trains three layouts of
+# GPT-2 medium (350M) for a few dozen steps, compares each with its prediction, calibrates the GPU
+# (`ptdp calibrate --backend cuda --quick`) and compares the same layouts with the calibrated
+# cluster's predictions, and leaves everything under OUT_DIR: summary.txt (the figures) and
+# gpu-check.tar.gz (every log, measured.json and the calibrated cluster). It aims to finish
+# within 8 minutes on one H200.
 #
 #   scripts/gpu-check.sh OUT_DIR [STEPS]          # STEPS per layout, default 30
 #
@@ -60,7 +62,7 @@ ptdp=build-gpu/ptdp
 "$ptdp" info | tee -a "$summary"
 
 # GPU tests (kernels against the CPU backend, the model, communicators, layouts), then the rest.
-stage gpu-tests 240 ctest --test-dir build-gpu -R 'cuda|Cuda|Device|Nccl' --output-on-failure -j 4
+stage gpu-tests 300 ctest --test-dir build-gpu -R 'cuda|Cuda|Device|Nccl' --output-on-failure -j 4
 grep -E "tests passed|tests failed|Skipped|\*\*\*Failed" "$logs/gpu-tests.log" | tail -5 >> "$summary"
 stage gemm-bench 90 build-gpu/bench/gemm_bench --benchmark_min_time=0.2
 grep -E "TFLOP|peak" "$logs/gemm-bench.log" | head -20 >> "$summary"
@@ -73,8 +75,9 @@ fi
 # With one GPU the 2-rank layouts run as 2 ranks on it (the device communicator).
 model=configs/models/gpt2-medium.yaml
 cluster=configs/clusters/dgx-h200.yaml
-for spec in "1x1x1:1:--tp 1 --pp 1 --micro-batch 8" "tp2:2:--tp 2 --pp 1 --micro-batch 8" \
-            "pp2:2:--tp 1 --pp 2 --micro-batch 4"; do
+layouts=("1x1x1:1:--tp 1 --pp 1 --micro-batch 8" "tp2:2:--tp 2 --pp 1 --micro-batch 8"
+         "pp2:2:--tp 1 --pp 2 --micro-batch 4")
+for spec in "${layouts[@]}"; do
   name=${spec%%:*}; rest=${spec#*:}; gpus=${rest%%:*}; flags=${rest#*:}
   # shellcheck disable=SC2086
   stage "plan-$name" 30 "$ptdp" plan --cluster "$cluster" --model "$model" --gpus "$gpus" \
@@ -87,6 +90,35 @@ for spec in "1x1x1:1:--tp 1 --pp 1 --micro-batch 8" "tp2:2:--tp 2 --pp 1 --micro
     tail -3 "$logs/compare-$name.log" | sed "s/^/  $name: /" >> "$summary"
   fi
 done
+
+# Calibration (issue 6): this GPU's primitives measured through the runtime (every op on GPU 0,
+# bf16 GEMMs; collectives placed as `ptdp train` places the ranks here: DeviceWorld with one GPU,
+# NCCL with more), then the same layouts planned on the calibrated cluster and compared with
+# their runs above. A calibrated plan of the same layout is compared with the run above (the
+# same thing measured: no second training); one whose layout differs is trained first.
+cal="$logs/calibrated.yaml"
+if stage calibrate 180 "$ptdp" calibrate --backend cuda --quick --out "$cal"; then
+  grep -E "^measured in|\^3|best|bandwidth|ranks  all-reduce" "$logs/calibrate.log" \
+    | sed "s/^/  calibrate: /" >> "$summary"
+  for spec in "${layouts[@]}"; do
+    name=${spec%%:*}; rest=${spec#*:}; gpus=${rest%%:*}; flags=${rest#*:}
+    plan="$logs/cal-$name.plan.yaml"
+    # shellcheck disable=SC2086
+    stage "cal-plan-$name" 30 "$ptdp" plan --cluster "$cal" --model "$model" --gpus "$gpus" \
+      --global-batch 16 $flags --top 1 --out "$plan" || continue
+    measured="$logs/$name.measured.json"
+    if ! stage "cal-compare-$name" 30 "$ptdp" compare "$plan" "$measured" &&
+       { ! [ -f "$measured" ] || grep -q "is not the plan's" "$logs/cal-compare-$name.log"; }; then
+      say "  calibrated $name: not the layout trained above (or no run of it): training it"
+      measured="$logs/cal-$name.measured.json"
+      stage "cal-train-$name" 150 "$ptdp" train "$plan" --backend cuda --steps "$steps" \
+        --out "$measured" || continue
+      stage "cal-compare-$name" 30 "$ptdp" compare "$plan" "$measured"
+    fi
+    grep -E "^ptdp compare|^step time|^peak memory" "$logs/cal-compare-$name.log" \
+      | sed "s/^/  calibrated $name: /" >> "$summary"
+  done
+fi
 
 say "[$(elapsed)] done"
 tar -czf "$out/gpu-check.tar.gz" -C "$out" logs && rm -rf "$logs"
