@@ -19,20 +19,16 @@
 namespace {
 
 using ptdp::testing::CmdResult;
-using ptdp::testing::Shell;
 
 const std::string kSrc = PTDP_SOURCE_DIR;
-const std::string kBin = std::string(PTDP_BINARY_DIR) + "/ptdp";
-const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
 
-std::string FreshDir(const std::string& name) {
-  std::string tmpl = ::testing::TempDir() + "/" + name + "-XXXXXX";
-  char* dir = mkdtemp(tmpl.data());
-  return dir ? std::string(dir) : std::string();
+// `ptdp ARGS`: exit code and stdout, with stderr unless `with_stderr` is false (--json output).
+CmdResult Ptdp(const std::string& args, bool with_stderr = true) {
+  return ptdp::testing::Shell(std::string(PTDP_BINARY_DIR) + "/ptdp " + args, with_stderr);
 }
 
 // `ptdp info --json`, for the GPUs this binary can use.
-nlohmann::json Info() { return nlohmann::json::parse(Shell(kBin + " info --json", false).out); }
+nlohmann::json Info() { return nlohmann::json::parse(Ptdp("info --json", false).out); }
 
 #define SKIP_WITHOUT_GPU(info)                                                             \
   do {                                                                                     \
@@ -54,14 +50,16 @@ TEST(CalibrateCuda, QuickCalibrationThenPlanTrainCompare) {
   SKIP_WITHOUT_GPU(info);
   const int gpus = info["gpus_visible"].get<int>();
   const std::string gpu = info["gpu"]["name"].get<std::string>();
-  const std::string dir = FreshDir("calcuda");
-  ASSERT_FALSE(dir.empty());
+  std::string tmpl = ::testing::TempDir() + "/calcuda-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  const std::string tiny = kSrc + "/configs/models/gpt-tiny.yaml";
   const std::string cal = dir + "/calibrated.yaml";
   // The base cluster after the GPU's name where one is shipped; any GPU cluster otherwise (the
   // tables are this GPU's whatever the base).
   const std::string base = Shipped(gpu) ? "" : " --cluster " + kSrc + "/configs/clusters/dgx-h200.yaml";
-  CmdResult r = Shell(kBin + " calibrate --backend cuda --quick --json --max-ranks 2" + base +
-                          " --out " + cal, false);
+  CmdResult r = Ptdp("calibrate --backend cuda --quick --json --max-ranks 2" + base + " --out " + cal,
+                     false);
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["backend"], "cuda");
@@ -92,12 +90,12 @@ TEST(CalibrateCuda, QuickCalibrationThenPlanTrainCompare) {
     SCOPED_TRACE(k.name);
     const std::string plan = dir + "/" + k.name + ".plan.yaml";
     const std::string measured = dir + "/" + k.name + ".measured.json";
-    r = Shell(kBin + " plan --cluster " + cal + " --model " + kTiny + " --global-batch 8 " +
-              k.flags + " --recompute none --top 1 --out " + plan);
+    r = Ptdp("plan --cluster " + cal + " --model " + tiny + " --global-batch 8 " + k.flags +
+             " --recompute none --top 1 --out " + plan);
     ASSERT_EQ(r.code, 0) << r.out;
-    r = Shell(kBin + " train " + plan + " --backend cuda --steps 4 --out " + measured);
+    r = Ptdp("train " + plan + " --backend cuda --steps 4 --out " + measured);
     ASSERT_EQ(r.code, 0) << r.out;
-    r = Shell(kBin + " compare " + plan + " " + measured + " --json", false);
+    r = Ptdp("compare " + plan + " " + measured + " --json", false);
     ASSERT_EQ(r.code, 0) << r.out;
     const auto cmp = nlohmann::json::parse(r.out);
     EXPECT_GT(cmp["predicted_step_time_s"].get<double>(), 0);
@@ -117,9 +115,9 @@ TEST(CalibrateCuda, MaxRanksAboveTheGpusIsRefused) {
   SKIP_WITHOUT_GPU(info);
   const int gpus = info["gpus_visible"].get<int>();
   if (gpus < 2) GTEST_SKIP() << "one GPU: every rank shares it (DeviceWorld), any --max-ranks fits";
-  const CmdResult r = Shell(kBin + " calibrate --backend cuda --cluster " + kSrc +
-                            "/configs/clusters/dgx-h200.yaml --max-ranks " +
-                            std::to_string(gpus + 1) + " --out " + ::testing::TempDir() + "/x.yaml");
+  const CmdResult r = Ptdp("calibrate --backend cuda --cluster " + kSrc +
+                           "/configs/clusters/dgx-h200.yaml --max-ranks " + std::to_string(gpus + 1) +
+                           " --out " + ::testing::TempDir() + "/x.yaml");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("GPUs are visible"), std::string::npos) << r.out;
 }
