@@ -15,6 +15,7 @@
 #include "runtime/data.h"
 #include "runtime/trainer.h"
 #include "tests/fakes/test_cluster.h"
+#include "tests/fakes/tiny_training.h"
 
 namespace ptdp {
 namespace {
@@ -170,19 +171,6 @@ TEST(RuntimeModelTest, AnalyticModelUsesItOnlyWithMeasuredPrimitives) {
 
 // ---- memory against the CPU runtime ----------------------------------------------------------
 
-ModelSpec Tiny() {
-  ModelSpec m;
-  m.name = "tiny";
-  m.layers = 8;
-  m.hidden = 32;
-  m.heads = 4;
-  m.kv_heads = 4;
-  m.ffn_hidden = 128;
-  m.seq_len = 16;
-  m.vocab = 256;
-  return m;
-}
-
 struct MemCase {
   int tp, pp, dp, vp, b;
   bool sp, dopt;
@@ -191,15 +179,12 @@ struct MemCase {
 
 // Trains one step and returns each rank's tracked peak (bytes of live tensors).
 std::vector<double> MeasuredPeaks(const ModelSpec& m, const Layout& l) {
-  static const rt::TokenCorpus corpus =
-      *rt::LoadCorpus(std::string(PTDP_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", 0.1, 17);
   rt::TrainerConfig cfg;
   cfg.model = m;
   cfg.layout = l;
-  cfg.train_tokens = &corpus.train;
+  cfg.train_tokens = &testing::Shakespeare().train;
   rt::ThreadWorld world(l.world(), 30.0);
-  auto trainer = rt::Trainer::Create(
-      cfg, [](int) { return std::unique_ptr<rt::Backend>(new rt::CpuBackend()); }, world);
+  auto trainer = rt::Trainer::Create(cfg, testing::CpuBackends(), world);
   EXPECT_TRUE(trainer.ok()) << trainer.status().message();
   if (!trainer.ok()) return {};
   auto step = (*trainer)->Step();
@@ -214,7 +199,7 @@ TEST(RuntimeModelTest, MemoryMatchesTheCpuRuntimesTrackedPeak) {
   MeasuredPrimitives p;  // memory needs only how the backend stores tensors
   p.element_bytes = 4;
   p.attention_saved_per_score = 1;  // the CPU backend keeps P (b, a/t, s, s)
-  const ModelSpec m = Tiny();
+  const ModelSpec m = testing::TinyGpt();
   const RuntimeModel rm(m, p, 8);
   const MemCase cases[] = {
       {1, 1, 1, 1, 1, false, false, ScheduleKind::kOneFOneB},

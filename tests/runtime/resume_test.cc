@@ -25,34 +25,12 @@
 #include "runtime/trainer.h"
 #include "tests/fakes/poison_backend.h"
 #include "tests/fakes/stalling_communicator.h"
+#include "tests/fakes/tiny_training.h"
 
 namespace ptdp::rt {
 namespace {
 
 constexpr double kTimeoutS = 30.0;
-const std::string kCorpus = std::string(PTDP_SOURCE_DIR) + "/data/tinyshakespeare/input.txt";
-
-ModelSpec Tiny() {
-  ModelSpec m;
-  m.name = "tiny";
-  m.layers = 8;
-  m.hidden = 32;
-  m.heads = 4;
-  m.kv_heads = 4;
-  m.ffn_hidden = 128;
-  m.seq_len = 16;
-  m.vocab = 256;
-  return m;
-}
-
-const TokenCorpus& Corpus() {
-  static const TokenCorpus corpus = [] {
-    auto c = LoadCorpus(kCorpus, 0.1, 17);
-    EXPECT_TRUE(c.ok()) << c.status().message();
-    return c.ok() ? *c : TokenCorpus{};
-  }();
-  return corpus;
-}
 
 struct Spec {
   int tp = 1, pp = 1, dp = 1, vp = 1, b = 2;
@@ -67,7 +45,7 @@ std::string Name(const Spec& s) {
 
 TrainerConfig Config(const Spec& s) {
   TrainerConfig c;
-  c.model = Tiny();
+  c.model = testing::TinyGpt();
   Layout& l = c.layout;
   l.tp = s.tp;
   l.pp = s.pp;
@@ -82,12 +60,8 @@ TrainerConfig Config(const Spec& s) {
   c.optimizer.lr = 3e-3;
   c.optimizer.warmup_steps = 2;
   c.optimizer.decay_steps = 4;  // the schedule changes at every step of the 6
-  c.train_tokens = &Corpus().train;
+  c.train_tokens = &testing::Shakespeare().train;
   return c;
-}
-
-BackendFactory Cpu() {
-  return [](int) { return std::unique_ptr<Backend>(new CpuBackend()); };
 }
 
 struct TrainRun {
@@ -99,7 +73,7 @@ struct TrainRun {
 TrainRun Train(const TrainerConfig& cfg, int steps, const TrainingState* start = nullptr) {
   TrainRun run;
   ThreadWorld world(cfg.layout.world(), kTimeoutS);
-  auto tr = Trainer::Create(cfg, Cpu(), world);
+  auto tr = Trainer::Create(cfg, testing::CpuBackends(), world);
   EXPECT_TRUE(tr.ok()) << tr.status().message();
   if (!tr.ok()) return run;
   if (start) {
@@ -222,7 +196,7 @@ TEST(ImportState, RefusesWhatDoesNotFitAndChangesNothing) {
   const TrainerConfig cfg = Config(Spec{2, 1, 1, 1, 2, false, false});
   const TrainRun base = Train(cfg, 1);
   ThreadWorld world(2, kTimeoutS);
-  auto tr = Trainer::Create(cfg, Cpu(), world);
+  auto tr = Trainer::Create(cfg, testing::CpuBackends(), world);
   ASSERT_TRUE(tr.ok());
   auto before = (*tr)->ExportState();
   ASSERT_TRUE(before.ok());
@@ -366,7 +340,7 @@ TEST_P(Stall, OthersTimeOutNamingTheRankAndTheOperation) {
   const TrainerConfig cfg = Config(Spec{2, 2, 2, 1, 2, true, true});
   ThreadWorld world(8, 0.5);
   testing::StallingWorld stalling(world, sc.rank, sc.label, sc.nth, 3.0);
-  auto tr = Trainer::Create(cfg, Cpu(), stalling);
+  auto tr = Trainer::Create(cfg, testing::CpuBackends(), stalling);
   ASSERT_TRUE(tr.ok()) << tr.status().message();
   const auto t0 = std::chrono::steady_clock::now();
   auto r = (*tr)->Step();

@@ -18,6 +18,7 @@
 #include "runtime/cpu/thread_communicator.h"
 #include "runtime/data.h"
 #include "runtime/trainer.h"
+#include "tests/fakes/tiny_training.h"
 
 namespace ptdp::rt {
 namespace {
@@ -25,26 +26,10 @@ namespace {
 constexpr int kSteps = 3;
 constexpr double kTimeoutS = 30.0;
 
-const TokenCorpus& Corpus() {
-  static const TokenCorpus corpus = [] {
-    auto c = LoadCorpus(std::string(PTDP_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", 0.1, 17);
-    EXPECT_TRUE(c.ok()) << c.status().message();
-    return c.ok() ? *c : TokenCorpus{};
-  }();
-  return corpus;
-}
-
 // The trainer tests' tiny GPT (L 4, h 32, 4 heads, s 16, bytes), 8 sequences per step.
 TrainerConfig Config(int tp, int pp, int dp) {
   TrainerConfig c;
-  c.model.name = "tiny";
-  c.model.layers = 4;
-  c.model.hidden = 32;
-  c.model.heads = 4;
-  c.model.kv_heads = 4;
-  c.model.ffn_hidden = 128;
-  c.model.seq_len = 16;
-  c.model.vocab = 256;
+  c.model = testing::TinyGpt(4);
   c.layout.tp = tp;
   c.layout.pp = pp;
   c.layout.dp = dp;
@@ -52,12 +37,8 @@ TrainerConfig Config(int tp, int pp, int dp) {
   c.layout.global_batch = 8;
   c.layout.sequence_parallel = tp > 1;
   c.layout.precision = Precision::kFp32;
-  c.train_tokens = &Corpus().train;
+  c.train_tokens = &testing::Shakespeare().train;
   return c;
-}
-
-BackendFactory Cpu() {
-  return [](int) { return std::unique_ptr<Backend>(new CpuBackend()); };
 }
 
 struct JobRun {
@@ -75,7 +56,7 @@ JobRun Drive(Trainer& trainer) {
     if (!r.ok()) return run;
     run.steps.push_back(*r);
   }
-  static const std::vector<int32_t> val = ValidationWindows(Corpus().val, 16, 5);
+  static const std::vector<int32_t> val = ValidationWindows(testing::Shakespeare().val, 16, 5);
   auto e = trainer.Evaluate(val, 5);
   EXPECT_TRUE(e.ok()) << e.status().message();
   if (e.ok()) run.eval_loss = *e;
@@ -92,7 +73,7 @@ std::vector<JobRun> TrainSplit(const TrainerConfig& base, const std::vector<std:
   for (const std::vector<int>& part : parts) {
     TrainerConfig cfg = base;
     cfg.local_ranks = part;
-    auto t = Trainer::Create(cfg, Cpu(), world);
+    auto t = Trainer::Create(cfg, testing::CpuBackends(), world);
     EXPECT_TRUE(t.ok()) << t.status().message();
     if (!t.ok()) return {};
     trainers.push_back(std::move(t).value());
@@ -162,7 +143,7 @@ TEST(TrainerSplit, RefusesLocalRanksOutsideTheLayoutOrTwice) {
   for (const Case& k : cases) {
     TrainerConfig cfg = Config(2, 2, 1);
     cfg.local_ranks = k.local;
-    auto t = Trainer::Create(cfg, Cpu(), world);
+    auto t = Trainer::Create(cfg, testing::CpuBackends(), world);
     ASSERT_FALSE(t.ok());
     EXPECT_NE(t.status().message().find(k.error), std::string::npos) << t.status().message();
   }

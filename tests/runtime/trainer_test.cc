@@ -19,35 +19,13 @@
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
 #include "runtime/data.h"
+#include "tests/fakes/tiny_training.h"
 
 namespace ptdp::rt {
 namespace {
 
 constexpr int kSteps = 3;
 constexpr double kTimeoutS = 30.0;
-const std::string kCorpus = std::string(PTDP_SOURCE_DIR) + "/data/tinyshakespeare/input.txt";
-
-ModelSpec Tiny() {
-  ModelSpec m;
-  m.name = "tiny";
-  m.layers = 8;  // pp 4 x vp 2 needs L % 8 == 0
-  m.hidden = 32;
-  m.heads = 4;
-  m.kv_heads = 4;
-  m.ffn_hidden = 128;
-  m.seq_len = 16;
-  m.vocab = 256;
-  return m;
-}
-
-const TokenCorpus& Corpus() {
-  static const TokenCorpus corpus = [] {
-    auto c = LoadCorpus(kCorpus, 0.1, 17);
-    EXPECT_TRUE(c.ok()) << c.status().message();
-    return c.ok() ? *c : TokenCorpus{};
-  }();
-  return corpus;
-}
 
 struct Spec {
   int tp = 1, pp = 1, dp = 1, vp = 1, b = 2;
@@ -72,15 +50,11 @@ Layout MakeLayout(const Spec& s) {
 
 TrainerConfig Config(const Layout& l) {
   TrainerConfig c;
-  c.model = Tiny();
+  c.model = testing::TinyGpt();
   c.layout = l;
   c.optimizer.lr = 1e-3;
-  c.train_tokens = &Corpus().train;
+  c.train_tokens = &testing::Shakespeare().train;
   return c;
-}
-
-BackendFactory Cpu() {
-  return [](int) { return std::unique_ptr<Backend>(new CpuBackend()); };
 }
 
 struct TrainRun {
@@ -91,7 +65,7 @@ struct TrainRun {
 TrainRun Train(const TrainerConfig& cfg, int steps) {
   TrainRun run;
   ThreadWorld world(cfg.layout.world(), kTimeoutS);
-  auto tr = Trainer::Create(cfg, Cpu(), world);
+  auto tr = Trainer::Create(cfg, testing::CpuBackends(), world);
   EXPECT_TRUE(tr.ok()) << tr.status().message();
   if (!tr.ok()) return run;
   for (int i = 0; i < steps; ++i) {
@@ -211,9 +185,9 @@ TEST(Trainer, LossFallsOnTheCorpus) {
   cfg.optimizer.lr = 3e-3;
   cfg.optimizer.decay_steps = 20;
   ThreadWorld world(1, kTimeoutS);
-  auto tr = Trainer::Create(cfg, Cpu(), world);
+  auto tr = Trainer::Create(cfg, testing::CpuBackends(), world);
   ASSERT_TRUE(tr.ok()) << tr.status().message();
-  const std::vector<int32_t> val = ValidationWindows(Corpus().val, 16, 16);
+  const std::vector<int32_t> val = ValidationWindows(testing::Shakespeare().val, 16, 16);
   auto val0 = (*tr)->Evaluate(val, 16);
   ASSERT_TRUE(val0.ok()) << val0.status().message();
   EXPECT_NEAR(*val0, std::log(256.0), 0.1);
@@ -232,11 +206,11 @@ TEST(Trainer, LossFallsOnTheCorpus) {
 TEST(Trainer, EvaluateIsLayoutInvariant) {
   // The same weights at init give the same validation loss through tp 2 x pp 4 x vp 2 (and a
   // last micro-batch of 1 window: 5 windows, b 2).
-  const std::vector<int32_t> val = ValidationWindows(Corpus().val, 16, 5);
+  const std::vector<int32_t> val = ValidationWindows(testing::Shakespeare().val, 16, 5);
   ThreadWorld w1(1, kTimeoutS), w8(8, kTimeoutS);
-  auto one = Trainer::Create(Config(MakeLayout(Spec{})), Cpu(), w1);
+  auto one = Trainer::Create(Config(MakeLayout(Spec{})), testing::CpuBackends(), w1);
   auto many = Trainer::Create(
-      Config(MakeLayout(Spec{2, 4, 1, 2, 2, true, false, ScheduleKind::kInterleaved})), Cpu(), w8);
+      Config(MakeLayout(Spec{2, 4, 1, 2, 2, true, false, ScheduleKind::kInterleaved})), testing::CpuBackends(), w8);
   ASSERT_TRUE(one.ok()) << one.status().message();
   ASSERT_TRUE(many.ok()) << many.status().message();
   auto a = (*one)->Evaluate(val, 5);
@@ -249,7 +223,7 @@ TEST(Trainer, RefusesPlansItCannotHonour) {
   ThreadWorld world(8, kTimeoutS);
   Spec heads;  // 4 heads over tp 3
   heads.tp = 3;
-  auto bad = Trainer::Create(Config(MakeLayout(heads)), Cpu(), world);
+  auto bad = Trainer::Create(Config(MakeLayout(heads)), testing::CpuBackends(), world);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("illegal layout"), std::string::npos)
       << bad.status().message();
@@ -258,18 +232,18 @@ TEST(Trainer, RefusesPlansItCannotHonour) {
   big.pp = 2;
   big.dp = 4;
   big.b = 1;
-  auto too_big = Trainer::Create(Config(MakeLayout(big)), Cpu(), world);
+  auto too_big = Trainer::Create(Config(MakeLayout(big)), testing::CpuBackends(), world);
   ASSERT_FALSE(too_big.ok());
   EXPECT_NE(too_big.status().message().find("needs 16 ranks"), std::string::npos)
       << too_big.status().message();
   TrainerConfig cp = Config(MakeLayout(Spec{}));
   cp.layout.cp = 2;
-  auto no_cp = Trainer::Create(cp, Cpu(), world);
+  auto no_cp = Trainer::Create(cp, testing::CpuBackends(), world);
   ASSERT_FALSE(no_cp.ok());
   EXPECT_NE(no_cp.status().message().find("context parallelism"), std::string::npos);
   TrainerConfig swiglu = Config(MakeLayout(Spec{}));
   swiglu.model.activation = Activation::kSwiglu;
-  EXPECT_FALSE(Trainer::Create(swiglu, Cpu(), world).ok());
+  EXPECT_FALSE(Trainer::Create(swiglu, testing::CpuBackends(), world).ok());
 }
 
 TEST(Trainer, StepResultIsSane) {

@@ -1,0 +1,48 @@
+// What the CPU runtime's trainer tests share: a GPT small enough to train in milliseconds on
+// every layout the tests use (8 layers: pp 4 x vp 2; 4 heads: tp 2 and 4), the Shakespeare corpus
+// they train on, and the CPU backend factory.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "core/model.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/data.h"
+#include "runtime/trainer.h"
+
+namespace ptdp::testing {
+
+// hidden 32, 4 heads, ffn 128, sequence 16, the byte vocabulary (256); `layers` 8 unless given.
+inline ModelSpec TinyGpt(int layers = 8) {
+  ModelSpec m;
+  m.name = "tiny";
+  m.layers = layers;
+  m.hidden = 32;
+  m.heads = 4;
+  m.kv_heads = 4;
+  m.ffn_hidden = 128;
+  m.seq_len = 16;
+  m.vocab = 256;
+  return m;
+}
+
+// data/tinyshakespeare, 10% held out, seed 17: loaded once per test binary.
+inline const rt::TokenCorpus& Shakespeare() {
+  static const rt::TokenCorpus corpus = [] {
+    auto c = rt::LoadCorpus(std::string(PTDP_SOURCE_DIR) + "/data/tinyshakespeare/input.txt",
+                            0.1, 17);
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    return c.ok() ? *c : rt::TokenCorpus{};
+  }();
+  return corpus;
+}
+
+// A CpuBackend for every rank.
+inline rt::BackendFactory CpuBackends() {
+  return [](int) { return std::unique_ptr<rt::Backend>(new rt::CpuBackend()); };
+}
+
+}  // namespace ptdp::testing
