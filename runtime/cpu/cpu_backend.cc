@@ -88,7 +88,24 @@ Result<Tensor> CpuBackend::Alloc(const Shape& shape, DType dtype) {
   }
   const size_t rounded =
       std::max(kAlignBytes, (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes);
-  void* data = std::aligned_alloc(kAlignBytes, rounded);
+  void* data = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(counters_->mu);
+    auto it = counters_->cache.find(rounded);
+    if (it != counters_->cache.end() && !it->second.empty()) {
+      data = it->second.back();
+      it->second.pop_back();
+      counters_->cached -= rounded;
+    }
+  }
+  if (data == nullptr) data = std::aligned_alloc(kAlignBytes, rounded);
+  if (data == nullptr) {  // out of host memory: give the cached blocks back and try once more
+    {
+      std::lock_guard<std::mutex> lk(counters_->mu);
+      counters_->FreeCache();
+    }
+    data = std::aligned_alloc(kAlignBytes, rounded);
+  }
   if (data == nullptr) {
     counters_->current.fetch_sub(bytes);
     return Status::Error(what + ": out of host memory for " + std::to_string(bytes) + " bytes");
@@ -98,12 +115,30 @@ Result<Tensor> CpuBackend::Alloc(const Shape& shape, DType dtype) {
   while (now > peak && !counters_->peak.compare_exchange_weak(peak, now)) {
   }
   std::shared_ptr<Counters> counters = counters_;
-  auto release = [counters](void* p, size_t n) {
-    std::free(p);
+  const size_t limit = options_.cache_bytes;
+  auto release = [counters, rounded, limit](void* p, size_t n) {
     counters->current.fetch_sub(n);
+    {
+      std::lock_guard<std::mutex> lk(counters->mu);
+      if (counters->cached + rounded <= limit) {
+        counters->cache[rounded].push_back(p);
+        counters->cached += rounded;
+        return;
+      }
+    }
+    std::free(p);
   };
   return Tensor(std::make_shared<Buffer>(data, bytes, release), shape, dtype);
 }
+
+void CpuBackend::Counters::FreeCache() {
+  for (auto& [size, blocks] : cache)
+    for (void* p : blocks) std::free(p);
+  cache.clear();
+  cached = 0;
+}
+
+CpuBackend::Counters::~Counters() { FreeCache(); }
 
 size_t CpuBackend::CurrentBytes() const { return counters_->current.load(); }
 size_t CpuBackend::PeakBytes() const { return counters_->peak.load(); }

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/backend.h"
@@ -20,6 +22,12 @@ struct CpuBackendOptions {
   // Alloc fails once CurrentBytes() would pass this many bytes (a GPU's memory, to rehearse
   // "does not fit" on a CPU); 0 means no limit but the host's.
   size_t capacity_bytes = 0;
+  // Freed blocks kept for reuse by an Alloc of the same rounded size, up to this many bytes in
+  // all (a caching allocator, as PyTorch's on GPUs): a training step allocates the same shapes
+  // every micro-batch, and handing them back to malloc made it return pages to the kernel and
+  // fault them in again (tp 2 on gpt-tiny: 2.5x the page faults of dp 2, compute 15% over its
+  // ops' time). 0: every block goes back to malloc at once.
+  size_t cache_bytes = size_t(256) << 20;
 };
 
 class CpuBackend final : public Backend {
@@ -90,9 +98,15 @@ class CpuBackend final : public Backend {
 
  private:
   // Shared with every Buffer's release function, so a tensor may outlive the backend.
+  // Shared with every tensor's release, so that tensors may outlive the backend.
   struct Counters {
     std::atomic<size_t> current{0};
     std::atomic<size_t> peak{0};
+    std::mutex mu;  // guards the cache
+    std::unordered_map<size_t, std::vector<void*>> cache;  // by rounded size: freed blocks
+    size_t cached = 0;                                      // bytes in `cache`
+    void FreeCache();  // holding mu
+    ~Counters();
   };
   CpuBackendOptions options_;
   std::shared_ptr<Counters> counters_;
