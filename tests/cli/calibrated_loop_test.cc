@@ -8,10 +8,13 @@
 // loses its time slice, and that wait lands in the step (measured: two busy loops beside tp 2
 // turn 46 ms into 235 ms, all of it in TP collectives). On a quiet machine the errors are a few
 // percent (docs/cost-model.md, "Measured primitives", has the figures); 20% is the noise floor
-// of a shared 2-core machine, not the model's. So the test runs alone (RUN_SERIAL), takes the
-// median of 6 timed steps, gives a layout up to 3 training runs, and counts a run only when
-// other processes did not take cores its ranks needed (`ptdp compare`'s machine_busy, from
-// measured.json timing.other_cpu_share): a model error shows in every quiet run, load does not.
+// of a shared 2-core machine, not the model's. A VM's host adds its own: with no process of
+// this machine running, the same layout's step moved by 20% from one run to the next (dp 2:
+// -22%, -24%, then -3% in three runs a few seconds apart; 1x1x1 75 ms one hour, 90 the next).
+// So the test runs alone (RUN_SERIAL), takes the median of 10 timed steps, gives a layout up to
+// 5 training runs, and counts a run only when other processes did not take cores its ranks
+// needed (`ptdp compare`'s machine_busy, from measured.json timing.other_cpu_share): a model
+// error shows in every quiet run, the host's noise does not.
 // When no run of a layout was quiet, the timing bound cannot be checked here: the test says
 // so and skips (the memory bound, which is deterministic, is checked on every run).
 #include <gtest/gtest.h>
@@ -36,7 +39,7 @@ const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
 
 constexpr double kMaxStepErrorPct = 20;
 constexpr double kMaxMemoryErrorPct = 5;
-constexpr int kAttempts = 3;
+constexpr int kAttempts = 5;
 
 std::string FreshDir(const std::string& name) {
   std::string tmpl = ::testing::TempDir() + "/" + name + "-XXXXXX";
@@ -78,12 +81,12 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
     std::string tried;
     for (int attempt = 0; attempt < kAttempts && std::fabs(best) > kMaxStepErrorPct; ++attempt) {
       const std::string measured = dir + "/" + c.name + ".measured.json";
-      r = Shell(kBin + " train " + plan + " --steps 8 --timing-warmup 2 --out " + measured);
+      r = Shell(kBin + " train " + plan + " --steps 12 --timing-warmup 2 --out " + measured);
       ASSERT_EQ(r.code, 0) << r.out;
       r = Shell(kBin + " compare " + plan + " " + measured + " --json", false);
       ASSERT_EQ(r.code, 0) << r.out;
       const auto j = nlohmann::json::parse(r.out);
-      EXPECT_EQ(j["timed_steps"], 6);
+      EXPECT_EQ(j["timed_steps"], 10);
       const double step = j["step_time_error_pct"], mem = j["memory_error_pct"];
       EXPECT_LE(std::fabs(mem), kMaxMemoryErrorPct) << "memory error " << mem << "%";
       const bool busy = j["machine_busy"];
