@@ -314,6 +314,9 @@ int RunCalibrate(const CalibrateFlags& f) {
   opt.quick = f.quick;
   opt.max_ranks = *max_ranks;
   if (f.quick) opt.min_batch_s = 5e-4;
+  // The full grids take the median of 5 batches: with 3, one grid cell timed while the VM's host
+  // was busy moved a layout's prediction by up to 8% between two calibrations minutes apart.
+  if (!f.quick) opt.batches = 5;
   if (!f.json)
     std::printf("ptdp calibrate: %s backend, %s grids, collectives up to %d ranks%s (base %s)\n",
                 f.backend.c_str(), f.quick ? "quick" : "full", *max_ranks,
