@@ -26,8 +26,21 @@ struct CpuBackendOptions {
   // all (a caching allocator, as PyTorch's on GPUs): a training step allocates the same shapes
   // every micro-batch, and handing them back to malloc made it return pages to the kernel and
   // fault them in again (tp 2 on gpt-tiny: 2.5x the page faults of dp 2, compute 15% over its
-  // ops' time). 0: every block goes back to malloc at once.
-  size_t cache_bytes = size_t(256) << 20;
+  // ops' time). 0: every block goes back to malloc at once, the default under AddressSanitizer,
+  // so that it sees every use of a freed tensor.
+  size_t cache_bytes = kDefaultCacheBytes;
+
+#if defined(__SANITIZE_ADDRESS__)
+  static constexpr size_t kDefaultCacheBytes = 0;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  static constexpr size_t kDefaultCacheBytes = 0;
+#else
+  static constexpr size_t kDefaultCacheBytes = size_t(256) << 20;
+#endif
+#else
+  static constexpr size_t kDefaultCacheBytes = size_t(256) << 20;
+#endif
 };
 
 class CpuBackend final : public Backend {

@@ -141,6 +141,7 @@ TEST_F(CpuBackendTest, TensorMayOutliveItsBackend) {
 // ---- host transfer and element-wise ---------------------------------------------------------
 
 TEST_F(CpuBackendTest, AFreedBlockIsReusedZeroedAndCountedAgain) {
+  CpuBackend be(CpuBackendOptions{0, 1 << 20});  // a cache whatever the build's default
   const void* first = nullptr;
   {
     Tensor a = *be.Alloc(Shape{1000}, DType::kF32);
