@@ -376,11 +376,32 @@ std::string When(const GanttGeom& g, double a, double b) {
              (b - a) * g.unit.scale, g.unit.name);
 }
 
+// Events narrower than this merge with their close neighbours into one box ("N ops").
+constexpr double kMinPx = 2.0;
+
+// The run of narrow events that starts at the narrow ev[i]: the following events narrower than
+// kMinPx that start within kMinPx of the run's end. `next` is one past the run.
+struct NarrowRun {
+  size_t next;
+  double end_s;
+  bool same_kind;  // every event of the run has ev[i]'s kind
+};
+template <class Event>
+NarrowRun MergeNarrow(const GanttGeom& g, const std::vector<const Event*>& ev, size_t i) {
+  NarrowRun r{i + 1, ev[i]->end_s, true};
+  while (r.next < ev.size() && g.X(ev[r.next]->end_s) - g.X(ev[r.next]->start_s) < kMinPx &&
+         g.X(ev[r.next]->start_s) - g.X(r.end_s) < kMinPx) {
+    r.same_kind = r.same_kind && ev[r.next]->kind == ev[i]->kind;
+    r.end_s = std::max(r.end_s, ev[r.next]->end_s);
+    ++r.next;
+  }
+  return r;
+}
+
 // The boxes of one rank's track. Events narrower than kMinPx that follow each other closely
 // are drawn as one box ("N ops"), so a step of 100k ops still renders as a few thousand rects.
 std::string TrackBoxes(const GanttGeom& g, std::vector<const SimEvent*> ev, double y, double h,
                        bool chunks, bool labels) {
-  constexpr double kMinPx = 2.0;
   std::sort(ev.begin(), ev.end(), [](auto* a, auto* b) { return a->start_s < b->start_s; });
   std::string o;
   for (size_t i = 0; i < ev.size();) {
@@ -398,15 +419,7 @@ std::string TrackBoxes(const GanttGeom& g, std::vector<const SimEvent*> ev, doub
       ++i;
       continue;
     }
-    size_t j = i + 1;
-    double end = e.end_s;
-    bool same = true;
-    while (j < ev.size() && g.X(ev[j]->end_s) - g.X(ev[j]->start_s) < kMinPx &&
-           g.X(ev[j]->start_s) - g.X(end) < kMinPx) {
-      same = same && ev[j]->kind == e.kind;
-      end = std::max(end, ev[j]->end_s);
-      ++j;
-    }
+    const auto [j, end, same] = MergeNarrow(g, ev, i);
     const std::string title = j - i == 1 ? e.Name()
                                          : Fmt("%zu ops from ", j - i) + e.Name() + " to " +
                                                ev[j - 1]->Name();
@@ -594,7 +607,6 @@ const char* MeasuredColor(const std::string& kind) {
 // One track of measured events; narrow neighbours merge as in TrackBoxes.
 std::string MeasuredBoxes(const GanttGeom& g, const std::vector<const MeasuredEvent*>& ev, int rank,
                           double y, double h, bool labels) {
-  constexpr double kMinPx = 2.0;
   auto name = [](const MeasuredEvent& e) {
     if (e.kind == "forward" || e.kind == "backward")
       return std::string(e.kind == "forward" ? "F" : "B") + std::to_string(e.microbatch) +
@@ -617,15 +629,7 @@ std::string MeasuredBoxes(const GanttGeom& g, const std::vector<const MeasuredEv
       ++i;
       continue;
     }
-    size_t j = i + 1;
-    double end = e.end_s;
-    bool same = true;
-    while (j < ev.size() && g.X(ev[j]->end_s) - g.X(ev[j]->start_s) < kMinPx &&
-           g.X(ev[j]->start_s) - g.X(end) < kMinPx) {
-      same = same && ev[j]->kind == e.kind;
-      end = std::max(end, ev[j]->end_s);
-      ++j;
-    }
+    const auto [j, end, same] = MergeNarrow(g, ev, i);
     o += Rect(x, y, std::max(g.X(end) - x, 1.0), h, same ? MeasuredColor(e.kind) : kDark,
               E(Fmt("rank %d: %zu ops from ", rank, j - i) + name(e) + " to " + name(*ev[j - 1]) +
                 ", " + When(g, e.start_s, end)),
