@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/layout.h"
 #include "core/model.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/data.h"
@@ -38,6 +39,27 @@ inline const rt::TokenCorpus& Shakespeare() {
     return c.ok() ? *c : rt::TokenCorpus{};
   }();
   return corpus;
+}
+
+// A layout of the tiny GPT's tests: global batch 8, fp32.
+struct TinyLayoutSpec {
+  int tp = 1, pp = 1, dp = 1, vp = 1, b = 2;
+  bool sp = false, dopt = false;
+  ScheduleKind schedule = ScheduleKind::kOneFOneB;
+};
+inline Layout TinyLayout(const TinyLayoutSpec& s) {
+  Layout l;
+  l.tp = s.tp;
+  l.pp = s.pp;
+  l.dp = s.dp;
+  l.vp = s.vp;
+  l.micro_batch = s.b;
+  l.global_batch = 8;
+  l.sequence_parallel = s.sp;
+  l.distributed_optimizer = s.dopt;
+  l.schedule = s.schedule;
+  l.precision = Precision::kFp32;
+  return l;
 }
 
 // A CpuBackend for every rank.

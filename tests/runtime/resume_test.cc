@@ -32,10 +32,7 @@ namespace {
 
 constexpr double kTimeoutS = 30.0;
 
-struct Spec {
-  int tp = 1, pp = 1, dp = 1, vp = 1, b = 2;
-  bool sp = false, dopt = false;
-};
+using Spec = testing::TinyLayoutSpec;  // the schedule follows vp (Config)
 
 std::string Name(const Spec& s) {
   return "tp" + std::to_string(s.tp) + "_pp" + std::to_string(s.pp) + "_dp" +
@@ -46,17 +43,8 @@ std::string Name(const Spec& s) {
 TrainerConfig Config(const Spec& s) {
   TrainerConfig c;
   c.model = testing::TinyGpt();
-  Layout& l = c.layout;
-  l.tp = s.tp;
-  l.pp = s.pp;
-  l.dp = s.dp;
-  l.vp = s.vp;
-  l.micro_batch = s.b;
-  l.global_batch = 8;
-  l.sequence_parallel = s.sp;
-  l.distributed_optimizer = s.dopt;
-  l.schedule = s.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
-  l.precision = Precision::kFp32;
+  c.layout = testing::TinyLayout(s);
+  c.layout.schedule = s.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
   c.optimizer.lr = 3e-3;
   c.optimizer.warmup_steps = 2;
   c.optimizer.decay_steps = 4;  // the schedule changes at every step of the 6

@@ -27,26 +27,7 @@ namespace {
 constexpr int kSteps = 3;
 constexpr double kTimeoutS = 30.0;
 
-struct Spec {
-  int tp = 1, pp = 1, dp = 1, vp = 1, b = 2;
-  bool sp = false, dopt = false;
-  ScheduleKind schedule = ScheduleKind::kOneFOneB;
-};
-
-Layout MakeLayout(const Spec& s) {
-  Layout l;
-  l.tp = s.tp;
-  l.pp = s.pp;
-  l.dp = s.dp;
-  l.vp = s.vp;
-  l.micro_batch = s.b;
-  l.global_batch = 8;
-  l.sequence_parallel = s.sp;
-  l.distributed_optimizer = s.dopt;
-  l.schedule = s.schedule;
-  l.precision = Precision::kFp32;
-  return l;
-}
+using Spec = testing::TinyLayoutSpec;
 
 TrainerConfig Config(const Layout& l) {
   TrainerConfig c;
@@ -86,7 +67,7 @@ const TrainRun& Reference(double eps) {
   static std::map<double, TrainRun> refs;
   auto it = refs.find(eps);
   if (it == refs.end()) {
-    TrainerConfig cfg = Config(MakeLayout(Spec{}));
+    TrainerConfig cfg = Config(testing::TinyLayout(Spec{}));
     cfg.optimizer.eps = eps;
     it = refs.emplace(eps, Train(cfg, kSteps)).first;
   }
@@ -170,7 +151,7 @@ double ExpectSameRun(const TrainRun& run, const TrainRun& ref, double abs_tol) {
 TEST_P(TrainerLayout, LossesAndParametersEqualSingleRank) {
   const Spec spec = GetParam();
   for (double eps : {1e-5, 1e-8}) {
-    TrainerConfig cfg = Config(MakeLayout(spec));
+    TrainerConfig cfg = Config(testing::TinyLayout(spec));
     cfg.optimizer.eps = eps;
     const TrainRun run = Train(cfg, kSteps);
     const double worst = ExpectSameRun(run, Reference(eps), eps > 1e-6 ? 1e-6 : 1e-5);
@@ -181,7 +162,7 @@ TEST_P(TrainerLayout, LossesAndParametersEqualSingleRank) {
 TEST(Trainer, LossFallsOnTheCorpus) {
   // 20 steps at lr 3e-3 from the uniform start (loss ~ log 256 = 5.55): byte frequencies alone
   // bring a byte model under ~3.5, so a drop of more than 1.0 nats is a conservative bar.
-  TrainerConfig cfg = Config(MakeLayout(Spec{}));
+  TrainerConfig cfg = Config(testing::TinyLayout(Spec{}));
   cfg.optimizer.lr = 3e-3;
   cfg.optimizer.decay_steps = 20;
   ThreadWorld world(1, kTimeoutS);
@@ -208,9 +189,9 @@ TEST(Trainer, EvaluateIsLayoutInvariant) {
   // last micro-batch of 1 window: 5 windows, b 2).
   const std::vector<int32_t> val = ValidationWindows(testing::Shakespeare().val, 16, 5);
   ThreadWorld w1(1, kTimeoutS), w8(8, kTimeoutS);
-  auto one = Trainer::Create(Config(MakeLayout(Spec{})), testing::CpuBackends(), w1);
+  auto one = Trainer::Create(Config(testing::TinyLayout(Spec{})), testing::CpuBackends(), w1);
   auto many = Trainer::Create(
-      Config(MakeLayout(Spec{2, 4, 1, 2, 2, true, false, ScheduleKind::kInterleaved})), testing::CpuBackends(), w8);
+      Config(testing::TinyLayout(Spec{2, 4, 1, 2, 2, true, false, ScheduleKind::kInterleaved})), testing::CpuBackends(), w8);
   ASSERT_TRUE(one.ok()) << one.status().message();
   ASSERT_TRUE(many.ok()) << many.status().message();
   auto a = (*one)->Evaluate(val, 5);
@@ -223,7 +204,7 @@ TEST(Trainer, RefusesPlansItCannotHonour) {
   ThreadWorld world(8, kTimeoutS);
   Spec heads;  // 4 heads over tp 3
   heads.tp = 3;
-  auto bad = Trainer::Create(Config(MakeLayout(heads)), testing::CpuBackends(), world);
+  auto bad = Trainer::Create(Config(testing::TinyLayout(heads)), testing::CpuBackends(), world);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("illegal layout"), std::string::npos)
       << bad.status().message();
@@ -232,23 +213,23 @@ TEST(Trainer, RefusesPlansItCannotHonour) {
   big.pp = 2;
   big.dp = 4;
   big.b = 1;
-  auto too_big = Trainer::Create(Config(MakeLayout(big)), testing::CpuBackends(), world);
+  auto too_big = Trainer::Create(Config(testing::TinyLayout(big)), testing::CpuBackends(), world);
   ASSERT_FALSE(too_big.ok());
   EXPECT_NE(too_big.status().message().find("needs 16 ranks"), std::string::npos)
       << too_big.status().message();
-  TrainerConfig cp = Config(MakeLayout(Spec{}));
+  TrainerConfig cp = Config(testing::TinyLayout(Spec{}));
   cp.layout.cp = 2;
   auto no_cp = Trainer::Create(cp, testing::CpuBackends(), world);
   ASSERT_FALSE(no_cp.ok());
   EXPECT_NE(no_cp.status().message().find("context parallelism"), std::string::npos);
-  TrainerConfig swiglu = Config(MakeLayout(Spec{}));
+  TrainerConfig swiglu = Config(testing::TinyLayout(Spec{}));
   swiglu.model.activation = Activation::kSwiglu;
   EXPECT_FALSE(Trainer::Create(swiglu, testing::CpuBackends(), world).ok());
 }
 
 TEST(Trainer, StepResultIsSane) {
   const Spec spec{2, 2, 2, 1, 2, true, true, ScheduleKind::kOneFOneB};
-  const TrainRun run = Train(Config(MakeLayout(spec)), 2);
+  const TrainRun run = Train(Config(testing::TinyLayout(spec)), 2);
   ASSERT_EQ(run.steps.size(), 2u);
   for (const StepResult& r : run.steps) {
     EXPECT_GT(r.tokens_per_s, 0);
@@ -276,7 +257,7 @@ TEST(Trainer, StepResultIsSane) {
 // without it, nothing is recorded.
 TEST(Trainer, RecordsTheTimelineOfAStep) {
   const Spec spec{2, 2, 2, 1, 2, true, true, ScheduleKind::kOneFOneB};  // m = 8 / (2*2) = 2
-  TrainerConfig cfg = Config(MakeLayout(spec));
+  TrainerConfig cfg = Config(testing::TinyLayout(spec));
   EXPECT_TRUE(Train(cfg, 1).steps[0].ranks[0].events.empty());
   cfg.record_timeline = true;
   const TrainRun run = Train(cfg, 2);
