@@ -50,9 +50,8 @@ TEST(CalibrateCuda, QuickCalibrationThenPlanTrainCompare) {
   SKIP_WITHOUT_GPU(info);
   const int gpus = info["gpus_visible"].get<int>();
   const std::string gpu = info["gpu"]["name"].get<std::string>();
-  std::string tmpl = ::testing::TempDir() + "/calcuda-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = ptdp::testing::FreshDir("calcuda");
+  ASSERT_FALSE(dir.empty());
   const std::string tiny = kSrc + "/configs/models/gpt-tiny.yaml";
   const std::string cal = dir + "/calibrated.yaml";
   // The base cluster after the GPU's name where one is shipped; any GPU cluster otherwise (the

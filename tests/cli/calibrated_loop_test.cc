@@ -30,6 +30,9 @@
 
 namespace {
 
+using ptdp::testing::FreshDir;
+using ptdp::testing::Count;
+
 using ptdp::testing::CmdResult;
 using ptdp::testing::Shell;
 
@@ -40,18 +43,6 @@ const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
 constexpr double kMaxStepErrorPct = 20;
 constexpr double kMaxMemoryErrorPct = 5;
 constexpr int kAttempts = 5;
-
-std::string FreshDir(const std::string& name) {
-  std::string tmpl = ::testing::TempDir() + "/" + name + "-XXXXXX";
-  char* dir = mkdtemp(tmpl.data());
-  return dir ? std::string(dir) : std::string();
-}
-
-size_t Count(const std::string& hay, const std::string& needle) {
-  size_t n = 0;
-  for (size_t i = hay.find(needle); i != std::string::npos; i = hay.find(needle, i + 1)) ++n;
-  return n;
-}
 
 TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
   const std::string dir = FreshDir("loop");

@@ -5,15 +5,12 @@
 #include <string>
 
 #include "cli/report_html.h"
+#include "tests/fakes/shell.h"
 
 namespace ptdp::cli {
 namespace {
 
-size_t Count(const std::string& hay, const std::string& needle) {
-  size_t n = 0;
-  for (size_t i = hay.find(needle); i != std::string::npos; i = hay.find(needle, i + 1)) ++n;
-  return n;
-}
+using ptdp::testing::Count;
 
 SimEvent Ev(int rank, SimTrack track, OpKind kind, int mb, int chunk, double start_s,
             double end_s, int peer = -1) {

@@ -18,6 +18,9 @@
 
 namespace {
 
+using ptdp::testing::FreshDir;
+using ptdp::testing::Count;
+
 namespace fs = std::filesystem;
 
 const std::string kSrc = PTDP_SOURCE_DIR;
@@ -28,19 +31,6 @@ const std::string kFlags = "--cluster " + kSrc + "/configs/clusters/dgx-a100.yam
 
 using ptdp::testing::CmdResult;
 using ptdp::testing::Shell;
-
-// A fresh directory under the test temp dir.
-std::string FreshDir(const std::string& name) {
-  std::string tmpl = ::testing::TempDir() + "/" + name + "-XXXXXX";
-  char* dir = mkdtemp(tmpl.data());
-  return dir ? std::string(dir) : std::string();
-}
-
-size_t Count(const std::string& hay, const std::string& needle) {
-  size_t n = 0;
-  for (size_t i = hay.find(needle); i != std::string::npos; i = hay.find(needle, i + 1)) ++n;
-  return n;
-}
 
 // Headless Chromium, never hanging (timeout), offline, with its own profile directory.
 std::string Chromium(const std::string& args) {

@@ -1,6 +1,9 @@
-// Runs a command for end-to-end tests of the ptdp binary: exit code and output.
+// Helpers of the end-to-end tests of the ptdp binary: run a command (exit code and output), make
+// a fresh directory for its files, count a string in what it wrote.
 #pragma once
 
+#include <gtest/gtest.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -25,6 +28,20 @@ inline CmdResult Shell(const std::string& cmd, bool with_stderr = true) {
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// A new directory under the test's temp dir, "<name>-XXXXXX"; empty if it could not be made.
+inline std::string FreshDir(const std::string& name) {
+  std::string tmpl = ::testing::TempDir() + "/" + name + "-XXXXXX";
+  char* dir = mkdtemp(tmpl.data());
+  return dir ? std::string(dir) : std::string();
+}
+
+// How often `needle` occurs in `hay` (overlapping occurrences count).
+inline size_t Count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t i = hay.find(needle); i != std::string::npos; i = hay.find(needle, i + 1)) ++n;
+  return n;
 }
 
 }  // namespace ptdp::testing
