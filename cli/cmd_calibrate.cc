@@ -27,7 +27,6 @@ namespace {
 // load (as in `ptdp compare`).
 constexpr double kBusyShare = 0.1;
 
-const std::string kClusters = std::string(PTDP_SOURCE_DIR) + "/configs/clusters/";
 
 struct CalibrateFlags {
   std::string backend = "cpu";
@@ -99,12 +98,12 @@ Result<Placement> Place(const CalibrateFlags& f) {
 // The base cluster: --cluster, else local-cpu.yaml for the CPU, else the shipped cluster of the
 // GPU's model (its memory, node size and datasheet figures stay in the calibrated file).
 Result<std::string> BaseCluster(const CalibrateFlags& f, const Placement& p) {
-  if (!f.cluster.empty()) return f.cluster;
-  if (f.backend == "cpu") return kClusters + "local-cpu.yaml";
+  if (!f.cluster.empty()) return ResolveConfig("clusters", f.cluster);
+  if (f.backend == "cpu") return ResolveConfig("clusters", "local-cpu");
   const std::pair<const char*, const char*> kShipped[] = {
-      {"A100", "dgx-a100.yaml"}, {"H100", "dgx-h100.yaml"}, {"H200", "dgx-h200.yaml"}};
-  for (const auto& [model, file] : kShipped)
-    if (p.gpu_name.find(model) != std::string::npos) return kClusters + file;
+      {"A100", "dgx-a100"}, {"H100", "dgx-h100"}, {"H200", "dgx-h200"}};
+  for (const auto& [model, name] : kShipped)
+    if (p.gpu_name.find(model) != std::string::npos) return ResolveConfig("clusters", name);
   return Status::Error("--backend cuda: no shipped cluster describes '" + p.gpu_name +
                        "': give --cluster (a cluster YAML with this GPU's memory and GPUs per "
                        "node; configs/clusters/ has examples)");

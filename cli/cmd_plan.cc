@@ -1,4 +1,5 @@
 // `ptdp plan`: search every layout, print the ranking, the rejections and why the winner won.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -23,7 +24,7 @@ Plan MakePlan(const World& w, const LayoutFlags& f, const RankedLayout& row) {
   Plan plan;
   plan.model = w.model;
   plan.layout = l;
-  plan.cluster_file = f.cluster;
+  plan.cluster_file = ConfigReference(f.cluster);
   plan.cluster_name = w.cluster.name;
   plan.nodes = w.cluster.nodes;
   plan.gpus_per_node = w.cluster.gpus_per_node;
@@ -44,6 +45,16 @@ Plan MakePlan(const World& w, const LayoutFlags& f, const RankedLayout& row) {
   return plan;
 }
 
+// The rejection keys with their counts, largest first.
+std::vector<std::pair<std::string, int64_t>> RejectionsByCount(const PlanResult& r) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (int i = 1; i < kNumRejections; ++i)
+    if (r.rejected[i]) out.emplace_back(RejectionKey(Rejection(i)), r.rejected[i]);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
+}
+
 void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
   std::printf("ptdp plan: %s on %s (%d of %d nodes x %d GPUs), global batch %lld\n",
               w.model.name.c_str(), w.cluster.name.c_str(), w.gpus, w.cluster.nodes,
@@ -53,6 +64,12 @@ void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
               static_cast<long long>(r.evaluated), r.elapsed_s, static_cast<long long>(r.legal),
               static_cast<long long>(r.fitting), FormatBytes(w.cluster.gpu.memory_bytes).c_str());
   const auto& rows = r.top.empty() ? r.unfitting : r.top;
+  if (rows.empty()) {  // nothing legal: the reasons are the answer
+    std::printf("no layout is legal; the rules they break, most often first:\n");
+    for (const auto& [key, count] : RejectionsByCount(r))
+      std::printf("  %-40s %lld\n", key.c_str(), static_cast<long long>(count));
+    return;
+  }
   if (r.top.empty())
     std::printf("no layout fits in memory; the %zu smallest are:\n", rows.size());
   std::printf("%-4s %-26s %-16s %10s %9s %6s %7s %10s %5s %s\n", "rank", "layout", "knobs",
@@ -118,10 +135,20 @@ int RunPlan(const PlanFlags& f) {
   const PlanResult& r = *planned;
   std::unique_ptr<Plan> chosen;
   if (!r.top.empty()) chosen = std::make_unique<Plan>(MakePlan(*w, f.layout, r.top[0]));
-  if (f.layout.json) std::cout << ResultJson(*w, r, chosen.get()).dump(2) << "\n";
-  else PrintTable(*w, f, r);
+  if (f.layout.json) {
+    nlohmann::json j = ResultJson(*w, r, chosen.get());
+    if (chosen && f.emit == "megatron") j["megatron_command"] = MegatronCommand(*chosen);
+    std::cout << j.dump(2) << "\n";
+  } else {
+    PrintTable(*w, f, r);
+  }
   if (!chosen) {
-    if (r.legal == 0) return Fail("no legal layout: see the rejected counts");
+    if (r.legal == 0) {
+      std::string top;
+      for (const auto& [key, count] : RejectionsByCount(r))
+        if (top.size() < 160) top += (top.empty() ? "" : ", ") + key + " " + std::to_string(count);
+      return Fail("no legal layout among " + std::to_string(r.evaluated) + " (" + top + ")");
+    }
     return Fail("no legal layout fits in GPU memory; try --recompute full, --dist-opt on, "
                 "more GPUs (--nodes) or a smaller --micro-batch");
   }
@@ -130,7 +157,7 @@ int RunPlan(const PlanFlags& f) {
     if (!st.ok()) return Fail(st.message());
     if (!f.layout.json) std::printf("\nwrote %s\n", f.out.c_str());
   }
-  if (f.emit == "megatron") std::printf("\n%s", MegatronCommand(*chosen).c_str());
+  if (f.emit == "megatron" && !f.layout.json) std::printf("\n%s", MegatronCommand(*chosen).c_str());
   return 0;
 }
 
@@ -143,7 +170,15 @@ Runner SetupPlan(CLI::App* sub) {
   sub->add_option("--refine", f->refine,
                   "re-score the best K analytic layouts with the event simulator (default 16, 0 = off)");
   sub->add_option("--out", f->out, "write the chosen plan to this plan.yaml");
-  sub->add_option("--emit", f->emit, "print the Megatron-LM command line: --emit megatron");
+  sub->add_option("--emit", f->emit,
+                  "print the launch command of the chosen plan: megatron (the only one; with "
+                  "--json, the field megatron_command)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v == "megatron" ? std::string()
+                                   : "'" + v + "' is not a launcher ptdp writes; expected: megatron";
+          },
+          "megatron", "launcher"));
   return [f] { return RunPlan(*f); };
 }
 

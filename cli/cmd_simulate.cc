@@ -38,7 +38,7 @@ Result<std::pair<Plan, World>> Load(const SimFlags& f) {
                                            f.layout.gpus, f.layout.seq_len));
   PTDP_ASSIGN_OR_RETURN(plan.layout, LayoutFromFlags(f.layout, w));
   plan.model = w.model;
-  plan.cluster_file = f.layout.cluster;
+  plan.cluster_file = ConfigReference(f.layout.cluster);
   plan.cluster_name = w.cluster.name;
   plan.nodes = w.cluster.nodes;
   plan.gpus_per_node = w.cluster.gpus_per_node;

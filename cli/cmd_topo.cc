@@ -36,7 +36,9 @@ void PrintNodePicture(const ClusterSpec& c) {
 }
 
 int RunTopo(const TopoFlags& f) {
-  auto spec = LoadClusterFile(f.cluster);
+  auto file = ResolveConfig("clusters", f.cluster);
+  if (!file.ok()) return Fail(file.status().Prefixed("--cluster").message());
+  auto spec = LoadClusterFile(*file);
   if (!spec.ok()) return Fail(spec.status().message());
   ClusterSpec c = *spec;
   if (f.nodes) {

@@ -30,7 +30,7 @@ struct TrainFlags {
   int steps = 10;
   uint64_t seed = 1234;
   std::string out;
-  std::string corpus = std::string(PTDP_SOURCE_DIR) + "/data/tinyshakespeare/input.txt";
+  std::string corpus;  // default: the shipped tinyshakespeare (share/ptdp/data)
   double lr = 1e-3;
   int warmup = 2;
   int eval_windows = 16;
@@ -188,7 +188,10 @@ int RunTrain(const TrainFlags& f) {
   if (l.world() > f.max_ranks)
     return Fail(f.plan_file + ": " + std::to_string(l.world()) + " ranks is more than --max-ranks " +
                 std::to_string(f.max_ranks) + " threads");
-  auto corpus = rt::LoadCorpus(f.corpus, 0.1, plan->model.seq_len + 1);
+  auto corpus_file = f.corpus.empty() ? ShippedData("tinyshakespeare/input.txt")
+                                      : Result<std::string>(f.corpus);
+  if (!corpus_file.ok()) return Fail(corpus_file.status().message());
+  auto corpus = rt::LoadCorpus(*corpus_file, 0.1, plan->model.seq_len + 1);
   if (!corpus.ok()) return Fail(corpus.status().message());
   // Byte ids 0..255 must be valid tokens; a larger vocabulary is fine (unused rows).
   if (plan->model.vocab < rt::ByteTokenizer::kVocab)

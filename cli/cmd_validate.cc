@@ -1,6 +1,7 @@
-// `ptdp validate`: the cost model's error on the published measured runs of
-// ../shared/calibration, and `--fit` to refit named constants on them (how the shipped
-// constants were obtained; docs/cost-model.md).
+// `ptdp validate`: the cost model's error on published measured runs (the shipped
+// data/published/runs.yaml, plus vTrain's third-party CSV from `--data DIR` when a user has it),
+// and `--fit` to refit named constants on them (how the shipped constants were obtained;
+// docs/cost-model.md).
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -9,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/paths.h"
 #include "cost_model/calibration_data.h"
 #include "cost_model/validation.h"
 
@@ -16,9 +18,10 @@ namespace ptdp::cli {
 namespace {
 
 struct ValidateFlags {
-  std::string data = "../shared/calibration";
-  std::string a100 = "configs/clusters/dgx-a100.yaml";
-  std::string h100 = "configs/clusters/dgx-h100.yaml";
+  std::string runs;           // published runs file (default: the shipped one)
+  std::string data;           // a folder with vtrain_single_node/measured.csv (not shipped)
+  std::string a100 = "dgx-a100";
+  std::string h100 = "dgx-h100";
   std::string fit_gpu;      // "A100" or "H100"
   std::string fit_params;   // "name:lo:hi,name:lo:hi"
   int rounds = 4;
@@ -57,18 +60,29 @@ void PrintGroup(const std::string& name, const std::vector<ValidationRow>& rows,
 
 int RunValidate(const ValidateFlags& f) {
   ClusterByGpu clusters;
-  for (const auto& [gpu, file] : {std::pair<std::string, std::string>{"A100", f.a100}, {"H100", f.h100}}) {
-    auto c = LoadClusterFile(file);
+  for (const auto& [gpu, name] : {std::pair<std::string, std::string>{"A100", f.a100}, {"H100", f.h100}}) {
+    auto file = ResolveConfig("clusters", name);
+    if (!file.ok()) return Fail(file.status().Prefixed(gpu == "A100" ? "--a100" : "--h100").message());
+    auto c = LoadClusterFile(*file);
     if (!c.ok()) return Fail(c.status().message());
     clusters[gpu] = *c;
   }
-  auto pub = LoadMeasuredRuns(f.data + "/measured_runs.yaml");
+  auto runs_file = f.runs.empty() ? ShippedData("published/runs.yaml") : Result<std::string>(f.runs);
+  if (!runs_file.ok()) return Fail(runs_file.status().message());
+  auto pub = LoadPublishedRuns(*runs_file);
   if (!pub.ok()) return Fail(pub.status().message());
-  auto vt = LoadVtrainCsv(f.data + "/vtrain_single_node/measured.csv");
-  if (!vt.ok()) return Fail(vt.status().message());
   std::vector<MeasuredRun> runs = pub->runs;
-  runs.insert(runs.end(), vt->runs.begin(), vt->runs.end());
   std::vector<std::string> skipped = pub->skipped;
+  std::string vtrain_note;
+  if (!f.data.empty()) {
+    auto vt = LoadVtrainCsv(f.data + "/vtrain_single_node/measured.csv");
+    if (!vt.ok()) return Fail(vt.status().Prefixed("--data").message());
+    runs.insert(runs.end(), vt->runs.begin(), vt->runs.end());
+    skipped.insert(skipped.end(), vt->skipped.begin(), vt->skipped.end());
+  } else {
+    vtrain_note = "vTrain's 1,440 single-node A100 runs are a third-party file ptdp does not ship: "
+                  "give --data DIR with DIR/vtrain_single_node/measured.csv to include them";
+  }
 
   if (!f.fit_gpu.empty()) {
     if (!clusters.count(f.fit_gpu)) return Fail("--fit '" + f.fit_gpu + "': expected A100 or H100");
@@ -107,9 +121,14 @@ int RunValidate(const ValidateFlags& f) {
     for (const auto& [name, rs] : groups) j["groups"][name] = stats(rs);
     j["all_steps"] = stats(steps);
     j["skipped"] = skipped;
+    j["runs_file"] = *runs_file;
+    j["vtrain_included"] = !f.data.empty();
     std::cout << j.dump(2) << "\n";
     return 0;
   }
+  std::printf("published runs: %s (%zu rows)\n", runs_file->c_str(), pub->runs.size());
+  if (!vtrain_note.empty()) std::printf("%s\n", vtrain_note.c_str());
+  std::printf("\n");
   for (const auto& [name, rs] : groups)
     PrintGroup(name, rs, f.verbose || name.rfind("vtrain", 0) != 0);
   const ErrorStats all = Summarize(steps);
@@ -125,9 +144,12 @@ int RunValidate(const ValidateFlags& f) {
 
 Runner SetupValidate(CLI::App* sub) {
   auto f = std::make_shared<ValidateFlags>();
-  sub->add_option("--data", f->data, "calibration folder (default ../shared/calibration)");
-  sub->add_option("--a100", f->a100, "cluster file for A100 rows (default configs/clusters/dgx-a100.yaml)");
-  sub->add_option("--h100", f->h100, "cluster file for H100 rows (default configs/clusters/dgx-h100.yaml)");
+  sub->add_option("--runs", f->runs,
+                  "published runs in ptdp's format (default: the shipped data/published/runs.yaml)");
+  sub->add_option("--data", f->data,
+                  "folder with vTrain's vtrain_single_node/measured.csv (not shipped), to add its rows");
+  sub->add_option("--a100", f->a100, "cluster (name or file) for A100 rows (default dgx-a100)");
+  sub->add_option("--h100", f->h100, "cluster (name or file) for H100 rows (default dgx-h100)");
   sub->add_option("--fit", f->fit_gpu, "refit constants on the runs of this GPU (A100|H100)");
   sub->add_option("--fit-params", f->fit_params, "name:lo:hi,... constants to fit");
   sub->add_option("--rounds", f->rounds, "coordinate-descent rounds for --fit (default 4)");

@@ -13,7 +13,7 @@ using Runner = std::function<int()>;
 struct Command {
   const char* name;
   const char* help;     // one line
-  const char* example;  // shown in --help
+  const char* example;  // shown in --help: whole command lines, one per line
   Runner (*setup)(CLI::App* sub);
 };
 

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/paths.h"
 #include "core/units.h"
 
 namespace ptdp::cli {
@@ -46,11 +47,19 @@ Result<bool> ParseOnOff(const std::string& flag, const std::string& v) {
   return Status::Error(flag + " '" + v + "': expected on or off");
 }
 
+Result<ModelSpec> LoadModelByName(const std::string& spec) {
+  if (spec.rfind("hf:", 0) == 0) return LoadModel(spec);
+  PTDP_ASSIGN_OR_RETURN(const std::string file, ResolveConfig("models", spec));
+  return LoadModel(file);
+}
+
 Result<World> LoadWorld(const std::string& cluster_path, const std::string& model_spec,
                         std::optional<int> nodes, std::optional<int> gpus,
                         std::optional<int> seq_len) {
   World w;
-  PTDP_ASSIGN_OR_RETURN(w.cluster, LoadClusterFile(cluster_path));
+  PTDP_ASSIGN_OR_RETURN(const std::string cluster_file,
+                        ResolveConfig("clusters", cluster_path));
+  PTDP_ASSIGN_OR_RETURN(w.cluster, LoadClusterFile(cluster_file));
   if (nodes) {
     if (*nodes <= 0) return Status::Error("--nodes " + std::to_string(*nodes) + " must be positive");
     if (int64_t(*nodes) * w.cluster.gpus_per_node > kMaxClusterGpus)
@@ -64,7 +73,7 @@ Result<World> LoadWorld(const std::string& cluster_path, const std::string& mode
   }
   PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(w.cluster));
   w.topo = std::make_unique<Topology>(std::move(topo));
-  PTDP_ASSIGN_OR_RETURN(w.model, LoadModel(model_spec));
+  PTDP_ASSIGN_OR_RETURN(w.model, LoadModelByName(model_spec));
   if (seq_len) {
     if (*seq_len <= 0) return Status::Error("--seq-len " + std::to_string(*seq_len) + " must be positive");
     w.model.seq_len = *seq_len;
@@ -82,8 +91,10 @@ Result<World> LoadWorld(const std::string& cluster_path, const std::string& mode
 
 Result<World> WorldForPlan(const Plan& plan, const std::string& cluster_override) {
   World w;
-  const std::string file = cluster_override.empty() ? plan.cluster_file : cluster_override;
-  auto c = LoadClusterFile(file);
+  auto file = ResolveConfig("clusters",
+                            cluster_override.empty() ? plan.cluster_file : cluster_override);
+  if (!file.ok()) return file.status().Prefixed("cluster of the plan");
+  auto c = LoadClusterFile(*file);
   if (!c.ok()) return c.status().Prefixed("cluster of the plan");
   w.cluster = *c;
   w.cluster.nodes = plan.nodes;

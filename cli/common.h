@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "cli/paths.h"
 #include "core/layout.h"
 #include "core/model.h"
 #include "core/plan.h"
@@ -32,6 +33,10 @@ struct LayoutFlags {
   bool json = false;
 };
 void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model);
+
+// A --model value: "hf:path" (a Hugging Face config.json, or a folder holding one), a shipped
+// model's name ("gpt3-175b", cli/paths.h), or a model YAML file.
+Result<ModelSpec> LoadModelByName(const std::string& spec);
 
 // The loaded world: cluster (after --nodes), topology, model (after --seq-len), cost model.
 struct World {

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 
+#include "core/file_io.h"
 #include "core/rank_grid.h"
 
 namespace ptdp::cli {
@@ -192,10 +193,9 @@ Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_fil
     rc.stage = grid.Coord(g).pp;
     c.ranks.push_back(rc);
   }
-  std::ifstream in(measured_file);
-  if (!in) return Status::Error(measured_file + ": cannot open the measured file");
+  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(measured_file, "a measured.json"));
   try {
-    const json j = json::parse(in);
+    const json j = json::parse(text);
     if (!j.is_object() || !j.contains("layout"))
       return Status::Error(measured_file + ": not a measured.json of `ptdp train` (no layout)");
     PTDP_RETURN_IF_ERROR(SameLayout(l, j["layout"], measured_file));

@@ -14,24 +14,31 @@ int Fail(const std::string& message) {
 
 namespace {
 
+// Examples are whole command lines, one per line (never joined with '|', which a shell would
+// read as a pipe); shipped configs by name, so that they run from any folder.
 const Command kCommands[] = {
     {"plan", "enumerate every legal layout, predict each, rank them and pick the best",
-     "ptdp plan --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml "
-     "--global-batch 1536",
+     "ptdp plan --cluster dgx-a100 --model gpt3-175b --global-batch 1536\n"
+     "ptdp plan --cluster my-cluster.yaml --model hf:path/to/config.json --global-batch 512 "
+     "--out plan.yaml",
      SetupPlan},
     {"schedule", "show a pipeline schedule's op order per rank (GPipe, 1F1B, interleaved), checked",
      "ptdp schedule --pp 4 --vp 2 --microbatches 8", SetupSchedule},
     {"simulate", "predict one layout in detail: step-time breakdown and memory per stage",
-     "ptdp simulate --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml "
-     "--global-batch 1536 --tp 8 --pp 16 --vp 3   |   ptdp simulate plan.yaml",
+     "ptdp simulate --cluster dgx-a100 --model gpt3-175b --global-batch 1536 --tp 8 --pp 16 "
+     "--vp 3\n"
+     "ptdp simulate plan.yaml --trace trace.json",
      SetupSimulate},
     {"topo", "show a cluster: bandwidth/latency table and a picture of one node",
-     "ptdp topo --cluster configs/clusters/dgx-a100.yaml", SetupTopo},
+     "ptdp topo --cluster dgx-a100", SetupTopo},
     {"validate", "prediction error of the cost model on published measured runs",
-     "ptdp validate --data ../shared/calibration", SetupValidate},
+     "ptdp validate\n"
+     "ptdp validate --data ../shared/calibration   # adds vTrain's CSV where you have it",
+     SetupValidate},
     {"report", "one self-contained HTML page: ranking, breakdown, memory, Gantt of the step",
-     "ptdp report --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-13b.yaml "
-     "--nodes 4 --global-batch 256 --html report.html   |   ptdp report plan.yaml --html report.html",
+     "ptdp report --cluster dgx-a100 --model gpt3-13b --nodes 4 --global-batch 256 "
+     "--html report.html\n"
+     "ptdp report plan.yaml --measured measured.json --html report.html",
      SetupReport},
     {"train", "train the plan's GPT with exactly its layout (CPU: ranks as threads)",
      "ptdp train plan.yaml --backend cpu --steps 20 --out measured.json", SetupTrain},
@@ -54,7 +61,10 @@ int main(int argc, char** argv) {
   std::vector<std::pair<CLI::App*, Runner>> runners;
   for (const Command& c : kCommands) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);
-    sub->footer(std::string("Example:\n  ") + c.example);
+    std::string examples = c.example, indented = "  ";
+    for (char ch : examples) indented += ch == '\n' ? std::string("\n  ") : std::string(1, ch);
+    const bool several = examples.find('\n') != std::string::npos;
+    sub->footer(std::string(several ? "Examples:\n" : "Example:\n") + indented);
     runners.emplace_back(sub, c.setup(sub));
   }
   try {

@@ -48,6 +48,13 @@ bool IsConfigName(const std::string& value) {
   return !value.empty() && value.find('/') == std::string::npos && !yaml;
 }
 
+std::string ConfigReference(const std::string& value) {
+  if (IsConfigName(value)) return value;
+  std::error_code ec;
+  const fs::path abs = fs::absolute(value, ec);
+  return ec ? value : abs.lexically_normal().string();
+}
+
 std::vector<std::string> ShippedConfigNames(const std::string& kind) {
   std::vector<std::string> names;
   auto share = ShareDir();

@@ -35,6 +35,10 @@ Result<std::string> ShareDir();
 bool IsConfigName(const std::string& value);
 Result<std::string> ResolveConfig(const std::string& kind, const std::string& value);
 
+// What a plan records for a --cluster value: a shipped name as it is, a file as an absolute path
+// (so the plan works from any folder).
+std::string ConfigReference(const std::string& value);
+
 // The shipped config names of `kind`, sorted ("dgx-a100", ...); empty when none is found.
 std::vector<std::string> ShippedConfigNames(const std::string& kind);
 

@@ -3,10 +3,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <sstream>
 #include <vector>
 
+#include "core/file_io.h"
 #include "core/yaml_reader.h"
 
 namespace ptdp {
@@ -179,12 +182,14 @@ Result<std::string> JsonString(const nlohmann::json& j, const std::string& file,
 }  // namespace
 
 Result<ModelSpec> ImportHfConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot open file");
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return Status::Error(path + ": cannot read file");
-  return ImportHfConfigText(text.str(), path);
+  // hf:DIR reads DIR/config.json, as Hugging Face's from_pretrained(DIR) does.
+  struct stat st {};
+  const std::string file =
+      ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)
+          ? path + (path.empty() || path.back() != '/' ? "/" : "") + "config.json"
+          : path;
+  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(file, "a Hugging Face config.json"));
+  return ImportHfConfigText(text, file);
 }
 
 Result<ModelSpec> ImportHfConfigText(const std::string& text, const std::string& path) {

@@ -72,11 +72,13 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                                 const std::string& path);
 // Loads a model YAML file.
 Result<ModelSpec> LoadModelFile(const std::string& path);
-// Imports a Hugging Face config.json (GPT-2, Llama, Mistral, Qwen2 style).
+// Imports a Hugging Face config.json (GPT-2, Llama, Mistral, Qwen2 style); a folder reads its
+// config.json, as from_pretrained(folder) does.
 Result<ModelSpec> ImportHfConfig(const std::string& path);
 // The same from the JSON text; `name` stands for the file in messages.
 Result<ModelSpec> ImportHfConfigText(const std::string& text, const std::string& name);
-// Loads "hf:path/config.json" through ImportHfConfig, anything else through LoadModelFile.
+// Loads "hf:path/config.json" (or "hf:folder") through ImportHfConfig, anything else through
+// LoadModelFile.
 Result<ModelSpec> LoadModel(const std::string& spec);
 
 // Writes the YAML body of a model (the keys ModelFromYaml reads), each line prefixed by

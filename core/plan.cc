@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/file_io.h"
 #include "core/yaml_reader.h"
 
 namespace ptdp {
@@ -74,6 +75,35 @@ Status ReadPrediction(const YAML::Node& node, const std::string& file, Predictio
 }
 
 }  // namespace
+
+Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
+                              const std::string& path) {
+  YamlReader l(node, file, path);
+  Layout lay;
+  lay.tp = l.PositiveIntAtMost("tp", kMaxWorldSize);
+  lay.pp = l.PositiveIntAtMost("pp", kMaxWorldSize);
+  lay.dp = l.PositiveIntAtMost("dp", kMaxWorldSize);
+  lay.vp = l.PositiveIntAtMost("vp", kMaxLayers, 1);
+  lay.cp = l.PositiveIntAtMost("cp", kMaxWorldSize, 1);
+  lay.micro_batch = l.PositiveIntAtMost("micro_batch", kMaxGlobalBatch);
+  lay.global_batch = l.PositiveInt("global_batch");
+  const int64_t m_written = l.PositiveInt("num_microbatches", 0 + 1);
+  lay.microbatch_group = l.NonNegativeIntAtMost("microbatch_group", kMaxGlobalBatch, 0);
+  lay.sequence_parallel = l.Bool("sequence_parallel", false);
+  lay.recompute = *ParseRecompute(l.Enum("recompute", {"none", "selective", "full"}, "none"));
+  lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
+  lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp32"}, "bf16"));
+  lay.schedule = *ParseScheduleKind(
+      l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
+  lay.overlap_grad_reduce = l.Bool("overlap_grad_reduce", true);
+  lay.tp_comm_overlap = l.Bool("tp_comm_overlap", false);
+  if (l.Has("num_microbatches") && lay.global_batch % (int64_t(lay.micro_batch) * lay.dp) == 0 &&
+      m_written != lay.num_microbatches())
+    l.Fail("num_microbatches", "'" + std::to_string(m_written) + "' disagrees with B/(b*dp) = " +
+                                   std::to_string(lay.num_microbatches()));
+  PTDP_RETURN_IF_ERROR(l.Finish());
+  return lay;
+}
 
 std::string PlanToYaml(const Plan& plan) {
   const Layout& l = plan.layout;
@@ -157,30 +187,8 @@ Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name) 
   PTDP_RETURN_IF_ERROR(c.Finish());
   if (!r.Has("model")) return Status::Error(name + ": missing required key 'model'");
   PTDP_ASSIGN_OR_RETURN(plan.model, ModelFromYaml(r.Child("model"), name, "model"));
-  YamlReader l(r.Child("layout"), name, "layout");
-  Layout& lay = plan.layout;
-  lay.tp = l.PositiveIntAtMost("tp", kMaxWorldSize);
-  lay.pp = l.PositiveIntAtMost("pp", kMaxWorldSize);
-  lay.dp = l.PositiveIntAtMost("dp", kMaxWorldSize);
-  lay.vp = l.PositiveIntAtMost("vp", kMaxLayers, 1);
-  lay.cp = l.PositiveIntAtMost("cp", kMaxWorldSize, 1);
-  lay.micro_batch = l.PositiveIntAtMost("micro_batch", kMaxGlobalBatch);
-  lay.global_batch = l.PositiveInt("global_batch");
-  const int64_t m_written = l.PositiveInt("num_microbatches", 0 + 1);
-  lay.microbatch_group = l.NonNegativeIntAtMost("microbatch_group", kMaxGlobalBatch, 0);
-  lay.sequence_parallel = l.Bool("sequence_parallel", false);
-  lay.recompute = *ParseRecompute(l.Enum("recompute", {"none", "selective", "full"}, "none"));
-  lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
-  lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp32"}, "bf16"));
-  lay.schedule = *ParseScheduleKind(
-      l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
-  lay.overlap_grad_reduce = l.Bool("overlap_grad_reduce", true);
-  lay.tp_comm_overlap = l.Bool("tp_comm_overlap", false);
-  if (l.Has("num_microbatches") && lay.global_batch % (int64_t(lay.micro_batch) * lay.dp) == 0 &&
-      m_written != lay.num_microbatches())
-    l.Fail("num_microbatches", "'" + std::to_string(m_written) + "' disagrees with B/(b*dp) = " +
-                                   std::to_string(lay.num_microbatches()));
-  PTDP_RETURN_IF_ERROR(l.Finish());
+  PTDP_ASSIGN_OR_RETURN(plan.layout, LayoutFromYaml(r.Child("layout"), name, "layout"));
+  const Layout& lay = plan.layout;
   if (r.Has("prediction")) {
     plan.has_prediction = true;
     PTDP_RETURN_IF_ERROR(ReadPrediction(r.Child("prediction"), name, &plan.prediction));
@@ -210,11 +218,8 @@ Status WritePlanFile(const Plan& plan, const std::string& path) {
 }
 
 Result<Plan> LoadPlanFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot open file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return PlanFromYamlText(ss.str(), path);
+  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(path, "a plan.yaml"));
+  return PlanFromYamlText(text, path);
 }
 
 }  // namespace ptdp

@@ -63,6 +63,14 @@ struct Plan {
   Prediction prediction;
 };
 
+// Reads a layout from a YAML map in plan.yaml's `layout:` keys (tp, pp, dp, vp, cp,
+// micro_batch, global_batch, num_microbatches, microbatch_group, sequence_parallel, recompute,
+// distributed_optimizer, precision, schedule, overlap_grad_reduce, tp_comm_overlap). Strict:
+// unknown keys and bad values are errors naming file:line, key and value. Legality against a
+// model and a world is the caller's (ValidateLayout).
+Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
+                              const std::string& path);
+
 // YAML text of a plan (a commented, human-readable file).
 std::string PlanToYaml(const Plan& plan);
 // Parses a plan; `name` is the file name for messages. Strict like every config reader.

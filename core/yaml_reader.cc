@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/file_io.h"
+
 namespace ptdp {
 
 std::string YamlQuote(const std::string& s) {
@@ -29,12 +31,8 @@ Result<YAML::Node> ParseYamlText(const std::string& text, const std::string& nam
 }
 
 Result<YAML::Node> LoadYamlFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot open file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::Error(path + ": cannot read file");
-  return ParseYamlText(ss.str(), path);
+  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(path));
+  return ParseYamlText(text, path);
 }
 
 YamlReader::YamlReader(const YAML::Node& node, std::string file, std::string path)

@@ -1,9 +1,10 @@
-// Readers for ../shared/calibration; see calibration_data.h.
+// Readers of published measured runs; see calibration_data.h.
 #include "cost_model/calibration_data.h"
 
 #include <fstream>
 #include <sstream>
 
+#include "core/plan.h"
 #include "core/yaml_reader.h"
 
 namespace ptdp {
@@ -11,6 +12,11 @@ namespace {
 
 bool Contains(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
+}
+
+// "A100" or "H100" from a GPU's full name ("H100-SXM5-80GB"): the key of the base clusters.
+std::string GpuKind(const std::string& gpu) {
+  return Contains(gpu, "H100") ? "H100" : Contains(gpu, "A100") ? "A100" : gpu;
 }
 
 std::string Str(const YAML::Node& n) { return n && n.IsScalar() ? n.Scalar() : ""; }
@@ -83,8 +89,7 @@ std::string ReadEntry(const YAML::Node& e, MeasuredRun* run) {
   l.tp_comm_overlap = Contains(Str(lay["notes"]), "TP comm overlap") ||
                       Contains(run->id, "dgxc_") || Contains(run->id, "nemo2407") ||
                       Contains(run->id, "megatron_bridge");
-  const std::string gpu = Str(hw["gpu"]);
-  run->gpu = Contains(gpu, "H100") ? "H100" : Contains(gpu, "A100") ? "A100" : gpu;
+  run->gpu = GpuKind(Str(hw["gpu"]));
   run->gpus = hw["total_gpus"].as<int>();
   if (meas["per_layer_combined_ms"] && !meas["per_layer_combined_ms"].IsNull()) {
     run->per_layer = true;
@@ -101,7 +106,62 @@ std::string ReadEntry(const YAML::Node& e, MeasuredRun* run) {
   return "";
 }
 
+Result<MeasuredRun> ReadPublishedRow(const YAML::Node& node, const std::string& file,
+                                     size_t index) {
+  const std::string where = "runs[" + std::to_string(index) + "]";
+  YamlReader r(node, file, where);
+  MeasuredRun run;
+  run.id = r.String("id");
+  r.String("source");  // the citation: kept in the file, not needed to predict
+  run.gpu = GpuKind(r.String("gpu"));
+  run.gpus = r.PositiveIntAtMost("gpus", kMaxWorldSize);
+  for (const char* key : {"model", "layout"})
+    if (!r.Has(key)) return Status::Error(r.Where("") + ": " + where + ": missing key '" + key + "'");
+  PTDP_ASSIGN_OR_RETURN(run.model, ModelFromYaml(r.Child("model"), file, where + ".model"));
+  PTDP_ASSIGN_OR_RETURN(run.layout, LayoutFromYaml(r.Child("layout"), file, where + ".layout"));
+  const bool layer = r.Has("layer_fwd_bwd_ms");
+  if (layer == r.Has("step_time_s"))
+    r.Fail("step_time_s", "give exactly one of step_time_s and layer_fwd_bwd_ms");
+  run.per_layer = layer;
+  run.measured_s = layer ? r.PositiveNumber("layer_fwd_bwd_ms", 0) / 1e3
+                         : r.PositiveNumber("step_time_s", 0);
+  r.Bool("step_time_derived", false);
+  r.Child("published");  // the source's cells as printed
+  if (run.layout.world() != run.gpus)
+    r.Fail("gpus", "'" + std::to_string(run.gpus) + "' is not tp*cp*pp*dp = " +
+                       std::to_string(run.layout.world()));
+  PTDP_RETURN_IF_ERROR(r.Finish());
+  return run;
+}
+
 }  // namespace
+
+Result<CalibrationSet> LoadPublishedRuns(const std::string& path) {
+  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path));
+  YamlReader r(root, path, "");
+  if (r.PositiveInt("ptdp_published_runs_version") != 1)
+    r.Fail("ptdp_published_runs_version", "only version 1 is understood");
+  const YAML::Node runs = r.Child("runs");
+  const YAML::Node dropped = r.Child("not_carried");
+  PTDP_RETURN_IF_ERROR(r.Finish());
+  if (!runs || !runs.IsSequence()) return Status::Error(path + ": 'runs' must be a list");
+  CalibrationSet set;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    PTDP_ASSIGN_OR_RETURN(MeasuredRun run, ReadPublishedRow(runs[i], path, i));
+    set.runs.push_back(std::move(run));
+  }
+  const bool has_dropped = dropped && !dropped.IsNull();
+  if (has_dropped && !dropped.IsSequence())
+    return Status::Error(path + ": 'not_carried' must be a list");
+  for (size_t i = 0; has_dropped && i < dropped.size(); ++i) {
+    YamlReader d(dropped[i], path, "not_carried[" + std::to_string(i) + "]");
+    const std::string id = d.String("id");
+    const std::string why = d.String("why");
+    PTDP_RETURN_IF_ERROR(d.Finish());
+    set.skipped.push_back(id + ": " + why);
+  }
+  return set;
+}
 
 Result<CalibrationSet> LoadMeasuredRuns(const std::string& path) {
   PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path));

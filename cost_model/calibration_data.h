@@ -1,7 +1,10 @@
-// Published measured runs (../shared/calibration) as (model, layout, GPU, measured time)
-// rows, and the prediction error of the cost model on them. The data file is read strictly
-// for the fields used; rows without a full layout (no micro-batch, no model shape, no time)
-// are counted as skipped with the reason.
+// Published measured runs as (model, layout, GPU, measured time) rows, for `ptdp validate` and
+// the accuracy tests. Three readers:
+//   - LoadPublishedRuns: the project's own data/published/runs.yaml (shipped; strict);
+//   - LoadMeasuredRuns: the team's ../shared/calibration/measured_runs.yaml, the source that
+//     file was carried over from (scripts/import-published.py); read for the fields used, rows
+//     without a full layout counted as skipped with the reason;
+//   - LoadVtrainCsv: vTrain's third-party CSV, which the repository does not ship.
 #pragma once
 
 #include <string>
@@ -28,6 +31,11 @@ struct CalibrationSet {
   std::vector<std::string> skipped;  // "id: reason"
 };
 
+// Reads data/published/runs.yaml (ptdp_published_runs_version 1: `runs:` with id, source, gpu,
+// gpus, model (model YAML keys), layout (plan.yaml layout keys), step_time_s or
+// layer_fwd_bwd_ms, step_time_derived, published; `not_carried:` rows go to `skipped`).
+// Unknown keys, bad values and tp*cp*pp*dp != gpus are errors naming file:line, key and value.
+Result<CalibrationSet> LoadPublishedRuns(const std::string& path);
 // Reads measured_runs.yaml (the `entries:` list).
 Result<CalibrationSet> LoadMeasuredRuns(const std::string& path);
 // Reads vtrain_single_node/measured.csv: A100, full recompute, 1F1B, fp16, no DP overlap.

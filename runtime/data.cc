@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/file_io.h"
+
 namespace ptdp::rt {
 
 std::vector<int32_t> ByteTokenizer::Encode(const std::string& text) {
@@ -21,13 +23,10 @@ std::string ByteTokenizer::Decode(const std::vector<int32_t>& tokens) {
 }
 
 Result<TokenCorpus> LoadCorpus(const std::string& path, double val_fraction, int64_t min_tokens) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Error(path + ": cannot open the corpus");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(path, "a corpus"));
   if (!(val_fraction > 0 && val_fraction < 1))
     return Status::Error("validation fraction " + std::to_string(val_fraction) + " must be in (0, 1)");
-  const std::vector<int32_t> all = ByteTokenizer::Encode(ss.str());
+  const std::vector<int32_t> all = ByteTokenizer::Encode(text);
   const size_t split = size_t(double(all.size()) * (1 - val_fraction));
   TokenCorpus c;
   c.train.assign(all.begin(), all.begin() + split);

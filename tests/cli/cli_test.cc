@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "tests/fakes/shell.h"
@@ -41,7 +42,17 @@ TEST(Cli, HelpHasAnExampleForEveryCommand) {
                           "calibrate", "compare"}) {
     const CmdResult r = Ptdp(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
-    EXPECT_NE(r.out.find("Example:"), std::string::npos) << cmd << ": " << r.out;
+    const size_t at = r.out.find("\nExample");  // "Example:" or "Examples:"
+    ASSERT_NE(at, std::string::npos) << cmd << ": " << r.out;
+    // Every example line is one whole command a user can paste: "ptdp <cmd> ...", never two
+    // commands joined with '|' (a shell pipes one into the other).
+    std::istringstream lines(r.out.substr(r.out.find('\n', at + 1) + 1));
+    int examples = 0;
+    for (std::string line; std::getline(lines, line) && !line.empty(); ++examples) {
+      EXPECT_EQ(line.rfind("  ptdp " + std::string(cmd), 0), 0u) << line;
+      EXPECT_EQ(line.find('|'), std::string::npos) << line;
+    }
+    EXPECT_GE(examples, 1) << cmd;
   }
 }
 

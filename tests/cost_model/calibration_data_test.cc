@@ -1,36 +1,147 @@
-// The calibration readers on the shared data (../shared/calibration, beside the repository).
+// The readers of published measured runs: the shipped data/published/runs.yaml (always), and
+// the team's ../shared/calibration files it was carried over from (skipped, with a message
+// naming the file, in a user's clone that has no ../shared).
 #include "cost_model/calibration_data.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 
 namespace ptdp {
 namespace {
 
-const std::string kData = std::string(PTDP_SHARED_DIR) + "/calibration";
+const std::string kShipped = std::string(PTDP_SOURCE_DIR) + "/data/published/runs.yaml";
+const std::string kShared = std::string(PTDP_SHARED_DIR) + "/calibration";
+
+// Skips the test when a third-party file of ../shared is absent (a user's clone).
+#define SKIP_WITHOUT(file)                                                             \
+  if (!std::filesystem::exists(file))                                                  \
+  GTEST_SKIP() << (file) << " is not here: it is a file of the team's ../shared folder, " \
+               << "not shipped with ptdp"
+
+TEST(PublishedRuns, ReadsTheShippedFile) {
+  auto set = LoadPublishedRuns(kShipped);
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  EXPECT_EQ(set->runs.size(), 72u);
+  EXPECT_EQ(set->skipped.size(), 11u);
+  std::map<std::string, const MeasuredRun*> by_id;
+  for (const auto& r : set->runs) by_id[r.id] = &r;
+  // dgxc GPT-3 175B bf16 on 128 H100s: tp 4 pp 8 vp 12 (interleaved), distributed optimizer,
+  // 8.91 s per step as published.
+  ASSERT_TRUE(by_id.count("dgxc_gpt3_175b_bf16_128gpu"));
+  const MeasuredRun& g = *by_id["dgxc_gpt3_175b_bf16_128gpu"];
+  EXPECT_EQ(g.gpu, "H100");
+  EXPECT_EQ(g.gpus, 128);
+  EXPECT_EQ(g.layout.tp, 4);
+  EXPECT_EQ(g.layout.pp, 8);
+  EXPECT_EQ(g.layout.vp, 12);
+  EXPECT_EQ(g.layout.schedule, ScheduleKind::kInterleaved);
+  EXPECT_TRUE(g.layout.distributed_optimizer);
+  EXPECT_DOUBLE_EQ(g.measured_s, 8.91);
+  // Korthikanti Table 4: one 22B layer, forward 7.7 + backward 11.9 = 19.6 ms.
+  const MeasuredRun& k = *by_id["korthikanti22_t4_22B_layer_baseline_no_recompute"];
+  EXPECT_TRUE(k.per_layer);
+  EXPECT_EQ(k.gpu, "A100");
+  EXPECT_DOUBLE_EQ(k.measured_s, 0.0196);
+  EXPECT_EQ(k.model.hidden, 6144);
+}
+
+// The shipped rows say exactly what the team's source file says, read by the source's reader.
+TEST(PublishedRuns, SameRowsAsTheSharedSource) {
+  const std::string src = kShared + "/measured_runs.yaml";
+  SKIP_WITHOUT(src);
+  auto shipped = LoadPublishedRuns(kShipped);
+  auto source = LoadMeasuredRuns(src);
+  ASSERT_TRUE(shipped.ok()) << shipped.status().message();
+  ASSERT_TRUE(source.ok()) << source.status().message();
+  ASSERT_EQ(shipped->runs.size(), source->runs.size());
+  ASSERT_EQ(shipped->skipped, source->skipped);
+  for (size_t i = 0; i < shipped->runs.size(); ++i) {
+    const MeasuredRun& a = shipped->runs[i];
+    const MeasuredRun& b = source->runs[i];
+    SCOPED_TRACE(b.id);
+    EXPECT_EQ(a.id, b.id);
+    EXPECT_EQ(a.gpu, b.gpu);
+    EXPECT_EQ(a.gpus, b.gpus);
+    EXPECT_EQ(a.per_layer, b.per_layer);
+    EXPECT_DOUBLE_EQ(a.measured_s, b.measured_s);
+    EXPECT_EQ(ModelToYaml(a.model, ""), ModelToYaml(b.model, ""));
+    const Layout &l = a.layout, &m = b.layout;
+    EXPECT_EQ(l.ShortName(), m.ShortName());
+    EXPECT_EQ(l.global_batch, m.global_batch);
+    EXPECT_EQ(l.sequence_parallel, m.sequence_parallel);
+    EXPECT_EQ(l.recompute, m.recompute);
+    EXPECT_EQ(l.precision, m.precision);
+    EXPECT_EQ(l.schedule, m.schedule);
+    EXPECT_EQ(l.distributed_optimizer, m.distributed_optimizer);
+    EXPECT_EQ(l.overlap_grad_reduce, m.overlap_grad_reduce);
+    EXPECT_EQ(l.tp_comm_overlap, m.tp_comm_overlap);
+  }
+}
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = (std::filesystem::temp_directory_path() / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+const char* kRow =
+    "ptdp_published_runs_version: 1\n"
+    "runs:\n"
+    "- id: r1\n"
+    "  source: \"a paper; Table 1\"\n"
+    "  gpu: A100-SXM4-80GB\n"
+    "  gpus: GPUS\n"
+    "  model: {layers: 2, hidden: 64, heads: 4, seq_len: 128, vocab: 1000}\n"
+    "  layout: {tp: 2, pp: 1, dp: 2, micro_batch: 1, global_batch: 8}\n"
+    "  TIME\n";
+
+std::string Row(const std::string& gpus, const std::string& time) {
+  std::string s = kRow;
+  s.replace(s.find("GPUS"), 4, gpus);
+  s.replace(s.find("TIME"), 4, time);
+  return s;
+}
+
+TEST(PublishedRuns, ReadsAMinimalRow) {
+  auto set = LoadPublishedRuns(WriteTemp("ptdp_pub_ok.yaml", Row("4", "step_time_s: 1.5")));
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  ASSERT_EQ(set->runs.size(), 1u);
+  EXPECT_EQ(set->runs[0].layout.world(), 4);
+  EXPECT_DOUBLE_EQ(set->runs[0].measured_s, 1.5);
+}
+
+TEST(PublishedRuns, BadRowsNameFileKeyAndValue) {
+  struct Case { std::string gpus, time, expect; };
+  const Case cases[] = {
+      {"8", "step_time_s: 1.5", "runs[0].gpus: '8' is not tp*cp*pp*dp = 4"},
+      {"4", "step_time_s: -1", "runs[0].step_time_s"},
+      {"4", "published: {}", "give exactly one of step_time_s and layer_fwd_bwd_ms"},
+      {"4", "step_time_s: 1\n  colour: blue", "colour"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = WriteTemp("ptdp_pub_bad.yaml", Row(c.gpus, c.time));
+    auto set = LoadPublishedRuns(path);
+    ASSERT_FALSE(set.ok()) << c.time;
+    EXPECT_NE(set.status().message().find(path), std::string::npos) << set.status().message();
+    EXPECT_NE(set.status().message().find(c.expect), std::string::npos) << set.status().message();
+  }
+}
 
 TEST(CalibrationData, ReadsMeasuredRuns) {
-  ASSERT_TRUE(std::filesystem::exists(kData)) << kData << " missing: shared/ must sit beside the repo";
-  auto set = LoadMeasuredRuns(kData + "/measured_runs.yaml");
+  const std::string src = kShared + "/measured_runs.yaml";
+  SKIP_WITHOUT(src);
+  auto set = LoadMeasuredRuns(src);
   ASSERT_TRUE(set.ok()) << set.status().message();
   EXPECT_GT(set->runs.size(), 50u);
-  bool found = false;
-  for (const auto& r : set->runs)
-    if (r.id == "dgxc_gpt3_175b_bf16_128gpu") {
-      found = true;
-      EXPECT_EQ(r.layout.tp, 4);
-      EXPECT_EQ(r.layout.pp, 8);
-      EXPECT_EQ(r.layout.vp, 12);
-      EXPECT_TRUE(r.layout.distributed_optimizer);
-      EXPECT_DOUBLE_EQ(r.measured_s, 8.91);
-    }
-  EXPECT_TRUE(found);
 }
 
 TEST(CalibrationData, ReadsVtrainCsv) {
-  ASSERT_TRUE(std::filesystem::exists(kData)) << kData << " missing: shared/ must sit beside the repo";
-  auto set = LoadVtrainCsv(kData + "/vtrain_single_node/measured.csv");
+  const std::string csv = kShared + "/vtrain_single_node/measured.csv";
+  SKIP_WITHOUT(csv);
+  auto set = LoadVtrainCsv(csv);
   ASSERT_TRUE(set.ok()) << set.status().message();
   EXPECT_EQ(set->runs.size() + set->skipped.size(), 1440u);
   // First row: 2 GPUs, B 16, b 8, h 1024, a 16, L 24, s 1024, t 1, d 1, p 2, 372.16 ms.
@@ -44,6 +155,9 @@ TEST(CalibrationData, MissingFileNamesIt) {
   auto set = LoadVtrainCsv("/nonexistent/measured.csv");
   ASSERT_FALSE(set.ok());
   EXPECT_NE(set.status().message().find("/nonexistent/measured.csv"), std::string::npos);
+  auto pub = LoadPublishedRuns("/nonexistent/runs.yaml");
+  ASSERT_FALSE(pub.ok());
+  EXPECT_NE(pub.status().message().find("/nonexistent/runs.yaml"), std::string::npos);
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // Accuracy guard: the shipped constants and cluster files keep the step-time error on the
-// published measured runs (../shared/calibration) within the figures of docs/cost-model.md,
-// with a small margin. A change to the cost model that makes predictions worse fails here.
+// published measured runs (the shipped data/published/runs.yaml; vTrain's CSV from the team's
+// ../shared/calibration when it is there) within the figures of docs/cost-model.md, with a
+// small margin. A change to the cost model that makes predictions worse fails here.
 #include "cost_model/validation.h"
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 
 #include "topology/cluster.h"
@@ -13,7 +15,7 @@ namespace ptdp {
 namespace {
 
 const std::string kSrc = PTDP_SOURCE_DIR;
-const std::string kData = std::string(PTDP_SHARED_DIR) + "/calibration";
+const std::string kVtrain = std::string(PTDP_SHARED_DIR) + "/calibration/vtrain_single_node/measured.csv";
 
 class ValidationTest : public ::testing::Test {
  protected:
@@ -24,12 +26,14 @@ class ValidationTest : public ::testing::Test {
       ASSERT_TRUE(c.ok()) << c.status().message();
       clusters_[gpu] = *c;
     }
-    auto pub = LoadMeasuredRuns(kData + "/measured_runs.yaml");
+    auto pub = LoadPublishedRuns(kSrc + "/data/published/runs.yaml");
     ASSERT_TRUE(pub.ok()) << pub.status().message();
-    auto vt = LoadVtrainCsv(kData + "/vtrain_single_node/measured.csv");
-    ASSERT_TRUE(vt.ok()) << vt.status().message();
     std::vector<MeasuredRun> runs = pub->runs;
-    runs.insert(runs.end(), vt->runs.begin(), vt->runs.end());
+    if (std::filesystem::exists(kVtrain)) {
+      auto vt = LoadVtrainCsv(kVtrain);
+      ASSERT_TRUE(vt.ok()) << vt.status().message();
+      runs.insert(runs.end(), vt->runs.begin(), vt->runs.end());
+    }
     std::vector<std::string> skipped;
     for (const auto& row : PredictRuns(runs, clusters_, &skipped)) groups_[row.group].push_back(row);
   }
@@ -38,6 +42,9 @@ class ValidationTest : public ::testing::Test {
 };
 
 TEST_F(ValidationTest, VtrainA100) {
+  if (!std::filesystem::exists(kVtrain))
+    GTEST_SKIP() << kVtrain << " is not here: vTrain's CSV is a third-party file of the team's "
+                 << "../shared folder, not shipped with ptdp";
   const ErrorStats s = Summarize(groups_["vtrain (A100)"]);
   EXPECT_EQ(s.rows, 1440u);
   EXPECT_LT(s.mean_abs, 0.085) << "documented 7.4%";

@@ -1,0 +1,170 @@
+// A user's clone or install, not our checkout: the ptdp binary finds its shipped configs and
+// data relative to itself from any working directory (cli/paths.h), by name or by path, also
+// after `cmake --install` to a prefix; `validate` runs on the shipped published data alone;
+// and the small things a newcomer hits give clear answers (directories as files, unknown
+// --emit values, --json with --emit, no legal layout).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/fakes/shell.h"
+
+namespace {
+
+const std::string kSrc = PTDP_SOURCE_DIR;
+const std::string kBuild = PTDP_BINARY_DIR;
+const std::string kBin = kBuild + "/ptdp";
+
+using ptdp::testing::CmdResult;
+using ptdp::testing::FreshDir;
+using ptdp::testing::Shell;
+
+// Runs ptdp in a fresh directory that holds nothing of the repository.
+CmdResult PtdpElsewhere(const std::string& args, const std::string& dir = "") {
+  const std::string where = dir.empty() ? FreshDir("elsewhere") : dir;
+  return Shell("cd '" + where + "' && " + kBin + " " + args);
+}
+
+void ExpectOneLineError(const CmdResult& r, const std::string& must_contain) {
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(must_contain), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "more than one line: " << r.out;
+  EXPECT_EQ(r.out.rfind("ptdp:", 0), 0u) << r.out;
+}
+
+TEST(Standalone, ConfigsByNameFromAnyFolder) {
+  const std::string dir = FreshDir("names");
+  const CmdResult r = PtdpElsewhere(
+      "plan --cluster dgx-a100 --model gpt3-175b --global-batch 1536 --top 1 --out p.yaml", dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("gpt3-175b on dgx-a100"), std::string::npos) << r.out;
+  // The plan records the name, so it works from yet another folder.
+  std::ifstream in(dir + "/p.yaml");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("file: \"dgx-a100\""), std::string::npos) << text;
+  const CmdResult s = PtdpElsewhere("simulate '" + dir + "/p.yaml'");
+  EXPECT_EQ(s.code, 0) << s.out;
+  EXPECT_EQ(PtdpElsewhere("topo --cluster local-cpu").code, 0);
+}
+
+TEST(Standalone, AFilePlanRecordsAnAbsolutePath) {
+  const std::string dir = FreshDir("relpath");
+  std::filesystem::copy_file(kSrc + "/configs/clusters/local-cpu.yaml", dir + "/mine.yaml");
+  const CmdResult r = PtdpElsewhere(
+      "plan --cluster mine.yaml --model gpt-tiny --gpus 2 --global-batch 8 --out p.yaml", dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const CmdResult s = PtdpElsewhere("simulate '" + dir + "/p.yaml'");
+  EXPECT_EQ(s.code, 0) << s.out;
+}
+
+TEST(Standalone, UnknownNameListsTheShippedOnes) {
+  const CmdResult r = PtdpElsewhere("plan --cluster dgx-a1000 --model gpt3-175b --global-batch 8");
+  ExpectOneLineError(r, "'dgx-a1000' is not a shipped cluster");
+  EXPECT_NE(r.out.find("dgx-a100, dgx-h100"), std::string::npos) << r.out;
+  ExpectOneLineError(PtdpElsewhere("plan --cluster dgx-a100 --model gpt5 --global-batch 8"),
+                     "'gpt5' is not a shipped model");
+  // A value with '/' or ending in .yaml is a path: a missing one is named as a file.
+  ExpectOneLineError(PtdpElsewhere("plan --cluster dgx-a100.yaml --model gpt3-175b --global-batch 8"),
+                     "dgx-a100.yaml: cannot open file");
+}
+
+TEST(Standalone, ValidateRunsOnTheShippedData) {
+  const CmdResult r = PtdpElsewhere("validate --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["groups"]["layer (A100)"]["rows"], 5);
+  EXPECT_GE(j["groups"]["published (H100)"]["rows"].get<int>(), 60);
+  EXPECT_FALSE(j["vtrain_included"].get<bool>());
+  const std::string runs = j["runs_file"];
+  EXPECT_NE(runs.find("share/ptdp/data/published/runs.yaml"), std::string::npos) << runs;
+  const CmdResult text = PtdpElsewhere("validate");
+  EXPECT_NE(text.out.find("give --data DIR with DIR/vtrain_single_node/measured.csv"),
+            std::string::npos) << text.out;
+  ExpectOneLineError(PtdpElsewhere("validate --data /nonexistent"),
+                     "/nonexistent/vtrain_single_node/measured.csv");
+}
+
+// `cmake --install` puts bin/ptdp and share/ptdp under a prefix; the installed binary finds its
+// configs and data there, with the build tree gone from its view (run from another folder).
+TEST(Standalone, InstalledBinaryFindsItsFiles) {
+  const std::string prefix = std::filesystem::path(FreshDir("prefix")).lexically_normal().string();
+  const CmdResult inst = Shell("cmake --install '" + kBuild + "' --prefix '" + prefix + "'");
+  ASSERT_EQ(inst.code, 0) << inst.out;
+  const std::string bin = prefix + "/bin/ptdp";
+  ASSERT_TRUE(std::filesystem::exists(bin)) << inst.out;
+  EXPECT_TRUE(std::filesystem::exists(prefix + "/share/ptdp/configs/clusters/dgx-a100.yaml"));
+  EXPECT_TRUE(std::filesystem::exists(prefix + "/share/ptdp/data/published/runs.yaml"));
+  const std::string dir = FreshDir("installed-run");
+  const CmdResult r = Shell("cd '" + dir + "' && '" + bin +
+                            "' plan --cluster local-cpu --model gpt-tiny --gpus 1 "
+                            "--global-batch 8 --out p.yaml");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const CmdResult v = Shell("cd '" + dir + "' && '" + bin + "' validate --json");
+  ASSERT_EQ(v.code, 0) << v.out;
+  const std::string runs = nlohmann::json::parse(v.out)["runs_file"];
+  EXPECT_EQ(runs.rfind(prefix, 0), 0u) << runs << " is not under " << prefix;
+  // Training reads the installed corpus by default.
+  const CmdResult t = Shell("cd '" + dir + "' && '" + bin + "' train p.yaml --steps 1");
+  EXPECT_EQ(t.code, 0) << t.out;
+}
+
+TEST(Standalone, DirectoriesAreNamedAsSuch) {
+  const std::string dir = FreshDir("dirs");
+  ExpectOneLineError(PtdpElsewhere("simulate '" + dir + "'"), "is a directory, not a plan.yaml");
+  const CmdResult p = PtdpElsewhere(
+      "plan --cluster local-cpu --model gpt-tiny --gpus 1 --global-batch 8 --out p.yaml", dir);
+  ASSERT_EQ(p.code, 0) << p.out;
+  ExpectOneLineError(PtdpElsewhere("train '" + dir + "/p.yaml' --corpus '" + dir + "' --steps 1"),
+                     "is a directory, not a corpus");
+  ExpectOneLineError(PtdpElsewhere("compare '" + dir + "/p.yaml' '" + dir + "'"),
+                     "is a directory, not a measured.json");
+  ExpectOneLineError(PtdpElsewhere("plan --cluster '" + dir + "/' --model gpt-tiny --global-batch 8"),
+                     "is a directory");
+}
+
+TEST(Standalone, HfFolderReadsItsConfigJson) {
+  const std::string dir = FreshDir("hf");
+  std::filesystem::copy_file(kSrc + "/tests/data/hf/llama.json", dir + "/config.json");
+  const CmdResult a = PtdpElsewhere("plan --cluster dgx-a100 --model 'hf:" + dir +
+                                    "' --global-batch 64 --top 1 --json");
+  const CmdResult b = PtdpElsewhere("plan --cluster dgx-a100 --model 'hf:" + dir +
+                                    "/config.json' --global-batch 64 --top 1 --json");
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_EQ(nlohmann::json::parse(a.out)["plans"], nlohmann::json::parse(b.out)["plans"]);
+  ExpectOneLineError(PtdpElsewhere("plan --cluster dgx-a100 --model 'hf:" + FreshDir("empty") +
+                                   "' --global-batch 64"),
+                     "config.json: cannot open a Hugging Face config.json");
+}
+
+TEST(Standalone, EmitTakesOnlyWhatItKnows) {
+  const std::string plan = "plan --cluster dgx-a100 --model gpt3-175b --global-batch 1536 --top 1";
+  const CmdResult bad = PtdpElsewhere(plan + " --emit deepspeed");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("'deepspeed' is not a launcher ptdp writes; expected: megatron"),
+            std::string::npos) << bad.out;
+  // With --json the command is a field, and the output stays one JSON document.
+  const CmdResult j = Shell("cd /tmp && " + kBin + " " + plan + " --emit megatron --json", false);
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto doc = nlohmann::json::parse(j.out);  // throws (fails the test) on trailing text
+  const std::string cmd = doc["megatron_command"];
+  EXPECT_NE(cmd.find("--tensor-model-parallel-size 8"), std::string::npos) << cmd;
+}
+
+TEST(Standalone, NoLegalLayoutSaysSoWithTheReasons) {
+  // 5 GPUs, B 7, micro-batch 2: 96 heads are not divisible by 5, 7 is not divisible by 2*dp,
+  // 96 layers not by 5: nothing is legal.
+  const CmdResult r = PtdpElsewhere(
+      "plan --cluster dgx-a100 --model gpt3-175b --global-batch 7 --gpus 5 --micro-batch 2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("no layout is legal"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("smallest are"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("heads_not_divisible_by_tp"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ptdp: no legal layout among 228 (heads_not_divisible_by_tp 144"),
+            std::string::npos) << r.out;
+}
+
+}  // namespace
