@@ -18,6 +18,7 @@ setup:
 	@bash scripts/setup.sh
 
 configure: setup
+	@echo "== configuring $(BUILD)/ (cmake; log in $(BUILD).configure.log)"
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) > $(BUILD).configure.log 2>&1 || (cat $(BUILD).configure.log; exit 1)
 
 build: configure
@@ -37,7 +38,10 @@ test-asan: setup
 fuzz-smoke: setup
 	@bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
-demo: build
+# The demo builds only what it runs (the ptdp binary); `make test` builds the rest.
+demo: configure
+	@echo "== building the ptdp binary (only what the demo runs; make test builds the tests too)"
+	@cmake --build $(BUILD) -j $(JOBS) --target ptdp
 	@bash scripts/demo.sh $(BUILD)
 
 bench: build

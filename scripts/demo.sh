@@ -4,20 +4,21 @@
 # plan gpt-tiny on the calibrated cluster, train the plan and the other layouts that fit 2 cores
 # on the CPU runtime, compare each with its prediction, and report predicted against measured.
 set -euo pipefail
+# Shipped configs are named (dgx-a100, gpt3-175b): the binary finds them beside itself.
 build="${1:-build}"
 ptdp="$build/ptdp"
 out="${DEMO_OUT:-$build/demo}"
 mkdir -p "$out"
 
 echo "== 1. plan: GPT-3 175B on 128 DGX A100 nodes (1024 GPUs), global batch 1536"
-"$ptdp" plan --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
+"$ptdp" plan --cluster dgx-a100 --model gpt3-175b \
   --global-batch 1536 --top 5 --out "$out/gpt3-175b.plan.yaml"
 echo
 echo "== 2. simulate the chosen plan (event-driven), with a Perfetto trace"
 "$ptdp" simulate "$out/gpt3-175b.plan.yaml" --trace "$out/gpt3-175b.trace.json"
 echo
 echo "== 2b. a small pipeline in the terminal: GPT-3 175B, tp 8, pp 4, 8 micro-batches"
-"$ptdp" simulate --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
+"$ptdp" simulate --cluster dgx-a100 --model gpt3-175b \
   --global-batch 8 --nodes 4 --tp 8 --pp 4 --timeline --width 80 | sed -n '/^rank 0 /,$p'
 echo
 echo "== 3. close the loop on this machine: calibrate (short), plan gpt-tiny on the calibrated"
@@ -25,7 +26,7 @@ echo "      cluster, train the chosen plan, compare it with its prediction"
 cal="$out/local-cpu.calibrated.yaml"
 "$ptdp" calibrate --backend cpu --quick --out "$cal"
 echo
-"$ptdp" plan --cluster "$cal" --model configs/models/gpt-tiny.yaml --global-batch 8 --gpus 2 \
+"$ptdp" plan --cluster "$cal" --model gpt-tiny --global-batch 8 --gpus 2 \
   --recompute none --top 3 --out "$out/gpt-tiny.plan.yaml"
 echo
 "$ptdp" train "$out/gpt-tiny.plan.yaml" --backend cpu --steps 30 --out "$out/gpt-tiny.measured.json"
@@ -36,7 +37,7 @@ echo "== 3b. the other layouts that fit 2 cores, each trained and compared"
 for layout in "1x1x1:--gpus 1" "tp2:--gpus 2 --tp 2" "pp2:--gpus 2 --pp 2" "dp2:--gpus 2 --dp 2"; do
   name="${layout%%:*}"
   # shellcheck disable=SC2086  # the flags are words
-  "$ptdp" plan --cluster "$cal" --model configs/models/gpt-tiny.yaml --global-batch 8 \
+  "$ptdp" plan --cluster "$cal" --model gpt-tiny --global-batch 8 \
     ${layout#*:} --recompute none --top 1 --out "$out/gpt-tiny-$name.plan.yaml" > /dev/null
   "$ptdp" train "$out/gpt-tiny-$name.plan.yaml" --steps 12 --timing-warmup 2 \
     --out "$out/gpt-tiny-$name.measured.json" > /dev/null
@@ -49,11 +50,11 @@ echo "== 3c. the HTML report of the chosen plan with its measured run (predicted
   --html "$out/gpt-tiny.report.html"
 echo
 echo "== 4. the Megatron-LM command line for the 175B plan"
-"$ptdp" plan --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
+"$ptdp" plan --cluster dgx-a100 --model gpt3-175b \
   --global-batch 1536 --top 1 --emit megatron | sed -n '/^torchrun/,$p'
 echo
 echo "== 5. the HTML report"
-"$ptdp" report --cluster configs/clusters/dgx-a100.yaml --model configs/models/gpt3-175b.yaml \
+"$ptdp" report --cluster dgx-a100 --model gpt3-175b \
   --global-batch 1536 --html "$out/gpt3-175b.report.html"
 echo
 echo "plans, trace, reports, the calibrated cluster and measured.json files written to $out/"
