@@ -78,6 +78,8 @@ td{white-space:nowrap}
 th{background:#f5f5f5;border-bottom:1px solid #ccc}
 td.l,th.l{text-align:left}
 td.l{white-space:normal}
+.nw{white-space:nowrap}
+@media (max-width:1000px){th,td{padding:3px 5px}}
 tr.chosen td{background:#eef4fb;font-weight:bold}
 .no{color:#c0392b;font-weight:bold}
 .note{color:#555;font-size:12px;margin:6px 0}
@@ -181,6 +183,19 @@ std::string Header(const ReportData& d) {
 
 // ---- ranking ------------------------------------------------------------------------------
 
+// "tp8 pp4 dp32" escaped, each word kept whole ("rc-sel" does not break at its hyphen) while
+// the cell may wrap between them in a narrow window.
+std::string Words(const std::string& s) {
+  std::string o;
+  for (size_t a = 0; a <= s.size();) {
+    size_t b = s.find(' ', a);
+    if (b == std::string::npos) b = s.size();
+    if (b > a) o += (o.empty() ? "" : " ") + ("<span class=\"nw\">" + E(s.substr(a, b - a)) + "</span>");
+    a = b + 1;
+  }
+  return o;
+}
+
 std::string Ranking(const ReportData& d) {
   std::string o = "<section id=\"ranking\">\n<h2>Ranking</h2>\n";
   if (d.searched)
@@ -197,8 +212,8 @@ std::string Ranking(const ReportData& d) {
   for (size_t i = 0; i < d.plans.size(); ++i) {
     const ReportPlanRow& r = d.plans[i];
     o += i == 0 ? "<tr class=\"chosen\">" : "<tr>";
-    o += Fmt("<td>%zu</td>", i + 1) + "<td class=\"l\">" + E(r.layout.ShortName()) +
-         "</td><td class=\"l\">" + E(r.layout.Knobs()) + "</td>" +
+    o += Fmt("<td>%zu</td>", i + 1) + "<td class=\"l\">" + Words(r.layout.ShortName()) +
+         "</td><td class=\"l\">" + Words(r.layout.Knobs()) + "</td>" +
          Fmt("<td>%.3f</td>", r.step_time_s) + "<td>" + E(FormatFlopRate(r.tflops_per_gpu * 1e12)) +
          Fmt("</td><td>%.1f%%</td><td>%.1f%%</td>", 100 * r.mfu, 100 * r.bubble_fraction) +
          "<td>" + E(FormatBytes(r.memory_total_bytes)) + "</td>" +

@@ -237,8 +237,12 @@ TEST(ReportRender, ChartsScaleToTheWindow) {
   EXPECT_EQ(Count(html, "<svg width=\"1200\" height=\""), 6u);
   EXPECT_EQ(Count(html, " viewBox=\"0 0 1200 "), 6u);
   EXPECT_NE(html.find("svg{display:block;max-width:100%;height:auto}"), std::string::npos);
-  // Table cells that hold names may wrap, so a table fits an 800 px window.
+  // Table cells that hold names may wrap between words, so a table fits an 800 px window.
   EXPECT_NE(html.find("td.l{white-space:normal}"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"l\"><span class=\"nw\">tp2</span> <span class=\"nw\">pp4</span> "
+                      "<span class=\"nw\">dp4</span> <span class=\"nw\">vp2</span> "
+                      "<span class=\"nw\">mb4</span></td>"),
+            std::string::npos);
 }
 
 // Throughput in the unit that suits it: the synthetic ranking's 150 TFLOP/s per GPU, and a CPU
