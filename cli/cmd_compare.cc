@@ -90,12 +90,7 @@ int RunCompare(const CompareFlags& f) {
                 f.measured_file.c_str(), c.backend.c_str(), c.host.c_str(), c.timed_steps,
                 c.warmup_steps, c.measured_step_min_s * u.scale, c.measured_step_max_s * u.scale,
                 u.name);
-    if (c.other_cpu_share >= 0)
-      std::printf("other processes used %.0f%% of the cores during the timed steps%s\n",
-                  100 * c.other_cpu_share,
-                  c.busy() ? ": the machine was busy (they took cores the ranks needed), so the "
-                             "measured times are not this machine's own"
-                           : "");
+    if (c.other_cpu_share >= 0) std::printf("%s\n", LoadNote(c).c_str());
     if (!c.calibrated)
       std::printf("note: %s has no measured primitives, so this is its Megatron-on-GPU model; for "
                   "ptdp's runtime on this machine run `ptdp calibrate` and pass --cluster\n",

@@ -146,6 +146,7 @@ int RunReport(const ReportFlags& f) {
     std::printf("measured %.4f s per step (median), predicted %.4f s: %+.1f%%\n",
                 d->comparison.measured_step_s, d->comparison.predicted_step_s,
                 ErrorPct(d->comparison.predicted_step_s, d->comparison.measured_step_s));
+  if (d->has_comparison && d->comparison.busy()) std::printf("%s\n", LoadNote(d->comparison).c_str());
   std::printf("wrote %s (%.0f KiB)\n", f.html.c_str(), html.size() / 1024.0);
   return 0;
 }

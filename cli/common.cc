@@ -33,7 +33,7 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--sp", f->sp, "sequence parallelism on|off");
   app->add_option("--recompute", f->recompute, "activation recompute none|selective|full");
   app->add_option("--dist-opt", f->dist_opt, "distributed optimizer on|off");
-  app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp32 (default bf16)");
+  app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp32 (default bf16; fp32 without a 16-bit peak, as on local-cpu)");
   app->add_option("--tp-comm-overlap", f->tp_overlap, "TE TP communication overlap on|off (default off)");
   app->add_option("--overlap-grad-reduce", f->grad_overlap, "overlap DP reduction with backward on|off (default on)");
   app->add_flag("--allow-tp-across-nodes", f->allow_tp_across_nodes,
@@ -138,6 +138,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   s.tp = f.tp; s.pp = f.pp; s.dp = f.dp; s.vp = f.vp; s.micro_batch = f.micro_batch;
   s.cp = f.cp.value_or(1);
   s.allow_tp_across_nodes = f.allow_tp_across_nodes || (f.tp && *f.tp > w.cluster.gpus_per_node);
+  s.precision = w.cluster.gpu.DefaultPrecision();
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &s.sequence_parallel, &s.distributed_optimizer, &s.recompute,
                                   &s.precision, &s.tp_comm_overlap, &s.overlap_grad_reduce));
   PTDP_RETURN_IF_ERROR(CheckSearchSpace(w.model, w.cluster, s));
@@ -173,6 +174,7 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   }
   std::optional<bool> sp, dopt;
   std::optional<Recompute> rc;
+  l.precision = w.cluster.gpu.DefaultPrecision();
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &l.precision, &l.tp_comm_overlap,
                                   &l.overlap_grad_reduce));
   l.sequence_parallel = sp.value_or(false);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 
@@ -155,6 +156,16 @@ bool Comparison::busy() const {
   if (other_cpu_share < 0 || machine_cores <= 0) return other_cpu_share > kBusyShare;
   const double spare = std::max(0, machine_cores - plan.layout.world());
   return other_cpu_share * machine_cores > spare + kBusyShare * machine_cores;
+}
+
+std::string LoadNote(const Comparison& c) {
+  if (c.other_cpu_share < 0) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.0f%%", 100 * c.other_cpu_share);
+  return "other processes used " + std::string(buf) + " of the cores during the timed steps" +
+         (c.busy() ? ": the machine was busy (they took cores the ranks needed), so the measured "
+                     "times are not this machine's own"
+                   : "");
 }
 
 Parts Comparison::PredictedMean() const { return Mean(ranks, true); }

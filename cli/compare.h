@@ -69,6 +69,12 @@ struct Comparison {
   static constexpr double kBusyShare = 0.1;
 };
 
+// What other processes did during the timed steps, as `ptdp compare` and `ptdp report` say
+// it: "other processes used 51% of the cores during the timed steps: the machine was busy
+// (...), so the measured times are not this machine's own" (busy) or "... used 3% of the cores
+// during the timed steps"; "" when measured.json does not say.
+std::string LoadNote(const Comparison& c);
+
 // Signed error in percent, (predicted - measured) / measured; 0 when both are 0, and +-inf when
 // only the measurement is 0.
 double ErrorPct(double predicted, double measured);

@@ -1,9 +1,11 @@
 // RenderReportHtml: the `ptdp report` page as one string. Inline CSS and SVG only (no
 // xmlns attribute either: the page must not name any http(s) address). Charts are drawn in
-// pixel coordinates with a fixed width; every box carries an SVG <title> as its hover text.
+// the pixel coordinates of a 1200 px canvas that the CSS scales down to the window; every box
+// carries an SVG <title> as its hover text.
 #include "cli/report_html.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -71,14 +73,20 @@ h3{font-size:14px;margin:16px 0 6px}
 .card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:130px}
 .card .k{color:#666;font-size:12px}.card .v{font-size:18px;font-weight:bold}
 table{border-collapse:collapse;font-size:13px}
-th,td{padding:3px 9px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+th,td{padding:3px 9px;border-bottom:1px solid #eee;text-align:right}
+td{white-space:nowrap}
 th{background:#f5f5f5;border-bottom:1px solid #ccc}
 td.l,th.l{text-align:left}
+td.l{white-space:normal}
+.nw{white-space:nowrap}
+@media (max-width:1000px){th,td{padding:3px 5px}}
 tr.chosen td{background:#eef4fb;font-weight:bold}
 .no{color:#c0392b;font-weight:bold}
 .note{color:#555;font-size:12px;margin:6px 0}
+.warn{background:#fdf2e9;border-left:4px solid #e67e22;padding:6px 10px;margin:8px 0}
 .bar{display:inline-block;height:10px;background:#bab0ac;vertical-align:middle}
 pre.why{background:#f8f8f8;border:1px solid #eee;padding:10px;font-size:13px;white-space:pre-wrap}
+svg{display:block;max-width:100%;height:auto}
 svg text{font-family:"DejaVu Sans",Arial,Helvetica,sans-serif}
 )";
 
@@ -111,6 +119,15 @@ std::string Rect(double x, double y, double w, double h, const char* fill, const
 
 std::string Text(double x, double y, const std::string& escaped, const char* extra = "") {
   return Fmt("<text x=\"%.1f\" y=\"%.1f\"%s>", x, y, extra) + escaped + "</text>\n";
+}
+
+// Charts are drawn on a kChartW-wide canvas; the CSS scales them down to narrower windows
+// (max-width 100%, the height following the viewBox), so no page scrolls sideways.
+constexpr double kChartW = 1200;
+
+std::string SvgOpen(double h, const char* cls = "") {
+  return Fmt("<svg width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" role=\"img\"%s%s%s>\n",
+             kChartW, h, kChartW, h, *cls ? " class=\"" : "", cls, *cls ? "\"" : "");
 }
 
 // Approximate width of a 10-11 px label, for "does it fit in the box" decisions.
@@ -155,7 +172,7 @@ std::string Header(const ReportData& d) {
   // The simulated step does the same FLOPs in a different time.
   const double speed = d.has_sim && d.sim.step_time_s > 0 ? p.step_time_s / d.sim.step_time_s : 1;
   const std::string src = d.has_sim ? " (simulated)" : " (analytic)";
-  o += Card("TFLOP/s per GPU" + src, Fmt("%.1f", p.tflops_per_gpu * speed));
+  o += Card("model FLOP/s per GPU" + src, E(FormatFlopRate(p.tflops_per_gpu * 1e12 * speed)));
   o += Card("MFU" + src, E(Pct(p.mfu * speed)));
   o += Card("bubble" + src, E(Pct(d.has_sim ? d.sim.bubble_fraction : p.bubble_fraction)));
   o += Card("memory / GPU", E(FormatBytes(p.memory.total)) + " <small>of " +
@@ -165,6 +182,19 @@ std::string Header(const ReportData& d) {
 }
 
 // ---- ranking ------------------------------------------------------------------------------
+
+// "tp8 pp4 dp32" escaped, each word kept whole ("rc-sel" does not break at its hyphen) while
+// the cell may wrap between them in a narrow window.
+std::string Words(const std::string& s) {
+  std::string o;
+  for (size_t a = 0; a <= s.size();) {
+    size_t b = s.find(' ', a);
+    if (b == std::string::npos) b = s.size();
+    if (b > a) o += (o.empty() ? "" : " ") + ("<span class=\"nw\">" + E(s.substr(a, b - a)) + "</span>");
+    a = b + 1;
+  }
+  return o;
+}
 
 std::string Ranking(const ReportData& d) {
   std::string o = "<section id=\"ranking\">\n<h2>Ranking</h2>\n";
@@ -177,15 +207,15 @@ std::string Ranking(const ReportData& d) {
     o += "<p class=\"note\">one plan, read from a plan file (no search).</p>\n";
   if (d.plans.empty()) return o + "<p>no plan.</p>\n</section>\n";
   o += "<table>\n<tr><th>rank</th><th class=\"l\">layout</th><th class=\"l\">knobs</th>"
-       "<th>step (s)</th><th>TFLOP/s</th><th>MFU</th><th>bubble</th><th>mem/GPU</th>"
+       "<th>step (s)</th><th>FLOP/s per GPU</th><th>MFU</th><th>bubble</th><th>mem/GPU</th>"
        "<th>fits</th><th class=\"l\">source</th></tr>\n";
   for (size_t i = 0; i < d.plans.size(); ++i) {
     const ReportPlanRow& r = d.plans[i];
     o += i == 0 ? "<tr class=\"chosen\">" : "<tr>";
-    o += Fmt("<td>%zu</td>", i + 1) + "<td class=\"l\">" + E(r.layout.ShortName()) +
-         "</td><td class=\"l\">" + E(r.layout.Knobs()) + "</td>" +
-         Fmt("<td>%.3f</td><td>%.1f</td><td>%.1f%%</td><td>%.1f%%</td>", r.step_time_s,
-             r.tflops_per_gpu, 100 * r.mfu, 100 * r.bubble_fraction) +
+    o += Fmt("<td>%zu</td>", i + 1) + "<td class=\"l\">" + Words(r.layout.ShortName()) +
+         "</td><td class=\"l\">" + Words(r.layout.Knobs()) + "</td>" +
+         Fmt("<td>%.3f</td>", r.step_time_s) + "<td>" + E(FormatFlopRate(r.tflops_per_gpu * 1e12)) +
+         Fmt("</td><td>%.1f%%</td><td>%.1f%%</td>", 100 * r.mfu, 100 * r.bubble_fraction) +
          "<td>" + E(FormatBytes(r.memory_total_bytes)) + "</td>" +
          (r.fits ? "<td>yes</td>" : "<td class=\"no\">no</td>") + "<td class=\"l\">" +
          E(r.source) + "</td></tr>\n";
@@ -235,13 +265,12 @@ std::string BreakdownSection(const ReportData& d) {
   std::string o = "<section id=\"breakdown\">\n<h2>Step-time breakdown</h2>\n"
                   "<p class=\"note\">exposed time on the critical path of one step; the parts "
                   "add up to the step time.</p>\n";
-  constexpr double kW = 1200, kX0 = 90, kBarW = 1000;
+  constexpr double kX0 = 90, kBarW = 1000;
   const Breakdown& a = d.chosen.breakdown;
   const double scale = std::max(a.total(), d.has_sim ? d.sim.breakdown.total() : 0.0);
   const int bars = d.has_sim ? 2 : 1;
   const double h = 40 + 36 * bars;
-  o += Fmt("<svg width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" role=\"img\">\n", kW, h,
-           kW, h);
+  o += SvgOpen(h);
   std::vector<std::pair<std::string, const char*>> legend;
   for (const Part& p : kParts) legend.emplace_back(p.name, p.color);
   o += Legend(kX0, 16, legend);
@@ -315,7 +344,7 @@ std::string MemorySection(const ReportData& d) {
   g.scale = top > 0 ? g.bar_w / (1.08 * top) : 0;
   g.capacity_x = p.memory.capacity > 0 ? g.x0 + p.memory.capacity * g.scale : 0;
   const double h = g.top + g.row * stages.size() + 24;
-  o += Fmt("<svg width=\"1200\" height=\"%.0f\" viewBox=\"0 0 1200 %.0f\" role=\"img\">\n", h, h);
+  o += SvgOpen(h);
   const std::vector<std::pair<std::string, double>> kinds = {
       {"weights", p.memory.weights},     {"grads", p.memory.grads},
       {"optimizer", p.memory.optimizer}, {"activations", p.memory.activations},
@@ -488,7 +517,7 @@ std::string GanttSection(const ReportData& d) {
        "</p>\n";
   const double axis_y = g.top + g.pitch * ranks + 2;
   const double h = axis_y + 40;
-  o += Fmt("<svg width=\"1200\" height=\"%.0f\" viewBox=\"0 0 1200 %.0f\" role=\"img\">\n", h, h);
+  o += SvgOpen(h);
   o += Legend(g.x0, 16, {{"forward", kBlue}, {"backward", kOrange}, {"p2p activation", kTeal},
                          {"p2p gradient", kRed}, {"DP reduce", kPurple},
                          {"embedding reduce", kBrown}, {"optimizer", kGreen}, {"merged", kDark}});
@@ -528,8 +557,7 @@ std::string ComponentBars(const Comparison& c, const TimeUnit& u) {
   for (int k = 0; k < kNumComponents; ++k) top = std::max({top, p[k], m[k]});
   const double scale = top > 0 ? kW / (1.05 * top) : 0;
   const double h = kTop + kNumComponents * (2 * kRow + 8) + 10;
-  std::string o = Fmt("<svg width=\"1200\" height=\"%.0f\" viewBox=\"0 0 1200 %.0f\" role=\"img\" "
-                      "class=\"components\">\n", h, h);
+  std::string o = SvgOpen(h, "components");
   o += Legend(kX0, 16, {{"predicted (solid)", kDark}, {"measured (light, outlined)", kGray}});
   for (int k = 0; k < kNumComponents; ++k) {
     const double y = kTop + k * (2 * kRow + 8);
@@ -560,8 +588,7 @@ std::string RankBars(const Comparison& c, const TimeUnit& u) {
   }
   const double scale = top > 0 ? kW / (1.05 * top) : 0;
   const double h = kTop + c.ranks.size() * (2 * kRow + 10) + 10;
-  std::string o = Fmt("<svg width=\"1200\" height=\"%.0f\" viewBox=\"0 0 1200 %.0f\" role=\"img\" "
-                      "class=\"ranks\">\n", h, h);
+  std::string o = SvgOpen(h, "ranks");
   std::vector<std::pair<std::string, const char*>> legend;
   for (int k = 0; k < kNumComponents; ++k) legend.emplace_back(ComponentName(k), kComponentColors[k]);
   o += Legend(kX0, 16, legend);
@@ -656,8 +683,7 @@ std::string Timelines(const Comparison& c) {
   const double meas_top = g.top + g.pitch * sim_rows + gap;
   const double axis_y = meas_top + g.pitch * meas_rows + 2;
   const double h = axis_y + 40;
-  std::string o = Fmt("<svg width=\"1200\" height=\"%.0f\" viewBox=\"0 0 1200 %.0f\" role=\"img\" "
-                      "class=\"timelines\">\n", h, h);
+  std::string o = SvgOpen(h, "timelines");
   o += Legend(g.x0, 16, {{"forward", kBlue}, {"backward", kOrange}, {"p2p", kTeal},
                          {"TP collective", kRed}, {"DP reduce", kPurple},
                          {"embedding", kBrown}, {"optimizer", kGreen}, {"merged", kDark}});
@@ -677,7 +703,7 @@ std::string Timelines(const Comparison& c) {
     o += "</g>\n";
   }
   o += Fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" "
-           "stroke-dasharray=\"4,3\"/>\n", 10.0, meas_top - gap / 2, 1190.0, meas_top - gap / 2);
+           "stroke-dasharray=\"4,3\"/>\n", 10.0, meas_top - gap / 2, kChartW - 10, meas_top - gap / 2);
   const RankGrid grid(c.plan.layout.tp, c.plan.layout.dp, c.plan.layout.pp);
   for (int r = 0; r < meas_rows; ++r) {
     const double y = meas_top + g.pitch * r;
@@ -711,10 +737,24 @@ std::string CompareSection(const ReportData& d) {
          c.cluster_name +
          ". Errors are (predicted - measured) / measured. pp_bubble is the time blocked in "
          "pipeline sends and receives, the wait for the peer included.") +
-       "</p>\n<div class=\"cards\">\n";
+       "</p>\n";
+  // The load on the machine decides how far the measured times are its own: said where the
+  // errors are, as `ptdp compare` says it.
+  std::string load = LoadNote(c);
+  if (!load.empty()) {
+    load[0] = char(std::toupper(static_cast<unsigned char>(load[0])));
+    o += std::string(c.busy() ? "<p class=\"warn\">" : "<p class=\"note\">") + E(load) + ".</p>\n";
+  }
+  if (c.backend == "cpu" && c.plan.layout.precision != Precision::kFp32)
+    o += "<p class=\"note\">" +
+         E(std::string("The CPU backend computed in fp32: the plan's ") +
+           ToString(c.plan.layout.precision) + " sets its memory and time on GPUs only.") +
+         "</p>\n";
+  o += "<div class=\"cards\">\n";
   o += Card("step time predicted", E(Fmt("%.2f %s", c.predicted_step_s * u.scale, u.name)));
   o += Card("step time measured", E(Fmt("%.2f %s", c.measured_step_s * u.scale, u.name)));
-  o += Card("step-time error", E(ErrCell(c.predicted_step_s, c.measured_step_s)));
+  o += Card("step-time error", E(ErrCell(c.predicted_step_s, c.measured_step_s)) +
+                                   (c.busy() ? " <span class=\"no\">machine busy</span>" : ""));
   o += Card("peak memory predicted / measured",
             E(FormatBytes(c.PredictedMemoryMax()) + " / " + FormatBytes(c.MeasuredMemoryMax())));
   o += Card("memory error", E(ErrCell(c.PredictedMemoryMax(), c.MeasuredMemoryMax())));

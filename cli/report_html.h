@@ -51,8 +51,10 @@ struct ReportData {
 
 // The whole page. Every piece of text from `d` is HTML-escaped. Sections carry stable ids:
 // #ranking, #breakdown, #memory, #gantt, #rejected, #why, and with a measured run #compare
-// (predicted and measured bars per component and per rank, and the measured step's timeline
-// under the simulated one, on one time axis). The <body> starts with
+// (what `ptdp compare` says of the machine's load, predicted and measured bars per component
+// and per rank, and the measured step's timeline under the simulated one, on one time axis).
+// Charts are SVGs with a viewBox that shrink with the window: the page fits any window from
+// 800 px. Throughput is in the unit that suits it (FormatFlopRate). The <body> starts with
 // data-script-errors="0" (the page has no script; the attribute is for browser tests).
 // Never fails: missing data renders as a short note in its section.
 std::string RenderReportHtml(const ReportData& d);

@@ -144,10 +144,10 @@ std::string FormatSeconds(double s) {
   return Fmt(s * 1e9, "ns");
 }
 std::string FormatFlopRate(double f) {
-  if (f >= 1e15) return Fmt(f / 1e15, "PFLOP/s");
-  if (f >= 1e12) return Fmt(f / 1e12, "TFLOP/s");
-  if (f >= 1e9) return Fmt(f / 1e9, "GFLOP/s");
-  return Fmt(f, "FLOP/s");
+  const char* units[] = {"FLOP/s", "kFLOP/s", "MFLOP/s", "GFLOP/s", "TFLOP/s", "PFLOP/s"};
+  int i = 0;
+  while (f >= 999.5 && i < 5) { f /= 1000; ++i; }
+  return Fmt(f, units[i]);
 }
 
 std::string QuantityToConfig(double v, Dimension dim) {

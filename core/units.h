@@ -32,7 +32,7 @@ Result<double> ParseQuantityAllowZero(std::string_view text, Dimension dim);
 std::string FormatBytes(double bytes);          // binary prefixes
 std::string FormatBandwidth(double bytes_per_s);  // decimal prefixes, bytes/s
 std::string FormatSeconds(double seconds);
-std::string FormatFlopRate(double flop_per_s);
+std::string FormatFlopRate(double flop_per_s);   // MFLOP/s, GFLOP/s, TFLOP/s, ... by magnitude
 
 // Canonical config spelling that ParseQuantity reads back to the same value (round trip).
 std::string QuantityToConfig(double value_si, Dimension dim);

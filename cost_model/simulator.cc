@@ -74,7 +74,8 @@ class Sim {
   void FinishGroupIfDone(int r, bool push);
   void ReduceGradients(int r, const ScheduleOp& op);
   void ReduceEmbedding(int r);
-  void Record(int r, SimTrack track, const ScheduleOp& op, double start, double end, int chunk);
+  void Record(int r, SimTrack track, const ScheduleOp& op, double start, double end, int chunk,
+              int transfer = -1);
   void Memory(int r, double t, double delta);
   int VirtualStage(int r, int c) const { return c * p_ + r; }
 
@@ -92,6 +93,7 @@ class Sim {
   std::vector<std::vector<int>> last_backward_; // [r][c] op index of the chunk's last B
   std::vector<std::vector<double>> dp_chunk_;   // [r][c] DP reduction seconds
   double p2p_ = 0, emb_ = 0;
+  int transfers_ = 0;                            // p2p transfers so far
   std::vector<double> opt_time_, static_mem_;
   double act_chunk_ = 0;
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>,
@@ -164,7 +166,8 @@ void Sim::Prepare() {
     }
 }
 
-void Sim::Record(int r, SimTrack track, const ScheduleOp& op, double start, double end, int chunk) {
+void Sim::Record(int r, SimTrack track, const ScheduleOp& op, double start, double end, int chunk,
+                 int transfer) {
   ++res_.num_events;
   if (!opt_.record_events) return;
   SimEvent e;
@@ -174,6 +177,7 @@ void Sim::Record(int r, SimTrack track, const ScheduleOp& op, double start, doub
   e.microbatch = op.microbatch;
   e.chunk = chunk;
   e.peer = op.peer;
+  e.transfer = transfer;
   e.start_s = start;
   e.end_s = end;
   res_.events.push_back(e);
@@ -225,10 +229,11 @@ void Sim::Transfer(OpRef a, OpRef b) {
                                  p2p_ > 0 ? sender.link_free : 0.0});
   const double end = start + p2p_;
   if (p2p_ > 0) sender.link_free = end;
+  const int id = transfers_++;
   Record(snd.rank, SimTrack::kComm, s_.ranks[snd.rank][snd.index], start, end,
-         s_.ranks[snd.rank][snd.index].chunk);
+         s_.ranks[snd.rank][snd.index].chunk, id);
   Record(rcv.rank, SimTrack::kComm, s_.ranks[rcv.rank][rcv.index], start, end,
-         s_.ranks[rcv.rank][rcv.index].chunk);
+         s_.ranks[rcv.rank][rcv.index].chunk, id);
   for (OpRef x : {a, b}) {
     RankState& st = st_[x.rank];
     st.group_end = std::max(st.group_end, end);

@@ -27,6 +27,8 @@ struct SimEvent {
   SimTrack track = SimTrack::kCompute;
   OpKind kind = OpKind::kForward;
   int microbatch = -1, chunk = -1, peer = -1;
+  int transfer = -1;             // p2p: the transfer's number, shared by the send and its
+                                 // receive (0, 1, ... as they happen); -1 for other events
   double start_s = 0, end_s = 0;
   // "F3.1", "B0.0", "send act F3.1 -> 2", "recv grad B3.1 <- 2", "dp reduce", "optimizer".
   std::string Name() const;

@@ -22,6 +22,12 @@ double GpuSpec::PeakFlops(Precision p) const {
   return 0;
 }
 
+Precision GpuSpec::DefaultPrecision() const {
+  if (peak_bf16 > 0) return Precision::kBf16;
+  if (peak_fp16 > 0) return Precision::kFp16;
+  return Precision::kFp32;
+}
+
 const char* ToString(IntraFabric f) {
   switch (f) {
     case IntraFabric::kNvSwitch: return "nvswitch";

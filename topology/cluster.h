@@ -32,6 +32,9 @@ struct GpuSpec {
   double peak_bf16 = 0, peak_fp16 = 0, peak_fp8 = 0, peak_tf32 = 0, peak_fp32 = 0;
   // Peak for a training precision (fp32 training uses the tf32 tensor cores if present).
   double PeakFlops(Precision p) const;
+  // The precision plans train in when none is asked for: bf16 (Megatron's default) where there
+  // is a bf16 peak, else fp16, else fp32 (local-cpu's rank slots: the CPU runtime computes fp32).
+  Precision DefaultPrecision() const;
 };
 
 enum class IntraFabric {

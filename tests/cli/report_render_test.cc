@@ -228,6 +228,75 @@ TEST(ReportRender, ComparisonSection) {
   EXPECT_NE(RenderReportHtml(d).find("no measured timeline"), std::string::npos);
 }
 
+// Every chart is an SVG with a viewBox on a 1200 px canvas that the CSS lets shrink to its
+// container (max-width 100%, height from the viewBox); report_test measures it in Chromium.
+TEST(ReportRender, ChartsScaleToTheWindow) {
+  const std::string html = RenderReportHtml(WithComparison());
+  // breakdown, memory, gantt; components, ranks, timelines.
+  EXPECT_EQ(Count(html, "<svg "), 6u);
+  EXPECT_EQ(Count(html, "<svg width=\"1200\" height=\""), 6u);
+  EXPECT_EQ(Count(html, " viewBox=\"0 0 1200 "), 6u);
+  EXPECT_NE(html.find("svg{display:block;max-width:100%;height:auto}"), std::string::npos);
+  // Table cells that hold names may wrap between words, so a table fits an 800 px window.
+  EXPECT_NE(html.find("td.l{white-space:normal}"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"l\"><span class=\"nw\">tp2</span> <span class=\"nw\">pp4</span> "
+                      "<span class=\"nw\">dp4</span> <span class=\"nw\">vp2</span> "
+                      "<span class=\"nw\">mb4</span></td>"),
+            std::string::npos);
+}
+
+// Throughput in the unit that suits it: the synthetic ranking's 150 TFLOP/s per GPU, and a CPU
+// rank slot's 0.0158 TFLOP/s as 15.8 GFLOP/s (not "0.0"). The header card shows the
+// simulated figure: the analytic prediction's 0.0158 TFLOP/s at a 10 s analytic step
+// simulated in 1 s is ten times faster, 158 GFLOP/s.
+TEST(ReportRender, ThroughputUnitsSuitTheFigure) {
+  ReportData d = Synthetic();
+  EXPECT_NE(RenderReportHtml(d).find("<td>150 TFLOP/s</td>"), std::string::npos);
+  d.plans[0].tflops_per_gpu = 0.0158;
+  d.chosen.tflops_per_gpu = 0.0158;
+  const std::string html = RenderReportHtml(d);
+  EXPECT_NE(html.find("<td>15.8 GFLOP/s</td>"), std::string::npos);
+  EXPECT_NE(html.find("<div class=\"v\">158 GFLOP/s</div>"), std::string::npos);
+  EXPECT_EQ(html.find("0.0 TFLOP/s"), std::string::npos);
+}
+
+// The measured section says what `ptdp compare` says about the load on the machine, next to
+// the errors it explains. Two ranks on 2 cores leave none spare: others using 51% of the cores
+// (1.02 cores) is more than 0 + a tenth of the machine (0.2): busy. 2% (0.04 cores) is not.
+TEST(ReportRender, MeasuredSectionSaysWhenTheMachineWasBusy) {
+  ReportData d = WithComparison();
+  d.comparison.machine_cores = 2;
+  d.comparison.other_cpu_share = 0.51;
+  std::string html = RenderReportHtml(d);
+  EXPECT_NE(html.find("<p class=\"warn\">Other processes used 51% of the cores during the timed "
+                      "steps: the machine was busy (they took cores the ranks needed), so the "
+                      "measured times are not this machine&#39;s own.</p>"),
+            std::string::npos);
+  EXPECT_NE(html.find("+25.0% <span class=\"no\">machine busy</span>"), std::string::npos);
+  d.comparison.other_cpu_share = 0.02;
+  html = RenderReportHtml(d);
+  EXPECT_NE(html.find("<p class=\"note\">Other processes used 2% of the cores during the timed "
+                      "steps.</p>"),
+            std::string::npos);
+  EXPECT_EQ(html.find("machine busy"), std::string::npos);
+  EXPECT_EQ(html.find("class=\"warn\""), std::string::npos);
+  d.comparison.other_cpu_share = -1;  // not recorded: nothing said
+  EXPECT_EQ(RenderReportHtml(d).find("Other processes"), std::string::npos);
+}
+
+// The chosen layout's precision is the plan's; a bf16 plan measured on the CPU backend says
+// that the run computed in fp32.
+TEST(ReportRender, PrecisionIsThePlans) {
+  ReportData d = WithComparison();
+  d.plans[0].layout.precision = Precision::kFp32;
+  d.comparison.plan.layout.precision = Precision::kBf16;
+  std::string html = RenderReportHtml(d);
+  EXPECT_NE(html.find("interleaved, fp32, "), std::string::npos);
+  EXPECT_NE(html.find("The CPU backend computed in fp32: the plan&#39;s bf16"), std::string::npos);
+  d.comparison.plan.layout.precision = Precision::kFp32;
+  EXPECT_EQ(RenderReportHtml(d).find("The CPU backend computed in fp32"), std::string::npos);
+}
+
 TEST(ReportRender, MissingPiecesRenderNotes) {
   ReportData d;
   d.title = "empty";

@@ -144,4 +144,95 @@ TEST(Report, PredictedAgainstMeasuredInHeadlessChromium) {
   EXPECT_NE(bad.out.find("--measured needs the plan.yaml"), std::string::npos) << bad.out;
 }
 
+// The page at a window `width` px wide, 900 high, as Chromium lays it out: a copy of it with
+// a script that writes into the DOM the document's scroll width and client width (the window
+// less its scrollbar), the number of SVG charts and how many charts and tables stick out of
+// their container ("data-fit", four numbers).
+struct Fit {
+  int scroll_width = -1, client_width = -1, charts = -1, sticking_out = -1;
+};
+Fit MeasureFit(const std::string& html, int width) {
+  std::stringstream text;
+  text << std::ifstream(html).rdbuf();
+  std::string page = text.str();
+  const std::string script = R"(<script>
+var d = document.documentElement, charts = 0, out = 0;
+document.querySelectorAll('svg, table').forEach(function (e) {
+  var r = e.getBoundingClientRect(), p = e.parentElement.getBoundingClientRect();
+  if (e.tagName.toLowerCase() == 'svg') ++charts;
+  if (r.left < p.left - 0.5 || r.right > p.right + 0.5) ++out;
+});
+document.body.setAttribute('data-fit', [d.scrollWidth, d.clientWidth, charts, out].join(' '));
+</script>)";
+  const size_t end = page.rfind("</body>");
+  if (end == std::string::npos) return {};
+  page.insert(end, script);
+  const std::string measured = html + ".fit.html";
+  std::ofstream(measured) << page;
+  const CmdResult dom = Shell(Chromium("--window-size=" + std::to_string(width) +
+                                       ",900 --dump-dom file://" + measured), false);
+  const size_t at = dom.out.find("data-fit=\"");
+  Fit f;
+  if (dom.code != 0 || at == std::string::npos) return f;
+  std::istringstream(dom.out.substr(at + 10)) >> f.scroll_width >> f.client_width >> f.charts >>
+      f.sticking_out;
+  return f;
+}
+
+// From 800 px up the page never scrolls sideways and every chart and table fits its section:
+// the SVGs scale down (before: 1200 px wide whatever the window, a 1216 px page at 800 px),
+// and the ranking's names wrap. Checked on the demo's 175B search (the widest ranking:
+// tp8 pp4 dp32 vp12 rows) and on a measured CPU run (six charts, the busy warning).
+TEST(Report, FitsTheWindowFrom800PxInHeadlessChromium) {
+  if (!fs::exists(kChromium)) GTEST_SKIP() << kChromium << " is missing: run scripts/setup.sh";
+  const std::string dir = FreshDir("report-fit");
+  ASSERT_FALSE(dir.empty());
+  const std::string search = dir + "/search.html", measured_page = dir + "/measured.html";
+  const std::string plan = dir + "/plan.yaml", measured = dir + "/measured.json";
+  ASSERT_EQ(Shell(kBin + " report --cluster " + kSrc + "/configs/clusters/dgx-a100.yaml --model " +
+                  kSrc + "/configs/models/gpt3-175b.yaml --global-batch 1536 --html " + search).code, 0);
+  ASSERT_EQ(Shell(kBin + " plan --cluster " + kSrc + "/configs/clusters/local-cpu.yaml --model " +
+                  kSrc + "/configs/models/gpt-tiny.yaml --gpus 2 --global-batch 8 --pp 2 "
+                  "--refine 0 --out " + plan).code, 0);
+  ASSERT_EQ(Shell(kBin + " train " + plan + " --steps 3 --out " + measured).code, 0);
+  ASSERT_EQ(Shell(kBin + " report " + plan + " --measured " + measured + " --html " +
+                  measured_page).code, 0);
+  for (const auto& [page, charts] : {std::pair{search, 3}, std::pair{measured_page, 6}})
+    for (int width : {800, 1400}) {
+      SCOPED_TRACE(page + " at " + std::to_string(width) + " px");
+      const Fit f = MeasureFit(page, width);
+      ASSERT_GT(f.client_width, 0) << "no measurement from Chromium";
+      EXPECT_GT(f.client_width, width - 30);  // the window less a vertical scrollbar
+      EXPECT_LE(f.scroll_width, f.client_width);
+      EXPECT_EQ(f.charts, charts);
+      EXPECT_EQ(f.sticking_out, 0);
+    }
+}
+
+// A plan for the CPU runtime is fp32 (local-cpu has no 16-bit peak: the runtime computes fp32),
+// and its throughput is a few GFLOP/s per rank slot, not "0.0 TFLOP/s".
+TEST(Report, CpuPlanIsFp32InGflops) {
+  const std::string dir = FreshDir("report-cpu");
+  const std::string html = dir + "/report.html";
+  const std::string cpu = "--cluster " + kSrc + "/configs/clusters/local-cpu.yaml --model " + kSrc +
+                          "/configs/models/gpt-tiny.yaml --gpus 2 --global-batch 8";
+  const CmdResult made = Shell(kBin + " report " + cpu + " --json --html " + html, false);
+  ASSERT_EQ(made.code, 0) << made.out;
+  EXPECT_EQ(nlohmann::json::parse(made.out)["layout"]["precision"], "fp32");
+  std::stringstream text;
+  text << std::ifstream(html).rdbuf();
+  const std::string page = text.str();
+  EXPECT_NE(page.find(", fp32, "), std::string::npos);
+  EXPECT_EQ(page.find("bf16"), std::string::npos);
+  EXPECT_NE(page.find(" GFLOP/s</div>"), std::string::npos);
+  EXPECT_EQ(page.find("TFLOP/s"), std::string::npos);
+  // The same default without a search, and the GPU clusters keep bf16.
+  const CmdResult sim = Shell(kBin + " simulate " + cpu + " --pp 2 --json", false);
+  ASSERT_EQ(sim.code, 0) << sim.out;
+  EXPECT_EQ(nlohmann::json::parse(sim.out)["layout"]["precision"], "fp32");
+  const CmdResult gpu = Shell(kBin + " simulate " + kFlags + " --tp 8 --json", false);
+  ASSERT_EQ(gpu.code, 0) << gpu.out;
+  EXPECT_EQ(nlohmann::json::parse(gpu.out)["layout"]["precision"], "bf16");
+}
+
 }  // namespace

@@ -134,6 +134,14 @@ TEST(FormatTest, HumanReadableOutputs) {
   EXPECT_EQ(FormatFlopRate(3.12e14), "312 TFLOP/s");
   EXPECT_EQ(FormatFlopRate(1.5e15), "1.50 PFLOP/s");
   EXPECT_EQ(FormatFlopRate(5e10), "50 GFLOP/s");
+  // The prefix suits the magnitude: a CPU rank slot's 15.8 GFLOP/s is not "0.0 TFLOP/s".
+  EXPECT_EQ(FormatFlopRate(1.58e10), "15.8 GFLOP/s");
+  EXPECT_EQ(FormatFlopRate(8.66e9), "8.66 GFLOP/s");
+  EXPECT_EQ(FormatFlopRate(2.5e8), "250 MFLOP/s");
+  EXPECT_EQ(FormatFlopRate(1.79e14), "179 TFLOP/s");
+  // 999.7 GFLOP/s rounds to 1000 in three figures: it prints as the next unit.
+  EXPECT_EQ(FormatFlopRate(9.997e11), "1.00 TFLOP/s");
+  EXPECT_EQ(FormatFlopRate(0), "0 FLOP/s");
 }
 
 TEST(FormatTest, DimensionExampleNamesAUnit) {

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <vector>
+
 #include "tests/fakes/test_cluster.h"
 
 namespace ptdp {
@@ -123,6 +126,36 @@ TEST_F(SimulatorTest, RecordsEventsOnBothTracks) {
   EXPECT_EQ(dp, 4 * 2);               // one bucket per chunk per rank
   const SimEvent f31{0, SimTrack::kCompute, OpKind::kForward, 3, 1};
   EXPECT_EQ(f31.Name(), "F3.1");
+}
+
+// Each transfer is one send and one receive: on the two ends of the pair, over the same
+// interval, with a number of their own (the trace draws an arrow from one to the other).
+TEST_F(SimulatorTest, SendAndReceiveShareATransferNumber) {
+  SimOptions opt;
+  const Layout l = MakeLayout(2, 4, 16, 2, 1, 16 * 8, ScheduleKind::kInterleaved);
+  auto sim = SimulateStep(cost_, l, opt);
+  ASSERT_TRUE(sim.ok());
+  std::map<int, std::vector<const SimEvent*>> by_transfer;
+  for (const SimEvent& e : sim->events) {
+    const bool p2p = e.peer >= 0;
+    EXPECT_EQ(p2p, e.transfer >= 0) << e.Name();
+    if (p2p) by_transfer[e.transfer].push_back(&e);
+  }
+  // m (2v p - 2) transfers: 8 micro-batches cross 7 stage boundaries forwards and backwards.
+  EXPECT_EQ(by_transfer.size(), 8u * 2 * 7);
+  for (const auto& [id, pair] : by_transfer) {
+    ASSERT_EQ(pair.size(), 2u) << id;
+    const SimEvent& snd = *pair[0];
+    const SimEvent& rcv = *pair[1];
+    EXPECT_TRUE(snd.kind == OpKind::kSendActivation || snd.kind == OpKind::kSendGradient) << id;
+    EXPECT_EQ(rcv.kind, snd.kind == OpKind::kSendActivation ? OpKind::kRecvActivation
+                                                             : OpKind::kRecvGradient);
+    EXPECT_EQ(snd.peer, rcv.rank);
+    EXPECT_EQ(rcv.peer, snd.rank);
+    EXPECT_EQ(snd.microbatch, rcv.microbatch);
+    EXPECT_EQ(snd.start_s, rcv.start_s);
+    EXPECT_EQ(snd.end_s, rcv.end_s);
+  }
 }
 
 TEST_F(SimulatorTest, MemoryTimelinePeaksWhereAnalyticSaysOnRankZero) {

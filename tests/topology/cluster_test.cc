@@ -117,7 +117,20 @@ TEST(GpuSpec, PeakFlopsPerPrecision) {
   auto cpu = LoadClusterFile(ClusterPath("local-cpu"));
   ASSERT_TRUE(cpu.ok()) << cpu.status().message();
   EXPECT_EQ(cpu->gpu.PeakFlops(Precision::kFp32), 50e9);      // no tf32: the fp32 peak
-  EXPECT_EQ(cpu->gpu.PeakFlops(Precision::kBf16), 50e9);
+  EXPECT_EQ(cpu->gpu.PeakFlops(Precision::kBf16), 0);         // the CPU runtime computes fp32
+}
+
+// Plans default to bf16 where the GPU has a bf16 peak, else fp16, else fp32 (CPU rank slots).
+TEST(GpuSpec, DefaultPrecisionIsTheBest16BitPathElseFp32) {
+  auto a100 = LoadClusterFile(ClusterPath("dgx-a100"));
+  auto cpu = LoadClusterFile(ClusterPath("local-cpu"));
+  ASSERT_TRUE(a100.ok() && cpu.ok());
+  EXPECT_EQ(a100->gpu.DefaultPrecision(), Precision::kBf16);
+  EXPECT_EQ(cpu->gpu.DefaultPrecision(), Precision::kFp32);
+  GpuSpec v100;  // fp16 tensor cores, no bf16
+  v100.peak_fp16 = 125e12;
+  v100.peak_fp32 = 15.7e12;
+  EXPECT_EQ(v100.DefaultPrecision(), Precision::kFp16);
 }
 
 TEST(IntraFabric, Names) {
