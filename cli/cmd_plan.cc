@@ -72,12 +72,18 @@ void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
   }
   if (r.top.empty())
     std::printf("no layout fits in memory; the %zu smallest are:\n", rows.size());
+  auto rate = [](const RankedLayout& row) {  // model FLOP/s per GPU
+    return row.estimate.model_flops / row.estimate.step_time_s / row.layout.world();
+  };
+  double best = 0;
+  for (const RankedLayout& row : rows) best = std::max(best, rate(row));
+  const FlopUnit unit = FlopUnitFor(best);
   std::printf("%-4s %-26s %-16s %10s %9s %6s %7s %10s %5s %s\n", "rank", "layout", "knobs",
-              "step (s)", "TFLOP/s", "MFU", "bubble", "mem/GPU", "fits", "source");
+              "step (s)", unit.name, "MFU", "bubble", "mem/GPU", "fits", "source");
   int rank = 1;
   for (const RankedLayout& row : rows) {
     const Estimate& e = row.estimate;
-    const double tf = e.model_flops / e.step_time_s / row.layout.world() / 1e12;
+    const double tf = rate(row) / unit.per_s;
     std::printf("%-4d %-26s %-16s %10.3f %9.3g %5.1f%% %6.1f%% %10s %5s %s\n", rank++,
                 row.layout.ShortName().c_str(), row.layout.Knobs().c_str(), e.step_time_s, tf,
                 100 * e.mfu, 100 * e.bubble_fraction, FormatBytes(e.memory.total).c_str(),

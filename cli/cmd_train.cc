@@ -288,8 +288,8 @@ int RunTrain(const TrainFlags& f) {
               summary["tokens_per_s"].get<double>(), summary["median_step_time_s"].get<double>() * 1e3,
               summary["peak_memory_bytes"].get<double>() / double(1 << 30));
   if (summary.contains("mfu"))
-    std::printf(", %.3g model TFLOP/s per %s, MFU %.1f%% (against %s)",
-                summary["model_tflops_per_s_per_device"].get<double>(),
+    std::printf(", %s of model FLOPs per %s, MFU %.1f%% (against %s)",
+                FormatFlopRate(summary["model_tflops_per_s_per_device"].get<double>() * 1e12).c_str(),
                 launch->devices > 0 ? "GPU" : "rank", 100 * summary["mfu"].get<double>(),
                 summary["mfu_against"].get<std::string>().c_str());
   std::printf("\n");

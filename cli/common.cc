@@ -41,6 +41,12 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_flag("--json", f->json, "machine-readable output");
 }
 
+FlopUnit FlopUnitFor(double flops_per_s) {
+  if (flops_per_s >= 1e12) return {1e12, "TFLOP/s"};
+  if (flops_per_s >= 1e9) return {1e9, "GFLOP/s"};
+  return {1e6, "MFLOP/s"};
+}
+
 Result<bool> ParseOnOff(const std::string& flag, const std::string& v) {
   if (v == "on" || v == "true" || v == "1") return true;
   if (v == "off" || v == "false" || v == "0") return false;
@@ -299,8 +305,10 @@ std::string RenderPrediction(const Plan& plan) {
     << " micro-batches\n\n";
   std::snprintf(buf, sizeof buf, "step time     %10.4f s   (%s)\n", p.step_time_s, p.source.c_str());
   o << buf;
-  std::snprintf(buf, sizeof buf, "throughput    %10.1f TFLOP/s per GPU (model), %.1f hardware, MFU %.1f%%\n",
-                p.tflops_per_gpu, p.hw_tflops_per_gpu, 100 * p.mfu);
+  const FlopUnit u = FlopUnitFor(p.hw_tflops_per_gpu * 1e12);
+  const double k = 1e12 / u.per_s;
+  std::snprintf(buf, sizeof buf, "throughput    %10.1f %s per GPU (model), %.1f hardware, MFU %.1f%%\n",
+                p.tflops_per_gpu * k, u.name, p.hw_tflops_per_gpu * k, 100 * p.mfu);
   o << buf;
   const double tok = double(l.global_batch) * plan.model.seq_len / p.step_time_s;
   std::snprintf(buf, sizeof buf, "tokens/s      %10.0f (%.0f per GPU)\n\n", tok, tok / l.world());

@@ -68,6 +68,14 @@ nlohmann::json LayoutJson(const Layout& l);
 nlohmann::json PredictionJson(const Prediction& p);
 nlohmann::json EstimateJson(const Layout& l, const Estimate& e);
 
+// The FLOP/s unit that suits a figure: TFLOP/s from 1e12 up (GPUs), GFLOP/s below (CPU ranks),
+// MFLOP/s below 1e9. A table takes the unit of its largest figure, so its column reads as one.
+struct FlopUnit {
+  double per_s = 1e12;        // FLOP/s in one unit
+  const char* name = "TFLOP/s";
+};
+FlopUnit FlopUnitFor(double flops_per_s);
+
 // "on"/"off" flag values.
 Result<bool> ParseOnOff(const std::string& flag, const std::string& v);
 // The Megatron-LM command line for a plan.
