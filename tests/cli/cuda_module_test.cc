@@ -59,13 +59,8 @@ nlohmann::json Info(const std::string& bin = kBin, const std::string& env = "") 
   return nlohmann::json::parse(r.out);
 }
 
-// A failure is one line, starts with "ptdp:", and names what is wrong.
-void ExpectOneLineError(const CmdResult& r, const std::string& must_contain) {
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find(must_contain), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "more than one line: " << r.out;
-  EXPECT_EQ(r.out.rfind("ptdp:", 0), 0u) << r.out;
-}
+// Every failure here: exit 1, one line starting with "ptdp:" and naming the cause.
+using ptdp::testing::ExpectOneLineError;
 
 // gpt-tiny on one CPU rank slot, for `train --backend cuda` to refuse.
 std::string TinyPlan() {
@@ -126,7 +121,7 @@ TEST(CudaModule, PtdpLinksNoGpuLibrary) {
 // LD_DEBUG=libs: the dynamic loader names every library it loads, linked or dlopen'ed.
 TEST(CudaModule, PlanAndSimulateLoadNoGpuLibrary) {
   for (const auto& cmd : {kPlan, kSimulate1T}) {
-    const CmdResult r = Ptdp(Join(cmd) + " --json", "LD_DEBUG=libs");
+    const CmdResult r = Ptdp(Join(cmd), "LD_DEBUG=libs");
     ASSERT_EQ(r.code, 0) << r.out.substr(0, 2000);
     ASSERT_NE(r.out.find("libyaml-cpp"), std::string::npos) << "LD_DEBUG printed nothing";
     for (const char* lib : kGpuLibraries)
@@ -196,21 +191,22 @@ TEST(CudaModule, BackendCudaSaysWhyInOneLine) {
   const bool loaded = j.contains("cuda_runtime_version");
   const std::string why = (loaded ? "no CUDA GPU is usable here: " : "") +
                           j["why_no_gpu"].get<std::string>();
-  ExpectOneLineError(TrainCuda(), "--backend cuda: " + why);
+  ExpectOneLineError(TrainCuda(), "--backend cuda: " + why, 1);
   ExpectOneLineError(Ptdp("calibrate --backend cuda --quick --out " + ::testing::TempDir() +
                           "/never.yaml"),
-                     "--backend cuda: " + why);
+                     "--backend cuda: " + why, 1);
 }
 
 TEST(CudaModule, MissingModuleSaysWhereItLooked) {
   if (Info()["cuda_compiled"] != true) {
     // Without CUDA there is no module to look for, whatever the environment says.
     ExpectOneLineError(TrainCuda("PTDP_CUDA_MODULE=/nonexistent/libptdp_cuda.so"),
-                       "built without the CUDA backend");
+                       "built without the CUDA backend", 1);
     return;
   }
   ExpectOneLineError(TrainCuda("PTDP_CUDA_MODULE=/nonexistent/libptdp_cuda.so"),
-                     "--backend cuda: PTDP_CUDA_MODULE '/nonexistent/libptdp_cuda.so': no such file");
+                     "--backend cuda: PTDP_CUDA_MODULE '/nonexistent/libptdp_cuda.so': no such file",
+                     1);
   // A copy of the binary with no lib/ beside or above it.
   const std::string fresh = ptdp::testing::FreshDir("lonely");
   ASSERT_FALSE(fresh.empty());
@@ -218,7 +214,8 @@ TEST(CudaModule, MissingModuleSaysWhereItLooked) {
   fs::create_directory(dir + "/bin");
   fs::copy_file(kBin, dir + "/bin/ptdp");
   const std::string where = "no lib/ptdp/libptdp_cuda.so at or above the binary's folder " + dir + "/bin";
-  ExpectOneLineError(TrainCuda("", dir + "/bin/ptdp"), "--backend cuda: the CUDA module is missing: " + where);
+  ExpectOneLineError(TrainCuda("", dir + "/bin/ptdp"),
+                     "--backend cuda: the CUDA module is missing: " + where, 1);
   const nlohmann::json j = Info(dir + "/bin/ptdp");
   EXPECT_TRUE(j["cuda_module"].is_null());
   EXPECT_NE(j["why_no_gpu"].get<std::string>().find(where), std::string::npos) << j.dump();
@@ -228,13 +225,12 @@ TEST(CudaModule, MissingModuleSaysWhereItLooked) {
   EXPECT_EQ(plan.code, 0) << plan.out;
 }
 
-// `cmake --install` lays out PREFIX/bin/ptdp, PREFIX/share/ptdp and PREFIX/lib/ptdp, and the
-// installed binary finds its module there.
+// `cmake --install` puts the module in PREFIX/lib/ptdp, where the installed binary finds it.
 TEST(CudaModule, InstalledBinaryFindsItsModule) {
   const std::string fresh = ptdp::testing::FreshDir("prefix");
   ASSERT_FALSE(fresh.empty());
   const std::string prefix = fs::canonical(fresh).string();
-  CmdResult r = ptdp::testing::Shell(std::string(PTDP_CMAKE_COMMAND) + " --install " +
+  const CmdResult r = ptdp::testing::Shell(std::string(PTDP_CMAKE_COMMAND) + " --install " +
                                      PTDP_BINARY_DIR + " --prefix " + prefix);
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = Info(prefix + "/bin/ptdp");
@@ -244,11 +240,6 @@ TEST(CudaModule, InstalledBinaryFindsItsModule) {
   } else {
     EXPECT_FALSE(fs::exists(prefix + "/lib/ptdp"));
   }
-  const std::string configs = prefix + "/share/ptdp/configs/";
-  r = ptdp::testing::Shell(prefix + "/bin/ptdp plan --cluster " + configs +
-                           "clusters/dgx-a100.yaml --model " + configs +
-                           "models/gpt3-175b.yaml --global-batch 1536 --top 1");
-  EXPECT_EQ(r.code, 0) << r.out;
 }
 
 #ifdef PTDP_FAKE_MODULE_OTHER_ABI
@@ -273,7 +264,7 @@ TEST(CudaModule, UnusableModulesAreRefusedWithTheReason) {
                            "ptdp expects "},
        }) {
     SCOPED_TRACE(c.module);
-    ExpectOneLineError(TrainCuda("PTDP_CUDA_MODULE=" + c.module), c.says);
+    ExpectOneLineError(TrainCuda("PTDP_CUDA_MODULE=" + c.module), c.says, 1);
     const nlohmann::json j = Info(kBin, "PTDP_CUDA_MODULE=" + c.module);
     EXPECT_EQ(j["cuda_module"], c.module);
     EXPECT_NE(j["why_no_gpu"].get<std::string>().find(c.says.substr(16)), std::string::npos)
