@@ -78,6 +78,8 @@ int RunInfo(const InfoFlags& f) {
     std::printf("cuda:          %d GPU(s) visible; device 0: %s, %.1f GiB\n",
                 j["gpus_visible"].get<int>(), j["gpu"]["name"].get<std::string>().c_str(),
                 j["gpu"]["memory_bytes"].get<double>() / (1 << 30));
+  else if (!j.contains("cuda_runtime_version"))  // the module did not load
+    std::printf("cuda:          compiled in, but %s\n", j["why_no_gpu"].get<std::string>().c_str());
   else
     std::printf("cuda:          compiled in, but no GPU is usable: %s\n",
                 j["why_no_gpu"].get<std::string>().c_str());
