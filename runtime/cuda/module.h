@@ -77,6 +77,6 @@ class CudaModule {
 }  // namespace ptdp::rt::cuda
 
 // The module's one exported symbol. Sets *module_abi to the module's PTDP_CUDA_MODULE_ABI and
-// returns the module when it equals `abi` (the caller's), nullptr otherwise. Plain C types only,
-// so that a module from any other version can still be asked.
+// returns the module when it equals `abi` (the caller's), nullptr otherwise. Only C strings and
+// a pointer cross here, so that a module from any other version can still be asked safely.
 extern "C" ptdp::rt::cuda::CudaModule* ptdp_cuda_module(const char* abi, const char** module_abi);
