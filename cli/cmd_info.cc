@@ -1,4 +1,5 @@
-// `ptdp info`: what this binary can run (backends, CUDA/NCCL/MPI support, visible GPUs).
+// `ptdp info`: what this binary can run (backends, CUDA/NCCL/MPI support, visible GPUs). The only
+// command besides `--backend cuda` that loads the CUDA module (cli/cuda_module.h), to ask it.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -7,9 +8,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#if PTDP_HAVE_CUDA
-#include "runtime/cuda/cuda_backend.h"
-#endif
+#include "cli/cuda_module.h"
+#include "runtime/cuda/module.h"  // declarations only: the code is the module's
 
 namespace ptdp::cli {
 namespace {
@@ -24,37 +24,47 @@ std::string Version(int v) {
          std::to_string(v % 100);
 }
 
+// The CUDA part of `info --json`: the module's path, the versions, the GPUs, or why none in the
+// words `--backend cuda` fails with (not compiled in, the module not loadable, CUDA's reason).
+void AddCuda(nlohmann::json& j) {
+  j["cuda_compiled"] = CudaModuleBuilt();
+  auto path = CudaModulePath();
+  if (path.ok()) j["cuda_module"] = *path;
+  auto cuda = LoadCudaModule();
+  if (!cuda.ok()) {
+    j["why_no_gpu"] = cuda.status().message();
+    return;
+  }
+  const rt::cuda::CudaInfo info = (*cuda)->Probe();
+  const std::string mpi = (*cuda)->MpiLibrary();
+  j["gpus_visible"] = info.gpus_visible;
+  if (info.nccl_version > 0) j["nccl_version"] = Version(info.nccl_version);
+  if (info.cublas_version > 0) j["cublas_version"] = Version(info.cublas_version);
+  j["cuda_runtime_version"] = info.runtime_version;
+  j["cuda_driver_version"] = info.driver_version;
+  j["mpi"] = !mpi.empty();
+  if (!mpi.empty()) j["mpi_version"] = mpi;
+  // The CUDA backend is listed once it can run: the module loaded and at least one GPU visible.
+  if (info.gpus_visible > 0) {
+    j["backends"].push_back("cuda");
+    j["gpu"] = {{"name", info.device_name}, {"memory_bytes", info.device_memory_bytes}};
+  } else {
+    j["why_no_gpu"] = info.why_none;
+  }
+}
+
+std::string Or(const nlohmann::json& v, const std::string& none) {
+  return v.is_string() ? v.get<std::string>() : none;
+}
+
 int RunInfo(const InfoFlags& f) {
   const unsigned threads = std::thread::hardware_concurrency();
-#if PTDP_HAVE_CUDA
-  const rt::cuda::CudaInfo cuda = rt::cuda::ProbeCuda();
-  const bool compiled = true;
-#else
-  const bool compiled = false;
-#endif
-#if PTDP_HAVE_MPI
-  const bool mpi = true;
-#else
-  const bool mpi = false;
-#endif
-  nlohmann::json j = {{"version", "0.1.0"},       {"cuda_compiled", compiled},
-                      {"gpus_visible", 0},        {"nccl_version", nullptr},
-                      {"cublas_version", nullptr}, {"mpi", mpi},
-                      {"backends", {"cpu"}},      {"cpu_threads", threads}};
-#if PTDP_HAVE_CUDA
-  j["gpus_visible"] = cuda.gpus_visible;
-  if (cuda.nccl_version > 0) j["nccl_version"] = Version(cuda.nccl_version);
-  if (cuda.cublas_version > 0) j["cublas_version"] = Version(cuda.cublas_version);
-  j["cuda_runtime_version"] = cuda.runtime_version;
-  j["cuda_driver_version"] = cuda.driver_version;
-  // The CUDA backend is listed once it can run: compiled in and at least one GPU visible.
-  if (cuda.gpus_visible > 0) {
-    j["backends"].push_back("cuda");
-    j["gpu"] = {{"name", cuda.device_name}, {"memory_bytes", cuda.device_memory_bytes}};
-  } else {
-    j["why_no_gpu"] = cuda.why_none;
-  }
-#endif
+  nlohmann::json j = {{"version", "0.1.0"},       {"cuda_compiled", false},
+                      {"cuda_module", nullptr},   {"gpus_visible", 0},
+                      {"nccl_version", nullptr},  {"cublas_version", nullptr},
+                      {"mpi", false},             {"backends", {"cpu"}},
+                      {"cpu_threads", threads}};
+  AddCuda(j);
   if (f.json) {
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -62,19 +72,24 @@ int RunInfo(const InfoFlags& f) {
   std::printf("ptdp 0.1.0\n");
   std::printf("backends:      %s\n", j["backends"].size() > 1 ? "cpu, cuda" : "cpu");
   std::printf("cpu:           Eigen, ranks as threads; %u hardware threads\n", threads);
-#if PTDP_HAVE_CUDA
-  if (cuda.gpus_visible > 0)
-    std::printf("cuda:          %d GPU(s) visible; device 0: %s, %.1f GiB\n", cuda.gpus_visible,
-                cuda.device_name.c_str(), double(cuda.device_memory_bytes) / (1 << 30));
+  if (j["cuda_compiled"] != true)
+    std::printf("cuda:          not compiled in (configure with the CUDA toolkit: -DPTDP_CUDA=ON)\n");
+  else if (j["gpus_visible"].get<int>() > 0)
+    std::printf("cuda:          %d GPU(s) visible; device 0: %s, %.1f GiB\n",
+                j["gpus_visible"].get<int>(), j["gpu"]["name"].get<std::string>().c_str(),
+                j["gpu"]["memory_bytes"].get<double>() / (1 << 30));
+  else if (!j.contains("cuda_runtime_version"))  // the module did not load
+    std::printf("cuda:          compiled in, but %s\n", j["why_no_gpu"].get<std::string>().c_str());
   else
-    std::printf("cuda:          compiled in, but no GPU is usable: %s\n", cuda.why_none.c_str());
-  std::printf("nccl, cublas:  %s, %s\n", j["nccl_version"].is_null() ? "-" : Version(cuda.nccl_version).c_str(),
-              j["cublas_version"].is_null() ? "-" : Version(cuda.cublas_version).c_str());
-#else
-  std::printf("cuda:          not compiled in (configure with the CUDA toolkit: -DPTDP_CUDA=ON)\n");
-  std::printf("nccl, cublas:  -\n");
-#endif
-  std::printf("mpi:           %s\n", mpi ? "yes (mpirun/srun launches several processes)" : "no");
+    std::printf("cuda:          compiled in, but no GPU is usable: %s\n",
+                j["why_no_gpu"].get<std::string>().c_str());
+  std::printf("cuda module:   %s\n", Or(j["cuda_module"], "-").c_str());
+  std::printf("nccl, cublas:  %s, %s\n", Or(j["nccl_version"], "-").c_str(),
+              Or(j["cublas_version"], "-").c_str());
+  std::printf("mpi:           %s\n", j["mpi"] == true
+                                         ? ("yes (mpirun/srun launches several processes; " +
+                                            j["mpi_version"].get<std::string>() + ")").c_str()
+                                         : "no");
   return 0;
 }
 

@@ -4,16 +4,10 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "cli/cuda_module.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
-#if PTDP_HAVE_CUDA
-#include "runtime/cuda/cuda_backend.h"
-#include "runtime/cuda/device_world.h"
-#include "runtime/cuda/nccl_world.h"
-#endif
-#if PTDP_HAVE_MPI
-#include "runtime/cuda/mpi_bootstrap.h"
-#endif
+#include "runtime/cuda/module.h"  // declarations only: the code is the module's
 
 namespace ptdp::cli {
 namespace {
@@ -28,16 +22,16 @@ Launch CpuLaunch(const Layout& l, double timeout_s) {
   return run;
 }
 
-#if PTDP_HAVE_CUDA
 // The backends of the local ranks, created before the trainer so that a failure keeps its reason;
 // the trainer takes each once, and the communicators find each rank's stream here.
 struct CudaRanks {
   std::mutex mu;
-  std::vector<std::unique_ptr<rt::cuda::CudaBackend>> owned;  // by global rank, until taken
-  std::vector<cudaStream_t> streams;                           // by global rank
+  std::vector<std::unique_ptr<rt::Backend>> owned;  // by global rank, until taken
+  std::vector<cudaStream_t> streams;                 // by global rank
 };
 
-Result<std::shared_ptr<CudaRanks>> MakeBackends(const Layout& l, const std::vector<int>& ranks,
+Result<std::shared_ptr<CudaRanks>> MakeBackends(const rt::cuda::CudaModule& cuda, const Layout& l,
+                                                const std::vector<int>& ranks,
                                                 const std::vector<int>& devices) {
   auto cr = std::make_shared<CudaRanks>();
   cr->owned.resize(size_t(l.world()));
@@ -48,10 +42,10 @@ Result<std::shared_ptr<CudaRanks>> MakeBackends(const Layout& l, const std::vect
     // fp32 plans run exact fp32 GEMMs; bf16/fp16 plans run bf16 tensor-core GEMMs.
     o.gemm = l.precision == Precision::kFp32 ? rt::cuda::GemmPrecision::kFp32
                                              : rt::cuda::GemmPrecision::kBf16;
-    auto b = rt::cuda::CudaBackend::Create(o);
+    auto b = cuda.NewBackend(o);
     if (!b.ok()) return b.status().Prefixed("rank " + to_string(ranks[i]));
-    cr->streams[size_t(ranks[i])] = (*b)->stream();
-    cr->owned[size_t(ranks[i])] = std::move(*b);
+    cr->streams[size_t(ranks[i])] = b->stream;
+    cr->owned[size_t(ranks[i])] = std::move(b->backend);
   }
   return cr;
 }
@@ -70,9 +64,11 @@ rt::cuda::StreamOf StreamsOf(const std::shared_ptr<CudaRanks>& cr) {
   };
 }
 
-#if PTDP_HAVE_MPI
-Result<Launch> MpiLaunch(const Layout& l, const LaunchOptions& o, int gpus) {
-  PTDP_ASSIGN_OR_RETURN(auto mpi, rt::cuda::MpiSession::Init(nullptr, nullptr));
+Result<Launch> MpiLaunch(const rt::cuda::CudaModule& cuda, const Layout& l,
+                         const LaunchOptions& o, int gpus) {
+  auto job = cuda.InitMpi();
+  if (!job.ok()) return job.status().Prefixed("launched under mpirun/srun");
+  std::shared_ptr<rt::cuda::MpiJob> mpi = std::move(*job);
   if (l.world() % mpi->size() != 0)
     return Status::Error("the plan's " + to_string(l.world()) + " ranks do not divide over " +
                          to_string(mpi->size()) + " MPI processes");
@@ -80,7 +76,7 @@ Result<Launch> MpiLaunch(const Layout& l, const LaunchOptions& o, int gpus) {
   std::shared_ptr<CudaRanks> cr;
   Status set_up = place.status();
   if (set_up.ok()) {
-    auto made = MakeBackends(l, place->local_ranks, place->devices);
+    auto made = MakeBackends(cuda, l, place->local_ranks, place->devices);
     set_up = made.status();
     if (made.ok()) cr = *made;
   }
@@ -96,7 +92,7 @@ Result<Launch> MpiLaunch(const Layout& l, const LaunchOptions& o, int gpus) {
   w.id = id;
   w.timeout_s = o.timeout_s;
   w.stream_of = StreamsOf(cr);
-  PTDP_ASSIGN_OR_RETURN(auto world, rt::cuda::NcclWorld::Create(w));
+  PTDP_ASSIGN_OR_RETURN(auto world, cuda.NewNcclWorld(w));
   Launch run;
   run.comms = std::move(world);
   HandOut(run, cr);
@@ -105,22 +101,15 @@ Result<Launch> MpiLaunch(const Layout& l, const LaunchOptions& o, int gpus) {
   run.devices = l.world();
   run.where = to_string(l.world()) + " ranks on " + to_string(mpi->size()) +
               " MPI processes (NCCL), " + to_string(place->local_ranks.size()) + " here";
-  run.keep_alive = std::make_shared<std::pair<std::unique_ptr<rt::cuda::MpiSession>,
+  run.keep_alive = std::make_shared<std::pair<std::shared_ptr<rt::cuda::MpiJob>,
                                               std::shared_ptr<CudaRanks>>>(std::move(mpi), cr);
   return run;
 }
-#endif
 
 Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
   PTDP_ASSIGN_OR_RETURN(const UsableGpus gpus, ProbeUsableGpus());
-  if (UnderMpi()) {
-#if PTDP_HAVE_MPI
-    return MpiLaunch(l, o, gpus.visible);
-#else
-    return Status::Error("launched under mpirun/srun, but this ptdp was built without MPI "
-                         "(install libopenmpi-dev and rebuild)");
-#endif
-  }
+  const rt::cuda::CudaModule& cuda = **LoadCudaModule();  // ProbeUsableGpus loaded it
+  if (UnderMpi()) return MpiLaunch(cuda, l, o, gpus.visible);
   const int world = l.world();
   std::vector<int> ranks(static_cast<size_t>(world)), devices(static_cast<size_t>(world), 0);
   for (int r = 0; r < world; ++r) ranks[size_t(r)] = r;
@@ -132,13 +121,13 @@ Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
                          " GPUs (mpirun/srun for several nodes: docs/gpus.md)");
   if (!shared_gpu)
     for (int r = 0; r < world; ++r) devices[size_t(r)] = r;
-  PTDP_ASSIGN_OR_RETURN(auto cr, MakeBackends(l, ranks, devices));
+  PTDP_ASSIGN_OR_RETURN(auto cr, MakeBackends(cuda, l, ranks, devices));
   Launch run;
   HandOut(run, cr);
   run.keep_alive = cr;
   run.devices = shared_gpu ? 1 : world;
   if (shared_gpu) {
-    run.comms = std::make_shared<rt::cuda::DeviceWorld>(world, o.timeout_s, 0, StreamsOf(cr));
+    run.comms = cuda.NewDeviceWorld(world, o.timeout_s, 0, StreamsOf(cr));
     run.where = to_string(world) + (world > 1 ? " ranks" : " rank") + " on GPU 0 (" +
                 gpus.name + (world > 1 ? ", device copies)" : ")");
     return run;
@@ -147,15 +136,14 @@ Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
   w.world_size = world;
   w.local_ranks = ranks;
   w.devices = devices;
-  PTDP_ASSIGN_OR_RETURN(w.id, rt::cuda::NewNcclId());
+  PTDP_ASSIGN_OR_RETURN(w.id, cuda.NewNcclId());
   w.timeout_s = o.timeout_s;
   w.stream_of = StreamsOf(cr);
-  PTDP_ASSIGN_OR_RETURN(auto nccl, rt::cuda::NcclWorld::Create(w));
+  PTDP_ASSIGN_OR_RETURN(auto nccl, cuda.NewNcclWorld(w));
   run.comms = std::move(nccl);
   run.where = to_string(world) + " GPUs (" + gpus.name + ", NCCL)";
   return run;
 }
-#endif
 
 }  // namespace
 
@@ -168,27 +156,20 @@ bool UnderMpi() {
 }
 
 Result<UsableGpus> ProbeUsableGpus() {
-#if PTDP_HAVE_CUDA
-  const rt::cuda::CudaInfo info = rt::cuda::ProbeCuda();
+  auto cuda = LoadCudaModule();
+  if (!cuda.ok()) return cuda.status().Prefixed("--backend cuda");
+  const rt::cuda::CudaInfo info = (*cuda)->Probe();
   if (info.gpus_visible == 0)
     return Status::Error("--backend cuda: no CUDA GPU is usable here: " + info.why_none +
                          " (`ptdp info` says what this binary can run)");
   return UsableGpus{info.gpus_visible, info.device_name};
-#else
-  return Status::Error("--backend cuda: this ptdp was built without the CUDA backend "
-                       "(configure with the CUDA toolkit; `ptdp info` says what it can run)");
-#endif
 }
 
 Result<Launch> MakeLaunch(const Layout& layout, const LaunchOptions& options) {
   if (options.backend == "cpu") return CpuLaunch(layout, options.timeout_s);
   if (options.backend != "cuda")
     return Status::Error("--backend '" + options.backend + "': expected cpu or cuda");
-#if PTDP_HAVE_CUDA
   return CudaLaunch(layout, options);
-#else
-  return ProbeUsableGpus().status();
-#endif
 }
 
 }  // namespace ptdp::cli

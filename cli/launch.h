@@ -8,8 +8,11 @@
 //   under mpirun / srun (several processes):               each process its share of the ranks,
 //                                                          one GPU each, NcclWorld (MPI bootstrap)
 //
-// Errors (a Status naming the reason): CUDA not compiled in, no GPU usable, too few GPUs for the
-// plan, a failed MPI or NCCL set-up.
+// `--backend cuda` runs through the CUDA module (cli/cuda_module.h), loaded here on first use:
+// nothing else of ptdp loads the CUDA, NCCL or MPI libraries.
+//
+// Errors (a Status naming the reason): CUDA not compiled in, the module missing, unloadable or
+// from other sources, no GPU usable, too few GPUs for the plan, a failed MPI or NCCL set-up.
 #pragma once
 
 #include <memory>
@@ -46,8 +49,8 @@ struct UsableGpus {
   int visible = 0;          // >= 1
   std::string name;         // of device 0, e.g. "NVIDIA H200"
 };
-// Fails, in the words MakeLaunch uses ("--backend cuda: ..."), when CUDA is not compiled in or no
-// GPU is usable (with CUDA's reason).
+// Fails, in the words MakeLaunch uses ("--backend cuda: ..."), when CUDA is not compiled in, the
+// CUDA module cannot be loaded (LoadCudaModule's reason) or no GPU is usable (CUDA's reason).
 Result<UsableGpus> ProbeUsableGpus();
 
 // Whether mpirun or srun started this process among several (MakeLaunch then places each

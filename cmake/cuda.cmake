@@ -30,6 +30,9 @@ else()
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES 80 90)
   endif()
+  # One CUDA runtime, the shared libcudart that CUDA::cudart names, rather than CMake's default
+  # static one beside it on every link line.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
   enable_language(CUDA)
   # C++17 for the .cu files: CMake 3.25 (Debian 12) has no -std=c++20 flag for nvcc ("CUDA20"
   # is unknown to it), and the kernels need nothing newer. The host .cc files stay C++20.
@@ -39,6 +42,8 @@ else()
   set_target_properties(PTDP::nccl PROPERTIES IMPORTED_LOCATION ${PTDP_NCCL_LIBRARY}
                                               INTERFACE_INCLUDE_DIRECTORIES ${PTDP_NCCL_INCLUDE})
   set(PTDP_HAVE_CUDA ON)
+  # Where runtime/cuda generates the CUDA module's interface fingerprint (cmake/cuda_abi.cmake).
+  set(PTDP_CUDA_ABI_DIR ${CMAKE_BINARY_DIR}/generated)
   message(STATUS "ptdp: CUDA backend built (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                  "architectures ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${PTDP_NCCL_LIBRARY})")
 endif()

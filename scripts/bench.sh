@@ -7,3 +7,5 @@ for b in "$build"/bench/*_bench; do
   echo "== $(basename "$b")"
   "$b" --benchmark_min_time=0.5
 done
+echo "== whole-process start-up (scripts/startup.sh)"
+bash "$(dirname "$0")/startup.sh" "$build"

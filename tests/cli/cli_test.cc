@@ -30,12 +30,7 @@ std::string Write(const std::string& name, const std::string& text) {
 }
 
 // A failure is one line, starts with "ptdp:", and names what is wrong.
-void ExpectOneLineError(const CmdResult& r, const std::string& must_contain) {
-  EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find(must_contain), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "more than one line: " << r.out;
-  EXPECT_EQ(r.out.rfind("ptdp:", 0), 0u) << r.out;
-}
+using ptdp::testing::ExpectOneLineError;
 
 TEST(Cli, HelpHasAnExampleForEveryCommand) {
   for (const char* cmd : {"plan", "simulate", "topo", "validate", "schedule", "report", "train", "info",

@@ -1,5 +1,5 @@
 // Helpers of the end-to-end tests of the ptdp binary: run a command (exit code and output), make
-// a fresh directory for its files, count a string in what it wrote.
+// a fresh directory for its files, count a string in what it wrote, check a one-line failure.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -42,6 +42,19 @@ inline size_t Count(const std::string& hay, const std::string& needle) {
   size_t n = 0;
   for (size_t i = hay.find(needle); i != std::string::npos; i = hay.find(needle, i + 1)) ++n;
   return n;
+}
+
+// A failure of the ptdp binary: exit `code` (any non-zero when -1), one line starting with
+// "ptdp:" that contains `must_contain`.
+inline void ExpectOneLineError(const CmdResult& r, const std::string& must_contain, int code = -1) {
+  if (code == -1) {
+    EXPECT_NE(r.code, 0) << r.out;
+  } else {
+    EXPECT_EQ(r.code, code) << r.out;
+  }
+  EXPECT_NE(r.out.find(must_contain), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "more than one line: " << r.out;
+  EXPECT_EQ(r.out.rfind("ptdp:", 0), 0u) << r.out;
 }
 
 }  // namespace ptdp::testing
