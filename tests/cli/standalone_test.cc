@@ -19,6 +19,7 @@ const std::string kBuild = PTDP_BINARY_DIR;
 const std::string kBin = kBuild + "/ptdp";
 
 using ptdp::testing::CmdResult;
+using ptdp::testing::ExpectOneLineError;
 using ptdp::testing::FreshDir;
 using ptdp::testing::Shell;
 
@@ -26,13 +27,6 @@ using ptdp::testing::Shell;
 CmdResult PtdpElsewhere(const std::string& args, const std::string& dir = "") {
   const std::string where = dir.empty() ? FreshDir("elsewhere") : dir;
   return Shell("cd '" + where + "' && " + kBin + " " + args);
-}
-
-void ExpectOneLineError(const CmdResult& r, const std::string& must_contain) {
-  EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find(must_contain), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "more than one line: " << r.out;
-  EXPECT_EQ(r.out.rfind("ptdp:", 0), 0u) << r.out;
 }
 
 TEST(Standalone, ConfigsByNameFromAnyFolder) {
