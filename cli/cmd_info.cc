@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "runtime/cpu/cpu_kernels.h"
 #if PTDP_HAVE_CUDA
 #include "runtime/cuda/cuda_backend.h"
 #endif
@@ -41,6 +42,8 @@ int RunInfo(const InfoFlags& f) {
                       {"gpus_visible", 0},        {"nccl_version", nullptr},
                       {"cublas_version", nullptr}, {"mpi", mpi},
                       {"backends", {"cpu"}},      {"cpu_threads", threads}};
+  const rt::CpuKernelChoice& kernels = rt::ChosenCpuKernels();
+  j["cpu_kernels"] = kernels.kernels->name;
 #if PTDP_HAVE_CUDA
   j["gpus_visible"] = cuda.gpus_visible;
   if (cuda.nccl_version > 0) j["nccl_version"] = Version(cuda.nccl_version);
@@ -62,6 +65,7 @@ int RunInfo(const InfoFlags& f) {
   std::printf("ptdp 0.1.0\n");
   std::printf("backends:      %s\n", j["backends"].size() > 1 ? "cpu, cuda" : "cpu");
   std::printf("cpu:           Eigen, ranks as threads; %u hardware threads\n", threads);
+  std::printf("cpu kernels:   %s (%s)\n", kernels.kernels->name, kernels.why.c_str());
 #if PTDP_HAVE_CUDA
   if (cuda.gpus_visible > 0)
     std::printf("cuda:          %d GPU(s) visible; device 0: %s, %.1f GiB\n", cuda.gpus_visible,
