@@ -34,6 +34,24 @@ RowLayout HeadRows(TokenOrder order, int64_t bi, int64_t b, int64_t s, int64_t w
   return {bi * width, b * width};
 }
 
+// sum over i < n of term(i) in double, as four interleaved partial sums (i mod 4) added in a
+// fixed order at the end: the same bits every run, and four chains of dependent adds instead of
+// one (a double add waits ~4 cycles for the previous one; LayerNorm's and the gradient norm's
+// reductions were latency-bound).
+template <typename Term>
+double SumInDouble(int64_t n, Term term) {
+  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += term(i);
+    s1 += term(i + 1);
+    s2 += term(i + 2);
+    s3 += term(i + 3);
+  }
+  for (; i < n; ++i) s0 += term(i);
+  return (s0 + s1) + (s2 + s3);
+}
+
 // C (m, n) at c, rows ldc apart, = op(A) op(B) (beta 0) for one head's blocks.
 GemmArgs HeadGemm(int64_t m, int64_t n, int64_t k, const float* a, Strides sa, const float* b,
                   Strides sb, float* c, int64_t ldc, Triangle a_tri, bool c_lower) {
@@ -247,14 +265,12 @@ void CpuBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const Te
   float* rs = MutF32(rstd);
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = in + n * C;  // (C)
-    double sum = 0.0;
-    for (int64_t i = 0; i < C; ++i) sum += xr[i];
+    const double sum = SumInDouble(C, [xr](int64_t i) { return double(xr[i]); });
     const float m = float(sum / double(C));
-    double var = 0.0;
-    for (int64_t i = 0; i < C; ++i) {
+    const double var = SumInDouble(C, [xr, m](int64_t i) {
       const double dx = double(xr[i] - m);
-      var += dx * dx;
-    }
+      return dx * dx;
+    });
     const float s = 1.0f / std::sqrt(float(var / double(C)) + eps);
     float* yr = out + n * C;  // written after xr is read: y may alias x
     for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - m) * s * w[i] + bb[i];
@@ -284,13 +300,11 @@ void CpuBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Tens
     float* dr = dinp + n * C;
     const float m = mu[n], s = rs[n];
     // The two reductions of the LN backward: mean(w * dy) and mean(w * dy * xhat).
-    double dnorm_sum = 0.0, dnorm_norm_sum = 0.0;
-    for (int64_t i = 0; i < C; ++i) {
+    const double dnorm_sum = SumInDouble(C, [w, gr](int64_t i) { return double(w[i] * gr[i]); });
+    const double dnorm_norm_sum = SumInDouble(C, [w, gr, xr, m, s](int64_t i) {
       const float xhat = (xr[i] - m) * s;
-      const float dnorm = w[i] * gr[i];
-      dnorm_sum += dnorm;
-      dnorm_norm_sum += double(dnorm) * xhat;
-    }
+      return double(w[i] * gr[i]) * xhat;
+    });
     const float dnorm_mean = float(dnorm_sum / double(C));
     const float dnorm_norm_mean = float(dnorm_norm_sum / double(C));
     for (int64_t i = 0; i < C; ++i) {
@@ -554,17 +568,13 @@ void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
 void CpuBackend::SumSquares(const Tensor& x, Tensor& out) {
   assert(out.numel() == 1);
   const float* p = F32(x);
-  double sum = 0.0;
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) sum += double(p[i]) * p[i];
-  MutF32(out)[0] += float(sum);
+  MutF32(out)[0] += float(SumInDouble(x.numel(), [p](int64_t i) { return double(p[i]) * p[i]; }));
 }
 
 void CpuBackend::Sum(const Tensor& x, Tensor& out) {
   assert(out.numel() == 1);
   const float* p = F32(x);
-  double sum = 0.0;
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) sum += p[i];
-  MutF32(out)[0] += float(sum);
+  MutF32(out)[0] += float(SumInDouble(x.numel(), [p](int64_t i) { return double(p[i]); }));
 }
 
 // ---- optimizer ------------------------------------------------------------------------------
