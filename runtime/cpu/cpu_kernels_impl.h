@@ -60,31 +60,46 @@ PTDP_KFN void TransposeCopy(const float* src, int64_t ld, int64_t rows, int64_t 
     for (int64_t q = 0; q < kc; ++q) dst[q * ldd + r] = src[r * ld + q];
 }
 
-// dst[q * kMr + r] = op(A)(i0 + r, p0 + q) for q < kc, r < kMr: rows past m and entries outside
-// a_tri are 0. With kSplatA the panel is then spread to kW copies of each element.
+// The k range [*q0, *q1) of a (kc)-deep block starting at p0 that the micro-tile of rows
+// [i0, i0 + kMr) reads: all of it, or the part a triangular A is not zero in.
+PTDP_KINLINE void TileKRange(const GemmArgs& g, int64_t i0, int64_t p0, int64_t kc, int64_t* q0,
+                             int64_t* q1) {
+  *q0 = 0, *q1 = kc;
+  if (g.a_tri == Triangle::kLower) *q1 = Max64(0, Min64(kc, i0 + kMr - p0));  // p <= i0 + kMr - 1
+  if (g.a_tri == Triangle::kUpper) *q0 = Min64(kc, Max64(0, i0 - p0));        // p >= i0
+}
+
+// dst[q * kMr + r] = op(A)(i0 + r, p0 + q) for r < kMr and q in the tile's k range (TileKRange;
+// the rest of dst is not written): rows past m and entries outside a_tri are 0.
 PTDP_KFN void PackA(const GemmArgs& g, int64_t i0, int64_t p0, int64_t kc, float* dst) {
   const int64_t rows = Min64(kMr, g.m - i0);
+  int64_t q0 = 0, q1 = 0;
+  TileKRange(g, i0, p0, kc, &q0, &q1);
+  const int64_t n = q1 - q0;
+  if (n <= 0) return;
+  float* d = dst + q0 * kMr;
   if (g.a_cs == 1) {  // A stored row-major: each row is contiguous along p
-    TransposeCopy(g.a + i0 * g.a_rs + p0, g.a_rs, rows, kc, dst, kMr);
+    TransposeCopy(g.a + i0 * g.a_rs + p0 + q0, g.a_rs, rows, n, d, kMr);
   } else if (g.a_rs == 1 && rows == kMr) {  // stored transposed: kMr contiguous floats per p
-    for (int64_t q = 0; q < kc; ++q) {
-      const float* src = g.a + (p0 + q) * g.a_cs + i0;
+    for (int64_t q = 0; q < n; ++q) {
+      const float* src = g.a + (p0 + q0 + q) * g.a_cs + i0;
 #pragma GCC unroll 16
-      for (int r = 0; r < kMr; ++r) dst[q * kMr + r] = src[r];
+      for (int r = 0; r < kMr; ++r) d[q * kMr + r] = src[r];
     }
   } else {
-    for (int64_t q = 0; q < kc; ++q) {
-      const float* src = g.a + (p0 + q) * g.a_cs + i0 * g.a_rs;
-      for (int64_t r = 0; r < rows; ++r) dst[q * kMr + r] = src[r * g.a_rs];
+    for (int64_t q = 0; q < n; ++q) {
+      const float* src = g.a + (p0 + q0 + q) * g.a_cs + i0 * g.a_rs;
+      for (int64_t r = 0; r < rows; ++r) d[q * kMr + r] = src[r * g.a_rs];
     }
   }
   for (int64_t r = rows; r < kMr; ++r)
-    for (int64_t q = 0; q < kc; ++q) dst[q * kMr + r] = 0.0f;
+    for (int64_t q = 0; q < n; ++q) d[q * kMr + r] = 0.0f;
   if (g.a_tri == Triangle::kNone) return;
+  // Inside the range only a band along the diagonal is outside the triangle.
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;  // kLower keeps p <= i, kUpper keeps p >= i
-    const int64_t lo = g.a_tri == Triangle::kLower ? Max64(0, i + 1 - p0) : 0;
-    const int64_t hi = g.a_tri == Triangle::kLower ? kc : Min64(kc, Max64(0, i - p0));
+    const int64_t lo = g.a_tri == Triangle::kLower ? Max64(q0, i + 1 - p0) : q0;
+    const int64_t hi = g.a_tri == Triangle::kLower ? q1 : Min64(q1, Max64(q0, i - p0));
     for (int64_t q = lo; q < hi; ++q) dst[q * kMr + r] = 0.0f;
   }
 }
@@ -92,7 +107,9 @@ PTDP_KFN void PackA(const GemmArgs& g, int64_t i0, int64_t p0, int64_t kc, float
 PTDP_KFN void PackAPanel(const GemmArgs& g, int64_t i0, int64_t p0, int64_t kc, float* dst) {
   PackA(g, i0, p0, kc, dst);
   if (kSplat == 1) return;
-  for (int64_t e = kc * kMr; e-- > 0;)
+  int64_t q0 = 0, q1 = 0;
+  TileKRange(g, i0, p0, kc, &q0, &q1);
+  for (int64_t e = q1 * kMr; e-- > q0 * kMr;)
     Isa::Store(dst + e * kSplat, Isa::Set(dst[e]));  // in place, from the end
 }
 
@@ -202,11 +219,10 @@ PTDP_KFN void Gemm(const GemmArgs& g, float* pack) {
           for (int64_t ir = 0; ir < mc; ir += kMr) {
             const int64_t i0 = ic + ir, j0 = jc + jr;
             if (g.c_lower && j0 > i0 + kMr - 1) continue;  // the whole tile is above the diagonal
-            // The k range the tile's rows read: a triangular A is zero outside it. An empty range
-            // still runs (kc 0) when it has to write the tile's zeros.
-            int64_t q0 = 0, q1 = kc;
-            if (g.a_tri == Triangle::kLower) q1 = Max64(0, Min64(kc, i0 + kMr - pc));
-            if (g.a_tri == Triangle::kUpper) q0 = Min64(kc, Max64(0, i0 - pc));
+            // An empty k range (a triangular A's zeros) still runs, with kc 0, when it has to
+            // write the tile's zeros.
+            int64_t q0 = 0, q1 = 0;
+            TileKRange(g, i0, pc, kc, &q0, &q1);
             if (q1 <= q0 && !overwrite) continue;
             MicroKernel(Max64(0, q1 - q0), ap + (ir * kc + q0 * kMr) * kSplat,
                         bp + jr * kc + q0 * kNr, g.alpha, overwrite, g.c + i0 * g.ldc + j0, g.ldc,
