@@ -295,37 +295,29 @@ PTDP_KINLINE V GeluGradV(V v) {
       Isa::Mul(Isa::Mul(Isa::Mul(Isa::Mul(half, v), sech2), Isa::Set(kGeluScale)), inner));
 }
 
-// The last n % kW elements go through the same vector code on a zero-padded copy, so that an
-// element's result never depends on where it sits.
-PTDP_KFN void Tanh(const float* x, float* y, int64_t n) {
-  int64_t i = 0;
-  for (; i + kW <= n; i += kW) Isa::Store(y + i, TanhV(Isa::Load(x + i)));
-  if (i == n) return;
-  alignas(64) float buf[kW] = {};
-  for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];
-  Isa::Store(buf, TanhV(Isa::Load(buf)));
-  for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];
-}
+PTDP_KINLINE V Tanh1(V x, V) { return TanhV(x); }
+PTDP_KINLINE V Gelu1(V x, V) { return GeluV(x); }
+PTDP_KINLINE V GeluGradTimes(V x, V dy) { return Isa::Mul(GeluGradV(x), dy); }
 
-PTDP_KFN void GeluForward(const float* x, float* y, int64_t n) {
-  int64_t i = 0;
-  for (; i + kW <= n; i += kW) Isa::Store(y + i, GeluV(Isa::Load(x + i)));
-  if (i == n) return;
-  alignas(64) float buf[kW] = {};
-  for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];
-  Isa::Store(buf, GeluV(Isa::Load(buf)));
-  for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];
-}
-
-PTDP_KFN void GeluBackward(const float* dy, const float* x, float* dx, int64_t n) {
+// out[i] = F(x[i], z[i]) (z may be null when F ignores it; out may alias x or z). The last
+// n % kW elements go through the same vector code on a zero-padded copy, so that an element's
+// result never depends on where it sits.
+template <V (*F)(V, V)>
+PTDP_KFN void Map(const float* x, const float* z, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + kW <= n; i += kW)
-    Isa::Store(dx + i, Isa::Mul(GeluGradV(Isa::Load(x + i)), Isa::Load(dy + i)));
+    Isa::Store(out + i, F(Isa::Load(x + i), Isa::Load(z ? z + i : x + i)));
   if (i == n) return;
-  alignas(64) float bx[kW] = {}, bg[kW] = {};
-  for (int64_t j = i; j < n; ++j) bx[j - i] = x[j], bg[j - i] = dy[j];
-  Isa::Store(bx, Isa::Mul(GeluGradV(Isa::Load(bx)), Isa::Load(bg)));
-  for (int64_t j = i; j < n; ++j) dx[j] = bx[j - i];
+  alignas(64) float bx[kW] = {}, bz[kW] = {};
+  for (int64_t j = i; j < n; ++j) bx[j - i] = x[j], bz[j - i] = z ? z[j] : 0.0f;
+  Isa::Store(bx, F(Isa::Load(bx), Isa::Load(bz)));
+  for (int64_t j = i; j < n; ++j) out[j] = bx[j - i];
+}
+
+PTDP_KFN void Tanh(const float* x, float* y, int64_t n) { Map<Tanh1>(x, nullptr, y, n); }
+PTDP_KFN void GeluForward(const float* x, float* y, int64_t n) { Map<Gelu1>(x, nullptr, y, n); }
+PTDP_KFN void GeluBackward(const float* dy, const float* x, float* dx, int64_t n) {
+  Map<GeluGradTimes>(x, dy, dx, n);
 }
 
 // ---- AdamW --------------------------------------------------------------------------------------

@@ -17,9 +17,10 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
+
+#include "tests/fakes/random_floats.h"
 
 namespace ptdp::rt {
 namespace {
@@ -28,13 +29,7 @@ constexpr double kFdEps = 1e-3;
 constexpr double kFdAbsTol = 3e-4;
 constexpr double kFdRelTol = 1e-3;
 
-std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using testing::RandomFloats;
 
 class CpuBackendTest : public ::testing::TestWithParam<CpuKernelLevel> {
  protected:
@@ -266,7 +261,7 @@ TEST_P(CpuBackendTest, MatmulAllTransposesAgainstNaive) {
   for (int ta = 0; ta < 2; ++ta) {
     for (int tb = 0; tb < 2; ++tb) {
       const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? P : K, bc = tb ? K : P;
-      std::vector<float> av = Random(size_t(M * K), 1), bv = Random(size_t(K * P), 2);
+      std::vector<float> av = RandomFloats(size_t(M * K), 1), bv = RandomFloats(size_t(K * P), 2);
       Tensor a = F({ar, ac}, av), b = F({br, bc}, bv), c = F({M, P});
       be.Matmul(a, ta, b, tb, c);
       ExpectNear(Host(c), NaiveMatmul(av, ar, ac, ta, bv, br, bc, tb), 1e-5);
@@ -276,13 +271,13 @@ TEST_P(CpuBackendTest, MatmulAllTransposesAgainstNaive) {
 
 TEST_P(CpuBackendTest, MatmulReadsRank3AsRowsAndBatchedMatchesSlices) {
   // x (2, 3, 4) is 6 rows of 4: y = x @ w^T with w (5, 4).
-  std::vector<float> xv = Random(24, 3), wv = Random(20, 4);
+  std::vector<float> xv = RandomFloats(24, 3), wv = RandomFloats(20, 4);
   Tensor x = F({2, 3, 4}, xv), w = F({5, 4}, wv), y = F({2, 3, 5});
   be.Matmul(x, false, w, true, y);
   ExpectNear(Host(y), NaiveMatmul(xv, 6, 4, false, wv, 5, 4, true), 1e-5);
 
   // Batched: L = 3 of (2, 4)^T-stored a times (2, 5) b -> (4, 5).
-  std::vector<float> av = Random(3 * 2 * 4, 5), bv = Random(3 * 2 * 5, 6);
+  std::vector<float> av = RandomFloats(3 * 2 * 4, 5), bv = RandomFloats(3 * 2 * 5, 6);
   Tensor a = F({3, 2, 4}, av), b = F({3, 2, 5}, bv), c = F({3, 4, 5});
   be.MatmulBatched(a, true, b, false, c, 2.0f);
   std::vector<float> got = Host(c);
@@ -298,8 +293,8 @@ TEST_P(CpuBackendTest, MatmulReadsRank3AsRowsAndBatchedMatchesSlices) {
 // The linear-layer recipe of backend.h: y = x w^T + bias; dx = dy w; dw += dy^T x; dbias += sum dy.
 TEST_P(CpuBackendTest, LinearBackwardRecipeMatchesFiniteDifferences) {
   const int64_t N = 4, in = 3, out = 5;
-  std::vector<float> xv = Random(size_t(N * in), 7), wv = Random(size_t(out * in), 8);
-  std::vector<float> bv = Random(size_t(out), 9), r = Random(size_t(N * out), 10);
+  std::vector<float> xv = RandomFloats(size_t(N * in), 7), wv = RandomFloats(size_t(out * in), 8);
+  std::vector<float> bv = RandomFloats(size_t(out), 9), r = RandomFloats(size_t(N * out), 10);
   Tensor x = F({N, in}, xv), w = F({out, in}, wv), bias = F({out}, bv), y = F({N, out});
   auto loss = [&] {
     Set(x, xv);
@@ -347,8 +342,9 @@ TEST_P(CpuBackendTest, LayerNormByHand) {
 
 TEST_P(CpuBackendTest, LayerNormBackwardMatchesFiniteDifferencesAndAccumulates) {
   const int64_t N = 3, C = 5;
-  std::vector<float> xv = Random(size_t(N * C), 11, -2, 2), gv = Random(size_t(C), 12, 0.5f, 1.5f);
-  std::vector<float> bv = Random(size_t(C), 13), r = Random(size_t(N * C), 14);
+  std::vector<float> xv = RandomFloats(size_t(N * C), 11, -2, 2);
+  std::vector<float> gv = RandomFloats(size_t(C), 12, 0.5f, 1.5f);
+  std::vector<float> bv = RandomFloats(size_t(C), 13), r = RandomFloats(size_t(N * C), 14);
   Tensor x = F({N, C}, xv), g = F({C}, gv), b = F({C}, bv), y = F({N, C});
   Tensor mean = F({N}), rstd = F({N});
   auto loss = [&] {
@@ -382,7 +378,7 @@ TEST_P(CpuBackendTest, GeluByHand) {
 }
 
 TEST_P(CpuBackendTest, GeluBackwardMatchesFiniteDifferences) {
-  std::vector<float> xv = Random(20, 15, -3, 3), r = Random(20, 16);
+  std::vector<float> xv = RandomFloats(20, 15, -3, 3), r = RandomFloats(20, 16);
   Tensor x = F({4, 5}, xv), y = F({4, 5});
   auto loss = [&] {
     Set(x, xv);
@@ -442,7 +438,7 @@ std::vector<float> SwapBS(const std::vector<float>& v, int64_t b, int64_t s, int
 
 TEST_P(CpuBackendTest, AttentionFirstPositionSeesOnlyItself) {
   // b = 1, s = 3, nh = 1, d = 2: out at t = 0 is v at t = 0 whatever q and k are.
-  std::vector<float> qkv = Random(3 * 6, 17, -3, 3);
+  std::vector<float> qkv = RandomFloats(3 * 6, 17, -3, 3);
   Tensor in = F({1, 3, 6}, qkv), out = F({1, 3, 2}), saved = F(be.AttentionSavedShape(1, 3, 1));
   be.AttentionForward(in, 1, TokenOrder::kBatchFirst, out, saved);
   std::vector<float> o = Host(out);
@@ -460,7 +456,7 @@ TEST_P(CpuBackendTest, AttentionFirstPositionSeesOnlyItself) {
 
 TEST_P(CpuBackendTest, AttentionMatchesNaiveInBothTokenOrders) {
   const int64_t b = 2, s = 5, nh = 3, d = 4, A = nh * d;
-  std::vector<float> qkv = Random(size_t(b * s * 3 * A), 18, -2, 2);
+  std::vector<float> qkv = RandomFloats(size_t(b * s * 3 * A), 18, -2, 2);
   std::vector<float> want = NaiveAttention(qkv, b, s, nh, d);
   Tensor saved = F(be.AttentionSavedShape(b, s, nh));
   Tensor in = F({b, s, 3 * A}, qkv), out = F({b, s, A});
@@ -477,7 +473,8 @@ TEST_P(CpuBackendTest, AttentionBackwardMatchesFiniteDifferences) {
     const Shape in_shape =
         order == TokenOrder::kBatchFirst ? Shape{b, s, 3 * A} : Shape{s, b, 3 * A};
     const Shape out_shape = order == TokenOrder::kBatchFirst ? Shape{b, s, A} : Shape{s, b, A};
-    std::vector<float> qkv = Random(size_t(b * s * 3 * A), 19), r = Random(size_t(b * s * A), 20);
+    std::vector<float> qkv = RandomFloats(size_t(b * s * 3 * A), 19);
+    std::vector<float> r = RandomFloats(size_t(b * s * A), 20);
     Tensor in = F(in_shape), out = F(out_shape), saved = F(be.AttentionSavedShape(b, s, nh));
     auto loss = [&] {
       Set(in, qkv);
@@ -494,8 +491,8 @@ TEST_P(CpuBackendTest, AttentionBackwardMatchesFiniteDifferences) {
 
 TEST_P(CpuBackendTest, AttentionIsDeterministic) {
   const int64_t b = 2, s = 16, nh = 2, d = 8, A = nh * d;
-  Tensor in = F({b, s, 3 * A}, Random(size_t(b * s * 3 * A), 21));
-  Tensor dout = F({b, s, A}, Random(size_t(b * s * A), 22));
+  Tensor in = F({b, s, 3 * A}, RandomFloats(size_t(b * s * 3 * A), 21));
+  Tensor dout = F({b, s, A}, RandomFloats(size_t(b * s * A), 22));
   std::vector<float> first_out, first_grad;
   for (int rep = 0; rep < 2; ++rep) {
     Tensor out = F({b, s, A}), saved = F(be.AttentionSavedShape(b, s, nh)), dqkv = F({b, s, 3 * A});
@@ -539,7 +536,7 @@ TEST_P(CpuBackendTest, EmbeddingShardsSumToTheFullLookup) {
 }
 
 TEST_P(CpuBackendTest, EmbeddingBackwardMatchesFiniteDifferences) {
-  std::vector<float> wv = Random(12, 23), r = Random(5 * 3, 24);
+  std::vector<float> wv = RandomFloats(12, 23), r = RandomFloats(5 * 3, 24);
   Tensor table = F({4, 3}, wv), tokens = I({5}, {1, 3, 1, 0, 9}), out = F({5, 3});  // 9: outside
   auto loss = [&] {
     Set(table, wv);
@@ -583,7 +580,7 @@ TEST_P(CpuBackendTest, CrossEntropyByHand) {
 // MAX of the row maxima, SUM of the sum-exps (each taken at the global max), SUM of the targets.
 TEST_P(CpuBackendTest, CrossEntropyOverTwoShardsEqualsOneShard) {
   const int64_t N = 4, V = 6, Vl = 3;
-  std::vector<float> lv = Random(size_t(N * V), 25, -4, 4);
+  std::vector<float> lv = RandomFloats(size_t(N * V), 25, -4, 4);
   std::vector<int32_t> tv = {0, 5, 2, 3};  // targets in both shards
   const float scale = 1.0f / float(N);
   Tensor logits = F({N, V}, lv), tgt = I({N}, tv);
@@ -637,7 +634,7 @@ TEST_P(CpuBackendTest, CrossEntropyOverTwoShardsEqualsOneShard) {
 
 TEST_P(CpuBackendTest, CrossEntropyBackwardMatchesFiniteDifferences) {
   const int64_t N = 3, V = 5;
-  std::vector<float> lv = Random(size_t(N * V), 26, -2, 2);
+  std::vector<float> lv = RandomFloats(size_t(N * V), 26, -2, 2);
   Tensor logits = F({N, V}), tgt = I({N}, {4, 0, 2});
   Tensor mx = F({N}), se = F({N}), z = F({N}), loss = F({N}), total = F({1});
   auto mean_loss = [&] {
@@ -677,7 +674,7 @@ TEST_P(CpuBackendTest, AdamWFirstStepByHand) {
 
 TEST_P(CpuBackendTest, AdamWTwoStepsAgainstTheFormula) {
   const size_t n = 6;
-  std::vector<float> pv = Random(n, 27), g1 = Random(n, 28), g2 = Random(n, 29);
+  std::vector<float> pv = RandomFloats(n, 27), g1 = RandomFloats(n, 28), g2 = RandomFloats(n, 29);
   AdamWConfig cfg{.lr = 0.01f,
                   .beta1 = 0.9f,
                   .beta2 = 0.95f,

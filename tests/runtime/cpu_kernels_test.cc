@@ -10,22 +10,17 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
+
+#include "tests/fakes/random_floats.h"
 
 namespace ptdp::rt {
 namespace {
 
 constexpr double kU = 1.0 / (1 << 24);  // fp32 unit roundoff, 2^-24
 
-std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using testing::RandomFloats;
 
 bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
@@ -97,9 +92,10 @@ TEST_P(CpuKernelsTest, GemmMatchesTheTripleLoopOnEveryLayoutAndEdge) {
   };
   int seed = 1;
   for (const GemmCase& t : cases) {
-    std::vector<float> a = Random(size_t(t.m * t.k), seed++), b = Random(size_t(t.k * t.n), seed++);
+    std::vector<float> a = RandomFloats(size_t(t.m * t.k), seed++),
+                       b = RandomFloats(size_t(t.k * t.n), seed++);
     const int64_t ldc = t.n + 3;
-    std::vector<float> c = Random(size_t(t.m * ldc), seed++);
+    std::vector<float> c = RandomFloats(size_t(t.m * ldc), seed++);
     if (t.beta == 0.0f)  // not read: NaNs must not leak into the result
       for (int64_t i = 0; i < t.m; ++i)
         for (int64_t j = 0; j < t.n; ++j) c[size_t(i * ldc + j)] = NAN;
@@ -124,7 +120,8 @@ TEST_P(CpuKernelsTest, TriangularGemmsReadOnlyTheirHalf) {
     for (Triangle tri : {Triangle::kLower, Triangle::kUpper}) {
       for (bool ta : {false, true}) {
         const int64_t d = 9;
-        std::vector<float> a = Random(size_t(s * s), uint32_t(s)), b = Random(size_t(s * d), 7);
+        std::vector<float> a = RandomFloats(size_t(s * s), uint32_t(s)),
+                           b = RandomFloats(size_t(s * d), 7);
         for (int64_t i = 0; i < s; ++i) {
           for (int64_t p = 0; p < s; ++p) {  // op(A)(i, p) outside `tri` is NaN
             const bool out = tri == Triangle::kLower ? p > i : p < i;
@@ -145,7 +142,7 @@ TEST_P(CpuKernelsTest, TriangularGemmsReadOnlyTheirHalf) {
     }
     // Scores Q K^T, lower triangle only.
     const int64_t d = 11;
-    std::vector<float> q = Random(size_t(s * d), 8), kk = Random(size_t(s * d), 9);
+    std::vector<float> q = RandomFloats(size_t(s * d), 8), kk = RandomFloats(size_t(s * d), 9);
     std::vector<float> c(size_t(s * s), NAN);
     const std::vector<float> before = c;
     GemmArgs g;
@@ -174,7 +171,7 @@ TEST_P(CpuKernelsTest, GemmWithNoKScalesOrClears) {
 
 TEST_P(CpuKernelsTest, GemmIsDeterministic) {
   const int64_t m = 77, n = 45, k = 300;
-  std::vector<float> a = Random(size_t(m * k), 11), b = Random(size_t(k * n), 12);
+  std::vector<float> a = RandomFloats(size_t(m * k), 11), b = RandomFloats(size_t(k * n), 12);
   std::vector<float> c1(size_t(m * n)), c2(size_t(m * n));
   GemmArgs g;
   g.m = m, g.n = n, g.k = k;
@@ -255,7 +252,8 @@ TEST_P(CpuKernelsTest, GeluAndItsGradientAgainstDouble) {
   EXPECT_LE(worst_y, 1e-6);
   EXPECT_LE(worst_dx, 1.5e-6);
   // dx = gelu'(x) dy, in place (dx aliases dy), on a tail-sized array.
-  std::vector<float> xs = Random(37, 5, -4, 4), g = Random(37, 6), one(37, 1.0f), d1(37);
+  std::vector<float> xs = RandomFloats(37, 5, -4, 4), g = RandomFloats(37, 6), one(37, 1.0f),
+                     d1(37);
   k.gelu_backward(one.data(), xs.data(), d1.data(), 37);
   std::vector<float> d2 = g;
   k.gelu_backward(d2.data(), xs.data(), d2.data(), 37);
@@ -267,7 +265,8 @@ TEST_P(CpuKernelsTest, GeluAndItsGradientAgainstDouble) {
 TEST(CpuKernels, AdamWGivesTheSameBitsOnEveryLevel) {
   // 53 elements: whole vectors and a tail on every level; two steps with decay and clipping.
   const int64_t n = 53;
-  const std::vector<float> p0 = Random(n, 21), g1 = Random(n, 22), g2 = Random(n, 23, -1e-3f, 1e-3f);
+  const std::vector<float> p0 = RandomFloats(n, 21), g1 = RandomFloats(n, 22),
+                           g2 = RandomFloats(n, 23, -1e-3f, 1e-3f);
   std::vector<float> want_p, want_m, want_v;
   for (CpuKernelLevel level : SupportedCpuKernelLevels()) {
     const CpuKernels& k = KernelsFor(level);
