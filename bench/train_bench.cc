@@ -1,5 +1,5 @@
 // CPU training throughput of the runtime: tokens/s of full training steps (forward, backward,
-// finalize, AdamW) of a small GPT on the Eigen backend, 1x1x1 and with 2 rank threads (dp 2,
+// finalize, AdamW) of a small GPT on the CPU backend, 1x1x1 and with 2 rank threads (dp 2,
 // tp 2). Shapes as in scripts/compare-llmc.sh: s1 = L4 C128 NH4 T64, s2 = L6 C384 NH6 T128,
 // vocabulary 256, B 4. Figures go to docs/benchmarks.md; tokens/s = B * T / step time.
 #include <benchmark/benchmark.h>

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/cuda_module.h"
+#include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cuda/module.h"  // declarations only: the code is the module's
 
 namespace ptdp::cli {
@@ -64,6 +65,8 @@ int RunInfo(const InfoFlags& f) {
                       {"nccl_version", nullptr},  {"cublas_version", nullptr},
                       {"mpi", false},             {"backends", {"cpu"}},
                       {"cpu_threads", threads}};
+  const rt::CpuKernelChoice& kernels = rt::ChosenCpuKernels();
+  j["cpu_kernels"] = kernels.kernels->name;
   AddCuda(j);
   if (f.json) {
     std::cout << j.dump(2) << "\n";
@@ -71,7 +74,8 @@ int RunInfo(const InfoFlags& f) {
   }
   std::printf("ptdp 0.1.0\n");
   std::printf("backends:      %s\n", j["backends"].size() > 1 ? "cpu, cuda" : "cpu");
-  std::printf("cpu:           Eigen, ranks as threads; %u hardware threads\n", threads);
+  std::printf("cpu:           own kernels, ranks as threads; %u hardware threads\n", threads);
+  std::printf("cpu kernels:   %s (%s)\n", kernels.kernels->name, kernels.why.c_str());
   if (j["cuda_compiled"] != true)
     std::printf("cuda:          not compiled in (configure with the CUDA toolkit: -DPTDP_CUDA=ON)\n");
   else if (j["gpus_visible"].get<int>() > 0)

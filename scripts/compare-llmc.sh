@@ -2,15 +2,17 @@
 # compare-llmc.sh LLMC_DIR [BUILD_DIR]
 #
 # Side-by-side CPU training throughput (tokens/s) of ptdp's 1x1x1 CPU runtime and llm.c's fp32
-# CPU trainer (train_gpt2.c) at the same small GPT shapes on this machine (issue 4 "Targets").
+# CPU trainer (train_gpt2.c) at the same small GPT shapes on this machine (issues 4 and 11).
 #
 #   LLMC_DIR   an llm.c checkout (needs train_gpt2.c, llmc/, Makefile); it is only read: llm.c is
 #              copied to and built in a temp dir, never inside this repository.
 #   BUILD_DIR  the ptdp build to measure (default: build). If $NATIVE_BUILD (default:
 #              build-native) holds a ptdp binary (cmake -DPTDP_NATIVE=ON), it is measured too.
 #
-# Environment: REPS (3; the median is reported), STEPS (20 per run; the first step is dropped),
-# SHAPES ("s1 s2"), PAR (1: also run dp2 and tp2 with --gpus 2 on the default build).
+# Environment: REPS (5; the median is reported), STEPS (20 per run; the first step is dropped),
+# SHAPES ("s1 s2"), PAR (1: also run dp2 and tp2 with --gpus 2 on the default build), BASELINE
+# (1: also run the default build's 1x1x1 with PTDP_CPU_KERNELS=baseline, the kernels a CPU
+# without AVX2 gets). The load average is printed before and after: the machine may be shared.
 # Shapes (vocab 256 bytes, B 4, GPT-2 style: gelu, layernorm, learned pos, tied, bias):
 #   s1: L 4, C 128, NH 4, T 64     s2: L 6, C 384, NH 6, T 128
 # llm.c gets a checkpoint with N(0, 0.02) weights and tinyshakespeare bytes as uint16 tokens,
@@ -28,10 +30,11 @@ BUILD_DIR=${2:-build}
 [[ "$BUILD_DIR" = /* ]] || BUILD_DIR="$REPO/$BUILD_DIR"
 NATIVE_BUILD=${NATIVE_BUILD:-build-native}
 [[ "$NATIVE_BUILD" = /* ]] || NATIVE_BUILD="$REPO/$NATIVE_BUILD"
-REPS=${REPS:-3}
+REPS=${REPS:-5}
 STEPS=${STEPS:-20}
 SHAPES=${SHAPES:-"s1 s2"}
 PAR=${PAR:-1}
+BASELINE=${BASELINE:-1}
 B=4
 
 PTDP="$BUILD_DIR/ptdp"
@@ -137,9 +140,10 @@ EOF
   done
 }
 
-run_ptdp() {  # binary shape layout T -> tok/s
-  local bin=$1 s=$2 lay=$3 T=$4 out="$WORK/$2-$3.json"
-  (cd "$REPO" && "$bin" train "$WORK/$s-$lay.plan.yaml" --backend cpu --steps "$STEPS" \
+run_ptdp() {  # binary shape layout T [kernels] -> tok/s
+  local bin=$1 s=$2 lay=$3 T=$4 kernels=${5:-} out="$WORK/$2-$3.json"
+  (cd "$REPO" && PTDP_CPU_KERNELS=${kernels:-${PTDP_CPU_KERNELS:-}} \
+      "$bin" train "$WORK/$s-$lay.plan.yaml" --backend cpu --steps "$STEPS" \
       --corpus "$CORPUS" --out "$out" >"$WORK/$s-$lay.train.log" 2>&1) \
     || { tail -20 "$WORK/$s-$lay.train.log" >&2; echo nan; return; }
   python3 - "$out" "$((B*T))" <<'PY'
@@ -152,6 +156,7 @@ PY
 
 # ---- measure -------------------------------------------------------------------------------------
 declare -A R
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 for s in $SHAPES; do
   read -r L C NH T <<<"$(shape "$s")"
   echo "preparing $s (L $L, C $C, NH $NH, T $T, B $B, V 256)" >&2
@@ -166,6 +171,7 @@ for r in $(seq 1 "$REPS"); do
     R[$s,llmc2]+="$(run_llmc "$s" "$T" 2) "
     R[$s,ptdp]+="$(run_ptdp "$PTDP" "$s" 1x1x1 "$T") "
     [[ -n "$PTDP_NAT" ]] && R[$s,nat]+="$(run_ptdp "$PTDP_NAT" "$s" 1x1x1 "$T") "
+    [[ "$BASELINE" = 1 ]] && R[$s,base]+="$(run_ptdp "$PTDP" "$s" 1x1x1 "$T" baseline) "
     if [[ "$PAR" = 1 ]]; then
       R[$s,dp2]+="$(run_ptdp "$PTDP" "$s" dp2 "$T") "
       R[$s,tp2]+="$(run_ptdp "$PTDP" "$s" tp2 "$T") "
@@ -178,6 +184,8 @@ ratio() { python3 -c 'import sys; a,b=map(float,sys.argv[1:]); print("%.2fx" % (
 echo
 echo "median of $REPS runs, $STEPS steps each (first dropped), B $B, V 256; tokens/s"
 echo "host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "ptdp CPU kernels: $("$PTDP" info --json | python3 -c 'import sys,json; print(json.load(sys.stdin).get("cpu_kernels", "?"))')"
+echo "load average (1, 5, 15 min): before $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-26s %-8s %-18s %10s %10s %8s\n" shape threads ptdp llm.c ptdp ratio
 for s in $SHAPES; do
   read -r L C NH T <<<"$(shape "$s")"
@@ -188,6 +196,10 @@ for s in $SHAPES; do
   if [[ -n "$PTDP_NAT" ]]; then
     n=$(median ${R[$s,nat]})
     printf "%-26s %-8s %-18s %10s %10s %8s\n" "$desc" 1 "1x1x1 native" "$l1" "$n" "$(ratio "$n" "$l1")"
+  fi
+  if [[ "$BASELINE" = 1 ]]; then
+    b=$(median ${R[$s,base]})
+    printf "%-26s %-8s %-18s %10s %10s %8s\n" "$desc" 1 "1x1x1 baseline" "$l1" "$b" "$(ratio "$b" "$l1")"
   fi
   printf "%-26s %-8s %-18s %10s %10s %8s\n" "$desc" 2 "1x1x1 default" "$l2" "$p" "$(ratio "$p" "$l2")"
   if [[ "$PAR" = 1 ]]; then

@@ -7,7 +7,7 @@
 # clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes) are for `make fuzz-smoke`.
 set -euo pipefail
 
-pkgs=(cmake make g++ pkg-config libyaml-cpp-dev libfmt-dev libeigen3-dev libboost-graph-dev
+pkgs=(cmake make g++ pkg-config libyaml-cpp-dev libfmt-dev libboost-graph-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
       chromium libopenmpi-dev openmpi-bin clang libclang-rt-14-dev)
 

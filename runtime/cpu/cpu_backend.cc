@@ -1,51 +1,28 @@
-// The CPU Backend: Eigen GEMMs over row-major maps of the tensors, plain loops for the rest.
-// Letters as in runtime/backend.h. Reductions over a row accumulate in double (cheap next to the
-// GEMMs, and it keeps layouts that split a row differently within fp32 rounding of each other).
+// The CPU Backend: the GEMMs, GeLU and AdamW through the kernel level it was given
+// (runtime/cpu/cpu_kernels.h), plain loops for the rest. Letters as in runtime/backend.h.
+// Reductions over a row accumulate in double (cheap next to the GEMMs, and it keeps layouts that
+// split a row differently within fp32 rounding of each other).
 #include "runtime/cpu/cpu_backend.h"
 
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
 
-#include <Eigen/Core>
-
 namespace ptdp::rt {
 namespace {
 
-using MatR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstMap = Eigen::Map<const MatR>;
-using MutMap = Eigen::Map<MatR>;
-// A (rows, cols) block whose rows lie `stride` floats apart (one head of a qkv activation).
-using ConstStrided = Eigen::Map<const MatR, 0, Eigen::OuterStride<>>;
-using MutStrided = Eigen::Map<MatR, 0, Eigen::OuterStride<>>;
-
 constexpr size_t kAlignBytes = 64;
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
-
-// c (m, p) = alpha * op(a) @ op(b) + beta * c with a stored (a_rows, a_cols), b (b_rows, b_cols).
-void Gemm(const float* a, int64_t a_rows, int64_t a_cols, bool trans_a, const float* b,
-          int64_t b_rows, int64_t b_cols, bool trans_b, float* c, float alpha, float beta) {
-  const int64_t m = trans_a ? a_cols : a_rows;
-  const int64_t p = trans_b ? b_rows : b_cols;
-  assert((trans_a ? a_rows : a_cols) == (trans_b ? b_cols : b_rows));  // K agrees
-  ConstMap A(a, a_rows, a_cols);
-  ConstMap B(b, b_rows, b_cols);
-  MutMap C(c, m, p);
-  if (beta == 0.0f) {
-    C.setZero();  // c is not read: it may hold NaNs
-  } else if (beta != 1.0f) {
-    C *= beta;
-  }
-  if (!trans_a && !trans_b) C.noalias() += alpha * A * B;
-  if (!trans_a && trans_b) C.noalias() += alpha * A * B.transpose();
-  if (trans_a && !trans_b) C.noalias() += alpha * A.transpose() * B;
-  if (trans_a && trans_b) C.noalias() += alpha * A.transpose() * B.transpose();
-}
+// op(X) of a row-major (rows, cols) matrix as GEMM strides: element (i, p) at i * rs + p * cs.
+struct Strides {
+  int64_t rs, cs;
+};
+Strides Op(int64_t cols, bool trans) { return trans ? Strides{1, cols} : Strides{cols, 1}; }
 
 // Where one head's rows of a (b, s, W) or (s, b, W) activation start and how far apart they lie.
 struct RowLayout {
@@ -55,6 +32,36 @@ struct RowLayout {
 RowLayout HeadRows(TokenOrder order, int64_t bi, int64_t b, int64_t s, int64_t width) {
   if (order == TokenOrder::kBatchFirst) return {bi * s * width, width};
   return {bi * width, b * width};
+}
+
+// sum over i < n of term(i) in double, as four interleaved partial sums (i mod 4) added in a
+// fixed order at the end: the same bits every run, and four chains of dependent adds instead of
+// one (a double add waits ~4 cycles for the previous one; LayerNorm's and the gradient norm's
+// reductions were latency-bound).
+template <typename Term>
+double SumInDouble(int64_t n, Term term) {
+  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += term(i);
+    s1 += term(i + 1);
+    s2 += term(i + 2);
+    s3 += term(i + 3);
+  }
+  for (; i < n; ++i) s0 += term(i);
+  return (s0 + s1) + (s2 + s3);
+}
+
+// C (m, n) at c, rows ldc apart, = op(A) op(B) (beta 0) for one head's blocks.
+GemmArgs HeadGemm(int64_t m, int64_t n, int64_t k, const float* a, Strides sa, const float* b,
+                  Strides sb, float* c, int64_t ldc, Triangle a_tri, bool c_lower) {
+  GemmArgs g;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a, g.a_rs = sa.rs, g.a_cs = sa.cs;
+  g.b = b, g.b_rs = sb.rs, g.b_cs = sb.cs;
+  g.c = c, g.ldc = ldc;
+  g.a_tri = a_tri, g.c_lower = c_lower;
+  return g;
 }
 
 // (b, s) of a rank-3 activation in `order`.
@@ -69,8 +76,10 @@ void BatchSeq(const Tensor& t, TokenOrder order, int64_t* b, int64_t* s) {
 // ---- memory ---------------------------------------------------------------------------------
 
 CpuBackend::CpuBackend(CpuBackendOptions options)
-    : options_(options), counters_(std::make_shared<Counters>()) {
-  Eigen::setNbThreads(1);  // ranks are threads: no threads inside an op (only matters with OpenMP)
+    : options_(options),
+      kernels_(options.kernels != nullptr ? options.kernels : ChosenCpuKernels().kernels),
+      counters_(std::make_shared<Counters>()) {
+  assert(CpuSupports(kernels_->level));
 }
 
 Result<Tensor> CpuBackend::Alloc(const Shape& shape, DType dtype) {
@@ -169,11 +178,29 @@ Status CpuBackend::CopyToHost(const Tensor& src, int32_t* dst) {
 
 // ---- GEMM -----------------------------------------------------------------------------------
 
+void CpuBackend::Gemm(const GemmArgs& g) {
+  const size_t floats = kernels_->gemm_pack_floats(g.m, g.n, g.k) + kAlignBytes / sizeof(float);
+  if (pack_.size() < floats) pack_.resize(floats);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(pack_.data());
+  const uintptr_t aligned = (at + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+  kernels_->gemm(g, pack_.data() + (aligned - at) / sizeof(float));
+}
+
+// c (M, P) = alpha op(a) op(b) + beta c, with a stored (ar, ac) and b stored (br, bc).
 void CpuBackend::Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                         float alpha, float beta) {
   assert(Rows(c) == (trans_a ? Cols(a) : Rows(a)) && Cols(c) == (trans_b ? Rows(b) : Cols(b)));
-  Gemm(F32(a), Rows(a), Cols(a), trans_a, F32(b), Rows(b), Cols(b), trans_b, MutF32(c), alpha,
-       beta);
+  assert((trans_a ? Rows(a) : Cols(a)) == (trans_b ? Cols(b) : Rows(b)));  // K agrees
+  const Strides sa = Op(Cols(a), trans_a), sb = Op(Cols(b), trans_b);
+  GemmArgs g;
+  g.m = Rows(c);
+  g.n = Cols(c);
+  g.k = trans_a ? Rows(a) : Cols(a);
+  g.a = F32(a), g.a_rs = sa.rs, g.a_cs = sa.cs;
+  g.b = F32(b), g.b_rs = sb.rs, g.b_cs = sb.cs;
+  g.c = MutF32(c), g.ldc = g.n;
+  g.alpha = alpha, g.beta = beta;
+  Gemm(g);
 }
 
 void CpuBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
@@ -183,12 +210,19 @@ void CpuBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, b
   const int64_t L = a.shape()[0];
   const int64_t ar = a.shape()[1], ac = a.shape()[2], br = b.shape()[1], bc = b.shape()[2];
   assert(c.shape()[1] == (trans_a ? ac : ar) && c.shape()[2] == (trans_b ? br : bc));
-  const float* pa = F32(a);
-  const float* pb = F32(b);
-  float* pc = MutF32(c);
+  assert((trans_a ? ar : ac) == (trans_b ? bc : br));  // K agrees
+  const Strides sa = Op(ac, trans_a), sb = Op(bc, trans_b);
+  GemmArgs g;
+  g.m = c.shape()[1];
+  g.n = c.shape()[2];
+  g.k = trans_a ? ar : ac;
+  g.a_rs = sa.rs, g.a_cs = sa.cs, g.b_rs = sb.rs, g.b_cs = sb.cs, g.ldc = g.n;
+  g.alpha = alpha, g.beta = beta;
   for (int64_t l = 0; l < L; ++l) {
-    Gemm(pa + l * ar * ac, ar, ac, trans_a, pb + l * br * bc, br, bc, trans_b,
-         pc + l * c.shape()[1] * c.shape()[2], alpha, beta);
+    g.a = F32(a) + l * ar * ac;
+    g.b = F32(b) + l * br * bc;
+    g.c = MutF32(c) + l * g.m * g.n;
+    Gemm(g);
   }
 }
 
@@ -231,14 +265,12 @@ void CpuBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const Te
   float* rs = MutF32(rstd);
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = in + n * C;  // (C)
-    double sum = 0.0;
-    for (int64_t i = 0; i < C; ++i) sum += xr[i];
+    const double sum = SumInDouble(C, [xr](int64_t i) { return double(xr[i]); });
     const float m = float(sum / double(C));
-    double var = 0.0;
-    for (int64_t i = 0; i < C; ++i) {
+    const double var = SumInDouble(C, [xr, m](int64_t i) {
       const double dx = double(xr[i] - m);
-      var += dx * dx;
-    }
+      return dx * dx;
+    });
     const float s = 1.0f / std::sqrt(float(var / double(C)) + eps);
     float* yr = out + n * C;  // written after xr is read: y may alias x
     for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - m) * s * w[i] + bb[i];
@@ -268,13 +300,11 @@ void CpuBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Tens
     float* dr = dinp + n * C;
     const float m = mu[n], s = rs[n];
     // The two reductions of the LN backward: mean(w * dy) and mean(w * dy * xhat).
-    double dnorm_sum = 0.0, dnorm_norm_sum = 0.0;
-    for (int64_t i = 0; i < C; ++i) {
+    const double dnorm_sum = SumInDouble(C, [w, gr](int64_t i) { return double(w[i] * gr[i]); });
+    const double dnorm_norm_sum = SumInDouble(C, [w, gr, xr, m, s](int64_t i) {
       const float xhat = (xr[i] - m) * s;
-      const float dnorm = w[i] * gr[i];
-      dnorm_sum += dnorm;
-      dnorm_norm_sum += double(dnorm) * xhat;
-    }
+      return double(w[i] * gr[i]) * xhat;
+    });
     const float dnorm_mean = float(dnorm_sum / double(C));
     const float dnorm_norm_mean = float(dnorm_norm_sum / double(C));
     for (int64_t i = 0; i < C; ++i) {
@@ -291,28 +321,12 @@ void CpuBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Tens
 
 void CpuBackend::GeluForward(const Tensor& x, Tensor& y) {
   assert(y.numel() == x.numel());
-  const float* in = F32(x);
-  float* out = MutF32(y);
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
-    const float v = in[i];
-    const float cube = 0.044715f * v * v * v;
-    out[i] = 0.5f * v * (1.0f + std::tanh(kGeluScale * (v + cube)));
-  }
+  kernels_->gelu_forward(F32(x), MutF32(y), x.numel());
 }
 
 void CpuBackend::GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   assert(dy.numel() == x.numel() && dx.numel() == x.numel());
-  const float* g = F32(dy);
-  const float* in = F32(x);
-  float* out = MutF32(dx);
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
-    const float v = in[i];
-    const float t = std::tanh(kGeluScale * (v + 0.044715f * v * v * v));
-    const float sech2 = 1.0f - t * t;
-    const float local =
-        0.5f * (1.0f + t) + 0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
-    out[i] = local * g[i];
-  }
+  kernels_->gelu_backward(F32(dy), F32(x), MutF32(dx), x.numel());
 }
 
 // ---- attention ------------------------------------------------------------------------------
@@ -321,7 +335,8 @@ Shape CpuBackend::AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const {
   return Shape{b, nh, s, s};
 }
 
-// Per batch bi and head j, with Q, K, V the (s, d) blocks of qkv and P a (s, s) slice of saved:
+// Per batch bi and head j, with Q, K, V the (s, d) blocks of qkv (rows `stride` floats apart)
+// and P a (s, s) slice of saved:
 //   P = softmax(Q K^T / sqrt(d)), causal (P = 0 above the diagonal);  O = P V.
 void CpuBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,
                                   Tensor& saved) {
@@ -337,15 +352,14 @@ void CpuBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder orde
   for (int64_t bi = 0; bi < b; ++bi) {
     const RowLayout lin = HeadRows(order, bi, b, s, 3 * A);
     const RowLayout lout = HeadRows(order, bi, b, s, A);
+    const Strides rows_in{lin.stride, 1}, cols_in{1, lin.stride};  // X and X^T of a head block
     for (int64_t j = 0; j < nh; ++j) {
       const float* q = in + lin.base + j * d;
-      ConstStrided Q(q, s, d, Eigen::OuterStride<>(lin.stride));
-      ConstStrided K(q + A, s, d, Eigen::OuterStride<>(lin.stride));
-      ConstStrided V(q + 2 * A, s, d, Eigen::OuterStride<>(lin.stride));
-      MutMap P(att + (bi * nh + j) * s * s, s, s);
-      P.noalias() = Q * K.transpose();  // (s, s) pre-softmax scores, unscaled
+      float* P = att + (bi * nh + j) * s * s;
+      // (s, s) pre-softmax scores, unscaled; only the lower triangle is computed.
+      Gemm(HeadGemm(s, s, d, q, rows_in, q + A, cols_in, P, s, Triangle::kNone, true));
       for (int64_t t = 0; t < s; ++t) {
-        float* p = P.data() + t * s;  // row t sees positions 0..t
+        float* p = P + t * s;  // row t sees positions 0..t
         float maxv = -std::numeric_limits<float>::infinity();
         for (int64_t u = 0; u <= t; ++u) maxv = std::max(maxv, p[u] * scale);
         double sum = 0.0;
@@ -357,15 +371,15 @@ void CpuBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder orde
         for (int64_t u = 0; u <= t; ++u) p[u] *= inv;
         for (int64_t u = t + 1; u < s; ++u) p[u] = 0.0f;
       }
-      MutStrided O(o + lout.base + j * d, s, d, Eigen::OuterStride<>(lout.stride));
-      O.noalias() = P.triangularView<Eigen::Lower>() * V;
+      Gemm(HeadGemm(s, d, s, P, Strides{s, 1}, q + 2 * A, rows_in, o + lout.base + j * d,
+                    lout.stride, Triangle::kLower, false));
     }
   }
 }
 
 // With dO the (s, d) gradient of O:
 //   dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP)) / sqrt(d);
-//   dQ = dS K;  dK = dS^T Q   (dS lower-triangular, like P).
+//   dQ = dS K;  dK = dS^T Q   (dS lower-triangular, like P; its upper part in scratch_ is junk).
 void CpuBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved,
                                    int64_t nh, TokenOrder order, Tensor& dqkv) {
   int64_t b = 0, s = 0;
@@ -379,30 +393,30 @@ void CpuBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const 
   const float* att = F32(saved);
   float* dinp = MutF32(dqkv);
   scratch_.resize(size_t(s * s));
-  MutMap dP(scratch_.data(), s, s);
+  float* dP = scratch_.data();
+  const Strides sq{s, 1}, sq_t{1, s};  // an (s, s) matrix and its transpose
   for (int64_t bi = 0; bi < b; ++bi) {
     const RowLayout lin = HeadRows(order, bi, b, s, 3 * A);
     const RowLayout lout = HeadRows(order, bi, b, s, A);
+    const Strides rows_in{lin.stride, 1}, cols_in{1, lin.stride}, rows_out{lout.stride, 1};
     for (int64_t j = 0; j < nh; ++j) {
-      const Eigen::OuterStride<> st_in(lin.stride), st_out(lout.stride);
       const float* q = in + lin.base + j * d;
-      ConstStrided Q(q, s, d, st_in), K(q + A, s, d, st_in), V(q + 2 * A, s, d, st_in);
       float* dq = dinp + lin.base + j * d;
-      MutStrided dQ(dq, s, d, st_in), dK(dq + A, s, d, st_in), dV(dq + 2 * A, s, d, st_in);
-      ConstStrided dO(g + lout.base + j * d, s, d, st_out);
-      ConstMap P(att + (bi * nh + j) * s * s, s, s);
-      dV.noalias() = P.transpose().triangularView<Eigen::Upper>() * dO;
-      dP.noalias() = dO * V.transpose();
+      const float* dO = g + lout.base + j * d;
+      const float* P = att + (bi * nh + j) * s * s;
+      Gemm(HeadGemm(s, d, s, P, sq_t, dO, rows_out, dq + 2 * A, lin.stride, Triangle::kUpper,
+                    false));                                                           // dV
+      Gemm(HeadGemm(s, s, d, dO, rows_out, q + 2 * A, cols_in, dP, s, Triangle::kNone, true));
       for (int64_t t = 0; t < s; ++t) {
-        const float* p = P.data() + t * s;
-        float* dp = dP.data() + t * s;  // becomes dS in place
+        const float* p = P + t * s;
+        float* dp = dP + t * s;  // becomes dS in place
         double dot = 0.0;
         for (int64_t u = 0; u <= t; ++u) dot += double(p[u]) * dp[u];
         const float fdot = float(dot);
         for (int64_t u = 0; u <= t; ++u) dp[u] = p[u] * (dp[u] - fdot) * scale;
       }
-      dQ.noalias() = dP.triangularView<Eigen::Lower>() * K;
-      dK.noalias() = dP.transpose().triangularView<Eigen::Upper>() * Q;
+      Gemm(HeadGemm(s, d, s, dP, sq, q + A, rows_in, dq, lin.stride, Triangle::kLower, false));
+      Gemm(HeadGemm(s, d, s, dP, sq_t, q, rows_in, dq + A, lin.stride, Triangle::kUpper, false));
     }
   }
 }
@@ -554,17 +568,13 @@ void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
 void CpuBackend::SumSquares(const Tensor& x, Tensor& out) {
   assert(out.numel() == 1);
   const float* p = F32(x);
-  double sum = 0.0;
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) sum += double(p[i]) * p[i];
-  MutF32(out)[0] += float(sum);
+  MutF32(out)[0] += float(SumInDouble(x.numel(), [p](int64_t i) { return double(p[i]) * p[i]; }));
 }
 
 void CpuBackend::Sum(const Tensor& x, Tensor& out) {
   assert(out.numel() == 1);
   const float* p = F32(x);
-  double sum = 0.0;
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) sum += p[i];
-  MutF32(out)[0] += float(sum);
+  MutF32(out)[0] += float(SumInDouble(x.numel(), [p](int64_t i) { return double(p[i]); }));
 }
 
 // ---- optimizer ------------------------------------------------------------------------------
@@ -575,18 +585,8 @@ void CpuBackend::AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
          v.numel() == param.numel() && cfg.step >= 1);
   const float bc1 = 1.0f - std::pow(cfg.beta1, float(cfg.step));
   const float bc2 = 1.0f - std::pow(cfg.beta2, float(cfg.step));
-  float* p = MutF32(param);
-  const float* g = F32(grad);
-  float* pm = MutF32(m);
-  float* pv = MutF32(v);
-  for (int64_t i = 0, n = param.numel(); i < n; ++i) {
-    const float gi = g[i] * cfg.grad_scale;
-    pm[i] = cfg.beta1 * pm[i] + (1.0f - cfg.beta1) * gi;
-    pv[i] = cfg.beta2 * pv[i] + (1.0f - cfg.beta2) * gi * gi;
-    const float m_hat = pm[i] / bc1;
-    const float v_hat = pv[i] / bc2;
-    p[i] -= cfg.lr * (m_hat / (std::sqrt(v_hat) + cfg.eps) + cfg.weight_decay * p[i]);
-  }
+  kernels_->adamw(MutF32(param), F32(grad), MutF32(m), MutF32(v), param.numel(), cfg.lr,
+                  cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.grad_scale, bc1, bc2);
 }
 
 }  // namespace ptdp::rt

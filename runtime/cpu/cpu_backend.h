@@ -1,9 +1,10 @@
-// The CPU Backend: fp32 on host memory, GEMMs by Eigen, the other kernels as plain loops
-// (llm.c style). The reference every other backend is checked against.
+// The CPU Backend: fp32 on host memory; the hot kernels (GEMM, GeLU, AdamW) from
+// runtime/cpu/cpu_kernels.h, vectorised per x86-64 level and chosen at run time, the rest plain
+// loops (llm.c style). The reference every other backend is checked against.
 //
 // One CpuBackend per rank; ranks are threads, so each op runs on its caller's thread and uses no
-// threads of its own (Eigen is held to one thread): results are bit-identical run to run. The
-// memory counters are atomic and outlive the backend (a tensor may be freed after it).
+// threads of its own: results are bit-identical run to run (for one kernel level). The memory
+// counters are atomic and outlive the backend (a tensor may be freed after it).
 #pragma once
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "runtime/backend.h"
+#include "runtime/cpu/cpu_kernels.h"
 
 namespace ptdp::rt {
 
@@ -29,6 +31,9 @@ struct CpuBackendOptions {
   // ops' time). 0: every block goes back to malloc at once, the default under AddressSanitizer,
   // so that it sees every use of a freed tensor.
   size_t cache_bytes = kDefaultCacheBytes;
+  // The kernels to run (KernelsFor(level) of a level this CPU supports); nullptr: the process's
+  // choice, ChosenCpuKernels() (the best level this CPU runs, or PTDP_CPU_KERNELS).
+  const CpuKernels* kernels = nullptr;
 
 #if defined(__SANITIZE_ADDRESS__)
   static constexpr size_t kDefaultCacheBytes = 0;
@@ -48,6 +53,8 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(CpuBackendOptions options = {});
 
   const char* Name() const override { return "cpu"; }
+  // The kernel level this backend runs.
+  const CpuKernels& kernels() const { return *kernels_; }
 
   Result<Tensor> Alloc(const Shape& shape, DType dtype) override;
   size_t CurrentBytes() const override;
@@ -110,7 +117,6 @@ class CpuBackend final : public Backend {
              const AdamWConfig& cfg) override;
 
  private:
-  // Shared with every Buffer's release function, so a tensor may outlive the backend.
   // Shared with every tensor's release, so that tensors may outlive the backend.
   struct Counters {
     std::atomic<size_t> current{0};
@@ -121,9 +127,14 @@ class CpuBackend final : public Backend {
     void FreeCache();  // holding mu
     ~Counters();
   };
+  // Runs kernels_->gemm with the packing workspace in pack_.
+  void Gemm(const GemmArgs& g);
+
   CpuBackendOptions options_;
+  const CpuKernels* kernels_;
   std::shared_ptr<Counters> counters_;
   std::vector<float> scratch_;  // (s, s): dP in the attention backward
+  std::vector<float> pack_;     // the GEMM's packed panels (64-byte aligned inside)
 };
 
 }  // namespace ptdp::rt

@@ -1,6 +1,7 @@
 // The CPU backend, op by op: hand-checked numbers where the numbers are small, naive references
 // written here otherwise, every backward against central finite differences, the vocab-parallel
-// pieces over 2 shards against 1 shard, AdamW against its formula, and the memory accounting.
+// pieces over 2 shards against 1 shard, AdamW against its formula, and the memory accounting;
+// every test on every kernel level this CPU runs (runtime/cpu/cpu_kernels.h).
 //
 // Finite differences: L = sum(out * R) (R fixed random weights, summed in double) at x +- eps
 // with eps = 1e-3 in fp32; |fd - analytic| <= 3e-4 + 1e-3 |analytic|. The fp32 forward's
@@ -16,9 +17,10 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
+
+#include "tests/fakes/random_floats.h"
 
 namespace ptdp::rt {
 namespace {
@@ -27,16 +29,15 @@ constexpr double kFdEps = 1e-3;
 constexpr double kFdAbsTol = 3e-4;
 constexpr double kFdRelTol = 1e-3;
 
-std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using testing::RandomFloats;
 
-class CpuBackendTest : public ::testing::Test {
+class CpuBackendTest : public ::testing::TestWithParam<CpuKernelLevel> {
  protected:
+  CpuBackendOptions Options() {
+    CpuBackendOptions o;
+    o.kernels = &KernelsFor(GetParam());
+    return o;
+  }
   Tensor F(const Shape& shape, const std::vector<float>& values = {}) {
     Result<Tensor> t = be.Alloc(shape, DType::kF32);
     EXPECT_TRUE(t.ok()) << t.status().message();
@@ -89,12 +90,15 @@ class CpuBackendTest : public ::testing::Test {
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "at " << i;
   }
 
-  CpuBackend be;
+  CpuBackend be{Options()};
 };
+
+INSTANTIATE_TEST_SUITE_P(Levels, CpuBackendTest, ::testing::ValuesIn(SupportedCpuKernelLevels()),
+                         [](const auto& info) { return std::string(ToString(info.param)); });
 
 // ---- memory ---------------------------------------------------------------------------------
 
-TEST_F(CpuBackendTest, AllocIsZeroedAndTracksCurrentAndPeak) {
+TEST_P(CpuBackendTest, AllocIsZeroedAndTracksCurrentAndPeak) {
   EXPECT_EQ(be.CurrentBytes(), 0u);
   {
     Tensor a = F({2, 3});  // 24 bytes
@@ -113,7 +117,7 @@ TEST_F(CpuBackendTest, AllocIsZeroedAndTracksCurrentAndPeak) {
   EXPECT_EQ(be.PeakBytes(), 16u);  // reset to the current bytes
 }
 
-TEST_F(CpuBackendTest, AllocRefusesNegativeShapesAndCapacityOverflow) {
+TEST_P(CpuBackendTest, AllocRefusesNegativeShapesAndCapacityOverflow) {
   Result<Tensor> bad = be.Alloc(Shape{2, -1}, DType::kF32);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("(2, -1)"), std::string::npos);
@@ -128,7 +132,7 @@ TEST_F(CpuBackendTest, AllocRefusesNegativeShapesAndCapacityOverflow) {
   EXPECT_TRUE(be.Alloc(Shape{0, 4}, DType::kF32).ok());  // empty tensors are fine
 }
 
-TEST_F(CpuBackendTest, TensorMayOutliveItsBackend) {
+TEST_P(CpuBackendTest, TensorMayOutliveItsBackend) {
   Tensor t;
   {
     CpuBackend local;
@@ -140,7 +144,7 @@ TEST_F(CpuBackendTest, TensorMayOutliveItsBackend) {
 
 // ---- host transfer and element-wise ---------------------------------------------------------
 
-TEST_F(CpuBackendTest, AFreedBlockIsReusedZeroedAndCountedAgain) {
+TEST_P(CpuBackendTest, AFreedBlockIsReusedZeroedAndCountedAgain) {
   CpuBackend be(CpuBackendOptions{0, 1 << 20});  // a cache whatever the build's default
   const void* first = nullptr;
   {
@@ -158,7 +162,7 @@ TEST_F(CpuBackendTest, AFreedBlockIsReusedZeroedAndCountedAgain) {
   EXPECT_NE(c.data(), first);
 }
 
-TEST_F(CpuBackendTest, NoCacheAndAFullCacheFreeAtOnce) {
+TEST_P(CpuBackendTest, NoCacheAndAFullCacheFreeAtOnce) {
   // With cache_bytes 4096, one freed 4000-byte block is kept and a second is not; with 0 nothing
   // is kept (and nothing leaks: the sanitizer build checks).
   CpuBackend small(CpuBackendOptions{0, 4096});
@@ -179,7 +183,7 @@ TEST_F(CpuBackendTest, NoCacheAndAFullCacheFreeAtOnce) {
   EXPECT_EQ(none.CurrentBytes(), 0u);
 }
 
-TEST_F(CpuBackendTest, HostRoundTripAndCopyOfTokens) {
+TEST_P(CpuBackendTest, HostRoundTripAndCopyOfTokens) {
   Tensor tok = I({2, 2}, {1, 2, 3, 4});
   Tensor tok2 = *be.Alloc(Shape{4}, DType::kI32);
   be.Copy(tok, tok2);  // a reshaping copy
@@ -189,7 +193,7 @@ TEST_F(CpuBackendTest, HostRoundTripAndCopyOfTokens) {
   EXPECT_TRUE(be.Synchronize().ok());
 }
 
-TEST_F(CpuBackendTest, ElementWiseOps) {
+TEST_P(CpuBackendTest, ElementWiseOps) {
   Tensor a = F({3}, {1, 2, 3});
   Tensor b = F({3}, {10, 20, 30});
   Tensor c = F({3});
@@ -218,7 +222,7 @@ TEST_F(CpuBackendTest, ElementWiseOps) {
 
 // ---- GEMM -----------------------------------------------------------------------------------
 
-TEST_F(CpuBackendTest, MatmulByHand) {
+TEST_P(CpuBackendTest, MatmulByHand) {
   // [1 2 3; 4 5 6] @ [7 8; 9 10; 11 12] = [1*7+2*9+3*11, 1*8+2*10+3*12; ...] = [58 64; 139 154]
   Tensor a = F({2, 3}, {1, 2, 3, 4, 5, 6});
   Tensor b = F({3, 2}, {7, 8, 9, 10, 11, 12});
@@ -252,12 +256,12 @@ std::vector<float> NaiveMatmul(const std::vector<float>& a, int64_t ar, int64_t 
   return c;
 }
 
-TEST_F(CpuBackendTest, MatmulAllTransposesAgainstNaive) {
+TEST_P(CpuBackendTest, MatmulAllTransposesAgainstNaive) {
   const int64_t M = 5, K = 7, P = 3;
   for (int ta = 0; ta < 2; ++ta) {
     for (int tb = 0; tb < 2; ++tb) {
       const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? P : K, bc = tb ? K : P;
-      std::vector<float> av = Random(size_t(M * K), 1), bv = Random(size_t(K * P), 2);
+      std::vector<float> av = RandomFloats(size_t(M * K), 1), bv = RandomFloats(size_t(K * P), 2);
       Tensor a = F({ar, ac}, av), b = F({br, bc}, bv), c = F({M, P});
       be.Matmul(a, ta, b, tb, c);
       ExpectNear(Host(c), NaiveMatmul(av, ar, ac, ta, bv, br, bc, tb), 1e-5);
@@ -265,15 +269,15 @@ TEST_F(CpuBackendTest, MatmulAllTransposesAgainstNaive) {
   }
 }
 
-TEST_F(CpuBackendTest, MatmulReadsRank3AsRowsAndBatchedMatchesSlices) {
+TEST_P(CpuBackendTest, MatmulReadsRank3AsRowsAndBatchedMatchesSlices) {
   // x (2, 3, 4) is 6 rows of 4: y = x @ w^T with w (5, 4).
-  std::vector<float> xv = Random(24, 3), wv = Random(20, 4);
+  std::vector<float> xv = RandomFloats(24, 3), wv = RandomFloats(20, 4);
   Tensor x = F({2, 3, 4}, xv), w = F({5, 4}, wv), y = F({2, 3, 5});
   be.Matmul(x, false, w, true, y);
   ExpectNear(Host(y), NaiveMatmul(xv, 6, 4, false, wv, 5, 4, true), 1e-5);
 
   // Batched: L = 3 of (2, 4)^T-stored a times (2, 5) b -> (4, 5).
-  std::vector<float> av = Random(3 * 2 * 4, 5), bv = Random(3 * 2 * 5, 6);
+  std::vector<float> av = RandomFloats(3 * 2 * 4, 5), bv = RandomFloats(3 * 2 * 5, 6);
   Tensor a = F({3, 2, 4}, av), b = F({3, 2, 5}, bv), c = F({3, 4, 5});
   be.MatmulBatched(a, true, b, false, c, 2.0f);
   std::vector<float> got = Host(c);
@@ -287,10 +291,10 @@ TEST_F(CpuBackendTest, MatmulReadsRank3AsRowsAndBatchedMatchesSlices) {
 }
 
 // The linear-layer recipe of backend.h: y = x w^T + bias; dx = dy w; dw += dy^T x; dbias += sum dy.
-TEST_F(CpuBackendTest, LinearBackwardRecipeMatchesFiniteDifferences) {
+TEST_P(CpuBackendTest, LinearBackwardRecipeMatchesFiniteDifferences) {
   const int64_t N = 4, in = 3, out = 5;
-  std::vector<float> xv = Random(size_t(N * in), 7), wv = Random(size_t(out * in), 8);
-  std::vector<float> bv = Random(size_t(out), 9), r = Random(size_t(N * out), 10);
+  std::vector<float> xv = RandomFloats(size_t(N * in), 7), wv = RandomFloats(size_t(out * in), 8);
+  std::vector<float> bv = RandomFloats(size_t(out), 9), r = RandomFloats(size_t(N * out), 10);
   Tensor x = F({N, in}, xv), w = F({out, in}, wv), bias = F({out}, bv), y = F({N, out});
   auto loss = [&] {
     Set(x, xv);
@@ -309,7 +313,7 @@ TEST_F(CpuBackendTest, LinearBackwardRecipeMatchesFiniteDifferences) {
   ExpectGrad("dbias", bv, Host(db), loss);
 }
 
-TEST_F(CpuBackendTest, BiasByHand) {
+TEST_P(CpuBackendTest, BiasByHand) {
   Tensor y = F({2, 3}, {1, 2, 3, 4, 5, 6});
   Tensor bias = F({3}, {10, 20, 30});
   be.AddBias(y, bias);
@@ -321,7 +325,7 @@ TEST_F(CpuBackendTest, BiasByHand) {
 
 // ---- LayerNorm ------------------------------------------------------------------------------
 
-TEST_F(CpuBackendTest, LayerNormByHand) {
+TEST_P(CpuBackendTest, LayerNormByHand) {
   // [1, 2, 3]: mean 2, biased variance 2/3, so (x - 2) / sqrt(2/3 + 1e-5) = [-1.2247, 0, 1.2247].
   Tensor x = F({1, 3}, {1, 2, 3}), g = F({3}, {1, 1, 1}), b = F({3}), y = F({1, 3});
   Tensor mean = F({1}), rstd = F({1});
@@ -336,10 +340,11 @@ TEST_F(CpuBackendTest, LayerNormByHand) {
   ExpectNear(Host(x), {-1.4494714f, 1.0f, 3.4494714f}, 1e-5);
 }
 
-TEST_F(CpuBackendTest, LayerNormBackwardMatchesFiniteDifferencesAndAccumulates) {
+TEST_P(CpuBackendTest, LayerNormBackwardMatchesFiniteDifferencesAndAccumulates) {
   const int64_t N = 3, C = 5;
-  std::vector<float> xv = Random(size_t(N * C), 11, -2, 2), gv = Random(size_t(C), 12, 0.5f, 1.5f);
-  std::vector<float> bv = Random(size_t(C), 13), r = Random(size_t(N * C), 14);
+  std::vector<float> xv = RandomFloats(size_t(N * C), 11, -2, 2);
+  std::vector<float> gv = RandomFloats(size_t(C), 12, 0.5f, 1.5f);
+  std::vector<float> bv = RandomFloats(size_t(C), 13), r = RandomFloats(size_t(N * C), 14);
   Tensor x = F({N, C}, xv), g = F({C}, gv), b = F({C}, bv), y = F({N, C});
   Tensor mean = F({N}), rstd = F({N});
   auto loss = [&] {
@@ -365,15 +370,15 @@ TEST_F(CpuBackendTest, LayerNormBackwardMatchesFiniteDifferencesAndAccumulates) 
 
 // ---- GeLU -----------------------------------------------------------------------------------
 
-TEST_F(CpuBackendTest, GeluByHand) {
+TEST_P(CpuBackendTest, GeluByHand) {
   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): at 1, tanh(0.7978846 * 1.044715) = 0.6823840.
   Tensor x = F({3}, {0, 1, -1}), y = F({3});
   be.GeluForward(x, y);
   ExpectNear(Host(y), {0.0f, 0.8411920f, -0.1588080f}, 1e-6);
 }
 
-TEST_F(CpuBackendTest, GeluBackwardMatchesFiniteDifferences) {
-  std::vector<float> xv = Random(20, 15, -3, 3), r = Random(20, 16);
+TEST_P(CpuBackendTest, GeluBackwardMatchesFiniteDifferences) {
+  std::vector<float> xv = RandomFloats(20, 15, -3, 3), r = RandomFloats(20, 16);
   Tensor x = F({4, 5}, xv), y = F({4, 5});
   auto loss = [&] {
     Set(x, xv);
@@ -431,9 +436,9 @@ std::vector<float> SwapBS(const std::vector<float>& v, int64_t b, int64_t s, int
   return out;
 }
 
-TEST_F(CpuBackendTest, AttentionFirstPositionSeesOnlyItself) {
+TEST_P(CpuBackendTest, AttentionFirstPositionSeesOnlyItself) {
   // b = 1, s = 3, nh = 1, d = 2: out at t = 0 is v at t = 0 whatever q and k are.
-  std::vector<float> qkv = Random(3 * 6, 17, -3, 3);
+  std::vector<float> qkv = RandomFloats(3 * 6, 17, -3, 3);
   Tensor in = F({1, 3, 6}, qkv), out = F({1, 3, 2}), saved = F(be.AttentionSavedShape(1, 3, 1));
   be.AttentionForward(in, 1, TokenOrder::kBatchFirst, out, saved);
   std::vector<float> o = Host(out);
@@ -449,9 +454,9 @@ TEST_F(CpuBackendTest, AttentionFirstPositionSeesOnlyItself) {
   EXPECT_NEAR(p[6] + p[7] + p[8], 1.0, 1e-6);
 }
 
-TEST_F(CpuBackendTest, AttentionMatchesNaiveInBothTokenOrders) {
+TEST_P(CpuBackendTest, AttentionMatchesNaiveInBothTokenOrders) {
   const int64_t b = 2, s = 5, nh = 3, d = 4, A = nh * d;
-  std::vector<float> qkv = Random(size_t(b * s * 3 * A), 18, -2, 2);
+  std::vector<float> qkv = RandomFloats(size_t(b * s * 3 * A), 18, -2, 2);
   std::vector<float> want = NaiveAttention(qkv, b, s, nh, d);
   Tensor saved = F(be.AttentionSavedShape(b, s, nh));
   Tensor in = F({b, s, 3 * A}, qkv), out = F({b, s, A});
@@ -462,13 +467,14 @@ TEST_F(CpuBackendTest, AttentionMatchesNaiveInBothTokenOrders) {
   ExpectNear(SwapBS(Host(out_sf), s, b, A), want, 1e-5);
 }
 
-TEST_F(CpuBackendTest, AttentionBackwardMatchesFiniteDifferences) {
+TEST_P(CpuBackendTest, AttentionBackwardMatchesFiniteDifferences) {
   const int64_t b = 2, s = 3, nh = 2, d = 2, A = nh * d;
   for (TokenOrder order : {TokenOrder::kBatchFirst, TokenOrder::kSeqFirst}) {
     const Shape in_shape =
         order == TokenOrder::kBatchFirst ? Shape{b, s, 3 * A} : Shape{s, b, 3 * A};
     const Shape out_shape = order == TokenOrder::kBatchFirst ? Shape{b, s, A} : Shape{s, b, A};
-    std::vector<float> qkv = Random(size_t(b * s * 3 * A), 19), r = Random(size_t(b * s * A), 20);
+    std::vector<float> qkv = RandomFloats(size_t(b * s * 3 * A), 19);
+    std::vector<float> r = RandomFloats(size_t(b * s * A), 20);
     Tensor in = F(in_shape), out = F(out_shape), saved = F(be.AttentionSavedShape(b, s, nh));
     auto loss = [&] {
       Set(in, qkv);
@@ -483,10 +489,10 @@ TEST_F(CpuBackendTest, AttentionBackwardMatchesFiniteDifferences) {
   }
 }
 
-TEST_F(CpuBackendTest, AttentionIsDeterministic) {
+TEST_P(CpuBackendTest, AttentionIsDeterministic) {
   const int64_t b = 2, s = 16, nh = 2, d = 8, A = nh * d;
-  Tensor in = F({b, s, 3 * A}, Random(size_t(b * s * 3 * A), 21));
-  Tensor dout = F({b, s, A}, Random(size_t(b * s * A), 22));
+  Tensor in = F({b, s, 3 * A}, RandomFloats(size_t(b * s * 3 * A), 21));
+  Tensor dout = F({b, s, A}, RandomFloats(size_t(b * s * A), 22));
   std::vector<float> first_out, first_grad;
   for (int rep = 0; rep < 2; ++rep) {
     Tensor out = F({b, s, A}), saved = F(be.AttentionSavedShape(b, s, nh)), dqkv = F({b, s, 3 * A});
@@ -504,7 +510,7 @@ TEST_F(CpuBackendTest, AttentionIsDeterministic) {
 
 // ---- vocab-parallel embedding ---------------------------------------------------------------
 
-TEST_F(CpuBackendTest, EmbeddingShardsSumToTheFullLookup) {
+TEST_P(CpuBackendTest, EmbeddingShardsSumToTheFullLookup) {
   // Vocabulary 4, h = 2: row v of the table is [10 v, 10 v + 1].
   Tensor table = F({4, 2}, {0, 1, 10, 11, 20, 21, 30, 31});
   Tensor tokens = I({2, 2}, {3, 0, 2, 3});
@@ -529,8 +535,8 @@ TEST_F(CpuBackendTest, EmbeddingShardsSumToTheFullLookup) {
   EXPECT_EQ(Host(d1), (std::vector<float>{5, 6, 8, 10}));
 }
 
-TEST_F(CpuBackendTest, EmbeddingBackwardMatchesFiniteDifferences) {
-  std::vector<float> wv = Random(12, 23), r = Random(5 * 3, 24);
+TEST_P(CpuBackendTest, EmbeddingBackwardMatchesFiniteDifferences) {
+  std::vector<float> wv = RandomFloats(12, 23), r = RandomFloats(5 * 3, 24);
   Tensor table = F({4, 3}, wv), tokens = I({5}, {1, 3, 1, 0, 9}), out = F({5, 3});  // 9: outside
   auto loss = [&] {
     Set(table, wv);
@@ -557,7 +563,7 @@ std::vector<double> NaiveCrossEntropy(const std::vector<float>& logits,
   return loss;
 }
 
-TEST_F(CpuBackendTest, CrossEntropyByHand) {
+TEST_P(CpuBackendTest, CrossEntropyByHand) {
   // Logits [0, 0] with target 1: loss = log 2; gradient (softmax - onehot) = [0.5, -0.5].
   Tensor logits = F({1, 2}), tgt = I({1}, {1});
   Tensor mx = F({1}), se = F({1}), z = F({1}), loss = F({1}), dl = F({1, 2});
@@ -572,9 +578,9 @@ TEST_F(CpuBackendTest, CrossEntropyByHand) {
 
 // One shard of V = 6 against two shards of 3, combined by hand the way the communicator will:
 // MAX of the row maxima, SUM of the sum-exps (each taken at the global max), SUM of the targets.
-TEST_F(CpuBackendTest, CrossEntropyOverTwoShardsEqualsOneShard) {
+TEST_P(CpuBackendTest, CrossEntropyOverTwoShardsEqualsOneShard) {
   const int64_t N = 4, V = 6, Vl = 3;
-  std::vector<float> lv = Random(size_t(N * V), 25, -4, 4);
+  std::vector<float> lv = RandomFloats(size_t(N * V), 25, -4, 4);
   std::vector<int32_t> tv = {0, 5, 2, 3};  // targets in both shards
   const float scale = 1.0f / float(N);
   Tensor logits = F({N, V}, lv), tgt = I({N}, tv);
@@ -626,9 +632,9 @@ TEST_F(CpuBackendTest, CrossEntropyOverTwoShardsEqualsOneShard) {
   }
 }
 
-TEST_F(CpuBackendTest, CrossEntropyBackwardMatchesFiniteDifferences) {
+TEST_P(CpuBackendTest, CrossEntropyBackwardMatchesFiniteDifferences) {
   const int64_t N = 3, V = 5;
-  std::vector<float> lv = Random(size_t(N * V), 26, -2, 2);
+  std::vector<float> lv = RandomFloats(size_t(N * V), 26, -2, 2);
   Tensor logits = F({N, V}), tgt = I({N}, {4, 0, 2});
   Tensor mx = F({N}), se = F({N}), z = F({N}), loss = F({N}), total = F({1});
   auto mean_loss = [&] {
@@ -649,7 +655,7 @@ TEST_F(CpuBackendTest, CrossEntropyBackwardMatchesFiniteDifferences) {
 
 // ---- AdamW ----------------------------------------------------------------------------------
 
-TEST_F(CpuBackendTest, AdamWFirstStepByHand) {
+TEST_P(CpuBackendTest, AdamWFirstStepByHand) {
   // Step 1: m_hat = g and v_hat = g^2, so the update is lr * (g / (|g| + eps) + wd * p):
   // p = 1, g = 0.5, lr = 0.1, wd = 0.1: 1 - 0.1 * (1 + 0.1) = 0.89 (eps 1e-8 is invisible).
   Tensor p = F({1}, {1.0f}), g = F({1}, {0.5f}), m = F({1}), v = F({1});
@@ -666,9 +672,9 @@ TEST_F(CpuBackendTest, AdamWFirstStepByHand) {
   EXPECT_FLOAT_EQ(Host(v)[0], 0.0125f);  // (1 - 0.95) * 0.25
 }
 
-TEST_F(CpuBackendTest, AdamWTwoStepsAgainstTheFormula) {
+TEST_P(CpuBackendTest, AdamWTwoStepsAgainstTheFormula) {
   const size_t n = 6;
-  std::vector<float> pv = Random(n, 27), g1 = Random(n, 28), g2 = Random(n, 29);
+  std::vector<float> pv = RandomFloats(n, 27), g1 = RandomFloats(n, 28), g2 = RandomFloats(n, 29);
   AdamWConfig cfg{.lr = 0.01f,
                   .beta1 = 0.9f,
                   .beta2 = 0.95f,
