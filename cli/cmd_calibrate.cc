@@ -362,7 +362,7 @@ int RunCalibrate(const CalibrateFlags& f) {
 Runner SetupCalibrate(CLI::App* sub) {
   auto f = std::make_shared<CalibrateFlags>();
   sub->add_option("--backend", f->backend,
-                  "cpu (Eigen, ranks as threads) or cuda (GPU 0; collectives on GPU 0 by device "
+                  "cpu (own kernels, ranks as threads) or cuda (GPU 0; collectives on GPU 0 by device "
                   "copies with 1 GPU, by NCCL over one GPU per rank with more) (default cpu)");
   sub->add_option("--cluster", f->cluster,
                   "base cluster YAML to calibrate (default configs/clusters/local-cpu.yaml; cuda: "

@@ -1,5 +1,5 @@
 // The Backend: every operation the GPT model needs, forward and backward, behind one interface.
-// The model is written once against it; runtime/cpu (Eigen, fp32) and runtime/cuda (bf16 GEMMs
+// The model is written once against it; runtime/cpu (own fp32 kernels per x86-64 level) and runtime/cuda (bf16 GEMMs
 // with fp32 accumulation, own kernels) implement it. Parallelism is not in here: the
 // Communicator moves tensors between ranks, the Backend computes on one rank's tensors.
 //

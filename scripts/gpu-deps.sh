@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 mkdir -p .gpu-deps
 cd .gpu-deps
 # Header-only packages, plus the few shared libraries ptdp links (yaml-cpp, fmt, benchmark).
-apt-get download libyaml-cpp-dev libyaml-cpp0.7 libfmt-dev libfmt9 libeigen3-dev libboost1.74-dev \
+apt-get download libyaml-cpp-dev libyaml-cpp0.7 libfmt-dev libfmt9 libboost1.74-dev \
   libboost-graph1.74-dev libgtest-dev libgmock-dev googletest libbenchmark-dev libbenchmark1debian \
   libcli11-dev nlohmann-json3-dev 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
 du -sh . && ls
