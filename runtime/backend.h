@@ -1,6 +1,6 @@
 // The Backend: every operation the GPT model needs, forward and backward, behind one interface.
-// The model is written once against it; runtime/cpu (own fp32 kernels per x86-64 level) and runtime/cuda (bf16 GEMMs
-// with fp32 accumulation, own kernels) implement it. Parallelism is not in here: the
+// The model is written once against it; runtime/cpu (own fp32 kernels per x86-64 level) and
+// runtime/cuda (bf16 GEMMs with fp32 accumulation, own kernels) implement it. Parallelism is not in here: the
 // Communicator moves tensors between ranks, the Backend computes on one rank's tensors.
 //
 // Letters in shape comments (defined once for this file):
