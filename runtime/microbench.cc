@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -63,11 +65,23 @@ constexpr int kMaxCallsPerBatch = 1 << 22;
 const char* const kGroup = "calibrate";
 const char* const kPairGroup = "calibrate p2p";
 
-// Every op reads a different one of this many inputs on each call, as in training, where every
-// call sees new data: on the same input over and over the branch predictor learns an op's
-// data-dependent branches (libm's tanh in GeLU runs 40% faster on the same 16K inputs repeated
-// than on fresh ones), and the operands stay in the nearest cache.
-constexpr size_t kVariants = 4;
+// Every op reads a different set of operands on each call, as in training, where every call sees
+// new data that another op touched last, long before: on the same input over and over the branch
+// predictor learns an op's data-dependent branches (libm's tanh in GeLU runs 40% faster on the
+// same 16K inputs repeated than on fresh ones), and the operands stay in the nearest cache. A
+// training step streams through far more than a core's L2 (gpt-tiny at micro-batch 8: 12 MiB of
+// activations against 2 MiB of L2 on the dev VM), so its ops find their operands beyond it; with
+// the CPU backend's AVX-512 GEMM a weight gradient took 25% longer in training than on four
+// L2-resident variants. So each op cycles through at least kMinVariants sets of its per-call
+// operands (activations, their gradients), and through as many as make them add up to
+// MicrobenchOptions::cold_bytes. A layer's parameters and their gradient accumulators are one
+// tensor each, as in training, where every micro-batch reuses them: in cache when they fit.
+constexpr size_t kMinVariants = 4;
+constexpr size_t kMaxVariants = size_t(1) << 20;
+
+double ColdBytes(const MicrobenchOptions& opt) {
+  return opt.cold_bytes > 0 ? opt.cold_bytes : ColdBytesOfThisHost();
+}
 
 class Bench {
  public:
@@ -81,8 +95,11 @@ class Bench {
   // Seconds of one call of fn: the median batch's mean (see the header).
   double TimeCall(const std::function<void()>& fn) const;
   Result<Tensor> Random(const Shape& shape, uint32_t seed);
-  // kVariants tensors of `shape` with different values.
-  Result<std::vector<Tensor>> Randoms(const Shape& shape, uint32_t seed);
+  // How many operand sets of `bytes` each (one call's operands, fp32) an op cycles through: at
+  // least kMinVariants, enough to add up to cold_bytes_ (see kMinVariants).
+  size_t Variants(double bytes) const;
+  // n tensors of `shape` with different values.
+  Result<std::vector<Tensor>> Randoms(const Shape& shape, uint32_t seed, size_t n);
   void Done(const std::string& what);
   void Add(const char* table, std::vector<double> row) { rows_[table].push_back(std::move(row)); }
 
@@ -100,6 +117,7 @@ class Bench {
   const MicrobenchOptions opt_;
   const MicrobenchProgress& progress_;
   const MicrobenchGrids grids_;
+  const double cold_bytes_ = ColdBytes(opt_);
   BenchWorld ops_world_;         // the one-rank world whose rank 0 times the ops
   std::unique_ptr<Backend> be_;  // its backend (released before the world)
   std::map<std::string, std::vector<std::vector<double>>> rows_;
@@ -137,12 +155,18 @@ Result<Tensor> Bench::Random(const Shape& shape, uint32_t seed) {
   return t;
 }
 
-Result<std::vector<Tensor>> Bench::Randoms(const Shape& shape, uint32_t seed) {
+size_t Bench::Variants(double bytes) const {
+  const double n = std::ceil(cold_bytes_ / std::max(bytes, 1.0));
+  return size_t(std::clamp(n, double(kMinVariants), double(kMaxVariants)));
+}
+
+Result<std::vector<Tensor>> Bench::Randoms(const Shape& shape, uint32_t seed, size_t n) {
+  // Views of one buffer (thousands of small tensors would be thousands of allocations), each
+  // starting on a 64-byte boundary as the backend's own tensors do.
+  const int64_t stride = (shape.numel() + 15) / 16 * 16;
+  PTDP_ASSIGN_OR_RETURN(Tensor all, Random({stride * int64_t(n)}, seed));
   std::vector<Tensor> v;
-  for (size_t i = 0; i < kVariants; ++i) {
-    PTDP_ASSIGN_OR_RETURN(Tensor t, Random(shape, seed * 31 + uint32_t(i)));
-    v.push_back(std::move(t));
-  }
+  for (size_t i = 0; i < n; ++i) v.push_back(all.View(shape, int64_t(i) * stride));
   return v;
 }
 
@@ -163,26 +187,33 @@ Status Bench::Gemms() {
     for (double n : g)
       for (double k : g) {
         const int64_t M = int64_t(m), N = int64_t(n), K = int64_t(k);
-        PTDP_ASSIGN_OR_RETURN(auto a_mk, Randoms({M, K}, 1));
-        PTDP_ASSIGN_OR_RETURN(auto b_nk, Randoms({N, K}, 2));
-        PTDP_ASSIGN_OR_RETURN(auto b_kn, Randoms({K, N}, 3));
-        PTDP_ASSIGN_OR_RETURN(auto a_km, Randoms({K, M}, 4));
+        // The forms as the model calls them: y = x w^T (nt) and dx = dy w (nn) with the weight
+        // w (n, k) or (k, n) one tensor and the activation (m, k) new each call; dw += dy^T x
+        // (tn, beta 1) with both activations new and the accumulator dw (m, n) one tensor. The
+        // output of nt and nn is a fresh buffer in training, allocated and zeroed just before.
+        const size_t nv = Variants(4 * m * k);
+        const size_t nv_tn = Variants(4 * (m * k + n * k));
+        PTDP_ASSIGN_OR_RETURN(auto a_mk, Randoms({M, K}, 1, nv));
+        PTDP_ASSIGN_OR_RETURN(Tensor w_nk, Random({N, K}, 2));
+        PTDP_ASSIGN_OR_RETURN(Tensor w_kn, Random({K, N}, 3));
         PTDP_ASSIGN_OR_RETURN(Tensor c, Random({M, N}, 5));
+        PTDP_ASSIGN_OR_RETURN(auto a_km, Randoms({K, M}, 4, nv_tn));
+        PTDP_ASSIGN_OR_RETURN(auto b_kn, Randoms({K, N}, 6, nv_tn));
+        PTDP_ASSIGN_OR_RETURN(Tensor dw, Random({M, N}, 7));
         size_t i = 0;
         Add("gemm_nt", {m, n, k, TimeCall([&] {
-              const size_t v = i++ % kVariants;
-              be_->Matmul(a_mk[v], false, b_nk[v], true, c);
+              const size_t v = i++ % nv;
+              be_->Matmul(a_mk[v], false, w_nk, true, c);
             })});
         Add("gemm_nn", {m, n, k, TimeCall([&] {
-              const size_t v = i++ % kVariants;
-              be_->Matmul(a_mk[v], false, b_kn[v], false, c);
+              const size_t v = i++ % nv;
+              be_->Matmul(a_mk[v], false, w_kn, false, c);
             })});
-        // Weight gradients accumulate (beta 1), as the model's backward does.
         Add("gemm_tn", {m, n, k, TimeCall([&] {
-              const size_t v = i++ % kVariants;
-              be_->Matmul(a_km[v], true, b_kn[v], false, c, 1, 1);
+              const size_t v = i++ % nv_tn;
+              be_->Matmul(a_km[v], true, b_kn[v], false, dw, 1, 1);
             })});
-        be_->Fill(0.0f, c);
+        be_->Fill(0.0f, dw);
         Done("gemm " + Dims({m, n, k}));
       }
   return Status::Ok();
@@ -195,23 +226,25 @@ Status Bench::Attention() {
   for (double s : grids_.attention_s)
     for (double d : grids_.attention_d) {
       const int64_t S = int64_t(s), A = kHeads * int64_t(d);
-      PTDP_ASSIGN_OR_RETURN(auto qkv, Randoms({S, 1, 3 * A}, 6));
-      PTDP_ASSIGN_OR_RETURN(auto dout, Randoms({S, 1, A}, 8));
+      const Shape saved_shape = be_->AttentionSavedShape(1, S, kHeads);
+      const size_t nv = Variants(4 * (double(S) * 4 * A + double(Shape(saved_shape).numel())));
+      PTDP_ASSIGN_OR_RETURN(auto qkv, Randoms({S, 1, 3 * A}, 6, nv));
+      PTDP_ASSIGN_OR_RETURN(auto dout, Randoms({S, 1, A}, 8, nv));
       PTDP_ASSIGN_OR_RETURN(Tensor out, Random({S, 1, A}, 7));
       PTDP_ASSIGN_OR_RETURN(Tensor dqkv, Random({S, 1, 3 * A}, 9));
       std::vector<Tensor> saved;
-      for (size_t k = 0; k < kVariants; ++k) {
-        PTDP_ASSIGN_OR_RETURN(Tensor t, be_->Alloc(be_->AttentionSavedShape(1, S, kHeads), DType::kF32));
+      for (size_t k = 0; k < nv; ++k) {
+        PTDP_ASSIGN_OR_RETURN(Tensor t, be_->Alloc(saved_shape, DType::kF32));
         be_->AttentionForward(qkv[k], kHeads, TokenOrder::kSeqFirst, out, t);
         saved.push_back(std::move(t));
       }
       size_t k = 0;
       const double fwd = TimeCall([&] {
-        const size_t i = k++ % kVariants;
+        const size_t i = k++ % nv;
         be_->AttentionForward(qkv[i], kHeads, TokenOrder::kSeqFirst, out, saved[i]);
       });
       const double bwd = TimeCall([&] {
-        const size_t i = k++ % kVariants;
+        const size_t i = k++ % nv;
         be_->AttentionBackward(dout[i], qkv[i], saved[i], kHeads, TokenOrder::kSeqFirst, dqkv);
       });
       Add("attention_forward", {s, d, fwd / kHeads});
@@ -226,29 +259,30 @@ Status Bench::RowOps() {
   for (double rows : grids_.row_rows)
     for (double cols : grids_.row_cols) {
       const int64_t N = int64_t(rows), C = int64_t(cols);
-      PTDP_ASSIGN_OR_RETURN(auto x, Randoms({N, C}, 10));
-      PTDP_ASSIGN_OR_RETURN(auto dy, Randoms({N, C}, 11));
+      const size_t nv = Variants(4 * 3 * rows * cols);
+      PTDP_ASSIGN_OR_RETURN(auto x, Randoms({N, C}, 10, nv));
+      PTDP_ASSIGN_OR_RETURN(auto dy, Randoms({N, C}, 11, nv));
       PTDP_ASSIGN_OR_RETURN(Tensor y, Random({N, C}, 11));
-      PTDP_ASSIGN_OR_RETURN(Tensor dx, Random({N, C}, 12));
+      PTDP_ASSIGN_OR_RETURN(auto dx, Randoms({N, C}, 12, nv));
       PTDP_ASSIGN_OR_RETURN(Tensor gamma, Random({C}, 13));
       PTDP_ASSIGN_OR_RETURN(Tensor beta, Random({C}, 14));
       PTDP_ASSIGN_OR_RETURN(Tensor dgamma, Random({C}, 15));
       PTDP_ASSIGN_OR_RETURN(Tensor dbeta, Random({C}, 16));
-      PTDP_ASSIGN_OR_RETURN(auto mean, Randoms({N}, 17));
-      PTDP_ASSIGN_OR_RETURN(auto rstd, Randoms({N}, 18));
-      for (size_t i = 0; i < kVariants; ++i)  // valid statistics for the backward
+      PTDP_ASSIGN_OR_RETURN(auto mean, Randoms({N}, 17, nv));
+      PTDP_ASSIGN_OR_RETURN(auto rstd, Randoms({N}, 18, nv));
+      for (size_t i = 0; i < nv; ++i)  // valid statistics for the backward
         be_->LayerNormForward(x[i], gamma, beta, 1e-5f, y, mean[i], rstd[i]);
       size_t k = 0;
       Add("layernorm_forward", {rows, cols, TimeCall([&] {
-            const size_t i = k++ % kVariants;
+            const size_t i = k++ % nv;
             be_->LayerNormForward(x[i], gamma, beta, 1e-5f, y, mean[i], rstd[i]);
           })});
       Add("layernorm_backward", {rows, cols, TimeCall([&] {
-            const size_t i = k++ % kVariants;
-            be_->LayerNormBackward(dy[i], x[i], gamma, mean[i], rstd[i], dx, dgamma, dbeta);
+            const size_t i = k++ % nv;
+            be_->LayerNormBackward(dy[i], x[i], gamma, mean[i], rstd[i], dx[i], dgamma, dbeta);
           })});
-      Add("bias_add", {rows, cols, TimeCall([&] { be_->AddBias(dy[k++ % kVariants], gamma); })});
-      Add("bias_grad", {rows, cols, TimeCall([&] { be_->BiasGrad(dy[k++ % kVariants], dgamma); })});
+      Add("bias_add", {rows, cols, TimeCall([&] { be_->AddBias(dy[k++ % nv], gamma); })});
+      Add("bias_grad", {rows, cols, TimeCall([&] { be_->BiasGrad(dy[k++ % nv], dgamma); })});
       // Token ids (rows) into a kVocab x cols table; cross entropy over (rows, cols) logits with
       // targets inside the shard.
       std::vector<int32_t> ids(static_cast<size_t>(N));
@@ -260,7 +294,7 @@ Status Bench::RowOps() {
             be_->EmbeddingForward(tokens, table, 0, y);
           })});
       Add("embedding_backward", {rows, cols, TimeCall([&] {
-            be_->EmbeddingBackward(dy[k++ % kVariants], tokens, 0, table);
+            be_->EmbeddingBackward(dy[k++ % nv], tokens, 0, table);
           })});
       for (int64_t i = 0; i < N; ++i) ids[size_t(i)] = int32_t((i * 7919) % C);
       PTDP_ASSIGN_OR_RETURN(Tensor targets, be_->Alloc({N}, DType::kI32));
@@ -270,14 +304,14 @@ Status Bench::RowOps() {
       PTDP_ASSIGN_OR_RETURN(Tensor target_logit, Random({N}, 22));
       PTDP_ASSIGN_OR_RETURN(Tensor loss, Random({N}, 23));
       Add("cross_entropy_forward", {rows, cols, TimeCall([&] {
-            const Tensor& logits = x[k++ % kVariants];
+            const Tensor& logits = x[k++ % nv];
             be_->CrossEntropyMax(logits, row_max);
             be_->CrossEntropySumExp(logits, row_max, sum_exp);
             be_->CrossEntropyTarget(logits, targets, 0, target_logit);
             be_->CrossEntropyLoss(row_max, sum_exp, target_logit, loss);
           })});
       Add("cross_entropy_backward", {rows, cols, TimeCall([&] {
-            be_->CrossEntropyBackward(x[k++ % kVariants], targets, 0, row_max, sum_exp,
+            be_->CrossEntropyBackward(x[k++ % nv], targets, 0, row_max, sum_exp,
                                       1.0f / float(N), y);
           })});
       Done("row ops " + Dims({rows, cols}));
@@ -288,39 +322,45 @@ Status Bench::RowOps() {
 Status Bench::ElementOps() {
   for (double e : grids_.elements) {
     const int64_t n = int64_t(e);
-    PTDP_ASSIGN_OR_RETURN(auto a, Randoms({n}, 30));
-    PTDP_ASSIGN_OR_RETURN(auto b, Randoms({n}, 31));
+    // AdamW reads and writes four tensors, each last touched a step before: they cycle too.
+    const size_t nv = Variants(4 * 4 * e);
+    PTDP_ASSIGN_OR_RETURN(auto a, Randoms({n}, 30, nv));
+    PTDP_ASSIGN_OR_RETURN(auto b, Randoms({n}, 31, nv));
     PTDP_ASSIGN_OR_RETURN(Tensor c, Random({n}, 32));
-    PTDP_ASSIGN_OR_RETURN(Tensor m, Random({n}, 33));
-    PTDP_ASSIGN_OR_RETURN(Tensor v, Random({n}, 34));
+    PTDP_ASSIGN_OR_RETURN(auto p, Randoms({n}, 32, nv));
+    PTDP_ASSIGN_OR_RETURN(auto m, Randoms({n}, 33, nv));
+    PTDP_ASSIGN_OR_RETURN(auto v, Randoms({n}, 34, nv));
     PTDP_ASSIGN_OR_RETURN(Tensor one, Random({1}, 35));
-    be_->Fill(0.01f, v);  // AdamW's second moment must be non-negative
+    for (Tensor& t : v) be_->Fill(0.01f, t);  // AdamW's second moment must be non-negative
     size_t k = 0;
     for (double sigma : grids_.gelu_sigma) {
       std::vector<Tensor> x;
-      for (size_t i = 0; i < kVariants; ++i) {
+      for (size_t i = 0; i < nv; ++i) {
         const std::vector<float> values = Normal(n, sigma, 36 + uint32_t(i));
         PTDP_ASSIGN_OR_RETURN(Tensor t, be_->Alloc({n}, DType::kF32));
         PTDP_RETURN_IF_ERROR(be_->CopyFromHost(values.data(), t));
         x.push_back(std::move(t));
       }
-      Add("gelu_forward", {e, sigma, TimeCall([&] { be_->GeluForward(x[k++ % kVariants], c); })});
+      Add("gelu_forward", {e, sigma, TimeCall([&] { be_->GeluForward(x[k++ % nv], c); })});
       Add("gelu_backward", {e, sigma, TimeCall([&] {
-            const size_t i = k++ % kVariants;
+            const size_t i = k++ % nv;
             be_->GeluBackward(b[i], x[i], c);
           })});
     }
     Add("add", {e, TimeCall([&] {
-          const size_t i = k++ % kVariants;
+          const size_t i = k++ % nv;
           be_->Add(a[i], b[i], c);
         })});
-    Add("copy", {e, TimeCall([&] { be_->Copy(a[k++ % kVariants], c); })});
+    Add("copy", {e, TimeCall([&] { be_->Copy(a[k++ % nv], c); })});
     Add("scale", {e, TimeCall([&] { be_->Scale(1.0f, c); })});
     Add("fill", {e, TimeCall([&] { be_->Fill(0.0f, c); })});
-    Add("sum_squares", {e, TimeCall([&] { be_->SumSquares(a[k++ % kVariants], one); })});
+    Add("sum_squares", {e, TimeCall([&] { be_->SumSquares(a[k++ % nv], one); })});
     AdamWConfig cfg;
     cfg.lr = 1e-6f;
-    Add("adamw", {e, TimeCall([&] { be_->AdamW(c, a[k++ % kVariants], m, v, cfg); })});
+    Add("adamw", {e, TimeCall([&] {
+          const size_t i = k++ % nv;
+          be_->AdamW(p[i], a[i], m[i], v[i], cfg);
+        })});
     Done("element-wise " + Dims({e}));
   }
   return Status::Ok();
@@ -329,10 +369,20 @@ Status Bench::ElementOps() {
 Status Bench::Allocs() {
   for (double bytes : grids_.alloc_bytes) {
     const int64_t n = std::max<int64_t>(1, int64_t(bytes) / 4);
+    // A training step's allocations get back blocks freed long before (the backend's cache):
+    // each call here replaces the oldest of nv live tensors, so the block it is handed (and
+    // zeroes) was last touched nv calls ago.
+    // (At most 4096 live: below some 2 KiB a block's zeroing is no longer what an Alloc costs.)
+    const size_t nv = std::min<size_t>(Variants(bytes), 4096);
+    std::vector<Tensor> live(nv);
+    size_t k = 0;
     Status failed;
     const double s = TimeCall([&] {
+      Tensor& slot = live[k++ % nv];
+      slot = Tensor();
       auto t = be_->Alloc({n}, DType::kF32);
       if (!t.ok()) failed = t.status();
+      else slot = std::move(*t);
     });
     PTDP_RETURN_IF_ERROR(failed);
     Add("alloc", {bytes, s});
@@ -358,16 +408,27 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
       if (kind == 3 && ranks != 2) break;  // send/recv: between two ranks
       // Elements: bytes / 4, a multiple of the ranks (the grids' sizes are multiples of 32 B).
       const int64_t n = std::max<int64_t>(ranks, int64_t(sizes[i]) / 4 / ranks * ranks);
-      PTDP_ASSIGN_OR_RETURN(Tensor full, be->Alloc({n}, DType::kF32));
-      PTDP_ASSIGN_OR_RETURN(Tensor part, be->Alloc({n / ranks}, DType::kF32));
+      // New buffers each call, as in training (kMinVariants): an activation or a gradient the
+      // backward wrote a while before, not the one the last call left in every cache. Every
+      // rank cycles in step (the same count on each: it depends on n only).
+      const size_t nv = Variants(4.0 * double(n + n / ranks));
+      const int64_t n_stride = (n + 15) / 16 * 16, p_stride = (n / ranks + 15) / 16 * 16;
+      PTDP_ASSIGN_OR_RETURN(Tensor fulls, be->Alloc({n_stride * int64_t(nv)}, DType::kF32));
+      PTDP_ASSIGN_OR_RETURN(Tensor parts, be->Alloc({p_stride * int64_t(nv)}, DType::kF32));
+      size_t v = 0;
+      auto full = [&] { return fulls.View({n}, int64_t(v % nv) * n_stride); };
+      auto part = [&] { return parts.View({n / ranks}, int64_t(v % nv) * p_stride); };
       std::function<Status()> call;
-      if (kind == 0) call = [&] { return c.AllReduce(full, ReduceOp::kSum); };
-      if (kind == 1) call = [&] { return c.AllGather(part, full); };
-      if (kind == 2) call = [&] { return c.ReduceScatter(full, part, ReduceOp::kSum); };
+      if (kind == 0) call = [&] { Tensor f = full(); ++v; return c.AllReduce(f, ReduceOp::kSum); };
+      if (kind == 1) call = [&] { Tensor p = part(), f = full(); ++v; return c.AllGather(p, f); };
+      if (kind == 2)
+        call = [&] { Tensor f = full(), p = part(); ++v; return c.ReduceScatter(f, p, ReduceOp::kSum); };
       if (kind == 3)
         call = [&] {
+          Tensor f = full();
+          ++v;
           PTDP_RETURN_IF_ERROR(pair->GroupStart());
-          PTDP_RETURN_IF_ERROR(rank == 0 ? pair->Send(full, 1) : pair->Recv(full, 0));
+          PTDP_RETURN_IF_ERROR(rank == 0 ? pair->Send(f, 1) : pair->Recv(f, 0));
           return pair->GroupEnd();
         };
       PTDP_RETURN_IF_ERROR(call());  // warm-up
@@ -480,6 +541,22 @@ Result<MeasuredPrimitives> Bench::Run() {
 }
 
 }  // namespace
+
+double ColdBytesOfThisHost() {
+  constexpr double kFloor = 8.0 * (1 << 20);
+  double l2 = 0;
+  for (int i = 0; i < 8; ++i) {  // cpu0's caches: index0..3 are L1d, L1i, L2, L3 on x86
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level(dir + "level"), size(dir + "size");
+    int lv = 0;
+    std::string text;
+    if (!(level >> lv) || !(size >> text) || lv != 2 || text.empty()) continue;
+    const char unit = text.back();
+    const double v = std::atof(text.c_str());
+    l2 = std::max(l2, unit == 'K' ? v * 1024 : unit == 'M' ? v * 1024 * 1024 : v);
+  }
+  return std::max(kFloor, 4 * l2);
+}
 
 MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
   if (opt.grids) return *opt.grids;

@@ -47,7 +47,13 @@ struct MicrobenchOptions {
   double min_batch_s = 2e-3;  // each batch repeats a call for at least this long
   int batches = 3;            // the median of this many batches
   std::optional<MicrobenchGrids> grids;  // instead of the quick or full ones (tests)
+  // Bytes of operands each op cycles through, so that a call finds its operands beyond the
+  // nearest caches as in training (microbench.cc, kMinVariants); 0: ColdBytesOfThisHost().
+  double cold_bytes = 0;
 };
+// Four times this host's largest per-core cache below the shared one (L2, from
+// /sys/devices/system/cpu/cpu0/cache), at least 8 MiB; 8 MiB when sysfs does not say.
+double ColdBytesOfThisHost();
 MicrobenchGrids GridsFor(const MicrobenchOptions& opt);
 
 // A world of ranks made together with their backends: a GPU communicator needs each rank's
