@@ -72,10 +72,10 @@ const char* const kPairGroup = "calibrate p2p";
 // training step streams through far more than a core's L2 (gpt-tiny at micro-batch 8: 12 MiB of
 // activations against 2 MiB of L2 on the dev VM), so its ops find their operands beyond it; with
 // the CPU backend's AVX-512 GEMM a weight gradient took 25% longer in training than on four
-// L2-resident variants. So each op cycles through at least kMinVariants sets of its per-call
-// operands (activations, their gradients), and through as many as make them add up to
-// MicrobenchOptions::cold_bytes. A layer's parameters and their gradient accumulators are one
-// tensor each, as in training, where every micro-batch reuses them: in cache when they fit.
+// L2-resident variants. So each op cycles through at least kMinVariants sets of its inputs
+// (activations, weights, the accumulators it adds to), and through as many as make them add up
+// to MicrobenchOptions::cold_bytes. An output that training writes into a fresh buffer (zeroed
+// by the Alloc just before, so in cache; the Alloc's table pays the zeroing) is one tensor.
 constexpr size_t kMinVariants = 4;
 constexpr size_t kMaxVariants = size_t(1) << 20;
 
@@ -187,33 +187,32 @@ Status Bench::Gemms() {
     for (double n : g)
       for (double k : g) {
         const int64_t M = int64_t(m), N = int64_t(n), K = int64_t(k);
-        // The forms as the model calls them: y = x w^T (nt) and dx = dy w (nn) with the weight
-        // w (n, k) or (k, n) one tensor and the activation (m, k) new each call; dw += dy^T x
-        // (tn, beta 1) with both activations new and the accumulator dw (m, n) one tensor. The
-        // output of nt and nn is a fresh buffer in training, allocated and zeroed just before.
-        const size_t nv = Variants(4 * m * k);
-        const size_t nv_tn = Variants(4 * (m * k + n * k));
+        // The forms as the model calls them: y = x w^T (nt), dx = dy w (nn), dw += dy^T x (tn,
+        // beta 1). Every input, the weight and the accumulated dw included, is new each call:
+        // between two uses of a layer's weight a step passes the other layers' data. The output
+        // of nt and nn is a fresh buffer in training, allocated and zeroed just before: one here.
+        const size_t nv = Variants(4 * (m * k + n * k));
+        const size_t nv_tn = Variants(4 * (m * k + n * k + m * n));
         PTDP_ASSIGN_OR_RETURN(auto a_mk, Randoms({M, K}, 1, nv));
-        PTDP_ASSIGN_OR_RETURN(Tensor w_nk, Random({N, K}, 2));
-        PTDP_ASSIGN_OR_RETURN(Tensor w_kn, Random({K, N}, 3));
+        PTDP_ASSIGN_OR_RETURN(auto w_nk, Randoms({N, K}, 2, nv));
+        PTDP_ASSIGN_OR_RETURN(auto w_kn, Randoms({K, N}, 3, nv));
         PTDP_ASSIGN_OR_RETURN(Tensor c, Random({M, N}, 5));
         PTDP_ASSIGN_OR_RETURN(auto a_km, Randoms({K, M}, 4, nv_tn));
         PTDP_ASSIGN_OR_RETURN(auto b_kn, Randoms({K, N}, 6, nv_tn));
-        PTDP_ASSIGN_OR_RETURN(Tensor dw, Random({M, N}, 7));
+        PTDP_ASSIGN_OR_RETURN(auto dw, Randoms({M, N}, 7, nv_tn));
         size_t i = 0;
         Add("gemm_nt", {m, n, k, TimeCall([&] {
               const size_t v = i++ % nv;
-              be_->Matmul(a_mk[v], false, w_nk, true, c);
+              be_->Matmul(a_mk[v], false, w_nk[v], true, c);
             })});
         Add("gemm_nn", {m, n, k, TimeCall([&] {
               const size_t v = i++ % nv;
-              be_->Matmul(a_mk[v], false, w_kn, false, c);
+              be_->Matmul(a_mk[v], false, w_kn[v], false, c);
             })});
         Add("gemm_tn", {m, n, k, TimeCall([&] {
               const size_t v = i++ % nv_tn;
-              be_->Matmul(a_km[v], true, b_kn[v], false, dw, 1, 1);
+              be_->Matmul(a_km[v], true, b_kn[v], false, dw[v], 1, 1);
             })});
-        be_->Fill(0.0f, dw);
         Done("gemm " + Dims({m, n, k}));
       }
   return Status::Ok();
