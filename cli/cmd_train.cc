@@ -284,9 +284,9 @@ int RunTrain(const TrainFlags& f) {
   std::printf("validation loss %.4f over %d windows of %lld tokens\n", *val_loss, windows,
               static_cast<long long>(plan->model.seq_len));
   const nlohmann::json summary = SummaryJson(*plan, steps, launch->devices);
-  std::printf("throughput: %.0f tok/s (median step %.1f ms), peak memory %.2f GiB per rank",
+  std::printf("throughput: %.0f tok/s (median step %.1f ms), peak memory %s per rank",
               summary["tokens_per_s"].get<double>(), summary["median_step_time_s"].get<double>() * 1e3,
-              summary["peak_memory_bytes"].get<double>() / double(1 << 30));
+              FormatBytes(summary["peak_memory_bytes"].get<double>()).c_str());
   if (summary.contains("mfu"))
     std::printf(", %s of model FLOPs per %s, MFU %.1f%% (against %s)",
                 FormatFlopRate(summary["model_tflops_per_s_per_device"].get<double>() * 1e12).c_str(),
