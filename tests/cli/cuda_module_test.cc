@@ -80,14 +80,9 @@ CmdResult TrainCuda(const std::string& env = "", const std::string& bin = kBin) 
                               " --backend cuda --steps 1 --corpus " + kCorpus);
 }
 
-// What one run of ptdp cost: CPU seconds (user + system) and peak RSS, from wait4. The RSS is an
-// upper bound: Linux counts the spawning process's RSS at the exec too (this test's few MiB).
-struct Cost {
-  double cpu_s = 0;
-  double max_rss_mib = 0;
-};
-
-Cost Measure(const std::vector<std::string>& args) {
+// The peak RSS of one run of ptdp, MiB, from wait4: an upper bound, as Linux counts the spawning
+// process's RSS at the exec too (this test's few MiB).
+double PeakRssMib(const std::vector<std::string>& args) {
   std::vector<std::string> argv_s = {kBin};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -100,16 +95,12 @@ Cost Measure(const std::vector<std::string>& args) {
   const int rc = posix_spawn(&pid, kBin.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   EXPECT_EQ(rc, 0) << "cannot start " << kBin;
-  if (rc != 0) return {};
+  if (rc != 0) return 0;
   int status = 0;
   struct rusage ru {};
   EXPECT_EQ(wait4(pid, &status, 0, &ru), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Join(args);
-  Cost c;
-  c.cpu_s = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-            1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-  c.max_rss_mib = double(ru.ru_maxrss) / 1024;  // ru_maxrss is in KiB on Linux
-  return c;
+  return double(ru.ru_maxrss) / 1024;  // ru_maxrss is in KiB on Linux
 }
 
 TEST(CudaModule, PtdpLinksNoGpuLibrary) {
@@ -136,28 +127,25 @@ TEST(CudaModule, PlanAndSimulateLoadNoGpuLibrary) {
   }
 }
 
-// The budget: `plan` <= 30 ms and <= 48 MiB, the 1T simulation <= 100 ms. Time here is
-// the child's CPU time (loading libraries is CPU work: mapping, relocating, constructors), the
-// least of three runs, which other processes on the machine disturb far less than wall time;
-// scripts/startup.sh measures the wall-time medians of docs/benchmarks.md. Before the module,
-// plan took 221 MiB and about 100 ms of CPU, the simulation 239 MiB (its 100 MiB bound here is
-// ours: 4x what it takes now).
-TEST(CudaModule, PlanAndSimulateFitTheStartupBudget) {
+// The memory budget: `plan` <= 48 MiB whole process (221 MiB with the GPU libraries
+// linked); the 1T simulation's 100 MiB bound is ours (4x what it takes now). Peak RSS is the
+// part of the start-up cost that does not depend on the machine's load; the times (plan <= 30
+// ms, the 1T simulation <= 100 ms) are a benchmark's, not a unit test's: scripts/startup.sh
+// (`make bench`) measures their wall-time medians, docs/benchmarks.md has the figures. Under a
+// sanitizer the binary is a Debug build with shadow memory: the budget is not its.
+TEST(CudaModule, PlanAndSimulateFitTheMemoryBudget) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "built with AddressSanitizer: its shadow memory is not the release binary's RSS";
+#endif
   struct Case {
     const std::vector<std::string>* args;
-    double cpu_s, rss_mib;
+    double rss_mib;
   };
-  for (const Case& c : {Case{&kPlan, 0.030, 48}, Case{&kSimulate1T, 0.100, 100}}) {
-    Cost best{1e9, 1e9};
-    for (int i = 0; i < 3; ++i) {
-      const Cost k = Measure(*c.args);
-      best.cpu_s = std::min(best.cpu_s, k.cpu_s);
-      best.max_rss_mib = std::min(best.max_rss_mib, k.max_rss_mib);
-    }
-    EXPECT_LE(best.cpu_s, c.cpu_s) << (*c.args)[0];
-    EXPECT_LE(best.max_rss_mib, c.rss_mib) << (*c.args)[0];
-    std::printf("%s: %.1f ms CPU, %.1f MiB peak RSS\n", (*c.args)[0].c_str(), 1e3 * best.cpu_s,
-                best.max_rss_mib);
+  for (const Case& c : {Case{&kPlan, 48}, Case{&kSimulate1T, 100}}) {
+    double best = 1e9;
+    for (int i = 0; i < 3; ++i) best = std::min(best, PeakRssMib(*c.args));
+    EXPECT_LE(best, c.rss_mib) << (*c.args)[0];
+    std::printf("%s: %.1f MiB peak RSS\n", (*c.args)[0].c_str(), best);
   }
 }
 
