@@ -83,6 +83,17 @@ double ColdBytes(const MicrobenchOptions& opt) {
   return opt.cold_bytes > 0 ? opt.cold_bytes : ColdBytesOfThisHost();
 }
 
+// n tensors of `shape` as views of one fp32 buffer of `be` (thousands of small tensors would be
+// thousands of allocations), each starting on a 64-byte boundary as the backend's own tensors
+// do; `all` receives the buffer (to fill it at once).
+Result<std::vector<Tensor>> Slices(Backend& be, const Shape& shape, size_t n, Tensor* all) {
+  const int64_t stride = (shape.numel() + 15) / 16 * 16;
+  PTDP_ASSIGN_OR_RETURN(*all, be.Alloc({stride * int64_t(n)}, DType::kF32));
+  std::vector<Tensor> v;
+  for (size_t i = 0; i < n; ++i) v.push_back(all->View(shape, int64_t(i) * stride));
+  return v;
+}
+
 class Bench {
  public:
   Bench(const MakeWorld& make_world, const MicrobenchOptions& opt,
@@ -98,8 +109,10 @@ class Bench {
   // How many operand sets of `bytes` each (one call's operands, fp32) an op cycles through: at
   // least kMinVariants, enough to add up to cold_bytes_ (see kMinVariants).
   size_t Variants(double bytes) const;
-  // n tensors of `shape` with different values.
-  Result<std::vector<Tensor>> Randoms(const Shape& shape, uint32_t seed, size_t n);
+  // n tensors of `shape` with different values (Slices of one buffer): uniform in [-1, 1], or
+  // N(0, sigma^2) when sigma > 0.
+  Result<std::vector<Tensor>> Randoms(const Shape& shape, uint32_t seed, size_t n,
+                                      double sigma = 0);
   void Done(const std::string& what);
   void Add(const char* table, std::vector<double> row) { rows_[table].push_back(std::move(row)); }
 
@@ -160,13 +173,13 @@ size_t Bench::Variants(double bytes) const {
   return size_t(std::clamp(n, double(kMinVariants), double(kMaxVariants)));
 }
 
-Result<std::vector<Tensor>> Bench::Randoms(const Shape& shape, uint32_t seed, size_t n) {
-  // Views of one buffer (thousands of small tensors would be thousands of allocations), each
-  // starting on a 64-byte boundary as the backend's own tensors do.
-  const int64_t stride = (shape.numel() + 15) / 16 * 16;
-  PTDP_ASSIGN_OR_RETURN(Tensor all, Random({stride * int64_t(n)}, seed));
-  std::vector<Tensor> v;
-  for (size_t i = 0; i < n; ++i) v.push_back(all.View(shape, int64_t(i) * stride));
+Result<std::vector<Tensor>> Bench::Randoms(const Shape& shape, uint32_t seed, size_t n,
+                                           double sigma) {
+  Tensor all;
+  PTDP_ASSIGN_OR_RETURN(std::vector<Tensor> v, Slices(*be_, shape, n, &all));
+  const std::vector<float> values =
+      sigma > 0 ? Normal(all.numel(), sigma, seed) : Noise(all.numel(), seed);
+  PTDP_RETURN_IF_ERROR(be_->CopyFromHost(values.data(), all));
   return v;
 }
 
@@ -333,13 +346,7 @@ Status Bench::ElementOps() {
     for (Tensor& t : v) be_->Fill(0.01f, t);  // AdamW's second moment must be non-negative
     size_t k = 0;
     for (double sigma : grids_.gelu_sigma) {
-      std::vector<Tensor> x;
-      for (size_t i = 0; i < nv; ++i) {
-        const std::vector<float> values = Normal(n, sigma, 36 + uint32_t(i));
-        PTDP_ASSIGN_OR_RETURN(Tensor t, be_->Alloc({n}, DType::kF32));
-        PTDP_RETURN_IF_ERROR(be_->CopyFromHost(values.data(), t));
-        x.push_back(std::move(t));
-      }
+      PTDP_ASSIGN_OR_RETURN(auto x, Randoms({n}, 36, nv, sigma));
       Add("gelu_forward", {e, sigma, TimeCall([&] { be_->GeluForward(x[k++ % nv], c); })});
       Add("gelu_backward", {e, sigma, TimeCall([&] {
             const size_t i = k++ % nv;
@@ -411,21 +418,21 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
       // backward wrote a while before, not the one the last call left in every cache. Every
       // rank cycles in step (the same count on each: it depends on n only).
       const size_t nv = Variants(4.0 * double(n + n / ranks));
-      const int64_t n_stride = (n + 15) / 16 * 16, p_stride = (n / ranks + 15) / 16 * 16;
-      PTDP_ASSIGN_OR_RETURN(Tensor fulls, be->Alloc({n_stride * int64_t(nv)}, DType::kF32));
-      PTDP_ASSIGN_OR_RETURN(Tensor parts, be->Alloc({p_stride * int64_t(nv)}, DType::kF32));
+      Tensor full_buf, part_buf;
+      PTDP_ASSIGN_OR_RETURN(auto full, Slices(*be, {n}, nv, &full_buf));
+      PTDP_ASSIGN_OR_RETURN(auto part, Slices(*be, {n / ranks}, nv, &part_buf));
       size_t v = 0;
-      auto full = [&] { return fulls.View({n}, int64_t(v % nv) * n_stride); };
-      auto part = [&] { return parts.View({n / ranks}, int64_t(v % nv) * p_stride); };
       std::function<Status()> call;
-      if (kind == 0) call = [&] { Tensor f = full(); ++v; return c.AllReduce(f, ReduceOp::kSum); };
-      if (kind == 1) call = [&] { Tensor p = part(), f = full(); ++v; return c.AllGather(p, f); };
+      if (kind == 0) call = [&] { return c.AllReduce(full[v++ % nv], ReduceOp::kSum); };
+      if (kind == 1) call = [&] { const size_t i = v++ % nv; return c.AllGather(part[i], full[i]); };
       if (kind == 2)
-        call = [&] { Tensor f = full(), p = part(); ++v; return c.ReduceScatter(f, p, ReduceOp::kSum); };
+        call = [&] {
+          const size_t i = v++ % nv;
+          return c.ReduceScatter(full[i], part[i], ReduceOp::kSum);
+        };
       if (kind == 3)
         call = [&] {
-          Tensor f = full();
-          ++v;
+          Tensor& f = full[v++ % nv];
           PTDP_RETURN_IF_ERROR(pair->GroupStart());
           PTDP_RETURN_IF_ERROR(rank == 0 ? pair->Send(f, 1) : pair->Recv(f, 0));
           return pair->GroupEnd();
