@@ -17,6 +17,10 @@
 // error shows in every quiet run, the host's noise does not.
 // When no run of a layout was quiet, the timing bound cannot be checked here: the test says
 // so and skips (the memory bound, which is deterministic, is checked on every run).
+// Under AddressSanitizer (`make test-asan`) the binary is a Debug -O1 build whose allocations,
+// copies and thread hand-offs cost several times more than its arithmetic: the calibrated
+// primitives are not that binary's step (CI measured -20% to -38% on every layout). There the
+// loop runs once per layout and checks everything but the step-time bound.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -42,7 +46,12 @@ const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
 
 constexpr double kMaxStepErrorPct = 20;
 constexpr double kMaxMemoryErrorPct = 5;
-constexpr int kAttempts = 5;
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+constexpr int kAttempts = kSanitized ? 1 : 5;
 
 TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
   const std::string dir = FreshDir("loop");
@@ -88,6 +97,7 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
       if (!busy && std::fabs(step) < std::fabs(best)) best = step;
     }
     std::printf("%-6s step-time error after calibration: %s\n", c.name, tried.c_str());
+    if (kSanitized) continue;  // the instrumented binary's times are not the model's to match
     if (best == 1e9) {
       unchecked += std::string(unchecked.empty() ? "" : "; ") + c.name + ": " + tried;
       continue;
@@ -115,6 +125,9 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
   if (!unchecked.empty())
     std::printf("step-time bound not checked, the machine was busy in every run of: %s\n",
                 unchecked.c_str());
+  if (kSanitized)
+    GTEST_SKIP() << "built with AddressSanitizer: the loop ran and memory was checked; the "
+                    "step-time bound is the release build's";
   if (checked == 0) GTEST_SKIP() << "the machine was busy in every run: " << unchecked;
 }
 
