@@ -204,7 +204,7 @@ Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_fil
     rc.stage = grid.Coord(g).pp;
     c.ranks.push_back(rc);
   }
-  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(measured_file, "a measured.json"));
+  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(measured_file, "a measured.json", kMaxMeasuredBytes));
   try {
     const json j = json::parse(text);
     if (!j.is_object() || !j.contains("layout"))

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/file_io.h"
 #include "core/status.h"
 #include "core/units.h"
 
@@ -24,7 +25,7 @@ namespace ptdp {
 std::string YamlQuote(const std::string& s);
 
 // Loads a YAML file; the error names the file (missing, unreadable, malformed with line).
-Result<YAML::Node> LoadYamlFile(const std::string& path);
+Result<YAML::Node> LoadYamlFile(const std::string& path, uint64_t max_bytes = kMaxConfigBytes);
 
 // Parses YAML text; `name` stands for the file in messages.
 Result<YAML::Node> ParseYamlText(const std::string& text, const std::string& name);

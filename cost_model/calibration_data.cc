@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/file_io.h"
 #include "core/plan.h"
 #include "core/yaml_reader.h"
 
@@ -137,7 +138,7 @@ Result<MeasuredRun> ReadPublishedRow(const YAML::Node& node, const std::string& 
 }  // namespace
 
 Result<CalibrationSet> LoadPublishedRuns(const std::string& path) {
-  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path));
+  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path, kMaxDataBytes));
   YamlReader r(root, path, "");
   if (r.PositiveInt("ptdp_published_runs_version") != 1)
     r.Fail("ptdp_published_runs_version", "only version 1 is understood");
@@ -164,7 +165,7 @@ Result<CalibrationSet> LoadPublishedRuns(const std::string& path) {
 }
 
 Result<CalibrationSet> LoadMeasuredRuns(const std::string& path) {
-  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path));
+  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path, kMaxDataBytes));
   const YAML::Node entries = root["entries"];
   if (!entries || !entries.IsSequence())
     return Status::Error(path + ": missing 'entries' list");
@@ -184,8 +185,8 @@ Result<CalibrationSet> LoadMeasuredRuns(const std::string& path) {
 }
 
 Result<CalibrationSet> LoadVtrainCsv(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot open file");
+  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(path, "a vTrain CSV", kMaxDataBytes));
+  std::istringstream in(text);
   CalibrationSet set;
   std::string line;
   int lineno = 0;

@@ -22,8 +22,10 @@
 //
 // Writing goes to "<path>.tmp" in the same folder, is fsync'ed, renamed over <path>, and the
 // folder is fsync'ed: a reader sees the old file or the whole new one, never a part. Reading
-// checks, in order: size, magic, version, recorded size (truncation), trailer, CRC32C
-// (alteration), then the metadata and the tensor table; each refusal names the file.
+// checks, in order: a regular file (a FIFO is never waited on), size, magic, version, recorded
+// size (truncation), metadata size (at most 64 MiB), trailer, the CRC32C of the whole file
+// (alteration), and only then parses the metadata and the tensor table (a second pass, whose
+// CRC must match again); each refusal names the file.
 #pragma once
 
 #include <cstddef>

@@ -23,7 +23,7 @@ std::string ByteTokenizer::Decode(const std::vector<int32_t>& tokens) {
 }
 
 Result<TokenCorpus> LoadCorpus(const std::string& path, double val_fraction, int64_t min_tokens) {
-  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(path, "a corpus"));
+  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(path, "a corpus", kMaxCorpusBytes));
   if (!(val_fraction > 0 && val_fraction < 1))
     return Status::Error("validation fraction " + std::to_string(val_fraction) + " must be in (0, 1)");
   const std::vector<int32_t> all = ByteTokenizer::Encode(text);
