@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/limits.h"
 #include "core/model.h"
 #include "core/status.h"
 
@@ -52,14 +53,7 @@ struct Layout {
   std::string Knobs() const;
 };
 
-// Upper bound on the global batch (sequences) ptdp accepts: far above any real run (the largest
-// published ones are ~10^4), low enough that enumerating its divisors and simulating its
-// micro-batches stays fast and exact.
-constexpr int64_t kMaxGlobalBatch = 1000000;
-
-// Upper bound on every parallel size and on the world size (ranks, GPUs): 16x the biggest
-// published training runs. Within it tp*cp*pp*dp and nodes*gpus_per_node fit an int.
-constexpr int64_t kMaxWorldSize = 262144;
+// kMaxGlobalBatch and kMaxWorldSize are in core/limits.h with every other range.
 
 // Why a layout is illegal. The names are stable: they key `rejected` in plan --json.
 enum class Rejection {

@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/limits.h"
 #include "core/yaml_reader.h"
 
 namespace ptdp {
@@ -79,9 +80,12 @@ Result<MeasuredTable> MeasuredTable::FromRows(const std::vector<std::vector<doub
     if (row.size() != dims + 1)
       return Status::Error(at + ": expected " + std::to_string(dims + 1) + " numbers, got " +
                            std::to_string(row.size()));
-    for (double v : row)
-      if (!(v > 0) || !std::isfinite(v))
-        return Status::Error(at + ": every value must be a positive number");
+    for (size_t k = 0; k < row.size(); ++k) {
+      const bool time = k == dims;
+      if (Status st = CheckRange(row[k], time ? limits::kMeasuredSeconds : limits::kTableAxis);
+          !st.ok())
+        return st.Prefixed(at + (time ? ": seconds" : ": axis value"));
+    }
     for (size_t a = 0; a < dims; ++a) values[a].insert(row[a]);
   }
   if (rows.empty()) return Status::Error(where + ": no rows");
@@ -219,16 +223,16 @@ Result<MeasuredPrimitives> MeasuredFromYaml(const YAML::Node& node, const std::s
   m.host = r.String("host", "");
   m.date = r.String("date", "");
   m.note = r.String("note", "");
-  m.cores = int(r.PositiveInt("cores", 1));
-  m.element_bytes = r.PositiveNumber("element_bytes", 4);
+  m.cores = r.PositiveIntAtMost("cores", kMaxCores, 1);
+  m.element_bytes = r.Number("element_bytes", limits::kElementBytes, 4);
   const YAML::Node saved = r.Child("attention_saved");
   const YAML::Node tables = r.Child("tables");
   if (!tables.IsDefined() || tables.IsNull()) r.Fail("tables", "missing required key");
   PTDP_RETURN_IF_ERROR(r.Finish());
   if (saved.IsDefined() && !saved.IsNull()) {
     YamlReader s(saved, file, "measured.attention_saved");
-    m.attention_saved_per_score = s.PositiveNumber("per_score", 0);
-    m.attention_saved_per_token = s.PositiveNumber("per_token", 0);
+    m.attention_saved_per_score = s.Number("per_score", limits::kAttentionSaved, 0);
+    m.attention_saved_per_token = s.Number("per_token", limits::kAttentionSaved, 0);
     PTDP_RETURN_IF_ERROR(s.Finish());
   }
   if (!tables.IsMap())

@@ -123,16 +123,17 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                    : PositionEmbedding::kLearned;
   m.tied_embeddings = r.Bool("tied_embeddings", true);
   m.bias = r.Bool("bias", true);
+  // A size past its limit first: it explains any rule it breaks below.
+  for (const auto& [name, value, limit] : SizeLimits(m))
+    if (value > limit)
+      r.Fail(name, "'" + std::to_string(value) + "' is larger than the limit " +
+                       std::to_string(limit));
   if (r.Has("hidden") && r.Has("heads") && m.hidden % m.heads != 0)
     r.Fail("heads", "'" + std::to_string(m.heads) + "' does not divide hidden " +
                         std::to_string(m.hidden));
   if (m.heads % m.kv_heads != 0)
     r.Fail("kv_heads", "'" + std::to_string(m.kv_heads) + "' does not divide heads " +
                            std::to_string(m.heads));
-  for (const auto& [name, value, limit] : SizeLimits(m))
-    if (value > limit)
-      r.Fail(name, "'" + std::to_string(value) + "' is larger than the limit " +
-                       std::to_string(limit));
   PTDP_RETURN_IF_ERROR(r.Finish());
   return m;
 }
@@ -144,6 +145,11 @@ Result<ModelSpec> LoadModelFile(const std::string& path) {
 
 namespace {
 
+// A JSON value for a message (never throws: strings are UTF-8 after parsing, but be safe).
+std::string Dump(const nlohmann::json& v) {
+  return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // Reads a positive integer field of a HF config; `key` is required unless fallback > 0.
 Result<int64_t> JsonInt(const nlohmann::json& j, const std::string& file,
                         const std::string& key, int64_t fallback) {
@@ -153,7 +159,7 @@ Result<int64_t> JsonInt(const nlohmann::json& j, const std::string& file,
   }
   const auto& v = j[key];
   if (!v.is_number_integer() || v.get<int64_t>() <= 0)
-    return Status::Error(file + ": key '" + key + "' = " + v.dump() +
+    return Status::Error(file + ": key '" + key + "' = " + Dump(v) +
                          " must be a positive integer");
   return v.get<int64_t>();
 }
@@ -168,14 +174,14 @@ Result<bool> JsonBool(const nlohmann::json& j, const std::string& file, const st
                       bool fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
   if (!j[key].is_boolean())
-    return Status::Error(file + ": key '" + key + "' = " + j[key].dump() + " is not a boolean");
+    return Status::Error(file + ": key '" + key + "' = " + Dump(j[key]) + " is not a boolean");
   return j[key].get<bool>();
 }
 Result<std::string> JsonString(const nlohmann::json& j, const std::string& file,
                                const std::string& key, const std::string& fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
   if (!j[key].is_string())
-    return Status::Error(file + ": key '" + key + "' = " + j[key].dump() + " is not a string");
+    return Status::Error(file + ": key '" + key + "' = " + Dump(j[key]) + " is not a string");
   return j[key].get<std::string>();
 }
 
@@ -197,13 +203,14 @@ Result<ModelSpec> ImportHfConfigText(const std::string& text, const std::string&
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    return Status::Error(path + ": malformed JSON: " + e.what());
+    // nlohmann quotes the bytes it read last: a non-UTF-8 string is shown escaped (\xff).
+    return Status::Error(path + ": malformed JSON: " + EscapeBytes(e.what()));
   }
   if (!j.is_object()) return Status::Error(path + ": top level is not a JSON object");
   try {
     return ImportHfJson(j, path);
   } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
-    return Status::Error(path + ": a field has the wrong type: " + e.what());
+    return Status::Error(path + ": a field has the wrong type: " + EscapeBytes(e.what()));
   }
 }
 

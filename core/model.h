@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/limits.h"
 #include "core/status.h"
 
 namespace YAML { class Node; }
@@ -52,14 +53,8 @@ struct ModelSpec {
   int64_t total_params() const;
 };
 
-// The largest sizes ptdp accepts, far above any published model (Megatron-1T: h 25600, f
-// 102400, L 128; Llama 3 405B: V 128256). Within them every derived count (total_params(),
-// FLOPs) fits int64 exactly: L * f * h * 3 <= 2^16 * 2^22 * 2^20 * 3 < 2^60.
-constexpr int64_t kMaxLayers = int64_t(1) << 16;
-constexpr int64_t kMaxHidden = int64_t(1) << 20;
-constexpr int64_t kMaxFfnHidden = int64_t(1) << 22;
-constexpr int64_t kMaxSeqLen = int64_t(1) << 24;
-constexpr int64_t kMaxVocab = int64_t(1) << 24;
+// The size limits (kMaxLayers, kMaxHidden, kMaxFfnHidden, kMaxSeqLen, kMaxVocab) are in
+// core/limits.h with every other range.
 
 // Checks the cross-field rules (positive sizes within the limits above, h % a, a % k, ...).
 // `where` prefixes messages.

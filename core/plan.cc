@@ -4,10 +4,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "core/file_io.h"
+#include "core/limits.h"
 #include "core/yaml_reader.h"
 
 namespace ptdp {
@@ -21,56 +23,56 @@ std::string Num(double v) {
 
 const char* Bool(bool b) { return b ? "true" : "false"; }
 
-double ParseNonNegative(YamlReader& r, const std::string& key, const YAML::Node& n) {
+// Predictions are outputs of the cost model: plain numbers inside their range (core/limits.h).
+double ParseNumber(YamlReader& r, const std::string& key, const YAML::Node& n, const Range& range) {
   const std::string text = n.IsScalar() ? n.Scalar() : "";
-  try {
-    size_t pos = 0;
-    double v = std::stod(text, &pos);
-    if (pos != text.size() || !std::isfinite(v) || v < 0) throw std::invalid_argument("bad");
-    return v;
-  } catch (...) {
-    r.Fail(key, "'" + text + "' is not a non-negative number");
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() ||
+      text.find_first_not_of("0123456789.eE+-") != std::string::npos) {
+    r.Fail(key, "'" + text + "' is not a number");
     return 0;
   }
+  if (Status st = CheckRange(v, range, "'" + text + "'"); !st.ok()) r.Fail(key, st.message());
+  return v;
 }
 
-double ReadDouble(YamlReader& r, const std::string& key) {
-  // Predictions may be zero (e.g. no bubble), so read as a number >= 0.
+double ReadDouble(YamlReader& r, const std::string& key, const Range& range) {
   if (!r.Has(key)) { r.Fail(key, "missing required key"); return 0; }
-  return ParseNonNegative(r, key, r.Child(key));
+  return ParseNumber(r, key, r.Child(key), range);
 }
 
 Status ReadPrediction(const YAML::Node& node, const std::string& file, Prediction* p) {
   YamlReader r(node, file, "prediction");
   p->source = r.Enum("source", {"analytic", "simulated"}, "analytic");
-  p->step_time_s = ReadDouble(r, "step_time_s");
-  p->tflops_per_gpu = ReadDouble(r, "tflops_per_gpu");
-  p->hw_tflops_per_gpu = ReadDouble(r, "hw_tflops_per_gpu");
-  p->mfu = ReadDouble(r, "mfu");
-  p->bubble_fraction = ReadDouble(r, "bubble_fraction");
+  p->step_time_s = ReadDouble(r, "step_time_s", limits::kPredictedStepTime);
+  p->tflops_per_gpu = ReadDouble(r, "tflops_per_gpu", limits::kPredictedTflops);
+  p->hw_tflops_per_gpu = ReadDouble(r, "hw_tflops_per_gpu", limits::kPredictedTflops);
+  p->mfu = ReadDouble(r, "mfu", limits::kPredictedMfu);
+  p->bubble_fraction = ReadDouble(r, "bubble_fraction", limits::kFraction);
   p->fits = r.Bool("fits", false);
   YamlReader b(r.Child("breakdown_s"), file, "prediction.breakdown_s");
-  p->breakdown.compute_s = ReadDouble(b, "compute");
-  p->breakdown.tp_comm_s = ReadDouble(b, "tp_comm");
-  p->breakdown.pp_comm_s = ReadDouble(b, "pp_comm");
-  p->breakdown.dp_comm_s = ReadDouble(b, "dp_comm");
-  p->breakdown.bubble_s = ReadDouble(b, "bubble");
-  p->breakdown.optimizer_s = ReadDouble(b, "optimizer");
+  p->breakdown.compute_s = ReadDouble(b, "compute", limits::kPredictedSeconds);
+  p->breakdown.tp_comm_s = ReadDouble(b, "tp_comm", limits::kPredictedSeconds);
+  p->breakdown.pp_comm_s = ReadDouble(b, "pp_comm", limits::kPredictedSeconds);
+  p->breakdown.dp_comm_s = ReadDouble(b, "dp_comm", limits::kPredictedSeconds);
+  p->breakdown.bubble_s = ReadDouble(b, "bubble", limits::kPredictedSeconds);
+  p->breakdown.optimizer_s = ReadDouble(b, "optimizer", limits::kPredictedSeconds);
   PTDP_RETURN_IF_ERROR(b.Finish());
   YamlReader m(r.Child("memory_bytes"), file, "prediction.memory_bytes");
-  p->memory.weights = ReadDouble(m, "weights");
-  p->memory.grads = ReadDouble(m, "grads");
-  p->memory.optimizer = ReadDouble(m, "optimizer");
-  p->memory.activations = ReadDouble(m, "activations");
-  p->memory.other = ReadDouble(m, "other");
-  p->memory.total = ReadDouble(m, "total");
-  p->memory.capacity = ReadDouble(m, "capacity");
+  p->memory.weights = ReadDouble(m, "weights", limits::kPredictedBytes);
+  p->memory.grads = ReadDouble(m, "grads", limits::kPredictedBytes);
+  p->memory.optimizer = ReadDouble(m, "optimizer", limits::kPredictedBytes);
+  p->memory.activations = ReadDouble(m, "activations", limits::kPredictedBytes);
+  p->memory.other = ReadDouble(m, "other", limits::kPredictedBytes);
+  p->memory.total = ReadDouble(m, "total", limits::kPredictedBytes);
+  p->memory.capacity = ReadDouble(m, "capacity", limits::kPredictedBytes);
   PTDP_RETURN_IF_ERROR(m.Finish());
   YAML::Node stages = r.Child("stage_memory_bytes");
   if (stages && !stages.IsSequence()) r.Fail("stage_memory_bytes", "must be a list of numbers");
   if (stages && stages.IsSequence())
     for (const auto& s : stages)
-      p->stage_memory_bytes.push_back(ParseNonNegative(r, "stage_memory_bytes", s));
+      p->stage_memory_bytes.push_back(ParseNumber(r, "stage_memory_bytes", s, limits::kPredictedBytes));
   return r.Finish();
 }
 

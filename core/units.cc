@@ -92,7 +92,10 @@ Result<double> Parse(std::string_view text, Dimension dim, bool allow_zero) {
     return Status::Error(quoted + ": unknown unit \"" + unit + "\" (valid: " + valid + ")");
   if (number < 0) return Status::Error(quoted + " is negative");
   if (number == 0 && !allow_zero) return Status::Error(quoted + " is zero");
-  return number * u->factor;
+  // "1e308 GiB" is finite as written but not once converted to bytes.
+  const double si = number * u->factor;
+  if (!std::isfinite(si)) return Status::Error(quoted + " overflows once converted to SI units");
+  return si;
 }
 
 std::string Fmt(double v, const char* unit) {

@@ -22,7 +22,8 @@ const char* DimensionExample(Dimension dim);
 
 // Parses "<number> <unit>" (space optional). Returns the value in SI units (bytes, bytes/s,
 // seconds, FLOP/s). Fails on a bare number, an unknown unit, a unit of another dimension,
-// a non-finite, zero or negative value; the message quotes the text and lists valid units.
+// a non-finite, zero or negative value, or one that overflows once converted; the message
+// quotes the text and lists valid units. Physical ranges are the caller's (core/limits.h).
 Result<double> ParseQuantity(std::string_view text, Dimension dim);
 
 // Same, but zero is accepted (latencies, overheads that may be absent).

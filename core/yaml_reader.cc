@@ -2,6 +2,8 @@
 #include "core/yaml_reader.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -21,10 +23,36 @@ std::string YamlQuote(const std::string& s) {
   return out + "\"";
 }
 
+namespace {
+// The first scalar of `n` (a key or a value, at any depth) that is not well-formed UTF-8.
+Status CheckUtf8(const YAML::Node& n, const std::string& name, const std::string& path) {
+  auto bad = [&](const YAML::Node& at, const std::string& where) {
+    const std::string line = at.Mark().is_null() ? "" : ":" + std::to_string(at.Mark().line + 1);
+    return Status::Error(name + line + ": " + (where.empty() ? "the top level" : where) + ": '" +
+                         EscapeBytes(at.Scalar()) + "' is not valid UTF-8");
+  };
+  if (n.IsScalar()) return IsUtf8(n.Scalar()) ? Status::Ok() : bad(n, path);
+  if (n.IsSequence()) {
+    for (size_t i = 0; i < n.size(); ++i)
+      PTDP_RETURN_IF_ERROR(CheckUtf8(n[i], name, path + "[" + std::to_string(i) + "]"));
+  } else if (n.IsMap()) {
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const std::string key = it->first.IsScalar() ? it->first.Scalar() : "?";
+      const std::string child = path.empty() ? EscapeBytes(key) : path + "." + EscapeBytes(key);
+      if (!IsUtf8(key)) return bad(it->first, child);
+      PTDP_RETURN_IF_ERROR(CheckUtf8(it->first, name, child));
+      PTDP_RETURN_IF_ERROR(CheckUtf8(it->second, name, child));
+    }
+  }
+  return Status::Ok();
+}
+}  // namespace
+
 Result<YAML::Node> ParseYamlText(const std::string& text, const std::string& name) {
   try {
     YAML::Node n = YAML::Load(text);
     if (!n.IsDefined() || n.IsNull()) return Status::Error(name + ": file is empty");
+    PTDP_RETURN_IF_ERROR(CheckUtf8(n, name, ""));
     return n;
   } catch (const YAML::Exception& e) {
     return Status::Error(name + ":" + std::to_string(e.mark.line + 1) +
@@ -147,43 +175,57 @@ int YamlReader::NonNegativeIntAtMost(const std::string& key, int64_t max, int fa
   return int(v);
 }
 
+namespace {
+// A plain decimal number (strtod would also take "inf", "nan" and hex).
+bool ParseNumber(const YAML::Node& n, double* out) {
+  if (!n.IsScalar()) return false;
+  const std::string& s = n.Scalar();
+  if (s.empty() || s.find_first_not_of("0123456789.eE+-") != std::string::npos) return false;
+  char* end = nullptr;
+  *out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+}  // namespace
+
 double YamlReader::PositiveNumber(const std::string& key, double fallback) {
   auto n = Take(key, false);
   if (!n) return fallback;
   double v = 0;
-  try {
-    size_t pos = 0;
-    v = std::stod(n->IsScalar() ? n->Scalar() : std::string("x"), &pos);
-    if (pos != n->Scalar().size()) throw std::invalid_argument("trailing");
-  } catch (...) {
-    Fail(key, Value(*n) + " is not a number");
-    return fallback;
-  }
+  if (!ParseNumber(*n, &v)) { Fail(key, Value(*n) + " is not a number"); return fallback; }
+  if (!std::isfinite(v)) { Fail(key, Value(*n) + " is not finite"); return fallback; }
   if (!(v > 0)) { Fail(key, Value(*n) + " must be positive"); return fallback; }
   return v;
 }
 
-double YamlReader::Quantity(const std::string& key, Dimension dim) {
-  auto n = Take(key, true);
-  if (!n) return 1;
-  if (!n->IsScalar()) { Fail(key, Value(*n) + " is not " + DimensionExample(dim)); return 1; }
-  auto r = ParseQuantity(n->Scalar(), dim);
-  if (!r.ok()) { Fail(key, r.status().message()); return 1; }
-  return *r;
-}
-
-double YamlReader::Quantity(const std::string& key, Dimension dim, double fallback) {
-  if (!Has(key)) { consumed_.push_back(key); return fallback; }
-  return Quantity(key, dim);
-}
-
-double YamlReader::QuantityAllowZero(const std::string& key, Dimension dim, double fallback) {
+double YamlReader::Number(const std::string& key, const Range& range, double fallback) {
   auto n = Take(key, false);
   if (!n) return fallback;
-  if (!n->IsScalar()) { Fail(key, Value(*n) + " is not " + DimensionExample(dim)); return fallback; }
-  auto r = ParseQuantityAllowZero(n->Scalar(), dim);
-  if (!r.ok()) { Fail(key, r.status().message()); return fallback; }
+  double v = 0;
+  if (!ParseNumber(*n, &v)) { Fail(key, Value(*n) + " is not a number"); return fallback; }
+  if (Status st = CheckRange(v, range, Value(*n)); !st.ok()) {
+    Fail(key, st.message());
+    return fallback;
+  }
+  return v;
+}
+
+double YamlReader::Quantity(const std::string& key, const Range& range) {
+  const Dimension dim = range.dim.value_or(Dimension::kBytes);
+  auto n = Take(key, true);
+  if (!n) return range.min;
+  if (!n->IsScalar()) { Fail(key, Value(*n) + " is not " + DimensionExample(dim)); return range.min; }
+  auto r = range.zero_ok ? ParseQuantityAllowZero(n->Scalar(), dim) : ParseQuantity(n->Scalar(), dim);
+  if (!r.ok()) { Fail(key, r.status().message()); return range.min; }
+  if (Status st = CheckRange(*r, range, Value(*n)); !st.ok()) {
+    Fail(key, st.message());
+    return range.min;
+  }
   return *r;
+}
+
+double YamlReader::Quantity(const std::string& key, const Range& range, double fallback) {
+  if (!Has(key)) { consumed_.push_back(key); return fallback; }
+  return Quantity(key, range);
 }
 
 std::string YamlReader::String(const std::string& key) {

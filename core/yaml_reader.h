@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/file_io.h"
+#include "core/limits.h"
 #include "core/status.h"
 #include "core/units.h"
 
@@ -27,7 +28,9 @@ std::string YamlQuote(const std::string& s);
 // Loads a YAML file; the error names the file (missing, unreadable, malformed with line).
 Result<YAML::Node> LoadYamlFile(const std::string& path, uint64_t max_bytes = kMaxConfigBytes);
 
-// Parses YAML text; `name` stands for the file in messages.
+// Parses YAML text; `name` stands for the file in messages. Every scalar (keys and values)
+// must be well-formed UTF-8: else the error names the file, line and key path and shows the
+// bad bytes escaped ("name: '\xffA100' is not valid UTF-8").
 Result<YAML::Node> ParseYamlText(const std::string& text, const std::string& name);
 
 class YamlReader {
@@ -45,10 +48,14 @@ class YamlReader {
   int PositiveIntAtMost(const std::string& key, int64_t max);
   int PositiveIntAtMost(const std::string& key, int64_t max, int fallback);
   int NonNegativeIntAtMost(const std::string& key, int64_t max, int fallback);
+  // A finite number > 0.
   double PositiveNumber(const std::string& key, double fallback);
-  double Quantity(const std::string& key, Dimension dim);
-  double Quantity(const std::string& key, Dimension dim, double fallback);
-  double QuantityAllowZero(const std::string& key, Dimension dim, double fallback);
+  // A plain number inside `range` (core/limits.h); the message names the value and the range.
+  double Number(const std::string& key, const Range& range, double fallback);
+  // A quantity with a unit of `range.dim` (which must be set), inside `range` once converted
+  // to SI units ("4.9e-324 GB/s" is outside 1 MB/s..1 PB/s); zero only where range.zero_ok.
+  double Quantity(const std::string& key, const Range& range);
+  double Quantity(const std::string& key, const Range& range, double fallback);
   std::string String(const std::string& key);
   std::string String(const std::string& key, const std::string& fallback);
   bool Bool(const std::string& key, bool fallback);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/limits.h"
 #include "tests/core/test_util.h"
 
 namespace ptdp {
@@ -272,6 +273,72 @@ TEST(ModelYamlTest, BadFilesNameFileLineAndKey) {
     for (const std::string& piece : c.in_message)
       EXPECT_THAT(r.status().message(), HasSubstr(piece));
   }
+}
+
+// Extreme integers for the sizes: refused naming the file, line, key, value and limit (the
+// limits of core/limits.h keep L*h*h*4 and L*f*h*3 inside int64).
+TEST(ModelYamlTest, ExtremeSizesAreRefusedNamingKeyValueAndLimit) {
+  const std::string tail = "heads: 4\nseq_len: 32\nvocab: 256\n";
+  const BadYaml cases[] = {
+      {"int64_max_layers", "layers: 9223372036854775807\nhidden: 64\n" + tail,
+       {":1:", "layers: '9223372036854775807' is larger than the limit 65536"}},
+      {"int32_max_hidden", "layers: 4\nhidden: 2147483647\n" + tail,
+       {":2:", "hidden: '2147483647' is larger than the limit 1048576"}},
+      {"hex_hidden", "layers: 4\nhidden: 0x7fffffff\n" + tail,
+       {":2:", "hidden: '0x7fffffff' is not an integer"}},
+      {"float_hidden", "layers: 4\nhidden: 1e308\n" + tail, {":2:", "hidden: '1e308' is not an integer"}},
+      {"inf_layers", "layers: .inf\nhidden: 64\n" + tail, {":1:", "layers: '.inf' is not an integer"}},
+      {"nan_layers", "layers: .nan\nhidden: 64\n" + tail, {":1:", "layers: '.nan' is not an integer"}},
+      {"zero_layers", "layers: 0\nhidden: 64\n" + tail, {":1:", "layers: '0' must be positive"}},
+      {"minus_zero_layers", "layers: -0\nhidden: 64\n" + tail, {":1:", "layers: '-0' must be positive"}},
+      {"million_token_ok_but_not_2^25", "layers: 4\nhidden: 64\nheads: 4\nseq_len: 33554432\nvocab: 256\n",
+       {":4:", "seq_len: '33554432' is larger than the limit 16777216"}},
+  };
+  for (const BadYaml& c : cases) {
+    SCOPED_TRACE(c.label);
+    const std::string path = WriteTemp(std::string("extreme_") + c.label + ".yaml", c.text);
+    Result<ModelSpec> r = LoadModelFile(path);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().message().rfind(path + ":", 0), 0u) << r.status().message();
+    for (const std::string& piece : c.in_message)
+      EXPECT_THAT(r.status().message(), HasSubstr(piece));
+  }
+  // The largest real shapes load: a 1M-token sequence, Megatron-1T's widths.
+  const std::string big = WriteTemp("extreme_big.yaml",
+                                    "layers: 128\nhidden: 25600\nheads: 160\nffn_hidden: 102400\n"
+                                    "seq_len: 1048576\nvocab: 256000\n");
+  EXPECT_TRUE(LoadModelFile(big).ok());
+}
+
+// A model name that is not UTF-8 would break every --json output: refused by name.
+TEST(ModelYamlTest, NonUtf8NameIsRefusedNamingTheKey) {
+  const std::string path = WriteTemp("bad_utf8.yaml", std::string("name: \"gpt\xff\"\n") + kGoodBody);
+  Result<ModelSpec> r = LoadModelFile(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), path + ":1: name: 'gpt\\xff' is not valid UTF-8");
+}
+
+// In a Hugging Face config.json the JSON parser refuses a non-UTF-8 string; the message shows
+// the byte escaped, so it is printable itself. Extreme numbers are refused by key.
+TEST(HfImportTest, NonUtf8AndExtremeNumbersAreRefused) {
+  const std::string llama =
+      R"({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+          "max_position_embeddings": 128, "vocab_size": 256)";
+  Result<ModelSpec> r = ImportHfConfigText(llama + ", \"_name_or_path\": \"x\xff\"}", "c.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("c.json: malformed JSON"));
+  EXPECT_THAT(r.status().message(), HasSubstr("\\xff"));
+  EXPECT_TRUE(IsUtf8(r.status().message()));
+  r = ImportHfConfigText(llama + ", \"intermediate_size\": 1e308}", "c.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("'intermediate_size' = 1e+308 must be a positive integer"));
+  r = ImportHfConfigText(llama + ", \"intermediate_size\": 9223372036854775807}", "c.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("ffn_hidden 9223372036854775807 is larger than the limit"));
+  r = ImportHfConfigText(llama + ", \"intermediate_size\": -1}", "c.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("'intermediate_size' = -1 must be a positive integer"));
+  EXPECT_TRUE(ImportHfConfigText(llama + "}", "c.json").ok());
 }
 
 TEST(ModelYamlTest, MissingFileNamesIt) {

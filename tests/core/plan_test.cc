@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <array>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 namespace ptdp {
 namespace {
 
+using ::ptdp::testing_util::SourcePath;
 using ::ptdp::testing_util::WriteTemp;
 using ::testing::HasSubstr;
 
@@ -233,7 +236,7 @@ TEST(PlanErrorsTest, HandEditedPlans) {
       {"bad_enum", Edited("recompute: selective", "recompute: some"),
        {"layout.recompute", "'some'"}},
       {"negative_prediction", Edited("  mfu: ", "  mfu: -", true),
-       {"prediction.mfu", "not a non-negative number"}},
+       {"prediction.mfu", "is outside 0..1e+06"}},
       {"malformed", "cluster: [\n", {"plan.yaml", "malformed YAML"}},
   };
   for (const BadPlan& c : cases) {
@@ -243,6 +246,85 @@ TEST(PlanErrorsTest, HandEditedPlans) {
     for (const std::string& piece : c.in_message)
       EXPECT_THAT(r.status().message(), HasSubstr(piece));
   }
+}
+
+// Every number of a plan is checked: step_time_s finite and positive, the other predictions
+// finite and not negative, sizes within their limits. The message names file, key, value and
+// range (core/limits.h).
+TEST(PlanErrorsTest, ExtremeNumbersAreRefusedNamingKeyValueAndRange) {
+  struct Case {
+    const char* label;
+    std::string from, to;
+    std::vector<std::string> in_message;
+  };
+  const Case cases[] = {
+      {"zero_step_time", "step_time_s: 12.345678901234567", "step_time_s: 0",
+       {"prediction.step_time_s: '0' is outside 1e-12 s..1e+30 s"}},
+      {"minus_zero_step_time", "step_time_s: 12.345678901234567", "step_time_s: -0",
+       {"prediction.step_time_s: '-0' is outside"}},
+      {"negative_step_time", "step_time_s: 12.345678901234567", "step_time_s: -1e308",
+       {"prediction.step_time_s: '-1e308' is outside"}},
+      {"huge_step_time", "step_time_s: 12.345678901234567", "step_time_s: 1e308",
+       {"prediction.step_time_s: '1e308' is outside 1e-12 s..1e+30 s"}},
+      {"denormal_step_time", "step_time_s: 12.345678901234567", "step_time_s: 4.9e-324",
+       {"prediction.step_time_s: '4.9e-324' is outside"}},
+      {"nan_step_time", "step_time_s: 12.345678901234567", "step_time_s: .nan",
+       {"prediction.step_time_s: '.nan' is not a number"}},
+      {"inf_step_time", "step_time_s: 12.345678901234567", "step_time_s: inf",
+       {"prediction.step_time_s: 'inf' is not a number"}},
+      {"hex_step_time", "step_time_s: 12.345678901234567", "step_time_s: 0x10",
+       {"prediction.step_time_s: '0x10' is not a number"}},
+      {"negative_breakdown", "    compute: ", "    compute: -",
+       {"prediction.breakdown_s.compute: '-", "is outside 0 s..1e+30 s"}},
+      {"huge_memory", "    total: ", "    total: 1e308 # was ",
+       {"prediction.memory_bytes.total: '1e308' is outside 0 B..1e+30 B"}},
+      {"bubble_fraction_above_1", "  bubble_fraction: ", "  bubble_fraction: 2 # was ",
+       {"prediction.bubble_fraction: '2' is outside 0..1"}},
+      {"stage_memory_inf", "stage_memory_bytes: [", "stage_memory_bytes: [.inf, ",
+       {"prediction.stage_memory_bytes: '.inf' is not a number"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    Result<Plan> r = PlanFromYamlText(Edited(c.from, c.to, true), "plan.yaml");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().message().rfind("plan.yaml:", 0), 0u) << r.status().message();
+    for (const std::string& piece : c.in_message)
+      EXPECT_THAT(r.status().message(), HasSubstr(piece));
+  }
+  for (const auto& [from, to, piece] : std::vector<std::array<std::string, 3>>{
+           {"  tp: 8\n", "  tp: 9223372036854775807\n", "layout.tp: '9223372036854775807' is larger than the limit 262144"},
+           {"  tp: 8\n", "  tp: 0x7fffffff\n", "layout.tp: '0x7fffffff' is not an integer"},
+           {"  nodes: 16\n", "  nodes: 2147483647\n", "cluster.nodes: '2147483647' is larger than the limit 262144"},
+       }) {
+    Result<Plan> r = PlanFromYamlText(Edited(from, to), "plan.yaml");
+    ASSERT_FALSE(r.ok()) << to;
+    EXPECT_THAT(r.status().message(), HasSubstr(piece));
+  }
+}
+
+// Names of a plan (cluster name and file, model name) must be UTF-8 like every string read.
+TEST(PlanErrorsTest, NonUtf8NamesAreRefusedNamingTheKey) {
+  Plan p = SamplePlan();
+  p.cluster_name = "pod\xff";
+  Result<Plan> r = PlanFromYamlText(PlanToYaml(p), "plan.yaml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("cluster.name: 'pod\\xff' is not valid UTF-8"));
+  p = SamplePlan();
+  p.model.name = "\xe2\x82";  // a truncated euro sign
+  r = PlanFromYamlText(PlanToYaml(p), "plan.yaml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("model.name: '\\xe2\\x82' is not valid UTF-8"));
+}
+
+// The plans `ptdp plan` writes (the fuzz seeds) are inside every range.
+TEST(PlanRoundTripTest, EveryShippedPlanLoads) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(SourcePath("fuzz/seeds/plan"))) {
+    Result<Plan> r = LoadPlanFile(e.path().string());
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    ++n;
+  }
+  EXPECT_GE(n, 3);
 }
 
 // A stage_memory_bytes entry that is not a number is an error naming

@@ -1,10 +1,12 @@
 // Quantities with units: strict parsing into SI, formatting, and the config round trip.
 #include "core/units.h"
+#include "core/limits.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 namespace ptdp {
@@ -149,6 +151,90 @@ TEST(FormatTest, DimensionExampleNamesAUnit) {
   EXPECT_THAT(DimensionExample(Dimension::kBandwidth), HasSubstr("GB/s"));
   EXPECT_THAT(DimensionExample(Dimension::kDuration), HasSubstr("us"));
   EXPECT_THAT(DimensionExample(Dimension::kFlopRate), HasSubstr("TFLOP/s"));
+}
+
+// "1e308 GiB" is a finite number as written, but 1e308 * 2^30 bytes is not.
+TEST(ParseQuantityTest, RefusesAValueThatOverflowsOnceConverted) {
+  auto r = ParseQuantity("1e308 GiB", Dimension::kBytes);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("\"1e308 GiB\" overflows"));
+  EXPECT_FALSE(ParseQuantity("1e308 TFLOP/s", Dimension::kFlopRate).ok());
+  EXPECT_TRUE(ParseQuantity("1e290 GiB", Dimension::kBytes).ok());  // 1.07e299: finite (the range is the caller's)
+}
+
+// The range text of every row names its bounds with a unit a reader knows.
+TEST(LimitsTest, RangeTextNamesTheBoundsWithUnits) {
+  EXPECT_EQ(RangeText(limits::kGpuMemory), "1 MiB..1 PiB");
+  EXPECT_EQ(RangeText(limits::kBandwidth), "1 MB/s..1 PB/s");
+  EXPECT_EQ(RangeText(limits::kLatency), "0 or 1 ns..1 s");
+  EXPECT_EQ(RangeText(limits::kPeakFlops), "1 MFLOP/s..1 EFLOP/s");
+  EXPECT_EQ(RangeText(limits::kOversubscription), "1..1000");
+  EXPECT_EQ(RangeText(limits::kAdamBeta), "0..1 (1 excluded)");
+}
+
+// One case per kind of extreme value, against the bandwidth row (1e6..1e15 bytes/s).
+TEST(LimitsTest, RefusesEveryExtremeValue) {
+  struct Case {
+    double v;
+    bool ok;
+  };
+  const Case cases[] = {
+      {1e6, true},    {1e15, true},   {3e11, true},     // the bounds and an A100's NVLink
+      {0, false},     {-0.0, false},  {-3e11, false},   // zero, negative zero, negative
+      {4.9e-324, false},                                // the smallest denormal
+      {1e308, false}, {std::numeric_limits<double>::infinity(), false},
+      {-std::numeric_limits<double>::infinity(), false},
+      {std::numeric_limits<double>::quiet_NaN(), false},
+  };
+  for (const Case& c : cases) EXPECT_EQ(InRange(c.v, limits::kBandwidth), c.ok) << c.v;
+  // zero_ok: a latency may be 0 (absent) but not 0.5 ns; beta may be 0 but not 1.
+  EXPECT_TRUE(InRange(0, limits::kLatency));
+  EXPECT_FALSE(InRange(0.5e-9, limits::kLatency));
+  EXPECT_TRUE(InRange(0, limits::kAdamBeta));
+  EXPECT_FALSE(InRange(1, limits::kAdamBeta));
+  EXPECT_TRUE(InRange(0.999, limits::kAdamBeta));
+}
+
+TEST(LimitsTest, MessageNamesTheValueAsWrittenAndTheRange) {
+  EXPECT_EQ(CheckRange(4.9e-324, limits::kBandwidth, "'4.9e-324 GB/s'").message(),
+            "'4.9e-324 GB/s' is outside 1 MB/s..1 PB/s");
+  // Without the text, the shortest spelling of the value.
+  EXPECT_EQ(CheckRange(-0.1, limits::kMinLearningRate).message(), "-0.1 is outside 0..1");
+  EXPECT_EQ(CheckRange(std::nan(""), limits::kOversubscription).message(),
+            "nan is outside 1..1000");
+  EXPECT_EQ(CheckCount(9223372036854775807, 0, kMaxSteps).message(),
+            "9223372036854775807 is outside 0..1000000000");
+}
+
+// Every row admits real hardware (by hand: the shipped configs and a few known extremes).
+TEST(LimitsTest, RangesAdmitRealHardware) {
+  EXPECT_TRUE(InRange(2 * 1073741824.0, limits::kGpuMemory));        // a local-cpu rank slot
+  EXPECT_TRUE(InRange(192 * 1073741824.0, limits::kGpuMemory));      // B200
+  EXPECT_TRUE(InRange(13.5e12 * 1.0, limits::kGpuMemory));           // a whole NVL72 rack's HBM
+  EXPECT_TRUE(InRange(8e12, limits::kBandwidth));                    // B200 HBM3e
+  EXPECT_TRUE(InRange(130e12, limits::kBandwidth));                  // NVL72 NVLink domain
+  EXPECT_TRUE(InRange(12.5e6, limits::kBandwidth));                  // 100 Mb/s Ethernet
+  EXPECT_TRUE(InRange(4.5e15, limits::kPeakFlops));                  // B200 fp8 dense
+  EXPECT_TRUE(InRange(2e9, limits::kPeakFlops));                     // a slow CPU rank
+  EXPECT_TRUE(InRange(100e-9, limits::kLatency));                    // RDMA
+  EXPECT_TRUE(InRange(0.05, limits::kLatency));                      // a WAN hop
+}
+
+TEST(Utf8Test, AcceptsWellFormedAndRefusesEveryMalformedKind) {
+  EXPECT_TRUE(IsUtf8(""));
+  EXPECT_TRUE(IsUtf8("A100-SXM4-80GB"));
+  EXPECT_TRUE(IsUtf8("Gr\xc3\xa4" "fe \xe2\x82\xac \xf0\x9f\x9a\x80"));  // ae, euro, rocket
+  for (const char* bad : {"\xff", "A\x80", "\xc3", "\xc0\xaf",   // stray, truncated, overlong
+                          "\xed\xa0\x80",                        // a UTF-16 surrogate
+                          "\xf4\x90\x80\x80",                   // past U+10FFFF
+                          "\xe0\x80\xaf"})                       // overlong 3-byte
+    EXPECT_FALSE(IsUtf8(bad)) << EscapeBytes(bad);
+}
+
+TEST(Utf8Test, EscapeBytesShowsBadBytesAndControlCharacters) {
+  EXPECT_EQ(EscapeBytes("\xff" "A100"), "\\xffA100");
+  EXPECT_EQ(EscapeBytes("a\x01" "b\tc"), "a\\x01b\tc");
+  EXPECT_EQ(EscapeBytes("\xc3\xa4"), "\xc3\xa4");  // well-formed stays as it is
 }
 
 }  // namespace
