@@ -64,25 +64,24 @@ Status FirstError(std::initializer_list<Status> all) {
 
 // A required latency: present (zero allowed) or an error naming the key.
 double RequiredLatency(YamlReader& r, const std::string& key) {
-  if (!r.Has(key)) r.Fail(key, "missing required key");
-  return r.QuantityAllowZero(key, Dimension::kDuration, 0);
+  return r.Quantity(key, limits::kLatency);
 }
 
 Status ReadGpu(const YAML::Node& node, const std::string& file, GpuSpec* gpu) {
   YamlReader r(node, file, "gpu");
   gpu->name = r.String("name");
-  gpu->memory_bytes = r.Quantity("memory", Dimension::kBytes);
-  gpu->hbm_bw_bytes_per_s = r.Quantity("hbm_bandwidth", Dimension::kBandwidth);
+  gpu->memory_bytes = r.Quantity("memory", limits::kGpuMemory);
+  gpu->hbm_bw_bytes_per_s = r.Quantity("hbm_bandwidth", limits::kBandwidth);
   if (!r.Has("peak")) r.Fail("peak", "missing required key");
   const YAML::Node peak_node = r.Child("peak");
   PTDP_RETURN_IF_ERROR(r.Finish());
   // Dense tensor-core peaks; an absent precision is unsupported (0).
   YamlReader p(peak_node, file, "gpu.peak");
-  gpu->peak_bf16 = p.Quantity("bf16", Dimension::kFlopRate, 0);
-  gpu->peak_fp16 = p.Quantity("fp16", Dimension::kFlopRate, 0);
-  gpu->peak_fp8 = p.Quantity("fp8", Dimension::kFlopRate, 0);
-  gpu->peak_tf32 = p.Quantity("tf32", Dimension::kFlopRate, 0);
-  gpu->peak_fp32 = p.Quantity("fp32", Dimension::kFlopRate, 0);
+  gpu->peak_bf16 = p.Quantity("bf16", limits::kPeakFlops, 0);
+  gpu->peak_fp16 = p.Quantity("fp16", limits::kPeakFlops, 0);
+  gpu->peak_fp8 = p.Quantity("fp8", limits::kPeakFlops, 0);
+  gpu->peak_tf32 = p.Quantity("tf32", limits::kPeakFlops, 0);
+  gpu->peak_fp32 = p.Quantity("fp32", limits::kPeakFlops, 0);
   if (gpu->peak_bf16 <= 0 && gpu->peak_fp16 <= 0 && gpu->peak_fp32 <= 0)
     p.Fail("bf16", "no training peak: give at least one of bf16, fp16 or fp32");
   return p.Finish();
@@ -96,22 +95,20 @@ Status ReadIntra(const YAML::Node& node, const std::string& file, IntraNodeSpec*
   const std::string fabric = r.Enum("fabric", names, ToString(IntraFabric::kNvSwitch));
   for (IntraFabric f : kFabrics)
     if (fabric == ToString(f)) intra->fabric = f;
-  intra->bw_bytes_per_s = r.Quantity("bandwidth", Dimension::kBandwidth);
+  intra->bw_bytes_per_s = r.Quantity("bandwidth", limits::kBandwidth);
   intra->latency_s = RequiredLatency(r, "latency");
   if (intra->fabric == IntraFabric::kNvLinkPairs && !r.Has("pcie_bandwidth"))
     r.Fail("pcie_bandwidth", "missing: required for fabric nvlink_pairs (the non-bridged pairs)");
-  intra->pcie_bw_bytes_per_s = r.Quantity("pcie_bandwidth", Dimension::kBandwidth, 0);
+  intra->pcie_bw_bytes_per_s = r.Quantity("pcie_bandwidth", limits::kBandwidth, 0);
   return r.Finish();
 }
 
 Status ReadInter(const YAML::Node& node, const std::string& file, InterNodeSpec* inter) {
   YamlReader r(node, file, "inter_node");
   inter->nics_per_node = r.PositiveIntAtMost("nics_per_node", kMaxClusterGpus);
-  inter->nic_bw_bytes_per_s = r.Quantity("nic_bandwidth", Dimension::kBandwidth);
+  inter->nic_bw_bytes_per_s = r.Quantity("nic_bandwidth", limits::kBandwidth);
   inter->latency_s = RequiredLatency(r, "latency");
-  inter->oversubscription = r.PositiveNumber("oversubscription", 1);
-  if (inter->oversubscription < 1)
-    r.Fail("oversubscription", "'" + Number(inter->oversubscription) + "' must be >= 1");
+  inter->oversubscription = r.Number("oversubscription", limits::kOversubscription, 1);
   return r.Finish();
 }
 
@@ -133,7 +130,7 @@ Status ReadLinks(const YAML::Node& node, const std::string& file, int gpus_per_n
     LinkSpec l;
     l.a = RequiredIndex(r, "a");
     l.b = RequiredIndex(r, "b");
-    l.bw_bytes_per_s = r.Quantity("bandwidth", Dimension::kBandwidth);
+    l.bw_bytes_per_s = r.Quantity("bandwidth", limits::kBandwidth);
     l.latency_s = RequiredLatency(r, "latency");
     const std::string range = " is not a GPU of the node (gpus_per_node: " +
                               std::to_string(gpus_per_node) + ")";
@@ -150,6 +147,18 @@ Status ReadLinks(const YAML::Node& node, const std::string& file, int gpus_per_n
   return Status::Ok();
 }
 
+// The range of a calibrated constant, by its name's suffix (cost_model/hardware_table.cc names
+// them with their unit: layer_overhead_s, workspace_bytes, optimizer_bytes_per_param).
+const Range& CalibrationRange(const std::string& key) {
+  const auto ends = [&](const char* suffix) {
+    const std::string s(suffix);
+    return key.size() >= s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0;
+  };
+  if (ends("_s")) return limits::kCalibrationSeconds;
+  if (key.find("_bytes") != std::string::npos) return limits::kCalibrationBytes;
+  return limits::kCalibrationNumber;
+}
+
 // `calibration:` map of constant name -> plain number (the cost model checks the names).
 Status ReadCalibration(const YAML::Node& node, const std::string& file,
                        std::map<std::string, double>* out) {
@@ -158,15 +167,14 @@ Status ReadCalibration(const YAML::Node& node, const std::string& file,
   for (auto it = node.begin(); it != node.end(); ++it) {
     const std::string key = it->first.Scalar();
     const std::string at = file + ":" + std::to_string(it->first.Mark().line + 1) +
-                           ": calibration." + key + ": ";
+                           ": calibration." + key;
     const std::string text = it->second.IsScalar() ? it->second.Scalar() : "";
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end);
     const bool number = !text.empty() && end == text.c_str() + text.size() &&
                         text.find_first_not_of("0123456789.eE+-") == std::string::npos;
-    if (!number || !std::isfinite(v))
-      return Status::Error(at + "'" + text + "' is not a plain number");
-    if (v < 0) return Status::Error(at + "'" + text + "' must not be negative");
+    if (!number) return Status::Error(at + ": '" + text + "' is not a plain number");
+    PTDP_RETURN_IF_ERROR(CheckRange(v, CalibrationRange(key), "'" + text + "'").Prefixed(at));
     (*out)[key] = v;
   }
   return Status::Ok();

@@ -234,6 +234,96 @@ TEST(ClusterYaml, ErrorsNameFileLineKeyAndValue) {
   }
 }
 
+// Every kind of quantity with an extreme value: refused at its line, naming the key, the
+// value as written and the range of core/limits.h. Numbers a YAML writer might produce for
+// inf and NaN (.inf, .nan) are not numbers with a unit at all.
+TEST(ClusterYaml, ExtremeQuantitiesAreRefusedNamingKeyValueAndRange) {
+  const ErrorCase cases[] = {
+      {"memory overflows to inf once in bytes", "80 GiB", "1e308 GiB", "c.yaml:6:", "gpu.memory",
+       "\"1e308 GiB\" overflows"},
+      {"memory too small", "80 GiB", "512 KiB", "c.yaml:6:", "gpu.memory",
+       "'512 KiB' is outside 1 MiB..1 PiB"},
+      {"memory too large", "80 GiB", "2000 TB", "c.yaml:6:", "gpu.memory",
+       "'2000 TB' is outside 1 MiB..1 PiB"},
+      {"denormal bandwidth", "2000 GB/s", "4.9e-324 GB/s", "c.yaml:7:", "gpu.hbm_bandwidth",
+       "'4.9e-324 GB/s' is outside 1 MB/s..1 PB/s"},
+      {"1e-320 bandwidth", "300 GB/s", "1e-320 GB/s", "c.yaml:12:", "intra_node.bandwidth",
+       "'1e-320 GB/s' is outside 1 MB/s..1 PB/s"},
+      {"inf bandwidth", "300 GB/s", "inf GB/s", "c.yaml:12:", "intra_node.bandwidth",
+       "\"inf GB/s\" is not a finite number"},
+      {"nan bandwidth", "300 GB/s", "nan GB/s", "c.yaml:12:", "intra_node.bandwidth",
+       "\"nan GB/s\" is not a finite number"},
+      {"huge nic bandwidth", "200 Gb/s", "1e300 Gb/s", "c.yaml:16:", "inter_node.nic_bandwidth",
+       "'1e300 Gb/s' is outside 1 MB/s..1 PB/s"},
+      {"negative latency", "latency: 3 us", "latency: -3 us", "c.yaml:13:", "intra_node.latency",
+       "\"-3 us\" is negative"},
+      {"latency of a day", "latency: 5 us", "latency: 86400 s", "c.yaml:17:",
+       "inter_node.latency", "'86400 s' is outside 0 or 1 ns..1 s"},
+      {"denormal latency", "latency: 5 us", "latency: 4.9e-324 s", "c.yaml:17:",
+       "inter_node.latency", "'4.9e-324 s' is outside 0 or 1 ns..1 s"},
+      {"peak of 1e308", "312 TFLOP/s", "1e200 TFLOP/s", "c.yaml:9:", "gpu.peak.bf16",
+       "'1e200 TFLOP/s' is outside 1 MFLOP/s..1 EFLOP/s"},
+      {"peak of 1 FLOP/s", "312 TFLOP/s", "1 FLOP/s", "c.yaml:9:", "gpu.peak.bf16",
+       "'1 FLOP/s' is outside 1 MFLOP/s..1 EFLOP/s"},
+      {"inf oversubscription", "", "  oversubscription: inf\n", "c.yaml:18:",
+       "inter_node.oversubscription", "'inf' is not a number"},
+      {".inf oversubscription", "", "  oversubscription: .inf\n", "c.yaml:18:",
+       "inter_node.oversubscription", "'.inf' is not a number"},
+      {".nan oversubscription", "", "  oversubscription: .nan\n", "c.yaml:18:",
+       "inter_node.oversubscription", "'.nan' is not a number"},
+      {"1e308 oversubscription", "", "  oversubscription: 1e308\n", "c.yaml:18:",
+       "inter_node.oversubscription", "'1e308' is outside 1..1000"},
+      {"-0 oversubscription", "", "  oversubscription: -0\n", "c.yaml:18:",
+       "inter_node.oversubscription", "'-0' is outside 1..1000"},
+      {"nodes of int64 max", "nodes: 2", "nodes: 9223372036854775807", "c.yaml:2:", "nodes",
+       "'9223372036854775807' is larger than the limit 262144"},
+      {"hex nodes", "nodes: 2", "nodes: 0x7fffffff", "c.yaml:2:", "nodes",
+       "'0x7fffffff' is not an integer"},
+      {"calibrated seconds of 1e308", "", "calibration:\n  layer_overhead_s: 1e308\n", "c.yaml:19:",
+       "calibration.layer_overhead_s", "'1e308' is outside 0 or 1e-12 s..60 s"},
+      {"denormal calibrated fraction", "", "calibration:\n  hbm_eff: 4.9e-324\n", "c.yaml:19:",
+       "calibration.hbm_eff", "'4.9e-324' is outside 0 or 1e-09..1e+09"},
+      {"negative calibrated bytes", "", "calibration:\n  workspace_bytes: -1\n", "c.yaml:19:",
+       "calibration.workspace_bytes", "'-1' is outside 0 or 1e-06 B..1 PiB"},
+  };
+  for (const ErrorCase& e : cases) {
+    SCOPED_TRACE(e.what);
+    auto c = FromText(Edit(e));
+    ASSERT_FALSE(c.ok());
+    const std::string msg = c.status().message();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind(e.where, 0), 0u) << msg;  // starts with the file and line
+    EXPECT_NE(msg.find(std::string(e.key) + ": "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(e.value), std::string::npos) << msg;
+  }
+}
+
+// A GPU or cluster name that is not UTF-8 would make every --json output fail: refused at
+// input, naming the file, line and key, with the bad byte escaped.
+TEST(ClusterYaml, NonUtf8NamesAreRefusedNamingTheKey) {
+  std::string gpu = kBase;
+  gpu.replace(gpu.find("  name: G"), 9, "  name: G\xff");
+  auto c = FromText(gpu);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "c.yaml:5: gpu.name: 'G\\xff' is not valid UTF-8");
+  std::string top = kBase;
+  top.replace(0, 10, "name: \xc3(\n");
+  c = FromText(top);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "c.yaml:1: name: '\\xc3(' is not valid UTF-8");
+  // A description, and a key, too.
+  c = FromText(std::string(kBase) + "description: \"caf\xe9\"\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "c.yaml:18: description: 'caf\\xe9' is not valid UTF-8");
+  c = FromText(std::string(kBase) + "\xfe: 1\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "c.yaml:18: \\xfe: '\\xfe' is not valid UTF-8");
+  // Well-formed UTF-8 is welcome.
+  std::string ok = kBase;
+  ok.replace(0, 10, "name: \"Gr\xc3\xa4" "fe \xe2\x82\xac\"\n");
+  EXPECT_TRUE(FromText(ok).ok());
+}
+
 TEST(ClusterYaml, MissingFileNamesIt) {
   auto c = LoadClusterFile("/nonexistent/cluster.yaml");
   ASSERT_FALSE(c.ok());
