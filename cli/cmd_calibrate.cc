@@ -345,7 +345,7 @@ int RunCalibrate(const CalibrateFlags& f) {
   const ClusterSpec c = Calibrated(*base, m, d);
   if (Status st = WriteCalibrated(f, *base_file, p, c); !st.ok()) return Fail(st.message());
   if (f.json) {
-    std::cout << SummaryJson(f, m, d, elapsed, others).dump(2) << "\n";
+    std::cout << DumpJson(SummaryJson(f, m, d, elapsed, others)) << "\n";
     return 0;
   }
   PrintSummary(m, p, d, c, elapsed);

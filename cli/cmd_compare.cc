@@ -80,7 +80,7 @@ int RunCompare(const CompareFlags& f) {
   const double mem_err = ErrorPct(c.PredictedMemoryMax(), c.MeasuredMemoryMax());
   const Layout& l = plan->layout;
   if (f.json) {
-    std::cout << ComparisonJson(c).dump(2) << "\n";
+    std::cout << DumpJson(ComparisonJson(c)) << "\n";
   } else {
     const Unit u = c.measured_step_s < 1 ? Unit{1e3, "ms"} : Unit{1, "s"};
     std::printf("ptdp compare: %s %s [%s] on %s, %d ranks\n", plan->model.name.c_str(),

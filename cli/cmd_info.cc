@@ -69,7 +69,7 @@ int RunInfo(const InfoFlags& f) {
   j["cpu_kernels"] = kernels.kernels->name;
   AddCuda(j);
   if (f.json) {
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j) << "\n";
     return 0;
   }
   std::printf("ptdp 0.1.0\n");

@@ -144,7 +144,7 @@ int RunPlan(const PlanFlags& f) {
   if (f.layout.json) {
     nlohmann::json j = ResultJson(*w, r, chosen.get());
     if (chosen && f.emit == "megatron") j["megatron_command"] = MegatronCommand(*chosen);
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j) << "\n";
   } else {
     PrintTable(*w, f, r);
   }

@@ -134,7 +134,7 @@ int RunReport(const ReportFlags& f) {
           ErrorPct(d->comparison.predicted_step_s, d->comparison.measured_step_s);
       j["measured_step_time_s"] = d->comparison.measured_step_s;
     }
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j) << "\n";
     return 0;
   }
   std::printf("ptdp report: %s on %s (%d GPUs), global batch %lld\n", d->model_name.c_str(),

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "core/layout.h"
 #include "core/schedule.h"
 
@@ -140,7 +141,7 @@ int RunSchedule(const ScheduleFlags& f) {
   const Status checked = CheckSchedule(s);
   if (!checked.ok()) return Fail("schedule check failed: " + checked.message());
   if (f.json) {
-    std::cout << ScheduleJson(s).dump(2) << "\n";
+    std::cout << DumpJson(ScheduleJson(s)) << "\n";
     return 0;
   }
   std::printf("%s schedule: pp %d, vp %d, %d micro-batches", ToString(s.kind), s.pp, s.vp,

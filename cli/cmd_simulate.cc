@@ -77,7 +77,7 @@ int RunSimulate(const SimFlags& f) {
                        {"peak_inflight", r.peak_inflight},
                        {"peak_memory_bytes", r.peak_memory_bytes}});
     j["ranks"] = ranks;
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j) << "\n";
     return 0;
   }
   std::cout << MeasuredNote(world.cluster) << RenderPrediction(plan);

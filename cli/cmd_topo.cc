@@ -61,7 +61,7 @@ int RunTopo(const TopoFlags& f) {
       rows.push_back({{"from", 0}, {"to", b}, {"bw_bytes_per_s", topo->Bandwidth(0, b)},
                       {"latency_s", topo->Latency(0, b)}});
     j["pairs"] = rows;
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j) << "\n";
     return 0;
   }
   std::printf("%s: %d nodes x %d %s (%s, %s HBM), %d GPUs\n", c.name.c_str(), c.nodes, g,

@@ -312,7 +312,7 @@ int RunTrain(const TrainFlags& f) {
     j["validation_loss"] = *val_loss;
     j["summary"] = summary;
     std::ofstream out(f.out);
-    out << j.dump(2) << "\n";
+    out << DumpJson(j) << "\n";
     if (!out) return Fail(f.out + ": cannot write measured.json");
     std::printf("wrote %s\n", f.out.c_str());
   }

@@ -123,7 +123,7 @@ int RunValidate(const ValidateFlags& f) {
     j["skipped"] = skipped;
     j["runs_file"] = *runs_file;
     j["vtrain_included"] = !f.data.empty();
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j) << "\n";
     return 0;
   }
   std::printf("published runs: %s (%zu rows)\n", runs_file->c_str(), pub->runs.size());

@@ -206,6 +206,10 @@ Result<PlanResult> RunPlanner(const World& w, const SearchSpace& space, int top,
   return r;
 }
 
+std::string DumpJson(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 nlohmann::json LayoutJson(const Layout& l) {
   return {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"vp", l.vp}, {"cp", l.cp},
           {"micro_batch", l.micro_batch}, {"global_batch", l.global_batch},

@@ -64,6 +64,11 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w);
 // event simulator, keep the best `top`. Checks top (1..10000) and refine (0..10000).
 Result<PlanResult> RunPlanner(const World& w, const SearchSpace& space, int top, int refine);
 
+// JSON text of `j` for --json output and files: a string that is not UTF-8 (a name from a
+// file read before the check, a path) has its bad bytes replaced by U+FFFD instead of throwing,
+// so no --json output can fail. indent < 0: one line.
+std::string DumpJson(const nlohmann::json& j, int indent = 2);
+
 nlohmann::json LayoutJson(const Layout& l);
 nlohmann::json PredictionJson(const Prediction& p);
 nlohmann::json EstimateJson(const Layout& l, const Estimate& e);

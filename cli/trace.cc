@@ -1,6 +1,8 @@
 // Chrome trace and ASCII Gantt of a simulated step; see trace.h.
 #include "cli/trace.h"
 
+#include "cli/common.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -151,7 +153,7 @@ std::string ChromeTraceJson(const Plan& plan, const SimResult& sim) {
                 {"layout", plan.layout.ShortName() + " [" + plan.layout.Knobs() + "]"},
                 {"schedule", ToString(plan.layout.schedule)},
                 {"step_time_s", sim.step_time_s}}}};
-  return out.dump() + "\n";
+  return DumpJson(out, -1) + "\n";
 }
 
 std::string AsciiTimeline(const SimResult& sim, int pp, int width) {
