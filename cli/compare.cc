@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/file_io.h"
+#include "core/limits.h"
 #include "core/rank_grid.h"
 
 namespace ptdp::cli {
@@ -35,10 +36,15 @@ Parts Mean(const std::vector<RankComparison>& ranks, bool predicted) {
 
 using json = nlohmann::json;
 
-double Num(const json& j, const char* key, const std::string& where) {
+// A number of measured.json inside its range (core/limits.h): a negative, huge or (from a
+// hand-edited file) out-of-range time is refused rather than compared.
+double Num(const json& j, const char* key, const std::string& where, const Range& range) {
   if (!j.contains(key) || !j[key].is_number())
     throw std::runtime_error(where + ": missing number '" + key + "'");
-  return j[key].get<double>();
+  const double v = j[key].get<double>();
+  if (Status st = CheckRange(v, range); !st.ok())
+    throw std::runtime_error(where + ": " + key + ": " + st.message());
+  return v;
 }
 
 // Fails when the measured layout is not the plan's (a comparison of different things).
@@ -56,7 +62,7 @@ Status SameLayout(const Layout& l, const json& m, const std::string& file) {
                     m.value("distributed_optimizer", false) == l.distributed_optimizer &&
                     m.value("schedule", std::string()) == ToString(l.schedule);
   if (same) return Status::Ok();
-  return Status::Error(file + ": measured layout " + got + " (" + m.dump() +
+  return Status::Error(file + ": measured layout " + got + " (" + DumpJson(m, -1) +
                        ") is not the plan's " + l.ShortName() + " [" + l.Knobs() + "], " +
                        ToString(l.schedule) + ", B " + std::to_string(l.global_batch));
 }
@@ -72,24 +78,26 @@ double Median(std::vector<double> v) {
 void ReadMeasured(const json& j, const std::string& file, Comparison* c) {
   c->backend = j.contains("machine") ? j["machine"].value("backend", std::string("?")) : "?";
   c->host = j.contains("machine") ? j["machine"].value("hostname", std::string("?")) : "?";
-  c->machine_cores = j.contains("machine") ? j["machine"].value("cores", 0) : 0;
+  c->machine_cores = j.contains("machine") && j["machine"].contains("cores")
+                          ? int(Num(j["machine"], "cores", file + ": machine", limits::kMachineCores))
+                          : 0;
   const bool timing = j.contains("timing") && j["timing"].is_object();
   const json& ranks = timing ? j["timing"]["ranks"] : j.at("ranks");
   if (!ranks.is_array() || ranks.empty()) throw std::runtime_error(file + ": no ranks");
   if (timing) {
     const json& t = j["timing"];
-    c->measured_step_s = Num(t, "step_time_median_s", file + ": timing");
-    c->measured_step_min_s = Num(t, "step_time_min_s", file + ": timing");
-    c->measured_step_max_s = Num(t, "step_time_max_s", file + ": timing");
-    c->warmup_steps = int(Num(t, "warmup_steps", file + ": timing"));
-    c->timed_steps = int(Num(t, "timed_steps", file + ": timing"));
+    c->measured_step_s = Num(t, "step_time_median_s", file + ": timing", limits::kRunStepTime);
+    c->measured_step_min_s = Num(t, "step_time_min_s", file + ": timing", limits::kRunStepTime);
+    c->measured_step_max_s = Num(t, "step_time_max_s", file + ": timing", limits::kRunStepTime);
+    c->warmup_steps = int(Num(t, "warmup_steps", file + ": timing", limits::kRunSteps));
+    c->timed_steps = int(Num(t, "timed_steps", file + ": timing", limits::kRunSteps));
     if (t.contains("other_cpu_share") && t["other_cpu_share"].is_number())
-      c->other_cpu_share = t["other_cpu_share"].get<double>();
+      c->other_cpu_share = Num(t, "other_cpu_share", file + ": timing", limits::kCpuShare);
   } else {  // an older measured.json: the median of the steps after the first
     const json& steps = j.at("steps");
     std::vector<double> v;
     for (size_t i = steps.size() > 1 ? 1 : 0; i < steps.size(); ++i)
-      v.push_back(Num(steps[i], "step_time_s", file + ": steps"));
+      v.push_back(Num(steps[i], "step_time_s", file + ": steps", limits::kRunStepTime));
     if (v.empty()) throw std::runtime_error(file + ": no steps");
     c->measured_step_s = Median(v);
     c->measured_step_min_s = *std::min_element(v.begin(), v.end());
@@ -104,26 +112,26 @@ void ReadMeasured(const json& j, const std::string& file, Comparison* c) {
     const json& x = ranks[r];
     const std::string at = file + ": rank " + std::to_string(r);
     Parts& m = c->ranks[r].measured;
-    m[kCompute] = Num(x, "forward_s", at) + Num(x, "backward_s", at);
-    m[kTpComm] = Num(x, "tp_comm_s", at);
-    m[kPpBubble] = Num(x, "pp_wait_s", at);
-    m[kDpComm] = Num(x, "dp_comm_s", at);
-    m[kOptimizer] = Num(x, "optimizer_s", at);
-    m[kIdle] = Num(x, "idle_s", at);
-    c->ranks[r].measured_memory_bytes = Num(x, "peak_memory_bytes", at);
+    m[kCompute] = Num(x, "forward_s", at, limits::kRunSeconds) + Num(x, "backward_s", at, limits::kRunSeconds);
+    m[kTpComm] = Num(x, "tp_comm_s", at, limits::kRunSeconds);
+    m[kPpBubble] = Num(x, "pp_wait_s", at, limits::kRunSeconds);
+    m[kDpComm] = Num(x, "dp_comm_s", at, limits::kRunSeconds);
+    m[kOptimizer] = Num(x, "optimizer_s", at, limits::kRunSeconds);
+    m[kIdle] = Num(x, "idle_s", at, limits::kRunSeconds);
+    c->ranks[r].measured_memory_bytes = Num(x, "peak_memory_bytes", at, limits::kRunBytes);
 
   }
   if (j.contains("timeline") && j["timeline"].is_object()) {
     const json& t = j["timeline"];
-    c->timeline_step_s = Num(t, "step_time_s", file + ": timeline");
+    c->timeline_step_s = Num(t, "step_time_s", file + ": timeline", limits::kRunStepTime);
     c->timeline.assign(c->ranks.size(), {});
     for (const json& r : t.at("ranks")) {
       const size_t rank = r.at("rank").get<size_t>();
       if (rank >= c->timeline.size()) throw std::runtime_error(file + ": timeline rank out of range");
       for (const json& e : r.at("events"))
         c->timeline[rank].push_back({e.at("kind").get<std::string>(), e.value("microbatch", -1),
-                                     e.value("chunk", -1), Num(e, "start_s", file + ": timeline"),
-                                     Num(e, "end_s", file + ": timeline")});
+                                     e.value("chunk", -1), Num(e, "start_s", file + ": timeline", limits::kRunSeconds),
+                                     Num(e, "end_s", file + ": timeline", limits::kRunSeconds)});
     }
   }
 }
@@ -212,7 +220,7 @@ Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_fil
     PTDP_RETURN_IF_ERROR(SameLayout(l, j["layout"], measured_file));
     ReadMeasured(j, measured_file, &c);
   } catch (const std::exception& e) {  // a malformed file: one line naming it
-    const std::string what = e.what();
+    const std::string what = EscapeBytes(e.what());  // nlohmann quotes the bytes it read
     return Status::Error(what.rfind(measured_file, 0) == 0 ? what : measured_file + ": " + what);
   }
   FillPredicted(w, l, &c);
