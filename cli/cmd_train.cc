@@ -208,6 +208,7 @@ int RunTrain(const TrainFlags& f) {
   cfg.optimizer.min_lr = f.lr / 10;
   cfg.optimizer.warmup_steps = f.warmup;
   cfg.optimizer.decay_steps = std::max(1, f.steps - f.warmup);
+  if (Status st = rt::ValidateOptimizer(cfg.optimizer, "--lr/--warmup"); !st.ok()) return Fail(st.message());
   cfg.on_nan = f.ckpt.on_nan == "skip" ? rt::NanPolicy::kSkip : rt::NanPolicy::kStop;
   auto resume = PrepareCheckpoints(f.ckpt);
   if (!resume.ok()) return Fail(resume.status().message());

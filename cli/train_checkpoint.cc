@@ -71,6 +71,7 @@ Result<rt::OptimizerConfig> OptimizerFromSettings(const std::map<std::string, do
   o.eps = s.at("eps");
   o.weight_decay = s.at("weight_decay");
   o.clip_grad = s.at("clip_grad");
+  PTDP_RETURN_IF_ERROR(rt::ValidateOptimizer(o, file));  // a crafted file: no negative min_lr
   return o;
 }
 

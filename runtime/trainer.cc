@@ -195,6 +195,28 @@ double OptimizerConfig::LearningRate(int64_t step) const {
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(std::numbers::pi * t));
 }
 
+Status ValidateOptimizer(const OptimizerConfig& o, const std::string& where) {
+  const struct {
+    const char* key;
+    double value;
+    const Range& range;
+  } settings[] = {{"lr", o.lr, limits::kLearningRate},
+                  {"min_lr", o.min_lr, limits::kMinLearningRate},
+                  {"beta1", o.beta1, limits::kAdamBeta},
+                  {"beta2", o.beta2, limits::kAdamBeta},
+                  {"eps", o.eps, limits::kAdamEps},
+                  {"weight_decay", o.weight_decay, limits::kWeightDecay},
+                  {"clip_grad", o.clip_grad, limits::kClipGrad}};
+  const std::string at = where + ": optimizer.";
+  for (const auto& s : settings)
+    PTDP_RETURN_IF_ERROR(CheckRange(s.value, s.range).Prefixed(at + s.key));
+  PTDP_RETURN_IF_ERROR(CheckCount(o.warmup_steps, 0, kMaxSteps).Prefixed(at + "warmup_steps"));
+  PTDP_RETURN_IF_ERROR(CheckCount(o.decay_steps, 0, kMaxSteps).Prefixed(at + "decay_steps"));
+  const Range up_to_lr{"minimum learning rate", 0, o.lr, std::nullopt};  // min_lr <= lr
+  PTDP_RETURN_IF_ERROR(CheckRange(o.min_lr, up_to_lr).Prefixed(at + "min_lr (at most lr)"));
+  return Status::Ok();
+}
+
 struct Trainer::Impl {
   TrainerConfig cfg;
   RankGrid grid{1, 1, 1};
@@ -686,6 +708,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   const Layout& l = cfg.layout;
   const std::string where = "trainer, layout " + l.ShortName();
   PTDP_RETURN_IF_ERROR(ValidateModel(cfg.model, "trainer model").Prefixed(where));
+  PTDP_RETURN_IF_ERROR(ValidateOptimizer(cfg.optimizer, "trainer").Prefixed(where));
   PTDP_RETURN_IF_ERROR(CheckGptShaped(cfg.model).Prefixed(where));
   if (l.tp <= 0 || l.pp <= 0 || l.dp <= 0 || l.vp <= 0 || l.cp <= 0 || l.micro_batch <= 0 ||
       l.global_batch <= 0)

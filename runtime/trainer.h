@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/layout.h"
+#include "core/limits.h"
 #include "core/model.h"
 #include "core/status.h"
 #include "runtime/backend.h"
@@ -39,6 +40,13 @@ struct OptimizerConfig {
   // Learning rate at `step` (0-based).
   double LearningRate(int64_t step) const;
 };
+
+// Checks every setting against its range (core/limits.h): 0 < lr <= 1, 0 <= min_lr <= lr,
+// warmup_steps and decay_steps 0..kMaxSteps, beta1 and beta2 in [0, 1), eps > 0,
+// weight_decay >= 0, clip_grad >= 0, all finite. The one check for the flags of `ptdp train`
+// and the settings a checkpoint carries; `where` prefixes the message
+// ("ckpt/step-00000004.ckpt: optimizer.min_lr: -0.0001 is outside 0..1").
+Status ValidateOptimizer(const OptimizerConfig& o, const std::string& where);
 
 // What a step does when the global gradient norm (or the loss) is NaN or Inf. The decision is
 // taken on the all-reduced norm, which is the same on every rank, so all ranks agree.
