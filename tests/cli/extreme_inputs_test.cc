@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cli/common.h"
 #include "runtime/checkpoint.h"
 #include "tests/fakes/shell.h"
 
@@ -227,6 +228,18 @@ TEST(ExtremeInputs, OptimizerSettingsOfACheckpointAndFlagsAreChecked) {
   ExpectOneLineError(Ptdp("train " + plan + " --steps 3 --warmup 2000000000"),
                      "optimizer.warmup_steps: 2000000000 is outside 0..1000000000");
   ExpectOneLineError(Ptdp("train " + plan + " --steps 3 --lr nan"), "--lr");
+}
+
+// What is not refused at input (a hostname, a path from the command line) may still not be
+// UTF-8: every JSON output goes through DumpJson, which replaces the bad bytes with U+FFFD
+// instead of throwing (nlohmann's strict default throws type_error 316).
+TEST(ExtremeInputs, DumpJsonNeverThrows) {
+  const nlohmann::json j = {{"host", "lab\xff" "box"}, {"n", 1}};
+  EXPECT_THROW(j.dump(), nlohmann::json::type_error);
+  std::string text;
+  EXPECT_NO_THROW(text = ptdp::cli::DumpJson(j));
+  EXPECT_NE(text.find("lab\xef\xbf\xbd" "box"), std::string::npos) << text;
+  EXPECT_EQ(ptdp::cli::DumpJson(j, -1), "{\"host\":\"lab\xef\xbf\xbd" "box\",\"n\":1}");
 }
 
 }  // namespace

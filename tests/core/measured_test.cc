@@ -134,5 +134,37 @@ TEST(MeasuredYamlTest, StrictReading) {
   EXPECT_NE(incomplete.message().find("gemm_nt"), std::string::npos) << incomplete.message();
 }
 
+// Extreme numbers of a `measured:` block (a calibrated cluster): refused naming the file, line,
+// key and range, never truncated (cores was cast to int) nor let through as inf.
+TEST(MeasuredYamlTest, ExtremeNumbersAreRefusedNamingTheRange) {
+  auto read = [](const std::string& body) {
+    auto node = ParseYamlText("measured:\n" + body, "c.yaml");
+    EXPECT_TRUE(node.ok()) << node.status().message();
+    return MeasuredFromYaml((*node)["measured"], "c.yaml");
+  };
+  const std::string tables = "  tables:\n    copy:\n      - [64, 1e-6]\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"  cores: 4294967297\n" + tables, "c.yaml:2: measured.cores: '4294967297' is larger than the limit 1048576"},
+      {"  element_bytes: .inf\n" + tables, "c.yaml:2: measured.element_bytes: '.inf' is not a number"},
+      {"  element_bytes: 1e308\n" + tables, "c.yaml:2: measured.element_bytes: '1e308' is outside 1..64"},
+      {"  element_bytes: 4.9e-324\n" + tables, "measured.element_bytes: '4.9e-324' is outside 1..64"},
+      {"  attention_saved:\n    per_score: -1\n" + tables,
+       "c.yaml:3: measured.attention_saved.per_score: '-1' is outside 0..1e+09"},
+      {"  tables:\n    copy:\n      - [64, 4.9e-324]\n",
+       "measured.tables.copy row 1: seconds: 5e-324 is outside 1e-12 s..1e+06 s"},
+      {"  tables:\n    copy:\n      - [64, -1e-6]\n", "row 1: seconds: -1e-06 is outside"},
+      {"  tables:\n    copy:\n      - [1e308, 1e-6]\n", "row 1: axis value: 1e+308 is outside 1e-09..1e+18"},
+      {"  tables:\n    copy:\n      - [inf, 1e-6]\n", "row 1: axis value: inf is outside"},
+      {"  host: \"h\xff\"\n" + tables, "c.yaml:2: measured.host: 'h\\xff' is not valid UTF-8"},
+  };
+  for (const auto& [body, message] : cases) {
+    SCOPED_TRACE(body);
+    auto node = ParseYamlText("measured:\n" + body, "c.yaml");
+    const Status st = node.ok() ? read(body).status() : node.status();
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find(message), std::string::npos) << st.message();
+  }
+}
+
 }  // namespace
 }  // namespace ptdp
