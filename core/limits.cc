@@ -22,9 +22,9 @@ std::string Bound(double v, const std::optional<Dimension>& dim) {
                                        {"Mi", 1048576.0}, {"Ki", 1024.0}, {"", 1}};
   static constexpr Prefix kSeconds[] = {{"", 1}, {"m", 1e-3}, {"u", 1e-6}, {"n", 1e-9}};
   char buf[64];
-  if (!dim || v == 0 || v >= 1e21 || v < 1e-9) {
+  if (!dim) {
     std::snprintf(buf, sizeof buf, "%g", v);
-    if (!dim) return buf;
+    return buf;
   }
   const char* unit = "";
   const Prefix* table = kDecimal;
@@ -35,7 +35,10 @@ std::string Bound(double v, const std::optional<Dimension>& dim) {
     case Dimension::kDuration: unit = "s"; table = kSeconds; n = std::size(kSeconds); break;
     case Dimension::kFlopRate: unit = "FLOP/s"; break;
   }
-  if (v == 0 || v >= 1e21 || v < 1e-9) return std::string(buf) + " " + unit;
+  if (v == 0 || v >= 1e21 || v < 1e-9) {  // past the prefixes: "1e+30 s", "1e-12 s", "0 B"
+    std::snprintf(buf, sizeof buf, "%g %s", v, unit);
+    return buf;
+  }
   size_t i = 0;
   while (i + 1 < n && v / table[i].factor < 1) ++i;
   std::snprintf(buf, sizeof buf, "%g %s%s", v / table[i].factor, table[i].name, unit);
