@@ -1,14 +1,27 @@
 // `ptdp train plan.yaml --backend cpu`: trains the plan's GPT with exactly its layout (ranks as
 // threads on the CPU backend), prints a progress line per step and writes measured.json.
+//
+// Exit codes: 0 every step done; 1 an error (one line "ptdp: ..." on stderr; bad flags are found
+// before training starts, unwritable folders included); 2 bad usage; 128 + the signal number
+// (143 SIGTERM, 130 SIGINT, 129 SIGHUP, as a shell reports a process killed by it) when a
+// signal stopped the run: it stopped at a step boundary, saved a checkpoint (with
+// --checkpoint-dir), wrote measured.json for the steps done and printed one line saying so.
+// A second signal ends the process at once.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
@@ -43,6 +56,80 @@ struct TrainFlags {
 
 // The timeline of at most this many timed steps is kept (the median one is written).
 constexpr size_t kTimelineSteps = 32;
+
+// --timeout's upper bound: a week. The communicators turn it into a deadline in nanoseconds,
+// where 1e300 s would overflow, and no collective of a healthy run waits that long.
+constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
+
+// ---- Stopping on a signal: SIGTERM (a scheduler ending the job), SIGINT (Ctrl-C), SIGHUP (the
+// terminal closed). The first asks the run to stop at the next step boundary; every rank polls
+// the flag at the end of its step (TrainerConfig::stop_requested) and the job's answer travels
+// with the step reports, so every process stops after the same step and none is left waiting in
+// a collective. The handler then restores the default action: a second signal ends the process
+// at once. A signal ignored when ptdp starts (SIGHUP under nohup) stays ignored.
+
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP};
+std::atomic<int> g_stop_signal{0};  // the first stop signal received; 0 before
+static_assert(std::atomic<int>::is_always_lock_free, "set in a signal handler");
+volatile std::sig_atomic_t g_installed[3] = {0, 0, 0};  // by index into kStopSignals
+
+const char* SignalName(int signo) {
+  switch (signo) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
+    default: return "a signal";
+  }
+}
+
+// Async-signal-safe: an atomic store, signal() and write() only; errno kept.
+extern "C" void OnStopSignal(int signo) {
+  const int saved_errno = errno;
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, signo);
+  for (int i = 0; i < 3; ++i)
+    if (g_installed[i]) ::signal(kStopSignals[i], SIG_DFL);
+#define PTDP_STOP_LINE(name) \
+  "ptdp: " name " received: stopping after this step; another signal stops at once\n"
+  static const char kTerm[] = PTDP_STOP_LINE("SIGTERM");
+  static const char kInt[] = PTDP_STOP_LINE("SIGINT");
+  static const char kHup[] = PTDP_STOP_LINE("SIGHUP");
+#undef PTDP_STOP_LINE
+  const char* msg = signo == SIGTERM ? kTerm : signo == SIGINT ? kInt : kHup;
+  [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, msg, std::strlen(msg));
+  errno = saved_errno;
+}
+
+// Installs OnStopSignal for the run; the previous actions come back when it ends.
+class StopOnSignals {
+ public:
+  StopOnSignals() {
+    g_stop_signal = 0;
+    for (int i = 0; i < 3; ++i) {
+      struct sigaction now{};
+      if (::sigaction(kStopSignals[i], nullptr, &old_[i]) != 0 || old_[i].sa_handler == SIG_IGN)
+        continue;
+      now.sa_handler = OnStopSignal;
+      now.sa_flags = SA_RESTART;
+      sigemptyset(&now.sa_mask);
+      for (int s : kStopSignals) sigaddset(&now.sa_mask, s);
+      g_installed[i] = 1;
+      if (::sigaction(kStopSignals[i], &now, nullptr) != 0) g_installed[i] = 0;
+    }
+  }
+  ~StopOnSignals() {
+    for (int i = 0; i < 3; ++i)
+      if (g_installed[i]) {
+        g_installed[i] = 0;
+        ::sigaction(kStopSignals[i], &old_[i], nullptr);
+      }
+  }
+  StopOnSignals(const StopOnSignals&) = delete;
+  StopOnSignals& operator=(const StopOnSignals&) = delete;
+
+ private:
+  struct sigaction old_[3] = {};
+};
 
 // What this machine is, for measured.json.
 nlohmann::json MachineJson(const std::string& backend) {
@@ -174,6 +261,22 @@ nlohmann::json TimelineJson(const std::vector<rt::StepResult>& steps, int warmup
   return {{"step", s.step}, {"step_time_s", s.step_time_s}, {"ranks", ranks}};
 }
 
+constexpr const char* kNoMultiProcessCheckpoints =
+    "--checkpoint-dir: checkpoints need every rank in one process; runs over several processes "
+    "cannot save or resume them yet";
+
+// The one line a run stopped by `signo` ends with (on stderr, as errors are).
+std::string StoppedLine(int signo, bool here, int64_t done, int steps, const std::string& saved) {
+  std::string line = std::string("ptdp: ") + SignalName(signo) + (here ? "" : " (in another process)");
+  if (done >= steps)
+    return line + ": received after the last step; the run is complete (exit " +
+           std::to_string(128 + signo) + ")";
+  line += ": stopped after step " + std::to_string(done) + " of " + std::to_string(steps);
+  line += saved.empty() ? " (no --checkpoint-dir: no checkpoint saved)"
+                        : "; saved " + saved + ", --resume continues from it";
+  return line + " (exit " + std::to_string(128 + signo) + ")";
+}
+
 int RunTrain(const TrainFlags& f) {
   if (f.backend != "cpu" && f.backend != "cuda")
     return Fail("--backend '" + f.backend + "': expected cpu or cuda");
@@ -181,7 +284,16 @@ int RunTrain(const TrainFlags& f) {
   if (!(f.lr > 0 && f.lr < 1)) return Fail("--lr " + std::to_string(f.lr) + " must be in (0, 1)");
   if (f.warmup < 0) return Fail("--warmup must not be negative");
   if (f.timing_warmup < 0) return Fail("--timing-warmup must not be negative");
+  if (!(std::isfinite(f.timeout_s) && f.timeout_s > 0 && f.timeout_s <= kMaxTimeoutS)) {
+    char v[64];
+    std::snprintf(v, sizeof v, "%g", f.timeout_s);
+    return Fail(std::string("--timeout ") + v + ": must be a number of seconds above 0 and at "
+                "most 604800 (7 days)");
+  }
   if (Status st = CheckCheckpointFlags(f.ckpt); !st.ok()) return Fail(st.message());
+  if (!f.ckpt.dir.empty() && f.backend == "cuda" && UnderMpi()) return Fail(kNoMultiProcessCheckpoints);
+  if (!f.out.empty())
+    if (Status st = CheckWritableFile("--out", f.out); !st.ok()) return Fail(st.message());
   auto plan = LoadPlanFile(f.plan_file);
   if (!plan.ok()) return Fail(plan.status().message());
   const Layout& l = plan->layout;
@@ -210,8 +322,10 @@ int RunTrain(const TrainFlags& f) {
   cfg.optimizer.decay_steps = std::max(1, f.steps - f.warmup);
   if (Status st = rt::ValidateOptimizer(cfg.optimizer, "--lr/--warmup"); !st.ok()) return Fail(st.message());
   cfg.on_nan = f.ckpt.on_nan == "skip" ? rt::NanPolicy::kSkip : rt::NanPolicy::kStop;
-  auto resume = PrepareCheckpoints(f.ckpt);
-  if (!resume.ok()) return Fail(resume.status().message());
+  cfg.stop_requested = [] { return g_stop_signal.load(std::memory_order_relaxed); };
+  auto folder = PrepareCheckpoints(f.ckpt);  // holds the folder's lock until we return
+  if (!folder.ok()) return Fail(folder.status().message());
+  std::optional<ResumePoint>* resume = &folder->resume;
   if (*resume) {
     if (Status st = ApplyCheckpoint(**resume, &cfg); !st.ok()) return Fail(st.message());
     if ((*resume)->ckpt.state.step >= f.steps)
@@ -225,9 +339,7 @@ int RunTrain(const TrainFlags& f) {
   auto launch = MakeLaunch(l, lo);
   if (!launch.ok()) return Fail(f.plan_file + ": " + launch.status().message());
   cfg.local_ranks = launch->local_ranks;
-  if (!launch->local_ranks.empty() && (!f.ckpt.dir.empty()))
-    return Fail("--checkpoint-dir: checkpoints need every rank in one process; runs over several "
-                "processes cannot save or resume them yet");
+  if (!launch->local_ranks.empty() && (!f.ckpt.dir.empty())) return Fail(kNoMultiProcessCheckpoints);
   auto trainer = rt::Trainer::Create(cfg, launch->backends, *launch->comms);
   if (!trainer.ok()) return Fail(f.plan_file + ": " + trainer.status().message());
   // Under mpirun every process holds the same results; process 0 prints and writes files.
@@ -256,7 +368,10 @@ int RunTrain(const TrainFlags& f) {
   std::vector<rt::StepResult> steps;
   OtherLoad load;  // over the timed steps
   const int64_t first_step = (*trainer)->steps_done();
-  for (int64_t i = first_step; i < f.steps; ++i) {
+  StopOnSignals stop_on_signals;
+  int stopped_by = 0;  // the signal the job stopped on, the same in every process; 0: none
+  std::string saved;   // the last checkpoint written
+  for (int64_t i = first_step; i < f.steps && !stopped_by; ++i) {
     if (i - first_step == f.timing_warmup) load.Start();
     auto s = (*trainer)->Step();
     if (!s.ok()) {
@@ -274,16 +389,26 @@ int RunTrain(const TrainFlags& f) {
     steps.push_back(*s);
     if (steps.size() > size_t(f.timing_warmup) + kTimelineSteps)  // keep memory bounded
       for (rt::RankTimes& rk : steps.back().ranks) rk.events = {};
+    stopped_by = s->stop;
     const bool last = i + 1 == f.steps;
-    if (!f.ckpt.dir.empty() && (last || (f.ckpt.save_every > 0 && (i + 1) % f.ckpt.save_every == 0)))
+    if (!f.ckpt.dir.empty() &&
+        (last || stopped_by || (f.ckpt.save_every > 0 && (i + 1) % f.ckpt.save_every == 0))) {
       if (Status st = SaveCheckpoint(f.ckpt, **trainer, cfg); !st.ok()) return Fail(st.message());
+      saved = f.ckpt.dir + "/" + rt::CheckpointFileName((*trainer)->steps_done());
+    }
   }
   const double other_share = load.Share();
-  const int windows = int(val.size() / size_t(plan->model.seq_len + 1));
-  auto val_loss = (*trainer)->Evaluate(val, windows);
-  if (!val_loss.ok()) return Fail("validation: " + val_loss.status().message());
-  std::printf("validation loss %.4f over %d windows of %lld tokens\n", *val_loss, windows,
-              static_cast<long long>(plan->model.seq_len));
+  // A stopped run skips validation (every process alike: stopped_by is the job's decision), so
+  // that it ends within a scheduler's grace period.
+  nlohmann::json val_json = nullptr;
+  if (!stopped_by) {
+    const int windows = int(val.size() / size_t(plan->model.seq_len + 1));
+    auto val_loss = (*trainer)->Evaluate(val, windows);
+    if (!val_loss.ok()) return Fail("validation: " + val_loss.status().message());
+    std::printf("validation loss %.4f over %d windows of %lld tokens\n", *val_loss, windows,
+                static_cast<long long>(plan->model.seq_len));
+    val_json = *val_loss;
+  }
   const nlohmann::json summary = SummaryJson(*plan, steps, launch->devices);
   std::printf("throughput: %.0f tok/s (median step %.1f ms), peak memory %s per rank",
               summary["tokens_per_s"].get<double>(), summary["median_step_time_s"].get<double>() * 1e3,
@@ -310,14 +435,28 @@ int RunTrain(const TrainFlags& f) {
     j["ranks"] = RanksJson(steps);
     j["timing"] = TimingJson(steps, f.timing_warmup, other_share);
     j["timeline"] = TimelineJson(steps, f.timing_warmup);
-    j["validation_loss"] = *val_loss;
+    j["validation_loss"] = val_json;
     j["summary"] = summary;
-    std::ofstream out(f.out);
-    out << DumpJson(j) << "\n";
-    if (!out) return Fail(f.out + ": cannot write measured.json");
+    j["interrupted"] = nullptr;
+    if (stopped_by)
+      j["interrupted"] = {{"signal", SignalName(stopped_by)}, {"signo", stopped_by},
+                          {"steps_done", (*trainer)->steps_done()}, {"steps_requested", f.steps},
+                          {"checkpoint", saved.empty() ? nlohmann::json(nullptr) : nlohmann::json(saved)}};
+    // Serialised whole before the file is touched; strings from the inputs (paths, names, the
+    // host) may hold bytes that are not UTF-8: those become U+FFFD instead of a throw.
+    const std::string text = DumpJson(j) + "\n";
+    if (Status st = WriteFileAtomically(f.out, text); !st.ok())
+      return Fail(st.message() + " (measured.json not written)");
     std::printf("wrote %s\n", f.out.c_str());
   }
-  return 0;
+  std::fflush(stdout);
+  const int here = g_stop_signal.load();
+  const int signo = stopped_by ? stopped_by : here;
+  if (signo == 0) return 0;
+  if (launch->main_process)
+    std::fprintf(stderr, "%s\n",
+                 StoppedLine(signo, here == signo, (*trainer)->steps_done(), f.steps, saved).c_str());
+  return 128 + signo;
 }
 
 }  // namespace
@@ -333,7 +472,8 @@ Runner SetupTrain(CLI::App* sub) {
   sub->add_option("--lr", f->lr, "peak learning rate (default 1e-3; warmup then cosine to lr/10)");
   sub->add_option("--warmup", f->warmup, "warmup steps (default 2)");
   sub->add_option("--max-ranks", f->max_ranks, "refuse plans with more ranks than this (default 64)");
-  sub->add_option("--timeout", f->timeout_s, "seconds a rank may wait in a collective (default 120)");
+  sub->add_option("--timeout", f->timeout_s,
+                  "seconds a rank may wait in a collective (default 120; above 0, at most 604800)");
   sub->add_flag("--one-gpu", f->one_gpu, "cuda: run every rank on GPU 0 (device copies), even with more GPUs");
   sub->add_option("--timing-warmup", f->timing_warmup,
                   "steps left out of measured.json's timing medians (default 1)");

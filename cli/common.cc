@@ -1,12 +1,17 @@
 // Shared flag handling and rendering for the ptdp commands.
 #include "cli/common.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <system_error>
 #include <sstream>
 #include <thread>
 
@@ -385,6 +390,102 @@ double OtherLoad::Share() const {
   const double others = (busy - busy0_) - (ProcessCpuSeconds() - own0_);
   const double cores = std::max(1u, std::thread::hardware_concurrency());
   return std::clamp(others / std::max(1e-9, wall * cores), 0.0, 1.0);
+}
+
+// ---- Output files
+
+namespace {
+
+// "<what>: <the system's words for err>"; err is errno copied right after the failed call.
+Status SysError(const std::string& what, int err) {
+  return Status::Error(what + ": " + std::error_code(err, std::generic_category()).message());
+}
+
+// The folder of a file path: "." for a bare name.
+std::string FolderOf(const std::string& path) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+// CheckWritableFolder, with `where` opening the messages.
+Status CheckFolder(const std::string& where, const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
+    return Status::Error(where + ": is not a folder");
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::Error(where + ": cannot create the folder: " + ec.message());
+  std::string probe = dir + "/.ptdp-probe-XXXXXX";
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) {
+    const int err = errno;
+    return SysError(where + ": cannot create a file in the folder", err);
+  }
+  ::close(fd);
+  if (::unlink(probe.c_str()) != 0) {
+    const int err = errno;
+    return SysError(where + ": cannot remove the probe file " + probe, err);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckWritableFolder(const std::string& flag, const std::string& dir) {
+  return CheckFolder(flag + " " + dir, dir);
+}
+
+Status CheckWritableFile(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return Status::Error(flag + " " + path + ": is a folder, not a file");
+  return CheckFolder(flag + " " + path + ": the folder " + FolderOf(path), FolderOf(path));
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  std::string tmp = path + ".tmp-XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    const int err = errno;
+    return SysError(path + ": cannot create a temporary file beside it", err);
+  }
+  Status st = Status::Ok();
+  if (::fchmod(fd, 0644) != 0) {
+    const int err = errno;
+    st = SysError(tmp + ": cannot set its mode", err);
+  }
+  for (size_t at = 0; st.ok() && at < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + at, bytes.size() - at);
+    if (n < 0) {
+      const int err = errno;
+      if (err == EINTR) continue;
+      st = SysError(tmp + ": cannot write", err);
+    } else {
+      at += size_t(n);
+    }
+  }
+  if (st.ok() && ::fsync(fd) != 0) {
+    const int err = errno;
+    st = SysError(tmp + ": fsync failed", err);
+  }
+  if (::close(fd) != 0 && st.ok()) {
+    const int err = errno;
+    st = SysError(tmp + ": close failed", err);
+  }
+  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    st = SysError(path + ": cannot rename " + tmp + " to it", err);
+  }
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  // The rename survives a power loss once the folder is on disk.
+  const int dfd = ::open(FolderOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return Status::Ok();
 }
 
 }  // namespace ptdp::cli

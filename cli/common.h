@@ -91,6 +91,22 @@ std::string MeasuredNote(const ClusterSpec& c);
 // Human-readable breakdown of a prediction (simulate's output).
 std::string RenderPrediction(const Plan& plan);
 
+// ---- Files a command writes: checked at start, written whole or not at all.
+
+// Makes sure files can be written into `dir` later: creates it when missing, checks that it is
+// a folder and that a file can be created and removed in it (a probe "DIR/.ptdp-probe-XXXXXX").
+// The message names `flag` (e.g. "--checkpoint-dir"), the folder and the system's reason.
+Status CheckWritableFolder(const std::string& flag, const std::string& dir);
+// The same for the folder of the file `path` ("." when it names none), and `path` must not be a
+// folder itself.
+Status CheckWritableFile(const std::string& flag, const std::string& path);
+
+// Writes `bytes` to `path` atomically: into a temporary file in the same folder
+// ("<path>.tmp-XXXXXX", mode 0644), fsync'ed, renamed over `path`, the folder fsync'ed. A
+// reader sees the old file (or none) or the whole new one. On failure `path` is untouched, the
+// temporary file removed, and the message names the file and the system's reason.
+Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
 // How much of the machine other processes used over an interval: their CPU seconds (every
 // process's, from /proc/stat, minus this process's) over the interval's wall seconds times the
 // cores. Timings taken above ~10% are the machine under load: rank threads sleeping in a

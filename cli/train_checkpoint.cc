@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "cli/common.h"
+
 namespace ptdp::cli {
 namespace {
 
@@ -75,30 +77,34 @@ Result<rt::OptimizerConfig> OptimizerFromSettings(const std::map<std::string, do
   return o;
 }
 
-Result<std::optional<ResumePoint>> PrepareCheckpoints(const CheckpointFlags& f) {
-  std::optional<ResumePoint> none;
-  if (f.dir.empty()) return none;
-  std::error_code ec;
-  std::filesystem::create_directories(f.dir, ec);
-  if (ec) return Status::Error(f.dir + ": cannot create the checkpoint folder: " + ec.message());
+Result<CheckpointFolder> PrepareCheckpoints(const CheckpointFlags& f) {
+  CheckpointFolder folder;
+  if (f.dir.empty()) return folder;
+  PTDP_RETURN_IF_ERROR(CheckWritableFolder("--checkpoint-dir", f.dir));
+  auto lock = rt::CheckpointFolderLock::Acquire(f.dir);
+  if (!lock.ok()) return Status::Error("--checkpoint-dir " + lock.status().message());
+  folder.lock = std::move(lock).value();
   PTDP_ASSIGN_OR_RETURN(std::vector<std::string> removed, rt::RemoveIncompleteCheckpoints(f.dir));
   for (const std::string& r : removed)
     std::printf("removed %s: a checkpoint write that never finished\n", r.c_str());
-  if (!f.resume) return none;
+  if (!f.resume) return folder;
   PTDP_ASSIGN_OR_RETURN(std::vector<std::string> all, rt::ListCheckpoints(f.dir));
   if (all.empty()) {
     std::printf("no checkpoint in %s: starting from step 0\n", f.dir.c_str());
-    return none;
+    return folder;
   }
   const Clock::time_point t0 = Clock::now();
   auto ckpt = rt::ReadCheckpoint(all.back());
   if (!ckpt.ok())
     return Status::Error(ckpt.status().message() +
                          " (cannot resume; move the file away to resume from an older checkpoint)");
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(all.back(), ec);
   std::printf("loaded %s: step %lld, written by %s (%.1f MB in %.2f s)\n", all.back().c_str(),
               static_cast<long long>(ckpt->state.step), ckpt->layout.c_str(),
-              double(std::filesystem::file_size(all.back())) / 1e6, Since(t0));
-  return std::optional<ResumePoint>(ResumePoint{all.back(), std::move(ckpt).value()});
+              ec ? 0.0 : double(bytes) / 1e6, Since(t0));
+  folder.resume = ResumePoint{all.back(), std::move(ckpt).value()};
+  return folder;
 }
 
 Status ApplyCheckpoint(const ResumePoint& from, rt::TrainerConfig* cfg) {
@@ -148,7 +154,8 @@ Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::
     };
   PTDP_RETURN_IF_ERROR(rt::WriteCheckpoint(path, c, hook));
   std::error_code ec;
-  const double mb = double(std::filesystem::file_size(path, ec)) / 1e6;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  const double mb = ec ? 0.0 : double(bytes) / 1e6;
   PTDP_ASSIGN_OR_RETURN(std::vector<std::string> pruned, rt::PruneCheckpoints(f.dir, f.keep));
   std::printf("saved %s (%.1f MB in %.2f s)%s\n", path.c_str(), mb, Since(t0),
               pruned.empty() ? "" : (", deleted " + std::to_string(pruned.size()) + " older").c_str());

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -31,14 +32,21 @@ std::map<std::string, double> OptimizerSettings(const rt::OptimizerConfig& o);
 Result<rt::OptimizerConfig> OptimizerFromSettings(const std::map<std::string, double>& s,
                                                   const std::string& file);
 
-// Creates the folder, removes the temporary files of writes that never finished (printing
-// them) and, with --resume, reads the newest checkpoint: nullopt when the folder has none.
-// A damaged newest checkpoint is an error naming it (older ones are not tried silently).
+// Creates the folder, checks that files can be created and removed in it, takes its lock (one
+// run per folder: a second is refused naming the holder, see rt::CheckpointFolderLock),
+// removes the temporary files of writes that never finished (printing them) and, with
+// --resume, reads the newest checkpoint (resume is nullopt when the folder has none). A
+// damaged newest checkpoint is an error naming it (older ones are not tried silently).
+// Without --checkpoint-dir: no lock, no resume.
 struct ResumePoint {
   std::string path;
   rt::Checkpoint ckpt;
 };
-Result<std::optional<ResumePoint>> PrepareCheckpoints(const CheckpointFlags& f);
+struct CheckpointFolder {
+  std::unique_ptr<rt::CheckpointFolderLock> lock;  // hold it until the run ends
+  std::optional<ResumePoint> resume;
+};
+Result<CheckpointFolder> PrepareCheckpoints(const CheckpointFlags& f);
 
 // Takes the checkpoint's seed and optimizer settings into `cfg` (printing those that differ
 // from the flags), after checking that its model and global batch are the plan's.

@@ -3,6 +3,7 @@
 #include "runtime/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <limits>
 #include <sstream>
@@ -130,6 +132,13 @@ std::string MetadataYaml(const Checkpoint& c, const std::vector<uint64_t>& offse
   return o.str();
 }
 
+// "<what>: <the system's words for err>". Callers copy errno into `err` right after the failed
+// call, before building `what` (an allocation may change errno, and function arguments are
+// evaluated in no fixed order, so SysError(a + b, errno) could read errno after the + ran).
+Status SysError(const std::string& what, int err) {
+  return Status::Error(what + ": " + std::error_code(err, std::generic_category()).message());
+}
+
 // Writes all of [data, data + bytes) to fd, continuing the CRC.
 Status WriteAll(int fd, const void* data, size_t bytes, uint32_t* crc, const std::string& path) {
   const char* p = static_cast<const char*>(data);
@@ -137,8 +146,9 @@ Status WriteAll(int fd, const void* data, size_t bytes, uint32_t* crc, const std
   while (bytes > 0) {
     const ssize_t n = ::write(fd, p, std::min<size_t>(bytes, size_t(1) << 30));
     if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::Error(path + ": cannot write: " + Errno());
+      const int err = errno;
+      if (err == EINTR) continue;
+      return SysError(path + ": cannot write", err);
     }
     p += n;
     bytes -= size_t(n);
@@ -184,6 +194,8 @@ class Fd {
   int get() const { return fd_; }
   // Closes now, reporting the error (a deferred write error shows up here).
   int Close() { const int r = ::close(fd_); fd_ = -1; return r; }
+  // Gives the descriptor up: it stays open.
+  void Release() { fd_ = -1; }
 
  private:
   int fd_;
@@ -207,7 +219,10 @@ Status WriteFile(const std::string& tmp, const Checkpoint& c, const PartialWrite
   head.resize(size_t(data_offset), '\0');
 
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return Status::Error(tmp + ": cannot create: " + Errno());
+  if (fd.get() < 0) {
+    const int err = errno;
+    return SysError(tmp + ": cannot create", err);
+  }
   uint32_t crc = 0;
   PTDP_RETURN_IF_ERROR(WriteAll(fd.get(), head.data(), head.size(), &crc, tmp));
   const char zeros[kAlign] = {};
@@ -229,8 +244,14 @@ Status WriteFile(const std::string& tmp, const Checkpoint& c, const PartialWrite
   PutU32(tail, crc);
   tail.append(kEnd, sizeof kEnd);
   PTDP_RETURN_IF_ERROR(WriteAll(fd.get(), tail.data(), tail.size(), nullptr, tmp));
-  if (::fsync(fd.get()) != 0) return Status::Error(tmp + ": fsync failed: " + Errno());
-  if (fd.Close() != 0) return Status::Error(tmp + ": close failed: " + Errno());
+  if (::fsync(fd.get()) != 0) {
+    const int err = errno;
+    return SysError(tmp + ": fsync failed", err);
+  }
+  if (fd.Close() != 0) {
+    const int err = errno;
+    return SysError(tmp + ": close failed", err);
+  }
   return Status::Ok();
 }
 
@@ -239,8 +260,14 @@ Status SyncParentDir(const std::string& path) {
   std::string dir = std::filesystem::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return Status::Error(dir + ": cannot open the folder to sync it: " + Errno());
-  if (::fsync(fd.get()) != 0) return Status::Error(dir + ": fsync of the folder failed: " + Errno());
+  if (fd.get() < 0) {
+    const int err = errno;
+    return SysError(dir + ": cannot open the folder to sync it", err);
+  }
+  if (::fsync(fd.get()) != 0) {
+    const int err = errno;
+    return SysError(dir + ": fsync of the folder failed", err);
+  }
   return Status::Ok();
 }
 
@@ -407,8 +434,10 @@ Status WriteCheckpoint(const std::string& path, const Checkpoint& ckpt,
                        const PartialWriteHook& hook) {
   const std::string tmp = path + ".tmp";
   Status st = WriteFile(tmp, ckpt, hook);
-  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0)
-    st = Status::Error(path + ": cannot rename " + tmp + " to it: " + Errno());
+  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    st = SysError(path + ": cannot rename " + tmp + " to it", err);
+  }
   if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st;
@@ -570,9 +599,9 @@ Result<std::vector<std::string>> RemoveIncompleteCheckpoints(const std::string& 
     if (name.size() <= 4 || name.compare(name.size() - 4, 4, ".tmp") != 0) continue;
     if (StepOfName(name.substr(0, name.size() - 4)) < 0) continue;
     std::error_code ec;
-    if (!std::filesystem::remove(p, ec) || ec)
-      return Status::Error(p.string() + ": cannot remove an incomplete checkpoint: " + ec.message());
-    removed.push_back(p.string());
+    const bool was_there = std::filesystem::remove(p, ec);
+    if (ec) return Status::Error(p.string() + ": cannot remove an incomplete checkpoint: " + ec.message());
+    if (was_there) removed.push_back(p.string());  // else gone since the listing: nothing to do
   }
   std::sort(removed.begin(), removed.end());
   return removed;
@@ -584,11 +613,92 @@ Result<std::vector<std::string>> PruneCheckpoints(const std::string& dir, int ke
   std::vector<std::string> removed;
   for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
     std::error_code ec;
-    if (!std::filesystem::remove(all[i], ec) || ec)
-      return Status::Error(all[i] + ": cannot delete an old checkpoint: " + ec.message());
-    removed.push_back(all[i]);
+    const bool was_there = std::filesystem::remove(all[i], ec);
+    if (ec) return Status::Error(all[i] + ": cannot delete an old checkpoint: " + ec.message());
+    if (was_there) removed.push_back(all[i]);  // else gone since the listing: nothing to do
   }
   return removed;
+}
+
+// ---- the folder's lock
+
+namespace {
+
+// "pid 1234, host vm, since 2026-11-29T10:00:00Z": who holds a lock, as its file records it.
+std::string HolderLine() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char since[32];
+  std::strftime(since, sizeof since, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return "pid " + std::to_string(::getpid()) + ", host " + host + ", since " + since;
+}
+
+// The holder a lock file records, printable ASCII only (the file is anyone's to write), at most
+// 200 characters. The holder writes it right after taking the lock, so an empty file is read
+// again for up to 0.5 s.
+std::string ReadHolder(int fd) {
+  std::string text;
+  for (int attempt = 0; attempt < 50 && text.empty(); ++attempt) {
+    if (attempt > 0) ::usleep(10000);
+    char buf[201];
+    const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+    for (ssize_t i = 0; i < n; ++i)
+      if (buf[i] >= 0x20 && buf[i] < 0x7f) text += buf[i];
+  }
+  return text.empty() ? "the holder has not recorded itself" : text;
+}
+
+}  // namespace
+
+// Removing the file on release would let a third run lock a new file while a second still
+// holds the old, unlinked one; so a taker checks, after flock, that the file it locked is still
+// the one under the name (else it tries again), and the holder unlinks the name before closing.
+Result<std::unique_ptr<CheckpointFolderLock>> CheckpointFolderLock::Acquire(const std::string& dir) {
+  const std::string path = dir + "/" + kCheckpointLockName;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      return SysError(path + ": cannot create the checkpoint folder's lock file", err);
+    }
+    Fd owner(fd);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EWOULDBLOCK)
+        return Status::Error(dir + ": in use by another run (" + ReadHolder(fd) + "; lock file " +
+                             path + "): wait for it to end or use another folder");
+      return SysError(path + ": cannot lock", err);
+    }
+    struct stat locked{}, named{};
+    if (::fstat(fd, &locked) != 0) {
+      const int err = errno;
+      return SysError(path + ": cannot stat", err);
+    }
+    if (::stat(path.c_str(), &named) != 0 || named.st_ino != locked.st_ino ||
+        named.st_dev != locked.st_dev)
+      continue;  // its holder removed it between our open and flock: lock the new one
+    const std::string holder = HolderLine() + "\n";
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, holder.data(), holder.size(), 0) < 0) {
+      const int err = errno;
+      return SysError(path + ": cannot write the lock file", err);
+    }
+    auto lock = std::unique_ptr<CheckpointFolderLock>(new CheckpointFolderLock(fd, path));
+    owner.Release();
+    return lock;
+  }
+  return Status::Error(path + ": the lock file keeps being replaced; another run is starting "
+                       "and ending in this folder over and over");
+}
+
+CheckpointFolderLock::CheckpointFolderLock(int fd, std::string path)
+    : fd_(fd), path_(std::move(path)) {}
+
+CheckpointFolderLock::~CheckpointFolderLock() {
+  ::unlink(path_.c_str());  // while locked: see Acquire
+  ::close(fd_);
 }
 
 }  // namespace ptdp::rt

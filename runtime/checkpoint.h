@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -110,5 +111,37 @@ Result<std::vector<std::string>> RemoveIncompleteCheckpoints(const std::string& 
 
 // Deletes all but the newest `keep` checkpoints (keep >= 1) and returns the deleted names.
 Result<std::vector<std::string>> PruneCheckpoints(const std::string& dir, int keep);
+
+// ---- One run per folder: two runs writing one folder would replace each other's checkpoints
+// (and, writing the same step-N.ckpt.tmp, mix their bytes).
+
+// The lock file in a checkpoint folder.
+inline constexpr const char* kCheckpointLockName = ".ptdp-lock";
+
+// An exclusive lock on a checkpoint folder, held by one run from start to end: flock(LOCK_EX)
+// on DIR/.ptdp-lock, which records the holder ("pid 1234, host vm, since
+// 2026-11-29T10:00:00Z"). The kernel drops a process's flock when it dies, so a lock file a
+// killed run (kill -9) left behind is simply taken over. flock works across the processes of one
+// machine and, on Linux, on NFS (as a POSIX lock); not on every other network file system.
+class CheckpointFolderLock {
+ public:
+  // Takes the lock of `dir` (an existing folder) without waiting, creating the lock file if
+  // needed. Fails with "DIR: in use by another run (pid P, host H, since T; lock file
+  // DIR/.ptdp-lock): wait for it to end or use another folder" when another process (or another
+  // lock object of this one) holds it, or naming the lock file and the system error (e.g. a
+  // folder that is not writable).
+  static Result<std::unique_ptr<CheckpointFolderLock>> Acquire(const std::string& dir);
+  // Removes the lock file, then releases the lock.
+  ~CheckpointFolderLock();
+  CheckpointFolderLock(const CheckpointFolderLock&) = delete;
+  CheckpointFolderLock& operator=(const CheckpointFolderLock&) = delete;
+
+  const std::string& path() const { return path_; }  // DIR/.ptdp-lock
+
+ private:
+  CheckpointFolderLock(int fd, std::string path);
+  int fd_;
+  std::string path_;
+};
 
 }  // namespace ptdp::rt

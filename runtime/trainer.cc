@@ -13,8 +13,9 @@
 //   TP, PP (, DP with dist-opt) all-reduce of the squared-grad sum -> norm, clip, AdamW
 //   DP  dist-opt: all-gather of the updated slices
 //   DP  loss (last stage): all-reduce SUM / d for the report
-//   WORLD all-gather of every rank's report (loss, grad norm, times), so that every process
-//         holds the whole job's figures (ranks may live in several processes: local_ranks)
+//   WORLD all-gather of every rank's report (loss, grad norm, times, stop request), so that
+//         every process holds the whole job's figures (ranks may live in several processes:
+//         local_ranks) and every process sees the same stop request
 #include "runtime/trainer.h"
 
 #include <algorithm>
@@ -118,7 +119,7 @@ struct ParamState {
 using Key = std::tuple<int, int, bool>;
 
 // What a rank reports after a step, exchanged over the WORLD group so that every process holds
-// every rank's: 11 doubles, sent bit for bit as 22 i32 (a gather copies any dtype exactly).
+// every rank's: 12 doubles, sent bit for bit as 24 i32 (a gather copies any dtype exactly).
 // RankTimes' figures as plain words; its event list stays with the rank's own process.
 struct TimesWords {
   double forward_s = 0, backward_s = 0, tp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0,
@@ -140,8 +141,9 @@ struct RankReport {
   double ok = 0;  // 1 when the rank's step succeeded
   double loss = 0, grad_norm = 0;
   TimesWords times;
+  double stop = 0;  // TrainerConfig::stop_requested() at the end of the step (0 when unset)
 };
-static_assert(sizeof(RankReport) == 11 * sizeof(double) &&
+static_assert(sizeof(RankReport) == 12 * sizeof(double) &&
                   std::is_trivially_copyable_v<RankReport>,
               "RankReport is sent as raw words");
 
@@ -752,8 +754,9 @@ Result<StepResult> Trainer::Step() {
   // A rank that failed still reports (ok = 0), so that the other processes learn of it.
   PTDP_RETURN_IF_ERROR(OnEveryRank(im.ranks, [&](Rank& rk) {
                          const Status st = im.RunStep(rk);
+                         const double stop = im.cfg.stop_requested ? im.cfg.stop_requested() : 0;
                          const Status ex = im.ExchangeReports(
-                             rk, {st.ok() ? 1.0 : 0.0, rk.loss, rk.grad_norm, ToWords(rk.times)});
+                             rk, {st.ok() ? 1.0 : 0.0, rk.loss, rk.grad_norm, ToWords(rk.times), stop});
                          return st.ok() ? ex : st;
                        }).Prefixed(where));
   const std::vector<RankReport>& all = im.ranks[0].reports;
@@ -770,7 +773,10 @@ Result<StepResult> Trainer::Step() {
   res.loss = all[size_t(im.grid.Rank({0, 0, im.p - 1}))].loss;
   res.skipped = im.ranks[0].skipped;  // every rank decides on the same all-reduced sums
   res.tokens_per_s = double(im.cfg.layout.global_batch) * im.s / std::max(res.step_time_s, 1e-12);
-  for (const RankReport& r : all) res.ranks.push_back(FromWords(r.times));
+  for (const RankReport& r : all) {
+    res.ranks.push_back(FromWords(r.times));
+    res.stop = std::max(res.stop, int(r.stop));
+  }
   for (const Rank& rk : im.ranks) {
     res.ranks[size_t(rk.global)].events = rk.times.events;
     if (rk.skipped != res.skipped)  // cannot happen: every rank decides on the same sums

@@ -68,6 +68,11 @@ struct TrainerConfig {
   // CommunicatorFactory world (NcclWorld); every Trainer's results are still the whole job's.
   std::vector<int> local_ranks;
   bool record_timeline = false;  // fill RankTimes::events every step (the measured timeline)
+  // Polled by every local rank at the end of each step (from the rank threads, so it must be
+  // thread-safe; ptdp train reads an atomic its signal handler sets): 0 to go on, else a code
+  // the caller chooses (ptdp train: the signal number). The job's largest code comes back in
+  // StepResult::stop of every Trainer, so all processes decide to stop at the same step.
+  std::function<int()> stop_requested;
 };
 
 // What one interval of a rank's step was (the measured timeline of `ptdp compare`/`report`).
@@ -110,6 +115,9 @@ struct StepResult {
   double step_time_s = 0;    // wall time of the step
   double tokens_per_s = 0;
   std::vector<RankTimes> ranks;  // by global rank
+  // The largest TrainerConfig::stop_requested code any rank of the job read at the end of this
+  // step (0: none asked to stop); the same in every Trainer of the job.
+  int stop = 0;
 };
 
 // Makes one Backend per rank (called once per rank at creation).

@@ -2,7 +2,10 @@
 // never interrupted, to the last bit (measured.json keeps doubles exactly); kill -9 during a
 // step and during a checkpoint write leave the last complete checkpoint intact and resumable;
 // a damaged newest checkpoint is refused naming it; resuming into another layout continues
-// within fp32 tolerance. gpt-tiny (s 64), global batch 8, 12 steps, a checkpoint every 4.
+// within fp32 tolerance; SIGTERM, SIGINT and SIGHUP stop at a step boundary, save and write
+// measured.json, and the run resumes bit for bit; a second run on a folder is refused naming the
+// holder; unwritable folders are refused before training. gpt-tiny (s 64), global batch 8, 12
+// steps, a checkpoint every 4.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +15,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -158,10 +162,12 @@ TEST(TrainCheckpoint, Kill9DuringAStepResumesFromTheLastCheckpoint) {
     // It died inside step 7 or 8: step 8's line (and so its checkpoint) never came.
     EXPECT_EQ(child.output().find("step    8/12"), std::string::npos) << child.output();
   }
-  EXPECT_EQ(Names(dir), (std::vector<std::string>{"step-00000004.ckpt"}));
+  // The lock file stays (nothing ran its release), its flock died with the process.
+  EXPECT_EQ(Names(dir), (std::vector<std::string>{".ptdp-lock", "step-00000004.ckpt"}));
   const CmdResult r = Ptdp(TrainArgs(Plan(), dir, dir + "/resumed.json") + " --resume");
   ASSERT_EQ(r.code, 0) << r.out;
   ExpectContinues(ReadLosses(dir + "/resumed.json"), 4);
+  EXPECT_FALSE(fs::exists(dir + "/.ptdp-lock"));  // taken over, then released
 }
 
 TEST(TrainCheckpoint, Kill9DuringACheckpointWriteLeavesThePreviousOne) {
@@ -180,7 +186,8 @@ TEST(TrainCheckpoint, Kill9DuringACheckpointWriteLeavesThePreviousOne) {
   }
   // The half-written file is there under its temporary name, refused as truncated; the
   // previous checkpoint is whole.
-  EXPECT_EQ(Names(dir), (std::vector<std::string>{"step-00000004.ckpt", "step-00000008.ckpt.tmp"}));
+  EXPECT_EQ(Names(dir), (std::vector<std::string>{".ptdp-lock", "step-00000004.ckpt",
+                                                  "step-00000008.ckpt.tmp"}));
   auto partial = ptdp::rt::ReadCheckpoint(dir + "/step-00000008.ckpt.tmp");
   ASSERT_FALSE(partial.ok());
   EXPECT_NE(partial.status().message().find("truncated"), std::string::npos) << partial.status().message();
@@ -266,6 +273,163 @@ TEST(TrainCheckpoint, RefusesWhatCannotContinue) {
   r = Ptdp("train " + Plan() + " --steps 1 --checkpoint-dir " + empty + " --resume");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("no checkpoint in " + empty + ": starting from step 0"), std::string::npos) << r.out;
+}
+
+// The run's output after a signal: one line saying which signal stopped it after how many steps,
+// exit 128 + signo, measured.json with those steps and "interrupted", and the checkpoint of the
+// last step done even with --save-every 0; `--resume` then continues with the losses of a run
+// never interrupted.
+TEST(TrainCheckpoint, SignalsStopAtAStepBoundarySaveAndResumeBitForBit) {
+  ASSERT_EQ(Whole().step.size(), 12u);
+  // The children inherit these; ctest or a shell may have left SIGINT/SIGHUP ignored.
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGHUP, SIG_DFL);
+  const std::pair<int, std::string> signals[] = {{SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"}, {SIGHUP, "SIGHUP"}};
+  for (const auto& [sig, name] : signals) {
+    SCOPED_TRACE(name);
+    const std::string dir = FreshDir("signal_" + name);
+    const std::string args = "train " + Plan() + " --steps 12 --checkpoint-dir " + dir;  // no --save-every
+    int status = 0;
+    std::string out;
+    {
+      ptdp::testing::Child child(kBin + " " + args + " --out " + dir + "/stopped.json");
+      ASSERT_TRUE(child.started());
+      ASSERT_TRUE(child.WaitForLine("step    2/12", 120)) << child.output();
+      child.Signal(sig);
+      status = child.Wait();
+      out = child.output();
+    }
+    ASSERT_TRUE(WIFEXITED(status)) << out;
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig) << out;
+    EXPECT_NE(out.find("ptdp: " + name + " received: stopping after this step"), std::string::npos) << out;
+    std::ifstream in(dir + "/stopped.json");
+    ASSERT_TRUE(in) << out;
+    const auto j = nlohmann::json::parse(in);
+    const int64_t done = j["interrupted"]["steps_done"].get<int64_t>();
+    ASSERT_GE(done, 2);
+    ASSERT_LT(done, 12) << "the signal came too late to stop the run early";
+    EXPECT_EQ(j["interrupted"]["signal"], name);
+    EXPECT_EQ(j["interrupted"]["signo"], sig);
+    EXPECT_EQ(j["interrupted"]["steps_requested"], 12);
+    const std::string ckpt = dir + "/" + ptdp::rt::CheckpointFileName(done);
+    EXPECT_EQ(j["interrupted"]["checkpoint"], ckpt);
+    EXPECT_TRUE(j["validation_loss"].is_null());  // skipped: a stopped run ends promptly
+    const Losses stopped = ReadLosses(dir + "/stopped.json");
+    ASSERT_EQ(stopped.step.size(), size_t(done));
+    for (size_t i = 0; i < stopped.loss.size(); ++i) EXPECT_EQ(stopped.loss[i], Whole().loss[i]);
+    EXPECT_NE(out.find("ptdp: " + name + ": stopped after step " + std::to_string(done) +
+                       " of 12; saved " + ckpt + ", --resume continues from it (exit " +
+                       std::to_string(128 + sig) + ")\n"),
+              std::string::npos) << out;
+    EXPECT_EQ(Names(dir), (std::vector<std::string>{ptdp::rt::CheckpointFileName(done), "stopped.json"}));
+    const CmdResult r = Ptdp(args + " --resume --out " + dir + "/resumed.json");
+    ASSERT_EQ(r.code, 0) << r.out;
+    ExpectContinues(ReadLosses(dir + "/resumed.json"), done);
+  }
+}
+
+// The first signal is handled (its line is printed, the paused checkpoint write goes on); a
+// second one takes the default action at once: killed by SIGTERM long before the 10-minute pause
+// ends. The lock dies with the process: the next run takes it.
+TEST(TrainCheckpoint, ASecondSignalEndsTheRunAtOnce) {
+  const std::string dir = FreshDir("second_signal");
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    ptdp::testing::Child child("env PTDP_TEST_PAUSE_CHECKPOINT_WRITE=4 " + kBin + " " +
+                               TrainArgs(Plan(), dir, dir + "/killed.json"));
+    ASSERT_TRUE(child.started());
+    ASSERT_TRUE(child.WaitForLine("checkpoint write paused: ", 120)) << child.output();
+    child.Signal(SIGTERM);
+    ASSERT_TRUE(child.WaitForLine("ptdp: SIGTERM received: stopping after this step", 30)) << child.output();
+    child.Signal(SIGTERM);
+    const int status = child.Wait();
+    ASSERT_TRUE(WIFSIGNALED(status)) << child.output();
+    EXPECT_EQ(WTERMSIG(status), SIGTERM);
+    EXPECT_EQ(child.output().find("wrote "), std::string::npos) << child.output();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 120);
+  EXPECT_EQ(Names(dir), (std::vector<std::string>{".ptdp-lock", "step-00000004.ckpt.tmp"}));
+  const CmdResult r = Ptdp("train " + Plan() + " --steps 1 --checkpoint-dir " + dir);
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// Run A holds the folder (paused in the write of step 8, after saving steps 2, 4 and 6); run B
+// on the same folder is refused at start with one line naming the folder and A (pid, host,
+// since when) and changes nothing; A's checkpoints are whole; after kill -9 of A, run C takes
+// the lock and resumes from step 6 bit for bit.
+TEST(TrainCheckpoint, ASecondRunOnTheFolderIsRefusedNamingTheHolder) {
+  ASSERT_EQ(Whole().step.size(), 12u);
+  const std::string dir = FreshDir("two_runs");
+  const std::string args = "train " + Plan() + " --steps 12 --save-every 2 --checkpoint-dir " + dir;
+  const std::vector<std::string> a_files = {".ptdp-lock", "step-00000002.ckpt", "step-00000004.ckpt",
+                                            "step-00000006.ckpt", "step-00000008.ckpt.tmp"};
+  {
+    // sh prints its pid, then becomes ptdp (exec keeps the pid).
+    ptdp::testing::Child a("sh -c 'echo holder $$; exec env PTDP_TEST_PAUSE_CHECKPOINT_WRITE=8 " +
+                           kBin + " " + args + "'");
+    ASSERT_TRUE(a.started());
+    std::string holder;
+    ASSERT_TRUE(a.WaitForLine("holder ", 30, &holder)) << a.output();
+    const std::string pid = holder.substr(holder.find(' ') + 1);
+    ASSERT_TRUE(a.WaitForLine("checkpoint write paused: ", 120)) << a.output();
+    ASSERT_EQ(Names(dir), a_files);
+    const CmdResult b = Ptdp(args + " --out " + dir + "/b.json");
+    ptdp::testing::ExpectOneLineError(b, "ptdp: --checkpoint-dir " + dir + ": in use by another run (pid " + pid + ", host ", 1);
+    EXPECT_NE(b.out.find(", since 20"), std::string::npos) << b.out;
+    EXPECT_NE(b.out.find("lock file " + dir + "/.ptdp-lock"), std::string::npos) << b.out;
+    EXPECT_EQ(Names(dir), a_files);  // B wrote nothing, not even its measured.json
+    for (int step : {2, 4, 6}) {
+      auto c = ptdp::rt::ReadCheckpoint(dir + "/" + ptdp::rt::CheckpointFileName(step));
+      ASSERT_TRUE(c.ok()) << c.status().message();
+      EXPECT_EQ(c->state.step, step);
+    }
+    a.Signal(SIGKILL);
+    a.Wait();
+  }
+  const CmdResult c = Ptdp(args + " --resume --out " + dir + "/c.json");
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("loaded " + dir + "/step-00000006.ckpt: step 6"), std::string::npos) << c.out;
+  ExpectContinues(ReadLosses(dir + "/c.json"), 6);
+}
+
+// Folders that cannot take a file are found before the first step, not at the first save.
+TEST(TrainCheckpoint, RefusesUnwritableFoldersBeforeTraining) {
+  const std::string dir = FreshDir("unwritable");
+  std::ofstream(dir + "/file") << "a file";
+  struct Case {
+    std::string flags, error;
+  };
+  const Case cases[] = {
+      // /proc takes no new files or folders, even from root.
+      {"--checkpoint-dir /proc/ptdp-test",
+       "--checkpoint-dir /proc/ptdp-test: cannot create the folder: "},
+      {"--checkpoint-dir /proc", "--checkpoint-dir /proc: cannot create a file in the folder: "},
+      {"--checkpoint-dir " + dir + "/file", "--checkpoint-dir " + dir + "/file: is not a folder"},
+      {"--out /proc/measured.json",
+       "--out /proc/measured.json: the folder /proc: cannot create a file in the folder: "},
+      {"--out " + dir, "--out " + dir + ": is a folder, not a file"},
+      {"--out " + dir + "/file/measured.json", "the folder " + dir + "/file: is not a folder"}};
+  for (const Case& c : cases) {
+    const CmdResult r = Ptdp("train " + Plan() + " --steps 30 " + c.flags);
+    ptdp::testing::ExpectOneLineError(r, c.error, 1);
+  }
+}
+
+TEST(TrainCheckpoint, RefusesReadOnlyFoldersBeforeTraining) {
+  if (::geteuid() == 0) GTEST_SKIP() << "running as root, which ignores folder permissions";
+  const std::string ro = FreshDir("read_only");
+  fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+  const std::string denied = ": Permission denied";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--checkpoint-dir " + ro, "--checkpoint-dir " + ro + ": cannot create a file in the folder" + denied},
+      {"--checkpoint-dir " + ro + "/sub", "--checkpoint-dir " + ro + "/sub: cannot create the folder" + denied},
+      {"--out " + ro + "/m.json",
+       "--out " + ro + "/m.json: the folder " + ro + ": cannot create a file in the folder" + denied}};
+  for (const auto& [flags, error] : cases) {
+    const CmdResult r = Ptdp("train " + Plan() + " --steps 30 " + flags);
+    ptdp::testing::ExpectOneLineError(r, error, 1);
+  }
+  fs::permissions(ro, fs::perms::owner_all);
 }
 
 }  // namespace

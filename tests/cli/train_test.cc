@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -79,6 +82,46 @@ TEST(Train, RefusesWhatItCannotHonour) {
   r = Ptdp("train " + plan + " --corpus /nonexistent.txt --steps 1");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("/nonexistent.txt"), std::string::npos) << r.out;
+}
+
+// --timeout becomes a deadline in every collective: values that cannot be one are refused at
+// parse, naming the flag and the value (they used to fail the first collective, blaming a
+// healthy rank).
+TEST(Train, RefusesATimeoutThatIsNotAFinitePositiveNumberOfSeconds) {
+  const std::string plan = MakePlan("timeout", "--tp 2 --pp 2 --micro-batch 2", 4);
+  for (const char* v : {"0", "-1", "nan", "inf", "1e300", "604801"}) {
+    const CmdResult r = Ptdp("train " + plan + " --steps 1 --timeout " + std::string(v));
+    ptdp::testing::ExpectOneLineError(r, "ptdp: --timeout ", 1);
+    EXPECT_NE(r.out.find(": must be a number of seconds above 0 and at most 604800 (7 days)"),
+              std::string::npos) << r.out;
+  }
+  const CmdResult r = Ptdp("train " + plan + " --steps 1 --timeout 604800");
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// measured.json is serialised before its file is touched and written through a temporary file
+// renamed over it: a name that is not UTF-8 (byte 0xFF in the plan's path) gives valid JSON
+// with U+FFFD in its place, or (where inputs refuse such names) a refusal; never a 0-byte or
+// partial file, and no temporary file stays behind.
+TEST(Train, MeasuredJsonIsWholeEvenForNamesThatAreNotUtf8) {
+  const std::string dir = ::testing::TempDir() + "/utf8-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string plan = dir + "/bad\xff" "name.plan.yaml";
+  std::filesystem::copy_file(MakePlan("utf8", "--tp 2 --pp 2 --micro-batch 2", 4), plan,
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string out = dir + "/measured.json";
+  const CmdResult r = Ptdp("train '" + plan + "' --steps 1 --out " + out);
+  if (r.code == 0) {
+    std::ifstream in(out);
+    const auto j = nlohmann::json::parse(in);  // throws on invalid UTF-8
+    EXPECT_NE(j["plan"].get<std::string>().find("bad\xEF\xBF\xBDname"), std::string::npos) << j["plan"];
+    EXPECT_TRUE(j["interrupted"].is_null());
+  } else {
+    EXPECT_FALSE(std::filesystem::exists(out)) << r.out;
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "runtime/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -281,6 +282,67 @@ TEST(CheckpointFolder, ListsPrunesAndRemovesIncompleteFiles) {
   auto bad = ListCheckpoints(dir + "/absent");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find(dir + "/absent"), std::string::npos);
+}
+
+// A failed write names the system's reason, read right after the failing call (messages such as
+// "cannot delete an old checkpoint: Success" came from errno read after it was overwritten).
+TEST(CheckpointFolder, WriteErrorsCarryTheSystemsReason) {
+  const std::string dir = FreshDir("errno");
+  Status st = WriteCheckpoint(dir + "/absent/x.ckpt", Sample());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("x.ckpt.tmp: cannot create: No such file or directory"),
+            std::string::npos) << st.message();
+  WriteBytes(dir + "/file", "a file, not a folder");
+  st = WriteCheckpoint(dir + "/file/x.ckpt", Sample());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("cannot create: Not a directory"), std::string::npos) << st.message();
+  EXPECT_EQ(st.message().find("Success"), std::string::npos) << st.message();
+}
+
+// One lock object at a time per folder (a second one, in this process or another, is refused
+// naming the holder); the holder removes the lock file when it ends; the file a killed holder
+// leaves behind (its flock is gone with it) is taken over.
+TEST(CheckpointFolderLock, OneHolderAtATimeNamedInTheRefusal) {
+  const std::string dir = FreshDir("lock");
+  const std::string lock_file = dir + "/" + kCheckpointLockName;
+  const std::string pid = "pid " + std::to_string(::getpid()) + ", host ";
+  {
+    auto first = CheckpointFolderLock::Acquire(dir);
+    ASSERT_TRUE(first.ok()) << first.status().message();
+    EXPECT_EQ((*first)->path(), lock_file);
+    EXPECT_EQ(ReadBytes(lock_file).rfind(pid, 0), 0u) << ReadBytes(lock_file);
+    auto second = CheckpointFolderLock::Acquire(dir);
+    ASSERT_FALSE(second.ok());
+    const std::string m = second.status().message();
+    EXPECT_EQ(m.rfind(dir + ": in use by another run (" + pid, 0), 0u) << m;
+    EXPECT_NE(m.find(", since 20"), std::string::npos) << m;
+    EXPECT_NE(m.find("lock file " + lock_file), std::string::npos) << m;
+    // Listing and pruning do not see the lock file.
+    auto list = ListCheckpoints(dir);
+    ASSERT_TRUE(list.ok());
+    EXPECT_TRUE(list->empty());
+  }
+  EXPECT_FALSE(fs::exists(lock_file));
+  WriteBytes(lock_file, "pid 1, host elsewhere, since 1999-01-01T00:00:00Z\n");  // stale
+  auto again = CheckpointFolderLock::Acquire(dir);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(ReadBytes(lock_file).rfind(pid, 0), 0u) << ReadBytes(lock_file);
+}
+
+TEST(CheckpointFolderLock, RefusesAFolderWhereNoFileCanBeCreated) {
+  // /proc takes no new files, even from root.
+  auto proc = CheckpointFolderLock::Acquire("/proc");
+  ASSERT_FALSE(proc.ok());
+  EXPECT_NE(proc.status().message().find("/proc/.ptdp-lock: cannot create the checkpoint folder's lock file: "),
+            std::string::npos) << proc.status().message();
+  if (::geteuid() == 0) GTEST_SKIP() << "root ignores folder permissions: the read-only case needs another user";
+  const std::string dir = FreshDir("lock_readonly");
+  fs::permissions(dir, fs::perms::owner_read | fs::perms::owner_exec);
+  auto ro = CheckpointFolderLock::Acquire(dir);
+  fs::permissions(dir, fs::perms::owner_all);
+  ASSERT_FALSE(ro.ok());
+  EXPECT_NE(ro.status().message().find("cannot create the checkpoint folder's lock file: Permission denied"),
+            std::string::npos) << ro.status().message();
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // communicators' WORLD group.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -147,6 +148,53 @@ TEST(TrainerSplit, RefusesLocalRanksOutsideTheLayoutOrTwice) {
     ASSERT_FALSE(t.ok());
     EXPECT_NE(t.status().message().find(k.error), std::string::npos) << t.status().message();
   }
+}
+
+// A stop request (ptdp train: a signal) seen by one process must stop every process after the
+// same step, or the others would wait in the next step's collectives. Trainer A's ranks ask to
+// stop (code 15) from step 1 on, trainer B's never: both get stop 0 from step 0 and 15 from
+// step 1. One Trainer whose ranks disagree within a step (its first two polls say 0, the rest
+// 7) reports 7 for that step: the largest code of any rank.
+TEST(TrainerSplit, EveryTrainerSeesAStopRequestedByOne) {
+  const TrainerConfig base = Config(2, 2, 1);
+  ThreadWorld world(base.layout.world(), kTimeoutS);
+  std::atomic<int> a_code{0};
+  TrainerConfig a = base, b = base;
+  a.local_ranks = {0, 1};
+  a.stop_requested = [&] { return a_code.load(); };
+  b.local_ranks = {2, 3};
+  b.stop_requested = [] { return 0; };
+  auto ta = Trainer::Create(a, testing::CpuBackends(), world);
+  auto tb = Trainer::Create(b, testing::CpuBackends(), world);
+  ASSERT_TRUE(ta.ok() && tb.ok());
+  std::vector<int> stops_a, stops_b;
+  std::thread run_b([&] {
+    for (int i = 0; i < 2; ++i) {
+      auto r = (*tb)->Step();
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      stops_b.push_back(r->stop);
+    }
+  });
+  for (int i = 0; i < 2; ++i) {
+    auto r = (*ta)->Step();
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    stops_a.push_back(r->stop);
+    a_code = 15;  // polled at the end of step 1, not before
+  }
+  run_b.join();
+  EXPECT_EQ(stops_a, (std::vector<int>{0, 15}));
+  EXPECT_EQ(stops_b, (std::vector<int>{0, 15}));
+
+  ThreadWorld one_world(base.layout.world(), kTimeoutS);
+  TrainerConfig c = base;
+  std::atomic<int> polls{0};
+  c.stop_requested = [&] { return polls++ < 2 ? 0 : 7; };
+  auto t = Trainer::Create(c, testing::CpuBackends(), one_world);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  auto r = (*t)->Step();
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(polls.load(), 4);  // once per rank
+  EXPECT_EQ(r->stop, 7);
 }
 
 }  // namespace
