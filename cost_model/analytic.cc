@@ -4,6 +4,7 @@
 #include "cost_model/analytic.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 
 namespace ptdp {
@@ -14,15 +15,27 @@ double WeightBytes(Precision p) { return p == Precision::kFp32 ? 4.0 : 2.0; }
 
 }  // namespace
 
+// The members are ranks 0, stride, ..., (size-1)*stride (every other group of the kind is this
+// one shifted). With stride < gpus_per_node the first node holds ceil(gpus_per_node / stride)
+// of them, and they span floor((size-1)*stride / gpus_per_node) + 1 nodes; a stride of a node
+// or more puts each on its own node. Counting nodes by the span, not by size / per_node, is
+// what keeps a stride that does not divide the node on it. Megatron's rank = tp + t*(dp + d*pp)
+// and its embedding group is the first and last PP rank (megatron-reference.md section 2), so
+// at pp 4 x dp 2 it is ranks 0 and 6, stride t*c*d*(p-1) = 6, on one 8-GPU node; size / (8 / 6)
+// made it two nodes, and on a one-node cluster that asked the absent network for its
+// bandwidth (0: an infinite, or 0/0, collective time; issue 12).
 GroupShape RegularGroupShape(int stride, int size, int gpus_per_node) {
   GroupShape g;
   g.size = size;
   if (size <= 1) return g;
-  const int span_per_node = stride >= gpus_per_node ? 1 : gpus_per_node / stride;
-  g.per_node = std::min(size, span_per_node);
-  g.nodes = (size + g.per_node - 1) / g.per_node;
-  g.sharing = std::max(1, gpus_per_node / g.per_node);
-  if (g.nodes == 1) g.sharing = 1;
+  if (stride >= gpus_per_node) {
+    g.per_node = 1;
+    g.nodes = size;
+  } else {
+    g.per_node = std::min(size, (gpus_per_node + stride - 1) / stride);
+    g.nodes = int(int64_t(size - 1) * stride / gpus_per_node) + 1;
+  }
+  g.sharing = g.nodes == 1 ? 1 : std::max(1, gpus_per_node / g.per_node);
   return g;
 }
 
@@ -64,6 +77,9 @@ double AnalyticModel::Gemm(double m, double n, double k, Precision p) const {
 double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) const {
   if (size <= 1 || bytes <= 0) return 0;
   const GroupShape g = RegularGroupShape(stride, size, topo_->spec().gpus_per_node);
+  // The layout's world fits the cluster (Evaluate's precondition), so its groups do too: a
+  // group on more nodes than exist would be timed on a network that is not there.
+  assert(g.nodes <= topo_->spec().nodes);
   const double lat = topo_->CollectiveTime(c, g, 0);
   const double full = topo_->CollectiveTime(c, g, bytes);
   const double eff = g.nodes > 1 ? k_.nccl_inter_eff : k_.nccl_intra_eff;
