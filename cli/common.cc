@@ -200,7 +200,8 @@ Result<PlanResult> RunPlanner(const World& w, const SearchSpace& space, int top,
     return Status::Error("--top " + std::to_string(top) + " must be in 1..10000");
   if (refine < 0 || refine > 10000)
     return Status::Error("--refine " + std::to_string(refine) + " must be in 0..10000");
-  PlanResult r = SearchLayouts(*w.cost, w.model, w.cluster, space, std::max(top, refine));
+  PTDP_ASSIGN_OR_RETURN(PlanResult r,
+                        SearchLayouts(*w.cost, w.model, w.cluster, space, std::max(top, refine)));
   PTDP_RETURN_IF_ERROR(RefineWithSimulator(*w.cost, refine, &r));
   if (int(r.top.size()) > top) r.top.resize(top);
   return r;

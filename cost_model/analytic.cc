@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstdio>
 
 namespace ptdp {
 namespace {
@@ -37,6 +38,30 @@ GroupShape RegularGroupShape(int stride, int size, int gpus_per_node) {
   }
   g.sharing = g.nodes == 1 ? 1 : std::max(1, gpus_per_node / g.per_node);
   return g;
+}
+
+Status CheckEstimate(const Layout& l, const Estimate& e) {
+  const Breakdown& b = e.breakdown;
+  const MemoryBytes& m = e.memory;
+  // (name, value, must be > 0 rather than >= 0)
+  struct Term { const char* name; double v; bool positive; };
+  const Term terms[] = {
+      {"compute_s", b.compute_s, false},         {"tp_comm_s", b.tp_comm_s, false},
+      {"pp_comm_s", b.pp_comm_s, false},         {"dp_comm_s", b.dp_comm_s, false},
+      {"bubble_s", b.bubble_s, false},           {"optimizer_s", b.optimizer_s, false},
+      {"step_time_s", e.step_time_s, true},      {"bubble_fraction", e.bubble_fraction, false},
+      {"mfu", e.mfu, false},                     {"memory.weights", m.weights, false},
+      {"memory.grads", m.grads, false},          {"memory.optimizer", m.optimizer, false},
+      {"memory.activations", m.activations, false}, {"memory.other", m.other, false},
+      {"memory.total", m.total, true}};
+  for (const Term& t : terms) {
+    if (std::isfinite(t.v) && (t.positive ? t.v > 0 : t.v >= 0)) continue;
+    char buf[96];
+    std::snprintf(buf, sizeof buf, ": %s is %g (step_time_s %g): not a finite, %s figure",
+                  t.name, t.v, e.step_time_s, t.positive ? "positive" : "non-negative");
+    return Status::Error("cost model: " + l.ShortName() + " [" + l.Knobs() + "]" + buf);
+  }
+  return Status::Ok();
 }
 
 Result<AnalyticModel> AnalyticModel::Create(const ModelSpec& model, const Topology& topo) {

@@ -216,6 +216,33 @@ TEST(RegularGroupShape, MegatronGroups) {
   EXPECT_EQ(far.nodes, 2);
 }
 
+TEST(CheckEstimate, NamesTheLayoutAndTheTerm) {
+  Layout l = MakeLayout(1, 4, 2, 1, 1, 8);
+  l.precision = Precision::kFp32;
+  Estimate e;
+  e.breakdown.compute_s = 1;
+  e.step_time_s = 1;
+  e.memory.weights = e.memory.total = 1e9;
+  EXPECT_TRUE(CheckEstimate(l, e).ok());
+  // The breakdown part is named before the step time it made infinite.
+  e.breakdown.dp_comm_s = INFINITY;
+  e.step_time_s = e.breakdown.total();
+  EXPECT_EQ(CheckEstimate(l, e).message(),
+            "cost model: tp1 pp4 dp2 mb1 [fp32]: dp_comm_s is inf (step_time_s inf): not a "
+            "finite, non-negative figure");
+  e.breakdown.dp_comm_s = 0;
+  e.step_time_s = 0;  // finite but not a time a step can take
+  EXPECT_EQ(CheckEstimate(l, e).message(),
+            "cost model: tp1 pp4 dp2 mb1 [fp32]: step_time_s is 0 (step_time_s 0): not a "
+            "finite, positive figure");
+  e.step_time_s = 1;
+  e.memory.activations = -1;
+  EXPECT_NE(CheckEstimate(l, e).message().find("memory.activations is -1"), std::string::npos);
+  e.memory.activations = 0;
+  e.memory.total = std::nan("");
+  EXPECT_NE(CheckEstimate(l, e).message().find("memory.total is nan"), std::string::npos);
+}
+
 // Issue 12: on a one-node cluster (no network) the tied-embedding all-reduce of pp 4 x dp 2 runs
 // on the node's links. Before, its group was taken for two nodes and timed on the missing
 // network's 0 B/s: an infinite time, and 0/0 = NaN for its latency part.
