@@ -86,6 +86,11 @@ std::string MeasuredNote(const ClusterSpec& c);
 // Human-readable breakdown of a prediction (simulate's output).
 std::string RenderPrediction(const Plan& plan);
 
+// A text bar of round(cells) '#', at most max_cells; empty for a negative count or a NaN. A
+// length computed from such a figure would otherwise ask std::string for ~2^64 characters
+// (the "internal error: basic_string::_M_create" of issue 12).
+std::string Bar(double cells, int max_cells);
+
 // How much of the machine other processes used over an interval: their CPU seconds (every
 // process's, from /proc/stat, minus this process's) over the interval's wall seconds times the
 // cores. Timings taken above ~10% are the machine under load: rank threads sleeping in a
