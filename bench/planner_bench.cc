@@ -33,7 +33,7 @@ void BM_Plan175bOn1024(benchmark::State& state) {
   s.global_batch = 1536;
   int64_t evaluated = 0, legal = 0;
   for (auto _ : state) {
-    PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16);
+    PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16).value();
     evaluated += r.evaluated;
     legal += r.legal;
     benchmark::DoNotOptimize(r.top.data());

@@ -47,7 +47,7 @@ void BM_Plan175bRefine16(benchmark::State& state) {
   s.world = 1024;
   s.global_batch = 1536;
   for (auto _ : state) {
-    PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16);
+    PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16).value();
     Status st = RefineWithSimulator(*f.cost, 16, &r);
     if (!st.ok()) { state.SkipWithError(st.message().c_str()); return; }
     benchmark::DoNotOptimize(r.top.data());

@@ -205,7 +205,8 @@ Result<PlanResult> RunPlanner(const World& w, const SearchSpace& space, int top,
     return Status::Error("--top " + std::to_string(top) + " must be in 1..10000");
   if (refine < 0 || refine > 10000)
     return Status::Error("--refine " + std::to_string(refine) + " must be in 0..10000");
-  PlanResult r = SearchLayouts(*w.cost, w.model, w.cluster, space, std::max(top, refine));
+  PTDP_ASSIGN_OR_RETURN(PlanResult r,
+                        SearchLayouts(*w.cost, w.model, w.cluster, space, std::max(top, refine)));
   PTDP_RETURN_IF_ERROR(RefineWithSimulator(*w.cost, refine, &r));
   if (int(r.top.size()) > top) r.top.resize(top);
   return r;
@@ -303,6 +304,11 @@ std::string MeasuredNote(const ClusterSpec& c) {
          "; layouts as ptdp's runtime runs them (fp32, no recompute, no overlap)\n";
 }
 
+std::string Bar(double cells, int max_cells) {
+  if (!(cells >= 0.5)) return "";  // also a NaN
+  return std::string(size_t(std::min(cells + 0.5, double(max_cells))), '#');
+}
+
 std::string RenderPrediction(const Plan& plan) {
   const Prediction& p = plan.prediction;
   const Layout& l = plan.layout;
@@ -327,9 +333,8 @@ std::string RenderPrediction(const Plan& plan) {
       {"compute", b.compute_s}, {"tp_comm", b.tp_comm_s}, {"pp_comm", b.pp_comm_s},
       {"dp_comm", b.dp_comm_s}, {"bubble", b.bubble_s}, {"optimizer", b.optimizer_s}};
   for (const auto& [name, v] : parts) {
-    const int bar = int(40 * v / p.step_time_s + 0.5);
     std::snprintf(buf, sizeof buf, "  %-10s %10.4f s %5.1f%%  %s\n", name, v,
-                  100 * v / p.step_time_s, std::string(bar, '#').c_str());
+                  100 * v / p.step_time_s, Bar(40 * v / p.step_time_s, 40).c_str());
     o << buf;
   }
   o << "\nmemory per GPU (most loaded stage):\n";
@@ -346,9 +351,8 @@ std::string RenderPrediction(const Plan& plan) {
   o << buf << "\nmemory per pipeline stage:\n";
   for (size_t r = 0; r < p.stage_memory_bytes.size(); ++r) {
     const double v = p.stage_memory_bytes[r];
-    const int bar = int(30 * std::min(1.5, v / m.capacity) + 0.5);
     std::snprintf(buf, sizeof buf, "  stage %-3zu %12s  %5.1f%% |%s\n", r, FormatBytes(v).c_str(),
-                  100 * v / m.capacity, std::string(bar, '#').c_str());
+                  100 * v / m.capacity, Bar(30 * v / m.capacity, 45).c_str());  // up to 150%
     o << buf;
   }
   return o.str();

@@ -107,6 +107,11 @@ Status CheckWritableFile(const std::string& flag, const std::string& path);
 // temporary file removed, and the message names the file and the system's reason.
 Status WriteFileAtomically(const std::string& path, const std::string& bytes);
 
+// A text bar of round(cells) '#', at most max_cells; empty for a negative count or a NaN. A
+// length computed from such a figure would otherwise ask std::string for ~2^64 characters
+// (the "internal error: basic_string::_M_create" of issue 12).
+std::string Bar(double cells, int max_cells);
+
 // How much of the machine other processes used over an interval: their CPU seconds (every
 // process's, from /proc/stat, minus this process's) over the interval's wall seconds times the
 // cores. Timings taken above ~10% are the machine under load: rank threads sleeping in a

@@ -156,16 +156,27 @@ std::string ChromeTraceJson(const Plan& plan, const SimResult& sim) {
   return DumpJson(out, -1) + "\n";
 }
 
+namespace {
+
+// x clamped to lo..hi in double, then made an int: a NaN or huge x never reaches int() (UB).
+int ClampedColumn(double x, int lo, int hi) {
+  if (!(x > lo)) return lo;
+  return x < hi ? int(x) : hi;
+}
+
+}  // namespace
+
 std::string AsciiTimeline(const SimResult& sim, int pp, int width) {
-  const double scale = width / std::max(1e-300, sim.step_time_s);
+  const double scale =
+      std::isfinite(sim.step_time_s) && sim.step_time_s > 0 ? width / sim.step_time_s : 0;
   std::vector<std::string> rows(pp, std::string(width, '.'));
   for (const SimEvent& e : sim.events) {
     if (e.track != SimTrack::kCompute) continue;
     char c = '=';
     if (e.kind == OpKind::kForward) c = char('0' + e.microbatch % 10);
     if (e.kind == OpKind::kBackward) c = char('A' + e.microbatch % 26);
-    const int a = std::clamp(int(std::floor(e.start_s * scale)), 0, width - 1);
-    const int b = std::clamp(int(std::ceil(e.end_s * scale)), a + 1, width);
+    const int a = ClampedColumn(std::floor(e.start_s * scale), 0, width - 1);
+    const int b = ClampedColumn(std::ceil(e.end_s * scale), a + 1, width);
     for (int i = a; i < b; ++i) rows[e.rank][i] = c;
   }
   std::string out;

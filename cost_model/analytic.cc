@@ -4,7 +4,9 @@
 #include "cost_model/analytic.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
+#include <cstdio>
 
 namespace ptdp {
 namespace {
@@ -14,16 +16,52 @@ double WeightBytes(Precision p) { return p == Precision::kFp32 ? 4.0 : 2.0; }
 
 }  // namespace
 
+// The members are ranks 0, stride, ..., (size-1)*stride (every other group of the kind is this
+// one shifted). With stride < gpus_per_node the first node holds ceil(gpus_per_node / stride)
+// of them, and they span floor((size-1)*stride / gpus_per_node) + 1 nodes; a stride of a node
+// or more puts each on its own node. Counting nodes by the span, not by size / per_node, is
+// what keeps a stride that does not divide the node on it. Megatron's rank = tp + t*(dp + d*pp)
+// and its embedding group is the first and last PP rank (megatron-reference.md section 2), so
+// at pp 4 x dp 2 it is ranks 0 and 6, stride t*c*d*(p-1) = 6, on one 8-GPU node; size / (8 / 6)
+// made it two nodes, and on a one-node cluster that asked the absent network for its
+// bandwidth (0: an infinite, or 0/0, collective time; issue 12).
 GroupShape RegularGroupShape(int stride, int size, int gpus_per_node) {
   GroupShape g;
   g.size = size;
   if (size <= 1) return g;
-  const int span_per_node = stride >= gpus_per_node ? 1 : gpus_per_node / stride;
-  g.per_node = std::min(size, span_per_node);
-  g.nodes = (size + g.per_node - 1) / g.per_node;
-  g.sharing = std::max(1, gpus_per_node / g.per_node);
-  if (g.nodes == 1) g.sharing = 1;
+  if (stride >= gpus_per_node) {
+    g.per_node = 1;
+    g.nodes = size;
+  } else {
+    g.per_node = std::min(size, (gpus_per_node + stride - 1) / stride);
+    g.nodes = int(int64_t(size - 1) * stride / gpus_per_node) + 1;
+  }
+  g.sharing = g.nodes == 1 ? 1 : std::max(1, gpus_per_node / g.per_node);
   return g;
+}
+
+Status CheckEstimate(const Layout& l, const Estimate& e) {
+  const Breakdown& b = e.breakdown;
+  const MemoryBytes& m = e.memory;
+  // (name, value, must be > 0 rather than >= 0)
+  struct Term { const char* name; double v; bool positive; };
+  const Term terms[] = {
+      {"compute_s", b.compute_s, false},         {"tp_comm_s", b.tp_comm_s, false},
+      {"pp_comm_s", b.pp_comm_s, false},         {"dp_comm_s", b.dp_comm_s, false},
+      {"bubble_s", b.bubble_s, false},           {"optimizer_s", b.optimizer_s, false},
+      {"step_time_s", e.step_time_s, true},      {"bubble_fraction", e.bubble_fraction, false},
+      {"mfu", e.mfu, false},                     {"memory.weights", m.weights, false},
+      {"memory.grads", m.grads, false},          {"memory.optimizer", m.optimizer, false},
+      {"memory.activations", m.activations, false}, {"memory.other", m.other, false},
+      {"memory.total", m.total, true}};
+  for (const Term& t : terms) {
+    if (std::isfinite(t.v) && (t.positive ? t.v > 0 : t.v >= 0)) continue;
+    char buf[96];
+    std::snprintf(buf, sizeof buf, ": %s is %g (step_time_s %g): not a finite, %s figure",
+                  t.name, t.v, e.step_time_s, t.positive ? "positive" : "non-negative");
+    return Status::Error("cost model: " + l.ShortName() + " [" + l.Knobs() + "]" + buf);
+  }
+  return Status::Ok();
 }
 
 Result<AnalyticModel> AnalyticModel::Create(const ModelSpec& model, const Topology& topo) {
@@ -64,6 +102,9 @@ double AnalyticModel::Gemm(double m, double n, double k, Precision p) const {
 double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) const {
   if (size <= 1 || bytes <= 0) return 0;
   const GroupShape g = RegularGroupShape(stride, size, topo_->spec().gpus_per_node);
+  // The layout's world fits the cluster (Evaluate's precondition), so its groups do too: a
+  // group on more nodes than exist would be timed on a network that is not there.
+  assert(g.nodes <= topo_->spec().nodes);
   const double lat = topo_->CollectiveTime(c, g, 0);
   const double full = topo_->CollectiveTime(c, g, bytes);
   const double eff = g.nodes > 1 ? k_.nccl_inter_eff : k_.nccl_intra_eff;

@@ -49,6 +49,15 @@ struct Estimate {
   bool fits = false;
 };
 
+// Ok when every figure of `e` is a number in range: step time and memory total finite and
+// > 0; each breakdown part, bubble fraction, MFU and memory part finite and >= 0. Otherwise a
+// one-line error naming the layout and the first term out of range, the breakdown parts
+// first (they are what went wrong when the step time is off), e.g.
+//   "cost model: tp1 pp4 dp2 mb1 [fp32]: dp_comm_s is inf (step_time_s inf): not a finite,
+//   non-negative figure". A bug in the cost model or the cluster's figures, never a layout to
+//   rank: the planner, the simulator and the fuzz targets refuse it.
+Status CheckEstimate(const Layout& l, const Estimate& e);
+
 // A seam for the planner (and its tests): anything that scores a legal layout.
 class Estimator {
  public:
@@ -134,7 +143,9 @@ class AnalyticModel : public Estimator {
 };
 
 // The shape of a regular Megatron group: `size` ranks `stride` apart, on nodes of
-// `gpus_per_node` (TP: stride 1; DP: stride t*c; PP: stride t*c*d).
+// `gpus_per_node` (TP: stride 1; DP: stride t*c; PP: stride t*c*d; tied embedding: stride
+// t*c*d*(p-1)), taken at its first member, rank 0. It spans as many nodes as ranks 0 ..
+// (size-1)*stride do, so never more than a cluster holding those ranks has.
 GroupShape RegularGroupShape(int stride, int size, int gpus_per_node);
 
 }  // namespace ptdp

@@ -5,6 +5,7 @@
 #include "cost_model/simulator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <queue>
 #include <unordered_map>
@@ -392,10 +393,42 @@ SimResult Sim::Run() {
   return res_;
 }
 
+// Ok when the step's figures are numbers in range (as CheckEstimate for the analytic ones),
+// else an error naming the layout, the rank and the figure.
+Status CheckSimResult(const Layout& l, const SimResult& r) {
+  struct Term { std::string name; double v; bool positive; };
+  const Breakdown& b = r.breakdown;
+  std::vector<Term> terms = {
+      {"compute_s", b.compute_s, false},     {"tp_comm_s", b.tp_comm_s, false},
+      {"pp_comm_s", b.pp_comm_s, false},     {"dp_comm_s", b.dp_comm_s, false},
+      {"bubble_s", b.bubble_s, false},       {"optimizer_s", b.optimizer_s, false},
+      {"step_time_s", r.step_time_s, true},  {"bubble_fraction", r.bubble_fraction, false}};
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    const SimRankStats& rs = r.ranks[i];
+    const std::string rank = "rank " + std::to_string(i) + " ";
+    terms.push_back({rank + "compute_s", rs.compute_s, false});
+    terms.push_back({rank + "p2p_wait_s", rs.p2p_wait_s, false});
+    terms.push_back({rank + "bubble_s", rs.bubble_s, false});
+    terms.push_back({rank + "end_s", rs.end_s, false});
+    terms.push_back({rank + "peak_memory_bytes", rs.peak_memory_bytes, false});
+  }
+  for (const Term& t : terms) {
+    if (std::isfinite(t.v) && (t.positive ? t.v > 0 : t.v >= 0)) continue;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " is %g (step_time_s %g)", t.v, r.step_time_s);
+    return Status::Error("simulator: " + l.ShortName() + " [" + l.Knobs() + "]: " + t.name +
+                         buf + ": not a finite, " + (t.positive ? "positive" : "non-negative") +
+                         " figure");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<SimResult> SimulateStep(const AnalyticModel& cost, const Layout& layout,
                                const SimOptions& opt) {
+  // The durations come from the analytic model: a figure of it out of range is named as such.
+  PTDP_RETURN_IF_ERROR(CheckEstimate(layout, cost.Evaluate(layout)));
   const Layout l = cost.Executed(layout);  // as the machine runs it (a measured runtime)
   PTDP_ASSIGN_OR_RETURN(Schedule s, BuildSchedule(l.schedule, l.pp, l.vp,
                                                   int(l.num_microbatches()), l.microbatch_group));
@@ -405,6 +438,7 @@ Result<SimResult> SimulateStep(const AnalyticModel& cost, const Layout& layout,
     if (r.ranks[i].end_s <= 0 && !s.ranks[i].empty())
       return Status::Error("simulation of " + l.ShortName() + " did not finish on rank " +
                            std::to_string(i) + " (schedule deadlock)");
+  PTDP_RETURN_IF_ERROR(CheckSimResult(l, r));
   return r;
 }
 

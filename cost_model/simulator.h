@@ -71,8 +71,10 @@ struct SimOptions {
   bool uniform_stages = false;     // drop embedding/output work so every chunk costs the same
 };
 
-// Simulates one step of a legal layout (CheckLayout == kOk). Fails only when the schedule
-// cannot be built (a layout the schedule rules refuse).
+// Simulates one step of a legal layout (CheckLayout == kOk). Fails when the schedule cannot be
+// built (a layout the schedule rules refuse), and when the analytic estimate of the layout
+// (CheckEstimate) or the simulated step has a figure that is not a finite number in range (a
+// cost-model bug: the message names the layout, the rank and the figure).
 Result<SimResult> SimulateStep(const AnalyticModel& cost, const Layout& l, const SimOptions& opt);
 
 // The simulation as a Prediction (source "simulated"), memory per stage from the simulation's

@@ -39,7 +39,9 @@ Result<double> PredictOne(const MeasuredRun& run, const ClusterSpec& base) {
   }
   const Rejection why = CheckLayout(run.model, run.layout);
   if (why != Rejection::kOk) return Status::Error(ExplainRejection(why, run.model, run.layout));
-  return cost.Evaluate(run.layout).step_time_s;
+  const Estimate e = cost.Evaluate(run.layout);
+  PTDP_RETURN_IF_ERROR(CheckEstimate(run.layout, e));
+  return e.step_time_s;
 }
 
 std::string GroupOf(const MeasuredRun& run) {

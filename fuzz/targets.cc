@@ -3,14 +3,20 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "cli/common.h"
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/yaml_reader.h"
+#include "cost_model/analytic.h"
+#include "cost_model/simulator.h"
+#include "planner/planner.h"
 #include "topology/cluster.h"
 #include "topology/topology.h"
 
@@ -32,6 +38,78 @@ void Counts(const ModelSpec& m, const std::string& file) {
   (void)m.linear_params_per_layer();
 }
 
+// Steps of more pipeline slots than this are not simulated: they are valid, and only cost time.
+constexpr int64_t kMaxSimulatedSlots = 4096;
+
+// An estimate of an accepted input is a number in range (CheckEstimate), and so is the
+// simulation of its layout when that is quick.
+void CheckLayoutEstimates(const AnalyticModel& cost, const Layout& l) {
+  const Status st = CheckEstimate(l, cost.Evaluate(l));
+  if (!st.ok()) Broken("accepted input, estimate out of range: " + st.message());
+  if (int64_t(l.pp) * l.vp * l.num_microbatches() > kMaxSimulatedSlots) return;
+  SimOptions opt;
+  opt.record_events = false;
+  auto sim = SimulateStep(cost, l, opt);
+  if (!sim.ok()) Broken("accepted input, simulation failed: " + sim.status().message());
+}
+
+// The planner's search of `model` on `gpus` GPUs of the cluster (global batch 4 per GPU, the
+// cluster's precision): every layout it scores must have an estimate in range (SearchLayouts
+// fails otherwise), and its best layout simulates. Searches the runtime model would refuse to
+// set up (CheckSearchSpace, the cluster's calibration) are skipped: they are the readers' to
+// report.
+void CheckPlannerEstimates(const ModelSpec& model, const ClusterSpec& cluster,
+                           const Topology& topo, int gpus) {
+  auto cost = AnalyticModel::Create(model, topo);
+  if (!cost.ok()) return;
+  SearchSpace s;
+  s.world = gpus;
+  s.global_batch = 4 * int64_t(gpus);
+  s.precision = cluster.gpu.DefaultPrecision();
+  s.max_micro_batch = 4;  // fewer candidates per call; the shapes that matter are t, p, d, v
+  if (!CheckSearchSpace(model, cluster, s).ok()) return;
+  auto plan = SearchLayouts(*cost, model, cluster, s, 1);
+  if (!plan.ok()) Broken("accepted input, planner: " + plan.status().message());
+  if (!plan->top.empty()) CheckLayoutEstimates(*cost, plan->top.front().layout);
+}
+
+// The shipped gpt-tiny (8 layers, 4 heads: tp 1-4, pp 1-8, interleaving) for fuzzed clusters.
+const ModelSpec& TinyModel() {
+  static const ModelSpec m = [] {
+    auto r = LoadModelFile(std::string(PTDP_SOURCE_DIR) + "/configs/models/gpt-tiny.yaml");
+    if (!r.ok()) Broken("configs/models/gpt-tiny.yaml: " + r.status().message());
+    return *r;
+  }();
+  return m;
+}
+
+// Shipped clusters for fuzzed models: local-cpu (one node, no network: issue 12's NaNs) and
+// dgx-a100 cut to 2 nodes (groups across the network).
+struct ShippedCluster {
+  ClusterSpec spec;
+  std::unique_ptr<Topology> topo;
+};
+const std::vector<ShippedCluster>& ModelClusters() {
+  static const std::vector<ShippedCluster> clusters = [] {
+    std::vector<ShippedCluster> v;
+    for (const auto& [name, nodes] : {std::pair{"local-cpu", 1}, std::pair{"dgx-a100", 2}}) {
+      auto c = LoadClusterFile(std::string(PTDP_SOURCE_DIR) + "/configs/clusters/" + name + ".yaml");
+      if (!c.ok()) Broken(std::string(name) + ": " + c.status().message());
+      c->nodes = nodes;
+      auto t = Topology::Build(*c);
+      if (!t.ok()) Broken(std::string(name) + ": " + t.status().message());
+      v.push_back({*c, std::make_unique<Topology>(std::move(*t))});
+    }
+    return v;
+  }();
+  return clusters;
+}
+
+void CheckModelEstimates(const ModelSpec& m) {
+  for (const ShippedCluster& c : ModelClusters())
+    CheckPlannerEstimates(m, c.spec, *c.topo, c.spec.world());
+}
+
 }  // namespace
 
 Status FuzzCluster(const std::string& text) {
@@ -42,7 +120,12 @@ Status FuzzCluster(const std::string& text) {
   auto cluster2 = ClusterFromYaml(*node2, "again.yaml");
   if (!cluster2.ok()) Broken("ClusterToYaml output refused: " + cluster2.status().message());
   // Graphs of up to a few thousand GPUs build in milliseconds; bigger ones only cost time.
-  if (cluster.world() <= 4096) return Topology::Build(cluster).status();
+  if (cluster.world() > 4096) return Status::Ok();
+  PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(cluster));
+  // gpt-tiny on up to a node's worth and up to 64 GPUs of it: every estimate a number.
+  CheckPlannerEstimates(TinyModel(), cluster, topo, std::min(cluster.world(), 8));
+  if (cluster.world() > 8)
+    CheckPlannerEstimates(TinyModel(), cluster, topo, std::min(cluster.world(), 64));
   return Status::Ok();
 }
 
@@ -55,6 +138,7 @@ Status FuzzModel(const std::string& text) {
   auto m2 = ModelFromYaml(*node2, "again.yaml", "");
   if (!m2.ok()) Broken("ModelToYaml output refused: " + m2.status().message());
   if (ModelToYaml(*m2, "") != ModelToYaml(m, "")) Broken("model round trip changed it");
+  CheckModelEstimates(m);
   return Status::Ok();
 }
 
@@ -70,6 +154,7 @@ Status FuzzPlan(const std::string& text) {
 Status FuzzHfConfig(const std::string& text) {
   PTDP_ASSIGN_OR_RETURN(ModelSpec m, ImportHfConfigText(text, "fuzz/config.json"));
   Counts(m, "fuzz/config.json");
+  CheckModelEstimates(m);
   return Status::Ok();
 }
 
@@ -105,7 +190,13 @@ Status FuzzLayoutFlags(const std::string& text) {
   if (layout.ok() && !f.dp && layout->world() != w.gpus)
     Broken("LayoutFromFlags gave " + std::to_string(layout->world()) + " ranks for " +
            std::to_string(w.gpus) + " GPUs");
-  PTDP_RETURN_IF_ERROR(cli::SpaceFromFlags(f, w).status());
+  if (layout.ok()) CheckLayoutEstimates(*w.cost, *layout);
+  auto space = cli::SpaceFromFlags(f, w);
+  PTDP_RETURN_IF_ERROR(space.status());
+  if (space->world <= 64) {  // bigger searches are valid, and only cost time
+    auto plan = SearchLayouts(*w.cost, w.model, w.cluster, *space, 1);
+    if (!plan.ok()) Broken("accepted flags, planner: " + plan.status().message());
+  }
   return layout.status();
 }
 

@@ -10,20 +10,27 @@
 
 namespace ptdp::fuzz {
 
+// Every estimate made for an accepted input must be a number in range (cost_model CheckEstimate:
+// finite, positive step time and memory, finite non-negative parts), in the planner's search and
+// in the simulator; one that is not aborts like any broken property (issue 12).
+//
 // Cluster YAML (topology/cluster.h): accepted clusters write back (ClusterToYaml) to text that
-// is accepted again; those of up to 4096 GPUs also build a Topology.
+// is accepted again; those of up to 4096 GPUs also build a Topology, on which the planner's
+// search of gpt-tiny (on up to 8, and up to 64, GPUs) gives estimates in range.
 Status FuzzCluster(const std::string& text);
 // Model YAML (core/model.h): accepted models pass ValidateModel, give their counts without
-// overflow, and round-trip through ModelToYaml unchanged.
+// overflow, round-trip through ModelToYaml unchanged, and the planner's search of them on
+// local-cpu (8 slots, no network) and 2 nodes of dgx-a100 gives estimates in range.
 Status FuzzModel(const std::string& text);
 // plan.yaml (core/plan.h): accepted plans round-trip through PlanToYaml unchanged.
 Status FuzzPlan(const std::string& text);
 // Hugging Face config.json (core/model.h ImportHfConfigText): imported models pass
-// ValidateModel and give their counts without overflow.
+// ValidateModel, give their counts without overflow, and estimates in range as FuzzModel's.
 Status FuzzHfConfig(const std::string& text);
 // The layout flags (cli/common.h): one argument per line, parsed by CLI11 as `ptdp simulate`
 // does, then LayoutFromFlags and SpaceFromFlags on dgx-a100 x gpt3-13b (resized by --nodes up
-// to 64, --gpus, --seq-len as LoadWorld does).
+// to 64, --gpus, --seq-len as LoadWorld does). An accepted layout's estimate (and simulation,
+// up to 4096 pipeline slots) and an accepted search's estimates (up to 64 GPUs) are in range.
 Status FuzzLayoutFlags(const std::string& text);
 
 }  // namespace ptdp::fuzz

@@ -30,7 +30,8 @@ std::vector<T> OneOr(const std::optional<T>& fixed, std::vector<T> all) {
   return all;
 }
 
-// Keeps the k smallest by `key`, sorted.
+// Keeps the k smallest by `key`, sorted. Keys are finite (SearchLayouts checks every
+// estimate), so `<` is a strict weak ordering.
 class TopK {
  public:
   explicit TopK(int k) : k_(std::max(1, k)) { items_.reserve(k_ + 1); }
@@ -92,8 +93,8 @@ Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
   return Status::Ok();
 }
 
-PlanResult SearchLayouts(const Estimator& est, const ModelSpec& model,
-                         const ClusterSpec& cluster, const SearchSpace& s, int top_k) {
+Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
+                                 const ClusterSpec& cluster, const SearchSpace& s, int top_k) {
   const auto start = std::chrono::steady_clock::now();
   PlanResult res;
   TopK best(top_k), small(top_k);
@@ -146,6 +147,8 @@ PlanResult SearchLayouts(const Estimator& est, const ModelSpec& model,
                 }
                 ++res.legal;
                 RankedLayout r{l, est.Evaluate(l)};
+                // The keys below must be numbers: a NaN breaks TopK's ordering.
+                PTDP_RETURN_IF_ERROR(CheckEstimate(l, r.estimate));
                 r.analytic_step_time_s = r.estimate.step_time_s;
                 if (r.estimate.fits) {
                   ++res.fitting;

@@ -55,13 +55,16 @@ struct PlanResult {
 Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
                         const SearchSpace& space);
 
-// Enumerates and ranks. `top_k` best fitting layouts are kept.
-PlanResult SearchLayouts(const Estimator& est, const ModelSpec& model,
-                         const ClusterSpec& cluster, const SearchSpace& space, int top_k);
+// Enumerates and ranks. `top_k` best fitting layouts are kept. Fails, naming the layout and
+// the term, when the estimator gives a legal layout a figure that is not a number in range
+// (CheckEstimate): such an estimate is a cost-model bug, and a NaN would break the ranking.
+Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
+                                 const ClusterSpec& cluster, const SearchSpace& space, int top_k);
 
 // Re-scores the first `k` fitting layouts of `result->top` with the event-driven simulator
 // (cost_model/simulator.h) and re-ranks them by simulated step time; the others keep their
-// analytic figures and stay behind them. Fails only if a layout cannot be simulated.
+// analytic figures and stay behind them. Fails if a layout cannot be simulated or its
+// simulation has a figure out of range (SimulateStep).
 Status RefineWithSimulator(const AnalyticModel& cost, int k, PlanResult* result);
 
 // Why the winner beat the runner-up, in a few lines: step-time difference and the components

@@ -205,5 +205,38 @@ TEST(ChromeTrace, OverlappingEventsOfAKindGetASecondThread) {
   EXPECT_EQ(rank1, (std::vector<std::string>{"compute", "recv activations", "recv activations 2"}));
 }
 
+// Issue 12: a NaN or negative figure reached the text output's bar lengths, and
+// std::string(int(NaN), '#') died with "basic_string::_M_create". Bars of such figures are
+// empty; a bar is never longer than its column.
+TEST(TextOutput, BarsOfFiguresThatAreNotNumbersAreEmpty) {
+  EXPECT_EQ(Bar(2.6, 40), "###");
+  EXPECT_EQ(Bar(0.4, 40), "");
+  EXPECT_EQ(Bar(1e30, 40), std::string(40, '#'));
+  EXPECT_EQ(Bar(INFINITY, 40), std::string(40, '#'));
+  EXPECT_EQ(Bar(-3, 40), "");
+  EXPECT_EQ(Bar(std::nan(""), 40), "");
+  Plan plan;
+  plan.model.name = "m";
+  plan.layout.global_batch = 8;
+  Prediction& p = plan.prediction;
+  p.step_time_s = std::nan("");
+  p.breakdown.compute_s = 1;
+  p.breakdown.dp_comm_s = -INFINITY;
+  p.memory.capacity = 0;  // 0/0 for the stage bars
+  p.stage_memory_bytes = {0, std::nan(""), -1, 1e9};
+  const std::string text = RenderPrediction(plan);
+  EXPECT_NE(text.find("memory per pipeline stage"), std::string::npos) << text;
+}
+
+TEST(TextOutput, TimelineOfAStepThatIsNotANumber) {
+  SimResult sim;
+  sim.ranks.resize(1);
+  sim.step_time_s = std::nan("");
+  sim.events = {Ev(0, OpKind::kForward, 0, -1, -1, 0, std::nan("")),
+                Ev(0, OpKind::kBackward, 0, -1, -1, -1, INFINITY)};
+  const std::string chart = AsciiTimeline(sim, 1, 20);
+  EXPECT_NE(chart.find("rank 0"), std::string::npos) << chart;
+}
+
 }  // namespace
 }  // namespace ptdp::cli

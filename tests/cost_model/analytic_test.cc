@@ -195,6 +195,87 @@ TEST(RegularGroupShape, MegatronGroups) {
   EXPECT_EQ(dp2.per_node, 4);
   EXPECT_EQ(dp2.nodes, 4);
   EXPECT_EQ(dp2.sharing, 2);
+  // Strides that do not divide the node count the span: the tied-embedding group of pp 4 x dp 2
+  // is ranks 0 and 6 (stride 6), one node; ranks 0, 3, 6 (stride 3) too.
+  GroupShape emb = RegularGroupShape(6, 2, 8);
+  EXPECT_EQ(emb.per_node, 2);
+  EXPECT_EQ(emb.nodes, 1);
+  EXPECT_EQ(emb.sharing, 1);
+  GroupShape three = RegularGroupShape(3, 3, 8);
+  EXPECT_EQ(three.per_node, 3);
+  EXPECT_EQ(three.nodes, 1);
+  // Ranks 0, 6, 12: 0 and 6 on node 0 (ceil(8/6) = 2), 12 on node 1; 8/2 = 4 groups share NICs.
+  GroupShape wide = RegularGroupShape(6, 3, 8);
+  EXPECT_EQ(wide.per_node, 2);
+  EXPECT_EQ(wide.nodes, 2);
+  EXPECT_EQ(wide.sharing, 4);
+  // Ranks 0 and 12: a stride over a node puts each member on its own node (not 12/8 + 1 = 2
+  // by luck: 0 and 24 at stride 24 are 2 nodes too, not 4).
+  GroupShape far = RegularGroupShape(24, 2, 8);
+  EXPECT_EQ(far.per_node, 1);
+  EXPECT_EQ(far.nodes, 2);
+}
+
+TEST(CheckEstimate, NamesTheLayoutAndTheTerm) {
+  Layout l = MakeLayout(1, 4, 2, 1, 1, 8);
+  l.precision = Precision::kFp32;
+  Estimate e;
+  e.breakdown.compute_s = 1;
+  e.step_time_s = 1;
+  e.memory.weights = e.memory.total = 1e9;
+  EXPECT_TRUE(CheckEstimate(l, e).ok());
+  // The breakdown part is named before the step time it made infinite.
+  e.breakdown.dp_comm_s = INFINITY;
+  e.step_time_s = e.breakdown.total();
+  EXPECT_EQ(CheckEstimate(l, e).message(),
+            "cost model: tp1 pp4 dp2 mb1 [fp32]: dp_comm_s is inf (step_time_s inf): not a "
+            "finite, non-negative figure");
+  e.breakdown.dp_comm_s = 0;
+  e.step_time_s = 0;  // finite but not a time a step can take
+  EXPECT_EQ(CheckEstimate(l, e).message(),
+            "cost model: tp1 pp4 dp2 mb1 [fp32]: step_time_s is 0 (step_time_s 0): not a "
+            "finite, positive figure");
+  e.step_time_s = 1;
+  e.memory.activations = -1;
+  EXPECT_NE(CheckEstimate(l, e).message().find("memory.activations is -1"), std::string::npos);
+  e.memory.activations = 0;
+  e.memory.total = std::nan("");
+  EXPECT_NE(CheckEstimate(l, e).message().find("memory.total is nan"), std::string::npos);
+}
+
+// Issue 12: on a one-node cluster (no network) the tied-embedding all-reduce of pp 4 x dp 2 runs
+// on the node's links. Before, its group was taken for two nodes and timed on the missing
+// network's 0 B/s: an infinite time, and 0/0 = NaN for its latency part.
+TEST(AnalyticOneNode, EmbeddingReduceStaysOnTheNode) {
+  ClusterSpec c;
+  c.name = "one-node";
+  c.nodes = 1;
+  c.gpus_per_node = 8;
+  c.gpu.name = "G";
+  c.gpu.memory_bytes = 80.0 * 1073741824.0;
+  c.gpu.hbm_bw_bytes_per_s = 2e12;
+  c.gpu.peak_bf16 = 312e12;
+  c.intra.fabric = IntraFabric::kNvSwitch;
+  c.intra.bw_bytes_per_s = 100e9;
+  c.intra.latency_s = 2e-6;
+  const Topology topo = *Topology::Build(c);
+  ModelSpec m;
+  m.name = "tiny";
+  m.layers = 8; m.hidden = 64; m.heads = 4; m.kv_heads = 4; m.ffn_hidden = 256;
+  m.seq_len = 64; m.vocab = 256;
+  m.tied_embeddings = true;
+  const CostConstants k;
+  const AnalyticModel cost(m, topo, k);
+  const Layout l = MakeLayout(1, 4, 2, 1, 1, 8);
+  // All-reduce of the fp32 word-embedding gradient, V h 4 = 256 * 64 * 4 = 65536 B, over 2
+  // ranks: 2 (n-1) = 2 hops of 2 us and 2 (n-1)/n = 1 times the bytes at 100 GB/s, plus the
+  // per-collective overhead.
+  const double expected = k.collective_overhead_s + 2 * 2e-6 + 65536 / 100e9 / k.nccl_intra_eff;
+  EXPECT_NEAR(cost.EmbeddingReduceTime(l), expected, 1e-12);
+  const Estimate e = cost.Evaluate(l);
+  EXPECT_TRUE(std::isfinite(e.step_time_s));
+  EXPECT_GT(e.step_time_s, 0);
+  EXPECT_NEAR(e.step_time_s, e.breakdown.total(), 1e-12);
 }
 
 }  // namespace

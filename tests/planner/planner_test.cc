@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "tests/fakes/fake_estimator.h"
 #include "tests/fakes/test_cluster.h"
 
@@ -15,6 +17,13 @@ ModelSpec SmallGpt() {
   m.layers = 24; m.hidden = 2048; m.heads = 16; m.kv_heads = 16; m.ffn_hidden = 8192;
   m.seq_len = 2048; m.vocab = 50257;
   return m;
+}
+
+PlanResult Search(const Estimator& est, const ModelSpec& m, const ClusterSpec& c,
+                  const SearchSpace& s, int top_k) {
+  auto r = SearchLayouts(est, m, c, s, top_k);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? *r : PlanResult{};
 }
 
 SearchSpace Space(int world, int64_t batch) {
@@ -30,7 +39,7 @@ TEST(Planner, RanksByStepTimeAndFiltersMemory) {
   SearchSpace s = Space(16, 64);
   s.recompute = Recompute::kNone;
   s.distributed_optimizer = false;
-  const PlanResult r = SearchLayouts(fake, SmallGpt(), c, s, 5);
+  const PlanResult r = Search(fake, SmallGpt(), c, s, 5);
   ASSERT_EQ(r.top.size(), 5u);
   // Fake: smallest pp first (pp 1), then smallest micro-batch, SP on.
   EXPECT_EQ(r.top[0].layout.pp, 1);
@@ -51,15 +60,51 @@ TEST(Planner, NeverLetsTpCrossANodeUnlessForced) {
   testing::FakeEstimator fake;
   const ClusterSpec c = testing::DgxA100Like(4);  // 32 GPUs, 8 per node
   SearchSpace s = Space(32, 64);
-  const PlanResult r = SearchLayouts(fake, SmallGpt(), c, s, 1000);
+  const PlanResult r = Search(fake, SmallGpt(), c, s, 1000);
   EXPECT_GT(r.rejected[int(Rejection::kTpCrossesNode)], 0);  // tp 16 is enumerated and refused
   for (const auto& row : r.top) EXPECT_LE(row.layout.tp, 8) << row.layout.ShortName();
   s.allow_tp_across_nodes = true;
-  const PlanResult forced = SearchLayouts(fake, SmallGpt(), c, s, 100000);
+  const PlanResult forced = Search(fake, SmallGpt(), c, s, 100000);
   EXPECT_EQ(forced.rejected[int(Rejection::kTpCrossesNode)], 0);
   bool saw_tp16 = false;
   for (const auto& row : forced.top) saw_tp16 |= row.layout.tp == 16;
   EXPECT_TRUE(saw_tp16);
+}
+
+// The fake's figures, except a NaN DP time (the 0/0 of issue 12) at pp 2: the search stops with
+// an error naming the layout and the term instead of ranking a NaN.
+class NanAtPp2 : public Estimator {
+ public:
+  Estimate Evaluate(const Layout& l) const override {
+    Estimate e = fake_.Evaluate(l);
+    if (l.pp == 2) {
+      e.breakdown.dp_comm_s = std::nan("");
+      e.step_time_s = e.breakdown.total();
+    }
+    return e;
+  }
+
+ private:
+  testing::FakeEstimator fake_;
+};
+
+TEST(Planner, RefusesAnEstimateThatIsNotANumber) {
+  const ClusterSpec c = testing::DgxA100Like(2);
+  SearchSpace s = Space(16, 64);
+  s.pp = 2;
+  s.tp = 1;
+  s.vp = 1;
+  s.micro_batch = 1;
+  s.recompute = Recompute::kNone;
+  s.distributed_optimizer = false;
+  auto r = SearchLayouts(NanAtPp2(), SmallGpt(), c, s, 5);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            "cost model: tp1 pp2 dp8 mb1 [-]: dp_comm_s is nan (step_time_s nan): not a finite, "
+            "non-negative figure");
+  // Without pp 2 every figure is a number and the ranking is the fake's.
+  s.pp = 4;
+  EXPECT_TRUE(SearchLayouts(NanAtPp2(), SmallGpt(), c, s, 5).ok());
 }
 
 TEST(Planner, FixedKnobsAreRespected) {
@@ -71,7 +116,7 @@ TEST(Planner, FixedKnobsAreRespected) {
   s.micro_batch = 2;
   s.sequence_parallel = true;
   s.recompute = Recompute::kSelective;
-  const PlanResult r = SearchLayouts(fake, SmallGpt(), c, s, 100);
+  const PlanResult r = Search(fake, SmallGpt(), c, s, 100);
   ASSERT_FALSE(r.top.empty());
   for (const auto& row : r.top) {
     EXPECT_EQ(row.layout.tp, 2);
@@ -87,7 +132,7 @@ TEST(Planner, NamesEachRejection) {
   testing::FakeEstimator fake;
   const ClusterSpec c = testing::DgxA100Like(2);
   SearchSpace s = Space(16, 64);
-  const PlanResult r = SearchLayouts(fake, SmallGpt(), c, s, 10);
+  const PlanResult r = Search(fake, SmallGpt(), c, s, 10);
   // 24 layers: pp 16 is illegal; vp > 1 with pp <= 2 is illegal; SP is only tried with tp > 1.
   EXPECT_GT(r.rejected[int(Rejection::kLayersPp)], 0);
   EXPECT_GT(r.rejected[int(Rejection::kInterleavePp)], 0);
