@@ -463,6 +463,11 @@ int RunTrain(const TrainFlags& f) {
 
 Runner SetupTrain(CLI::App* sub) {
   auto f = std::make_shared<TrainFlags>();
+  sub->footer(sub->get_footer() +
+              "\n\nExit codes: 0 every step done; 1 an error; 2 bad usage; 128 + the signal's "
+              "number when SIGTERM, SIGINT or SIGHUP stopped the run at a step boundary (143, "
+              "130, 129: a checkpoint is saved when --checkpoint-dir is given, and --out written "
+              "for the steps done); a second signal ends the run at once.");
   sub->add_option("plan", f->plan_file, "plan.yaml written by `ptdp plan --out`")->required();
   sub->add_option("--backend", f->backend, "cpu (ranks as threads) or cuda (default cpu)");
   sub->add_option("--steps", f->steps, "training steps (default 10)");

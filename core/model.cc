@@ -139,7 +139,7 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
 }
 
 Result<ModelSpec> LoadModelFile(const std::string& path) {
-  PTDP_ASSIGN_OR_RETURN(YAML::Node node, LoadYamlFile(path));
+  PTDP_ASSIGN_OR_RETURN(YAML::Node node, LoadYamlFile(path, "a model YAML"));
   return ModelFromYaml(node, path, "");
 }
 

@@ -60,8 +60,9 @@ Result<YAML::Node> ParseYamlText(const std::string& text, const std::string& nam
   }
 }
 
-Result<YAML::Node> LoadYamlFile(const std::string& path, uint64_t max_bytes) {
-  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(path, "", max_bytes));
+Result<YAML::Node> LoadYamlFile(const std::string& path, const std::string& what,
+                                uint64_t max_bytes) {
+  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(path, what, max_bytes));
   return ParseYamlText(text, path);
 }
 

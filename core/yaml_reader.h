@@ -26,7 +26,9 @@ namespace ptdp {
 std::string YamlQuote(const std::string& s);
 
 // Loads a YAML file; the error names the file (missing, unreadable, malformed with line).
-Result<YAML::Node> LoadYamlFile(const std::string& path, uint64_t max_bytes = kMaxConfigBytes);
+// `what` names the file's role in messages ("a cluster YAML"), as ReadFileText's.
+Result<YAML::Node> LoadYamlFile(const std::string& path, const std::string& what = "",
+                                uint64_t max_bytes = kMaxConfigBytes);
 
 // Parses YAML text; `name` stands for the file in messages. Every scalar (keys and values)
 // must be well-formed UTF-8: else the error names the file, line and key path and shows the

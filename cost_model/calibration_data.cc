@@ -138,7 +138,7 @@ Result<MeasuredRun> ReadPublishedRow(const YAML::Node& node, const std::string& 
 }  // namespace
 
 Result<CalibrationSet> LoadPublishedRuns(const std::string& path) {
-  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path, kMaxDataBytes));
+  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path, "a published-runs YAML", kMaxDataBytes));
   YamlReader r(root, path, "");
   if (r.PositiveInt("ptdp_published_runs_version") != 1)
     r.Fail("ptdp_published_runs_version", "only version 1 is understood");
@@ -165,7 +165,7 @@ Result<CalibrationSet> LoadPublishedRuns(const std::string& path) {
 }
 
 Result<CalibrationSet> LoadMeasuredRuns(const std::string& path) {
-  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path, kMaxDataBytes));
+  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path, "a measured-runs YAML", kMaxDataBytes));
   const YAML::Node entries = root["entries"];
   if (!entries || !entries.IsSequence())
     return Status::Error(path + ": missing 'entries' list");

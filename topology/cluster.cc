@@ -220,7 +220,7 @@ Result<ClusterSpec> ClusterFromYaml(const YAML::Node& node, const std::string& f
 }
 
 Result<ClusterSpec> LoadClusterFile(const std::string& path) {
-  PTDP_ASSIGN_OR_RETURN(YAML::Node node, LoadYamlFile(path));
+  PTDP_ASSIGN_OR_RETURN(YAML::Node node, LoadYamlFile(path, "a cluster YAML"));
   return ClusterFromYaml(node, path);
 }
 

@@ -296,7 +296,9 @@ int Steps(Collective c, int n) {
 
 // time = steps * hop latency + busbw factor * bytes / bus bandwidth (reference section 5).
 double RingTime(Collective c, int n, double hop_s, double bus_bw, double bytes) {
-  return Steps(c, n) * hop_s + BusFactor(c, n) * bytes / bus_bw;
+  // No bytes take no transfer time, whatever the bandwidth (0/0 was a NaN on a path with none).
+  const double transfer = bytes > 0 ? BusFactor(c, n) * bytes / bus_bw : 0.0;
+  return Steps(c, n) * hop_s + transfer;
 }
 
 // A ring through local GPUs `locals` (in order, closing back to the first) on one node: the

@@ -21,9 +21,9 @@ const std::string kBin = "timeout 60 " + std::string(PTDP_BINARY_DIR) + "/ptdp";
 
 TEST(BoundedInputs, ADeviceAsAConfigIsRefused) {
   ExpectOneLineError(Shell(kBin + " plan --cluster /dev/zero --model gpt-tiny --global-batch 8"),
-                     "/dev/zero: is not a regular file (a FIFO, socket or device)", 1);
+                     "/dev/zero: is not a regular file (a FIFO, socket or device), not a cluster YAML", 1);
   ExpectOneLineError(Shell(kBin + " plan --cluster local-cpu --model /dev/urandom --global-batch 8"),
-                     "/dev/urandom: is not a regular file", 1);
+                     "/dev/urandom: is not a regular file (a FIFO, socket or device), not a model YAML", 1);
 }
 
 TEST(BoundedInputs, AHugePlanIsRefusedFromItsSize) {

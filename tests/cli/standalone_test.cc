@@ -60,9 +60,9 @@ TEST(Standalone, UnknownNameListsTheShippedOnes) {
   EXPECT_NE(r.out.find("dgx-a100, dgx-h100"), std::string::npos) << r.out;
   ExpectOneLineError(PtdpElsewhere("plan --cluster dgx-a100 --model gpt5 --global-batch 8"),
                      "'gpt5' is not a shipped model");
-  // A value with '/' or ending in .yaml is a path: a missing one is named as a file.
+  // A value with '/' or ending in .yaml is a path: a missing one is named as a cluster file.
   ExpectOneLineError(PtdpElsewhere("plan --cluster dgx-a100.yaml --model gpt3-175b --global-batch 8"),
-                     "dgx-a100.yaml: cannot open file");
+                     "dgx-a100.yaml: cannot open a cluster YAML: No such file or directory");
 }
 
 TEST(Standalone, ValidateRunsOnTheShippedData) {
