@@ -23,8 +23,10 @@ struct ValidateFlags {
   std::string a100 = "dgx-a100";
   std::string h100 = "dgx-h100";
   std::string fit_gpu;      // "A100" or "H100"
-  std::string fit_params;   // "name:lo:hi,name:lo:hi"
-  int rounds = 4;
+  std::string fit_params;   // "name:lo:hi,name:lo:hi" (default: the GPU's set in fit.yaml)
+  std::string fit_sets;     // the fit sets (default: the shipped data/published/fit.yaml)
+  int rounds = 0;           // 0: the fit set's
+  bool loso = false;        // --leave-one-source-out
   bool holdout = false;     // fit on even rows, report the odd ones
   bool verbose = false;
   bool json = false;
@@ -45,6 +47,39 @@ Result<std::vector<FitParam>> ParseFitParams(const std::string& text) {
   }
   if (out.empty()) return Status::Error("--fit-params is empty");
   return out;
+}
+
+nlohmann::json StatsJson(const ErrorStats& s) {
+  return {{"rows", s.rows}, {"mean_abs_pct", 100 * s.mean_abs}, {"max_abs_pct", 100 * s.max_abs},
+          {"bias_pct", 100 * s.bias}, {"median_abs_pct", 100 * s.median_abs}, {"worst", s.worst}};
+}
+
+nlohmann::json SourceJson(const SourceStats& s) {
+  nlohmann::json j = StatsJson(s.stats);
+  j["source"] = s.source;
+  j["gpu"] = s.gpu;
+  return j;
+}
+
+nlohmann::json BoundsJson(const std::vector<BoundHit>& hits) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const BoundHit& h : hits)
+    a.push_back({{"gpu", h.gpu}, {"name", h.name}, {"value", h.value}, {"lo", h.lo},
+                 {"hi", h.hi}, {"bound", h.at_hi ? "hi" : "lo"}});
+  return a;
+}
+
+void PrintSource(const SourceStats& s) {
+  std::printf("  %5zu rows  mean |err| %5.1f%%  max %5.1f%%  bias %+6.1f%%  [%s] %s\n",
+              s.stats.rows, 100 * s.stats.mean_abs, 100 * s.stats.max_abs, 100 * s.stats.bias,
+              s.gpu.c_str(), s.source.c_str());
+}
+
+std::string BoundText(const BoundHit& h) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s %s = %.4g on its %s bound (fit range %.4g..%.4g)",
+                h.gpu.c_str(), h.name.c_str(), h.value, h.at_hi ? "upper" : "lower", h.lo, h.hi);
+  return buf;
 }
 
 void PrintGroup(const std::string& name, const std::vector<ValidationRow>& rows, bool all) {
@@ -84,14 +119,30 @@ int RunValidate(const ValidateFlags& f) {
                   "give --data DIR with DIR/vtrain_single_node/measured.csv to include them";
   }
 
+  auto sets_file = f.fit_sets.empty() ? ShippedData("published/fit.yaml") : Result<std::string>(f.fit_sets);
+  if (!sets_file.ok()) return Fail(sets_file.status().message());
+  auto sets = LoadFitSets(*sets_file);
+  if (!sets.ok()) return Fail(sets.status().message());
+
   if (!f.fit_gpu.empty()) {
     if (!clusters.count(f.fit_gpu)) return Fail("--fit '" + f.fit_gpu + "': expected A100 or H100");
-    auto params = ParseFitParams(f.fit_params);
+    Result<std::vector<FitParam>> params = std::vector<FitParam>{};
+    int rounds = f.rounds;
+    if (!f.fit_params.empty()) {
+      params = ParseFitParams(f.fit_params);
+    } else if (sets->count(f.fit_gpu)) {
+      params = sets->at(f.fit_gpu).params;
+      if (rounds == 0) rounds = sets->at(f.fit_gpu).rounds;
+    } else {
+      params = Status::Error("--fit " + f.fit_gpu + ": " + *sets_file +
+                             " has no fit set for it: give --fit-params");
+    }
     if (!params.ok()) return Fail(params.status().message());
+    if (rounds == 0) rounds = 4;
     std::vector<MeasuredRun> fit_runs, report_runs;
     for (size_t i = 0; i < runs.size(); ++i) (i % 2 == 0 ? fit_runs : report_runs).push_back(runs[i]);
     const auto fitted =
-        FitConstants(f.holdout ? fit_runs : runs, f.fit_gpu, *params, &clusters, f.rounds);
+        FitConstants(f.holdout ? fit_runs : runs, f.fit_gpu, *params, &clusters, rounds);
     if (f.holdout) {
       runs = report_runs;
       std::printf("hold-out: fitted on %zu even-numbered rows, reporting the %zu others\n",
@@ -104,6 +155,10 @@ int RunValidate(const ValidateFlags& f) {
   }
 
   const auto rows = PredictRuns(runs, clusters, &skipped);
+  const std::vector<SourceStats> sources = BySource(rows);
+  const std::vector<BoundHit> at_bound = ConstantsAtBound(clusters, *sets);
+  std::vector<HeldOutSource> loso;
+  if (f.loso) loso = LeaveOneSourceOut(runs, clusters, *sets);
   std::map<std::string, std::vector<ValidationRow>> groups;
   std::vector<ValidationRow> steps;
   for (const auto& r : rows) {
@@ -119,6 +174,20 @@ int RunValidate(const ValidateFlags& f) {
                             {"max_abs_error_pct", 100 * s.max_abs}, {"worst", s.worst}};
     };
     for (const auto& [name, rs] : groups) j["groups"][name] = stats(rs);
+    j["sources"] = nlohmann::json::array();
+    for (const SourceStats& s : sources) j["sources"].push_back(SourceJson(s));
+    j["constants_at_bound"] = BoundsJson(at_bound);
+    j["fit_sets_file"] = *sets_file;
+    if (f.loso) {
+      j["leave_one_source_out"] = nlohmann::json::array();
+      for (const HeldOutSource& h : loso) {
+        nlohmann::json o = SourceJson(h.held_out);
+        o["fitted_on_rows"] = h.fitted_on_rows;
+        o["constants"] = h.constants;
+        o["constants_at_bound"] = BoundsJson(h.at_bound);
+        j["leave_one_source_out"].push_back(o);
+      }
+    }
     j["all_steps"] = stats(steps);
     j["skipped"] = skipped;
     j["runs_file"] = *runs_file;
@@ -135,6 +204,24 @@ int RunValidate(const ValidateFlags& f) {
   std::printf("\nall step-time rows: %zu, mean |err| %.1f%%, median %.1f%%, max %.1f%% (%s)\n",
               all.rows, 100 * all.mean_abs, 100 * all.median_abs, 100 * all.max_abs,
               all.worst.c_str());
+  std::printf("\nby source (bias: mean signed error, > 0 predicts too slow):\n");
+  for (const SourceStats& s : sources) PrintSource(s);
+  if (f.loso) {
+    std::printf("\nleave one source out (each source predicted by constants fitted on the other "
+                "sources of its GPU, %s):\n", sets_file->c_str());
+    for (const HeldOutSource& h : loso) {
+      PrintSource(h.held_out);
+      if (h.fitted_on_rows == 0)
+        std::printf("        no other rows of %s: the constants as given\n", h.held_out.gpu.c_str());
+      else
+        std::printf("        fitted on %zu rows%s\n", h.fitted_on_rows,
+                    h.at_bound.empty() ? "" : "; on a bound:");
+      for (const BoundHit& b : h.at_bound) std::printf("          %s\n", BoundText(b).c_str());
+    }
+  }
+  std::printf("\nconstants on a bound of their fit range (%s): %s\n", sets_file->c_str(),
+              at_bound.empty() ? "none" : "a mechanism the model lacks, not a range to widen");
+  for (const BoundHit& b : at_bound) std::printf("    %s\n", BoundText(b).c_str());
   std::printf("skipped %zu rows:\n", skipped.size());
   for (const auto& s : skipped) std::printf("    %s\n", s.c_str());
   return 0;
@@ -151,8 +238,14 @@ Runner SetupValidate(CLI::App* sub) {
   sub->add_option("--a100", f->a100, "cluster (name or file) for A100 rows (default dgx-a100)");
   sub->add_option("--h100", f->h100, "cluster (name or file) for H100 rows (default dgx-h100)");
   sub->add_option("--fit", f->fit_gpu, "refit constants on the runs of this GPU (A100|H100)");
-  sub->add_option("--fit-params", f->fit_params, "name:lo:hi,... constants to fit");
-  sub->add_option("--rounds", f->rounds, "coordinate-descent rounds for --fit (default 4)");
+  sub->add_option("--fit-params", f->fit_params,
+                  "name:lo:hi,... constants to fit (default: the GPU's set in the fit sets)");
+  sub->add_option("--fit-sets", f->fit_sets,
+                  "constants fitted per GPU and their ranges (default: the shipped data/published/fit.yaml)");
+  sub->add_option("--rounds", f->rounds, "coordinate-descent rounds for --fit (default: the fit set's, else 4)")
+      ->check(CLI::Range(1, 100));
+  sub->add_flag("--leave-one-source-out", f->loso,
+                "predict each source with constants fitted on the other sources of its GPU");
   sub->add_flag("--holdout", f->holdout, "with --fit: fit on even rows, report the odd ones");
   sub->add_flag("--verbose", f->verbose, "print every vTrain row too");
   sub->add_flag("--json", f->json, "machine-readable output");

@@ -44,6 +44,9 @@ void SetFamily(const std::string& name, ModelSpec* m) {
 // Returns "" on success, or why the entry cannot be used.
 std::string ReadEntry(const YAML::Node& e, MeasuredRun* run) {
   run->id = Str(e["id"]);
+  // source: {title, location}, as runs.yaml's "title; location" (scripts/import-published.py).
+  const YAML::Node src = e["source"];
+  run->source = src && src.IsMap() ? Str(src["title"]) + "; " + Str(src["location"]) : Str(src);
   const YAML::Node model = e["model"], hw = e["hardware"], lay = e["layout"], meas = e["measured"];
   if (!model || !hw || !lay || !meas) return "missing model/hardware/layout/measured";
   for (const char* k : {"layers", "hidden", "heads", "seq", "vocab"})
@@ -113,7 +116,7 @@ Result<MeasuredRun> ReadPublishedRow(const YAML::Node& node, const std::string& 
   YamlReader r(node, file, where);
   MeasuredRun run;
   run.id = r.String("id");
-  r.String("source");  // the citation: kept in the file, not needed to predict
+  run.source = r.String("source");
   run.gpu = GpuKind(r.String("gpu"));
   run.gpus = r.PositiveIntAtMost("gpus", kMaxWorldSize);
   for (const char* key : {"model", "layout"})
@@ -184,6 +187,9 @@ Result<CalibrationSet> LoadMeasuredRuns(const std::string& path) {
   return set;
 }
 
+const char* const kVtrainSource =
+    "vTrain (Bang et al. 2024, MICRO): single-node A100 runs, vtrain_single_node/measured.csv";
+
 Result<CalibrationSet> LoadVtrainCsv(const std::string& path) {
   PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(path, "a vTrain CSV", kMaxDataBytes));
   std::istringstream in(text);
@@ -201,6 +207,7 @@ Result<CalibrationSet> LoadVtrainCsv(const std::string& path) {
       return Status::Error(path + ":" + std::to_string(lineno) + ": expected 11 columns");
     MeasuredRun run;
     run.id = "vtrain:" + std::to_string(lineno);
+    run.source = kVtrainSource;
     run.gpu = "A100";
     run.gpus = int(v[0]);
     ModelSpec& m = run.model;

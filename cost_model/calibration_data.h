@@ -18,6 +18,9 @@ namespace ptdp {
 
 struct MeasuredRun {
   std::string id;            // entry id, or "vtrain:<line>"
+  // The table it comes from, as cited (the rows of one source share it): validation reports
+  // the error per source and can predict each source from constants fitted without it.
+  std::string source;
   std::string gpu;           // "A100" or "H100"
   int gpus = 1;              // world size of the run
   ModelSpec model;
@@ -40,5 +43,7 @@ Result<CalibrationSet> LoadPublishedRuns(const std::string& path);
 Result<CalibrationSet> LoadMeasuredRuns(const std::string& path);
 // Reads vtrain_single_node/measured.csv: A100, full recompute, 1F1B, fp16, no DP overlap.
 Result<CalibrationSet> LoadVtrainCsv(const std::string& path);
+// The source of every vTrain row.
+extern const char* const kVtrainSource;
 
 }  // namespace ptdp

@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/file_io.h"
+#include "core/yaml_reader.h"
 #include "cost_model/analytic.h"
+#include "cost_model/hardware_table.h"
 #include "topology/topology.h"
 
 namespace ptdp {
@@ -18,12 +21,25 @@ ErrorStats Summarize(const std::vector<ValidationRow>& rows) {
     const double e = std::fabs(r.error());
     errs.push_back(e);
     s.mean_abs += e;
+    s.bias += r.error();
     if (e > s.max_abs) { s.max_abs = e; s.worst = r.id; }
   }
   s.mean_abs /= rows.size();
+  s.bias /= rows.size();
   std::sort(errs.begin(), errs.end());
   s.median_abs = errs[errs.size() / 2];
   return s;
+}
+
+std::vector<SourceStats> BySource(const std::vector<ValidationRow>& rows) {
+  std::map<std::pair<std::string, std::string>, std::vector<ValidationRow>> by;
+  for (const ValidationRow& r : rows) by[{r.source, r.gpu}].push_back(r);
+  std::vector<SourceStats> out;
+  for (const auto& [key, rs] : by) out.push_back({key.first, key.second, Summarize(rs)});
+  std::stable_sort(out.begin(), out.end(), [](const SourceStats& a, const SourceStats& b) {
+    return a.stats.rows > b.stats.rows;
+  });
+  return out;
 }
 
 namespace {
@@ -79,7 +95,7 @@ std::vector<ValidationRow> PredictRuns(const std::vector<MeasuredRun>& runs,
       skipped->push_back(run.id + ": " + p.status().message());
       continue;
     }
-    rows.push_back({run.id, GroupOf(run), run.measured_s, *p});
+    rows.push_back({run.id, GroupOf(run), run.measured_s, *p, run.source, run.gpu});
   }
   return rows;
 }
@@ -92,14 +108,7 @@ std::map<std::string, double> FitConstants(const std::vector<MeasuredRun>& all,
   for (const auto& r : all)
     if (r.gpu == gpu) runs.push_back(r);
   ClusterSpec& c = (*clusters)[gpu];
-  auto value = [&](const FitParam& p) {
-    auto it = c.calibration.find(p.name);
-    if (it != c.calibration.end()) return it->second;
-    auto k = ConstantsFor(c);
-    for (const auto& row : ConstantTable())
-      if (p.name == row.name) return (*k).*(row.field);
-    return p.lo;
-  };
+  auto value = [&](const FitParam& p) { return ConstantValue(c, p.name); };
   double best = MeanAbsError(runs, c);
   for (int round = 0; round < rounds; ++round) {
     const double step = 0.25 / (1 << std::min(round, 4));  // 25%, 12.5%, ... multiplicative
@@ -120,6 +129,118 @@ std::map<std::string, double> FitConstants(const std::vector<MeasuredRun>& all,
   }
   std::map<std::string, double> out;
   for (const FitParam& p : params) out[p.name] = value(p);
+  return out;
+}
+
+double ConstantValue(const ClusterSpec& cluster, const std::string& name) {
+  auto it = cluster.calibration.find(name);
+  if (it != cluster.calibration.end()) return it->second;
+  const Result<CostConstants> k = ConstantsFor(cluster);
+  const CostConstants defaults = k.ok() ? *k : CostConstants{};
+  for (const auto& row : ConstantTable())
+    if (name == row.name) return defaults.*(row.field);
+  return std::nan("");
+}
+
+Result<FitSets> LoadFitSets(const std::string& path) {
+  PTDP_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path, "a fit-set YAML", kMaxDataBytes));
+  YamlReader r(root, path, "");
+  if (r.PositiveInt("ptdp_fit_version") != 1) r.Fail("ptdp_fit_version", "only version 1 is understood");
+  const YAML::Node gpus = r.Child("gpus");
+  PTDP_RETURN_IF_ERROR(r.Finish());
+  if (!gpus.IsMap()) return Status::Error(path + ": 'gpus' must be a mapping of GPU kinds");
+  FitSets sets;
+  for (auto g = gpus.begin(); g != gpus.end(); ++g) {
+    const std::string gpu = g->first.Scalar(), where = "gpus." + gpu;
+    YamlReader gr(g->second, path, where);
+    FitSet set;
+    set.rounds = gr.PositiveIntAtMost("rounds", 100, 6);
+    const YAML::Node params = gr.Child("params");
+    PTDP_RETURN_IF_ERROR(gr.Finish());
+    if (!params.IsMap() || params.size() == 0)
+      return Status::Error(path + ": " + where + ".params must be a mapping of constant: [lo, hi]");
+    for (auto p = params.begin(); p != params.end(); ++p) {
+      const std::string name = p->first.Scalar();
+      const std::string at = path + ":" + std::to_string(p->first.Mark().line + 1) + ": " +
+                             where + ".params." + name;
+      bool known = false;
+      for (const auto& row : ConstantTable()) known = known || name == row.name;
+      if (!known) return Status::Error(at + ": not a constant of the cost model (cost_model/hardware_table.h)");
+      FitParam fp{name, 0, 0};
+      const YAML::Node range = p->second;
+      bool ok = range.IsSequence() && range.size() == 2;
+      for (size_t k = 0; ok && k < 2; ++k) {
+        try {
+          size_t used = 0;
+          const std::string text = range[k].IsScalar() ? range[k].Scalar() : "x";
+          const double v = std::stod(text, &used);
+          ok = used == text.size() && std::isfinite(v);
+          (k == 0 ? fp.lo : fp.hi) = v;
+        } catch (...) {
+          ok = false;
+        }
+      }
+      if (!ok || !(fp.lo > 0) || fp.hi < fp.lo)
+        return Status::Error(at + ": expected [lo, hi] with 0 < lo <= hi");
+      set.params.push_back(fp);
+    }
+    sets[gpu] = set;
+  }
+  return sets;
+}
+
+namespace {
+std::vector<BoundHit> AtBound(const std::string& gpu, const ClusterSpec& c, const FitSet& set) {
+  std::vector<BoundHit> out;
+  for (const FitParam& p : set.params) {
+    const double v = ConstantValue(c, p.name);
+    const bool lo = v <= p.lo * (1 + 1e-3), hi = v >= p.hi * (1 - 1e-3);
+    if (lo || hi) out.push_back({gpu, p.name, v, p.lo, p.hi, hi && !lo});
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<BoundHit> ConstantsAtBound(const ClusterByGpu& clusters, const FitSets& sets) {
+  std::vector<BoundHit> out;
+  for (const auto& [gpu, set] : sets) {
+    auto c = clusters.find(gpu);
+    if (c == clusters.end()) continue;
+    for (BoundHit& h : AtBound(gpu, c->second, set)) out.push_back(std::move(h));
+  }
+  return out;
+}
+
+std::vector<HeldOutSource> LeaveOneSourceOut(const std::vector<MeasuredRun>& runs,
+                                             const ClusterByGpu& clusters, const FitSets& sets) {
+  std::vector<std::pair<std::string, std::string>> sources;  // (source, gpu), first seen first
+  for (const MeasuredRun& r : runs)
+    if (std::find(sources.begin(), sources.end(), std::pair(r.source, r.gpu)) == sources.end())
+      sources.emplace_back(r.source, r.gpu);
+  std::vector<HeldOutSource> out;
+  for (const auto& [source, gpu] : sources) {
+    std::vector<MeasuredRun> held, train;
+    for (const MeasuredRun& r : runs) {
+      if (r.gpu != gpu) continue;
+      (r.source == source ? held : train).push_back(r);
+    }
+    HeldOutSource h;
+    ClusterByGpu fitted = clusters;
+    auto set = sets.find(gpu);
+    if (set != sets.end() && !train.empty() && fitted.count(gpu)) {
+      h.constants = FitConstants(train, gpu, set->second.params, &fitted, set->second.rounds);
+      std::vector<std::string> unpredictable;  // rows the fit could not use either
+      h.fitted_on_rows = PredictRuns(train, clusters, &unpredictable).size();
+      h.at_bound = AtBound(gpu, fitted.at(gpu), set->second);
+    }
+    std::vector<std::string> skipped;
+    const std::vector<ValidationRow> rows = PredictRuns(held, fitted, &skipped);
+    h.held_out = {source, gpu, Summarize(rows)};
+    out.push_back(std::move(h));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const HeldOutSource& a, const HeldOutSource& b) {
+    return a.held_out.stats.rows > b.held_out.stats.rows;
+  });
   return out;
 }
 

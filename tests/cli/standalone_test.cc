@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -79,6 +80,37 @@ TEST(Standalone, ValidateRunsOnTheShippedData) {
             std::string::npos) << text.out;
   ExpectOneLineError(PtdpElsewhere("validate --data /nonexistent"),
                      "/nonexistent/vtrain_single_node/measured.csv");
+}
+
+// Issue 13's validation by source: `sources` [{source, gpu, rows, mean_abs_pct, max_abs_pct,
+// bias_pct}], `constants_at_bound`, and with --leave-one-source-out the same per source
+// predicted by constants fitted without it.
+TEST(Standalone, ValidateReportsEachSourceAndLeavesEachOut) {
+  const CmdResult r = PtdpElsewhere("validate --json --leave-one-source-out");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j["sources"].is_array());
+  ASSERT_GE(j["sources"].size(), 4u);
+  size_t rows = 0;
+  for (const auto& s : j["sources"]) {
+    for (const char* k : {"source", "gpu", "rows", "mean_abs_pct", "max_abs_pct", "bias_pct"})
+      EXPECT_TRUE(s.contains(k)) << k << " in " << s.dump();
+    EXPECT_LE(std::fabs(s["bias_pct"].get<double>()), s["mean_abs_pct"].get<double>() + 1e-9);
+    rows += s["rows"].get<size_t>();
+  }
+  EXPECT_EQ(rows, j["groups"]["layer (A100)"]["rows"].get<size_t>() +
+                      j["groups"]["published (H100)"]["rows"].get<size_t>());
+  ASSERT_EQ(j["leave_one_source_out"].size(), j["sources"].size());
+  for (const auto& h : j["leave_one_source_out"]) {
+    EXPECT_TRUE(h.contains("fitted_on_rows") && h.contains("constants")) << h.dump();
+    EXPECT_TRUE(h.contains("bias_pct"));
+  }
+  EXPECT_TRUE(j["constants_at_bound"].is_array());
+  const CmdResult text = PtdpElsewhere("validate --leave-one-source-out");
+  EXPECT_NE(text.out.find("by source (bias: mean signed error"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("leave one source out"), std::string::npos);
+  EXPECT_NE(text.out.find("constants on a bound of their fit range"), std::string::npos);
+  ExpectOneLineError(PtdpElsewhere("validate --fit-sets /nonexistent.yaml"), "/nonexistent.yaml");
 }
 
 // `cmake --install` puts bin/ptdp and share/ptdp under a prefix; the installed binary finds its

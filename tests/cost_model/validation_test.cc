@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
+#include "cost_model/hardware_table.h"
 #include "topology/cluster.h"
 
 namespace ptdp {
@@ -66,12 +69,115 @@ TEST_F(ValidationTest, KorthikantiLayers) {
 
 TEST(Summarize, MeanMedianMax) {
   // errors +10%, -20%, +30%: mean |e| 20%, median 20%, max 30% (row c).
-  std::vector<ValidationRow> rows = {{"a", "g", 1.0, 1.1}, {"b", "g", 1.0, 0.8}, {"c", "g", 1.0, 1.3}};
+  std::vector<ValidationRow> rows = {{"a", "g", 1.0, 1.1, "", ""}, {"b", "g", 1.0, 0.8, "", ""},
+                                     {"c", "g", 1.0, 1.3, "", ""}};
   const ErrorStats s = Summarize(rows);
   EXPECT_NEAR(s.mean_abs, 0.2, 1e-12);
   EXPECT_NEAR(s.median_abs, 0.2, 1e-12);
   EXPECT_NEAR(s.max_abs, 0.3, 1e-12);
   EXPECT_EQ(s.worst, "c");
+}
+
+TEST(Summarize, BiasIsTheMeanSignedError) {
+  std::vector<ValidationRow> rows = {{"a", "g", 1.0, 1.1, "", ""}, {"b", "g", 1.0, 0.8, "", ""},
+                                     {"c", "g", 2.0, 2.6, "", ""}};
+  EXPECT_NEAR(Summarize(rows).bias, (0.1 - 0.2 + 0.3) / 3, 1e-12);
+}
+
+TEST(BySource, OneEntryPerSourceMostRowsFirst) {
+  std::vector<ValidationRow> rows = {{"a", "g", 1.0, 1.1, "paper", "A100"},
+                                     {"b", "g", 1.0, 0.8, "table", "H100"},
+                                     {"c", "g", 1.0, 0.9, "table", "H100"}};
+  const std::vector<SourceStats> s = BySource(rows);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].source, "table");
+  EXPECT_EQ(s[0].gpu, "H100");
+  EXPECT_EQ(s[0].stats.rows, 2u);
+  EXPECT_NEAR(s[0].stats.bias, -0.15, 1e-12);
+  EXPECT_NEAR(s[0].stats.max_abs, 0.2, 1e-12);
+  EXPECT_EQ(s[1].source, "paper");
+  EXPECT_NEAR(s[1].stats.mean_abs, 0.1, 1e-12);
+}
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(FitSets, TheShippedFileNamesKnownConstantsWithRanges) {
+  auto sets = LoadFitSets(kSrc + "/data/published/fit.yaml");
+  ASSERT_TRUE(sets.ok()) << sets.status().message();
+  ASSERT_TRUE(sets->count("A100") && sets->count("H100"));
+  for (const auto& [gpu, set] : *sets) {
+    EXPECT_FALSE(set.params.empty()) << gpu;
+    for (const FitParam& p : set.params) EXPECT_LT(0, p.lo) << gpu << " " << p.name;
+  }
+  const std::string head = "ptdp_fit_version: 1\ngpus:\n  H100:\n    params:\n";
+  struct Bad {
+    std::string body, expect;
+  };
+  for (const Bad& b : {Bad{"      no_such_constant: [1, 2]\n", "params.no_such_constant: not a constant"},
+                       Bad{"      gemm_eff_max: [0.9, 0.3]\n", "expected [lo, hi] with 0 < lo <= hi"},
+                       Bad{"      gemm_eff_max: [0, 0.3]\n", "expected [lo, hi] with 0 < lo <= hi"},
+                       Bad{"      gemm_eff_max: [.nan, 0.3]\n", "expected [lo, hi]"},
+                       Bad{"      gemm_eff_max: 0.5\n", "expected [lo, hi]"}}) {
+    const std::string path = WriteTemp("fit_bad.yaml", head + b.body);
+    auto r = LoadFitSets(path);
+    ASSERT_FALSE(r.ok()) << b.body;
+    EXPECT_NE(r.status().message().find(b.expect), std::string::npos) << r.status().message();
+    EXPECT_EQ(r.status().message().rfind(path + ":5: gpus.H100.params.", 0), 0u) << r.status().message();
+  }
+}
+
+TEST(ConstantsAtBound, NamesAValueOnEitherBoundOnly) {
+  ClusterByGpu clusters;
+  auto c = LoadClusterFile(kSrc + "/configs/clusters/dgx-h100.yaml");
+  ASSERT_TRUE(c.ok());
+  c->calibration["gemm_eff_max"] = 0.8;
+  c->calibration["attention_eff"] = 0.5;
+  c->calibration["collective_overhead_s"] = 1e-6;
+  clusters["H100"] = *c;
+  FitSets sets;
+  sets["H100"].params = {{"gemm_eff_max", 0.3, 0.8}, {"attention_eff", 0.1, 0.8},
+                         {"collective_overhead_s", 1e-6, 2e-3}};
+  const std::vector<BoundHit> hits = ConstantsAtBound(clusters, sets);
+  ASSERT_EQ(hits.size(), 2u);
+  EXPECT_EQ(hits[0].name, "gemm_eff_max");
+  EXPECT_TRUE(hits[0].at_hi);
+  EXPECT_EQ(hits[1].name, "collective_overhead_s");
+  EXPECT_FALSE(hits[1].at_hi);
+  EXPECT_DOUBLE_EQ(ConstantValue(clusters["H100"], "attention_eff"), 0.5);
+  EXPECT_DOUBLE_EQ(ConstantValue(clusters["H100"], "pp_exposed"), CostConstants{}.pp_exposed);
+}
+
+// Each source is predicted by constants fitted on the other sources of its GPU only: the rows
+// the fit used are exactly the other sources' predictable rows, and the held-out figures are
+// those of the source's own rows.
+TEST_F(ValidationTest, LeaveOneSourceOutHoldsEachSourceOut) {
+  auto sets = LoadFitSets(kSrc + "/data/published/fit.yaml");
+  ASSERT_TRUE(sets.ok()) << sets.status().message();
+  auto pub = LoadPublishedRuns(kSrc + "/data/published/runs.yaml");
+  ASSERT_TRUE(pub.ok());
+  std::vector<std::string> skipped;
+  const std::vector<SourceStats> sources = BySource(PredictRuns(pub->runs, clusters_, &skipped));
+  const std::vector<HeldOutSource> loso = LeaveOneSourceOut(pub->runs, clusters_, *sets);
+  ASSERT_EQ(loso.size(), sources.size());
+  std::map<std::string, size_t> rows_of_gpu;
+  for (const SourceStats& s : sources) rows_of_gpu[s.gpu] += s.stats.rows;
+  for (const HeldOutSource& h : loso) {
+    SCOPED_TRACE(h.held_out.source);
+    auto same = std::find_if(sources.begin(), sources.end(), [&](const SourceStats& s) {
+      return s.source == h.held_out.source;
+    });
+    ASSERT_NE(same, sources.end());
+    EXPECT_EQ(h.held_out.stats.rows, same->stats.rows);
+    EXPECT_EQ(h.fitted_on_rows, rows_of_gpu[h.held_out.gpu] - same->stats.rows);
+    EXPECT_EQ(h.constants.empty(), h.fitted_on_rows == 0);
+    if (h.fitted_on_rows > 0) {
+      EXPECT_EQ(h.constants.size(), sets->at(h.held_out.gpu).params.size());
+    }
+  }
 }
 
 }  // namespace
