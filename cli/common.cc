@@ -401,15 +401,7 @@ double OtherLoad::Share() const {
 namespace {
 
 // "<what>: <the system's words for err>"; err is errno copied right after the failed call.
-Status SysError(const std::string& what, int err) {
-  return Status::Error(what + ": " + std::error_code(err, std::generic_category()).message());
-}
 
-// The folder of a file path: "." for a bare name.
-std::string FolderOf(const std::string& path) {
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  return dir.empty() ? "." : dir;
-}
 
 // CheckWritableFolder, with `where` opening the messages.
 Status CheckFolder(const std::string& where, const std::string& dir) {
@@ -445,51 +437,5 @@ Status CheckWritableFile(const std::string& flag, const std::string& path) {
   return CheckFolder(flag + " " + path + ": the folder " + FolderOf(path), FolderOf(path));
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  std::string tmp = path + ".tmp-XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) {
-    const int err = errno;
-    return SysError(path + ": cannot create a temporary file beside it", err);
-  }
-  Status st = Status::Ok();
-  if (::fchmod(fd, 0644) != 0) {
-    const int err = errno;
-    st = SysError(tmp + ": cannot set its mode", err);
-  }
-  for (size_t at = 0; st.ok() && at < bytes.size();) {
-    const ssize_t n = ::write(fd, bytes.data() + at, bytes.size() - at);
-    if (n < 0) {
-      const int err = errno;
-      if (err == EINTR) continue;
-      st = SysError(tmp + ": cannot write", err);
-    } else {
-      at += size_t(n);
-    }
-  }
-  if (st.ok() && ::fsync(fd) != 0) {
-    const int err = errno;
-    st = SysError(tmp + ": fsync failed", err);
-  }
-  if (::close(fd) != 0 && st.ok()) {
-    const int err = errno;
-    st = SysError(tmp + ": close failed", err);
-  }
-  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    st = SysError(path + ": cannot rename " + tmp + " to it", err);
-  }
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  // The rename survives a power loss once the folder is on disk.
-  const int dfd = ::open(FolderOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return Status::Ok();
-}
 
 }  // namespace ptdp::cli

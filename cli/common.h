@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/paths.h"
+#include "core/file_io.h"
 #include "core/layout.h"
 #include "core/model.h"
 #include "core/plan.h"
@@ -101,11 +102,7 @@ Status CheckWritableFolder(const std::string& flag, const std::string& dir);
 // folder itself.
 Status CheckWritableFile(const std::string& flag, const std::string& path);
 
-// Writes `bytes` to `path` atomically: into a temporary file in the same folder
-// ("<path>.tmp-XXXXXX", mode 0644), fsync'ed, renamed over `path`, the folder fsync'ed. A
-// reader sees the old file (or none) or the whole new one. On failure `path` is untouched, the
-// temporary file removed, and the message names the file and the system's reason.
-Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+// WriteFileAtomically (core/file_io.h) writes them.
 
 // A text bar of round(cells) '#', at most max_cells; empty for a negative count or a NaN. A
 // length computed from such a figure would otherwise ask std::string for ~2^64 characters

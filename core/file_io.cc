@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 namespace ptdp {
 
@@ -83,6 +85,75 @@ Result<std::string> ReadFileText(const std::string& path, const std::string& wha
   if (have > max_bytes) return too_large(have, "");
   text.resize(have);
   return text;
+}
+
+Status SysError(const std::string& what, int err) {
+  return Status::Error(what + ": " + std::error_code(err, std::generic_category()).message());
+}
+
+std::string FolderOf(const std::string& path) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+Status SyncFolderOf(const std::string& path) {
+  const std::string dir = FolderOf(path);
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.fd < 0) {
+    const int err = errno;
+    return SysError(dir + ": cannot open the folder to sync it", err);
+  }
+  if (::fsync(fd.fd) != 0) {
+    const int err = errno;
+    return SysError(dir + ": fsync of the folder failed", err);
+  }
+  return Status::Ok();
+}
+
+Status RenameIntoPlace(const std::string& tmp, const std::string& path) {
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return SysError(path + ": cannot rename " + tmp + " to it", err);
+  }
+  return SyncFolderOf(path);
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  std::string tmp = path + ".tmp-XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    const int err = errno;
+    return SysError(path + ": cannot create a temporary file beside it", err);
+  }
+  Status st = Status::Ok();
+  if (::fchmod(fd, 0644) != 0) {
+    const int err = errno;
+    st = SysError(tmp + ": cannot set its mode", err);
+  }
+  for (size_t at = 0; st.ok() && at < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + at, bytes.size() - at);
+    if (n < 0) {
+      const int err = errno;
+      if (err == EINTR) continue;
+      st = SysError(tmp + ": cannot write", err);
+    } else {
+      at += size_t(n);
+    }
+  }
+  if (st.ok() && ::fsync(fd) != 0) {
+    const int err = errno;
+    st = SysError(tmp + ": fsync failed", err);
+  }
+  if (::close(fd) != 0 && st.ok()) {
+    const int err = errno;
+    st = SysError(tmp + ": close failed", err);
+  }
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  return RenameIntoPlace(tmp, path);
 }
 
 }  // namespace ptdp

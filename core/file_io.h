@@ -32,4 +32,27 @@ Result<std::string> ReadFileText(const std::string& path, const std::string& wha
 // "16 MiB", "1.5 KiB", "812 bytes": a byte count for messages.
 std::string ByteSize(uint64_t bytes);
 
+// ---- Writing files whole or not at all.
+
+// "<what>: <the system's words for err>". Callers copy errno into `err` right after the failed
+// call, before building `what` (an allocation may change errno, and function arguments are
+// evaluated in no fixed order, so SysError(a + b, errno) could read errno after the + ran).
+Status SysError(const std::string& what, int err);
+
+// The folder of a file path: "." for a bare name.
+std::string FolderOf(const std::string& path);
+
+// fsync of the folder holding `path`, so that a rename into it survives a power loss.
+Status SyncFolderOf(const std::string& path);
+
+// Renames the finished temporary file `tmp` over `path` and syncs the folder; when the rename
+// fails, `tmp` is removed and the error names both.
+Status RenameIntoPlace(const std::string& tmp, const std::string& path);
+
+// Writes `bytes` to `path` atomically: into a temporary file in the same folder
+// ("<path>.tmp-XXXXXX", mode 0644), fsync'ed, renamed over `path`, the folder fsync'ed. A
+// reader sees the old file (or none) or the whole new one. On failure `path` is untouched, the
+// temporary file removed, and the message names the file and the system's reason.
+Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
 }  // namespace ptdp

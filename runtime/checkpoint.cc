@@ -132,12 +132,6 @@ std::string MetadataYaml(const Checkpoint& c, const std::vector<uint64_t>& offse
   return o.str();
 }
 
-// "<what>: <the system's words for err>". Callers copy errno into `err` right after the failed
-// call, before building `what` (an allocation may change errno, and function arguments are
-// evaluated in no fixed order, so SysError(a + b, errno) could read errno after the + ran).
-Status SysError(const std::string& what, int err) {
-  return Status::Error(what + ": " + std::error_code(err, std::generic_category()).message());
-}
 
 // Writes all of [data, data + bytes) to fd, continuing the CRC.
 Status WriteAll(int fd, const void* data, size_t bytes, uint32_t* crc, const std::string& path) {
@@ -256,20 +250,6 @@ Status WriteFile(const std::string& tmp, const Checkpoint& c, const PartialWrite
 }
 
 // fsync of the folder holding `path`, so that a rename in it survives a power loss.
-Status SyncParentDir(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    const int err = errno;
-    return SysError(dir + ": cannot open the folder to sync it", err);
-  }
-  if (::fsync(fd.get()) != 0) {
-    const int err = errno;
-    return SysError(dir + ": fsync of the folder failed", err);
-  }
-  return Status::Ok();
-}
 
 // ---- metadata reading
 
@@ -434,15 +414,11 @@ Status WriteCheckpoint(const std::string& path, const Checkpoint& ckpt,
                        const PartialWriteHook& hook) {
   const std::string tmp = path + ".tmp";
   Status st = WriteFile(tmp, ckpt, hook);
-  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    st = SysError(path + ": cannot rename " + tmp + " to it", err);
-  }
   if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st;
   }
-  return SyncParentDir(path);
+  return RenameIntoPlace(tmp, path);
 }
 
 namespace {
