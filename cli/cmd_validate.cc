@@ -18,7 +18,7 @@ namespace ptdp::cli {
 namespace {
 
 struct ValidateFlags {
-  std::string runs;           // published runs file (default: the shipped one)
+  std::vector<std::string> runs;  // published runs files (default: the shipped ones)
   std::string data;           // a folder with vtrain_single_node/measured.csv (not shipped)
   std::string a100 = "dgx-a100";
   std::string h100 = "dgx-h100";
@@ -102,12 +102,24 @@ int RunValidate(const ValidateFlags& f) {
     if (!c.ok()) return Fail(c.status().message());
     clusters[gpu] = *c;
   }
-  auto runs_file = f.runs.empty() ? ShippedData("published/runs.yaml") : Result<std::string>(f.runs);
-  if (!runs_file.ok()) return Fail(runs_file.status().message());
-  auto pub = LoadPublishedRuns(*runs_file);
-  if (!pub.ok()) return Fail(pub.status().message());
-  std::vector<MeasuredRun> runs = pub->runs;
-  std::vector<std::string> skipped = pub->skipped;
+  std::vector<std::string> runs_files = f.runs;
+  if (runs_files.empty()) {
+    for (const char* name : {"published/runs.yaml", "published/megatron_recipes.yaml"}) {
+      auto file = ShippedData(name);
+      if (!file.ok()) return Fail(file.status().message());
+      runs_files.push_back(*file);
+    }
+  }
+  std::vector<MeasuredRun> runs;
+  std::vector<std::string> skipped;
+  std::vector<size_t> rows_per_file;
+  for (const std::string& file : runs_files) {
+    auto pub = LoadPublishedRuns(file);
+    if (!pub.ok()) return Fail(pub.status().message());
+    runs.insert(runs.end(), pub->runs.begin(), pub->runs.end());
+    skipped.insert(skipped.end(), pub->skipped.begin(), pub->skipped.end());
+    rows_per_file.push_back(pub->runs.size());
+  }
   std::string vtrain_note;
   if (!f.data.empty()) {
     auto vt = LoadVtrainCsv(f.data + "/vtrain_single_node/measured.csv");
@@ -190,12 +202,13 @@ int RunValidate(const ValidateFlags& f) {
     }
     j["all_steps"] = stats(steps);
     j["skipped"] = skipped;
-    j["runs_file"] = *runs_file;
+    j["runs_files"] = runs_files;
     j["vtrain_included"] = !f.data.empty();
     std::cout << DumpJson(j) << "\n";
     return 0;
   }
-  std::printf("published runs: %s (%zu rows)\n", runs_file->c_str(), pub->runs.size());
+  for (size_t i = 0; i < runs_files.size(); ++i)
+    std::printf("published runs: %s (%zu rows)\n", runs_files[i].c_str(), rows_per_file[i]);
   if (!vtrain_note.empty()) std::printf("%s\n", vtrain_note.c_str());
   std::printf("\n");
   for (const auto& [name, rs] : groups)
@@ -232,7 +245,8 @@ int RunValidate(const ValidateFlags& f) {
 Runner SetupValidate(CLI::App* sub) {
   auto f = std::make_shared<ValidateFlags>();
   sub->add_option("--runs", f->runs,
-                  "published runs in ptdp's format (default: the shipped data/published/runs.yaml)");
+                  "published runs in ptdp's format, repeatable (default: the shipped "
+                  "data/published/runs.yaml and megatron_recipes.yaml)");
   sub->add_option("--data", f->data,
                   "folder with vTrain's vtrain_single_node/measured.csv (not shipped), to add its rows");
   sub->add_option("--a100", f->a100, "cluster (name or file) for A100 rows (default dgx-a100)");

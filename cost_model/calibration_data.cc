@@ -117,6 +117,7 @@ Result<MeasuredRun> ReadPublishedRow(const YAML::Node& node, const std::string& 
   MeasuredRun run;
   run.id = r.String("id");
   run.source = r.String("source");
+  r.String("table", "");  // where in the source (table, column): a citation detail
   run.gpu = GpuKind(r.String("gpu"));
   run.gpus = r.PositiveIntAtMost("gpus", kMaxWorldSize);
   for (const char* key : {"model", "layout"})

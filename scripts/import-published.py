@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
 """import-published.py MEASURED_RUNS_YAML > data/published/runs.yaml
+   import-published.py --recipes MEGATRON_RECIPES_RUNS_YAML data/published/runs.yaml \
+       > data/published/megatron_recipes.yaml
 
 Carries the published figures of a measured-runs file (the team's ../shared/calibration/
 measured_runs.yaml) into ptdp's own format, data/published/runs.yaml: one row per run with its
@@ -11,6 +13,12 @@ the cost model is checked against. The rules are those of LoadMeasuredRuns
 (cost_model/calibration_data.cc); tests/cost_model/calibration_data_test.cc checks that both
 read the same rows when ../shared is present. Rows without a full layout are listed under
 `not_carried` with the reason. Needs python3 with PyYAML (Debian: python3-yaml).
+
+--recipes carries the dense H100 rows of the team's ../shared/calibration/megatron_recipes/
+runs.yaml (Megatron-Bridge performance summaries, dgxc-benchmarking tags, NeMo long-sequence
+tables) the same way (convert_recipe states each interpretation); its Blackwell, MoE and
+hybrid (Mamba) rows are for the pipelines-and-racks and Mixture-of-Experts issues and are not
+carried yet. A row that runs.yaml (the second argument) already has is left out as a duplicate.
 """
 import sys
 import yaml
@@ -96,6 +104,84 @@ def convert(e):
     return row, None
 
 
+def convert_recipe(e):
+    """A dense H100 row of megatron_recipes/runs.yaml: (row, None) or (None, why)."""
+    model, hw, lay, meas = e["model"], e["hardware"], e["layout"], e.get("measured") or {}
+    derived, flags = e.get("derived") or {}, e.get("flags") or {}
+    if flags.get("uneven_pp"):
+        return None, "uneven pipeline split (%s): not modelled yet" % (lay.get("pp_layout") or "per notes")
+    if "SFT" in str(e["source"].get("table", "")):
+        return None, "fine-tuning (SFT) row: its data packing is not in the row"
+    if not given(lay, "microbatch"):
+        return None, "layout.microbatch not given"
+    if not given(lay, "precision"):
+        return None, "precision not given (%s)" % (lay.get("precision_note") or "")
+    if given(meas, "step_time_s"):
+        step, step_derived = meas["step_time_s"], False
+    elif given(derived, "step_time_s"):  # from the published tokens/s
+        step, step_derived = derived["step_time_s"], True
+    else:
+        return None, "no step time or tokens/s (TFLOP/s are counted differently per source)"
+    fam = family(str(model.get("family", "")) + " " + str(model.get("name", "")))
+    # A proxy run (dgxc's 405B on 32-192 GPUs) trains the first `layers_run` layers only: that
+    # is the model that ran, and its name says so.
+    layers = model.get("layers_run") or model["layers"]
+    name = str(model["name"]) + (" (%d-layer proxy)" % layers if layers != model["layers"] else "")
+    m = dict(name=name, layers=layers, hidden=model["hidden"],
+             heads=model["heads"], kv_heads=model.get("kv_heads") or model["heads"],
+             ffn_hidden=model["ffn_dense"], seq_len=lay.get("seq") or model["seq"],
+             vocab=model["vocab"], **fam)
+    tp, pp = lay["tp"], lay["pp"]
+    cp = lay.get("cp") or 1
+    vp = lay.get("vp") or 1
+    gpus = hw["total_gpus"]
+    if gpus % (tp * pp * cp) != 0:
+        return None, "total_gpus not a multiple of tp*pp*cp"
+    dp = gpus // (tp * pp * cp)
+    if given(derived, "dp") and derived["dp"] != dp:
+        return None, "derived dp %s != total_gpus / (tp*pp*cp) = %d" % (derived["dp"], dp)
+    rc = str(lay.get("recompute") or "none")
+    prec = str(lay["precision"])
+    opt = str(lay.get("distributed_optimizer") or "")
+    l = dict(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, micro_batch=lay["microbatch"],
+             global_batch=lay["global_batch"],
+             # SP unstated: Megatron-Bridge and NeMo turn it on with TP.
+             sequence_parallel=bool(lay["sp"]) if given(lay, "sp") else tp > 1,
+             # Unstated: the performance recipes run without recompute (the rows that state it
+             # say "none"); a recompute would show in the published recipe settings.
+             recompute="full" if rc.startswith("full") else
+                       "selective" if rc.startswith("selective") else "none",
+             # distributed_fused_adam (NeMo) and Megatron-Bridge's use_distributed_optimizer are
+             # the distributed optimizer; unstated, the recipes' default is the same. FSDP is
+             # taken as the distributed optimizer too (as for runs.yaml).
+             distributed_optimizer=True if not opt or "distributed" in opt else "fsdp" in opt.lower(),
+             precision="fp8" if "FP8" in prec.upper() else "bf16",
+             schedule="interleaved" if vp > 1 else "1f1b",
+             overlap_grad_reduce=True,
+             # TE's userbuffer TP overlap is on in every NeMo / Megatron-Bridge Llama recipe.
+             tp_comm_overlap=tp > 1)
+    src = e["source"]
+    # The source is the document and its release (one table per model and precision in it):
+    # rows of one source share it, for validate's per-source figures; the table and column
+    # the row was read from go to `table`.
+    row = dict(id=str(e["id"]), source="%s; %s" % (src["title"], src.get("release", "")),
+               table="; ".join(str(src[k]) for k in ("table", "path") if src.get(k)),
+               gpu=str(hw["gpu"]),
+               gpus=gpus, model=m, layout=l, step_time_s=step, step_time_derived=step_derived,
+               published={k: v for k, v in meas.items()
+                          if v is not None and not isinstance(v, (dict, list))})
+    return row, None
+
+
+def same_run(a, b):
+    keys = ("tp", "pp", "dp", "cp", "vp", "micro_batch", "global_batch", "precision")
+    return (a["gpus"] == b["gpus"] and a["model"]["layers"] == b["model"]["layers"]
+            and a["model"]["hidden"] == b["model"]["hidden"]
+            and a["model"]["seq_len"] == b["model"]["seq_len"]
+            and all(a["layout"][k] == b["layout"][k] for k in keys)
+            and abs(a["step_time_s"] - b["step_time_s"]) <= 0.02 * b["step_time_s"])
+
+
 def scalar(v):
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -108,17 +194,7 @@ def flow(d):
     return "{" + ", ".join("%s: %s" % (k, scalar(v)) for k, v in d.items()) + "}"
 
 
-def main():
-    src = yaml.safe_load(open(sys.argv[1]))
-    rows, dropped = [], []
-    for e in src["entries"]:
-        row, why = convert(e)
-        if row:
-            rows.append(row)
-        else:
-            dropped.append((str(e.get("id", "")), why))
-    out = sys.stdout
-    out.write("""\
+RUNS_HEADER = """\
 # Published, measured Megatron/NeMo training runs with their full layouts: what `ptdp validate`
 # checks the cost model against (data/published/README.md). Each row names its source; the
 # numbers are the sources' own (step_time_derived: the step time computed from the published
@@ -128,10 +204,56 @@ def main():
 # Units: step_time_s seconds; layer_fwd_bwd_ms milliseconds (one layer's forward + backward).
 ptdp_published_runs_version: 1
 runs:
-""")
+"""
+
+RECIPES_HEADER = """\
+# Published, measured Megatron-Bridge / NeMo / dgxc-benchmarking training runs on H100 with their
+# full layouts: the dense rows of the team's megatron_recipes collection, carried over by
+# scripts/import-published.py --recipes (data/published/README.md). Each row names its source;
+# every step time is derived from the published tokens/s per GPU as global_batch * seq_len /
+# (tokens/s/GPU * GPUs) (step_time_derived), never from TFLOP/s, which the sources count
+# differently. Keys as in runs.yaml.
+ptdp_published_runs_version: 1
+runs:
+"""
+
+
+def main():
+    dropped = []
+    if sys.argv[1] == "--recipes":
+        src = yaml.safe_load(open(sys.argv[2]))
+        shipped = yaml.safe_load(open(sys.argv[3]))["runs"]
+        rows = []
+        for e in src["entries"]:
+            if (not str(e["hardware"].get("gpu", "")).startswith("H100") or e["model"].get("moe")
+                    or e["model"].get("hybrid_layer_counts")):
+                continue
+            row, why = convert_recipe(e)
+            dup = [s["id"] for s in shipped if row and "step_time_s" in s and same_run(row, s)]
+            if dup:
+                row, why = None, "the same run as runs.yaml's " + dup[0]
+            if row:
+                rows.append(row)
+            else:
+                dropped.append((str(e.get("id", "")), why))
+        header = RECIPES_HEADER
+    else:
+        src = yaml.safe_load(open(sys.argv[1]))
+        rows = []
+        for e in src["entries"]:
+            row, why = convert(e)
+            if row:
+                rows.append(row)
+            else:
+                dropped.append((str(e.get("id", "")), why))
+        header = RUNS_HEADER
+    out = sys.stdout
+    out.write(header)
     for r in rows:
         out.write("- id: %s\n" % scalar(r["id"]))
         out.write("  source: %s\n" % scalar(r["source"]))
+        if r.get("table"):
+            out.write("  table: %s\n" % scalar(r["table"]))
         out.write("  gpu: %s\n  gpus: %d\n" % (scalar(r["gpu"]), r["gpus"]))
         out.write("  model: %s\n" % flow(r["model"]))
         out.write("  layout: %s\n" % flow(r["layout"]))

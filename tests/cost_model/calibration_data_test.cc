@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cstdlib>
+#include <iterator>
 #include <map>
 
 namespace ptdp {
@@ -46,6 +48,54 @@ TEST(PublishedRuns, ReadsTheShippedFile) {
   EXPECT_EQ(k.gpu, "A100");
   EXPECT_DOUBLE_EQ(k.measured_s, 0.0196);
   EXPECT_EQ(k.model.hidden, 6144);
+}
+
+const std::string kRecipes = std::string(PTDP_SOURCE_DIR) + "/data/published/megatron_recipes.yaml";
+
+TEST(PublishedRuns, ReadsTheShippedRecipes) {
+  auto set = LoadPublishedRuns(kRecipes);
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  EXPECT_EQ(set->runs.size(), 52u);
+  std::map<std::string, const MeasuredRun*> by_id;
+  for (const auto& r : set->runs) {
+    by_id[r.id] = &r;
+    EXPECT_EQ(r.gpu, "H100") << r.id;
+    EXPECT_FALSE(r.source.empty()) << r.id;
+  }
+  // dgxc v25.04, Llama 3.1 70B fp8 on 512 H100s: tp 4 pp 8 vp 5 dp 16, 10.07 s per step.
+  ASSERT_TRUE(by_id.count("dgxc_v2504_llama3_70b_h100_fp8_512gpu_L80"));
+  const MeasuredRun& g = *by_id["dgxc_v2504_llama3_70b_h100_fp8_512gpu_L80"];
+  EXPECT_EQ(g.gpus, 512);
+  EXPECT_EQ(g.layout.ShortName(), "tp4 pp8 dp16 vp5 mb1");
+  EXPECT_EQ(g.layout.precision, Precision::kFp8);
+  EXPECT_DOUBLE_EQ(g.measured_s, 10.07);
+  EXPECT_EQ(g.model.layers, 80);
+  EXPECT_EQ(g.model.kv_heads, 8);
+  EXPECT_EQ(g.source, "NVIDIA/dgxc-benchmarking recipe README, Expected Performance; dgxc tags "
+                      "v25.04,v25.04.01,v25.04.02");
+  // A proxy run keeps the layers that ran: dgxc's 405B on 32 GPUs trains 8 layers.
+  ASSERT_TRUE(by_id.count("dgxc_v2504_llama31_405b_h100_bf16_32gpu_L8"));
+  EXPECT_EQ(by_id["dgxc_v2504_llama31_405b_h100_bf16_32gpu_L8"]->model.layers, 8);
+}
+
+// The shipped recipes file is what scripts/import-published.py makes of the team's
+// megatron_recipes/runs.yaml (and runs.yaml, for duplicates), byte for byte.
+TEST(PublishedRuns, TheShippedRecipesAreTheImportersOutput) {
+  const std::string src = kShared + "/megatron_recipes/runs.yaml";
+  SKIP_WITHOUT(src);
+  if (std::system("python3 -c 'import yaml' 2>/dev/null") != 0)
+    GTEST_SKIP() << "python3 with PyYAML (python3-yaml) is not installed";
+  const std::string out = ::testing::TempDir() + "/recipes.yaml";
+  const std::string cmd = "python3 " + std::string(PTDP_SOURCE_DIR) +
+                          "/scripts/import-published.py --recipes " + src + " " + kShipped +
+                          " > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_TRUE(read(out) == read(kRecipes)) << "data/published/megatron_recipes.yaml differs from "
+                                           << cmd << ": rerun it";
 }
 
 // The shipped rows say exactly what the team's source file says, read by the source's reader.

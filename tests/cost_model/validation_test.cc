@@ -61,6 +61,17 @@ TEST_F(ValidationTest, PublishedH100) {
   EXPECT_LT(s.max_abs, 0.22) << s.worst;
 }
 
+// The dense H100 rows of the Megatron-Bridge / dgxc-benchmarking collection (issue 13's data).
+TEST_F(ValidationTest, MegatronRecipesH100) {
+  auto rec = LoadPublishedRuns(kSrc + "/data/published/megatron_recipes.yaml");
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  std::vector<std::string> skipped;
+  const ErrorStats s = Summarize(PredictRuns(rec->runs, clusters_, &skipped));
+  EXPECT_EQ(s.rows, 52u);
+  EXPECT_LT(s.mean_abs, 0.10) << "documented 9.2% (docs/cost-model.md)";
+  EXPECT_LT(s.max_abs, 0.22) << s.worst;
+}
+
 TEST_F(ValidationTest, KorthikantiLayers) {
   const ErrorStats s = Summarize(groups_["layer (A100)"]);
   EXPECT_EQ(s.rows, 5u);
