@@ -134,8 +134,10 @@ TEST(Standalone, InstalledBinaryFindsItsFiles) {
   ASSERT_EQ(r.code, 0) << r.out;
   const CmdResult v = Shell("cd '" + dir + "' && '" + bin + "' validate --json");
   ASSERT_EQ(v.code, 0) << v.out;
-  const std::string runs = nlohmann::json::parse(v.out)["runs_file"];
-  EXPECT_EQ(runs.rfind(prefix, 0), 0u) << runs << " is not under " << prefix;
+  for (const auto& file : nlohmann::json::parse(v.out)["runs_files"]) {
+    const std::string runs = file;
+    EXPECT_EQ(runs.rfind(prefix, 0), 0u) << runs << " is not under " << prefix;
+  }
   // Training reads the installed corpus by default.
   const CmdResult t = Shell("cd '" + dir + "' && '" + bin + "' train p.yaml --steps 1");
   EXPECT_EQ(t.code, 0) << t.out;
