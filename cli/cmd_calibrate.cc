@@ -181,7 +181,12 @@ Derived Derive(const MeasuredPrimitives& m) {
   d.copy_bw = 2.0 * 4 * copy.back()[0] / copy.back()[1];  // read + write
   const auto p2p = m.Table("send_recv")->Rows();
   d.p2p_latency_s = p2p.front()[1];
-  d.p2p_bw = p2p.back()[0] / std::max(1e-12, p2p.back()[1] - d.p2p_latency_s);
+  // Bandwidth from the largest message's time less the smallest's (the latency). Both are
+  // medians of noisy samples: on a loaded machine the difference can be tiny or negative, which
+  // made a bandwidth of bytes / 1e-12 that the cluster reader refuses (above 1 PB/s). The
+  // transfer takes at least half the largest message's time: the bandwidth is at most twice
+  // what that message alone shows.
+  d.p2p_bw = p2p.back()[0] / std::max(p2p.back()[1] - d.p2p_latency_s, 0.5 * p2p.back()[1]);
   for (double* v : {&d.peak_flops, &d.copy_bw, &d.p2p_bw, &d.p2p_latency_s}) *v = Round3(*v);
   return d;
 }

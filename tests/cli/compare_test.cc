@@ -147,8 +147,11 @@ TEST(Calibrate, RefusesWhatItCannotMeasure) {
 // the file and the key.
 TEST(Calibrate, RecordsTheCommunicator) {
   const std::string out = ::testing::TempDir() + "/cal-threads.yaml";
-  CmdResult r = Ptdp("calibrate --backend cpu --quick --max-ranks 2 --json --out " + out, false);
-  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string err = ::testing::TempDir() + "/cal-threads.stderr";
+  CmdResult r = Ptdp("calibrate --backend cpu --quick --max-ranks 2 --json --out " + out +
+                         " 2>" + err, false);
+  ASSERT_EQ(r.code, 0) << r.out << "\nstderr:\n"
+                       << [&] { std::stringstream e; e << std::ifstream(err).rdbuf(); return e.str(); }();
   EXPECT_EQ(nlohmann::json::parse(r.out)["communicator"], "threads");
   std::stringstream text;
   text << std::ifstream(out).rdbuf();

@@ -134,7 +134,8 @@ TEST(Standalone, InstalledBinaryFindsItsFiles) {
   ASSERT_EQ(r.code, 0) << r.out;
   const CmdResult v = Shell("cd '" + dir + "' && '" + bin + "' validate --json");
   ASSERT_EQ(v.code, 0) << v.out;
-  for (const auto& file : nlohmann::json::parse(v.out)["runs_files"]) {
+  const nlohmann::json validated = nlohmann::json::parse(v.out);  // outlives the loop
+  for (const auto& file : validated["runs_files"]) {
     const std::string runs = file;
     EXPECT_EQ(runs.rfind(prefix, 0), 0u) << runs << " is not under " << prefix;
   }
