@@ -26,10 +26,8 @@ const char* Bool(bool b) { return b ? "true" : "false"; }
 // Predictions are outputs of the cost model: plain numbers inside their range (core/limits.h).
 double ParseNumber(YamlReader& r, const std::string& key, const YAML::Node& n, const Range& range) {
   const std::string text = n.IsScalar() ? n.Scalar() : "";
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() ||
-      text.find_first_not_of("0123456789.eE+-") != std::string::npos) {
+  double v = 0;
+  if (!ParsePlainNumber(text, &v)) {
     r.Fail(key, "'" + text + "' is not a number");
     return 0;
   }

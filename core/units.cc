@@ -8,6 +8,16 @@
 #include <string>
 
 namespace ptdp {
+
+bool ParsePlainNumber(std::string_view text, double* out) {
+  if (text.empty() || text.find_first_not_of("0123456789.eE+-") != std::string_view::npos)
+    return false;
+  const std::string s(text);
+  char* end = nullptr;
+  *out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
 namespace {
 
 struct UnitEntry {
@@ -52,6 +62,7 @@ const UnitEntry* FindUnit(const UnitEntry (&units)[N], std::string_view name) {
   return nullptr;
 }
 
+
 Result<double> Parse(std::string_view text, Dimension dim, bool allow_zero) {
   const std::string quoted = "\"" + std::string(text) + "\"";
   std::string s(text);
@@ -68,8 +79,8 @@ Result<double> Parse(std::string_view text, Dimension dim, bool allow_zero) {
                          DimensionExample(dim));
   if (!std::isfinite(number)) return Status::Error(quoted + " is not a finite number");
   // Plain decimal numbers only: strtod also takes hex ("0x10").
-  const bool decimal =
-      end != begin && std::string(begin, static_cast<size_t>(end - begin)).find_first_not_of("0123456789.eE+-") == std::string::npos;
+  double plain = 0;
+  const bool decimal = ParsePlainNumber(std::string_view(begin, size_t(end - begin)), &plain);
   if (!decimal)
     return Status::Error(quoted + " does not start with a number in decimal, expected " +
                          DimensionExample(dim));

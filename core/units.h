@@ -26,6 +26,10 @@ const char* DimensionExample(Dimension dim);
 // quotes the text and lists valid units. Physical ranges are the caller's (core/limits.h).
 Result<double> ParseQuantity(std::string_view text, Dimension dim);
 
+// A plain decimal number, the whole of `text` ("12", "-0.5", "4.9e-324"): strtod would also
+// take "inf", "nan" and hex ("0x10"), which no config writes. False when it is not one.
+bool ParsePlainNumber(std::string_view text, double* out);
+
 // Same, but zero is accepted (latencies, overheads that may be absent).
 Result<double> ParseQuantityAllowZero(std::string_view text, Dimension dim);
 

@@ -39,7 +39,6 @@ Status CheckUtf8(const YAML::Node& n, const std::string& name, const std::string
     for (auto it = n.begin(); it != n.end(); ++it) {
       const std::string key = it->first.IsScalar() ? it->first.Scalar() : "?";
       const std::string child = path.empty() ? EscapeBytes(key) : path + "." + EscapeBytes(key);
-      if (!IsUtf8(key)) return bad(it->first, child);
       PTDP_RETURN_IF_ERROR(CheckUtf8(it->first, name, child));
       PTDP_RETURN_IF_ERROR(CheckUtf8(it->second, name, child));
     }
@@ -177,14 +176,8 @@ int YamlReader::NonNegativeIntAtMost(const std::string& key, int64_t max, int fa
 }
 
 namespace {
-// A plain decimal number (strtod would also take "inf", "nan" and hex).
 bool ParseNumber(const YAML::Node& n, double* out) {
-  if (!n.IsScalar()) return false;
-  const std::string& s = n.Scalar();
-  if (s.empty() || s.find_first_not_of("0123456789.eE+-") != std::string::npos) return false;
-  char* end = nullptr;
-  *out = std::strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size();
+  return n.IsScalar() && ParsePlainNumber(n.Scalar(), out);
 }
 }  // namespace
 

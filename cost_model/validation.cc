@@ -169,17 +169,9 @@ Result<FitSets> LoadFitSets(const std::string& path) {
       FitParam fp{name, 0, 0};
       const YAML::Node range = p->second;
       bool ok = range.IsSequence() && range.size() == 2;
-      for (size_t k = 0; ok && k < 2; ++k) {
-        try {
-          size_t used = 0;
-          const std::string text = range[k].IsScalar() ? range[k].Scalar() : "x";
-          const double v = std::stod(text, &used);
-          ok = used == text.size() && std::isfinite(v);
-          (k == 0 ? fp.lo : fp.hi) = v;
-        } catch (...) {
-          ok = false;
-        }
-      }
+      for (size_t k = 0; ok && k < 2; ++k)
+        ok = range[k].IsScalar() && ParsePlainNumber(range[k].Scalar(), k == 0 ? &fp.lo : &fp.hi) &&
+             std::isfinite(k == 0 ? fp.lo : fp.hi);
       if (!ok || !(fp.lo > 0) || fp.hi < fp.lo)
         return Status::Error(at + ": expected [lo, hi] with 0 < lo <= hi");
       set.params.push_back(fp);

@@ -169,11 +169,8 @@ Status ReadCalibration(const YAML::Node& node, const std::string& file,
     const std::string at = file + ":" + std::to_string(it->first.Mark().line + 1) +
                            ": calibration." + key;
     const std::string text = it->second.IsScalar() ? it->second.Scalar() : "";
-    char* end = nullptr;
-    const double v = std::strtod(text.c_str(), &end);
-    const bool number = !text.empty() && end == text.c_str() + text.size() &&
-                        text.find_first_not_of("0123456789.eE+-") == std::string::npos;
-    if (!number) return Status::Error(at + ": '" + text + "' is not a plain number");
+    double v = 0;
+    if (!ParsePlainNumber(text, &v)) return Status::Error(at + ": '" + text + "' is not a plain number");
     PTDP_RETURN_IF_ERROR(CheckRange(v, CalibrationRange(key), "'" + text + "'").Prefixed(at));
     (*out)[key] = v;
   }
