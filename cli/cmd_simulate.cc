@@ -5,11 +5,13 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/trace.h"
 #include "core/units.h"
+#include "core/layer_ops.h"
 #include "cost_model/simulator.h"
 
 namespace ptdp::cli {
@@ -20,8 +22,121 @@ struct SimFlags {
   std::string plan_file;
   std::string trace;   // Chrome trace-event JSON output
   bool timeline = false;
+  bool ops = false;    // print the layer's kernels with their times
   int width = 100;
 };
+
+// The lists --ops prints: one layer forward, the recompute the backward reruns, the layer
+// backward, and the first / last stage's embedding and output layer.
+struct NamedList {
+  const char* name;
+  LayerOpList ops;
+  LayerOpList before;  // issued just before (the recompute, ahead of the backward)
+};
+
+std::vector<NamedList> OpLists(const AnalyticModel& cost, const Layout& l) {
+  const LayerOps layer = cost.Ops(l);
+  std::vector<NamedList> out;
+  out.push_back({"layer forward", layer.forward, {}});
+  if (layer.recompute.size > 0) out.push_back({"layer recompute", layer.recompute, {}});
+  out.push_back({"layer backward", layer.backward, layer.recompute});
+  const OpShape shape = ShapeOf(l, cost.constants().softmax_bytes_per_score);
+  NamedList ef{"embedding forward", {}, {}}, eb{"embedding backward", {}, {}};
+  BuildEmbeddingOps(cost.model(), shape, &ef.ops, &eb.ops);
+  NamedList of{"output forward", {}, {}}, ob{"output backward", {}, {}};
+  BuildOutputOps(cost.model(), shape, &of.ops, &ob.ops);
+  for (NamedList* n : {&ef, &eb, &of, &ob}) out.push_back(*n);
+  return out;
+}
+
+std::string OpShapeText(const LayerOp& op) {
+  char buf[96];
+  switch (op.kind) {
+    case LayerOpKind::kGemm:
+      std::snprintf(buf, sizeof buf, "%.0f x %.0f x %.0f", op.m, op.n, op.k);
+      break;
+    case LayerOpKind::kAttention:
+      std::snprintf(buf, sizeof buf, "%.0f x %.0fq x %.0fk x d%.0f", op.m, op.n, op.k, op.head_dim);
+      break;
+    case LayerOpKind::kMemory:
+    case LayerOpKind::kComm:
+      std::snprintf(buf, sizeof buf, "%s", FormatBytes(op.bytes).c_str());
+      break;
+  }
+  return buf;
+}
+
+const char* OverlapText(const LayerOp& op) {
+  if (op.kind != LayerOpKind::kComm) return "";
+  switch (op.overlap) {
+    case CommOverlap::kBlocking: return "blocking";
+    case CommOverlap::kAsync: return "async";
+    case CommOverlap::kTpOverlap: return "tp-overlap";
+    case CommOverlap::kRing: return "ring";
+  }
+  return "";
+}
+
+nlohmann::json OpsJson(const AnalyticModel& cost, const Layout& l) {
+  nlohmann::json lists = nlohmann::json::array();
+  for (const NamedList& n : OpLists(cost, l)) {
+    OpTimes each{};
+    const OpListTimes before = cost.TimeOps(l, n.before);
+    const OpListTimes t = cost.TimeOps(l, n.ops, before, &each);
+    nlohmann::json ops = nlohmann::json::array();
+    for (int i = 0; i < n.ops.size; ++i) {
+      const LayerOp& op = n.ops[i];
+      nlohmann::json o = {{"name", op.name}, {"kind", ToString(op.kind)},
+                          {"flops", op.flops}, {"bytes", op.bytes}, {"kernels", op.kernels},
+                          {"gpu_s", each[i].gpu_s}, {"host_s", each[i].host_s},
+                          {"end_s", each[i].end_s - before.busy_s}};
+      if (op.kind == LayerOpKind::kGemm || op.kind == LayerOpKind::kAttention)
+        o["shape"] = {op.m, op.n, op.k};
+      if (op.kind == LayerOpKind::kComm) {
+        o["collective"] = ToString(op.comm);
+        o["group"] = op.group == CommGroup::kTp ? "tp" : "cp";
+        o["overlap"] = OverlapText(op);
+        if (op.with >= 0) o["overlaps"] = n.ops[op.with].name;
+        o["comm_s"] = each[i].comm_s;
+        o["exposed_s"] = each[i].exposed_s;
+      }
+      ops.push_back(o);
+    }
+    lists.push_back({{"list", n.name}, {"ops", ops}, {"compute_s", t.compute_s - before.compute_s},
+                     {"exposed_comm_s", t.exposed_s - before.exposed_s},
+                     {"host_s", t.host_s - before.host_s},
+                     {"time_s", t.busy() - before.busy()}});
+  }
+  return lists;
+}
+
+void PrintOps(const AnalyticModel& cost, const Layout& l) {
+  if (cost.runtime())
+    std::printf("\n(--ops: this cluster carries measured primitives; the runtime model times its "
+                "own ops, the list below is the analytic model's)\n");
+  for (const NamedList& n : OpLists(cost, l)) {
+    OpTimes each{};
+    const OpListTimes before = cost.TimeOps(l, n.before);
+    const OpListTimes t = cost.TimeOps(l, n.ops, before, &each);
+    std::printf("\n%s, one micro-batch: %s (compute %s, exposed communication %s, host %s)\n",
+                n.name, FormatSeconds(t.busy() - before.busy()).c_str(),
+                FormatSeconds(t.compute_s - before.compute_s).c_str(),
+                FormatSeconds(t.exposed_s - before.exposed_s).c_str(),
+                FormatSeconds(t.host_s - before.host_s).c_str());
+    std::printf("  %-30s %-9s %-26s %10s %10s %10s  %s\n", "op", "kind", "shape / bytes",
+                "time (us)", "exposed", "end (us)", "overlap");
+    for (int i = 0; i < n.ops.size; ++i) {
+      const LayerOp& op = n.ops[i];
+      const bool comm = op.kind == LayerOpKind::kComm;
+      std::string overlap = OverlapText(op);
+      if (comm && op.with >= 0) overlap += std::string(" under ") + n.ops[op.with].name;
+      std::printf("  %-30s %-9s %-26s %10.1f %10s %10.1f  %s\n", op.name, ToString(op.kind),
+                  OpShapeText(op).c_str(), 1e6 * (comm ? each[i].comm_s : each[i].gpu_s),
+                  comm ? std::to_string(int(1e6 * each[i].exposed_s + 0.5)).c_str() : "",
+                  1e6 * (each[i].end_s - before.busy_s), overlap.c_str());
+    }
+  }
+}
 
 // The plan and its world, from a plan.yaml or from the flags.
 Result<std::pair<Plan, World>> Load(const SimFlags& f) {
@@ -77,6 +192,7 @@ int RunSimulate(const SimFlags& f) {
                        {"peak_inflight", r.peak_inflight},
                        {"peak_memory_bytes", r.peak_memory_bytes}});
     j["ranks"] = ranks;
+    if (f.ops) j["layer_ops"] = OpsJson(*world.cost, world.cost->Executed(plan.layout));
     std::cout << DumpJson(j) << "\n";
     return 0;
   }
@@ -98,6 +214,7 @@ int RunSimulate(const SimFlags& f) {
     else
       std::printf("\n%s", AsciiTimeline(*sim, plan.layout.pp, f.width).c_str());
   }
+  if (f.ops) PrintOps(*world.cost, world.cost->Executed(plan.layout));
   if (!f.trace.empty()) std::printf("\nwrote %s (open it in https://ui.perfetto.dev)\n", f.trace.c_str());
   return 0;
 }
@@ -110,6 +227,9 @@ Runner SetupSimulate(CLI::App* sub) {
   AddLayoutFlags(sub, &f->layout, /*need_cluster_model=*/false);
   sub->add_option("--trace", f->trace, "write the simulated step as Chrome trace-event JSON");
   sub->add_flag("--timeline", f->timeline, "print an ASCII Gantt chart of the step");
+  sub->add_flag("--ops", f->ops,
+                "print one layer's kernels (and the embedding's and output layer's), each with "
+                "its shape, time and exposed communication (core/layer_ops.h)");
   sub->add_option("--width", f->width, "columns of the --timeline chart (default 100)");
   return [f] { return RunSimulate(*f); };
 }

@@ -4,6 +4,7 @@
 #include "cost_model/analytic.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cmath>
 #include <cstdio>
@@ -74,6 +75,7 @@ Result<AnalyticModel> AnalyticModel::Create(const ModelSpec& model, const Topolo
 AnalyticModel::AnalyticModel(const ModelSpec& model, const Topology& topo,
                              const CostConstants& k)
     : model_(model), topo_(&topo), k_(k) {
+  ResetMemo();
   const ClusterSpec& c = topo.spec();
   if (!c.measured.empty() && c.measured.CheckComplete(c.file).ok())
     runtime_ = std::make_shared<RuntimeModel>(model, c.measured, c.gpus_per_node);
@@ -90,12 +92,40 @@ double AnalyticModel::MfuPeak(Precision p) const {
   return PeakFlops(p == Precision::kFp8 ? Precision::kBf16 : p);
 }
 
-// time = flops / (peak * eff(d)), eff = eff_max * d / (d + d_half), d = min(m, n, k).
+// A GEMM's output is cut into tiles that run in waves over the SMs, each wave one tile's
+// k-loop at the per-SM peak times eff_max * k / (k + half) (Nvidia's "Matrix Multiplication
+// Background User's Guide": tile and wave quantization). The tile is the one of 128x128,
+// 128x256, 256x128 that finishes first, as cuBLAS's heuristics pick. Without the GPU's SM
+// count: 2mnk / (peak * eff).
 double AnalyticModel::Gemm(double m, double n, double k, Precision p) const {
-  const double d = std::min(m, std::min(n, k));
   const double eff_max = p == Precision::kFp8 ? k_.gemm_eff_max_fp8 : k_.gemm_eff_max;
-  const double eff = eff_max * d / (d + k_.gemm_half_dim);
-  return 2.0 * m * n * k / (PeakFlops(p) * eff);
+  const double eff = eff_max * k / (k + k_.gemm_half_dim);
+  const double peak = PeakFlops(p) * eff;
+  const int sms = topo_->spec().gpu.sms;
+  if (sms <= 0) return 2.0 * m * n * k / peak;
+  // Tiles {m, n} in units of 64 and their throughput relative to 128x128: below 128x128 a
+  // tile's operand loads per FLOP grow as 1/tm + 1/tn; its rate is taken as the square root of
+  // its arithmetic intensity relative to 128x128 (64x128: 0.82, 64x64: 0.71).
+  struct Tile { int64_t m64, n64; double time_factor; };  // area / rate, in 128x128 units
+  static constexpr Tile kTiles[6] = {{2, 2, 1.0},          {2, 4, 2.0},          {4, 2, 2.0},
+                                     {1, 2, 0.5 / 0.8165}, {2, 1, 0.5 / 0.8165}, {1, 1, 0.25 / 0.7071}};
+  // Blocks of 64 along m and n (exact: m and n are whole numbers of elements).
+  const int64_t bm = int64_t(std::ceil(m * (1.0 / 64))), bn = int64_t(std::ceil(n * (1.0 / 64)));
+  // Seconds per wave of 128x128 tiles; a tile's k-loop is the same for every tile size.
+  const double wave128 = 2.0 * 128 * 128 * k * sms / peak;
+  const double ideal = wave128 * m * n / (128.0 * 128.0 * sms);  // no quantization, rate 1
+  double best = 0;
+  for (int i = 0; i < 6; ++i) {
+    const Tile& tile = kTiles[i];
+    const int64_t tiles = ((bm + tile.m64 - 1) / tile.m64) * ((bn + tile.n64 - 1) / tile.n64);
+    const int64_t waves = (tiles + sms - 1) / sms;
+    const double t = double(waves) * wave128 * tile.time_factor;
+    if (best == 0 || t < best) best = t;
+    // The smaller tiles (rate <= 0.8165) take at least the unquantized time / 0.8165: once
+    // the big tiles' best is within that, they cannot win (most GEMMs of large layers).
+    if (i == 2 && best * 0.8165 <= ideal) break;
+  }
+  return best;
 }
 
 // Collective time with NCCL's achievable share of the link: latency + bytes / (bw * eff).
@@ -111,7 +141,143 @@ double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) con
   return k_.collective_overhead_s + lat + (full - lat) / eff;
 }
 
+LayerOps AnalyticModel::Ops(const Layout& l) const {
+  LayerOps ops;
+  BuildLayerOps(model_, ShapeOf(l, k_.softmax_bytes_per_score), &ops);
+  return ops;
+}
+
+OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
+                                   const OpListTimes& before, OpTimes* each) const {
+  OpListTimes r = before;
+  const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
+  const Precision prec = l.precision;
+  const double peak16 = PeakFlops(prec == Precision::kFp8 ? Precision::kBf16 : prec);
+  std::array<double, LayerOpList::kMax> gpu;  // filled below for every op (0 for comm)
+  for (int i = 0; i < ops.size; ++i) {
+    const LayerOp& op = ops[i];
+    double t = 0;
+    switch (op.kind) {
+      case LayerOpKind::kGemm: t = Gemm(op.m, op.n, op.k, prec); break;
+      case LayerOpKind::kAttention: t = op.flops / (peak16 * k_.attention_eff); break;
+      case LayerOpKind::kMemory: {
+        const bool norm_like = op.kernel == MemoryKernel::kNorm ||
+                               op.kernel == MemoryKernel::kNormBackward ||
+                               op.kernel == MemoryKernel::kBiasDropoutAdd ||
+                               op.kernel == MemoryKernel::kBiasDropoutAddBackward;
+        t = op.bytes * (norm_like ? k_.elementwise_replicated : k_.elementwise_tp_split) / hbm;
+        break;
+      }
+      case LayerOpKind::kComm: gpu[i] = 0; continue;
+    }
+    gpu[i] = t + op.kernels * k_.kernel_overhead_s;
+  }
+  struct CachedColl {
+    Collective kind;
+    CommGroup group;
+    double bytes, seconds;
+  };
+  CachedColl cached[4];
+  int n_cached = 0;
+  // The host issues the ops asynchronously (PyTorch eager: no host sync inside a layer) and
+  // runs ahead of a GPU-bound stream across layers and micro-batches, so in steady state a
+  // list takes max(GPU time, host time): the GPU's kernels plus exposed communication, or
+  // the host's dispatch when that is longer (small layers, small micro-batches).
+  for (int i = 0; i < ops.size; ++i) {
+    const LayerOp& op = ops[i];
+    double gpu_time = gpu[i], host = op.kernels * k_.host_kernel_s;
+    if (op.kind == LayerOpKind::kComm) {
+      const bool tp = op.group == CommGroup::kTp;
+      const int size = tp ? l.tp : l.cp, stride = tp ? 1 : l.tp;
+      const Collective kind = op.comm == CommKind::kAllReduce   ? Collective::kAllReduce
+                              : op.comm == CommKind::kAllGather ? Collective::kAllGather
+                                                                : Collective::kReduceScatter;
+      // The same collective recurs (4 of T h per layer): time each distinct one once.
+      double c = -1;
+      for (int j = 0; j < n_cached; ++j)
+        if (cached[j].kind == kind && cached[j].group == op.group && cached[j].bytes == op.bytes)
+          c = cached[j].seconds;
+      if (c < 0) {
+        c = Coll(kind, stride, size, op.bytes);
+        if (n_cached < 4) cached[n_cached++] = {kind, op.group, op.bytes, c};
+      }
+      if (c <= 0) continue;
+      host = k_.host_collective_s;
+      const double g = op.with >= 0 ? gpu[op.with] : 0;
+      double exposed = c;
+      switch (op.overlap) {
+        case CommOverlap::kBlocking: break;
+        case CommOverlap::kAsync:
+        case CommOverlap::kRing:
+          exposed = std::max(0.0, c - g) + k_.overlap_interference * std::min(c, g);
+          break;
+        case CommOverlap::kTpOverlap:
+          // --tp-comm-overlap: `chunks` pieces pipelined against the GEMM's pieces; the first
+          // (ring-exchange) or last (pipelined reduce-scatter) piece cannot hide.
+          if (l.tp_comm_overlap)
+            exposed = std::max(0.0, c - g) + std::min(c, g) / std::max(1, op.chunks) +
+                      k_.overlap_interference * std::min(c, g);
+          break;
+      }
+      r.exposed_s += exposed;
+      r.hidden_s += c - std::min(c, exposed);
+      gpu_time = exposed;
+      if (each) (*each)[i].comm_s = c, (*each)[i].exposed_s = exposed;
+    } else {
+      r.compute_s += gpu_time;
+      if (each) (*each)[i].gpu_s = gpu_time;
+    }
+    r.host_s += host;
+    r.kernels += op.kernels;
+    r.busy_s += gpu_time;
+    if (each) (*each)[i].host_s = host, (*each)[i].end_s = r.busy_s;
+  }
+  return r;
+}
+
+void AnalyticModel::ResetMemo() {
+  static std::atomic<uint64_t> next_id{0};
+  id_ = ++next_id;
+}
+
+// A layer's times depend on these fields of a layout only (ShapeOf and TimeOps read no other),
+// and the planner asks for the same few thousands of times: a small memo per thread.
 LayerTimes AnalyticModel::Layer(const Layout& l) const {
+  struct Key {
+    uint64_t model;
+    int world;  // the measured runtime's layer time depends on the ranks sharing a node
+    int tp, cp, micro_batch;
+    bool sp, tp_comm_overlap;
+    Recompute recompute;
+    Precision precision;
+    bool operator==(const Key&) const = default;
+  };
+  struct Entry {
+    Key key;
+    LayerTimes times;
+  };
+  // Direct-mapped by a hash of the key: 2048 slots (~280 KB per thread; a 1024-GPU search
+  // of GPT-3 175B meets ~500 distinct layers).
+  static constexpr size_t kSlots = 2048;
+  thread_local std::array<Entry, kSlots> memo{};
+  const Key key{id_, runtime_ ? l.world() : 0, l.tp, l.cp, l.micro_batch,
+                l.sequence_parallel && l.tp > 1, l.tp_comm_overlap, l.recompute, l.precision};
+  uint64_t h = key.model;
+  for (uint64_t v : {uint64_t(key.world), uint64_t(key.tp), uint64_t(key.cp),
+                     uint64_t(key.micro_batch), uint64_t(key.sp) * 2 + key.tp_comm_overlap,
+                     uint64_t(key.recompute) * 8 + uint64_t(key.precision)}) {
+    h = (h ^ v) + 0x9E3779B97F4A7C15ull;  // splitmix64's finaliser per field
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
+  }
+  Entry& e = memo[h % kSlots];
+  if (e.key == key) return e.times;
+  e = {key, ComputeLayer(l)};
+  return e.times;
+}
+
+LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
   if (runtime_) {
     const RuntimeLayerTimes r = runtime_->Layer(l);
     LayerTimes lt;
@@ -121,53 +287,32 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
     lt.bwd_tp_s = r.bwd_tp_s;
     return lt;
   }
-  const ModelSpec& M = model_;
-  const double t = l.tp, c = l.cp, b = l.micro_batch;
-  const double s = M.seq_len, sl = s / c, h = M.hidden, a = M.heads, hd = M.head_dim();
-  const double T = b * sl;  // tokens of one micro-batch on this CP rank
-  const Precision prec = l.precision;
-  const double peak16 = PeakFlops(l.precision == Precision::kFp8 ? Precision::kBf16 : l.precision);
-  const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
-  const double act = ActBytes(l.precision);
-  // K/V heads held per TP rank: kv/t, or one group replicated when t > kv (GQA).
-  const double kv_local = std::max(1.0, double(M.kv_heads) / t);
-  const double mlp_in = M.activation == Activation::kSwiglu ? 2.0 * M.ffn_hidden : M.ffn_hidden;
-
-  // GEMMs of one layer, (m, n, k): QKV, attention output, MLP in, MLP out.
-  const double gemm = Gemm(T, h / t + 2 * kv_local * hd, h, prec) + Gemm(T, h, h / t, prec) +
-                      Gemm(T, mlp_in / t, h, prec) + Gemm(T, h, M.ffn_hidden / t, prec);
-  // Attention core: QK^T and AV, 4 b s_l s h / t FLOPs (Narayanan's 4 b s^2 h term).
-  const double attn_flops = 4.0 * b * sl * s * h / t;
-  const double attn = attn_flops / (peak16 * k_.attention_eff) +
-                b * (a / t) * sl * s * k_.softmax_bytes_per_score / hbm;
-  const double ew_rep = l.sequence_parallel ? k_.elementwise_replicated / t
-                                            : k_.elementwise_replicated;
-  const double elementwise = T * h * act * (ew_rep + k_.elementwise_tp_split / t) / hbm;
-
-  // The host issues a layer's kernels while the GPU runs earlier ones: a layer takes the longer
-  // of the GPU's work and the host's dispatch time (PyTorch eager launches dozens of kernels per
-  // layer), which dominates small layers.
+  const LayerOps ops = Ops(l);
+  const OpListTimes f = TimeOps(l, ops.forward);
+  const OpListTimes rc = TimeOps(l, ops.recompute);
+  const OpListTimes br = TimeOps(l, ops.backward, rc);  // the recompute runs first
   LayerTimes lt;
-  lt.fwd_compute_s = std::max(gemm + attn + elementwise, k_.layer_overhead_s);
-  const double bwd = std::max(2.0 * (gemm + attn + elementwise), 2.0 * k_.layer_overhead_s);
-  if (l.recompute == Recompute::kFull) lt.recompute_s = lt.fwd_compute_s;
-  if (l.recompute == Recompute::kSelective) lt.recompute_s = attn;
-  lt.bwd_compute_s = bwd + lt.recompute_s;
-
-  // TP: 2 all-reduces of T*h elements forward and 2 backward (with SP the same bytes as
-  // all-gather + reduce-scatter pairs); full recompute repeats the forward's 2.
-  const double msg = T * h * act;
-  const double tp_one = l.tp > 1 ? Coll(Collective::kAllReduce, 1, l.tp, msg) * TpExposed(l) : 0;
-  // CP: all-gather of this rank's K and V across c ranks (reduce-scatter of their grads in
-  // backward), overlapped with the attention core (Megatron's ring attention).
-  double cp_f = 0, cp_b = 0;
-  if (l.cp > 1) {
-    const double kv_bytes = 2.0 * T * kv_local * hd * act * c;
-    cp_f = std::max(0.0, Coll(Collective::kAllGather, l.tp, l.cp, kv_bytes) - attn);
-    cp_b = std::max(0.0, Coll(Collective::kReduceScatter, l.tp, l.cp, kv_bytes) - 2 * attn);
-  }
-  lt.fwd_tp_s = 2 * tp_one + cp_f;
-  lt.bwd_tp_s = 2 * tp_one + cp_b + (l.recompute == Recompute::kFull ? 2 * tp_one + cp_f : 0);
+  // The GPU waits for a host that dispatches slower than it computes: the difference counts as
+  // compute (the kernels are there, only later).
+  lt.fwd_tp_s = f.exposed_s;
+  lt.fwd_compute_s = f.busy() - f.exposed_s;
+  lt.recompute_s = rc.busy();
+  lt.bwd_tp_s = br.exposed_s;
+  lt.bwd_compute_s = br.busy() - br.exposed_s;
+  // The embedding and the output layer, each a forward and a backward list.
+  const OpShape shape = ShapeOf(l, k_.softmax_bytes_per_score);
+  LayerOpList fwd, bwd;
+  auto pass = [&](PassTimes* p) {
+    const OpListTimes tf = TimeOps(l, fwd), tb = TimeOps(l, bwd);
+    p->fwd_compute_s = tf.busy() - tf.exposed_s;
+    p->fwd_tp_s = tf.exposed_s;
+    p->bwd_compute_s = tb.busy() - tb.exposed_s;
+    p->bwd_tp_s = tb.exposed_s;
+  };
+  BuildEmbeddingOps(model_, shape, &fwd, &bwd);
+  pass(&lt.embedding);
+  BuildOutputOps(model_, shape, &fwd, &bwd);
+  pass(&lt.output);
   return lt;
 }
 
@@ -184,36 +329,25 @@ StageTimes AnalyticModel::Chunk(const Layout& l, int r, int c, const LayerTimes&
 
 StageTimes AnalyticModel::Work(const Layout& l, double layers, bool embedding, bool output,
                                const LayerTimes& lt) const {
-  const ModelSpec& M = model_;
   StageTimes st;
   double fc = layers * lt.fwd_compute_s, bc = layers * lt.bwd_compute_s;
   double ftp = layers * lt.fwd_tp_s, btp = layers * lt.bwd_tp_s;
-  const double t = l.tp, T = double(l.micro_batch) * M.seq_len / l.cp, h = M.hidden;
-  const double act = ActBytes(l.precision);
-  const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
-  const double tp_exp = TpExposed(l);
   if (runtime_) {
     const RuntimeLayerTimes x = runtime_->ChunkExtras(l, embedding, output);
     fc += x.fwd_compute_s;
     bc += x.bwd_compute_s;
     ftp += x.fwd_tp_s;
     btp += x.bwd_tp_s;
-    embedding = output = false;  // done
-  }
-  if (embedding) {  // embedding lookup (+ dropout) and its TP all-reduce (vocab-parallel)
-    fc += 4.0 * T * h * act / hbm;
-    bc += 4.0 * T * h * act / hbm;
-    if (l.tp > 1) ftp += Coll(Collective::kAllReduce, 1, l.tp, T * h * act) * tp_exp;
-  }
-  if (output) {  // final norm, logits GEMM (fwd + 2 bwd), vocab-parallel cross entropy
-    const double V = M.padded_vocab(l.tp);
-    const double logits = Gemm(T, V / t, h, l.precision);
-    const double ce_bytes = T * (V / t) * 4.0;  // fp32 logits read/written per pass
-    fc += logits + 2.5 * ce_bytes / hbm + 2.0 * T * h * act / hbm;
-    bc += 2 * logits + 2.0 * ce_bytes / hbm + 2.0 * T * h * act / hbm;
-    if (l.tp > 1 && l.sequence_parallel) {  // all-gather before, reduce-scatter after
-      ftp += Coll(Collective::kAllGather, 1, l.tp, T * h * act) * tp_exp;
-      btp += Coll(Collective::kReduceScatter, 1, l.tp, T * h * act) * tp_exp;
+  } else {
+    // One call of the chunk per micro-batch each way (host), then its embedding / output ops.
+    fc += k_.microbatch_overhead_s;
+    bc += k_.microbatch_overhead_s;
+    for (const PassTimes* p : {embedding ? &lt.embedding : nullptr, output ? &lt.output : nullptr}) {
+      if (!p) continue;
+      fc += p->fwd_compute_s;
+      ftp += p->fwd_tp_s;
+      bc += p->bwd_compute_s;
+      btp += p->bwd_tp_s;
     }
   }
   st.fwd_s = fc + ftp;
@@ -261,6 +395,40 @@ double AnalyticModel::DpTime(const Layout& l, double params) const {
     return Coll(Collective::kReduceScatter, l.tp, n, grad_bytes) +
            Coll(Collective::kAllGather, l.tp, n, params * WeightBytes(l.precision));
   return Coll(Collective::kAllReduce, l.tp, n, grad_bytes);
+}
+
+// megatron/core/distributed/distributed_data_parallel.py: bucket_size defaults to
+// max(40,000,000, 1,000,000 x the DP x CP group size) parameters with --overlap-grad-reduce
+// (one bucket per model chunk without it).
+double AnalyticModel::BucketParams(const Layout& l) const {
+  return std::max(40e6, 1e6 * double(l.dp) * l.cp);
+}
+
+double AnalyticModel::DpExposed(const Layout& l, double params, double bwd_s,
+                                double fwd_s) const {
+  const int n = l.dp * l.cp;
+  if (n <= 1 || params <= 0) return 0;
+  if (!l.overlap_grad_reduce) return DpTime(l, params);
+  // Buckets per chunk, at least one per model chunk.
+  const double nb = std::max(double(l.vp), std::ceil(params / BucketParams(l)));
+  const double per = params / nb;
+  double rs, ag = 0;
+  if (l.distributed_optimizer) {
+    rs = Coll(Collective::kReduceScatter, l.tp, n, per * 4.0);
+    ag = Coll(Collective::kAllGather, l.tp, n, per * WeightBytes(l.precision));
+  } else {
+    rs = Coll(Collective::kAllReduce, l.tp, n, per * 4.0);
+  }
+  // Bucket j of nb is ready at j/nb of the window and they run one after another on the DP
+  // stream: the last finishes at max(W/nb + nb*tau, W + tau), i.e. exposed
+  // max(nb*tau - W + W/nb, tau) after the window; the hidden rest costs overlap_interference.
+  auto exposed = [&](double tau, double window) {
+    if (tau <= 0) return 0.0;
+    const double total = nb * tau;
+    const double e = std::max(total - window + window / nb, tau);
+    return e + k_.overlap_interference * std::max(0.0, total - e);
+  };
+  return exposed(rs, bwd_s) + exposed(ag, fwd_s);
 }
 
 double AnalyticModel::LayerActivationBytes(const Layout& l) const {
@@ -378,17 +546,15 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
   // DP: the stage with the most parameters finishes last.
   const double params = std::max(ParamsOnStage(l, 0), ParamsOnStage(l, p - 1));
   double dp = 0;
-  if (runtime_) {  // per-tensor reductions of the stage with the most to reduce
+  if (runtime_) {  // per-tensor reductions of the stage with the most to reduce, not overlapped
     for (int r : {0, p - 1}) {
       double stage = 0;
       for (int c = 0; c < l.vp; ++c) stage += runtime_->ChunkDp(l, r, c);
       dp = std::max(dp, stage);
     }
   } else {
-    dp = DpTime(l, params);
+    dp = DpExposed(l, params, slow->bwd_s, slow->fwd_s);
   }
-  if (l.overlap_grad_reduce)
-    dp = std::max(0.0, dp - k_.dp_overlap_window * (slow->bwd_s + (l.distributed_optimizer ? slow->fwd_s : 0)));
   br.dp_comm_s = dp + EmbeddingReduceTime(l);
   br.optimizer_s = std::max(StageOptimizerTime(l, 0), StageOptimizerTime(l, p - 1));
 
@@ -436,15 +602,29 @@ double AnalyticModel::ChunkActivationBytes(const Layout& l) const {
          (1 + k_.fragmentation);
 }
 
-double AnalyticModel::ChunkDpTime(const Layout& l, int r, int c) const {
-  if (runtime_) return runtime_->ChunkDp(l, r, c);
+double AnalyticModel::ChunkParams(const Layout& l, int r, int c) const {
   // The stage's parameters split over its chunks; the embedding/output rows go with the chunk
   // that holds them.
   const double layer_part = double(model_.layers) / l.pp * model_.params_per_layer() / l.tp;
   const double extra = ParamsOnStage(l, r) - layer_part;
   double params = layer_part / l.vp;
   if ((r == 0 && c == 0) || (r == l.pp - 1 && c == l.vp - 1)) params += extra;
-  return DpTime(l, params);
+  return params;
+}
+
+double AnalyticModel::ChunkDpTime(const Layout& l, int r, int c) const {
+  if (runtime_) return runtime_->ChunkDp(l, r, c);
+  const double params = ChunkParams(l, r, c);
+  const int n = l.dp * l.cp;
+  if (n <= 1 || !l.overlap_grad_reduce) return DpTime(l, params);
+  // As buckets (DpExposed): one collective per bucket.
+  const double nb = ChunkDpBuckets(l, r, c);
+  return nb * DpTime(l, params / nb);
+}
+
+int AnalyticModel::ChunkDpBuckets(const Layout& l, int r, int c) const {
+  if (runtime_ || !l.overlap_grad_reduce) return 1;
+  return std::max(1, int(std::ceil(ChunkParams(l, r, c) / BucketParams(l))));
 }
 
 double AnalyticModel::LowerBound(const Layout& layout) const {

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <memory>
 
+#include "core/layer_ops.h"
 #include "core/layout.h"
 #include "core/model.h"
 #include "core/plan.h"
@@ -19,6 +21,11 @@
 
 namespace ptdp {
 
+// Times of one micro-batch through a list of kernels, split as the stage needs them.
+struct PassTimes {
+  double fwd_compute_s = 0, fwd_tp_s = 0, bwd_compute_s = 0, bwd_tp_s = 0;
+};
+
 // Times of one micro-batch through one transformer layer on one GPU, seconds.
 struct LayerTimes {
   double fwd_compute_s = 0;    // GEMMs + attention + element-wise + overhead
@@ -26,7 +33,32 @@ struct LayerTimes {
   double recompute_s = 0;      // the recompute part of bwd_compute_s
   double fwd_tp_s = 0;         // exposed TP (and CP) communication in forward
   double bwd_tp_s = 0;         // exposed TP communication in backward (+ recompute's)
+  // The first stage's embedding and the last stage's output layer (core/layer_ops.h), timed
+  // with the layer (analytic model; the measured runtime times its own in ChunkExtras).
+  PassTimes embedding, output;
 };
+
+// Times of an operation list (TimeOps).
+struct OpListTimes {
+  double compute_s = 0;   // GPU time of the compute kernels (GEMM, attention, memory-bound)
+  double exposed_s = 0;   // communication left on the critical path
+  double hidden_s = 0;    // communication hidden under compute
+  double host_s = 0;      // host dispatch of all its kernels
+  double busy_s = 0;      // GPU time: compute + exposed communication
+  int kernels = 0;
+  // Wall time of the list: the GPU's finish, or the host's if it issues the last op later.
+  double busy() const { return busy_s > host_s ? busy_s : host_s; }
+};
+
+// One op's times (TimeOps' optional detail, for `ptdp simulate --ops`).
+struct OpTime {
+  double gpu_s = 0;      // compute kernel: its law + kernel overhead; comm: 0
+  double comm_s = 0;     // comm: the collective's full time
+  double exposed_s = 0;  // comm: what stays on the critical path
+  double host_s = 0;     // host dispatch
+  double end_s = 0;      // GPU time from the list's start to its end
+};
+using OpTimes = std::array<OpTime, LayerOpList::kMax>;
 
 // Per-micro-batch time of one pipeline stage (all its v chunks), seconds.
 struct StageTimes {
@@ -77,6 +109,10 @@ class AnalyticModel : public Estimator {
   AnalyticModel(const ModelSpec& model, const Topology& topo, const CostConstants& k);
 
   Estimate Evaluate(const Layout& l) const override;
+  // Layer() remembers, per thread, the times of the last layers it computed (the planner asks
+  // for a few hundred distinct layers thousands of times); this forgets them for this model
+  // (benchmarks of the cold cost).
+  void ResetMemo();
   // Evaluate() plus memory per stage, as the plan file stores it.
   Prediction Predict(const Layout& l) const;
 
@@ -101,13 +137,29 @@ class AnalyticModel : public Estimator {
   // DP gradient reduction of the parameters of one chunk (+ the embedding/output on the first
   // and last chunk), seconds; the per-chunk buckets that --overlap-grad-reduce launches.
   double ChunkDpTime(const Layout& l, int r, int c) const;
+  // Parameters of chunk c of stage r, and Megatron's gradient buckets over them (1 without
+  // --overlap-grad-reduce or on the measured runtime, which reduces per tensor at the end).
+  double ChunkParams(const Layout& l, int r, int c) const;
+  int ChunkDpBuckets(const Layout& l, int r, int c) const;
   // Analytic lower bound of the step: m times the slowest stage's compute, plus the optimizer;
   // no bubble, no communication.
   double LowerBound(const Layout& l) const;
-  // Exposed TP share the layout uses (tp_exposed or tp_overlap_exposed).
-  double TpExposed(const Layout& l) const {
-    return l.tp_comm_overlap ? k_.tp_overlap_exposed : k_.tp_exposed;
-  }
+  // The times of a list of kernels (core/layer_ops.h) on one GPU of the layout, each by the
+  // law of its kind; communication by its overlap rule.
+  // `before`: the state after the ops issued before these (the recompute before the backward).
+  OpListTimes TimeOps(const Layout& l, const LayerOpList& ops,
+                      const OpListTimes& before = OpListTimes{}, OpTimes* each = nullptr) const;
+  // The layer's operation lists for this layout (what Layer() times).
+  LayerOps Ops(const Layout& l) const;
+  // Exposed DP communication of a stage holding `params` parameters with Megatron's buckets
+  // (max(40M, 1M x dp x cp) parameters each): the gradient reduce-scatter (all-reduce) buckets
+  // start as the backward of the last micro-batch (`bwd_s`) produces them, the distributed
+  // optimizer's parameter all-gather buckets run ahead of the first forward (`fwd_s`).
+  double DpExposed(const Layout& l, double params, double bwd_s, double fwd_s) const;
+  // Megatron's DDP bucket size in parameters for this layout.
+  double BucketParams(const Layout& l) const;
+  // Time of an (m x k) x (k x n) GEMM at precision p: tiles in waves over the SMs.
+  double Gemm(double m, double n, double k, Precision p) const;
   MemoryBytes StageMemory(const Layout& l, int r) const;
   double ParamsOnStage(const Layout& l, int r) const;  // parameters held by one GPU of stage r
   // Activation bytes one layer keeps for one micro-batch (Korthikanti 2022 table 2).
@@ -127,8 +179,6 @@ class AnalyticModel : public Estimator {
   const Topology& topology() const { return *topo_; }
 
  private:
-  // Time of an (m x k) x (k x n) GEMM at precision p.
-  double Gemm(double m, double n, double k, Precision p) const;
   // Stage(l, r) given the layer times (computed once per layout in Evaluate).
   StageTimes StageFrom(const Layout& l, int r, const LayerTimes& lt) const;
   StageTimes Work(const Layout& l, double layers, bool embedding, bool output,
@@ -140,6 +190,9 @@ class AnalyticModel : public Estimator {
   const Topology* topo_;
   CostConstants k_;
   std::shared_ptr<const RuntimeModel> runtime_;  // set when the cluster has measured primitives
+  // Identifies this model's data for Layer()'s per-thread memo (copies share it: same data).
+  uint64_t id_ = 0;
+  LayerTimes ComputeLayer(const Layout& l) const;
 };
 
 // The shape of a regular Megatron group: `size` ranks `stride` apart, on nodes of

@@ -12,9 +12,9 @@ const std::vector<ConstantInfo>& ConstantTable() {
       {"gemm_eff_max_fp8", &C::gemm_eff_max_fp8, "fraction of fp8 peak",
        "Transformer Engine fp8 GEMMs incl. casts; fitted on dgxc/NeMo H100 fp8 recipes"},
       {"gemm_half_dim", &C::gemm_half_dim, "elements",
-       "smallest GEMM dimension at half of gemm_eff_max; fitted on vTrain A100 runs"},
+       "reduction length k at half of gemm_eff_max (tile k-loop); fitted on vTrain A100 runs"},
       {"attention_eff", &C::attention_eff, "fraction of 16-bit peak",
-       "batched QK^T/AV GEMMs; fitted on Korthikanti 2022 Table 4 (22B layer, A100)"},
+       "on executed FLOPs (flash: causal share); fitted per GPU (data/published/fit.yaml)"},
       {"softmax_bytes_per_score", &C::softmax_bytes_per_score, "bytes",
        "unfused softmax+mask+dropout traffic per score (Korthikanti 2022 sec. 4: 5as/h term)"},
       {"hbm_eff", &C::hbm_eff, "fraction of HBM bandwidth", "STREAM-like kernels reach 70-90%"},
@@ -22,21 +22,23 @@ const std::vector<ConstantInfo>& ConstantTable() {
        "LN + 2 dropout + 2 residual reads/writes (Korthikanti 2022 table 2 terms)"},
       {"elementwise_tp_split", &C::elementwise_tp_split, "x tokens*h*bytes",
        "GeLU on 4h and bias adds, split over TP"},
-      {"layer_overhead_s", &C::layer_overhead_s, "s",
-       "launch/framework cost per layer forward; fitted on vTrain A100 runs"},
+      {"kernel_overhead_s", &C::kernel_overhead_s, "s",
+       "GPU launch latency + ramp/tail per kernel (~2-5 us on A100/H100)"},
+      {"host_kernel_s", &C::host_kernel_s, "s",
+       "host dispatch per kernel (PyTorch eager ~10-40 us); fitted per GPU"},
+      {"host_collective_s", &C::host_collective_s, "s",
+       "host cost to issue one collective (torch.distributed + NCCL enqueue); fitted per GPU"},
+      {"microbatch_overhead_s", &C::microbatch_overhead_s, "s",
+       "host work per chunk forward/backward call (schedule, p2p posting); fitted per GPU"},
       {"nccl_intra_eff", &C::nccl_intra_eff, "fraction of link",
        "nccl-tests all_reduce busbw on DGX A100 NVSwitch ~230-240 of 300 GB/s"},
       {"collective_overhead_s", &C::collective_overhead_s, "s",
        "NCCL launch + proxy cost per call (nccl-tests small-message times ~10-30 us)"},
       {"nccl_inter_eff", &C::nccl_inter_eff, "fraction of NIC",
        "nccl-tests inter-node busbw ~ 90% of InfiniBand line rate"},
-      {"tp_exposed", &C::tp_exposed, "fraction",
-       "Megatron without --tp-comm-overlap: TP all-reduces are blocking"},
-      {"tp_overlap_exposed", &C::tp_overlap_exposed, "fraction",
-       "TE userbuffers TP overlap leaves about a quarter exposed; fitted on dgxc H100 recipes"},
+      {"overlap_interference", &C::overlap_interference, "fraction",
+       "hidden communication's cost to the kernel it overlaps (SMs, HBM); fitted per GPU"},
       {"pp_exposed", &C::pp_exposed, "fraction", "Megatron 1F1B p2p is blocking"},
-      {"dp_overlap_window", &C::dp_overlap_window, "x backward of one micro-batch",
-       "Megatron --overlap-grad-reduce buckets start during the last backward"},
       {"optimizer_bytes_per_param", &C::optimizer_bytes_per_param, "bytes",
        "AdamW: read 4+4+4+4, write 4+4+4+2 (fp32 master, m, v, grad; 16-bit weight)"},
       {"step_overhead_s", &C::step_overhead_s, "s", "loss reduction, logging, data loader"},
@@ -48,9 +50,29 @@ const std::vector<ConstantInfo>& ConstantTable() {
   return table;
 }
 
+const std::vector<RetiredConstant>& RetiredConstants() {
+  static const std::vector<RetiredConstant> retired = {
+      {"layer_overhead_s", "host_kernel_s (host dispatch per kernel of core/layer_ops.h) and "
+                           "microbatch_overhead_s"},
+      {"tp_exposed", "the TP collectives' own overlap rules (core/layer_ops.h: blocking, async "
+                     "under wgrad/dgrad, or split against their GEMM with --tp-comm-overlap)"},
+      {"tp_overlap_exposed", "the split of each TP collective against the GEMM it overlaps "
+                             "(what is hidden follows from both durations; "
+                             "overlap_interference)"},
+      {"dp_overlap_window", "Megatron's gradient buckets under the last backward (bucket "
+                            "max(40M, 1M x dp) parameters)"},
+  };
+  return retired;
+}
+
 Result<CostConstants> ConstantsFor(const ClusterSpec& cluster) {
   CostConstants k;
   for (const auto& [name, value] : cluster.calibration) {
+    for (const RetiredConstant& r : RetiredConstants())
+      if (name == r.name)
+        return Status::Error(cluster.file + ": calibration." + name +
+                             ": retired (issue 13); replaced by " + r.replaced_by +
+                             "; remove it, or run `ptdp validate --fit` / `ptdp calibrate` again");
     bool found = false;
     for (const auto& row : ConstantTable()) {
       if (name == row.name) {

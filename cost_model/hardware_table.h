@@ -16,50 +16,68 @@
 namespace ptdp {
 
 struct CostConstants {
-  // GEMMs: time = flops / (peak * eff), eff = gemm_eff_max * d / (d + gemm_half_dim), d the
-  // smallest of the GEMM's m, n, k (small GEMMs cannot fill the tensor cores).
-  double gemm_eff_max = 0.867;
+  // GEMMs (issue 13: from the GPU's structure): the output's tiles (128x128, 128x256 or 256x128,
+  // whichever finishes first, as cuBLAS's heuristics pick) run in waves over the GPU's SMs, each
+  // wave one tile's k-loop at the per-SM peak times gemm_eff_max * k / (k + gemm_half_dim);
+  // wave and tile quantization follow. Without `sms` for the GPU, 2mnk / (peak * eff).
+  double gemm_eff_max = 0.9;
   // The same for fp8 GEMMs, as a fraction of the fp8 peak (scaling and casts cost more).
   double gemm_eff_max_fp8 = 0.60;
-  double gemm_half_dim = 1041;
-  // Attention core (QK^T, softmax, AV): fraction of the 16-bit peak reached.
-  double attention_eff = 0.80;
+  // The reduction length k at which a tile's k-loop reaches half of gemm_eff_max (prologue and
+  // epilogue amortised over k / tile_k main-loop steps).
+  double gemm_half_dim = 1093;
+  // Attention core (QK^T, softmax, AV): fraction of the 16-bit peak reached on the FLOPs the
+  // kernel executes (flash attention: the causal share only).
+  double attention_eff = 0.6302;
   // Bytes moved per attention score (softmax in/out, dropout mask) when attention is not fused
   // (0 for flash/fused attention, which never writes the s x s scores to HBM).
-  double softmax_bytes_per_score = 6.04;
+  double softmax_bytes_per_score = 5.955;
   // Memory-bound ops: fraction of HBM bandwidth reached.
   double hbm_eff = 0.70;
-  // Element-wise traffic of one layer's forward, in units of (tokens * h * activation bytes):
-  // LN, dropout, residual (replicated over TP unless SP) and GeLU/bias (split over TP).
-  double elementwise_replicated = 1;
-  double elementwise_tp_split = 1;
-  // Host dispatch time of one transformer layer's forward (kernel launches, framework); a layer
-  // takes max(GPU work, this); backward twice this.
-  double layer_overhead_s = 791e-6;
+  // Multipliers on the bytes of the memory-bound kernels of core/layer_ops.h: norms, dropout
+  // and residual adds; activation, rotary and the rest (1: the bytes the kernel must move).
+  double elementwise_replicated = 1.29;
+  double elementwise_tp_split = 1.768;
+  // GPU time of every kernel beyond its law: launch latency, ramp-up and tail (seconds).
+  double kernel_overhead_s = 2e-6;
+  // Host time to dispatch one kernel (framework, Python, launch call). A layer's forward or
+  // backward takes max(its GPU time, its kernels x this): small layers are host-bound.
+  double host_kernel_s = 7.748e-05;
+  // Host time to issue one collective (torch.distributed call, NCCL enqueue, its events); the
+  // group's ranks meet there, so a host-bound layer pays it on every rank.
+  double host_collective_s = 2.589e-05;
+  // Host time of one model chunk's forward or backward call per micro-batch (schedule step,
+  // p2p posting, loss bookkeeping), on top of the kernels.
+  double microbatch_overhead_s = 0;
   // Collectives: fraction of the link bandwidth NCCL reaches for large messages.
-  double nccl_intra_eff = 1.0;
+  double nccl_intra_eff = 1;
   // Fixed cost of one NCCL collective or p2p call (launch, proxy, synchronisation), seconds.
-  double collective_overhead_s = 24.4e-6;
+  double collective_overhead_s = 0.0001328;
   double nccl_inter_eff = 0.90;
-  // Share of TP communication left exposed (1: none overlapped; --tp-comm-overlap lowers it
-  // to tp_overlap_exposed).
-  double tp_exposed = 1.0;
-  double tp_overlap_exposed = 0.25;
+  // Share of a communication hidden under a kernel that still costs time: NCCL and userbuffer
+  // kernels take SMs and HBM bandwidth from the GEMM they overlap (TP async/overlap, CP ring,
+  // DP buckets under the backward).
+  double overlap_interference = 0;
   // Share of pipeline p2p time left exposed on the critical path.
   double pp_exposed = 1.0;
-  // Share of the backward of one micro-batch that can hide DP gradient reduction
-  // (--overlap-grad-reduce).
-  double dp_overlap_window = 1.0;
   // Optimizer: bytes of HBM traffic per parameter updated (AdamW on fp32 master weights:
   // read grad, master, m, v; write master, m, v, 16-bit weight).
   double optimizer_bytes_per_param = 10;
   // Fixed per step (data loader, loss reduction, logging).
-  double step_overhead_s = 0.0060;
+  double step_overhead_s = 0.001553;
   // Memory allowance: CUDA context + cuBLAS workspace + NCCL buffers, and allocator
   // fragmentation as a fraction of the rest.
   double workspace_bytes = 1.5 * 1073741824.0;
   double fragmentation = 0.05;
 };
+
+// Constants that existed before issue 13 and were replaced by a mechanism; a cluster YAML
+// naming one gets an error that says what replaced it.
+struct RetiredConstant {
+  const char* name;
+  const char* replaced_by;
+};
+const std::vector<RetiredConstant>& RetiredConstants();
 
 // One row of the table, for docs, `ptdp calibrate` and validation of overrides.
 struct ConstantInfo {

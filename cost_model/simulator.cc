@@ -93,6 +93,7 @@ class Sim {
   std::vector<std::vector<double>> fwd_pure_, bwd_pure_;  // compute only
   std::vector<std::vector<int>> last_backward_; // [r][c] op index of the chunk's last B
   std::vector<std::vector<double>> dp_chunk_;   // [r][c] DP reduction seconds
+  std::vector<std::vector<double>> dp_buckets_; // [r][c] its gradient buckets
   double p2p_ = 0, emb_ = 0;
   int transfers_ = 0;                            // p2p transfers so far
   std::vector<double> opt_time_, static_mem_;
@@ -107,7 +108,7 @@ void Sim::Prepare() {
   res_.ranks.assign(p_, SimRankStats{});
   const LayerTimes lt = cost_.Layer(l_);
   fwd_.assign(p_, std::vector<double>(v_));
-  bwd_ = fwd_pure_ = bwd_pure_ = dp_chunk_ = fwd_;
+  bwd_ = fwd_pure_ = bwd_pure_ = dp_chunk_ = dp_buckets_ = fwd_;
   for (int r = 0; r < p_; ++r)
     for (int c = 0; c < v_; ++c) {
       // Stage -1 / chunk -1 is a chunk of layers with neither embedding nor output.
@@ -127,6 +128,7 @@ void Sim::Prepare() {
       fwd_[r][c] = fwd_pure_[r][c] + f_tp;
       bwd_[r][c] = bwd_pure_[r][c] + b_tp;
       dp_chunk_[r][c] = opt_.free_communication ? 0 : cost_.ChunkDpTime(l_, r, c);
+      dp_buckets_[r][c] = cost_.ChunkDpBuckets(l_, r, c);
     }
   p2p_ = opt_.free_communication ? 0 : cost_.P2pTime(l_);
   emb_ = opt_.free_communication ? 0 : cost_.EmbeddingReduceTime(l_);
@@ -211,9 +213,12 @@ void Sim::Compute(int r, const ScheduleOp& op) {
     --st.inflight;
     Memory(r, st.t, -act_chunk_);
     // --overlap-grad-reduce: the chunk's gradient buckets go out during its last backward.
+    // Bucket j of nb is ready at j/nb of the backward (the last layers' first); they run one
+    // after another, the last no earlier than the backward's end plus one bucket.
     if (l_.overlap_grad_reduce && last_backward_[r][op.chunk] == int(st.pc) && dp_chunk_[r][op.chunk] > 0) {
-      const double s = std::max(start, st.comm_free);
-      st.comm_free = s + dp_chunk_[r][op.chunk];
+      const double nb = dp_buckets_[r][op.chunk];
+      const double s = std::max(start + dur / nb, st.comm_free);
+      st.comm_free = std::max(s + dp_chunk_[r][op.chunk], st.t + dp_chunk_[r][op.chunk] / nb);
       ScheduleOp red{OpKind::kReduceGradients, -1, op.chunk};
       Record(r, SimTrack::kComm, red, s, st.comm_free, op.chunk);
     }

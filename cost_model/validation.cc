@@ -66,16 +66,21 @@ std::string GroupOf(const MeasuredRun& run) {
   return "published (" + run.gpu + ")";
 }
 
+// The fit's objective: the mean |error| of each source, averaged over the sources, so that
+// every source weighs the same whatever its row count (vTrain's 1,440 small single-node runs
+// would otherwise decide the GEMM efficiency that Korthikanti's 5 large layers measure).
 double MeanAbsError(const std::vector<MeasuredRun>& runs, const ClusterSpec& c) {
-  double sum = 0;
-  size_t n = 0;
+  std::map<std::string, std::pair<double, size_t>> by_source;
   for (const auto& run : runs) {
     auto p = PredictOne(run, c);
     if (!p.ok()) continue;
+    auto& [sum, n] = by_source[run.source];
     sum += std::fabs((*p - run.measured_s) / run.measured_s);
     ++n;
   }
-  return n ? sum / n : 0;
+  double total = 0;
+  for (const auto& [source, acc] : by_source) total += acc.first / acc.second;
+  return by_source.empty() ? 0 : total / by_source.size();
 }
 
 }  // namespace
@@ -109,6 +114,12 @@ std::map<std::string, double> FitConstants(const std::vector<MeasuredRun>& all,
     if (r.gpu == gpu) runs.push_back(r);
   ClusterSpec& c = (*clusters)[gpu];
   auto value = [&](const FitParam& p) { return ConstantValue(c, p.name); };
+  // A constant outside its range (e.g. a default of 0, which multiplicative steps never leave)
+  // starts at the range's geometric middle.
+  for (const FitParam& p : params) {
+    const double v = value(p);
+    if (!(v >= p.lo && v <= p.hi)) c.calibration[p.name] = std::sqrt(p.lo * p.hi);
+  }
   double best = MeanAbsError(runs, c);
   for (int round = 0; round < rounds; ++round) {
     const double step = 0.25 / (1 << std::min(round, 4));  // 25%, 12.5%, ... multiplicative

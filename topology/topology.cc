@@ -348,6 +348,13 @@ Result<Topology> Topology::Build(const ClusterSpec& spec) {
   FillLocalTables(*graph, spec, &t.local_bw_, &t.local_lat_);
   PTDP_RETURN_IF_ERROR(CheckConnected(spec, t.local_bw_));
   t.graph_ = std::move(graph);
+  t.first_ring_bw_.assign(size_t(spec.gpus_per_node) + 1, kInf);
+  t.first_ring_lat_.assign(size_t(spec.gpus_per_node) + 1, 0);
+  for (int k = 2; k <= spec.gpus_per_node; ++k) {
+    const Path ring = LocalRing(spec, t.local_bw_, t.local_lat_, FirstLocals(k));
+    t.first_ring_bw_[size_t(k)] = ring.bw_bytes_per_s;
+    t.first_ring_lat_[size_t(k)] = ring.latency_s;
+  }
   return t;
 }
 
@@ -394,8 +401,7 @@ GroupShape Topology::ShapeOf(const std::vector<int>& group) const {
 double Topology::BusBandwidth(const GroupShape& g) const {
   if (g.size <= 1) return spec_.gpu.hbm_bw_bytes_per_s;
   const int k = RanksPerNode(g, spec_.gpus_per_node);
-  double bw = k > 1 ? LocalRing(spec_, local_bw_, local_lat_, FirstLocals(k)).bw_bytes_per_s
-                    : kInf;
+  double bw = k > 1 ? first_ring_bw_[size_t(k)] : kInf;
   if (g.nodes > 1) {
     const InterNodeSpec& net = spec_.inter;
     const double node_nic_bw = net.nics_per_node * net.nic_bw_bytes_per_s / net.oversubscription;
@@ -409,8 +415,7 @@ double Topology::CollectiveTime(Collective c, const GroupShape& g, double bytes)
   const int k = RanksPerNode(g, spec_.gpus_per_node);
   // Across nodes the slowest step is the network one: inter_node.latency ("one network hop,
   // end to end"). A lone transfer, Latency(a, b), also pays the GPU-NIC intra hop.
-  const double intra_s =
-      k > 1 ? LocalRing(spec_, local_bw_, local_lat_, FirstLocals(k)).latency_s : 0;
+  const double intra_s = k > 1 ? first_ring_lat_[size_t(k)] : 0;
   const double hop_s = g.nodes > 1 ? std::max(spec_.inter.latency_s, intra_s) : intra_s;
   return RingTime(c, g.size, hop_s, BusBandwidth(g), bytes);
 }

@@ -70,6 +70,9 @@ class Topology {
   std::shared_ptr<const Graph> graph_;
   // Pairwise bandwidth/latency between local GPUs of a node, precomputed on the graph.
   std::vector<double> local_bw_, local_lat_;
+  // The ring through local GPUs 0..k-1 for k = 0..gpus_per_node (LocalRing of FirstLocals(k)),
+  // computed once: the cost model asks for it millions of times a second.
+  std::vector<double> first_ring_bw_, first_ring_lat_;
 };
 
 }  // namespace ptdp

@@ -200,6 +200,7 @@ void CpuBackend::Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool tra
   g.b = F32(b), g.b_rs = sb.rs, g.b_cs = sb.cs;
   g.c = MutF32(c), g.ldc = g.n;
   g.alpha = alpha, g.beta = beta;
+  if (options_.on_matmul) options_.on_matmul(g.m, g.n, g.k);
   Gemm(g);
 }
 

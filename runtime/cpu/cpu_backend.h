@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -34,6 +35,10 @@ struct CpuBackendOptions {
   // The kernels to run (KernelsFor(level) of a level this CPU supports); nullptr: the process's
   // choice, ChosenCpuKernels() (the best level this CPU runs, or PTDP_CPU_KERNELS).
   const CpuKernels* kernels = nullptr;
+  // Called with (m, n, k) of every Matmul (the GEMMs; not MatmulBatched, the attention core),
+  // on the calling rank's thread: instrumentation, e.g. checking that the runtime executes the
+  // GEMMs core/layer_ops.h describes (tests/runtime/layer_ops_runtime_test.cc). Empty: nothing.
+  std::function<void(int64_t m, int64_t n, int64_t k)> on_matmul;
 
 #if defined(__SANITIZE_ADDRESS__)
   static constexpr size_t kDefaultCacheBytes = 0;

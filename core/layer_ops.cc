@@ -1,0 +1,364 @@
+// The layer as its kernels; see layer_ops.h for the sources and letters.
+#include "core/layer_ops.h"
+
+#include <algorithm>
+
+namespace ptdp {
+
+LayerOp& LayerOpList::Add(LayerOpKind kind, const char* name) {
+  // kMax bounds the longest list (full recompute's forward with SP and rotary is 17 ops); a
+  // longer one is a bug here, caught by the tests, never user input.
+  LayerOp& op = ops[size < kMax ? size++ : kMax - 1];
+  op = LayerOp{};  // zero
+  op.kind = kind;
+  op.name = name;
+  op.with = -1;
+  op.chunks = 1;
+  op.kernels = 1;
+  return op;
+}
+
+int LayerOpList::Gemms() const {
+  int n = 0;
+  for (const LayerOp& op : *this) n += op.kind == LayerOpKind::kGemm;
+  return n;
+}
+
+double LayerOpList::GemmFlops() const {
+  double f = 0;
+  for (const LayerOp& op : *this)
+    if (op.kind == LayerOpKind::kGemm) f += op.flops;
+  return f;
+}
+
+OpShape ShapeOf(const Layout& l, double score_bytes) {
+  OpShape s;
+  s.tp = l.tp;
+  s.cp = l.cp;
+  s.micro_batch = l.micro_batch;
+  s.sp = l.sequence_parallel && l.tp > 1;
+  s.act_bytes = l.precision == Precision::kFp32 ? 4.0 : 2.0;
+  s.recompute = l.recompute;
+  s.fp8 = l.precision == Precision::kFp8;
+  s.score_bytes = score_bytes;
+  return s;
+}
+
+double CausalShare(double s, double block) { return 0.5 * (1.0 + std::min(1.0, block / s)); }
+
+namespace {
+
+struct Dims {
+  double T, Tl, h, A, Q, F, Fi, hd, heads, sl, s, e;
+  int t;
+};
+
+Dims DimsOf(const ModelSpec& M, const OpShape& s) {
+  Dims x;
+  x.t = s.tp;
+  const double t = s.tp;
+  x.s = double(M.seq_len);
+  x.sl = x.s / s.cp;
+  x.T = s.micro_batch * x.sl;
+  x.Tl = s.sp ? x.T / t : x.T;
+  x.h = double(M.hidden);
+  x.hd = double(M.head_dim());
+  x.A = x.h / t;
+  // K/V heads per TP rank: k/t, or one group replicated when t > k (GQA).
+  const double kv_local = std::max(1.0, double(M.kv_heads) / t);
+  x.Q = x.A + 2 * kv_local * x.hd;
+  x.F = double(M.ffn_hidden) / t;
+  x.Fi = M.activation == Activation::kSwiglu ? 2 * x.F : x.F;
+  x.heads = double(M.heads) / t;
+  x.e = s.act_bytes;
+  return x;
+}
+
+// Forward declaration: Memory() is below.
+LayerOp& Memory(LayerOpList* l, const char* name, MemoryKernel kernel, double bytes,
+                bool replicated);
+
+// A GEMM; with fp8, preceded by the cast of its (m x k) operand for fprop and dgrad (`fused`:
+// the cast rides on the norm before it, only its writes remain).
+LayerOp& Gemm(LayerOpList* l, const OpShape& s, const char* name, GemmPass pass, double m,
+              double n, double k, bool fused = false) {
+  if (s.fp8 && pass != GemmPass::kWgrad)
+    Memory(l, pass == GemmPass::kFprop ? "fp8_cast" : "fp8_cast.backward",
+           MemoryKernel::kFp8Cast, m * k * (fused ? 2.0 : 4.0), false);
+  LayerOp& op = l->Add(LayerOpKind::kGemm, name);
+  op.pass = pass;
+  op.m = m;
+  op.n = n;
+  op.k = k;
+  op.flops = 2 * m * n * k;
+  return op;
+}
+
+LayerOp& Memory(LayerOpList* l, const char* name, MemoryKernel kernel, double bytes,
+                bool replicated) {
+  LayerOp& op = l->Add(LayerOpKind::kMemory, name);
+  op.kernel = kernel;
+  op.bytes = bytes;
+  op.replicated = replicated;
+  return op;
+}
+
+LayerOp& Comm(LayerOpList* l, const char* name, CommKind kind, CommGroup group, double bytes,
+              CommOverlap overlap, int with, int chunks = 1) {
+  LayerOp& op = l->Add(LayerOpKind::kComm, name);
+  op.comm = kind;
+  op.group = group;
+  op.bytes = bytes;
+  op.overlap = overlap;
+  op.with = with;
+  op.chunks = chunks;
+  return op;
+}
+
+int Last(const LayerOpList& l) { return l.size - 1; }
+
+// Transformer Engine's userbuffer methods (transformer_engine/pytorch/module/base.py,
+// initialize_ub defaults): ring-exchange all-gathers in t pieces (qkv/fc1 fprop, proj/fc2
+// dgrad), pipelined reduce-scatters in 4 (proj/fc2 fprop).
+constexpr int kPipelineSplits = 4;
+
+// A norm, then a column-parallel GEMM of `out` local outputs fed by it: with SP the norm's
+// output is all-gathered first (TE: ring-exchange in t pieces under the GEMM with
+// --tp-comm-overlap); the fp8 cast rides on the norm.
+void NormColumnForward(const OpShape& s, const Dims& x, const char* norm, const char* gather,
+                       const char* gemm, double out, LayerOpList* l) {
+  Memory(l, norm, MemoryKernel::kNorm, 2 * x.Tl * x.h * x.e, !s.sp);
+  int ag = -1;
+  if (s.sp) {
+    Comm(l, gather, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
+         CommOverlap::kTpOverlap, -1, x.t);
+    ag = Last(*l);
+  }
+  Gemm(l, s, gemm, GemmPass::kFprop, x.T, out, x.h, /*fused=*/true);
+  if (ag >= 0) l->ops[ag].with = Last(*l);
+}
+
+// A row-parallel GEMM's output reduction: all-reduce, or with SP reduce-scatter (TE: pipelined
+// in 4 pieces under the GEMM with --tp-comm-overlap), then bias-dropout-add.
+void RowReduceAndAdd(const OpShape& s, const Dims& x, const char* ar, const char* rs,
+                     const char* bda, LayerOpList* l) {
+  if (x.t > 1)
+    Comm(l, s.sp ? rs : ar, s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce,
+         CommGroup::kTp, x.T * x.h * x.e, CommOverlap::kTpOverlap, Last(*l), kPipelineSplits);
+  Memory(l, bda, MemoryKernel::kBiasDropoutAdd, 3 * x.Tl * x.h * x.e, !s.sp);
+}
+
+// The attention block's forward (or its recompute): norm1 .. bias-dropout-add.
+void AttentionForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
+  NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv", x.Q, l);
+  if (M.position == PositionEmbedding::kRope)
+    Memory(l, "rotary", MemoryKernel::kRotary, 2 * x.T * (x.Q - (x.Q - x.A) / 2) * x.e, false);
+  // Attention core over this rank's s_l queries and all s keys.
+  const double batch = s.micro_batch * x.heads;
+  LayerOp& a = l->Add(LayerOpKind::kAttention, "attention");
+  a.m = batch;
+  a.n = x.sl;
+  a.k = x.s;
+  a.head_dim = x.hd;
+  if (s.score_bytes > 0) {  // unfused: QK^T and AV over the full (masked) scores
+    a.flops = 4 * batch * x.sl * x.s * x.hd;
+    a.kernels = 2;
+  } else {  // flash attention skips the blocks above the diagonal
+    a.flops = 4 * batch * x.sl * x.s * x.hd * CausalShare(x.s);
+  }
+  const int attn = Last(*l);
+  if (s.score_bytes > 0)
+    Memory(l, "softmax", MemoryKernel::kSoftmax, batch * x.sl * x.s * s.score_bytes, false);
+  if (s.cp > 1) {
+    const double kv_local = (x.Q - x.A) / 2 / x.hd;
+    Comm(l, "attention.cp_ring", CommKind::kAllGather, CommGroup::kCp,
+         2 * x.T * kv_local * x.hd * x.e * s.cp, CommOverlap::kRing, attn);
+  }
+  Gemm(l, s, "proj", GemmPass::kFprop, x.T, x.h, x.A);
+  RowReduceAndAdd(s, x, "proj.all_reduce", "proj.reduce_scatter", "bias_dropout_add1", l);
+}
+
+void MlpForward(const OpShape& s, const Dims& x, LayerOpList* l) {
+  NormColumnForward(s, x, "norm2", "fc1.all_gather", "fc1", x.Fi, l);
+  // GeLU reads F and writes F (bias fused: bias_gelu); SwiGLU reads 2F, writes F.
+  Memory(l, "activation", MemoryKernel::kActivation, (x.Fi + x.F) * x.T * x.e, false);
+  Gemm(l, s, "fc2", GemmPass::kFprop, x.T, x.h, x.F, /*fused=*/true);  // TE: activation casts
+  RowReduceAndAdd(s, x, "fc2.all_reduce", "fc2.reduce_scatter", "bias_dropout_add2", l);
+}
+
+// Backward of a row-parallel linear (proj, FC2): with SP, all-gather the output gradient
+// (TE: ring-exchange under dgrad), then dgrad and wgrad.
+void RowParallelBackward(const OpShape& s, const Dims& x, const char* name_ag,
+                         const char* dgrad, const char* wgrad, double in, LayerOpList* l) {
+  int gather = -1;
+  if (s.sp) {
+    Comm(l, name_ag, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
+         CommOverlap::kTpOverlap, -1, x.t);
+    gather = Last(*l);
+  }
+  Gemm(l, s, dgrad, GemmPass::kDgrad, x.T, in, x.h);
+  if (gather >= 0) l->ops[gather].with = Last(*l);
+  Gemm(l, s, wgrad, GemmPass::kWgrad, x.h, in, x.T);  // dW (out = h) x (in)
+}
+
+// Backward of a column-parallel linear (QKV, FC1) of `out` local outputs: with SP the input is
+// re-gathered under dgrad; the input gradient's all-reduce (SP: reduce-scatter) runs under
+// wgrad (Megatron's LinearWithGradAccumulationAndAsyncCommunication).
+void ColumnParallelBackward(const OpShape& s, const Dims& x, const char* name_ag,
+                            const char* name_red, const char* dgrad, const char* wgrad,
+                            double out, LayerOpList* l) {
+  const bool tp = x.t > 1;
+  int gather = -1, reduce = -1;
+  if (s.sp) {
+    Comm(l, name_ag, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e, CommOverlap::kAsync, -1);
+    gather = Last(*l);
+  }
+  Gemm(l, s, dgrad, GemmPass::kDgrad, x.T, x.h, out);
+  if (gather >= 0) l->ops[gather].with = Last(*l);
+  if (tp) {
+    Comm(l, name_red, s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kTp,
+         x.T * x.h * x.e, CommOverlap::kAsync, -1);
+    reduce = Last(*l);
+  }
+  Gemm(l, s, wgrad, GemmPass::kWgrad, out, x.h, x.T);
+  if (reduce >= 0) l->ops[reduce].with = Last(*l);
+}
+
+void AttentionCoreBackward(const OpShape& s, const Dims& x, LayerOpList* l) {
+  const double batch = s.micro_batch * x.heads;
+  LayerOp& a = l->Add(LayerOpKind::kAttention, "attention.backward");
+  a.m = batch;
+  a.n = x.sl;
+  a.k = x.s;
+  a.head_dim = x.hd;
+  if (s.score_bytes > 0) {  // dQ, dK from dS; dV, dP from the stored probabilities: 4 GEMMs
+    a.flops = 8 * batch * x.sl * x.s * x.hd;
+    a.kernels = 4;
+  } else {  // FlashAttention-2 backward: recomputes S, then dV, dP, dQ, dK (5 of fwd's 2)
+    a.flops = 2.5 * 4 * batch * x.sl * x.s * x.hd * CausalShare(x.s);
+  }
+  const int attn = Last(*l);
+  if (s.score_bytes > 0)
+    Memory(l, "softmax.backward", MemoryKernel::kSoftmaxBackward,
+           batch * x.sl * x.s * s.score_bytes, false);
+  if (s.cp > 1) {
+    const double kv_local = (x.Q - x.A) / 2 / x.hd;
+    Comm(l, "attention.cp_ring.backward", CommKind::kReduceScatter, CommGroup::kCp,
+         2 * x.T * kv_local * x.hd * x.e * s.cp, CommOverlap::kRing, attn);
+  }
+}
+
+}  // namespace
+
+void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out) {
+  const Dims x = DimsOf(M, s);
+  out->forward.size = out->backward.size = out->recompute.size = 0;
+  AttentionForward(M, s, x, &out->forward);
+  MlpForward(s, x, &out->forward);
+
+  if (s.recompute == Recompute::kFull) {
+    AttentionForward(M, s, x, &out->recompute);
+    MlpForward(s, x, &out->recompute);
+  } else if (s.recompute == Recompute::kSelective) {
+    // Megatron's selective recompute reruns the core attention (Korthikanti 2022 sec. 5).
+    LayerOpList& r = out->recompute;
+    for (const LayerOp& op : out->forward) {
+      const bool core = op.kind == LayerOpKind::kAttention ||
+                        (op.kind == LayerOpKind::kMemory && op.kernel == MemoryKernel::kSoftmax);
+      if (!core) continue;
+      LayerOp& c = r.Add(op.kind, op.name);
+      c = op;
+      c.name = op.kind == LayerOpKind::kAttention ? "attention.recompute" : "softmax.recompute";
+    }
+  }
+
+  LayerOpList& b = out->backward;
+  // MLP block, in reverse.
+  Memory(&b, "bias_dropout_add2.backward", MemoryKernel::kBiasDropoutAddBackward,
+         2 * x.Tl * x.h * x.e, !s.sp);
+  RowParallelBackward(s, x, "fc2.all_gather.backward", "fc2.dgrad", "fc2.wgrad", x.F, &b);
+  Memory(&b, "activation.backward", MemoryKernel::kActivationBackward,
+         (2 * x.Fi + x.F) * x.T * x.e, false);
+  ColumnParallelBackward(s, x, "fc1.input_all_gather", s.sp ? "fc1.reduce_scatter.backward"
+                                                            : "fc1.all_reduce.backward",
+                         "fc1.dgrad", "fc1.wgrad", x.Fi, &b);
+  Memory(&b, "norm2.backward", MemoryKernel::kNormBackward, 4 * x.Tl * x.h * x.e, !s.sp);
+  // Attention block.
+  Memory(&b, "bias_dropout_add1.backward", MemoryKernel::kBiasDropoutAddBackward,
+         2 * x.Tl * x.h * x.e, !s.sp);
+  RowParallelBackward(s, x, "proj.all_gather.backward", "proj.dgrad", "proj.wgrad", x.A, &b);
+  AttentionCoreBackward(s, x, &b);
+  if (M.position == PositionEmbedding::kRope)
+    Memory(&b, "rotary.backward", MemoryKernel::kRotaryBackward,
+           2 * x.T * (x.Q - (x.Q - x.A) / 2) * x.e, false);
+  ColumnParallelBackward(s, x, "qkv.input_all_gather", s.sp ? "qkv.reduce_scatter.backward"
+                                                            : "qkv.all_reduce.backward",
+                         "qkv.dgrad", "qkv.wgrad", x.Q, &b);
+  Memory(&b, "norm1.backward", MemoryKernel::kNormBackward, 4 * x.Tl * x.h * x.e, !s.sp);
+}
+
+void BuildEmbeddingOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd) {
+  const Dims x = DimsOf(M, s);
+  fwd->size = bwd->size = 0;
+  // Vocab-parallel lookup (each rank its rows, zeros elsewhere), then the TP all-reduce that
+  // sums them (SP: reduce-scatter along s), positions and dropout.
+  Memory(fwd, "embedding", MemoryKernel::kEmbedding, 2 * x.T * x.h * x.e, false);
+  if (x.t > 1)
+    Comm(fwd, s.sp ? "embedding.reduce_scatter" : "embedding.all_reduce",
+         s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kTp,
+         x.T * x.h * x.e, CommOverlap::kBlocking, -1);
+  Memory(fwd, "embedding.dropout", MemoryKernel::kBiasDropoutAdd, 2 * x.Tl * x.h * x.e, !s.sp);
+  if (s.sp)
+    Comm(bwd, "embedding.all_gather.backward", CommKind::kAllGather, CommGroup::kTp,
+         x.T * x.h * x.e, CommOverlap::kBlocking, -1);
+  Memory(bwd, "embedding.backward", MemoryKernel::kEmbeddingBackward, 4 * x.T * x.h * x.e, false);
+}
+
+void BuildOutputOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd) {
+  const Dims x = DimsOf(M, s);
+  fwd->size = bwd->size = 0;
+  const double Vl = double(M.padded_vocab(s.tp)) / s.tp;
+  Memory(fwd, "final_norm", MemoryKernel::kNorm, 2 * x.Tl * x.h * x.e, !s.sp);
+  int gather = -1;
+  if (s.sp) {
+    Comm(fwd, "output.all_gather", CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
+         CommOverlap::kBlocking, -1);
+    gather = Last(*fwd);
+  }
+  Gemm(fwd, s, "logits", GemmPass::kFprop, x.T, Vl, x.h, /*fused=*/true);
+  (void)gather;
+  // Vocab-parallel cross entropy on fp32 logits: max, exp-sum and target logit, each with a
+  // small TP all-reduce (megatron/core/tensor_parallel/cross_entropy.py).
+  LayerOp& ce = Memory(fwd, "cross_entropy", MemoryKernel::kCrossEntropy, 2.5 * x.T * Vl * 4, false);
+  ce.kernels = 4;
+  if (x.t > 1)
+    for (const char* n : {"cross_entropy.max", "cross_entropy.sum", "cross_entropy.target"})
+      Comm(fwd, n, CommKind::kAllReduce, CommGroup::kTp, x.T * 4, CommOverlap::kBlocking, -1);
+  Memory(bwd, "cross_entropy.backward", MemoryKernel::kCrossEntropyBackward, 2.0 * x.T * Vl * 4,
+         false);
+  ColumnParallelBackward(s, x, "output.input_all_gather",
+                         s.sp ? "output.reduce_scatter.backward" : "output.all_reduce.backward",
+                         "logits.dgrad", "logits.wgrad", Vl, bwd);
+  Memory(bwd, "final_norm.backward", MemoryKernel::kNormBackward, 4 * x.Tl * x.h * x.e, !s.sp);
+}
+
+const char* ToString(LayerOpKind k) {
+  switch (k) {
+    case LayerOpKind::kGemm: return "gemm";
+    case LayerOpKind::kAttention: return "attention";
+    case LayerOpKind::kMemory: return "memory";
+    case LayerOpKind::kComm: return "comm";
+  }
+  return "?";
+}
+
+const char* ToString(CommKind k) {
+  switch (k) {
+    case CommKind::kAllReduce: return "all_reduce";
+    case CommKind::kAllGather: return "all_gather";
+    case CommKind::kReduceScatter: return "reduce_scatter";
+  }
+  return "?";
+}
+
+}  // namespace ptdp

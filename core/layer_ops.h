@@ -1,0 +1,142 @@
+// The transformer layer as the kernels Megatron-Core runs, per rank, with their shapes: one
+// description of what a layer, the embedding and the output layer are, read by the analytic
+// cost model (a law per kernel kind), the simulator (through it) and checked against what
+// ptdp's runtime executes (tests/core/layer_ops_test.cc). MoE, MLA and context-parallel
+// variants add operations here, not formulas elsewhere.
+//
+// Order and shapes follow Megatron-Core's TransformerLayer with the Transformer Engine spec
+// (megatron/core/transformer/transformer_layer.py, attention.py, mlp.py) and its linear layers
+// (megatron/core/tensor_parallel/layers.py: ColumnParallelLinear / RowParallelLinear and
+// LinearWithGradAccumulationAndAsyncCommunication):
+//   forward   norm1, [SP all-gather], QKV, [rotary], attention, proj, [TP all-reduce | SP
+//             reduce-scatter], bias-dropout-add, norm2, [SP all-gather], FC1, activation, FC2,
+//             [all-reduce | reduce-scatter], bias-dropout-add
+//   backward  the reverse; a column-parallel layer (QKV, FC1) computes its input gradient
+//             (dgrad), then launches its TP all-reduce (SP: reduce-scatter) asynchronously
+//             under the weight-gradient GEMM (wgrad); with SP it also re-gathers its input
+//             for wgrad, asynchronously under dgrad. A row-parallel layer (proj, FC2) with SP
+//             all-gathers its output gradient before dgrad.
+// Letters: b micro-batch, s sequence, s_l = s/c tokens per CP rank, h hidden, t/c TP/CP size,
+// T = b s_l tokens, Tl = T/t with SP else T, A = h/t, Q = A + 2 max(1, k/t) d_h the local QKV
+// width, F = f/t, Fi = F (2F for SwiGLU), e activation bytes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "core/layout.h"
+#include "core/model.h"
+
+namespace ptdp {
+
+enum class LayerOpKind : uint8_t {
+  kGemm,       // dense GEMM on tensor cores: output m x n, reduction k
+  kAttention,  // attention core (fused flash attention, or the unfused batched GEMMs)
+  kMemory,     // memory-bound kernel: its cost is the bytes it moves
+  kComm,       // TP or CP communication
+};
+
+enum class GemmPass : uint8_t { kFprop, kDgrad, kWgrad };
+enum class CommKind : uint8_t { kAllReduce, kAllGather, kReduceScatter };
+enum class CommGroup : uint8_t { kTp, kCp };
+
+// How a communication op runs against the compute around it (Megatron's schedule).
+enum class CommOverlap : uint8_t {
+  kBlocking,   // the next op needs its result: on the critical path
+  kAsync,      // launched asynchronously under op `with` (Megatron's async TP all-reduce /
+               // reduce-scatter of dgrad under wgrad, the SP input re-gather under dgrad)
+  kTpOverlap,  // blocking, unless --tp-comm-overlap splits it into `chunks` pipelined against
+               // op `with` (Transformer Engine's userbuffers: ring-exchange or pipeline)
+  kRing,       // CP ring exchange of K/V blocks, pipelined with the attention `with`
+};
+
+// What a memory-bound kernel is (the analytic model times it by its bytes; a runtime model by
+// its measured table).
+enum class MemoryKernel : uint8_t {
+  kNone,
+  kNorm, kNormBackward,            // LayerNorm / RMSNorm (+ the residual gradient add)
+  kRotary, kRotaryBackward,        // RoPE on q and k
+  kActivation, kActivationBackward,  // GeLU (bias fused) / SwiGLU / squared ReLU
+  kBiasDropoutAdd, kBiasDropoutAddBackward,
+  kSoftmax, kSoftmaxBackward,      // unfused attention only: mask + softmax + dropout
+  kEmbedding, kEmbeddingBackward,  // lookup / scatter-add (+ positions)
+  kCrossEntropy, kCrossEntropyBackward,  // vocab-parallel, fp32 logits
+  kFp8Cast,                        // fp8 GEMM operand: quantize (+ amax) and transposed copy
+};
+
+// Trivially constructible (no member initialisers): a list of kMax ops costs nothing until
+// Add() fills one; Add() sets every field (kind and name as given, with -1, chunks and kernels
+// 1, the rest 0 / first enumerator).
+struct LayerOp {
+  LayerOpKind kind;
+  const char* name;
+  // kGemm: (m x k) x (k x n). kAttention: m = b x local heads (the batch), n = queries of this
+  // rank (s_l), k = keys it attends over (s), and `head_dim`.
+  double m, n, k, head_dim;
+  GemmPass pass;
+  double flops;  // FLOPs executed: 2mnk for a GEMM; attention with its causal share
+  // kMemory: HBM bytes read + written. kComm: the message (the gathered / unreduced tensor).
+  double bytes;
+  bool replicated;  // kMemory: work repeated on every TP rank (norms, residual; not with SP)
+  MemoryKernel kernel;
+  CommKind comm;
+  CommGroup group;
+  CommOverlap overlap;
+  int with;     // kComm: index, in the same list, of the compute op it overlaps (-1: none)
+  int chunks;   // kTpOverlap: pieces under --tp-comm-overlap (ring-exchange: t; pipeline: 4)
+  int kernels;  // kernel launches (host dispatch)
+};
+
+// A fixed-capacity list: the planner's hot path builds one per layout without allocating.
+struct LayerOpList {
+  static constexpr int kMax = 40;
+  std::array<LayerOp, kMax> ops;
+  int size = 0;
+  LayerOp& Add(LayerOpKind kind, const char* name);
+  const LayerOp* begin() const { return ops.data(); }
+  const LayerOp* end() const { return ops.data() + size; }
+  const LayerOp& operator[](int i) const { return ops[i]; }
+  int Gemms() const;        // number of GEMM ops
+  double GemmFlops() const;  // their FLOPs
+};
+
+// The per-rank shape of one micro-batch, from a layout.
+struct OpShape {
+  int tp = 1, cp = 1;
+  double micro_batch = 1;
+  bool sp = false;            // sequence parallel (t > 1)
+  double act_bytes = 2;       // bytes per activation element (4 in fp32)
+  Recompute recompute = Recompute::kNone;
+  // fp8 GEMMs (Transformer Engine, --fp8-format): each fprop and dgrad GEMM first casts its
+  // (m x k) activation or gradient operand to fp8 with a transposed copy for the later wgrad
+  // (TE's cast_transpose: read 2 bytes, write 1 + 1 per element; after a norm the cast is
+  // fused into it, as into the activation before FC2, and only the writes remain). Weights are cast once per step (TE's
+  // is_first_microbatch cache), not counted.
+  bool fp8 = false;
+  // Unfused attention: bytes moved per attention score by mask + softmax + dropout, forward
+  // (and again in backward); 0 for fused (flash) attention, which never writes the scores.
+  double score_bytes = 0;
+};
+OpShape ShapeOf(const Layout& l, double score_bytes);
+
+// One transformer layer: forward, backward, and what the backward reruns first (full
+// recompute: the whole forward; selective: the attention core; none: empty).
+struct LayerOps {
+  LayerOpList forward, backward, recompute;
+};
+void BuildLayerOps(const ModelSpec& m, const OpShape& s, LayerOps* out);
+
+// The first stage's embedding (vocab-parallel lookup, its TP reduction, positions) and the last
+// stage's output layer (final norm, logits GEMM, vocab-parallel cross entropy), forward and
+// backward.
+void BuildEmbeddingOps(const ModelSpec& m, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd);
+void BuildOutputOps(const ModelSpec& m, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd);
+
+// The causal share of attention FLOPs a flash kernel executes with blocks of `block` keys:
+// (1 + block/s)/2 of the full s x s (the diagonal blocks run whole).
+double CausalShare(double s, double block = 128);
+
+const char* ToString(LayerOpKind k);
+const char* ToString(CommKind k);
+
+}  // namespace ptdp

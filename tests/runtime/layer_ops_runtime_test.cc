@@ -1,0 +1,173 @@
+// The GEMMs core/layer_ops.h says a layer, the embedding and the output layer run are the GEMMs
+// ptdp's runtime executes: one forward and backward of a GptChunk on the CPU backend, every
+// Matmul's (m, n, k) recorded, compared as multisets with the op lists' GEMMs (fprop, dgrad
+// and wgrad), at tp 1 and at tp 2 with and without sequence parallelism. The analytic model
+// times these lists, so the two cannot disagree about what a layer is.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <iterator>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/layer_ops.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/thread_communicator.h"
+#include "runtime/gpt.h"
+
+namespace ptdp::rt {
+namespace {
+
+using Shape3 = std::array<int64_t, 3>;
+
+ModelSpec Tiny() {
+  ModelSpec m;
+  m.name = "tiny";
+  m.layers = 2;
+  m.hidden = 16;
+  m.heads = 4;
+  m.kv_heads = 4;
+  m.ffn_hidden = 64;
+  m.seq_len = 8;
+  m.vocab = 40;
+  return m;
+}
+
+constexpr int64_t kB = 2;
+
+std::multiset<Shape3> GemmsOf(const LayerOpList& l) {
+  std::multiset<Shape3> out;
+  for (const LayerOp& op : l)
+    if (op.kind == LayerOpKind::kGemm) out.insert({int64_t(op.m), int64_t(op.n), int64_t(op.k)});
+  return out;
+}
+
+// What the op lists say one rank runs for `layers` layers (+ embedding and output).
+std::multiset<Shape3> Expected(const ModelSpec& m, int tp, bool sp, int layers, bool ends) {
+  Layout l;
+  l.tp = tp;
+  l.micro_batch = int(kB);
+  l.sequence_parallel = sp;
+  l.precision = Precision::kFp32;
+  const OpShape s = ShapeOf(l, 0);
+  LayerOps ops;
+  BuildLayerOps(m, s, &ops);
+  std::multiset<Shape3> out;
+  for (int i = 0; i < layers; ++i)
+    for (const LayerOpList* list : {&ops.forward, &ops.backward})
+      for (const Shape3& g : GemmsOf(*list)) out.insert(g);
+  if (ends) {
+    LayerOpList f, b;
+    BuildEmbeddingOps(m, s, &f, &b);
+    EXPECT_EQ(f.Gemms() + b.Gemms(), 0);  // a lookup, no GEMM
+    BuildOutputOps(m, s, &f, &b);
+    for (const LayerOpList* list : {&f, &b})
+      for (const Shape3& g : GemmsOf(*list)) out.insert(g);
+  }
+  return out;
+}
+
+// Runs one micro-batch forward and backward of a chunk on each of `tp` rank threads and returns
+// the GEMM shapes each rank executed.
+std::vector<std::multiset<Shape3>> Executed(const ModelSpec& m, int tp, bool sp, int layers,
+                                            bool ends) {
+  ThreadWorld world(tp, 10.0);
+  std::vector<std::multiset<Shape3>> seen(static_cast<size_t>(tp));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) {
+    threads.emplace_back([&, r] {
+      CpuBackendOptions opt;
+      opt.on_matmul = [&seen, r](int64_t mm, int64_t n, int64_t k) {
+        seen[size_t(r)].insert({mm, n, k});
+      };
+      CpuBackend be(opt);
+      std::vector<int> members;
+      for (int i = 0; i < tp; ++i) members.push_back(i);
+      auto comm = world.Group(r, members, "TP");
+      ASSERT_TRUE(comm.ok()) << comm.status().message();
+      GptChunkConfig c;
+      c.model = m;
+      c.n_layers = layers;
+      c.has_embedding = c.has_output = ends;
+      c.tp = tp;
+      c.tp_rank = r;
+      c.sequence_parallel = sp;
+      c.seed = 7;
+      auto chunk = GptChunk::Create(c, be, **comm);
+      ASSERT_TRUE(chunk.ok()) << chunk.status().message();
+      seen[size_t(r)].clear();  // initialisation runs no GEMM, but be sure
+      const int64_t s = m.seq_len, sl = sp ? s / tp : s;
+      Tensor input, targets, grad;
+      if (ends) {
+        std::vector<int32_t> ids(size_t(kB * s));
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 7 + 3) % m.vocab);
+        input = *be.Alloc({kB, s}, DType::kI32);
+        targets = *be.Alloc({kB, s}, DType::kI32);
+        ASSERT_TRUE(be.CopyFromHost(ids.data(), input).ok());
+        ASSERT_TRUE(be.CopyFromHost(ids.data(), targets).ok());
+      } else {
+        std::vector<float> x(size_t(sl * kB * m.hidden));
+        for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 13) - 6) * 0.05f;
+        input = *be.Alloc({sl, kB, m.hidden}, DType::kF32);
+        grad = *be.Alloc({sl, kB, m.hidden}, DType::kF32);
+        ASSERT_TRUE(be.CopyFromHost(x.data(), input).ok());
+        ASSERT_TRUE(be.CopyFromHost(x.data(), grad).ok());
+      }
+      auto out = (*chunk)->Forward(0, input, targets, 1.0f);
+      ASSERT_TRUE(out.ok()) << out.status().message();
+      auto back = (*chunk)->Backward(0, grad);
+      ASSERT_TRUE(back.ok()) << back.status().message();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return seen;
+}
+
+struct Case {
+  int tp;
+  bool sp;
+  int layers;
+  bool ends;
+};
+
+class LayerOpsRuntime : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LayerOpsRuntime, TheRuntimeRunsTheListedGemms) {
+  const Case c = GetParam();
+  const ModelSpec m = Tiny();
+  const auto want = Expected(m, c.tp, c.sp, c.layers, c.ends);
+  ASSERT_FALSE(want.empty());
+  const auto got = Executed(m, c.tp, c.sp, c.layers, c.ends);
+  for (size_t r = 0; r < got.size(); ++r) {
+    std::vector<Shape3> missing, extra;
+    std::set_difference(want.begin(), want.end(), got[r].begin(), got[r].end(),
+                        std::back_inserter(missing));
+    std::set_difference(got[r].begin(), got[r].end(), want.begin(), want.end(),
+                        std::back_inserter(extra));
+    std::string msg;
+    for (const Shape3& s : missing)
+      msg += " listed-not-run(" + std::to_string(s[0]) + "," + std::to_string(s[1]) + "," +
+             std::to_string(s[2]) + ")";
+    for (const Shape3& s : extra)
+      msg += " run-not-listed(" + std::to_string(s[0]) + "," + std::to_string(s[1]) + "," +
+             std::to_string(s[2]) + ")";
+    EXPECT_TRUE(missing.empty() && extra.empty()) << "rank " << r << ":" << msg;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, LayerOpsRuntime,
+                         ::testing::Values(Case{1, false, 1, false}, Case{1, false, 2, true},
+                                           Case{2, false, 1, false}, Case{2, true, 1, false},
+                                           Case{2, true, 1, true}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return "tp" + std::to_string(i.param.tp) + (i.param.sp ? "_sp" : "") +
+                                  "_layers" + std::to_string(i.param.layers) +
+                                  (i.param.ends ? "_ends" : "");
+                         });
+
+}  // namespace
+}  // namespace ptdp::rt
