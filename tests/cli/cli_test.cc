@@ -215,6 +215,33 @@ TEST(Cli, SimulateTimelineAndJson) {
   EXPECT_GT(js["analytic_step_time_s"].get<double>(), 0);
 }
 
+// Issue 13: --ops shows the layer as its kernels, with what each costs and what stays exposed.
+TEST(Cli, SimulateOpsListsTheKernels) {
+  const std::string args = "simulate --cluster " + kA100 + " --model " + k175b +
+                           " --global-batch 8 --nodes 4 --tp 8 --pp 4 --sp on --ops";
+  const CmdResult r = Ptdp(args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* want : {"layer forward, one micro-batch", "layer backward", "output forward",
+                           "fc1.wgrad", "async under qkv.wgrad", "tp-overlap under qkv"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  const CmdResult j = Ptdp(args + " --json");
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto js = nlohmann::json::parse(j.out);
+  ASSERT_TRUE(js.contains("layer_ops"));
+  int gemms = 0;
+  double fwd = 0;
+  for (const auto& list : js["layer_ops"]) {
+    EXPECT_GT(list["time_s"].get<double>(), 0) << list["list"];
+    if (list["list"] == "layer forward") fwd = list["time_s"].get<double>();
+    for (const auto& op : list["ops"]) {
+      gemms += op["kind"] == "gemm";
+      if (op["kind"] == "comm") EXPECT_LE(op["exposed_s"].get<double>(), op["comm_s"].get<double>() * 1.2);
+    }
+  }
+  EXPECT_EQ(gemms, 4 + 8 + 3);  // a layer's forward and backward, the logits fwd + bwd
+  EXPECT_GT(fwd, 0);
+}
+
 TEST(Cli, PlanSaysWhichFiguresAreSimulated) {
   const CmdResult r = Ptdp("plan --cluster " + kA100 + " --model " + k175b +
                            " --global-batch 1536 --json --top 20 --refine 4");
