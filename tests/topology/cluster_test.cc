@@ -279,8 +279,11 @@ TEST(ClusterYaml, ExtremeQuantitiesAreRefusedNamingKeyValueAndRange) {
        "'9223372036854775807' is larger than the limit 262144"},
       {"hex nodes", "nodes: 2", "nodes: 0x7fffffff", "c.yaml:2:", "nodes",
        "'0x7fffffff' is not an integer"},
-      {"calibrated seconds of 1e308", "", "calibration:\n  layer_overhead_s: 1e308\n", "c.yaml:19:",
-       "calibration.layer_overhead_s", "'1e308' is outside 0 or 1e-12 s..60 s"},
+      {"negative SM count", "2000 GB/s\n", "2000 GB/s\n  sms: -4\n", "c.yaml:8:", "gpu.sms", "-4"},
+      {"SM count of a million", "2000 GB/s\n", "2000 GB/s\n  sms: 1000000\n", "c.yaml:8:",
+       "gpu.sms", "1000000"},
+      {"calibrated seconds of 1e308", "", "calibration:\n  host_kernel_s: 1e308\n", "c.yaml:19:",
+       "calibration.host_kernel_s", "'1e308' is outside 0 or 1e-12 s..60 s"},
       {"denormal calibrated fraction", "", "calibration:\n  hbm_eff: 4.9e-324\n", "c.yaml:19:",
        "calibration.hbm_eff", "'4.9e-324' is outside 0 or 1e-09..1e+09"},
       {"negative calibrated bytes", "", "calibration:\n  workspace_bytes: -1\n", "c.yaml:19:",
@@ -348,7 +351,7 @@ TEST(ClusterYaml, RoundTripWithEveryOptionalPart) {
                     "  - {a: 2, b: 3, bandwidth: 37.5 Gb/s, latency: 0 us}\n"
                     "calibration:\n"
                     "  gemm_eff_max: 0.8\n"
-                    "  layer_overhead_s: 4.2e-05\n");
+                    "  host_kernel_s: 4.2e-05\n");
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->inter.oversubscription, 2.5);
   ASSERT_EQ(c->links.size(), 2u);
