@@ -148,7 +148,8 @@ LayerOps AnalyticModel::Ops(const Layout& l) const {
 }
 
 OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
-                                   const OpListTimes& before, OpTimes* each) const {
+                                   const OpListTimes& before, OpTimes* each,
+                                   CollCache* colls) const {
   OpListTimes r = before;
   const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
   const Precision prec = l.precision;
@@ -172,13 +173,8 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
     }
     gpu[i] = t + op.kernels * k_.kernel_overhead_s;
   }
-  struct CachedColl {
-    Collective kind;
-    CommGroup group;
-    double bytes, seconds;
-  };
-  CachedColl cached[4];
-  int n_cached = 0;
+  CollCache local;
+  CollCache& cc = colls ? *colls : local;
   // The host issues the ops asynchronously (PyTorch eager: no host sync inside a layer) and
   // runs ahead of a GPU-bound stream across layers and micro-batches, so in steady state a
   // list takes max(GPU time, host time): the GPU's kernels plus exposed communication, or
@@ -194,12 +190,14 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
                                                                 : Collective::kReduceScatter;
       // The same collective recurs (4 of T h per layer): time each distinct one once.
       double c = -1;
-      for (int j = 0; j < n_cached; ++j)
-        if (cached[j].kind == kind && cached[j].group == op.group && cached[j].bytes == op.bytes)
-          c = cached[j].seconds;
+      for (int j = 0; j < cc.size; ++j)
+        if (cc.entries[j].kind == kind && cc.entries[j].cp == (op.group == CommGroup::kCp) &&
+            cc.entries[j].bytes == op.bytes)
+          c = cc.entries[j].seconds;
       if (c < 0) {
         c = Coll(kind, stride, size, op.bytes);
-        if (n_cached < 4) cached[n_cached++] = {kind, op.group, op.bytes, c};
+        if (cc.size < CollCache::kMax)
+          cc.entries[cc.size++] = {kind, op.group == CommGroup::kCp, op.bytes, c};
       }
       if (c <= 0) continue;
       host = k_.host_collective_s;
@@ -288,9 +286,10 @@ LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
     return lt;
   }
   const LayerOps ops = Ops(l);
-  const OpListTimes f = TimeOps(l, ops.forward);
-  const OpListTimes rc = TimeOps(l, ops.recompute);
-  const OpListTimes br = TimeOps(l, ops.backward, rc);  // the recompute runs first
+  CollCache colls;  // the same collectives recur across the lists: time each once
+  const OpListTimes f = TimeOps(l, ops.forward, {}, nullptr, &colls);
+  const OpListTimes rc = TimeOps(l, ops.recompute, {}, nullptr, &colls);
+  const OpListTimes br = TimeOps(l, ops.backward, rc, nullptr, &colls);  // recompute first
   LayerTimes lt;
   // The GPU waits for a host that dispatches slower than it computes: the difference counts as
   // compute (the kernels are there, only later).
@@ -303,7 +302,8 @@ LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
   const OpShape shape = ShapeOf(l, k_.softmax_bytes_per_score);
   LayerOpList fwd, bwd;
   auto pass = [&](PassTimes* p) {
-    const OpListTimes tf = TimeOps(l, fwd), tb = TimeOps(l, bwd);
+    const OpListTimes tf = TimeOps(l, fwd, {}, nullptr, &colls),
+                      tb = TimeOps(l, bwd, {}, nullptr, &colls);
     p->fwd_compute_s = tf.busy() - tf.exposed_s;
     p->fwd_tp_s = tf.exposed_s;
     p->bwd_compute_s = tb.busy() - tb.exposed_s;

@@ -60,6 +60,18 @@ struct OpTime {
 };
 using OpTimes = std::array<OpTime, LayerOpList::kMax>;
 
+// Collective times already computed for one layout (TimeOps fills and reads it).
+struct CollCache {
+  static constexpr int kMax = 8;
+  struct Entry {
+    Collective kind;
+    bool cp;  // the CP group, else TP
+    double bytes, seconds;
+  };
+  Entry entries[kMax];
+  int size = 0;
+};
+
 // Per-micro-batch time of one pipeline stage (all its v chunks), seconds.
 struct StageTimes {
   double fwd_s = 0, bwd_s = 0;            // compute + exposed TP, forward and backward
@@ -148,7 +160,8 @@ class AnalyticModel : public Estimator {
   // law of its kind; communication by its overlap rule.
   // `before`: the state after the ops issued before these (the recompute before the backward).
   OpListTimes TimeOps(const Layout& l, const LayerOpList& ops,
-                      const OpListTimes& before = OpListTimes{}, OpTimes* each = nullptr) const;
+                      const OpListTimes& before = OpListTimes{}, OpTimes* each = nullptr,
+                      CollCache* colls = nullptr) const;
   // The layer's operation lists for this layout (what Layer() times).
   LayerOps Ops(const Layout& l) const;
   // Exposed DP communication of a stage holding `params` parameters with Megatron's buckets
