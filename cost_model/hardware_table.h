@@ -1,8 +1,9 @@
 // Every empirical constant of the cost model, in one table with its unit and source. The
 // defaults were fitted on the A100 rows of ../shared/calibration (`ptdp validate --fit A100`,
 // docs/cost-model.md "Calibration"): 1,440 vTrain single-node runs of Megatron-DeepSpeed and
-// Korthikanti 2022's single-layer timings; fitted values that sit on a bound of the fit are
-// marked as such in docs/cost-model.md. A cluster
+// Korthikanti 2022's single-layer timings, each source weighing the same (2026-12-02, issue 13:
+// the constants of the per-kernel laws of core/layer_ops.h); fitted values that sit on a bound
+// of the fit are marked as such in docs/cost-model.md. A cluster
 // YAML may override any of them by name under `calibration:` (what `ptdp calibrate` writes and
 // what the shipped H100/H200 files do with the values fitted on ../shared/calibration).
 #pragma once

@@ -149,7 +149,7 @@ Status ReadLinks(const YAML::Node& node, const std::string& file, int gpus_per_n
 }
 
 // The range of a calibrated constant, by its name's suffix (cost_model/hardware_table.cc names
-// them with their unit: layer_overhead_s, workspace_bytes, optimizer_bytes_per_param).
+// them with their unit: host_kernel_s, workspace_bytes, optimizer_bytes_per_param).
 const Range& CalibrationRange(const std::string& key) {
   const auto ends = [&](const char* suffix) {
     const std::string s(suffix);
