@@ -40,12 +40,32 @@ std::vector<NamedList> OpLists(const AnalyticModel& cost, const Layout& l) {
   out.push_back({"layer forward", layer.forward, {}});
   if (layer.recompute.size > 0) out.push_back({"layer recompute", layer.recompute, {}});
   out.push_back({"layer backward", layer.backward, layer.recompute});
-  const OpShape shape = ShapeOf(l, cost.constants().softmax_bytes_per_score);
+  const OpShape shape = cost.Shape(l);
   NamedList ef{"embedding forward", {}, {}}, eb{"embedding backward", {}, {}};
   BuildEmbeddingOps(cost.model(), shape, &ef.ops, &eb.ops);
   NamedList of{"output forward", {}, {}}, ob{"output backward", {}, {}};
   BuildOutputOps(cost.model(), shape, &of.ops, &ob.ops);
   for (NamedList* n : {&ef, &eb, &of, &ob}) out.push_back(*n);
+  return out;
+}
+
+// One list timed as the analytic model times it, its figures net of what ran before it.
+struct TimedList {
+  NamedList list;
+  OpTimes each{};
+  OpListTimes before, after;
+  double start() const { return before.busy_s; }
+};
+
+std::vector<TimedList> TimedLists(const AnalyticModel& cost, const Layout& l) {
+  std::vector<TimedList> out;
+  for (NamedList& n : OpLists(cost, l)) {
+    TimedList t;
+    t.list = n;
+    t.before = cost.TimeOps(l, n.before);
+    t.after = cost.TimeOps(l, n.ops, t.before, &t.each);
+    out.push_back(t);
+  }
   return out;
 }
 
@@ -79,33 +99,32 @@ const char* OverlapText(const LayerOp& op) {
 
 nlohmann::json OpsJson(const AnalyticModel& cost, const Layout& l) {
   nlohmann::json lists = nlohmann::json::array();
-  for (const NamedList& n : OpLists(cost, l)) {
-    OpTimes each{};
-    const OpListTimes before = cost.TimeOps(l, n.before);
-    const OpListTimes t = cost.TimeOps(l, n.ops, before, &each);
-    nlohmann::json ops = nlohmann::json::array();
-    for (int i = 0; i < n.ops.size; ++i) {
-      const LayerOp& op = n.ops[i];
+  for (const TimedList& t : TimedLists(cost, l)) {
+    const LayerOpList& ops = t.list.ops;
+    nlohmann::json js = nlohmann::json::array();
+    for (int i = 0; i < ops.size; ++i) {
+      const LayerOp& op = ops[i];
       nlohmann::json o = {{"name", op.name}, {"kind", ToString(op.kind)},
                           {"flops", op.flops}, {"bytes", op.bytes}, {"kernels", op.kernels},
-                          {"gpu_s", each[i].gpu_s}, {"host_s", each[i].host_s},
-                          {"end_s", each[i].end_s - before.busy_s}};
+                          {"gpu_s", t.each[i].gpu_s}, {"host_s", t.each[i].host_s},
+                          {"end_s", t.each[i].end_s - t.start()}};
       if (op.kind == LayerOpKind::kGemm || op.kind == LayerOpKind::kAttention)
         o["shape"] = {op.m, op.n, op.k};
       if (op.kind == LayerOpKind::kComm) {
         o["collective"] = ToString(op.comm);
         o["group"] = op.group == CommGroup::kTp ? "tp" : "cp";
         o["overlap"] = OverlapText(op);
-        if (op.with >= 0) o["overlaps"] = n.ops[op.with].name;
-        o["comm_s"] = each[i].comm_s;
-        o["exposed_s"] = each[i].exposed_s;
+        if (op.with >= 0) o["overlaps"] = ops[op.with].name;
+        o["comm_s"] = t.each[i].comm_s;
+        o["exposed_s"] = t.each[i].exposed_s;
       }
-      ops.push_back(o);
+      js.push_back(o);
     }
-    lists.push_back({{"list", n.name}, {"ops", ops}, {"compute_s", t.compute_s - before.compute_s},
-                     {"exposed_comm_s", t.exposed_s - before.exposed_s},
-                     {"host_s", t.host_s - before.host_s},
-                     {"time_s", t.busy() - before.busy()}});
+    lists.push_back({{"list", t.list.name}, {"ops", js},
+                     {"compute_s", t.after.compute_s - t.before.compute_s},
+                     {"exposed_comm_s", t.after.exposed_s - t.before.exposed_s},
+                     {"host_s", t.after.host_s - t.before.host_s},
+                     {"time_s", t.after.busy() - t.before.busy()}});
   }
   return lists;
 }
@@ -114,26 +133,24 @@ void PrintOps(const AnalyticModel& cost, const Layout& l) {
   if (cost.runtime())
     std::printf("\n(--ops: this cluster carries measured primitives; the runtime model times its "
                 "own ops, the list below is the analytic model's)\n");
-  for (const NamedList& n : OpLists(cost, l)) {
-    OpTimes each{};
-    const OpListTimes before = cost.TimeOps(l, n.before);
-    const OpListTimes t = cost.TimeOps(l, n.ops, before, &each);
+  for (const TimedList& t : TimedLists(cost, l)) {
+    const LayerOpList& ops = t.list.ops;
     std::printf("\n%s, one micro-batch: %s (compute %s, exposed communication %s, host %s)\n",
-                n.name, FormatSeconds(t.busy() - before.busy()).c_str(),
-                FormatSeconds(t.compute_s - before.compute_s).c_str(),
-                FormatSeconds(t.exposed_s - before.exposed_s).c_str(),
-                FormatSeconds(t.host_s - before.host_s).c_str());
+                t.list.name, FormatSeconds(t.after.busy() - t.before.busy()).c_str(),
+                FormatSeconds(t.after.compute_s - t.before.compute_s).c_str(),
+                FormatSeconds(t.after.exposed_s - t.before.exposed_s).c_str(),
+                FormatSeconds(t.after.host_s - t.before.host_s).c_str());
     std::printf("  %-30s %-9s %-26s %10s %10s %10s  %s\n", "op", "kind", "shape / bytes",
                 "time (us)", "exposed", "end (us)", "overlap");
-    for (int i = 0; i < n.ops.size; ++i) {
-      const LayerOp& op = n.ops[i];
+    for (int i = 0; i < ops.size; ++i) {
+      const LayerOp& op = ops[i];
       const bool comm = op.kind == LayerOpKind::kComm;
       std::string overlap = OverlapText(op);
-      if (comm && op.with >= 0) overlap += std::string(" under ") + n.ops[op.with].name;
+      if (comm && op.with >= 0) overlap += std::string(" under ") + ops[op.with].name;
       std::printf("  %-30s %-9s %-26s %10.1f %10s %10.1f  %s\n", op.name, ToString(op.kind),
-                  OpShapeText(op).c_str(), 1e6 * (comm ? each[i].comm_s : each[i].gpu_s),
-                  comm ? std::to_string(int(1e6 * each[i].exposed_s + 0.5)).c_str() : "",
-                  1e6 * (each[i].end_s - before.busy_s), overlap.c_str());
+                  OpShapeText(op).c_str(), 1e6 * (comm ? t.each[i].comm_s : t.each[i].gpu_s),
+                  comm ? std::to_string(int(1e6 * t.each[i].exposed_s + 0.5)).c_str() : "",
+                  1e6 * (t.each[i].end_s - t.start()), overlap.c_str());
     }
   }
 }

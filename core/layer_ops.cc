@@ -2,12 +2,14 @@
 #include "core/layer_ops.h"
 
 #include <algorithm>
+#include <cassert>
 
 namespace ptdp {
 
 LayerOp& LayerOpList::Add(LayerOpKind kind, const char* name) {
-  // kMax bounds the longest list (full recompute's forward with SP and rotary is 17 ops); a
-  // longer one is a bug here, caught by the tests, never user input.
+  // kMax bounds the longest list (the backward with SP, CP, rotary, fp8 and unfused attention
+  // is 31 ops); a longer one is a bug here, caught by the tests, never user input.
+  assert(size < kMax);
   LayerOp& op = ops[size < kMax ? size++ : kMax - 1];
   op = LayerOp{};  // zero
   op.kind = kind;
@@ -49,7 +51,7 @@ double CausalShare(double s, double block) { return 0.5 * (1.0 + std::min(1.0, b
 namespace {
 
 struct Dims {
-  double T, Tl, h, A, Q, F, Fi, hd, heads, sl, s, e;
+  double T, Tl, h, A, Q, F, Fi, hd, heads, kv, sl, s, e;
   int t;
 };
 
@@ -65,8 +67,8 @@ Dims DimsOf(const ModelSpec& M, const OpShape& s) {
   x.hd = double(M.head_dim());
   x.A = x.h / t;
   // K/V heads per TP rank: k/t, or one group replicated when t > k (GQA).
-  const double kv_local = std::max(1.0, double(M.kv_heads) / t);
-  x.Q = x.A + 2 * kv_local * x.hd;
+  x.kv = std::max(1.0, double(M.kv_heads) / t);
+  x.Q = x.A + 2 * x.kv * x.hd;
   x.F = double(M.ffn_hidden) / t;
   x.Fi = M.activation == Activation::kSwiglu ? 2 * x.F : x.F;
   x.heads = double(M.heads) / t;
@@ -74,9 +76,14 @@ Dims DimsOf(const ModelSpec& M, const OpShape& s) {
   return x;
 }
 
-// Forward declaration: Memory() is below.
 LayerOp& Memory(LayerOpList* l, const char* name, MemoryKernel kernel, double bytes,
-                bool replicated);
+                bool replicated) {
+  LayerOp& op = l->Add(LayerOpKind::kMemory, name);
+  op.kernel = kernel;
+  op.bytes = bytes;
+  op.replicated = replicated;
+  return op;
+}
 
 // A GEMM; with fp8, preceded by the cast of its (m x k) operand for fprop and dgrad (`fused`:
 // the cast rides on the norm before it, only its writes remain).
@@ -94,14 +101,6 @@ LayerOp& Gemm(LayerOpList* l, const OpShape& s, const char* name, GemmPass pass,
   return op;
 }
 
-LayerOp& Memory(LayerOpList* l, const char* name, MemoryKernel kernel, double bytes,
-                bool replicated) {
-  LayerOp& op = l->Add(LayerOpKind::kMemory, name);
-  op.kernel = kernel;
-  op.bytes = bytes;
-  op.replicated = replicated;
-  return op;
-}
 
 LayerOp& Comm(LayerOpList* l, const char* name, CommKind kind, CommGroup group, double bytes,
               CommOverlap overlap, int with, int chunks = 1) {
@@ -148,32 +147,40 @@ void RowReduceAndAdd(const OpShape& s, const Dims& x, const char* ar, const char
   Memory(l, bda, MemoryKernel::kBiasDropoutAdd, 3 * x.Tl * x.h * x.e, !s.sp);
 }
 
-// The attention block's forward (or its recompute): norm1 .. bias-dropout-add.
-void AttentionForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
-  NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv", x.Q, l);
-  if (M.position == PositionEmbedding::kRope)
-    Memory(l, "rotary", MemoryKernel::kRotary, 2 * x.T * (x.Q - (x.Q - x.A) / 2) * x.e, false);
-  // Attention core over this rank's s_l queries and all s keys.
+// The attention core over this rank's s_l queries and all s keys, forward or backward: flash
+// attention skips the blocks above the diagonal (backward: FlashAttention-2 recomputes S, then
+// dV, dP, dQ, dK: 5 of the forward's 2 matmuls); unfused attention runs the full masked scores
+// (backward: dQ, dK from dS, dV, dP from the stored probabilities) and moves them through HBM
+// in its softmax. With CP, the K/V ring (its gradients in backward) runs under it.
+void AttentionCore(const OpShape& s, const Dims& x, bool backward, const char* name,
+                   LayerOpList* l) {
   const double batch = s.micro_batch * x.heads;
-  LayerOp& a = l->Add(LayerOpKind::kAttention, "attention");
+  const double full = 4 * batch * x.sl * x.s * x.hd;  // QK^T and AV, forward
+  const bool unfused = s.score_bytes > 0;
+  LayerOp& a = l->Add(LayerOpKind::kAttention, name);
   a.m = batch;
   a.n = x.sl;
   a.k = x.s;
   a.head_dim = x.hd;
-  if (s.score_bytes > 0) {  // unfused: QK^T and AV over the full (masked) scores
-    a.flops = 4 * batch * x.sl * x.s * x.hd;
-    a.kernels = 2;
-  } else {  // flash attention skips the blocks above the diagonal
-    a.flops = 4 * batch * x.sl * x.s * x.hd * CausalShare(x.s);
-  }
+  a.flops = unfused ? (backward ? 2 : 1) * full : (backward ? 2.5 : 1) * full * CausalShare(x.s);
+  if (unfused) a.kernels = backward ? 4 : 2;
   const int attn = Last(*l);
-  if (s.score_bytes > 0)
-    Memory(l, "softmax", MemoryKernel::kSoftmax, batch * x.sl * x.s * s.score_bytes, false);
-  if (s.cp > 1) {
-    const double kv_local = (x.Q - x.A) / 2 / x.hd;
-    Comm(l, "attention.cp_ring", CommKind::kAllGather, CommGroup::kCp,
-         2 * x.T * kv_local * x.hd * x.e * s.cp, CommOverlap::kRing, attn);
-  }
+  if (unfused)
+    Memory(l, backward ? "softmax.backward" : "softmax",
+           backward ? MemoryKernel::kSoftmaxBackward : MemoryKernel::kSoftmax,
+           batch * x.sl * x.s * s.score_bytes, false);
+  if (s.cp > 1)
+    Comm(l, backward ? "attention.cp_ring.backward" : "attention.cp_ring",
+         backward ? CommKind::kReduceScatter : CommKind::kAllGather, CommGroup::kCp,
+         2 * x.T * x.kv * x.hd * x.e * s.cp, CommOverlap::kRing, attn);
+}
+
+// The attention block's forward (or its recompute): norm1 .. bias-dropout-add.
+void AttentionForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
+  NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv", x.Q, l);
+  if (M.position == PositionEmbedding::kRope)
+    Memory(l, "rotary", MemoryKernel::kRotary, 2 * x.T * (x.A + x.kv * x.hd) * x.e, false);
+  AttentionCore(s, x, /*backward=*/false, "attention", l);
   Gemm(l, s, "proj", GemmPass::kFprop, x.T, x.h, x.A);
   RowReduceAndAdd(s, x, "proj.all_reduce", "proj.reduce_scatter", "bias_dropout_add1", l);
 }
@@ -224,30 +231,6 @@ void ColumnParallelBackward(const OpShape& s, const Dims& x, const char* name_ag
   if (reduce >= 0) l->ops[reduce].with = Last(*l);
 }
 
-void AttentionCoreBackward(const OpShape& s, const Dims& x, LayerOpList* l) {
-  const double batch = s.micro_batch * x.heads;
-  LayerOp& a = l->Add(LayerOpKind::kAttention, "attention.backward");
-  a.m = batch;
-  a.n = x.sl;
-  a.k = x.s;
-  a.head_dim = x.hd;
-  if (s.score_bytes > 0) {  // dQ, dK from dS; dV, dP from the stored probabilities: 4 GEMMs
-    a.flops = 8 * batch * x.sl * x.s * x.hd;
-    a.kernels = 4;
-  } else {  // FlashAttention-2 backward: recomputes S, then dV, dP, dQ, dK (5 of fwd's 2)
-    a.flops = 2.5 * 4 * batch * x.sl * x.s * x.hd * CausalShare(x.s);
-  }
-  const int attn = Last(*l);
-  if (s.score_bytes > 0)
-    Memory(l, "softmax.backward", MemoryKernel::kSoftmaxBackward,
-           batch * x.sl * x.s * s.score_bytes, false);
-  if (s.cp > 1) {
-    const double kv_local = (x.Q - x.A) / 2 / x.hd;
-    Comm(l, "attention.cp_ring.backward", CommKind::kReduceScatter, CommGroup::kCp,
-         2 * x.T * kv_local * x.hd * x.e * s.cp, CommOverlap::kRing, attn);
-  }
-}
-
 }  // namespace
 
 void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out) {
@@ -287,10 +270,10 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out) {
   Memory(&b, "bias_dropout_add1.backward", MemoryKernel::kBiasDropoutAddBackward,
          2 * x.Tl * x.h * x.e, !s.sp);
   RowParallelBackward(s, x, "proj.all_gather.backward", "proj.dgrad", "proj.wgrad", x.A, &b);
-  AttentionCoreBackward(s, x, &b);
+  AttentionCore(s, x, /*backward=*/true, "attention.backward", &b);
   if (M.position == PositionEmbedding::kRope)
     Memory(&b, "rotary.backward", MemoryKernel::kRotaryBackward,
-           2 * x.T * (x.Q - (x.Q - x.A) / 2) * x.e, false);
+           2 * x.T * (x.A + x.kv * x.hd) * x.e, false);
   ColumnParallelBackward(s, x, "qkv.input_all_gather", s.sp ? "qkv.reduce_scatter.backward"
                                                             : "qkv.all_reduce.backward",
                          "qkv.dgrad", "qkv.wgrad", x.Q, &b);
@@ -319,14 +302,10 @@ void BuildOutputOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, Laye
   fwd->size = bwd->size = 0;
   const double Vl = double(M.padded_vocab(s.tp)) / s.tp;
   Memory(fwd, "final_norm", MemoryKernel::kNorm, 2 * x.Tl * x.h * x.e, !s.sp);
-  int gather = -1;
-  if (s.sp) {
+  if (s.sp)
     Comm(fwd, "output.all_gather", CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
          CommOverlap::kBlocking, -1);
-    gather = Last(*fwd);
-  }
   Gemm(fwd, s, "logits", GemmPass::kFprop, x.T, Vl, x.h, /*fused=*/true);
-  (void)gather;
   // Vocab-parallel cross entropy on fp32 logits: max, exp-sum and target logit, each with a
   // small TP all-reduce (megatron/core/tensor_parallel/cross_entropy.py).
   LayerOp& ce = Memory(fwd, "cross_entropy", MemoryKernel::kCrossEntropy, 2.5 * x.T * Vl * 4, false);

@@ -143,7 +143,7 @@ double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) con
 
 LayerOps AnalyticModel::Ops(const Layout& l) const {
   LayerOps ops;
-  BuildLayerOps(model_, ShapeOf(l, k_.softmax_bytes_per_score), &ops);
+  BuildLayerOps(model_, Shape(l), &ops);
   return ops;
 }
 
@@ -299,7 +299,7 @@ LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
   lt.bwd_tp_s = br.exposed_s;
   lt.bwd_compute_s = br.busy() - br.exposed_s;
   // The embedding and the output layer, each a forward and a backward list.
-  const OpShape shape = ShapeOf(l, k_.softmax_bytes_per_score);
+  const OpShape shape = Shape(l);
   LayerOpList fwd, bwd;
   auto pass = [&](PassTimes* p) {
     const OpListTimes tf = TimeOps(l, fwd, {}, nullptr, &colls),

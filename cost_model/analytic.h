@@ -162,7 +162,9 @@ class AnalyticModel : public Estimator {
   OpListTimes TimeOps(const Layout& l, const LayerOpList& ops,
                       const OpListTimes& before = OpListTimes{}, OpTimes* each = nullptr,
                       CollCache* colls = nullptr) const;
-  // The layer's operation lists for this layout (what Layer() times).
+  // The per-rank shape of one micro-batch of this layout, fused or unfused attention as the
+  // constants say, and the layer's operation lists built from it (what Layer() times).
+  OpShape Shape(const Layout& l) const { return ShapeOf(l, k_.softmax_bytes_per_score); }
   LayerOps Ops(const Layout& l) const;
   // Exposed DP communication of a stage holding `params` parameters with Megatron's buckets
   // (max(40M, 1M x dp x cp) parameters each): the gradient reduce-scatter (all-reduce) buckets
