@@ -2,22 +2,39 @@
 // 1,440 single-node runs and Korthikanti et al. 2022 Table 4); see docs/cost-model.md.
 #include "cost_model/hardware_table.h"
 
+#include <cmath>
+#include <cstdio>
+
 namespace ptdp {
+
+std::string ConstantRange::Describe() const {
+  if (lo == 0 && !lo_open && std::isinf(hi)) return "non-negative";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "in %c%g, %g]", lo_open ? '(' : '[', lo, hi);
+  return buf;
+}
+
+namespace {
+// An efficiency divides a time: never 0, never above the datasheet figure it scales.
+constexpr ConstantRange kEfficiency{0, true, 1};
+constexpr ConstantRange kFraction{0, false, 1};
+constexpr ConstantRange kFragmentation{0, false, 0.9};
+}  // namespace
 
 const std::vector<ConstantInfo>& ConstantTable() {
   using C = CostConstants;
   static const std::vector<ConstantInfo> table = {
       {"gemm_eff_max", &C::gemm_eff_max, "fraction of peak",
-       "cuBLAS large-GEMM efficiency; fitted on vTrain A100 runs (docs/cost-model.md)"},
+       "cuBLAS large-GEMM efficiency; fitted on vTrain A100 runs (docs/cost-model.md)", kEfficiency},
       {"gemm_eff_max_fp8", &C::gemm_eff_max_fp8, "fraction of fp8 peak",
-       "Transformer Engine fp8 GEMMs incl. casts; fitted on dgxc/NeMo H100 fp8 recipes"},
+       "Transformer Engine fp8 GEMMs incl. casts; fitted on dgxc/NeMo H100 fp8 recipes", kEfficiency},
       {"gemm_half_dim", &C::gemm_half_dim, "elements",
        "reduction length k at half of gemm_eff_max (tile k-loop); fitted on vTrain A100 runs"},
       {"attention_eff", &C::attention_eff, "fraction of 16-bit peak",
-       "on executed FLOPs (flash: causal share); fitted per GPU (data/published/fit.yaml)"},
+       "on executed FLOPs (flash: causal share); fitted per GPU (data/published/fit.yaml)", kEfficiency},
       {"softmax_bytes_per_score", &C::softmax_bytes_per_score, "bytes",
        "unfused softmax+mask+dropout traffic per score (Korthikanti 2022 sec. 4: 5as/h term)"},
-      {"hbm_eff", &C::hbm_eff, "fraction of HBM bandwidth", "STREAM-like kernels reach 70-90%"},
+      {"hbm_eff", &C::hbm_eff, "fraction of HBM bandwidth", "STREAM-like kernels reach 70-90%", kEfficiency},
       {"elementwise_replicated", &C::elementwise_replicated, "x tokens*h*bytes",
        "LN + 2 dropout + 2 residual reads/writes (Korthikanti 2022 table 2 terms)"},
       {"elementwise_tp_split", &C::elementwise_tp_split, "x tokens*h*bytes",
@@ -31,21 +48,21 @@ const std::vector<ConstantInfo>& ConstantTable() {
       {"microbatch_overhead_s", &C::microbatch_overhead_s, "s",
        "host work per chunk forward/backward call (schedule, p2p posting); fitted per GPU"},
       {"nccl_intra_eff", &C::nccl_intra_eff, "fraction of link",
-       "nccl-tests all_reduce busbw on DGX A100 NVSwitch ~230-240 of 300 GB/s"},
+       "nccl-tests all_reduce busbw on DGX A100 NVSwitch ~230-240 of 300 GB/s", kEfficiency},
       {"collective_overhead_s", &C::collective_overhead_s, "s",
        "NCCL launch + proxy cost per call (nccl-tests small-message times ~10-30 us)"},
       {"nccl_inter_eff", &C::nccl_inter_eff, "fraction of NIC",
-       "nccl-tests inter-node busbw ~ 90% of InfiniBand line rate"},
+       "nccl-tests inter-node busbw ~ 90% of InfiniBand line rate", kEfficiency},
       {"overlap_interference", &C::overlap_interference, "fraction",
-       "hidden communication's cost to the kernel it overlaps (SMs, HBM); fitted per GPU"},
-      {"pp_exposed", &C::pp_exposed, "fraction", "Megatron 1F1B p2p is blocking"},
+       "hidden communication's cost to the kernel it overlaps (SMs, HBM); fitted per GPU", kFraction},
+      {"pp_exposed", &C::pp_exposed, "fraction", "Megatron 1F1B p2p is blocking", kFraction},
       {"optimizer_bytes_per_param", &C::optimizer_bytes_per_param, "bytes",
        "AdamW: read 4+4+4+4, write 4+4+4+2 (fp32 master, m, v, grad; 16-bit weight)"},
       {"step_overhead_s", &C::step_overhead_s, "s", "loss reduction, logging, data loader"},
       {"workspace_bytes", &C::workspace_bytes, "bytes",
        "CUDA context (~0.5 GiB) + cuBLAS workspace + NCCL buffers (~1 GiB)"},
       {"fragmentation", &C::fragmentation, "fraction",
-       "PyTorch caching allocator fragmentation, typically 5-10%"},
+       "PyTorch caching allocator fragmentation, typically 5-10%", kFragmentation},
   };
   return table;
 }
@@ -76,6 +93,12 @@ Result<CostConstants> ConstantsFor(const ClusterSpec& cluster) {
     bool found = false;
     for (const auto& row : ConstantTable()) {
       if (name == row.name) {
+        if (!row.range.Contains(value)) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "%g", value);
+          return Status::Error(cluster.file + ": calibration." + name + " = " + buf + ": must be " +
+                               row.range.Describe() + " (" + row.unit + ")");
+        }
         k.*(row.field) = value;
         found = true;
         break;
@@ -87,9 +110,6 @@ Result<CostConstants> ConstantsFor(const ClusterSpec& cluster) {
       return Status::Error(cluster.file + ": calibration: unknown constant '" + name +
                            "' (valid: " + valid + ")");
     }
-    if (!(value >= 0))
-      return Status::Error(cluster.file + ": calibration." + name + " = " +
-                           std::to_string(value) + " must not be negative");
   }
   return k;
 }

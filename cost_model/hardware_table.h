@@ -8,6 +8,7 @@
 // what the shipped H100/H200 files do with the values fitted on ../shared/calibration).
 #pragma once
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -81,11 +82,21 @@ struct RetiredConstant {
 const std::vector<RetiredConstant>& RetiredConstants();
 
 // One row of the table, for docs, `ptdp calibrate` and validation of overrides.
+// A constant's legal values: [lo, hi], or (lo, hi] when lo_open. Efficiencies divide a time
+// (0 would make it infinite) and are fractions of a datasheet figure (above 1 would beat it).
+struct ConstantRange {
+  double lo = 0;
+  bool lo_open = false;
+  double hi = std::numeric_limits<double>::infinity();
+  bool Contains(double v) const { return (lo_open ? v > lo : v >= lo) && v <= hi; }
+  std::string Describe() const;  // "in (0, 1]", "non-negative"
+};
 struct ConstantInfo {
   const char* name;
   double CostConstants::*field;
   const char* unit;
   const char* source;
+  ConstantRange range = {};
 };
 const std::vector<ConstantInfo>& ConstantTable();
 

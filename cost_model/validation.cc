@@ -174,9 +174,11 @@ Result<FitSets> LoadFitSets(const std::string& path) {
       const std::string name = p->first.Scalar();
       const std::string at = path + ":" + std::to_string(p->first.Mark().line + 1) + ": " +
                              where + ".params." + name;
-      bool known = false;
-      for (const auto& row : ConstantTable()) known = known || name == row.name;
-      if (!known) return Status::Error(at + ": not a constant of the cost model (cost_model/hardware_table.h)");
+      const ConstantInfo* row = nullptr;
+      for (const auto& r : ConstantTable())
+        if (name == r.name) row = &r;
+      if (row == nullptr)
+        return Status::Error(at + ": not a constant of the cost model (cost_model/hardware_table.h)");
       FitParam fp{name, 0, 0};
       const YAML::Node range = p->second;
       bool ok = range.IsSequence() && range.size() == 2;
@@ -185,6 +187,9 @@ Result<FitSets> LoadFitSets(const std::string& path) {
              std::isfinite(k == 0 ? fp.lo : fp.hi);
       if (!ok || !(fp.lo > 0) || fp.hi < fp.lo)
         return Status::Error(at + ": expected [lo, hi] with 0 < lo <= hi");
+      if (!row->range.Contains(fp.lo) || !row->range.Contains(fp.hi))
+        return Status::Error(at + ": [" + range[0].Scalar() + ", " + range[1].Scalar() +
+                             "] leaves the constant's range: it must be " + row->range.Describe());
       set.params.push_back(fp);
     }
     sets[gpu] = set;

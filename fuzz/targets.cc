@@ -15,6 +15,7 @@
 #include "core/plan.h"
 #include "core/yaml_reader.h"
 #include "cost_model/analytic.h"
+#include "cost_model/hardware_table.h"
 #include "cost_model/simulator.h"
 #include "planner/planner.h"
 #include "topology/cluster.h"
@@ -122,6 +123,8 @@ Status FuzzCluster(const std::string& text) {
   // Graphs of up to a few thousand GPUs build in milliseconds; bigger ones only cost time.
   if (cluster.world() > 4096) return Status::Ok();
   PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(cluster));
+  // The calibration's constants, each in its range (the cost model refuses the cluster otherwise).
+  PTDP_RETURN_IF_ERROR(ConstantsFor(cluster).status());
   // gpt-tiny on up to a node's worth and up to 64 GPUs of it: every estimate a number.
   CheckPlannerEstimates(TinyModel(), cluster, topo, std::min(cluster.world(), 8));
   if (cluster.world() > 8)

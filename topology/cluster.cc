@@ -1,6 +1,7 @@
 // Cluster YAML reading (strict, every error names file:line, key and value) and writing.
 #include "topology/cluster.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/limits.h"
 #include "core/yaml_reader.h"
 
 namespace ptdp {
@@ -169,6 +171,14 @@ Status ReadCalibration(const YAML::Node& node, const std::string& file,
     const std::string key = it->first.Scalar();
     const std::string at = file + ":" + std::to_string(it->first.Mark().line + 1) +
                            ": calibration." + key;
+    // Constants are named in lower case, digits and '_' (cost_model/hardware_table.cc).
+    const bool name_ok = !key.empty() && std::all_of(key.begin(), key.end(), [](char ch) {
+      return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
+    });
+    if (!name_ok)
+      return Status::Error(file + ":" + std::to_string(it->first.Mark().line + 1) +
+                           ": calibration: '" + EscapeBytes(key) +
+                           "' is not a constant's name (lower case, digits, '_')");
     const std::string text = it->second.IsScalar() ? it->second.Scalar() : "";
     double v = 0;
     if (!ParsePlainNumber(text, &v)) return Status::Error(at + ": '" + text + "' is not a plain number");
