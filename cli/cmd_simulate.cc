@@ -131,8 +131,8 @@ nlohmann::json OpsJson(const AnalyticModel& cost, const Layout& l) {
 
 void PrintOps(const AnalyticModel& cost, const Layout& l) {
   if (cost.runtime())
-    std::printf("\n(--ops: this cluster carries measured primitives; the runtime model times its "
-                "own ops, the list below is the analytic model's)\n");
+    std::printf("\n(--ops: this cluster carries measured primitives: the lists as ptdp's runtime "
+                "executes them, each op by its measured table)\n");
   for (const TimedList& t : TimedLists(cost, l)) {
     const LayerOpList& ops = t.list.ops;
     std::printf("\n%s, one micro-batch: %s (compute %s, exposed communication %s, host %s)\n",

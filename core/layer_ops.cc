@@ -76,22 +76,31 @@ Dims DimsOf(const ModelSpec& M, const OpShape& s) {
   return x;
 }
 
-LayerOp& Memory(LayerOpList* l, const char* name, MemoryKernel kernel, double bytes,
-                bool replicated) {
+LayerOp& Memory(LayerOpList* l, const char* name, MemoryKernel kernel, double rows, double cols,
+                double bytes, bool replicated) {
   LayerOp& op = l->Add(LayerOpKind::kMemory, name);
   op.kernel = kernel;
+  op.m = rows;
+  op.n = cols;
   op.bytes = bytes;
   op.replicated = replicated;
   return op;
 }
 
+// The runtime's allocation of a new tensor (OpShape::runtime only).
+void Alloc(LayerOpList* l, const OpShape& s, double bytes) {
+  if (s.runtime) Memory(l, "alloc", MemoryKernel::kAlloc, 0, 0, bytes, false);
+}
+
 // A GEMM; with fp8, preceded by the cast of its (m x k) operand for fprop and dgrad (`fused`:
-// the cast rides on the norm before it, only its writes remain).
+// the cast rides on the norm before it, only its writes remain). The runtime allocates the
+// output of fprop and dgrad (wgrad accumulates into the gradient).
 LayerOp& Gemm(LayerOpList* l, const OpShape& s, const char* name, GemmPass pass, double m,
               double n, double k, bool fused = false) {
   if (s.fp8 && pass != GemmPass::kWgrad)
     Memory(l, pass == GemmPass::kFprop ? "fp8_cast" : "fp8_cast.backward",
-           MemoryKernel::kFp8Cast, m * k * (fused ? 2.0 : 4.0), false);
+           MemoryKernel::kFp8Cast, m, k, m * k * (fused ? 2.0 : 4.0), false);
+  if (pass != GemmPass::kWgrad) Alloc(l, s, m * n * s.act_bytes);
   LayerOp& op = l->Add(LayerOpKind::kGemm, name);
   op.pass = pass;
   op.m = m;
@@ -101,60 +110,93 @@ LayerOp& Gemm(LayerOpList* l, const OpShape& s, const char* name, GemmPass pass,
   return op;
 }
 
-
-LayerOp& Comm(LayerOpList* l, const char* name, CommKind kind, CommGroup group, double bytes,
-              CommOverlap overlap, int with, int chunks = 1) {
+// A TP or CP collective of `bytes` (the gathered / unreduced tensor); returns its index. The
+// runtime's collectives block, and it allocates what a gather or reduce-scatter returns.
+int Comm(LayerOpList* l, const OpShape& s, const char* name, CommKind kind, CommGroup group,
+         double bytes, CommOverlap overlap, int with, int chunks = 1) {
   LayerOp& op = l->Add(LayerOpKind::kComm, name);
   op.comm = kind;
   op.group = group;
   op.bytes = bytes;
-  op.overlap = overlap;
-  op.with = with;
-  op.chunks = chunks;
-  return op;
+  op.overlap = s.runtime ? CommOverlap::kBlocking : overlap;
+  op.with = s.runtime ? -1 : with;
+  op.chunks = s.runtime ? 1 : chunks;
+  const int at = l->size - 1;
+  if (kind == CommKind::kAllGather) Alloc(l, s, bytes);
+  if (kind == CommKind::kReduceScatter) Alloc(l, s, bytes / (group == CommGroup::kTp ? s.tp : s.cp));
+  return at;
 }
 
 int Last(const LayerOpList& l) { return l.size - 1; }
+
+// Comm op `at` overlaps op `with` (set once `with` is in the list); nothing for a blocking one.
+void Overlaps(LayerOpList* l, int at, int with) {
+  if (at >= 0 && l->ops[at].overlap != CommOverlap::kBlocking) l->ops[at].with = with;
+}
 
 // Transformer Engine's userbuffer methods (transformer_engine/pytorch/module/base.py,
 // initialize_ub defaults): ring-exchange all-gathers in t pieces (qkv/fc1 fprop, proj/fc2
 // dgrad), pipelined reduce-scatters in 4 (proj/fc2 fprop).
 constexpr int kPipelineSplits = 4;
 
+// A norm's forward: its (Tl, h) output and, in the runtime, the output and its two (Tl)
+// statistics allocated first.
+void NormForward(const OpShape& s, const Dims& x, const char* name, LayerOpList* l) {
+  Alloc(l, s, x.Tl * x.h * x.e);
+  Alloc(l, s, x.Tl * x.e);
+  Alloc(l, s, x.Tl * x.e);
+  Memory(l, name, MemoryKernel::kNorm, x.Tl, x.h, 2 * x.Tl * x.h * x.e, !s.sp);
+}
+
 // A norm, then a column-parallel GEMM of `out` local outputs fed by it: with SP the norm's
 // output is all-gathered first (TE: ring-exchange in t pieces under the GEMM with
-// --tp-comm-overlap); the fp8 cast rides on the norm.
+// --tp-comm-overlap); the fp8 cast rides on the norm; Megatron fuses the bias into the GEMM,
+// the runtime adds it (`bias`: its name, or null without biases).
 void NormColumnForward(const OpShape& s, const Dims& x, const char* norm, const char* gather,
-                       const char* gemm, double out, LayerOpList* l) {
-  Memory(l, norm, MemoryKernel::kNorm, 2 * x.Tl * x.h * x.e, !s.sp);
+                       const char* gemm, const char* bias, double out, LayerOpList* l) {
+  NormForward(s, x, norm, l);
   int ag = -1;
-  if (s.sp) {
-    Comm(l, gather, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
-         CommOverlap::kTpOverlap, -1, x.t);
-    ag = Last(*l);
-  }
+  if (s.sp)
+    ag = Comm(l, s, gather, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
+              CommOverlap::kTpOverlap, -1, x.t);
   Gemm(l, s, gemm, GemmPass::kFprop, x.T, out, x.h, /*fused=*/true);
-  if (ag >= 0) l->ops[ag].with = Last(*l);
+  Overlaps(l, ag, Last(*l));
+  if (s.runtime && bias != nullptr)
+    Memory(l, bias, MemoryKernel::kBiasAdd, x.T, out, 2 * x.T * out * x.e, false);
 }
 
 // A row-parallel GEMM's output reduction: all-reduce, or with SP reduce-scatter (TE: pipelined
-// in 4 pieces under the GEMM with --tp-comm-overlap), then bias-dropout-add.
-void RowReduceAndAdd(const OpShape& s, const Dims& x, const char* ar, const char* rs,
-                     const char* bda, LayerOpList* l) {
+// in 4 pieces under the GEMM with --tp-comm-overlap), then bias-dropout-add (the runtime: its
+// bias, then the residual add; no dropout).
+void RowReduceAndAdd(const ModelSpec& M, const OpShape& s, const Dims& x, const char* ar,
+                     const char* rs, const char* bda, const char* bias, const char* add,
+                     LayerOpList* l) {
   if (x.t > 1)
-    Comm(l, s.sp ? rs : ar, s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce,
+    Comm(l, s, s.sp ? rs : ar, s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce,
          CommGroup::kTp, x.T * x.h * x.e, CommOverlap::kTpOverlap, Last(*l), kPipelineSplits);
-  Memory(l, bda, MemoryKernel::kBiasDropoutAdd, 3 * x.Tl * x.h * x.e, !s.sp);
+  if (!s.runtime) {
+    Memory(l, bda, MemoryKernel::kBiasDropoutAdd, x.Tl, x.h, 3 * x.Tl * x.h * x.e, !s.sp);
+    return;
+  }
+  if (M.bias) Memory(l, bias, MemoryKernel::kBiasAdd, x.Tl, x.h, 2 * x.Tl * x.h * x.e, !s.sp);
+  Memory(l, add, MemoryKernel::kAdd, x.Tl, x.h, 3 * x.Tl * x.h * x.e, !s.sp);
 }
 
 // The attention core over this rank's s_l queries and all s keys, forward or backward: flash
 // attention skips the blocks above the diagonal (backward: FlashAttention-2 recomputes S, then
 // dV, dP, dQ, dK: 5 of the forward's 2 matmuls); unfused attention runs the full masked scores
 // (backward: dQ, dK from dS, dV, dP from the stored probabilities) and moves them through HBM
-// in its softmax. With CP, the K/V ring (its gradients in backward) runs under it.
+// in its softmax. With CP, the K/V ring (its gradients in backward) runs under it. The runtime
+// allocates what it saves and its output (forward), the QKV gradient (backward).
 void AttentionCore(const OpShape& s, const Dims& x, bool backward, const char* name,
                    LayerOpList* l) {
   const double batch = s.micro_batch * x.heads;
+  if (!backward) {
+    Alloc(l, s, batch * (s.saved_per_score * x.sl * x.s + s.saved_per_token * x.sl) * x.e);
+    Alloc(l, s, x.T * x.A * x.e);
+  } else {
+    Alloc(l, s, x.T * x.Q * x.e);
+  }
   const double full = 4 * batch * x.sl * x.s * x.hd;  // QK^T and AV, forward
   const bool unfused = s.score_bytes > 0;
   LayerOp& a = l->Add(LayerOpKind::kAttention, name);
@@ -163,34 +205,41 @@ void AttentionCore(const OpShape& s, const Dims& x, bool backward, const char* n
   a.k = x.s;
   a.head_dim = x.hd;
   a.flops = unfused ? (backward ? 2 : 1) * full : (backward ? 2.5 : 1) * full * CausalShare(x.s);
+  a.pass = backward ? GemmPass::kDgrad : GemmPass::kFprop;
   if (unfused) a.kernels = backward ? 4 : 2;
   const int attn = Last(*l);
   if (unfused)
     Memory(l, backward ? "softmax.backward" : "softmax",
-           backward ? MemoryKernel::kSoftmaxBackward : MemoryKernel::kSoftmax,
+           backward ? MemoryKernel::kSoftmaxBackward : MemoryKernel::kSoftmax, batch * x.sl, x.s,
            batch * x.sl * x.s * s.score_bytes, false);
   if (s.cp > 1)
-    Comm(l, backward ? "attention.cp_ring.backward" : "attention.cp_ring",
+    Comm(l, s, backward ? "attention.cp_ring.backward" : "attention.cp_ring",
          backward ? CommKind::kReduceScatter : CommKind::kAllGather, CommGroup::kCp,
          2 * x.T * x.kv * x.hd * x.e * s.cp, CommOverlap::kRing, attn);
 }
 
 // The attention block's forward (or its recompute): norm1 .. bias-dropout-add.
 void AttentionForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
-  NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv", x.Q, l);
+  NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv", M.bias ? "qkv.bias" : nullptr, x.Q,
+                    l);
   if (M.position == PositionEmbedding::kRope)
-    Memory(l, "rotary", MemoryKernel::kRotary, 2 * x.T * (x.A + x.kv * x.hd) * x.e, false);
+    Memory(l, "rotary", MemoryKernel::kRotary, x.T, x.A + x.kv * x.hd,
+           2 * x.T * (x.A + x.kv * x.hd) * x.e, false);
   AttentionCore(s, x, /*backward=*/false, "attention", l);
   Gemm(l, s, "proj", GemmPass::kFprop, x.T, x.h, x.A);
-  RowReduceAndAdd(s, x, "proj.all_reduce", "proj.reduce_scatter", "bias_dropout_add1", l);
+  RowReduceAndAdd(M, s, x, "proj.all_reduce", "proj.reduce_scatter", "bias_dropout_add1",
+                  "proj.bias", "residual_add1", l);
 }
 
-void MlpForward(const OpShape& s, const Dims& x, LayerOpList* l) {
-  NormColumnForward(s, x, "norm2", "fc1.all_gather", "fc1", x.Fi, l);
+void MlpForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
+  NormColumnForward(s, x, "norm2", "fc1.all_gather", "fc1", M.bias ? "fc1.bias" : nullptr, x.Fi,
+                    l);
   // GeLU reads F and writes F (bias fused: bias_gelu); SwiGLU reads 2F, writes F.
-  Memory(l, "activation", MemoryKernel::kActivation, (x.Fi + x.F) * x.T * x.e, false);
+  Alloc(l, s, x.T * x.F * x.e);
+  Memory(l, "activation", MemoryKernel::kActivation, x.T, x.F, (x.Fi + x.F) * x.T * x.e, false);
   Gemm(l, s, "fc2", GemmPass::kFprop, x.T, x.h, x.F, /*fused=*/true);  // TE: activation casts
-  RowReduceAndAdd(s, x, "fc2.all_reduce", "fc2.reduce_scatter", "bias_dropout_add2", l);
+  RowReduceAndAdd(M, s, x, "fc2.all_reduce", "fc2.reduce_scatter", "bias_dropout_add2",
+                  "fc2.bias", "residual_add2", l);
 }
 
 // Backward of a row-parallel linear (proj, FC2): with SP, all-gather the output gradient
@@ -198,37 +247,51 @@ void MlpForward(const OpShape& s, const Dims& x, LayerOpList* l) {
 void RowParallelBackward(const OpShape& s, const Dims& x, const char* name_ag,
                          const char* dgrad, const char* wgrad, double in, LayerOpList* l) {
   int gather = -1;
-  if (s.sp) {
-    Comm(l, name_ag, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
-         CommOverlap::kTpOverlap, -1, x.t);
-    gather = Last(*l);
-  }
+  if (s.sp)
+    gather = Comm(l, s, name_ag, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
+                  CommOverlap::kTpOverlap, -1, x.t);
   Gemm(l, s, dgrad, GemmPass::kDgrad, x.T, in, x.h);
-  if (gather >= 0) l->ops[gather].with = Last(*l);
+  Overlaps(l, gather, Last(*l));
   Gemm(l, s, wgrad, GemmPass::kWgrad, x.h, in, x.T);  // dW (out = h) x (in)
 }
 
 // Backward of a column-parallel linear (QKV, FC1) of `out` local outputs: with SP the input is
 // re-gathered under dgrad; the input gradient's all-reduce (SP: reduce-scatter) runs under
-// wgrad (Megatron's LinearWithGradAccumulationAndAsyncCommunication).
+// wgrad (Megatron's LinearWithGradAccumulationAndAsyncCommunication). The runtime kept the
+// gathered input and computes the bias gradient (`bias`, or null) first.
 void ColumnParallelBackward(const OpShape& s, const Dims& x, const char* name_ag,
                             const char* name_red, const char* dgrad, const char* wgrad,
-                            double out, LayerOpList* l) {
-  const bool tp = x.t > 1;
+                            const char* bias, double out, LayerOpList* l) {
+  if (s.runtime && bias != nullptr)
+    Memory(l, bias, MemoryKernel::kBiasGrad, x.T, out, x.T * out * x.e, false);
   int gather = -1, reduce = -1;
-  if (s.sp) {
-    Comm(l, name_ag, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e, CommOverlap::kAsync, -1);
-    gather = Last(*l);
-  }
+  if (s.sp && !s.runtime)
+    gather = Comm(l, s, name_ag, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
+                  CommOverlap::kAsync, -1);
   Gemm(l, s, dgrad, GemmPass::kDgrad, x.T, x.h, out);
-  if (gather >= 0) l->ops[gather].with = Last(*l);
-  if (tp) {
-    Comm(l, name_red, s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kTp,
-         x.T * x.h * x.e, CommOverlap::kAsync, -1);
-    reduce = Last(*l);
-  }
+  Overlaps(l, gather, Last(*l));
+  if (x.t > 1)
+    reduce = Comm(l, s, name_red, s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce,
+                  CommGroup::kTp, x.T * x.h * x.e, CommOverlap::kAsync, -1);
   Gemm(l, s, wgrad, GemmPass::kWgrad, out, x.h, x.T);
-  if (reduce >= 0) l->ops[reduce].with = Last(*l);
+  Overlaps(l, reduce, Last(*l));
+}
+
+// The backward of a bias-dropout-add: the residual gradient, and (the runtime) the bias's
+// gradient; `first`: the layer's first backward op, where the runtime copies the incoming
+// residual gradient into a new buffer.
+void BiasDropoutAddBackward(const ModelSpec& M, const OpShape& s, const Dims& x, bool first,
+                            const char* name, const char* bias, LayerOpList* l) {
+  if (!s.runtime) {
+    Memory(l, name, MemoryKernel::kBiasDropoutAddBackward, x.Tl, x.h, 2 * x.Tl * x.h * x.e,
+           !s.sp);
+    return;
+  }
+  if (first) {
+    Alloc(l, s, x.Tl * x.h * x.e);
+    Memory(l, "residual_grad.copy", MemoryKernel::kCopy, x.Tl, x.h, 2 * x.Tl * x.h * x.e, !s.sp);
+  }
+  if (M.bias) Memory(l, bias, MemoryKernel::kBiasGrad, x.Tl, x.h, x.Tl * x.h * x.e, !s.sp);
 }
 
 }  // namespace
@@ -237,11 +300,11 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out) {
   const Dims x = DimsOf(M, s);
   out->forward.size = out->backward.size = out->recompute.size = 0;
   AttentionForward(M, s, x, &out->forward);
-  MlpForward(s, x, &out->forward);
+  MlpForward(M, s, x, &out->forward);
 
   if (s.recompute == Recompute::kFull) {
     AttentionForward(M, s, x, &out->recompute);
-    MlpForward(s, x, &out->recompute);
+    MlpForward(M, s, x, &out->recompute);
   } else if (s.recompute == Recompute::kSelective) {
     // Megatron's selective recompute reruns the core attention (Korthikanti 2022 sec. 5).
     LayerOpList& r = out->recompute;
@@ -256,69 +319,105 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out) {
   }
 
   LayerOpList& b = out->backward;
+  const char* no_bias = nullptr;
   // MLP block, in reverse.
-  Memory(&b, "bias_dropout_add2.backward", MemoryKernel::kBiasDropoutAddBackward,
-         2 * x.Tl * x.h * x.e, !s.sp);
+  BiasDropoutAddBackward(M, s, x, /*first=*/true, "bias_dropout_add2.backward", "fc2.bias.grad",
+                         &b);
   RowParallelBackward(s, x, "fc2.all_gather.backward", "fc2.dgrad", "fc2.wgrad", x.F, &b);
-  Memory(&b, "activation.backward", MemoryKernel::kActivationBackward,
+  Memory(&b, "activation.backward", MemoryKernel::kActivationBackward, x.T, x.F,
          (2 * x.Fi + x.F) * x.T * x.e, false);
   ColumnParallelBackward(s, x, "fc1.input_all_gather", s.sp ? "fc1.reduce_scatter.backward"
                                                             : "fc1.all_reduce.backward",
-                         "fc1.dgrad", "fc1.wgrad", x.Fi, &b);
-  Memory(&b, "norm2.backward", MemoryKernel::kNormBackward, 4 * x.Tl * x.h * x.e, !s.sp);
+                         "fc1.dgrad", "fc1.wgrad", M.bias ? "fc1.bias.grad" : no_bias, x.Fi, &b);
+  Memory(&b, "norm2.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
+         !s.sp);
   // Attention block.
-  Memory(&b, "bias_dropout_add1.backward", MemoryKernel::kBiasDropoutAddBackward,
-         2 * x.Tl * x.h * x.e, !s.sp);
+  BiasDropoutAddBackward(M, s, x, /*first=*/false, "bias_dropout_add1.backward",
+                         "proj.bias.grad", &b);
   RowParallelBackward(s, x, "proj.all_gather.backward", "proj.dgrad", "proj.wgrad", x.A, &b);
   AttentionCore(s, x, /*backward=*/true, "attention.backward", &b);
   if (M.position == PositionEmbedding::kRope)
-    Memory(&b, "rotary.backward", MemoryKernel::kRotaryBackward,
+    Memory(&b, "rotary.backward", MemoryKernel::kRotaryBackward, x.T, x.A + x.kv * x.hd,
            2 * x.T * (x.A + x.kv * x.hd) * x.e, false);
   ColumnParallelBackward(s, x, "qkv.input_all_gather", s.sp ? "qkv.reduce_scatter.backward"
                                                             : "qkv.all_reduce.backward",
-                         "qkv.dgrad", "qkv.wgrad", x.Q, &b);
-  Memory(&b, "norm1.backward", MemoryKernel::kNormBackward, 4 * x.Tl * x.h * x.e, !s.sp);
+                         "qkv.dgrad", "qkv.wgrad", M.bias ? "qkv.bias.grad" : no_bias, x.Q, &b);
+  Memory(&b, "norm1.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
+         !s.sp);
 }
 
 void BuildEmbeddingOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd) {
   const Dims x = DimsOf(M, s);
   fwd->size = bwd->size = 0;
   // Vocab-parallel lookup (each rank its rows, zeros elsewhere), then the TP all-reduce that
-  // sums them (SP: reduce-scatter along s), positions and dropout.
-  Memory(fwd, "embedding", MemoryKernel::kEmbedding, 2 * x.T * x.h * x.e, false);
+  // sums them (SP: reduce-scatter along s), positions and dropout. The runtime allocates the
+  // (sequence-first) ids and the lookup, and adds the positions after the reduction.
+  Alloc(fwd, s, x.T * 4);
+  Alloc(fwd, s, x.T * x.h * x.e);
+  Memory(fwd, "embedding", MemoryKernel::kEmbedding, x.T, x.h, 2 * x.T * x.h * x.e, false);
   if (x.t > 1)
-    Comm(fwd, s.sp ? "embedding.reduce_scatter" : "embedding.all_reduce",
+    Comm(fwd, s, s.sp ? "embedding.reduce_scatter" : "embedding.all_reduce",
          s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kTp,
          x.T * x.h * x.e, CommOverlap::kBlocking, -1);
-  Memory(fwd, "embedding.dropout", MemoryKernel::kBiasDropoutAdd, 2 * x.Tl * x.h * x.e, !s.sp);
+  if (s.runtime) {
+    Alloc(fwd, s, x.Tl * x.h * x.e);
+    Memory(fwd, "embedding.position", MemoryKernel::kEmbedding, x.Tl, x.h, 2 * x.Tl * x.h * x.e,
+           !s.sp);
+    Memory(fwd, "embedding.add", MemoryKernel::kAdd, x.Tl, x.h, 3 * x.Tl * x.h * x.e, !s.sp);
+    Memory(bwd, "embedding.position.backward", MemoryKernel::kEmbeddingBackward, x.Tl, x.h,
+           2 * x.Tl * x.h * x.e, !s.sp);
+  } else {
+    Memory(fwd, "embedding.dropout", MemoryKernel::kBiasDropoutAdd, x.Tl, x.h,
+           2 * x.Tl * x.h * x.e, !s.sp);
+  }
   if (s.sp)
-    Comm(bwd, "embedding.all_gather.backward", CommKind::kAllGather, CommGroup::kTp,
+    Comm(bwd, s, "embedding.all_gather.backward", CommKind::kAllGather, CommGroup::kTp,
          x.T * x.h * x.e, CommOverlap::kBlocking, -1);
-  Memory(bwd, "embedding.backward", MemoryKernel::kEmbeddingBackward, 4 * x.T * x.h * x.e, false);
+  Memory(bwd, "embedding.backward", MemoryKernel::kEmbeddingBackward, x.T, x.h,
+         4 * x.T * x.h * x.e, false);
 }
 
 void BuildOutputOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd) {
   const Dims x = DimsOf(M, s);
   fwd->size = bwd->size = 0;
   const double Vl = double(M.padded_vocab(s.tp)) / s.tp;
-  Memory(fwd, "final_norm", MemoryKernel::kNorm, 2 * x.Tl * x.h * x.e, !s.sp);
+  NormForward(s, x, "final_norm", fwd);
   if (s.sp)
-    Comm(fwd, "output.all_gather", CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
+    Comm(fwd, s, "output.all_gather", CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
          CommOverlap::kBlocking, -1);
   Gemm(fwd, s, "logits", GemmPass::kFprop, x.T, Vl, x.h, /*fused=*/true);
+  // The runtime masks the padded vocabulary rows with a bias of -inf.
+  if (s.runtime)
+    Memory(fwd, "logits.vocab_mask", MemoryKernel::kBiasAdd, x.T, Vl, 2 * x.T * Vl * x.e, false);
   // Vocab-parallel cross entropy on fp32 logits: max, exp-sum and target logit, each with a
-  // small TP all-reduce (megatron/core/tensor_parallel/cross_entropy.py).
-  LayerOp& ce = Memory(fwd, "cross_entropy", MemoryKernel::kCrossEntropy, 2.5 * x.T * Vl * 4, false);
+  // small TP all-reduce (megatron/core/tensor_parallel/cross_entropy.py). The runtime keeps six
+  // (T) vectors (targets, row max, sum, target logit, loss and its gradient scale) and sums the
+  // micro-batch's loss.
+  for (int i = 0; i < 6; ++i) Alloc(fwd, s, x.T * 4);
+  LayerOp& ce = Memory(fwd, "cross_entropy", MemoryKernel::kCrossEntropy, x.T, Vl,
+                       2.5 * x.T * Vl * 4, false);
   ce.kernels = 4;
+  if (s.runtime) Memory(fwd, "loss.sum", MemoryKernel::kLossSum, x.T, 1, x.T * 4, false);
   if (x.t > 1)
     for (const char* n : {"cross_entropy.max", "cross_entropy.sum", "cross_entropy.target"})
-      Comm(fwd, n, CommKind::kAllReduce, CommGroup::kTp, x.T * 4, CommOverlap::kBlocking, -1);
-  Memory(bwd, "cross_entropy.backward", MemoryKernel::kCrossEntropyBackward, 2.0 * x.T * Vl * 4,
-         false);
+      Comm(fwd, s, n, CommKind::kAllReduce, CommGroup::kTp, x.T * (s.runtime ? x.e : 4.0),
+           CommOverlap::kBlocking, -1);
+  Memory(bwd, "cross_entropy.backward", MemoryKernel::kCrossEntropyBackward, x.T, Vl,
+         2.0 * x.T * Vl * 4, false);
   ColumnParallelBackward(s, x, "output.input_all_gather",
                          s.sp ? "output.reduce_scatter.backward" : "output.all_reduce.backward",
-                         "logits.dgrad", "logits.wgrad", Vl, bwd);
-  Memory(bwd, "final_norm.backward", MemoryKernel::kNormBackward, 4 * x.Tl * x.h * x.e, !s.sp);
+                         "logits.dgrad", "logits.wgrad", nullptr, Vl, bwd);
+  Alloc(bwd, s, x.Tl * x.h * x.e);
+  Memory(bwd, "final_norm.backward", MemoryKernel::kNormBackward, x.Tl, x.h,
+         4 * x.Tl * x.h * x.e, !s.sp);
+}
+
+void BuildStageInputOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd) {
+  const Dims x = DimsOf(M, s);
+  fwd->size = bwd->size = 0;
+  if (!s.runtime) return;
+  Alloc(fwd, s, x.Tl * x.h * x.e);
+  Memory(fwd, "input.copy", MemoryKernel::kCopy, x.Tl, x.h, 2 * x.Tl * x.h * x.e, !s.sp);
 }
 
 const char* ToString(LayerOpKind k) {

@@ -62,6 +62,12 @@ enum class MemoryKernel : uint8_t {
   kEmbedding, kEmbeddingBackward,  // lookup / scatter-add (+ positions)
   kCrossEntropy, kCrossEntropyBackward,  // vocab-parallel, fp32 logits
   kFp8Cast,                        // fp8 GEMM operand: quantize (+ amax) and transposed copy
+  // ptdp's own runtime only (OpShape::runtime): what Megatron fuses, it runs as kernels of
+  // its own, and it allocates each new tensor.
+  kBiasAdd, kBiasGrad,             // bias broadcast over rows / its gradient, a column sum
+  kAdd, kCopy,                     // residual add; a copy (the residual gradient, inputs)
+  kLossSum,                        // the micro-batch's loss, a sum of squares over T
+  kAlloc,                          // a new tensor of `bytes`
 };
 
 // Trivially constructible (no member initialisers): a list of kMax ops costs nothing until
@@ -71,9 +77,10 @@ struct LayerOp {
   LayerOpKind kind;
   const char* name;
   // kGemm: (m x k) x (k x n). kAttention: m = b x local heads (the batch), n = queries of this
-  // rank (s_l), k = keys it attends over (s), and `head_dim`.
+  // rank (s_l), k = keys it attends over (s), and `head_dim`. kMemory: the tensor it works on,
+  // m rows (tokens) x n columns.
   double m, n, k, head_dim;
-  GemmPass pass;
+  GemmPass pass;  // kGemm; kAttention: kFprop forward, kDgrad backward
   double flops;  // FLOPs executed: 2mnk for a GEMM; attention with its causal share
   // kMemory: HBM bytes read + written. kComm: the message (the gathered / unreduced tensor).
   double bytes;
@@ -89,7 +96,7 @@ struct LayerOp {
 
 // A fixed-capacity list: the planner's hot path builds one per layout without allocating.
 struct LayerOpList {
-  static constexpr int kMax = 40;
+  static constexpr int kMax = 64;
   std::array<LayerOp, kMax> ops;
   int size = 0;
   LayerOp& Add(LayerOpKind kind, const char* name);
@@ -116,6 +123,14 @@ struct OpShape {
   // Unfused attention: bytes moved per attention score by mask + softmax + dropout, forward
   // (and again in backward); 0 for fused (flash) attention, which never writes the scores.
   double score_bytes = 0;
+  // The layer as ptdp's runtime (runtime/gpt.cc, a GPT shape) executes it rather than
+  // Megatron-Core: the same GEMMs and collectives, but biases, residual adds and positions as
+  // kernels of their own (kBiasAdd, kAdd, ...), every new tensor allocated (kAlloc), the SP
+  // input kept from the forward (no re-gather for wgrad), every collective blocking, and the
+  // attention saving `saved_per_score` elements per score and `saved_per_token` per token and
+  // head for its backward (the backend's AttentionSavedShape). No recompute, no fp8.
+  bool runtime = false;
+  double saved_per_score = 0, saved_per_token = 0;
 };
 OpShape ShapeOf(const Layout& l, double score_bytes);
 
@@ -131,6 +146,9 @@ void BuildLayerOps(const ModelSpec& m, const OpShape& s, LayerOps* out);
 // backward.
 void BuildEmbeddingOps(const ModelSpec& m, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd);
 void BuildOutputOps(const ModelSpec& m, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd);
+// A chunk whose input comes from another stage: Megatron-Core computes on the received buffer
+// (both lists empty); ptdp's runtime copies it into a tensor of the chunk's own.
+void BuildStageInputOps(const ModelSpec& m, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd);
 
 // The causal share of attention FLOPs a flash kernel executes with blocks of `block` keys:
 // (1 + block/s)/2 of the full s x s (the diagonal blocks run whole).

@@ -280,4 +280,14 @@ std::string ModelToYaml(const ModelSpec& m, const std::string& in) {
   return o.str();
 }
 
+Status CheckGptShaped(const ModelSpec& m) {
+  if (m.activation != Activation::kGelu || m.norm != Norm::kLayerNorm ||
+      m.position != PositionEmbedding::kLearned || !m.tied_embeddings || !m.bias ||
+      m.kv_heads != m.heads)
+    return Status::Error("model " + m.name +
+                         ": the runtime trains GPT shapes only (gelu, layernorm, learned "
+                         "positions, tied embeddings, biases, kv_heads == heads)");
+  return Status::Ok();
+}
+
 }  // namespace ptdp

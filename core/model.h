@@ -60,6 +60,11 @@ struct ModelSpec {
 // `where` prefixes messages.
 Status ValidateModel(const ModelSpec& m, const std::string& where);
 
+// OK when `m` is the shape ptdp's runtime (runtime/gpt.cc) implements: gelu, layernorm,
+// learned positions, tied embeddings, biases, kv_heads == heads; otherwise an error naming
+// the model. The runtime and the cost model of the runtime (cost_model/runtime_model.h) check it.
+Status CheckGptShaped(const ModelSpec& m);
+
 // Reads a model from a YAML map (keys: name, layers, hidden, heads, kv_heads, ffn_hidden,
 // seq_len, vocab, activation, norm, position_embedding, tied_embeddings, bias). Unknown or
 // missing keys and bad values are errors naming file:line, key and value.

@@ -68,7 +68,12 @@ Status CheckEstimate(const Layout& l, const Estimate& e) {
 Result<AnalyticModel> AnalyticModel::Create(const ModelSpec& model, const Topology& topo) {
   PTDP_ASSIGN_OR_RETURN(CostConstants k, ConstantsFor(topo.spec()));
   const MeasuredPrimitives& m = topo.spec().measured;
-  if (!m.empty()) PTDP_RETURN_IF_ERROR(m.CheckComplete(topo.spec().file));
+  if (!m.empty()) {
+    PTDP_RETURN_IF_ERROR(m.CheckComplete(topo.spec().file));
+    // The measured primitives time ptdp's own runtime, which trains GPT shapes only.
+    PTDP_RETURN_IF_ERROR(CheckGptShaped(model).Prefixed(
+        topo.spec().file + ": measured: (the primitives of ptdp's runtime)"));
+  }
   return AnalyticModel(model, topo, k);
 }
 
@@ -141,6 +146,10 @@ double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) con
   return k_.collective_overhead_s + lat + (full - lat) / eff;
 }
 
+OpShape AnalyticModel::Shape(const Layout& l) const {
+  return runtime_ ? runtime_->Shape(l) : ShapeOf(l, k_.softmax_bytes_per_score);
+}
+
 LayerOps AnalyticModel::Ops(const Layout& l) const {
   LayerOps ops;
   BuildLayerOps(model_, Shape(l), &ops);
@@ -151,6 +160,23 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
                                    const OpListTimes& before, OpTimes* each,
                                    CollCache* colls) const {
   OpListTimes r = before;
+  if (runtime_) {  // ptdp's runtime on measured primitives: each op by its table, all blocking
+    for (int i = 0; i < ops.size; ++i) {
+      const LayerOp& op = ops[i];
+      const double t = runtime_->TimeOp(l, op);
+      if (op.kind == LayerOpKind::kComm) {
+        r.exposed_s += t;
+        if (each) (*each)[i].comm_s = t, (*each)[i].exposed_s = t;
+      } else {
+        r.compute_s += t;
+        if (each) (*each)[i].gpu_s = t;
+      }
+      r.kernels += op.kernels;
+      r.busy_s += t;
+      if (each) (*each)[i].end_s = r.busy_s;
+    }
+    return r;
+  }
   const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
   const Precision prec = l.precision;
   const double peak16 = PeakFlops(prec == Precision::kFp8 ? Precision::kBf16 : prec);
@@ -276,15 +302,6 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
 }
 
 LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
-  if (runtime_) {
-    const RuntimeLayerTimes r = runtime_->Layer(l);
-    LayerTimes lt;
-    lt.fwd_compute_s = r.fwd_compute_s;
-    lt.bwd_compute_s = r.bwd_compute_s;
-    lt.fwd_tp_s = r.fwd_tp_s;
-    lt.bwd_tp_s = r.bwd_tp_s;
-    return lt;
-  }
   const LayerOps ops = Ops(l);
   CollCache colls;  // the same collectives recur across the lists: time each once
   const OpListTimes f = TimeOps(l, ops.forward, {}, nullptr, &colls);
@@ -313,6 +330,8 @@ LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
   pass(&lt.embedding);
   BuildOutputOps(model_, shape, &fwd, &bwd);
   pass(&lt.output);
+  BuildStageInputOps(model_, shape, &fwd, &bwd);
+  pass(&lt.input);
   return lt;
 }
 
@@ -332,23 +351,16 @@ StageTimes AnalyticModel::Work(const Layout& l, double layers, bool embedding, b
   StageTimes st;
   double fc = layers * lt.fwd_compute_s, bc = layers * lt.bwd_compute_s;
   double ftp = layers * lt.fwd_tp_s, btp = layers * lt.bwd_tp_s;
-  if (runtime_) {
-    const RuntimeLayerTimes x = runtime_->ChunkExtras(l, embedding, output);
-    fc += x.fwd_compute_s;
-    bc += x.bwd_compute_s;
-    ftp += x.fwd_tp_s;
-    btp += x.bwd_tp_s;
-  } else {
-    // One call of the chunk per micro-batch each way (host), then its embedding / output ops.
-    fc += k_.microbatch_overhead_s;
-    bc += k_.microbatch_overhead_s;
-    for (const PassTimes* p : {embedding ? &lt.embedding : nullptr, output ? &lt.output : nullptr}) {
-      if (!p) continue;
-      fc += p->fwd_compute_s;
-      ftp += p->fwd_tp_s;
-      bc += p->bwd_compute_s;
-      btp += p->bwd_tp_s;
-    }
+  // One call of the chunk per micro-batch each way (host), then its embedding (or the input
+  // from the previous stage) and output ops.
+  fc += k_.microbatch_overhead_s;
+  bc += k_.microbatch_overhead_s;
+  for (const PassTimes* p : {embedding ? &lt.embedding : &lt.input, output ? &lt.output : nullptr}) {
+    if (!p) continue;
+    fc += p->fwd_compute_s;
+    ftp += p->fwd_tp_s;
+    bc += p->bwd_compute_s;
+    btp += p->bwd_tp_s;
   }
   st.fwd_s = fc + ftp;
   st.bwd_s = bc + btp;

@@ -33,9 +33,9 @@ struct LayerTimes {
   double recompute_s = 0;      // the recompute part of bwd_compute_s
   double fwd_tp_s = 0;         // exposed TP (and CP) communication in forward
   double bwd_tp_s = 0;         // exposed TP communication in backward (+ recompute's)
-  // The first stage's embedding and the last stage's output layer (core/layer_ops.h), timed
-  // with the layer (analytic model; the measured runtime times its own in ChunkExtras).
-  PassTimes embedding, output;
+  // The first stage's embedding, the last stage's output layer, and what a chunk does with the
+  // input it receives from another stage (core/layer_ops.h), timed with the layer.
+  PassTimes embedding, output, input;
 };
 
 // Times of an operation list (TimeOps).
@@ -157,14 +157,16 @@ class AnalyticModel : public Estimator {
   // no bubble, no communication.
   double LowerBound(const Layout& l) const;
   // The times of a list of kernels (core/layer_ops.h) on one GPU of the layout, each by the
-  // law of its kind; communication by its overlap rule.
+  // law of its kind; communication by its overlap rule. With measured primitives, each by its
+  // measured table (RuntimeModel::TimeOp), every collective blocking as in ptdp's runtime.
   // `before`: the state after the ops issued before these (the recompute before the backward).
   OpListTimes TimeOps(const Layout& l, const LayerOpList& ops,
                       const OpListTimes& before = OpListTimes{}, OpTimes* each = nullptr,
                       CollCache* colls = nullptr) const;
   // The per-rank shape of one micro-batch of this layout, fused or unfused attention as the
-  // constants say, and the layer's operation lists built from it (what Layer() times).
-  OpShape Shape(const Layout& l) const { return ShapeOf(l, k_.softmax_bytes_per_score); }
+  // constants say (with measured primitives: the layout as ptdp's runtime executes it), and
+  // the layer's operation lists built from it (what Layer() times).
+  OpShape Shape(const Layout& l) const;
   LayerOps Ops(const Layout& l) const;
   // Exposed DP communication of a stage holding `params` parameters with Megatron's buckets
   // (max(40M, 1M x dp x cp) parameters each): the gradient reduce-scatter (all-reduce) buckets

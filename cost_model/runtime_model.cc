@@ -3,6 +3,7 @@
 #include "cost_model/runtime_model.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 
 namespace ptdp {
@@ -89,136 +90,99 @@ double RuntimeModel::Coll(const char* table, int ranks, double bytes, const Layo
   return s * share;
 }
 
-RuntimeLayerTimes RuntimeModel::Layer(const Layout& l) const {
-  const Dims x = DimsOf(model_, l);
-  const double k = Slowdown(l), e = m_.element_bytes;
-  const bool bias = model_.bias;
-  RuntimeLayerTimes lt;
-  double& f = lt.fwd_compute_s;
-  double& b = lt.bwd_compute_s;
-  // f (column-parallel input): SP all-gather along s; g (row-parallel output): all-reduce, or
-  // SP reduce-scatter. Their backwards swap.
-  auto gather = [&](double* tp, double* compute) {
-    if (!x.sp) return;
-    *tp += Coll("all_gather", x.t, x.T * x.h * e, l);
-    *compute += Alloc(x.T * x.h * e, k);
-  };
-  auto reduce = [&](double* tp, double* compute) {
-    if (x.t == 1) return;
-    if (!x.sp) {
-      *tp += Coll("all_reduce", x.t, x.T * x.h * e, l);
-      return;
-    }
-    *tp += Coll("reduce_scatter", x.t, x.T * x.h * e, l);
-    *compute += Alloc(x.Tl * x.h * e, k);
-  };
-  auto norm = [&](double* compute) {
-    *compute += Alloc(x.Tl * x.h * e, k) + 2 * Alloc(x.Tl * e, k) +
-                Op("layernorm_forward", x.Tl, x.h, k);
-  };
-  const double heads = x.b * x.nh;
-  const double saved = heads * (m_.attention_saved_per_score * x.s * x.s +
-                                m_.attention_saved_per_token * x.s);
-  // Forward. Attention block: LN1, f, QKV (+bias), core, projection, g, bias, residual.
-  norm(&f);
-  gather(&lt.fwd_tp_s, &f);
-  f += Alloc(x.T * x.Q * e, k) + Gemm("gemm_nt", x.T, x.Q, x.h, k);
-  if (bias) f += Op("bias_add", x.T, x.Q, k);
-  f += Alloc(saved * e, k) + Alloc(x.T * x.A * e, k) +
-       heads * Op("attention_forward", x.s, x.hd, k);
-  f += Alloc(x.T * x.h * e, k) + Gemm("gemm_nt", x.T, x.h, x.A, k);
-  reduce(&lt.fwd_tp_s, &f);
-  if (bias) f += Op("bias_add", x.Tl, x.h, k);
-  f += Op("add", x.Tl * x.h, k);
-  // MLP block: LN2, f, fc1 (+bias), activation, fc2, g, bias, residual.
-  norm(&f);
-  gather(&lt.fwd_tp_s, &f);
-  f += Alloc(x.T * x.Fi * e, k) + Gemm("gemm_nt", x.T, x.Fi, x.h, k);
-  if (bias) f += Op("bias_add", x.T, x.Fi, k);
-  f += Alloc(x.T * x.F * e, k) + Gelu("gelu_forward", x.T * x.F, k);
-  f += Alloc(x.T * x.h * e, k) + Gemm("gemm_nt", x.T, x.h, x.F, k);
-  reduce(&lt.fwd_tp_s, &f);
-  if (bias) f += Op("bias_add", x.Tl, x.h, k);
-  f += Op("add", x.Tl * x.h, k);
+OpShape RuntimeModel::Shape(const Layout& l) const {
+  OpShape s = ShapeOf(Executed(l), /*score_bytes=*/0);
+  s.act_bytes = m_.element_bytes;
+  s.runtime = true;
+  s.fp8 = false;
+  s.saved_per_score = m_.attention_saved_per_score;
+  s.saved_per_token = m_.attention_saved_per_token;
+  return s;
+}
 
-  // Backward, in reverse: the residual gradient buffer, then the MLP.
-  b += Alloc(x.Tl * x.h * e, k) + Op("copy", x.Tl * x.h, k);
-  if (bias) b += Op("bias_grad", x.Tl, x.h, k);
-  gather(&lt.bwd_tp_s, &b);                                    // g backward
-  b += Gemm("gemm_tn", x.h, x.F, x.T, k);                     // fc2 weight gradient
-  b += Alloc(x.T * x.F * e, k) + Gemm("gemm_nn", x.T, x.F, x.h, k);  // fc2 input gradient
-  b += Gelu("gelu_backward", x.T * x.F, k);
-  if (bias) b += Op("bias_grad", x.T, x.Fi, k);
-  b += Gemm("gemm_tn", x.Fi, x.h, x.T, k);                    // fc1 weight gradient
-  b += Alloc(x.T * x.h * e, k) + Gemm("gemm_nn", x.T, x.h, x.Fi, k);
-  reduce(&lt.bwd_tp_s, &b);                                   // f backward
-  b += Op("layernorm_backward", x.Tl, x.h, k);
-  // Attention block.
-  if (bias) b += Op("bias_grad", x.Tl, x.h, k);
-  gather(&lt.bwd_tp_s, &b);
-  b += Gemm("gemm_tn", x.h, x.A, x.T, k);
-  b += Alloc(x.T * x.A * e, k) + Gemm("gemm_nn", x.T, x.A, x.h, k);
-  b += Alloc(x.T * x.Q * e, k) + heads * Op("attention_backward", x.s, x.hd, k);
-  if (bias) b += Op("bias_grad", x.T, x.Q, k);
-  b += Gemm("gemm_tn", x.Q, x.h, x.T, k);
-  b += Alloc(x.T * x.h * e, k) + Gemm("gemm_nn", x.T, x.h, x.Q, k);
-  reduce(&lt.bwd_tp_s, &b);
-  b += Op("layernorm_backward", x.Tl, x.h, k);
+// One op by its measured table: GEMMs by pass (fprop x W^T: gemm_nt, dgrad: gemm_nn, wgrad:
+// gemm_tn), the attention per (micro-batch x head), memory-bound kernels by their tensor's
+// rows x columns or elements, collectives over their group.
+double RuntimeModel::TimeOp(const Layout& l, const LayerOp& op) const {
+  const double k = Slowdown(l);
+  switch (op.kind) {
+    case LayerOpKind::kGemm: {
+      const char* table = op.pass == GemmPass::kFprop   ? "gemm_nt"
+                          : op.pass == GemmPass::kDgrad ? "gemm_nn"
+                                                        : "gemm_tn";
+      return Gemm(table, op.m, op.n, op.k, k);
+    }
+    case LayerOpKind::kAttention:
+      return op.m * Op(op.pass == GemmPass::kFprop ? "attention_forward" : "attention_backward",
+                       op.k, op.head_dim, k);
+    case LayerOpKind::kComm: {
+      const char* table = op.comm == CommKind::kAllReduce   ? "all_reduce"
+                          : op.comm == CommKind::kAllGather ? "all_gather"
+                                                            : "reduce_scatter";
+      return Coll(table, op.group == CommGroup::kTp ? l.tp : l.cp, op.bytes, l);
+    }
+    case LayerOpKind::kMemory:
+      return MemoryOp(op, k);
+  }
+  return 0;
+}
+
+void RuntimeModel::TimeOps(const Layout& l, const LayerOpList& ops, double* compute,
+                           double* tp) const {
+  for (const LayerOp& op : ops) *(op.kind == LayerOpKind::kComm ? tp : compute) += TimeOp(l, op);
+}
+
+double RuntimeModel::MemoryOp(const LayerOp& op, double k) const {
+  switch (op.kernel) {
+    case MemoryKernel::kAlloc: return Alloc(op.bytes, k);
+    case MemoryKernel::kNorm: return Op("layernorm_forward", op.m, op.n, k);
+    case MemoryKernel::kNormBackward: return Op("layernorm_backward", op.m, op.n, k);
+    case MemoryKernel::kActivation: return Gelu("gelu_forward", op.m * op.n, k);
+    case MemoryKernel::kActivationBackward: return Gelu("gelu_backward", op.m * op.n, k);
+    case MemoryKernel::kBiasAdd: return Op("bias_add", op.m, op.n, k);
+    case MemoryKernel::kBiasGrad: return Op("bias_grad", op.m, op.n, k);
+    case MemoryKernel::kAdd: return Op("add", op.m * op.n, k);
+    case MemoryKernel::kCopy: return Op("copy", op.m * op.n, k);
+    case MemoryKernel::kEmbedding: return Op("embedding_forward", op.m, op.n, k);
+    case MemoryKernel::kEmbeddingBackward: return Op("embedding_backward", op.m, op.n, k);
+    case MemoryKernel::kCrossEntropy: return Op("cross_entropy_forward", op.m, op.n, k);
+    case MemoryKernel::kCrossEntropyBackward: return Op("cross_entropy_backward", op.m, op.n, k);
+    case MemoryKernel::kLossSum: return Op("sum_squares", op.m, k);
+    // Megatron-Core's fused kernels: not in a runtime list (Shape() sets runtime; the runtime
+    // trains GPT shapes only, CheckRuntimeModel).
+    case MemoryKernel::kNone: case MemoryKernel::kRotary: case MemoryKernel::kRotaryBackward:
+    case MemoryKernel::kBiasDropoutAdd: case MemoryKernel::kBiasDropoutAddBackward:
+    case MemoryKernel::kSoftmax: case MemoryKernel::kSoftmaxBackward:
+    case MemoryKernel::kFp8Cast:
+      break;
+  }
+  assert(false && "a Megatron-only kernel in a runtime op list");
+  return 0;
+}
+
+RuntimeLayerTimes RuntimeModel::Layer(const Layout& l) const {
+  LayerOps ops;
+  BuildLayerOps(model_, Shape(l), &ops);
+  RuntimeLayerTimes lt;
+  TimeOps(l, ops.forward, &lt.fwd_compute_s, &lt.fwd_tp_s);
+  TimeOps(l, ops.backward, &lt.bwd_compute_s, &lt.bwd_tp_s);
   return lt;
 }
 
 RuntimeLayerTimes RuntimeModel::ChunkExtras(const Layout& l, bool embedding, bool output) const {
-  const Dims x = DimsOf(model_, l);
-  const double k = Slowdown(l), e = m_.element_bytes;
+  const OpShape s = Shape(l);
   RuntimeLayerTimes r;
-  double& f = r.fwd_compute_s;
-  double& b = r.bwd_compute_s;
-  if (embedding) {
-    // Vocab-parallel lookup of the (b, s) ids (made sequence-first), g over TP, + positions.
-    f += Alloc(x.T * 4, k) + Alloc(x.T * x.h * e, k) + Op("embedding_forward", x.T, x.h, k);
-    if (x.t > 1) {
-      if (x.sp) {
-        r.fwd_tp_s += Coll("reduce_scatter", x.t, x.T * x.h * e, l);
-        f += Alloc(x.Tl * x.h * e, k);
-      } else {
-        r.fwd_tp_s += Coll("all_reduce", x.t, x.T * x.h * e, l);
-      }
-    }
-    f += Alloc(x.Tl * x.h * e, k) + Op("embedding_forward", x.Tl, x.h, k) +
-         Op("add", x.Tl * x.h, k);
-    b += Op("embedding_backward", x.Tl, x.h, k);
-    if (x.sp) {
-      r.bwd_tp_s += Coll("all_gather", x.t, x.T * x.h * e, l);
-      b += Alloc(x.T * x.h * e, k);
-    }
-    b += Op("embedding_backward", x.T, x.h, k);
-  } else {
-    f += Alloc(x.Tl * x.h * e, k) + Op("copy", x.Tl * x.h, k);  // the received input, copied
-  }
+  LayerOpList fwd, bwd;
+  if (embedding)
+    BuildEmbeddingOps(model_, s, &fwd, &bwd);
+  else
+    BuildStageInputOps(model_, s, &fwd, &bwd);
+  TimeOps(l, fwd, &r.fwd_compute_s, &r.fwd_tp_s);
+  TimeOps(l, bwd, &r.bwd_compute_s, &r.bwd_tp_s);
   if (output) {
-    // Final LN, f, logits against the local vocabulary rows (+ padding mask), cross entropy
-    // with three TP all-reduces (max, sum, target logit), the loss sum.
-    f += Alloc(x.Tl * x.h * e, k) + 2 * Alloc(x.Tl * e, k) + Op("layernorm_forward", x.Tl, x.h, k);
-    if (x.sp) {
-      r.fwd_tp_s += Coll("all_gather", x.t, x.T * x.h * e, l);
-      f += Alloc(x.T * x.h * e, k);
-    }
-    f += Alloc(x.T * x.Vl * e, k) + Gemm("gemm_nt", x.T, x.Vl, x.h, k) +
-         Op("bias_add", x.T, x.Vl, k);
-    f += 6 * Alloc(x.T * 4, k) + Op("cross_entropy_forward", x.T, x.Vl, k) +
-         Op("sum_squares", x.T, k);
-    if (x.t > 1) r.fwd_tp_s += 3 * Coll("all_reduce", x.t, x.T * e, l);
-    b += Op("cross_entropy_backward", x.T, x.Vl, k) + Gemm("gemm_tn", x.Vl, x.h, x.T, k);
-    b += Alloc(x.T * x.h * e, k) + Gemm("gemm_nn", x.T, x.h, x.Vl, k);
-    if (x.t > 1) {
-      if (x.sp) {
-        r.bwd_tp_s += Coll("reduce_scatter", x.t, x.T * x.h * e, l);
-        b += Alloc(x.Tl * x.h * e, k);
-      } else {
-        r.bwd_tp_s += Coll("all_reduce", x.t, x.T * x.h * e, l);
-      }
-    }
-    b += Alloc(x.Tl * x.h * e, k) + Op("layernorm_backward", x.Tl, x.h, k);
+    BuildOutputOps(model_, s, &fwd, &bwd);
+    TimeOps(l, fwd, &r.fwd_compute_s, &r.fwd_tp_s);
+    TimeOps(l, bwd, &r.bwd_compute_s, &r.bwd_tp_s);
   }
   return r;
 }

@@ -2,11 +2,13 @@
 // a machine whose primitives `ptdp calibrate` measured (core/measured.h). AnalyticModel
 // delegates to it when the cluster YAML carries `measured:`; without it nothing here is used.
 //
-// Times are composed, not fitted: a layer's forward is the sum of its ops' measured times in
-// Megatron's op order, which the runtime follows (LN, [SP all-gather], QKV GEMM + bias,
-// attention core, projection GEMM, [TP all-reduce | SP reduce-scatter], bias, residual; the MLP
-// likewise), plus the allocation of each new tensor; the backward is its ops (dgrad and wgrad
-// GEMMs at their own shapes, LN/GeLU/attention backward, bias grads) rather than 2x the forward.
+// Times are composed, not fitted: a layer, the embedding and the output layer are the op lists
+// of core/layer_ops.h in the runtime's flavour (OpShape::runtime: the GEMMs and collectives of
+// Megatron-Core's lists, plus the bias, residual and position kernels and the allocation of
+// each new tensor that the runtime runs), each op by its measured table (TimeOp); the backward
+// is its ops (dgrad and wgrad GEMMs at their own shapes, LN/GeLU/attention backward, bias
+// grads) rather than 2x the forward. AnalyticModel times the same lists through TimeOp, so
+// the analytic and the runtime model differ only in who times an op.
 // The runtime differs from Megatron on GPUs in ways the formulas follow, for every layout:
 //  - tensors are fp32 (element_bytes), nothing is recomputed, DP does not overlap the backward;
 //  - the DP reduction is one collective per parameter tensor (no buckets), the PP transfer the
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/layer_ops.h"
 #include "core/layout.h"
 #include "core/measured.h"
 #include "core/model.h"
@@ -59,6 +62,14 @@ class RuntimeModel {
   // runtime stores 4-byte elements. The cost model evaluates this one.
   Layout Executed(const Layout& l) const;
 
+  // The shape of the op lists (core/layer_ops.h) the runtime executes for this layout.
+  OpShape Shape(const Layout& l) const;
+  // One op by its measured table, seconds.
+  double TimeOp(const Layout& l, const LayerOp& op) const;
+  // One op list, each op by its measured table: compute and TP communication, added to.
+  void TimeOps(const Layout& l, const LayerOpList& ops, double* compute, double* tp) const;
+
+  // One layer's forward and backward: core/layer_ops.h's lists in the runtime's flavour.
   RuntimeLayerTimes Layer(const Layout& l) const;
   // Extra work of a chunk holding the embedding and/or the output layer, or of a chunk whose
   // input comes from another stage (a copy); fields as Layer().
@@ -87,6 +98,7 @@ class RuntimeModel {
   double Op(const char* table, double a, double slow) const;             // 1-axis tables
   double Op(const char* table, double a, double b, double slow) const;   // 2-axis tables
   double Alloc(double bytes, double slow) const;
+  double MemoryOp(const LayerOp& op, double slow) const;  // a kMemory op by its table
   // The standard deviation of GeLU's inputs (its cost depends on it, see core/measured.cc).
   double GeluSigma() const;
   double Gelu(const char* table, double elements, double slow) const;

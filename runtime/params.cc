@@ -42,15 +42,6 @@ ParamSpec Spec(std::string name, std::vector<int64_t> shape, ShardKind shard, In
 
 }  // namespace
 
-Status CheckGptShaped(const ModelSpec& m) {
-  if (m.activation != Activation::kGelu || m.norm != Norm::kLayerNorm ||
-      m.position != PositionEmbedding::kLearned || !m.tied_embeddings || !m.bias ||
-      m.kv_heads != m.heads)
-    return Status::Error("model " + m.name +
-                         ": the runtime trains GPT shapes only (gelu, layernorm, learned "
-                         "positions, tied embeddings, biases, kv_heads == heads)");
-  return Status::Ok();
-}
 
 std::vector<ParamSpec> GptParams(const ModelSpec& m, int tp) {
   const int64_t h = m.hidden, f = m.ffn_hidden, V = m.padded_vocab(tp);

@@ -47,9 +47,7 @@ struct ParamSpec {
   int model_layers = 1;        // L of the model, for kScaledNormal
 };
 
-// OK when `m` is the shape the runtime's GPT implements (gelu, layernorm, learned positions,
-// tied embeddings, biases, kv_heads == heads); otherwise an error naming the model.
-Status CheckGptShaped(const ModelSpec& m);
+// CheckGptShaped (core/model.h): the shape the runtime's GPT implements.
 
 // All parameters of `m` at TP size `tp` (which fixes the vocabulary padding), in a fixed order:
 // embeddings, then each layer's, then the final LN. Precondition: ValidateModel ok, a % tp == 0.

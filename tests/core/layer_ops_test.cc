@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <set>
 #include <string>
+#include <utility>
 
 namespace ptdp {
 namespace {
@@ -223,6 +226,64 @@ TEST(LayerOps, OutputLayerIsTheLogitsGemmAndCrossEntropy) {
   BuildEmbeddingOps(m, ShapeOf(L(4, false), 0), &ef, &eb);
   EXPECT_EQ(ef.Gemms() + eb.Gemms(), 0);
   EXPECT_EQ(Count(ef, LayerOpKind::kComm), 1);  // the vocab-parallel all-reduce
+}
+
+// The runtime's flavour (OpShape::runtime): the same GEMMs and TP collectives as Megatron's
+// list, every collective blocking, no re-gather of the SP input for wgrad, no Megatron-only
+// fused kernel, and what the runtime adds: its biases and residual adds as kernels, allocations.
+TEST(LayerOps, TheRuntimeFlavourRunsTheSameGemmsAsItsOwnKernels) {
+  const ModelSpec m = Gpt(256, 4);
+  for (const bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sp" : "no sp");
+    Layout l = L(4, sp, 2);
+    l.precision = Precision::kFp32;
+    OpShape meg = ShapeOf(l, 0), rt = meg;
+    rt.runtime = true;
+    rt.saved_per_score = 1;
+    LayerOps a, b;
+    BuildLayerOps(m, meg, &a);
+    BuildLayerOps(m, rt, &b);
+    for (const auto& [x, y] : {std::pair{&a.forward, &b.forward}, std::pair{&a.backward, &b.backward}}) {
+      std::multiset<std::array<double, 4>> gx, gy;
+      for (const LayerOp& op : *x)
+        if (op.kind == LayerOpKind::kGemm) gx.insert({op.m, op.n, op.k, double(op.pass)});
+      for (const LayerOp& op : *y)
+        if (op.kind == LayerOpKind::kGemm) gy.insert({op.m, op.n, op.k, double(op.pass)});
+      EXPECT_EQ(gx, gy);
+      EXPECT_LT(y->size, LayerOpList::kMax);
+      int allocs = 0;
+      for (const LayerOp& op : *y) {
+        if (op.kind == LayerOpKind::kComm) {
+          EXPECT_EQ(op.overlap, CommOverlap::kBlocking) << op.name;
+        }
+        if (op.kind != LayerOpKind::kMemory) continue;
+        allocs += op.kernel == MemoryKernel::kAlloc;
+        for (MemoryKernel k : {MemoryKernel::kBiasDropoutAdd, MemoryKernel::kBiasDropoutAddBackward,
+                               MemoryKernel::kRotary, MemoryKernel::kSoftmax, MemoryKernel::kFp8Cast})
+          EXPECT_NE(op.kernel, k) << op.name;
+      }
+      EXPECT_GT(allocs, 0);
+    }
+    // Megatron re-gathers the SP input of QKV and FC1 for their wgrad; the runtime kept it.
+    EXPECT_EQ(Count(a.backward, LayerOpKind::kComm) - Count(b.backward, LayerOpKind::kComm),
+              sp ? 2 : 0);
+    // Forward: 4 biases (QKV, proj, FC1, FC2) and 2 residual adds as kernels.
+    int biases = 0, adds = 0;
+    for (const LayerOp& op : b.forward) {
+      biases += op.kind == LayerOpKind::kMemory && op.kernel == MemoryKernel::kBiasAdd;
+      adds += op.kind == LayerOpKind::kMemory && op.kernel == MemoryKernel::kAdd;
+    }
+    EXPECT_EQ(biases, 4);
+    EXPECT_EQ(adds, 2);
+  }
+  // The stage input: Megatron computes on the received buffer, the runtime copies it.
+  LayerOpList f, b;
+  OpShape s = ShapeOf(L(1, false), 0);
+  BuildStageInputOps(m, s, &f, &b);
+  EXPECT_EQ(f.size + b.size, 0);
+  s.runtime = true;
+  BuildStageInputOps(m, s, &f, &b);
+  EXPECT_EQ(f.size, 2);
 }
 
 }  // namespace
