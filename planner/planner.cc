@@ -125,6 +125,9 @@ Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
           for (bool sp : sps)
             for (Recompute rc : recomputes)
               for (bool dopt : dist_opts) {
+                // With no DP (dp x cp == 1) the distributed optimizer shards over one rank: the
+                // same layout twice, unless asked for (issue 14: no duplicate rows).
+                if (dopt && !s.distributed_optimizer && dp * s.cp == 1) continue;
                 Layout l;
                 l.tp = tp; l.pp = pp; l.dp = dp; l.vp = vp; l.cp = s.cp;
                 l.micro_batch = mb;

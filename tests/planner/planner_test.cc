@@ -56,6 +56,23 @@ TEST(Planner, RanksByStepTimeAndFiltersMemory) {
   EXPECT_GT(r.rejected[int(Rejection::kMemory)], 0);  // mb 8 at pp 1 is 80 GiB > 40
 }
 
+// The distributed optimizer at dp 1 shards over one rank: not searched twice, unless forced.
+TEST(Planner, NoDistributedOptimizerTwinAtDp1) {
+  testing::FakeEstimator fake;
+  const ClusterSpec c = testing::DgxA100Like(1);
+  SearchSpace s = Space(8, 16);
+  s.dp = 1;
+  s.recompute = Recompute::kNone;
+  const PlanResult r = Search(fake, SmallGpt(), c, s, 1000);
+  ASSERT_FALSE(r.top.empty());
+  for (const auto& row : r.top) EXPECT_FALSE(row.layout.distributed_optimizer) << row.layout.ShortName();
+  s.distributed_optimizer = true;
+  const PlanResult forced = Search(fake, SmallGpt(), c, s, 1000);
+  ASSERT_FALSE(forced.top.empty());
+  for (const auto& row : forced.top) EXPECT_TRUE(row.layout.distributed_optimizer);
+  EXPECT_EQ(forced.evaluated, r.evaluated);
+}
+
 TEST(Planner, NeverLetsTpCrossANodeUnlessForced) {
   testing::FakeEstimator fake;
   const ClusterSpec c = testing::DgxA100Like(4);  // 32 GPUs, 8 per node
