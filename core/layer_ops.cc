@@ -319,7 +319,6 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out) {
   }
 
   LayerOpList& b = out->backward;
-  const char* no_bias = nullptr;
   // MLP block, in reverse.
   BiasDropoutAddBackward(M, s, x, /*first=*/true, "bias_dropout_add2.backward", "fc2.bias.grad",
                          &b);
@@ -328,7 +327,7 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out) {
          (2 * x.Fi + x.F) * x.T * x.e, false);
   ColumnParallelBackward(s, x, "fc1.input_all_gather", s.sp ? "fc1.reduce_scatter.backward"
                                                             : "fc1.all_reduce.backward",
-                         "fc1.dgrad", "fc1.wgrad", M.bias ? "fc1.bias.grad" : no_bias, x.Fi, &b);
+                         "fc1.dgrad", "fc1.wgrad", M.bias ? "fc1.bias.grad" : nullptr, x.Fi, &b);
   Memory(&b, "norm2.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
          !s.sp);
   // Attention block.
@@ -341,7 +340,7 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out) {
            2 * x.T * (x.A + x.kv * x.hd) * x.e, false);
   ColumnParallelBackward(s, x, "qkv.input_all_gather", s.sp ? "qkv.reduce_scatter.backward"
                                                             : "qkv.all_reduce.backward",
-                         "qkv.dgrad", "qkv.wgrad", M.bias ? "qkv.bias.grad" : no_bias, x.Q, &b);
+                         "qkv.dgrad", "qkv.wgrad", M.bias ? "qkv.bias.grad" : nullptr, x.Q, &b);
   Memory(&b, "norm1.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
          !s.sp);
 }
