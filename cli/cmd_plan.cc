@@ -106,7 +106,7 @@ void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
 
 nlohmann::json ResultJson(const World& w, const PlanResult& r, const Plan* chosen) {
   nlohmann::json j = chosen ? PredictionJson(chosen->prediction) : nlohmann::json::object();
-  if (chosen) j["layout"] = LayoutJson(chosen->layout);
+  if (chosen) j["layout"] = LayoutJson(chosen->layout, w.model);
   j["evaluated"] = r.evaluated;
   j["legal"] = r.legal;
   j["fitting"] = r.fitting;
@@ -117,7 +117,7 @@ nlohmann::json ResultJson(const World& w, const PlanResult& r, const Plan* chose
   j["rejected"] = rej;
   nlohmann::json plans = nlohmann::json::array();
   for (const auto& row : r.top.empty() ? r.unfitting : r.top) {
-    nlohmann::json p = EstimateJson(row.layout, row.estimate);
+    nlohmann::json p = EstimateJson(row.layout, w.model, row.estimate);
     p["source"] = row.simulated ? "simulated" : "analytic";
     p["analytic_step_time_s"] = row.analytic_step_time_s;
     plans.push_back(p);

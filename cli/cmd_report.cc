@@ -94,6 +94,7 @@ Result<ReportData> Gather(const ReportFlags& f) {
     chosen = d.plans[0].layout;
   }
   d.model_name = w.model.name;
+  d.model = w.model;
   d.cluster_name = w.cluster.name;
   d.gpus = chosen.world();
   d.global_batch = chosen.global_batch;
@@ -124,7 +125,7 @@ int RunReport(const ReportFlags& f) {
     j["bytes"] = html.size();
     j["model"] = d->model_name;
     j["cluster"] = d->cluster_name;
-    j["layout"] = LayoutJson(c.layout);
+    j["layout"] = LayoutJson(c.layout, d->model);
     j["step_time_s"] = d->sim.step_time_s;
     j["analytic_step_time_s"] = d->chosen.step_time_s;
     j["plans"] = d->plans.size();

@@ -197,7 +197,7 @@ int RunSimulate(const SimFlags& f) {
   }
   if (f.layout.json) {
     nlohmann::json j = PredictionJson(plan.prediction);
-    j["layout"] = LayoutJson(plan.layout);
+    j["layout"] = LayoutJson(plan.layout, plan.model);
     j["model"] = plan.model.name;
     j["cluster"] = plan.cluster_name;
     j["analytic_step_time_s"] = analytic;

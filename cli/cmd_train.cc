@@ -425,7 +425,7 @@ int RunTrain(const TrainFlags& f) {
     j["tool"] = "ptdp train";
     j["plan"] = f.plan_file;
     j["model"] = plan->model.name;
-    j["layout"] = LayoutJson(l);
+    j["layout"] = LayoutJson(l, plan->model);
     j["machine"] = MachineJson(f.backend);
     j["seed"] = cfg.seed;
     j["first_step"] = first_step;

@@ -14,6 +14,7 @@
 #include <system_error>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "cli/paths.h"
 #include "core/units.h"
@@ -29,12 +30,33 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--gpus", f->gpus, "world size tp*cp*pp*dp (default: every GPU)");
   app->add_option("--global-batch", f->global_batch, "global batch B in sequences");
   app->add_option("--seq-len", f->seq_len, "override the model's sequence length");
-  app->add_option("--tp", f->tp, "tensor-parallel size");
-  app->add_option("--pp", f->pp, "pipeline-parallel size");
-  app->add_option("--dp", f->dp, "data-parallel size");
-  app->add_option("--vp", f->vp, "model chunks per pipeline rank (interleaved 1F1B when > 1)");
-  app->add_option("--cp", f->cp, "context-parallel size (default 1, never searched)");
-  app->add_option("--micro-batch", f->micro_batch, "micro-batch size b");
+  app->add_option("--tp", f->tp, "tensor-parallel size (plan: a list such as 4,8 searches those)")
+      ->delimiter(',');
+  app->add_option("--pp", f->pp, "pipeline-parallel size (or a list)")->delimiter(',');
+  app->add_option("--dp", f->dp, "data-parallel size (or a list)")->delimiter(',');
+  app->add_option("--vp", f->vp,
+                  "model chunks per pipeline rank, Megatron's --num-virtual-stages-per-pipeline-rank "
+                  "(interleaved 1F1B when > 1; or a list)")
+      ->delimiter(',');
+  app->add_option("--cp", f->cp, "context-parallel size (or a list; plan searches it by default)")
+      ->delimiter(',');
+  app->add_option("--micro-batch", f->micro_batch, "micro-batch size b (or a list)")->delimiter(',');
+  app->add_option("--decoder-first-pipeline-num-layers", f->first_stage_layers,
+                  "transformer layers on the first pipeline stage (Megatron-LM's flag)");
+  app->add_option("--decoder-last-pipeline-num-layers", f->last_stage_layers,
+                  "transformer layers on the last pipeline stage (Megatron-LM's flag)");
+  app->add_flag("--account-for-embedding-in-pipeline-split", f->embedding_in_split,
+                "the embedding takes one layer's slot on the first stage (Megatron-LM's flag)");
+  app->add_flag("--account-for-loss-in-pipeline-split", f->loss_in_split,
+                "the loss takes one layer's slot on the last stage (Megatron-LM's flag)");
+  app->add_option("--pipeline-model-parallel-layout", f->pipeline_layout,
+                  "layers per virtual stage as Megatron-LM writes it, e.g. 'Et|(tt|)*30L' (E "
+                  "embedding, t layer, L loss, | stage boundary, (..)*n repeat)");
+  app->add_option("--overlap-p2p-communication", f->p2p_overlap,
+                  "interleaved schedule: overlap the pipeline's sends and receives with compute "
+                  "on|off (default on; off needs pp > 2)");
+  app->add_option("--memory-headroom", f->memory_headroom,
+                  "share of GPU memory left free on top of the per-GPU reserve (default 0.05)");
   app->add_option("--sp", f->sp, "sequence parallelism on|off");
   app->add_option("--recompute", f->recompute, "activation recompute none|selective|full");
   app->add_option("--dist-opt", f->dist_opt, "distributed optimizer on|off");
@@ -121,7 +143,8 @@ Result<World> WorldForPlan(const Plan& plan, const std::string& cluster_override
 namespace {
 
 Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<bool>* dopt,
-                  std::optional<Recompute>* rc, Precision* prec, bool* tpo, bool* gro) {
+                  std::optional<Recompute>* rc, Precision* prec, bool* tpo, bool* gro,
+                  bool* p2p) {
   if (f.sp) { PTDP_ASSIGN_OR_RETURN(bool v, ParseOnOff("--sp", *f.sp)); *sp = v; }
   if (f.dist_opt) { PTDP_ASSIGN_OR_RETURN(bool v, ParseOnOff("--dist-opt", *f.dist_opt)); *dopt = v; }
   if (f.recompute) {
@@ -136,7 +159,44 @@ Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<b
   }
   if (f.tp_overlap) { PTDP_ASSIGN_OR_RETURN(*tpo, ParseOnOff("--tp-comm-overlap", *f.tp_overlap)); }
   if (f.grad_overlap) { PTDP_ASSIGN_OR_RETURN(*gro, ParseOnOff("--overlap-grad-reduce", *f.grad_overlap)); }
+  if (f.p2p_overlap) {
+    PTDP_ASSIGN_OR_RETURN(*p2p, ParseOnOff("--overlap-p2p-communication", *f.p2p_overlap));
+  }
   return Status::Ok();
+}
+
+// The split flags into `l` (first/last counts, accounting, layout string); true when any is
+// given.
+Result<bool> ApplySplit(const LayoutFlags& f, Layout* l) {
+  bool any = false;
+  for (const auto& [flag, v, out] :
+       {std::tuple{"--decoder-first-pipeline-num-layers", f.first_stage_layers, &l->first_stage_layers},
+        std::tuple{"--decoder-last-pipeline-num-layers", f.last_stage_layers, &l->last_stage_layers}}) {
+    if (!v) continue;
+    if (*v <= 0 || *v > kMaxLayers)
+      return Status::Error(std::string(flag) + " " + std::to_string(*v) + " must be in 1.." +
+                           std::to_string(kMaxLayers));
+    *out = *v;
+    any = true;
+  }
+  l->embedding_in_split = f.embedding_in_split;
+  l->loss_in_split = f.loss_in_split;
+  any = any || f.embedding_in_split || f.loss_in_split;
+  if (f.pipeline_layout) {
+    auto pl = ParsePipelineLayout(*f.pipeline_layout);
+    if (!pl.ok()) return pl.status().Prefixed("--pipeline-model-parallel-layout");
+    l->pipeline_layout = std::make_shared<const PipelineLayout>(std::move(*pl));
+    any = true;
+  }
+  return any;
+}
+
+// The one value of a size flag `simulate` and `train` take.
+Result<int> OneValue(const char* flag, const std::vector<int>& v, int fallback) {
+  if (v.empty()) return fallback;
+  if (v.size() > 1)
+    return Status::Error(std::string(flag) + " takes one value here (lists are for `ptdp plan`)");
+  return v[0];
 }
 
 }  // namespace
@@ -146,12 +206,22 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   s.world = w.gpus;
   if (!f.global_batch) return Status::Error("--global-batch is required");
   s.global_batch = *f.global_batch;
-  s.tp = f.tp; s.pp = f.pp; s.dp = f.dp; s.vp = f.vp; s.micro_batch = f.micro_batch;
-  s.cp = f.cp.value_or(1);
-  s.allow_tp_across_nodes = f.allow_tp_across_nodes || (f.tp && *f.tp > w.cluster.gpus_per_node);
+  s.tp = f.tp; s.pp = f.pp; s.dp = f.dp; s.vp = f.vp; s.micro_batch = f.micro_batch; s.cp = f.cp;
+  bool wide_tp = false;
+  for (int tp : f.tp) wide_tp = wide_tp || tp > w.cluster.gpus_per_node;
+  s.allow_tp_across_nodes = f.allow_tp_across_nodes || wide_tp;
   s.precision = w.cluster.gpu.DefaultPrecision();
-  PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &s.sequence_parallel, &s.distributed_optimizer, &s.recompute,
-                                  &s.precision, &s.tp_comm_overlap, &s.overlap_grad_reduce));
+  std::optional<bool> sp, dopt;
+  std::optional<Recompute> rc;
+  PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &s.precision, &s.tp_comm_overlap,
+                                  &s.overlap_grad_reduce, &s.overlap_p2p));
+  s.sequence_parallel = sp;
+  s.distributed_optimizer = dopt;
+  s.recompute = rc;
+  PTDP_ASSIGN_OR_RETURN(const bool split, ApplySplit(f, &s.split));
+  if (split) s.split_search = SplitSearch::kFixed;
+  s.memory_headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
+  s.runtime_layouts = w.cluster.intra.fabric == IntraFabric::kSharedMemory || !w.cluster.measured.empty();
   PTDP_RETURN_IF_ERROR(CheckSearchSpace(w.model, w.cluster, s));
   return s;
 }
@@ -160,11 +230,21 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   Layout l;
   if (!f.global_batch) return Status::Error("--global-batch is required");
   l.global_batch = *f.global_batch;
-  l.tp = f.tp.value_or(1);
-  l.pp = f.pp.value_or(1);
-  l.cp = f.cp.value_or(1);
-  l.vp = f.vp.value_or(1);
-  l.micro_batch = f.micro_batch.value_or(1);
+  PTDP_ASSIGN_OR_RETURN(l.tp, OneValue("--tp", f.tp, 1));
+  PTDP_ASSIGN_OR_RETURN(l.pp, OneValue("--pp", f.pp, 1));
+  PTDP_ASSIGN_OR_RETURN(l.cp, OneValue("--cp", f.cp, 1));
+  PTDP_ASSIGN_OR_RETURN(l.vp, OneValue("--vp", f.vp, 1));
+  PTDP_ASSIGN_OR_RETURN(l.micro_batch, OneValue("--micro-batch", f.micro_batch, 1));
+  std::optional<int> dp_flag;
+  if (!f.dp.empty()) {
+    PTDP_ASSIGN_OR_RETURN(const int v, OneValue("--dp", f.dp, 1));
+    dp_flag = v;
+  }
+  PTDP_ASSIGN_OR_RETURN(const bool split, ApplySplit(f, &l));
+  // A layout string sets vp (its stages / pp), as Megatron derives it.
+  if (l.pipeline_layout && f.vp.empty() && l.pp > 0 && l.pipeline_layout->layers.size() % size_t(l.pp) == 0)
+    l.vp = int(l.pipeline_layout->layers.size() / size_t(l.pp));
+  (void)split;
   if (l.tp <= 0 || l.pp <= 0 || l.cp <= 0 || l.vp <= 0 || l.micro_batch <= 0 || l.global_batch <= 0)
     return Status::Error("--tp, --pp, --cp, --vp, --micro-batch and --global-batch must be positive");
   if (l.global_batch > kMaxGlobalBatch)
@@ -175,8 +255,8 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   if (model_ranks > kMaxWorldSize)
     return Status::Error("tp*cp*pp = " + std::to_string(model_ranks) + " is above the " +
                          std::to_string(kMaxWorldSize) + "-rank limit");
-  if (f.dp) {
-    l.dp = *f.dp;
+  if (dp_flag) {
+    l.dp = *dp_flag;
   } else {
     if (w.gpus % model_ranks != 0)
       return Status::Error("tp*cp*pp = " + std::to_string(model_ranks) +
@@ -187,7 +267,7 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   std::optional<Recompute> rc;
   l.precision = w.cluster.gpu.DefaultPrecision();
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &l.precision, &l.tp_comm_overlap,
-                                  &l.overlap_grad_reduce));
+                                  &l.overlap_grad_reduce, &l.overlap_p2p));
   l.sequence_parallel = sp.value_or(false);
   l.distributed_optimizer = dopt.value_or(false);
   l.recompute = rc.value_or(Recompute::kNone);
@@ -216,14 +296,22 @@ std::string DumpJson(const nlohmann::json& j, int indent) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-nlohmann::json LayoutJson(const Layout& l) {
-  return {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"vp", l.vp}, {"cp", l.cp},
+nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
+  nlohmann::json j = {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"vp", l.vp}, {"cp", l.cp},
           {"micro_batch", l.micro_batch}, {"global_batch", l.global_batch},
           {"num_microbatches", l.num_microbatches()},
           {"sequence_parallel", l.sequence_parallel}, {"recompute", ToString(l.recompute)},
           {"distributed_optimizer", l.distributed_optimizer},
           {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},
-          {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap}};
+          {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap},
+          {"overlap_p2p", l.overlap_p2p}, {"pipeline_split", l.SplitName()}};
+  if (l.first_stage_layers > 0) j["first_stage_layers"] = l.first_stage_layers;
+  if (l.last_stage_layers > 0) j["last_stage_layers"] = l.last_stage_layers;
+  if (l.embedding_in_split) j["embedding_in_split"] = true;
+  if (l.loss_in_split) j["loss_in_split"] = true;
+  if (l.pipeline_layout) j["pipeline_layout"] = l.pipeline_layout->text;
+  if (CheckLayout(model, l) == Rejection::kOk) j["stage_layers"] = StageLayers(model, l);
+  return j;
 }
 
 namespace {
@@ -246,10 +334,10 @@ nlohmann::json PredictionJson(const Prediction& p) {
           {"fits", p.fits}, {"source", p.source}};
 }
 
-nlohmann::json EstimateJson(const Layout& l, const Estimate& e) {
+nlohmann::json EstimateJson(const Layout& l, const ModelSpec& model, const Estimate& e) {
   const double tf = e.model_flops / e.step_time_s / l.world() / 1e12;
   const double hw = e.hw_flops / e.step_time_s / l.world() / 1e12;
-  return {{"layout", LayoutJson(l)}, {"step_time_s", e.step_time_s}, {"tflops_per_gpu", tf},
+  return {{"layout", LayoutJson(l, model)}, {"step_time_s", e.step_time_s}, {"tflops_per_gpu", tf},
           {"hw_tflops_per_gpu", hw}, {"mfu", e.mfu}, {"bubble_fraction", e.bubble_fraction},
           {"breakdown_s", BreakdownJson(e.breakdown)}, {"memory_bytes", MemoryJson(e.memory)},
           {"fits", e.fits}, {"source", "analytic"}};

@@ -26,13 +26,24 @@ namespace ptdp::cli {
 // Flags shared by plan and simulate.
 struct LayoutFlags {
   std::string cluster, model;
-  std::optional<int> nodes, gpus, tp, pp, dp, vp, cp, micro_batch;
+  std::optional<int> nodes, gpus;
+  // Sizes: one value fixes the knob, a comma-separated list (--tp 4,8) searches those (plan).
+  std::vector<int> tp, pp, dp, vp, cp, micro_batch;
   std::optional<int64_t> global_batch;
-  std::optional<std::string> sp, recompute, dist_opt, precision, tp_overlap, grad_overlap;
+  std::optional<std::string> sp, recompute, dist_opt, precision, tp_overlap, grad_overlap,
+      p2p_overlap;
   std::optional<int> seq_len;
+  // Megatron-LM's pipeline split flags.
+  std::optional<int> first_stage_layers, last_stage_layers;
+  bool embedding_in_split = false, loss_in_split = false;
+  std::optional<std::string> pipeline_layout;
+  std::optional<double> memory_headroom;
   bool allow_tp_across_nodes = false;
   bool json = false;
 };
+// The default of --memory-headroom: the share of HBM a plan leaves free on top of the cost
+// model's per-GPU reserve (workspace_bytes: CUDA context, cuBLAS workspace, NCCL buffers).
+constexpr double kDefaultMemoryHeadroom = 0.05;
 void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model);
 
 // A --model value: "hf:path" (a Hugging Face config.json, or a folder holding one), a shipped
@@ -70,9 +81,11 @@ Result<PlanResult> RunPlanner(const World& w, const SearchSpace& space, int top,
 // so no --json output can fail. indent < 0: one line.
 std::string DumpJson(const nlohmann::json& j, int indent = 2);
 
-nlohmann::json LayoutJson(const Layout& l);
+// The layout's keys as plan.yaml writes them, with `stage_layers` (layers per virtual stage, in
+// layer order) for `model`.
+nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model);
 nlohmann::json PredictionJson(const Prediction& p);
-nlohmann::json EstimateJson(const Layout& l, const Estimate& e);
+nlohmann::json EstimateJson(const Layout& l, const ModelSpec& model, const Estimate& e);
 
 // The FLOP/s unit that suits a figure: TFLOP/s from 1e12 up (GPUs), GFLOP/s below (CPU ranks),
 // MFLOP/s below 1e9. A table takes the unit of its largest figure, so its column reads as one.

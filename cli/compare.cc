@@ -265,7 +265,7 @@ json ComparisonJson(const Comparison& c) {
           {"calibrated", c.calibrated},
           {"components", comps},
           {"ranks", ranks},
-          {"layout", LayoutJson(c.plan.layout)},
+          {"layout", LayoutJson(c.plan.layout, c.plan.model)},
           {"model", c.plan.model.name},
           {"cluster", c.cluster_name},
           {"measured_file", c.measured_file},

@@ -31,6 +31,7 @@ struct ReportPlanRow {
 struct ReportData {
   std::string title;               // page title and heading
   std::string model_name, cluster_name;
+  ModelSpec model;                 // the model planned (stage layers in the JSON)
   int gpus = 0;                    // world size used
   int64_t global_batch = 0;        // B, sequences per step
   // Search figures; all 0 when the plan came from a plan.yaml (nothing was searched).

@@ -2,6 +2,7 @@
 // megatron/core/parallel_state.py; ../shared/reference/megatron-reference.md section 1).
 #include "core/layout.h"
 
+#include <numeric>
 #include <sstream>
 
 namespace ptdp {
@@ -69,9 +70,190 @@ std::string Layout::Knobs() const {
   if (recompute == Recompute::kFull) s += "rc-full ";
   if (distributed_optimizer) s += "dopt ";
   if (precision != Precision::kBf16) s += std::string(ToString(precision)) + " ";
+  if (first_stage_layers > 0) s += "first" + std::to_string(first_stage_layers) + " ";
+  if (last_stage_layers > 0) s += "last" + std::to_string(last_stage_layers) + " ";
+  if (embedding_in_split) s += "emb-split ";
+  if (loss_in_split) s += "loss-split ";
+  if (pipeline_layout) s += "pp-layout ";
+  if (!overlap_p2p && vp > 1) s += "no-p2p-overlap ";
   if (!s.empty()) s.pop_back();
   return s.empty() ? "-" : s;
 }
+
+std::string Layout::SplitName() const {
+  if (pipeline_layout) return "layout " + pipeline_layout->text;
+  std::string s;
+  if (first_stage_layers > 0) s += "first " + std::to_string(first_stage_layers);
+  if (last_stage_layers > 0) s += std::string(s.empty() ? "" : " ") + "last " + std::to_string(last_stage_layers);
+  if (embedding_in_split || loss_in_split)
+    s += std::string(s.empty() ? "" : " ") +
+         (embedding_in_split && loss_in_split ? "embedding+loss" : embedding_in_split ? "embedding" : "loss") +
+         " in split";
+  return s.empty() ? "even" : s;
+}
+
+// megatron/core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list: commas are
+// cosmetic, "(X)*n" and "x*n" repeat, "|" separates stages, E/t/m/L are the layers.
+Result<PipelineLayout> ParsePipelineLayout(const std::string& text) {
+  const std::string where = "pipeline layout '" + text + "'";
+  constexpr size_t kMaxChars = size_t(1) << 20;  // unrolled; far above any real layout
+  std::string s;
+  for (char ch : text)
+    if (ch != ',' && ch != ' ') s += ch;
+  // Unroll the innermost "(X)*n" until none is left, then "x*n".
+  auto read_count = [&](size_t at, size_t* end) -> Result<int64_t> {
+    size_t j = at;
+    int64_t n = 0;
+    while (j < s.size() && s[j] >= '0' && s[j] <= '9' && n <= kMaxLayers) n = n * 10 + (s[j++] - '0');
+    if (j == at) return Status::Error(where + ": '*' must be followed by a count");
+    if (n > kMaxLayers) return Status::Error(where + ": repeat count above " + std::to_string(kMaxLayers));
+    *end = j;
+    return n;
+  };
+  for (;;) {
+    const size_t close = s.find(')');
+    if (close == std::string::npos) break;
+    const size_t open = s.rfind('(', close);
+    if (open == std::string::npos) return Status::Error(where + ": ')' without '('");
+    if (close + 1 >= s.size() || s[close + 1] != '*')
+      return Status::Error(where + ": '(...)' must be followed by '*n'");
+    size_t end = 0;
+    PTDP_ASSIGN_OR_RETURN(const int64_t n, read_count(close + 2, &end));
+    const std::string body = s.substr(open + 1, close - open - 1);
+    if (body.size() * size_t(n) + s.size() > kMaxChars)
+      return Status::Error(where + ": unrolls to more than " + std::to_string(kMaxChars) + " characters");
+    std::string rep;
+    for (int64_t i = 0; i < n; ++i) rep += body;
+    s = s.substr(0, open) + rep + s.substr(end);
+  }
+  if (s.find('(') != std::string::npos) return Status::Error(where + ": '(' without ')'");
+  for (size_t star; (star = s.find('*')) != std::string::npos;) {
+    if (star == 0 || s[star - 1] == '|')
+      return Status::Error(where + ": '*' must follow a layer letter");
+    size_t end = 0;
+    PTDP_ASSIGN_OR_RETURN(const int64_t n, read_count(star + 1, &end));
+    if (size_t(n) + s.size() > kMaxChars)
+      return Status::Error(where + ": unrolls to more than " + std::to_string(kMaxChars) + " characters");
+    s = s.substr(0, star - 1) + std::string(size_t(n), s[star - 1]) + s.substr(end);
+  }
+  PipelineLayout pl;
+  pl.text = text;
+  pl.layers.push_back(0);
+  int embeddings = 0, losses = 0;
+  bool seen_mtp = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char ch = s[i];
+    const bool last_char = i + 1 == s.size();
+    switch (ch) {
+      case '|': pl.layers.push_back(0); break;
+      case 't':
+        if (seen_mtp) return Status::Error(where + ": transformer layers ('t') must come before MTP layers ('m')");
+        ++pl.layers.back();
+        break;
+      case 'm': seen_mtp = true; ++pl.mtp_layers; break;
+      case 'E':
+        if (i != 0) return Status::Error(where + ": the embedding 'E' must open the first stage, and only it");
+        ++embeddings;
+        break;
+      case 'L':
+        if (!last_char) return Status::Error(where + ": the loss 'L' must close the last stage, and only it");
+        ++losses;
+        break;
+      default:
+        return Status::Error(where + ": '" + std::string(1, ch) +
+                             "' is not a layer (E embedding, t transformer, m MTP, L loss, | stage "
+                             "boundary, (...)*n repeat)");
+    }
+    if (int64_t(pl.layers.size()) > kMaxLayers)
+      return Status::Error(where + ": more than " + std::to_string(kMaxLayers) + " stages");
+  }
+  if (embeddings != 1 || losses != 1)
+    return Status::Error(where + ": needs exactly one 'E' (first) and one 'L' (last), as Megatron asserts");
+  return pl;
+}
+
+int ChunkLayers(const ModelSpec& m, const Layout& l, int r, int c) {
+  const int p = l.pp, v = l.vp;
+  if (l.pipeline_layout) return l.pipeline_layout->layers[size_t(c) * p + r];
+  const int F = l.first_stage_layers, G = l.last_stage_layers;
+  if (F > 0 || G > 0) {
+    const int64_t mid_stages = p - (F > 0) - (G > 0);
+    int64_t per_rank = mid_stages > 0 ? (m.layers - F - G) / mid_stages : 0;
+    if (r == 0 && F > 0) per_rank = F;
+    if (r == p - 1 && G > 0) per_rank = G;  // Megatron: the last rank's count wins at p 1
+    return int(per_rank / v);
+  }
+  int n = int((m.layers + l.embedding_in_split + l.loss_in_split) / p / v);
+  if (l.embedding_in_split && r == 0 && c == 0) --n;
+  if (l.loss_in_split && r == p - 1 && c == v - 1) --n;
+  return n;
+}
+
+int RankLayers(const ModelSpec& m, const Layout& l, int r) {
+  int n = 0;
+  for (int c = 0; c < l.vp; ++c) n += ChunkLayers(m, l, r, c);
+  return n;
+}
+
+std::vector<int> StageLayers(const ModelSpec& m, const Layout& l) {
+  std::vector<int> out;
+  out.reserve(size_t(l.pp) * l.vp);
+  for (int c = 0; c < l.vp; ++c)
+    for (int r = 0; r < l.pp; ++r) out.push_back(ChunkLayers(m, l, r, c));
+  return out;
+}
+
+namespace {
+
+// What is wrong with an uneven split or a layout string, in Megatron's terms (its checks in
+// megatron/core/transformer/transformer_config.py __post_init__), or "" when nothing is.
+std::string SplitProblem(const ModelSpec& m, const Layout& l) {
+  const int p = l.pp, v = l.vp;
+  const int F = l.first_stage_layers, G = l.last_stage_layers;
+  std::ostringstream o;
+  if (l.pipeline_layout) {
+    const PipelineLayout& pl = *l.pipeline_layout;
+    const int64_t stages = int64_t(pl.layers.size());
+    const int64_t layers = std::accumulate(pl.layers.begin(), pl.layers.end(), int64_t(0));
+    if (F > 0 || G > 0 || l.embedding_in_split || l.loss_in_split)
+      o << "--pipeline-model-parallel-layout cannot be combined with the first/last-stage or "
+           "embedding/loss-accounting flags";
+    else if (stages % p != 0)
+      o << "pipeline layout '" << pl.text << "' has " << stages << " stages, not a multiple of pp " << p;
+    else if (stages / p != v)
+      o << "pipeline layout '" << pl.text << "' has " << stages << " stages = " << stages / p
+        << " virtual stages per rank at pp " << p << ", not vp " << v;
+    else if (layers != m.layers)
+      o << "pipeline layout '" << pl.text << "' places " << layers << " transformer layers, the model has "
+        << m.layers;
+    else if (pl.mtp_layers > 0)
+      o << "pipeline layout '" << pl.text << "' places " << pl.mtp_layers
+        << " MTP layers ('m'); the model has none";
+    return o.str();
+  }
+  if (F > 0 || G > 0) {
+    if (l.embedding_in_split || l.loss_in_split) {
+      o << "--decoder-first/last-pipeline-num-layers cannot be combined with "
+           "--account-for-embedding/loss-in-pipeline-split";
+      return o.str();
+    }
+    if ((F > 0 && F % v) || (G > 0 && G % v)) {
+      o << "first/last stage layers " << F << "/" << G << " must be divisible by vp " << v;
+      return o.str();
+    }
+    const int64_t mid = m.layers - F - G, stages = p - (F > 0) - (G > 0);
+    if (mid < 0 || (mid != 0) != (stages != 0))
+      o << mid << " middle layers remaining (layers " << m.layers << " - first " << F << " - last " << G
+        << ") but " << stages << " middle pipeline stages";
+    else if (stages > 0 && mid % stages)
+      o << "middle layers " << mid << " % middle stages " << stages << " != 0";
+    else if (stages > 0 && (mid / stages) % v)
+      o << "layers per middle stage " << mid / stages << " % vp " << v << " != 0";
+  }
+  return o.str();
+}
+
+}  // namespace
 
 const char* RejectionKey(Rejection r) {
   switch (r) {
@@ -81,7 +263,9 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kKvHeadsTp: return "kv_heads_incompatible_with_tp";
     case Rejection::kLayersPp: return "layers_not_divisible_by_pp";
     case Rejection::kLayersVp: return "stage_layers_not_divisible_by_vp";
-    case Rejection::kInterleavePp: return "interleaving_needs_pp_above_2";
+    case Rejection::kUnevenSplit: return "uneven_split_illegal";
+    case Rejection::kPipelineLayout: return "pipeline_layout_mismatch";
+    case Rejection::kInterleavePp: return "interleaving_pp_too_small";
     case Rejection::kInterleaveMicrobatches: return "interleaving_microbatch_rule";
     case Rejection::kBatch: return "global_batch_not_divisible_by_mb_x_dp";
     case Rejection::kSpNeedsTp: return "sequence_parallel_needs_tp";
@@ -108,12 +292,26 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
     case Rejection::kKvHeadsTp:
       o << "kv_heads " << m.kv_heads << " and tp " << l.tp << ": neither divides the other";
       break;
-    case Rejection::kLayersPp: o << "layers " << m.layers << " % pp " << l.pp << " != 0"; break;
-    case Rejection::kLayersVp:
-      o << "layers per pipeline stage " << m.layers / l.pp << " % vp " << l.vp << " != 0";
+    case Rejection::kLayersPp: {
+      const int64_t n = m.layers + l.embedding_in_split + l.loss_in_split;
+      o << "layers " << m.layers;
+      if (n != m.layers) o << " + " << n - m.layers << " (embedding/loss in the split)";
+      o << " % pp " << l.pp << " != 0";
       break;
+    }
+    case Rejection::kLayersVp:
+      o << "layers per pipeline stage "
+        << (m.layers + l.embedding_in_split + l.loss_in_split) / l.pp << " % vp " << l.vp << " != 0";
+      break;
+    case Rejection::kUnevenSplit:
+    case Rejection::kPipelineLayout: {
+      const std::string why = SplitProblem(m, l);
+      o << (why.empty() ? "the pipeline split (" + l.SplitName() + ") is not one Megatron accepts" : why);
+      break;
+    }
     case Rejection::kInterleavePp:
-      o << "interleaved schedule (vp " << l.vp << ") needs pp > 2, got pp " << l.pp;
+      o << "interleaved schedule (vp " << l.vp << ") needs pp > 1 with p2p overlap, pp > 2 without"
+        << " (--overlap-p2p-communication " << (l.overlap_p2p ? "on" : "off") << "), got pp " << l.pp;
       break;
     case Rejection::kInterleaveMicrobatches:
       o << "interleaving needs pp <= g <= m and (m % g == 0 or m % g >= pp): pp " << l.pp
@@ -146,15 +344,24 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
 Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
   if (m.heads % l.tp != 0) return Rejection::kHeadsTp;
   if (m.kv_heads % l.tp != 0 && l.tp % m.kv_heads != 0) return Rejection::kKvHeadsTp;
-  if (m.layers % l.pp != 0) return Rejection::kLayersPp;
-  if ((m.layers / l.pp) % l.vp != 0) return Rejection::kLayersVp;
+  if (l.pipeline_layout) {
+    if (!SplitProblem(m, l).empty()) return Rejection::kPipelineLayout;
+  } else if (l.first_stage_layers > 0 || l.last_stage_layers > 0) {
+    if (!SplitProblem(m, l).empty()) return Rejection::kUnevenSplit;
+  } else {
+    const int64_t n = m.layers + l.embedding_in_split + l.loss_in_split;
+    if (n % l.pp != 0) return Rejection::kLayersPp;
+    if ((n / l.pp) % l.vp != 0) return Rejection::kLayersVp;
+  }
   if (l.sequence_parallel && l.tp == 1) return Rejection::kSpNeedsTp;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;
   if (l.global_batch % (int64_t(l.micro_batch) * l.dp) != 0) return Rejection::kBatch;
   const bool interleaved = l.schedule == ScheduleKind::kInterleaved;
   if (interleaved != (l.vp > 1)) return Rejection::kScheduleMismatch;
   if (l.vp > 1) {
-    if (l.pp <= 2) return Rejection::kInterleavePp;
+    // megatron/training/arguments.py: p > 1 with --overlap-p2p-communication (the default for
+    // interleaved schedules), p > 2 without it.
+    if (l.pp < 2 || (!l.overlap_p2p && l.pp < 3)) return Rejection::kInterleavePp;
     const int64_t mb = l.num_microbatches(), g = l.group_size();
     if (!(l.pp <= g && g <= mb && (mb % g == 0 || mb % g >= l.pp)))
       return Rejection::kInterleaveMicrobatches;

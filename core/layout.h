@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/limits.h"
 #include "core/model.h"
@@ -22,6 +24,20 @@ const char* ToString(ScheduleKind k);
 Result<Recompute> ParseRecompute(const std::string& s);
 Result<Precision> ParsePrecision(const std::string& s);
 Result<ScheduleKind> ParseScheduleKind(const std::string& s);
+
+// Megatron-LM's --pipeline-model-parallel-layout, parsed: the layers of each virtual stage in
+// layer order (megatron/core/transformer/pipeline_parallel_layer_layout.py: virtual stage i is
+// chunk i / p of pipeline rank i % p). E (embedding) opens virtual stage 0 and L (loss) closes
+// the last one, as Megatron asserts.
+struct PipelineLayout {
+  std::string text;             // as the user wrote it, e.g. "Et|(tt|)*30mL"
+  std::vector<int> layers;      // transformer layers ('t') per virtual stage
+  int mtp_layers = 0;           // 'm' (multi-token prediction layers), counted apart
+};
+
+// Parses a layout string: "E", "t", "m", "L" and "|" between stages; "(...)*n" and "x*n"
+// repeat; commas are cosmetic. Errors name the string and the character.
+Result<PipelineLayout> ParsePipelineLayout(const std::string& text);
 
 struct Layout {
   int tp = 1;                       // tensor-parallel size t
@@ -42,6 +58,16 @@ struct Layout {
   bool overlap_grad_reduce = true;
   // Megatron/TE --tp-comm-overlap: TP collectives split and overlapped with the GEMMs.
   bool tp_comm_overlap = false;
+  // Megatron --overlap-p2p-communication (on by default, interleaved schedules only): the
+  // pipeline's sends and receives run asynchronously under the next chunk's compute.
+  bool overlap_p2p = true;
+  // How the L layers are split over the p*v virtual stages (Megatron-LM's flags; all unset is
+  // the even split L/(p v)); see ChunkLayers.
+  int first_stage_layers = 0;          // --decoder-first-pipeline-num-layers (0: unset)
+  int last_stage_layers = 0;           // --decoder-last-pipeline-num-layers (0: unset)
+  bool embedding_in_split = false;     // --account-for-embedding-in-pipeline-split
+  bool loss_in_split = false;          // --account-for-loss-in-pipeline-split
+  std::shared_ptr<const PipelineLayout> pipeline_layout;  // --pipeline-model-parallel-layout
 
   int world() const { return tp * cp * pp * dp; }
   // m = B / (b d); meaningful only when legal.
@@ -51,7 +77,26 @@ struct Layout {
   std::string ShortName() const;
   // The on/off knobs in short: "sp rc-sel dopt", or "-" when none is on.
   std::string Knobs() const;
+  // True when the split is not the even L/(p v) form (any of the split flags set).
+  bool uneven() const {
+    return first_stage_layers > 0 || last_stage_layers > 0 || embedding_in_split ||
+           loss_in_split || pipeline_layout != nullptr;
+  }
+  // The split in Megatron's words: "even", "first 7 last 7", "embedding+loss in split",
+  // "layout Et|(tt|)*30mL".
+  std::string SplitName() const;
 };
+
+// Transformer layers of chunk c of pipeline rank r (megatron/core/transformer/transformer_block.py
+// get_num_layers_to_build): the layout string's count; or with first/last counts F, G the
+// first rank F/v per chunk, the last G/v, the others (L - F - G)/(p - k)/v; or with embedding
+// and loss accounted ((L + e + l)/p)/v, less one on the first chunk of rank 0 (e) and the last
+// chunk of rank p-1 (l). Meaningful only for a legal layout (CheckLayout).
+int ChunkLayers(const ModelSpec& m, const Layout& l, int r, int c);
+// Layers of pipeline rank r (all its chunks).
+int RankLayers(const ModelSpec& m, const Layout& l, int r);
+// Layers per virtual stage in layer order (virtual stage c*p + r), p*v entries.
+std::vector<int> StageLayers(const ModelSpec& m, const Layout& l);
 
 // kMaxGlobalBatch and kMaxWorldSize are in core/limits.h with every other range.
 
@@ -61,9 +106,11 @@ enum class Rejection {
   kWorldSize,          // t*p*d != world
   kHeadsTp,            // a % t != 0
   kKvHeadsTp,          // k % t != 0 and t % k != 0
-  kLayersPp,           // L % p != 0
-  kLayersVp,           // (L/p) % (layers per virtual stage) != 0, i.e. (L/p) % v != 0
-  kInterleavePp,       // v > 1 needs p > 2
+  kLayersPp,           // (L + e + l) % p != 0 (the even split)
+  kLayersVp,           // ((L + e + l)/p) % v != 0
+  kUnevenSplit,        // first/last stage counts Megatron refuses
+  kPipelineLayout,     // a --pipeline-model-parallel-layout that does not fit the model or p
+  kInterleavePp,       // v > 1 needs p > 1 with p2p overlap, p > 2 without
   kInterleaveMicrobatches,  // group rule: p <= g <= m and (m % g == 0 or m % g >= p)
   kBatch,              // B % (b d) != 0
   kSpNeedsTp,          // SP with t == 1

@@ -123,6 +123,7 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                    : PositionEmbedding::kLearned;
   m.tied_embeddings = r.Bool("tied_embeddings", true);
   m.bias = r.Bool("bias", true);
+  m.dropout = r.Bool("dropout", true);
   // A size past its limit first: it explains any rule it breaks below.
   for (const auto& [name, value, limit] : SizeLimits(m))
     if (value > limit)
@@ -217,6 +218,11 @@ Result<ModelSpec> ImportHfConfigText(const std::string& text, const std::string&
 namespace {
 Result<ModelSpec> ImportHfJson(const nlohmann::json& j, const std::string& path) {
   ModelSpec m;
+  // Dropout from the config's probabilities (GPT-2: resid_pdrop, attn_pdrop; Llama-style:
+  // attention_dropout, hidden_dropout), none when it names none.
+  m.dropout = false;
+  for (const char* key : {"resid_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout"})
+    if (j.contains(key) && j[key].is_number() && j[key].get<double>() > 0) m.dropout = true;
   PTDP_ASSIGN_OR_RETURN(const std::string type, JsonString(j, path, "model_type", ""));
   PTDP_ASSIGN_OR_RETURN(m.name, JsonString(j, path, "_name_or_path",
                                            type.empty() ? std::string("hf-model") : type));
@@ -276,7 +282,8 @@ std::string ModelToYaml(const ModelSpec& m, const std::string& in) {
     << in << "norm: " << ToString(m.norm) << "\n"
     << in << "position_embedding: " << ToString(m.position) << "\n"
     << in << "tied_embeddings: " << (m.tied_embeddings ? "true" : "false") << "\n"
-    << in << "bias: " << (m.bias ? "true" : "false") << "\n";
+    << in << "bias: " << (m.bias ? "true" : "false") << "\n"
+    << in << "dropout: " << (m.dropout ? "true" : "false") << "\n";
   return o.str();
 }
 

@@ -36,6 +36,9 @@ struct ModelSpec {
   PositionEmbedding position = PositionEmbedding::kLearned;  // learned adds s*h parameters
   bool tied_embeddings = true;     // output layer shares the input embedding
   bool bias = true;                // linear layers carry biases (GPT yes, Llama no)
+  // Hidden and attention dropout in training (Megatron's default 0.1: a 1-byte mask per element
+  // is kept after attention and after the MLP); Llama-style recipes train with none.
+  bool dropout = true;
 
   int64_t head_dim() const { return hidden / heads; }
   // Vocabulary padded to a multiple of 128*t, as Megatron does (--make-vocab-size-divisible-by
@@ -66,7 +69,7 @@ Status ValidateModel(const ModelSpec& m, const std::string& where);
 Status CheckGptShaped(const ModelSpec& m);
 
 // Reads a model from a YAML map (keys: name, layers, hidden, heads, kv_heads, ffn_hidden,
-// seq_len, vocab, activation, norm, position_embedding, tied_embeddings, bias). Unknown or
+// seq_len, vocab, activation, norm, position_embedding, tied_embeddings, bias, dropout). Unknown or
 // missing keys and bad values are errors naming file:line, key and value.
 Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                                 const std::string& path);

@@ -76,8 +76,18 @@ Status ReadPrediction(const YAML::Node& node, const std::string& file, Predictio
 
 }  // namespace
 
+namespace {
+
+std::string JoinInts(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
 Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
-                              const std::string& path) {
+                              const std::string& path, const ModelSpec& model) {
   YamlReader l(node, file, path);
   Layout lay;
   lay.tp = l.PositiveIntAtMost("tp", kMaxWorldSize);
@@ -97,6 +107,45 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
       l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
   lay.overlap_grad_reduce = l.Bool("overlap_grad_reduce", true);
   lay.tp_comm_overlap = l.Bool("tp_comm_overlap", false);
+  lay.overlap_p2p = l.Bool("overlap_p2p", true);
+  lay.first_stage_layers = l.NonNegativeIntAtMost("first_stage_layers", kMaxLayers, 0);
+  lay.last_stage_layers = l.NonNegativeIntAtMost("last_stage_layers", kMaxLayers, 0);
+  lay.embedding_in_split = l.Bool("embedding_in_split", false);
+  lay.loss_in_split = l.Bool("loss_in_split", false);
+  if (l.Has("pipeline_layout")) {
+    auto pl = ParsePipelineLayout(l.String("pipeline_layout"));
+    if (!pl.ok()) l.Fail("pipeline_layout", pl.status().message());
+    else lay.pipeline_layout = std::make_shared<const PipelineLayout>(std::move(*pl));
+  }
+  std::vector<int> written;
+  const bool has_stage_layers = l.Has("stage_layers");
+  if (has_stage_layers) {
+    const YAML::Node n = l.Child("stage_layers");
+    if (!n.IsSequence()) {
+      l.Fail("stage_layers", "must be a list of layer counts, one per virtual stage");
+    } else {
+      for (const auto& x : n) {
+        int64_t v = -1;
+        try { v = x.as<int64_t>(); } catch (const YAML::Exception&) {}
+        if (v < 0 || v > kMaxLayers) {
+          l.Fail("stage_layers", "must be a list of layer counts in 0.." + std::to_string(kMaxLayers));
+          break;
+        }
+        written.push_back(int(v));
+      }
+    }
+  }
+  // The split's own counts, once the layout is one Megatron accepts (else the caller names
+  // the broken rule).
+  if (has_stage_layers && lay.tp > 0 && lay.pp > 0 && lay.vp > 0 && lay.dp > 0 && lay.micro_batch > 0 &&
+      CheckLayout(model, lay) == Rejection::kOk) {
+    const std::vector<int> derived = StageLayers(model, lay);
+    if (derived != written)
+      l.Fail("stage_layers", JoinInts(written) + " disagrees with the split (" + lay.SplitName() +
+                                 ") of " + std::to_string(model.layers) + " layers over pp " +
+                                 std::to_string(lay.pp) + " x vp " + std::to_string(lay.vp) + ": " +
+                                 JoinInts(derived) + " (correct the key or remove it)");
+  }
   if (l.Has("num_microbatches") && lay.global_batch % (int64_t(lay.micro_batch) * lay.dp) == 0 &&
       m_written != lay.num_microbatches())
     l.Fail("num_microbatches", "'" + std::to_string(m_written) + "' disagrees with B/(b*dp) = " +
@@ -134,7 +183,17 @@ std::string PlanToYaml(const Plan& plan) {
     << "  precision: " << ToString(l.precision) << "\n"
     << "  schedule: " << ToString(l.schedule) << "\n"
     << "  overlap_grad_reduce: " << Bool(l.overlap_grad_reduce) << "\n"
-    << "  tp_comm_overlap: " << Bool(l.tp_comm_overlap) << "\n";
+    << "  tp_comm_overlap: " << Bool(l.tp_comm_overlap) << "\n"
+    << "  overlap_p2p: " << Bool(l.overlap_p2p) << "  # interleaved schedules only\n";
+  // The pipeline split as Megatron's flags give it, then what it places (checked on reading).
+  if (l.first_stage_layers > 0) o << "  first_stage_layers: " << l.first_stage_layers << "\n";
+  if (l.last_stage_layers > 0) o << "  last_stage_layers: " << l.last_stage_layers << "\n";
+  if (l.embedding_in_split) o << "  embedding_in_split: true\n";
+  if (l.loss_in_split) o << "  loss_in_split: true\n";
+  if (l.pipeline_layout) o << "  pipeline_layout: " << YamlQuote(l.pipeline_layout->text) << "\n";
+  if (CheckLayout(plan.model, l) == Rejection::kOk)
+    o << "  stage_layers: " << JoinInts(StageLayers(plan.model, l))
+      << "  # layers per virtual stage, in layer order\n";
   if (plan.has_prediction) {
     const Prediction& p = plan.prediction;
     o << "prediction:\n"
@@ -187,7 +246,7 @@ Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name) 
   PTDP_RETURN_IF_ERROR(c.Finish());
   if (!r.Has("model")) return Status::Error(name + ": missing required key 'model'");
   PTDP_ASSIGN_OR_RETURN(plan.model, ModelFromYaml(r.Child("model"), name, "model"));
-  PTDP_ASSIGN_OR_RETURN(plan.layout, LayoutFromYaml(r.Child("layout"), name, "layout"));
+  PTDP_ASSIGN_OR_RETURN(plan.layout, LayoutFromYaml(r.Child("layout"), name, "layout", plan.model));
   const Layout& lay = plan.layout;
   if (r.Has("prediction")) {
     plan.has_prediction = true;

@@ -65,11 +65,14 @@ struct Plan {
 
 // Reads a layout from a YAML map in plan.yaml's `layout:` keys (tp, pp, dp, vp, cp,
 // micro_batch, global_batch, num_microbatches, microbatch_group, sequence_parallel, recompute,
-// distributed_optimizer, precision, schedule, overlap_grad_reduce, tp_comm_overlap). Strict:
-// unknown keys and bad values are errors naming file:line, key and value. Legality against a
-// model and a world is the caller's (ValidateLayout).
+// distributed_optimizer, precision, schedule, overlap_grad_reduce, tp_comm_overlap,
+// overlap_p2p, and the pipeline split: first_stage_layers, last_stage_layers,
+// embedding_in_split, loss_in_split, pipeline_layout, stage_layers). Strict: unknown keys and
+// bad values are errors naming file:line, key and value. `stage_layers` (layers per virtual
+// stage, written by PlanToYaml) must agree with the split the other keys give for `model`.
+// Legality against a model and a world is the caller's (ValidateLayout).
 Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
-                              const std::string& path);
+                              const std::string& path, const ModelSpec& model);
 
 // YAML text of a plan (a commented, human-readable file).
 std::string PlanToYaml(const Plan& plan);

@@ -338,12 +338,31 @@ LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
 StageTimes AnalyticModel::Stage(const Layout& l, int r) const { return StageFrom(l, r, Layer(l)); }
 
 StageTimes AnalyticModel::StageFrom(const Layout& l, int r, const LayerTimes& lt) const {
-  return Work(l, double(model_.layers) / l.pp, r == 0, r == l.pp - 1, lt);
+  return Work(l, RankLayers(model_, l, r), r == 0, r == l.pp - 1, lt);
 }
 
 StageTimes AnalyticModel::Chunk(const Layout& l, int r, int c, const LayerTimes& lt) const {
-  return Work(l, double(model_.layers) / (double(l.pp) * l.vp), r == 0 && c == 0,
-              r == l.pp - 1 && c == l.vp - 1, lt);
+  return Work(l, ChunkLayerCount(l, r, c), r == 0 && c == 0, r == l.pp - 1 && c == l.vp - 1, lt);
+}
+
+double AnalyticModel::ChunkLayerCount(const Layout& l, int r, int c) const {
+  if (r < 0 || c < 0) return double(model_.layers) / (double(l.pp) * l.vp);
+  return ChunkLayers(model_, l, r, c);
+}
+
+// Calls f(r, n) for the stages that stand for all of them, n the stages alike to r: without a
+// layout string the first, the last and one middle stage (the middle ones hold the same layers;
+// rank 1 keeps the most micro-batches in flight of them); with one, every stage.
+template <typename F>
+static void ForStageClasses(const Layout& l, F&& f) {
+  const int p = l.pp;
+  if (l.pipeline_layout) {
+    for (int r = 0; r < p; ++r) f(r, 1.0);
+    return;
+  }
+  f(0, 1.0);
+  if (p > 1) f(p - 1, 1.0);
+  if (p > 2) f(1, double(p - 2));
 }
 
 StageTimes AnalyticModel::Work(const Layout& l, double layers, bool embedding, bool output,
@@ -387,7 +406,7 @@ double AnalyticModel::P2pTime(const Layout& l) const {
 double AnalyticModel::ParamsOnStage(const Layout& l, int r) const {
   const ModelSpec& M = model_;
   const double t = l.tp;
-  double p = double(M.layers) / l.pp * M.params_per_layer() / t;
+  double p = double(RankLayers(M, l, r)) * M.params_per_layer() / t;
   const double vocab_rows = double(M.padded_vocab(l.tp)) * M.hidden / t;
   if (r == 0)
     p += vocab_rows + (M.position == PositionEmbedding::kLearned ? double(M.seq_len) * M.hidden : 0);
@@ -443,22 +462,39 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double bwd_s,
   return exposed(rs, bwd_s) + exposed(ag, fwd_s);
 }
 
+// Bytes one layer keeps for its backward per micro-batch, term by term as Megatron-Core with
+// Transformer Engine saves them (Korthikanti et al. 2022 sec. 4.1 and table 2 count the same
+// tensors for GPT: 34 s b h with t = 1): per token, 16-bit, in units of h bytes,
+//   replicated over TP (split by SP): each norm's input and output, 2 + 2, twice (TE's
+//     LayerNormLinear keeps the output for the weight gradient); a 1-byte dropout mask after
+//     attention and after the MLP when the model trains with dropout;
+//   split over TP: Q 2, K and V 4 k/a (GQA), the attention output 2 (flash attention keeps
+//     Q, K, V and O; O is the projection's input too), the first MLP GEMM's output 2 Fi/h and
+//     the activation's output 2 F/h (GeLU: 8 + 8 at f = 4h; SwiGLU: fc1's 2f and its product);
+//   with unfused attention and no selective recompute: the s x s scores, 5 a s / h bytes per
+//     token (softmax output 2, dropout mask 1, dropout output 2; 2 without dropout).
+// GPT-3 (f = 4h, k = a, dropout): 8 + 2 = 10 replicated, 2 + 4 + 2 + 8 + 8 = 24 split: table 2's
+// 10 + 24/t and, with SP, 34/t. Llama 3 405B (f = 3.25h, k/a = 1/16, no dropout): 8 + 23.75.
 double AnalyticModel::LayerActivationBytes(const Layout& l) const {
   if (runtime_) return runtime_->LayerActivationBytes(l);
   const ModelSpec& M = model_;
   const double t = l.tp, b = l.micro_batch, s = M.seq_len, sl = s / l.cp, h = M.hidden,
                a = M.heads;
   const double sbh = sl * b * h;
+  const double fp32 = l.precision == Precision::kFp32 ? 2 : 1;
   if (l.recompute == Recompute::kFull)  // only the layer input is kept
-    return 2.0 * sbh / (l.sequence_parallel ? t : 1) * (l.precision == Precision::kFp32 ? 2 : 1);
-  // Fused (flash) attention never stores the s x s scores: the 5as/h term disappears, as
-  // with selective recompute.
+    return 2.0 * sbh / (l.sequence_parallel ? t : 1) * fp32;
+  // Fused (flash) attention never stores the s x s scores, nor does selective recompute.
   const bool fused_attention = k_.softmax_bytes_per_score == 0;
   const bool sel = l.recompute == Recompute::kSelective;
-  const double score_term = (fused_attention || sel) ? 0 : 5.0 * a * s / h;
-  const double bytes = l.sequence_parallel ? sbh / t * (34 + score_term)
-                                           : sbh * (10 + 24 / t + score_term / t);
-  return l.precision == Precision::kFp32 ? 2 * bytes : bytes;  // table 2 is for 16-bit
+  const double score_term = (fused_attention || sel) ? 0 : (M.dropout ? 5.0 : 2.0) * a * s / h;
+  const double f = double(M.ffn_hidden) / h;
+  const double fc1_out = M.activation == Activation::kSwiglu ? 2 * f : f;
+  const double replicated = 8.0 + (M.dropout ? 2.0 : 0.0);
+  const double split = 2.0 + 4.0 * double(M.kv_heads) / a + 2.0 + 2.0 * fc1_out + 2.0 * f;
+  const double bytes = l.sequence_parallel ? sbh / t * (replicated + split + score_term)
+                                           : sbh * (replicated + (split + score_term) / t);
+  return bytes * fp32;  // table 2 is for 16-bit
 }
 
 // Activation bytes held on stage r at its peak: per-layer bytes times the layers of the
@@ -468,7 +504,7 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
   const double t = l.tp, sbh = double(M.seq_len) / l.cp * l.micro_batch * M.hidden;
   const double per_layer = LayerActivationBytes(l);
   const double m = double(l.num_microbatches());
-  const double layers_per_chunk = double(M.layers) / (l.pp * l.vp);
+  const double layers_per_chunk = double(RankLayers(M, l, r)) / l.vp;
   double chunks_in_flight;
   if (l.schedule == ScheduleKind::kGPipe) {
     chunks_in_flight = m * l.vp;
@@ -534,51 +570,57 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
   Estimate e;
   const int p = l.pp;
   const double m = double(l.num_microbatches());
-  // Stages: first, a middle one (all middle stages are alike), last.
+  // The stages: the slowest sets the steady state, the others the fill and drain.
   const LayerTimes lt = Layer(l);
-  const StageTimes first = StageFrom(l, 0, lt);
-  const StageTimes last = p > 1 ? StageFrom(l, p - 1, lt) : first;
-  const StageTimes mid = p > 2 ? StageFrom(l, 1, lt) : first;
-  const StageTimes* slow = &first;
-  if (last.total() > slow->total()) slow = &last;
-  if (p > 2 && mid.total() > slow->total()) slow = &mid;
-  const double sum_stages =
-      p == 1 ? first.total() : first.total() + last.total() + (p - 2) * mid.total();
-
+  StageTimes slow;
+  double sum_stages = 0, params = 0, opt = 0;
+  ForStageClasses(l, [&](int r, double n) {
+    const StageTimes st = StageFrom(l, r, lt);
+    if (st.total() > slow.total()) slow = st;
+    sum_stages += n * st.total();
+    params = std::max(params, ParamsOnStage(l, r));
+    opt = std::max(opt, StageOptimizerTime(l, r));
+  });
+  const StageTimes* const slowest = &slow;
   Breakdown& br = e.breakdown;
-  br.compute_s = m * slow->compute_s;
-  br.tp_comm_s = m * slow->tp_s;
+  br.compute_s = m * slowest->compute_s;
+  br.tp_comm_s = m * slowest->tp_s;
   // Fill and drain: every other stage's work once, shortened v times by interleaving
   // (Narayanan sec. 2.2: bubble (p-1)/(v m) of the ideal time for uniform stages).
-  br.bubble_s = (sum_stages - slow->total()) / l.vp;
+  br.bubble_s = (sum_stages - slowest->total()) / l.vp;
   // Blocking p2p on the critical path: a send per chunk boundary each way for every micro-batch,
   // plus the fill and drain hops.
+  // With --overlap-p2p-communication (interleaved) as without: the H100 recipes, all run with
+  // it, fit best with every transfer on the critical path (docs/cost-model.md: a law that hid
+  // the steady-state transfers under the next chunk took the H100 mean from 3.4% to 4.5% and
+  // the max to 20%, 17.6% refitted); the flag changes which layouts are legal.
   br.pp_comm_s = p > 1 ? k_.pp_exposed * 2.0 * (m * l.vp + p - 1) * P2pTime(l) : 0;
 
   // DP: the stage with the most parameters finishes last.
-  const double params = std::max(ParamsOnStage(l, 0), ParamsOnStage(l, p - 1));
   double dp = 0;
   if (runtime_) {  // per-tensor reductions of the stage with the most to reduce, not overlapped
-    for (int r : {0, p - 1}) {
+    for (int r : {0, 1 % p, p - 1}) {
       double stage = 0;
       for (int c = 0; c < l.vp; ++c) stage += runtime_->ChunkDp(l, r, c);
       dp = std::max(dp, stage);
     }
   } else {
-    dp = DpExposed(l, params, slow->bwd_s, slow->fwd_s);
+    dp = DpExposed(l, params, slowest->bwd_s, slowest->fwd_s);
   }
   br.dp_comm_s = dp + EmbeddingReduceTime(l);
-  br.optimizer_s = std::max(StageOptimizerTime(l, 0), StageOptimizerTime(l, p - 1));
+  br.optimizer_s = opt;
 
   e.step_time_s = br.total();
   e.bubble_fraction = br.bubble_s / e.step_time_s;
   e.model_flops = ModelFlops(l);
   e.hw_flops = HardwareFlops(l);
   e.mfu = e.model_flops / (e.step_time_s * l.world() * MfuPeak(l.precision));
-  // Memory: the first stage keeps the most micro-batches in flight; the last holds the logits.
-  const MemoryBytes m0 = StageMemory(l, 0);
-  const MemoryBytes ml = p > 1 ? StageMemory(l, p - 1) : m0;
-  e.memory = ml.total > m0.total ? ml : m0;
+  // Memory: the first stage keeps the most micro-batches in flight, the last holds the logits,
+  // and with an uneven split a middle stage may hold more layers than either.
+  ForStageClasses(l, [&](int r, double) {
+    const MemoryBytes mem = StageMemory(l, r);
+    if (mem.total > e.memory.total) e.memory = mem;
+  });
   e.fits = e.memory.total <= e.memory.capacity;
   return e;
 }
@@ -609,17 +651,16 @@ double AnalyticModel::StaticMemory(const Layout& l, int r) const {
   return m.total - m.activations * (1 + k_.fragmentation);
 }
 
-double AnalyticModel::ChunkActivationBytes(const Layout& l) const {
-  return LayerActivationBytes(l) * double(model_.layers) / (double(l.pp) * l.vp) *
-         (1 + k_.fragmentation);
+double AnalyticModel::ChunkActivationBytes(const Layout& l, int r, int c) const {
+  return LayerActivationBytes(l) * ChunkLayerCount(l, r, c) * (1 + k_.fragmentation);
 }
 
 double AnalyticModel::ChunkParams(const Layout& l, int r, int c) const {
   // The stage's parameters split over its chunks; the embedding/output rows go with the chunk
   // that holds them.
-  const double layer_part = double(model_.layers) / l.pp * model_.params_per_layer() / l.tp;
-  const double extra = ParamsOnStage(l, r) - layer_part;
-  double params = layer_part / l.vp;
+  const double per_layer = double(model_.params_per_layer()) / l.tp;
+  const double extra = ParamsOnStage(l, r) - RankLayers(model_, l, r) * per_layer;
+  double params = ChunkLayers(model_, l, r, c) * per_layer;
   if ((r == 0 && c == 0) || (r == l.pp - 1 && c == l.vp - 1)) params += extra;
   return params;
 }
@@ -642,10 +683,12 @@ int AnalyticModel::ChunkDpBuckets(const Layout& l, int r, int c) const {
 double AnalyticModel::LowerBound(const Layout& layout) const {
   const Layout l = Executed(layout);
   const LayerTimes lt = Layer(l);
-  double compute = 0;
-  for (int r : {0, l.pp / 2, l.pp - 1}) compute = std::max(compute, StageFrom(l, r, lt).compute_s);
-  return double(l.num_microbatches()) * compute +
-         std::max(StageOptimizerTime(l, 0), StageOptimizerTime(l, l.pp - 1));
+  double compute = 0, opt = 0;
+  for (int r = 0; r < l.pp; ++r) {
+    compute = std::max(compute, StageFrom(l, r, lt).compute_s);
+    opt = std::max(opt, StageOptimizerTime(l, r));
+  }
+  return double(l.num_microbatches()) * compute + opt;
 }
 
 Prediction AnalyticModel::Predict(const Layout& l) const {

@@ -138,14 +138,17 @@ class AnalyticModel : public Estimator {
   LayerTimes Layer(const Layout& l) const;
   // Stage r of p: r == 0 holds the embedding, r == p-1 the output layer and loss.
   StageTimes Stage(const Layout& l, int r) const;
-  // One model chunk c of stage r (L/(p v) layers; the embedding rides on chunk 0 of stage 0,
-  // the output layer and loss on chunk v-1 of stage p-1), given Layer(l).
+  // One model chunk c of stage r (ChunkLayers of core/layout.h; the embedding rides on chunk 0
+  // of stage 0, the output layer and loss on chunk v-1 of stage p-1), given Layer(l). Stage -1
+  // / chunk -1: the average chunk, L/(p v) layers, neither embedding nor output.
   StageTimes Chunk(const Layout& l, int r, int c, const LayerTimes& lt) const;
+  // Layers of that chunk (fractional for the average chunk).
+  double ChunkLayerCount(const Layout& l, int r, int c) const;
   // Static memory of stage r: weights, grads, optimizer and other, without activations.
   double StaticMemory(const Layout& l, int r) const;
-  // Activation bytes one model chunk keeps per micro-batch in flight on stage r (the layers'
-  // share; the embedding output and logits are in StageMemory).
-  double ChunkActivationBytes(const Layout& l) const;
+  // Activation bytes chunk c of stage r keeps per micro-batch in flight (the layers' share; the
+  // embedding output and logits are in StageMemory); -1, -1: the average chunk.
+  double ChunkActivationBytes(const Layout& l, int r, int c) const;
   // DP gradient reduction of the parameters of one chunk (+ the embedding/output on the first
   // and last chunk), seconds; the per-chunk buckets that --overlap-grad-reduce launches.
   double ChunkDpTime(const Layout& l, int r, int c) const;

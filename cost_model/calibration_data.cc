@@ -123,7 +123,7 @@ Result<MeasuredRun> ReadPublishedRow(const YAML::Node& node, const std::string& 
   for (const char* key : {"model", "layout"})
     if (!r.Has(key)) return Status::Error(r.Where("") + ": " + where + ": missing key '" + key + "'");
   PTDP_ASSIGN_OR_RETURN(run.model, ModelFromYaml(r.Child("model"), file, where + ".model"));
-  PTDP_ASSIGN_OR_RETURN(run.layout, LayoutFromYaml(r.Child("layout"), file, where + ".layout"));
+  PTDP_ASSIGN_OR_RETURN(run.layout, LayoutFromYaml(r.Child("layout"), file, where + ".layout", run.model));
   const bool layer = r.Has("layer_fwd_bwd_ms");
   if (layer == r.Has("step_time_s"))
     r.Fail("step_time_s", "give exactly one of step_time_s and layer_fwd_bwd_ms");

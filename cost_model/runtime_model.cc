@@ -198,7 +198,7 @@ std::vector<RuntimeTensor> RuntimeModel::ChunkTensors(const Layout& l, int r, in
   const Dims x = DimsOf(M, l);
   const int stage = c * l.pp + r, last = l.pp * l.vp - 1;
   const bool embedding = stage == 0, output = stage == last;
-  const int64_t layers = M.layers / (int64_t(l.pp) * l.vp);
+  const int64_t layers = ChunkLayers(M, l, r, c);
   const int norm_tensors = M.norm == Norm::kLayerNorm ? 2 : 1;
   std::vector<RuntimeTensor> t;
   if (embedding || output) t.push_back({x.Vl * x.h, false});  // one word table for both uses
@@ -320,7 +320,7 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
   mem.grads = params * e;
   mem.optimizer = state * e;
   const double in_flight = InFlight(l, r);
-  const double layers_per_chunk = double(model_.layers) / (double(l.pp) * l.vp);
+  const double layers_per_chunk = double(RankLayers(model_, l, r)) / l.vp;
   double act = in_flight * layers_per_chunk * LayerActivationBytes(l) + BackwardWorkingSet(l);
   double cached = 0;
   if (r == 0) {  // sequence-first token ids per micro-batch in flight; the cached position ids

@@ -97,7 +97,7 @@ class Sim {
   double p2p_ = 0, emb_ = 0;
   int transfers_ = 0;                            // p2p transfers so far
   std::vector<double> opt_time_, static_mem_;
-  double act_chunk_ = 0;
+  std::vector<std::vector<double>> act_chunk_;  // [r][c] activation bytes per micro-batch
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>,
                       std::greater<>> ready_;
   SimResult res_;
@@ -132,7 +132,11 @@ void Sim::Prepare() {
     }
   p2p_ = opt_.free_communication ? 0 : cost_.P2pTime(l_);
   emb_ = opt_.free_communication ? 0 : cost_.EmbeddingReduceTime(l_);
-  act_chunk_ = cost_.ChunkActivationBytes(l_);
+  act_chunk_.assign(p_, std::vector<double>(v_));
+  for (int r = 0; r < p_; ++r)
+    for (int c = 0; c < v_; ++c)
+      act_chunk_[r][c] = opt_.uniform_stages ? cost_.ChunkActivationBytes(l_, -1, -1)
+                                             : cost_.ChunkActivationBytes(l_, r, c);
   for (int r = 0; r < p_; ++r) {
     opt_time_.push_back(cost_.StageOptimizerTime(l_, r));
     static_mem_.push_back(cost_.StaticMemory(l_, r));
@@ -203,7 +207,7 @@ void Sim::Compute(int r, const ScheduleOp& op) {
   const double start = st.t;
   if (fwd) {
     rs.peak_inflight = std::max(rs.peak_inflight, ++st.inflight);
-    Memory(r, start, act_chunk_);
+    Memory(r, start, act_chunk_[r][op.chunk]);
   }
   Record(r, SimTrack::kCompute, op, start, start + dur, op.chunk);
   st.t = start + dur;
@@ -211,7 +215,7 @@ void Sim::Compute(int r, const ScheduleOp& op) {
   rs.tp_s += dur - (fwd ? fwd_pure_[r][op.chunk] : bwd_pure_[r][op.chunk]);
   if (!fwd) {
     --st.inflight;
-    Memory(r, st.t, -act_chunk_);
+    Memory(r, st.t, -act_chunk_[r][op.chunk]);
     // --overlap-grad-reduce: the chunk's gradient buckets go out during its last backward.
     // Bucket j of nb is ready at j/nb of the backward (the last layers' first); they run one
     // after another, the last no earlier than the backward's end plus one bucket.

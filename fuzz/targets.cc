@@ -190,7 +190,7 @@ Status FuzzLayoutFlags(const std::string& text) {
                                                      src + "/configs/models/gpt3-13b.yaml",
                                                      f.nodes, f.gpus, f.seq_len));
   auto layout = cli::LayoutFromFlags(f, w);
-  if (layout.ok() && !f.dp && layout->world() != w.gpus)
+  if (layout.ok() && f.dp.empty() && layout->world() != w.gpus)
     Broken("LayoutFromFlags gave " + std::to_string(layout->world()) + " ranks for " +
            std::to_string(w.gpus) + " GPUs");
   if (layout.ok()) CheckLayoutEstimates(*w.cost, *layout);

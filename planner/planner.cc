@@ -24,11 +24,6 @@ std::vector<int> Divisors(int64_t n) {
   return d;
 }
 
-template <typename T>
-std::vector<T> OneOr(const std::optional<T>& fixed, std::vector<T> all) {
-  if (fixed) return {*fixed};
-  return all;
-}
 
 // Keeps the k smallest by `key`, sorted. Keys are finite (SearchLayouts checks every
 // estimate), so `<` is a strict weak ordering.
@@ -61,37 +56,173 @@ bool TpCrossesNode(int tp, int gpus_per_node) {
 
 Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
                         const SearchSpace& s) {
-  auto positive = [](const std::optional<int>& v) { return !v || *v > 0; };
-  if (!positive(s.tp) || !positive(s.pp) || !positive(s.dp) || !positive(s.vp) ||
-      !positive(s.micro_batch) || s.cp <= 0)
-    return Status::Error("--tp, --pp, --dp, --vp, --cp and --micro-batch must be positive");
+  const std::pair<const char*, const Choice<int>*> sizes[] = {
+      {"--tp", &s.tp}, {"--pp", &s.pp}, {"--dp", &s.dp}, {"--vp", &s.vp}, {"--cp", &s.cp},
+      {"--micro-batch", &s.micro_batch}};
+  for (const auto& [flag, c] : sizes)
+    for (int v : c->values())
+      if (v <= 0)
+        return Status::Error(std::string(flag) + " " + std::to_string(v) + " must be positive");
   if (s.global_batch <= 0 || s.global_batch > kMaxGlobalBatch)
     return Status::Error("--global-batch " + std::to_string(s.global_batch) + " must be in 1.." +
                          std::to_string(kMaxGlobalBatch));
   if (s.world <= 0 || s.world > cluster.world())
     return Status::Error("--gpus " + std::to_string(s.world) + ": the cluster has " +
                          std::to_string(cluster.world()) + " GPUs");
-  // 64 bits, and no growing past the world: the product of flags up to INT_MAX would overflow.
-  int64_t fixed = s.cp;
-  for (const auto& v : {s.tp, s.pp, s.dp})
-    if (v && fixed <= s.world) fixed *= *v;
+  if (!(s.memory_headroom >= 0 && s.memory_headroom < 1))
+    return Status::Error("--memory-headroom " + std::to_string(s.memory_headroom) +
+                         " must be a fraction in [0, 1)");
+  for (const auto& [flag, c] : {sizes[0], sizes[1], sizes[2], sizes[4]})
+    for (int v : c->values())
+      if (s.world % v != 0)
+        return Status::Error(std::string(flag) + " " + std::to_string(v) +
+                             " does not divide the world size " + std::to_string(s.world));
+  // One value each: their product must divide the world (64 bits: flags up to INT_MAX).
+  int64_t fixed = 1;
+  for (const Choice<int>* c : {&s.tp, &s.cp, &s.pp, &s.dp})
+    if (c->single() && fixed <= s.world) fixed *= **c;
   if (fixed > s.world || s.world % fixed != 0)
     return Status::Error("fixed sizes (tp*cp*pp*dp so far " + std::to_string(fixed) +
                          ") do not divide the world size " + std::to_string(s.world));
-  if (s.tp && s.pp && s.dp && fixed != s.world)
-    return Status::Error("--tp " + std::to_string(*s.tp) + " * --pp " + std::to_string(*s.pp) +
-                         " * --dp " + std::to_string(*s.dp) + " != " + std::to_string(s.world) +
-                         " GPUs");
-  if (s.tp && model.heads % *s.tp != 0)
-    return Status::Error("--tp " + std::to_string(*s.tp) + ": heads " +
-                         std::to_string(model.heads) + " are not divisible by it");
-  if (s.pp && model.layers % *s.pp != 0)
-    return Status::Error("--pp " + std::to_string(*s.pp) + ": layers " +
-                         std::to_string(model.layers) + " are not divisible by it");
+  if (s.tp.single() && s.pp.single() && s.dp.single() && s.cp.single() && fixed != s.world)
+    return Status::Error("--tp " + std::to_string(*s.tp) + " * --cp " + std::to_string(*s.cp) +
+                         " * --pp " + std::to_string(*s.pp) + " * --dp " + std::to_string(*s.dp) +
+                         " != " + std::to_string(s.world) + " GPUs");
+  for (int tp : s.tp.values())
+    if (model.heads % tp != 0)
+      return Status::Error("--tp " + std::to_string(tp) + ": heads " +
+                           std::to_string(model.heads) + " are not divisible by it");
+  for (int cp : s.cp.values())
+    if (cp > 1 && model.seq_len % (2 * cp) != 0)
+      return Status::Error("--cp " + std::to_string(cp) + ": seq_len " +
+                           std::to_string(model.seq_len) + " is not divisible by 2 x cp");
+  if (s.split_search == SplitSearch::kFixed && s.split.pipeline_layout && s.pp.single() &&
+      s.split.pipeline_layout->layers.size() % size_t(*s.pp) != 0)
+    return Status::Error("--pipeline-model-parallel-layout '" + s.split.pipeline_layout->text +
+                         "' has " + std::to_string(s.split.pipeline_layout->layers.size()) +
+                         " stages, not a multiple of --pp " + std::to_string(*s.pp));
   if (s.precision == Precision::kFp8 && cluster.gpu.peak_fp8 <= 0)
     return Status::Error("--precision fp8: GPU " + cluster.gpu.name + " has no fp8 peak");
   return Status::Ok();
 }
+
+namespace {
+
+// One way of splitting the layers over p pipeline ranks: vp and Megatron's split flags.
+struct Split {
+  int vp = 1;
+  Layout flags;  // first_stage_layers .. pipeline_layout
+};
+
+// Whether Megatron accepts how `l` splits the layers (its other rules aside).
+bool SplitLegal(const ModelSpec& model, const Layout& l) {
+  const Rejection why = CheckLayout(model, l);
+  return why != Rejection::kLayersPp && why != Rejection::kLayersVp &&
+         why != Rejection::kUnevenSplit && why != Rejection::kPipelineLayout;
+}
+
+void CopySplit(const Layout& from, Layout* to) {
+  to->first_stage_layers = from.first_stage_layers;
+  to->last_stage_layers = from.last_stage_layers;
+  to->embedding_in_split = from.embedding_in_split;
+  to->loss_in_split = from.loss_in_split;
+  to->pipeline_layout = from.pipeline_layout;
+}
+
+// The splits tried at pipeline size p. Fixed: the user's, at each vp asked for (or the layout
+// string's). Otherwise the even split at every vp dividing L/p (CheckLayout names why it is
+// illegal when p does not divide L), and where Megatron accepts them and they place the layers
+// differently: the embedding and/or loss counted as a layer's slot
+// (--account-for-embedding/loss-in-pipeline-split), and first/last-stage counts
+// (--decoder-first/last-pipeline-num-layers) around middle stages of q layers, q a multiple of
+// vp next to L/p, the rest shared by the first and last stage both ways round, or given to one
+// when it makes that stage the lighter one.
+std::vector<Split> SplitsFor(const ModelSpec& model, int p, const SearchSpace& s) {
+  std::vector<Split> out;
+  const int64_t L = model.layers;
+  if (s.split_search == SplitSearch::kFixed) {
+    if (s.split.pipeline_layout) {
+      Split sp;
+      sp.vp = int(s.split.pipeline_layout->layers.size() / size_t(p));
+      if (sp.vp < 1) sp.vp = 1;
+      CopySplit(s.split, &sp.flags);
+      out.push_back(sp);
+      return out;
+    }
+    const int64_t per_rank =
+        std::max<int64_t>(1, s.split.first_stage_layers > 0 ? s.split.first_stage_layers
+                             : s.split.last_stage_layers > 0 ? s.split.last_stage_layers
+                             : (L + s.split.embedding_in_split + s.split.loss_in_split) / p);
+    for (int v : s.vp.Or(Divisors(per_rank))) {
+      Split sp;
+      sp.vp = v;
+      CopySplit(s.split, &sp.flags);
+      out.push_back(sp);
+    }
+    return out;
+  }
+  for (int v : s.vp.Or(Divisors(std::max<int64_t>(1, L / p)))) {
+    Split sp;
+    sp.vp = v;
+    out.push_back(sp);
+  }
+  if (p == 1 || s.split_search == SplitSearch::kEvenOnly || s.runtime_layouts) return out;
+  // The alternatives, kept when legal and placing the layers unlike every split before them.
+  std::vector<std::vector<int>> seen;
+  for (const Split& sp : out) {
+    Layout l;
+    l.pp = p;
+    l.vp = sp.vp;
+    l.schedule = sp.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+    if (SplitLegal(model, l)) seen.push_back(StageLayers(model, l));
+  }
+  auto offer = [&](int v, int first, int last, bool emb, bool loss) {
+    if (!s.vp.Allows(v)) return;
+    Layout l;
+    l.pp = p;
+    l.vp = v;
+    l.schedule = v > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+    l.first_stage_layers = first;
+    l.last_stage_layers = last;
+    l.embedding_in_split = emb;
+    l.loss_in_split = loss;
+    if (!SplitLegal(model, l)) return;
+    std::vector<int> layers = StageLayers(model, l);
+    if (std::find(seen.begin(), seen.end(), layers) != seen.end()) return;
+    seen.push_back(std::move(layers));
+    Split sp;
+    sp.vp = v;
+    CopySplit(l, &sp.flags);
+    out.push_back(sp);
+  };
+  for (int extra : {2, 1})
+    if ((L + extra) % p == 0)
+      for (int v : Divisors((L + extra) / p)) {
+        if (extra == 2) offer(v, 0, 0, true, true);
+        else offer(v, 0, 0, false, true), offer(v, 0, 0, true, false);
+      }
+  for (int v : Divisors(std::max<int64_t>(1, (L + p - 1) / p))) {
+    if (!s.vp.Allows(v)) continue;
+    const int64_t lo = L / p / v * v, hi = (L + p * int64_t(v) - 1) / (p * int64_t(v)) * v;
+    for (int64_t q : {lo, hi}) {
+      if (q < v) continue;
+      const int64_t rest = L - (p - 2) * q;  // first + last
+      if (rest >= 2 * v && rest % v == 0) {
+        const int64_t half = rest / 2 / v * v;
+        offer(v, int(rest - half), int(half), false, false);
+        offer(v, int(half), int(rest - half), false, false);
+      }
+      const int64_t one = L - (p - 1) * q;  // first or last alone, the lighter end
+      if (one >= v && one < q && one % v == 0) {
+        offer(v, int(one), 0, false, false);
+        offer(v, 0, int(one), false, false);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
                                  const ClusterSpec& cluster, const SearchSpace& s, int top_k) {
@@ -100,67 +231,80 @@ Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
   TopK best(top_k), small(top_k);
   const int gpn = cluster.gpus_per_node;
   const bool precision_ok = cluster.gpu.PeakFlops(s.precision) > 0;
-  const int rest = s.world / s.cp;
   const std::vector<Recompute> recomputes =
-      OneOr(s.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
-  const std::vector<bool> dist_opts = OneOr(s.distributed_optimizer, {false, true});
+      s.recompute.Or({Recompute::kNone, Recompute::kSelective, Recompute::kFull});
+  const std::vector<bool> dist_opts = s.distributed_optimizer.Or({false, true});
+  const double usable = 1 - s.memory_headroom;
 
-  for (int tp : OneOr(s.tp, Divisors(rest))) {
-    if (rest % tp) continue;
-    for (int pp : OneOr(s.pp, Divisors(rest / tp))) {
-      if ((rest / tp) % pp) continue;
-      const int dp = rest / tp / pp;
-      if (s.dp && *s.dp != dp) continue;
-      const std::vector<int> vps = OneOr(s.vp, Divisors(std::max<int64_t>(1, model.layers / pp)));
-      std::vector<int> mbs;
-      if (s.micro_batch) mbs = {*s.micro_batch};
-      else
-        for (int b : Divisors(std::max<int64_t>(1, s.global_batch / dp)))
-          if (b <= s.max_micro_batch) mbs.push_back(b);
-      if (mbs.empty()) mbs = {1};
-      const std::vector<bool> sps = OneOr(s.sequence_parallel, tp > 1 ? std::vector<bool>{false, true}
-                                                                     : std::vector<bool>{false});
-      for (int vp : vps)
-        for (int mb : mbs)
-          for (bool sp : sps)
-            for (Recompute rc : recomputes)
-              for (bool dopt : dist_opts) {
-                // With no DP (dp x cp == 1) the distributed optimizer shards over one rank: the
-                // same layout twice, unless asked for (issue 14: no duplicate rows).
-                if (dopt && !s.distributed_optimizer && dp * s.cp == 1) continue;
-                Layout l;
-                l.tp = tp; l.pp = pp; l.dp = dp; l.vp = vp; l.cp = s.cp;
-                l.micro_batch = mb;
-                l.global_batch = s.global_batch;
-                l.sequence_parallel = sp;
-                l.recompute = rc;
-                l.distributed_optimizer = dopt;
-                l.precision = s.precision;
-                l.schedule = vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
-                l.overlap_grad_reduce = s.overlap_grad_reduce;
-                l.tp_comm_overlap = s.tp_comm_overlap;
-                ++res.evaluated;
-                Rejection why = CheckLayout(model, l);
-                if (why == Rejection::kOk && !s.allow_tp_across_nodes && TpCrossesNode(tp, gpn))
-                  why = Rejection::kTpCrossesNode;
-                if (why == Rejection::kOk && !precision_ok) why = Rejection::kPrecisionUnsupported;
-                if (why != Rejection::kOk) {
-                  ++res.rejected[int(why)];
-                  continue;
+  for (int tp : s.tp.Or(Divisors(s.world))) {
+    if (s.world % tp) continue;
+    // Context parallelism: searched where the sequence splits (CheckLayout), rank order
+    // tp-cp-dp-pp. TP stays inside the NVLink domain (its collectives block every layer); the
+    // CP ring may leave it: it overlaps attention and the cost model prices it on the link it
+    // crosses (NeMo's long-sequence recipes run cp 2-16 across nodes). Keeping TP x CP inside
+    // made the pick at 32K tokens 20% slower than a forced cp 4 (tests/planner/
+    // pipeline_search_test.cc).
+    for (int cp : s.cp.Or(s.runtime_layouts ? std::vector<int>{1} : Divisors(s.world / tp))) {
+      if ((s.world / tp) % cp) continue;
+      const int rest = s.world / tp / cp;
+      for (int pp : s.pp.Or(Divisors(rest))) {
+        if (rest % pp) continue;
+        const int dp = rest / pp;
+        if (!s.dp.Allows(dp)) continue;
+        const std::vector<Split> splits = SplitsFor(model, pp, s);
+        std::vector<int> mbs;
+        if (s.micro_batch) mbs = s.micro_batch.values();
+        else
+          for (int b : Divisors(std::max<int64_t>(1, s.global_batch / dp)))
+            if (b <= s.max_micro_batch) mbs.push_back(b);
+        if (mbs.empty()) mbs = {1};
+        const std::vector<bool> sps = s.sequence_parallel.Or(
+            tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false});
+        for (const Split& split : splits)
+          for (int mb : mbs)
+            for (bool sp : sps)
+              for (Recompute rc : recomputes)
+                for (bool dopt : dist_opts) {
+                  // With no DP (dp x cp == 1) the distributed optimizer shards over one rank: the
+                  // same layout twice, unless asked for (issue 14: no duplicate rows).
+                  if (dopt && !s.distributed_optimizer && dp * cp == 1) continue;
+                  Layout l;
+                  l.tp = tp; l.pp = pp; l.dp = dp; l.vp = split.vp; l.cp = cp;
+                  CopySplit(split.flags, &l);
+                  l.micro_batch = mb;
+                  l.global_batch = s.global_batch;
+                  l.sequence_parallel = sp;
+                  l.recompute = rc;
+                  l.distributed_optimizer = dopt;
+                  l.precision = s.precision;
+                  l.schedule = split.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+                  l.overlap_grad_reduce = s.overlap_grad_reduce;
+                  l.tp_comm_overlap = s.tp_comm_overlap;
+                  l.overlap_p2p = s.overlap_p2p;
+                  ++res.evaluated;
+                  Rejection why = CheckLayout(model, l);
+                  if (why == Rejection::kOk && !s.allow_tp_across_nodes && TpCrossesNode(tp, gpn))
+                    why = Rejection::kTpCrossesNode;
+                  if (why == Rejection::kOk && !precision_ok) why = Rejection::kPrecisionUnsupported;
+                  if (why != Rejection::kOk) {
+                    ++res.rejected[int(why)];
+                    continue;
+                  }
+                  ++res.legal;
+                  RankedLayout r{l, est.Evaluate(l)};
+                  // The keys below must be numbers: a NaN breaks TopK's ordering.
+                  PTDP_RETURN_IF_ERROR(CheckEstimate(l, r.estimate));
+                  r.analytic_step_time_s = r.estimate.step_time_s;
+                  r.estimate.fits = r.estimate.memory.total <= r.estimate.memory.capacity * usable;
+                  if (r.estimate.fits) {
+                    ++res.fitting;
+                    best.Offer(r, r.estimate.step_time_s);
+                  } else {
+                    ++res.rejected[int(Rejection::kMemory)];
+                    small.Offer(r, r.estimate.memory.total);
+                  }
                 }
-                ++res.legal;
-                RankedLayout r{l, est.Evaluate(l)};
-                // The keys below must be numbers: a NaN breaks TopK's ordering.
-                PTDP_RETURN_IF_ERROR(CheckEstimate(l, r.estimate));
-                r.analytic_step_time_s = r.estimate.step_time_s;
-                if (r.estimate.fits) {
-                  ++res.fitting;
-                  best.Offer(r, r.estimate.step_time_s);
-                } else {
-                  ++res.rejected[int(Rejection::kMemory)];
-                  small.Offer(r, r.estimate.memory.total);
-                }
-              }
+      }
     }
   }
   res.top = best.Take();
@@ -232,7 +376,9 @@ std::vector<std::string> ExplainChoice(const RankedLayout& a, const RankedLayout
   diff("tp", std::to_string(la.tp), std::to_string(lb.tp));
   diff("pp", std::to_string(la.pp), std::to_string(lb.pp));
   diff("dp", std::to_string(la.dp), std::to_string(lb.dp));
+  diff("cp", std::to_string(la.cp), std::to_string(lb.cp));
   diff("vp", std::to_string(la.vp), std::to_string(lb.vp));
+  diff("pipeline split", la.SplitName(), lb.SplitName());
   diff("micro-batch", std::to_string(la.micro_batch), std::to_string(lb.micro_batch));
   diff("sp", la.sequence_parallel ? "on" : "off", lb.sequence_parallel ? "on" : "off");
   diff("recompute", ToString(la.recompute), ToString(lb.recompute));

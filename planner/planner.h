@@ -4,7 +4,9 @@
 // fixed; the rest are searched.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -17,19 +19,62 @@
 
 namespace ptdp {
 
-// What to search. An unset optional means "search every legal value".
+// The values one knob may take: empty means "search every legal value", one value fixes it, a
+// list (--tp 4,8) searches those. Assigning a value or an optional keeps the old one-value form.
+template <typename T>
+class Choice {
+ public:
+  Choice() = default;
+  Choice(T v) : v_{v} {}  // NOLINT: a fixed value
+  Choice(std::initializer_list<T> v) : v_(v) {}
+  Choice(std::vector<T> v) : v_(std::move(v)) {}  // NOLINT
+  Choice(const std::optional<T>& o) { if (o) v_ = {*o}; }  // NOLINT
+  explicit operator bool() const { return !v_.empty(); }
+  const T& operator*() const { return v_.front(); }
+  const std::vector<T>& values() const { return v_; }
+  bool single() const { return v_.size() == 1; }
+  bool Allows(const T& x) const {
+    return v_.empty() || std::find(v_.begin(), v_.end(), x) != v_.end();
+  }
+  // The values to try: the given ones, or `all`.
+  std::vector<T> Or(std::vector<T> all) const { return v_.empty() ? all : v_; }
+
+ private:
+  std::vector<T> v_;
+};
+
+// How the planner may split the layers over the pipeline (Megatron-LM's flags).
+enum class SplitSearch {
+  kAuto,      // the even split, embedding/loss accounting, and first/last-stage counts that
+              // balance the embedding and the output layer (where legal)
+  kEvenOnly,  // only L/(p v)
+  kFixed,     // exactly the split in SearchSpace::split (the user's flags)
+};
+
+// What to search.
 struct SearchSpace {
   int world = 0;                          // GPUs used (tp * cp * pp * dp)
   int64_t global_batch = 0;               // B, fixed by the user
-  std::optional<int> tp, pp, dp, vp, micro_batch;
-  int cp = 1;                             // context parallelism is never searched
-  std::optional<bool> sequence_parallel, distributed_optimizer;
-  std::optional<Recompute> recompute;
+  Choice<int> tp, pp, dp, vp, cp, micro_batch;
+  Choice<bool> sequence_parallel, distributed_optimizer;
+  Choice<Recompute> recompute;
   Precision precision = Precision::kBf16;
   int max_micro_batch = 16;               // largest b tried when b is searched
   bool allow_tp_across_nodes = false;     // otherwise such layouts are rejected (named reason)
   bool overlap_grad_reduce = true;
   bool tp_comm_overlap = false;
+  bool overlap_p2p = true;                // --overlap-p2p-communication
+  SplitSearch split_search = SplitSearch::kAuto;
+  // Only layouts ptdp's own runtime trains (cp 1, the even split) unless the user fixes cp or the
+  // split: set for clusters of CPU rank slots and calibrated (measured) clusters, whose plans
+  // are for `ptdp train`.
+  bool runtime_layouts = false;
+  // The user's split (first/last counts, accounting, layout string) when kFixed: its fields
+  // first_stage_layers .. pipeline_layout are copied into every layout.
+  Layout split;
+  // Fraction of HBM kept free on top of the cost model's per-GPU reserve: a layout fits when
+  // its most loaded GPU needs at most (1 - headroom) x capacity.
+  double memory_headroom = 0;
 };
 
 struct RankedLayout {

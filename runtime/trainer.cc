@@ -721,6 +721,10 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   const Rejection rej = CheckLayout(cfg.model, l);
   if (rej != Rejection::kOk)
     return Status::Error(where + ": illegal layout: " + ExplainRejection(rej, cfg.model, l));
+  if (l.uneven())
+    return Status::Error(where + ": the pipeline split (" + l.SplitName() +
+                         ") is not supported by the runtime, which builds L/(pp*vp) layers per "
+                         "stage; plan with the even split");
   if (l.sequence_parallel && cfg.model.seq_len % l.tp != 0)
     return Status::Error(where + ": sequence parallelism needs seq_len " +
                          Str(cfg.model.seq_len) + " divisible by tp " + Str(l.tp));

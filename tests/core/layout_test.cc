@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,6 +33,9 @@ struct LayoutArgs {
   bool sp = false;
   // -1: interleaved iff vp > 1 (the consistent choice); otherwise the given kind.
   int schedule = -1;
+  bool p2p_overlap = true;
+  int first = 0, last = 0;  // --decoder-first/last-pipeline-num-layers
+  bool emb = false, loss = false;  // --account-for-embedding/loss-in-pipeline-split
 };
 
 Layout Make(const LayoutArgs& a) {
@@ -39,6 +43,11 @@ Layout Make(const LayoutArgs& a) {
   l.tp = a.tp; l.pp = a.pp; l.dp = a.dp; l.vp = a.vp; l.cp = a.cp;
   l.micro_batch = a.mb; l.global_batch = a.gb; l.microbatch_group = a.group;
   l.sequence_parallel = a.sp;
+  l.overlap_p2p = a.p2p_overlap;
+  l.first_stage_layers = a.first;
+  l.last_stage_layers = a.last;
+  l.embedding_in_split = a.emb;
+  l.loss_in_split = a.loss;
   l.schedule = a.schedule >= 0 ? static_cast<ScheduleKind>(a.schedule)
                : a.vp > 1      ? ScheduleKind::kInterleaved
                                : ScheduleKind::kOneFOneB;
@@ -91,8 +100,28 @@ TEST(CheckLayoutTest, Table) {
       // --- (L/p) % v: L/p = 24/4 = 6
       {"stage6_vp3", m, {.pp = 4, .vp = 3, .gb = 8}, Rejection::kOk},   // 6 % 3 == 0
       {"stage6_vp4", m, {.pp = 4, .vp = 4, .gb = 8}, Rejection::kLayersVp},  // 6 % 4 = 2
-      // --- interleaving needs p > 2 (L/p = 12, 12 % 2 = 0, so only this rule breaks)
-      {"interleave_pp2", m, {.pp = 2, .vp = 2, .gb = 8}, Rejection::kInterleavePp},
+      // --- interleaving needs p > 1 with p2p overlap (the default), p > 2 without
+      //     (L/p = 12, 12 % 2 = 0, so only this rule breaks)
+      {"interleave_pp2", m, {.pp = 2, .vp = 2, .gb = 8}, Rejection::kOk},
+      {"interleave_pp2_no_overlap", m, {.pp = 2, .vp = 2, .gb = 8, .p2p_overlap = false},
+       Rejection::kInterleavePp},
+      {"interleave_pp3_no_overlap", m, {.pp = 3, .vp = 2, .gb = 6, .p2p_overlap = false},
+       Rejection::kOk},
+      {"interleave_pp1", m, {.pp = 1, .vp = 2, .gb = 8}, Rejection::kInterleavePp},
+      // --- uneven splits, L = 24 (megatron/core/transformer/transformer_config.py)
+      {"emb_loss_pp2", m, {.pp = 2, .emb = true, .loss = true}, Rejection::kOk},   // 26 / 2
+      {"emb_loss_pp4", m, {.pp = 4, .emb = true, .loss = true}, Rejection::kLayersPp},  // 26 % 4
+      {"emb_pp5", m, {.pp = 5, .emb = true}, Rejection::kOk},                      // 25 / 5
+      {"emb_loss_vp", m, {.pp = 2, .vp = 13, .gb = 8, .emb = true, .loss = true}, Rejection::kOk},
+      {"emb_loss_vp2", m, {.pp = 2, .vp = 2, .gb = 8, .emb = true, .loss = true}, Rejection::kLayersVp},
+      {"first5_last5", m, {.pp = 4, .first = 5, .last = 5}, Rejection::kOk},      // 14 / 2 middle
+      {"first5_pp4", m, {.pp = 4, .first = 5}, Rejection::kUnevenSplit},           // 19 % 3
+      {"first6_pp4", m, {.pp = 4, .first = 6}, Rejection::kOk},                    // 18 / 3
+      {"first_last_vp", m, {.pp = 4, .vp = 2, .gb = 8, .first = 6, .last = 6}, Rejection::kOk},
+      {"first_vp_odd", m, {.pp = 4, .vp = 2, .gb = 8, .first = 5, .last = 7}, Rejection::kUnevenSplit},
+      {"first_with_emb", m, {.pp = 4, .first = 6, .emb = true}, Rejection::kUnevenSplit},
+      {"first_last_pp2_rest", m, {.pp = 2, .first = 10, .last = 10}, Rejection::kUnevenSplit},  // 4 left
+      {"first_last_pp2", m, {.pp = 2, .first = 10, .last = 14}, Rejection::kOk},
       {"interleave_pp3", m, {.pp = 3, .vp = 2, .gb = 6}, Rejection::kOk},  // m 6, g 3
       // --- interleaving micro-batch rule, p 4, v 2 (L/p = 6): p <= g <= m and
       //     (m % g == 0 or m % g >= p); g defaults to p.
@@ -165,7 +194,10 @@ TEST(ExplainRejectionTest, ContainsTheNumbers) {
       {Rejection::kKvHeadsTp, {.tp = 3}, {"kv_heads 8", "tp 3"}},
       {Rejection::kLayersPp, {.pp = 5}, {"layers 24", "pp 5"}},
       {Rejection::kLayersVp, {.pp = 4, .vp = 4}, {"6", "vp 4"}},
-      {Rejection::kInterleavePp, {.pp = 2, .vp = 2}, {"vp 2", "pp 2"}},
+      {Rejection::kInterleavePp, {.pp = 2, .vp = 2, .p2p_overlap = false},
+       {"vp 2", "pp 2", "pp > 2 without", "off"}},
+      {Rejection::kLayersPp, {.pp = 4, .emb = true, .loss = true}, {"layers 24 + 2", "pp 4"}},
+      {Rejection::kUnevenSplit, {.pp = 4, .first = 5}, {"middle layers 19", "middle stages 3"}},
       {Rejection::kInterleaveMicrobatches, {.pp = 4, .vp = 2, .gb = 12, .group = 5},
        {"pp 4", "g 5", "m 12"}},
       {Rejection::kBatch, {.dp = 3, .mb = 2, .gb = 64}, {"64", "2", "dp 3"}},
@@ -182,6 +214,89 @@ TEST(ExplainRejectionTest, ContainsTheNumbers) {
     for (const std::string& p : c.pieces) EXPECT_THAT(text, HasSubstr(p));
   }
   EXPECT_EQ(ExplainRejection(Rejection::kOk, m, Make({})), "legal");
+}
+
+// Layers per chunk as Megatron builds them (get_num_layers_to_build), for each split form.
+TEST(StageLayersTest, MegatronsCounts) {
+  ModelSpec m = TestModel();
+  // Even: 24 over pp 4 x vp 2, 3 each.
+  EXPECT_EQ(StageLayers(m, Make({.pp = 4, .vp = 2, .gb = 8})), std::vector<int>(8, 3));
+  // Embedding and loss accounted: 26 slots over pp 2 -> 12 and 12 transformer layers.
+  EXPECT_EQ(StageLayers(m, Make({.pp = 2, .emb = true, .loss = true})), (std::vector<int>{12, 12}));
+  // With vp 13: every chunk 1 layer, chunk 0 of rank 0 and the last chunk of rank 1 none.
+  const std::vector<int> v13 = StageLayers(m, Make({.pp = 2, .vp = 13, .gb = 8, .emb = true, .loss = true}));
+  ASSERT_EQ(v13.size(), 26u);
+  EXPECT_EQ(v13.front(), 0);
+  EXPECT_EQ(v13.back(), 0);
+  EXPECT_EQ(std::accumulate(v13.begin(), v13.end(), 0), 24);
+  // First 6 (vp 2: 3 per chunk), last 6, middle (24 - 12)/2 = 6 (3 per chunk); virtual stage
+  // c * p + r.
+  EXPECT_EQ(StageLayers(m, Make({.pp = 4, .vp = 2, .gb = 8, .first = 6, .last = 6})),
+            std::vector<int>(8, 3));
+  EXPECT_EQ(StageLayers(m, Make({.pp = 4, .first = 5, .last = 5})), (std::vector<int>{5, 7, 7, 5}));
+  EXPECT_EQ(RankLayers(m, Make({.pp = 4, .first = 6}), 0), 6);
+  // Llama 3 405B's published split: 126 layers, pp 16, embedding and loss accounted: 7, 8 x 14, 7.
+  m.layers = 126;
+  const std::vector<int> llama = StageLayers(m, Make({.pp = 16, .emb = true, .loss = true}));
+  EXPECT_EQ(llama.front(), 7);
+  EXPECT_EQ(llama[1], 8);
+  EXPECT_EQ(llama.back(), 7);
+}
+
+TEST(PipelineLayoutTest, ParsesMegatronsStrings) {
+  auto pl = ParsePipelineLayout("Et|(tt|)*30,L");
+  ASSERT_TRUE(pl.ok()) << pl.status().message();
+  ASSERT_EQ(pl->layers.size(), 32u);
+  EXPECT_EQ(pl->layers.front(), 1);
+  EXPECT_EQ(pl->layers[1], 2);
+  EXPECT_EQ(pl->layers.back(), 0);  // "L" alone
+  EXPECT_EQ(std::accumulate(pl->layers.begin(), pl->layers.end(), 0), 61);
+  // DeepSeek-V3's 61 layers at pp 16: 3 | 14 x 4 | 2 -> written as a repeat of t*4.
+  pl = ParsePipelineLayout("Ettt|(t*4|)*14tt,mL");
+  ASSERT_TRUE(pl.ok()) << pl.status().message();
+  EXPECT_EQ(pl->layers.size(), 16u);
+  EXPECT_EQ(pl->layers.front(), 3);
+  EXPECT_EQ(pl->layers[7], 4);
+  EXPECT_EQ(pl->layers.back(), 2);
+  EXPECT_EQ(pl->mtp_layers, 1);
+  for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
+           {"tt|ttL", "'E' (first)"}, {"Ett|tt", "'L' (last)"}, {"Ett|tLt", "must close"},
+           {"Etx|ttL", "'x' is not a layer"}, {"E(tt|*3L", "without ')'"}, {"E(tt|)3L", "must be followed by '*n'"},
+           {"Et|tt)*2L", "without '('"}, {"Et|t*|tL", "followed by a count"},
+           {"Etm|tL", "before MTP"}, {"E(t)*99999999L", "repeat count above"}}) {
+    auto r = ParsePipelineLayout(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_THAT(r.status().message(), HasSubstr(why)) << bad;
+    EXPECT_THAT(r.status().message(), HasSubstr("'" + bad + "'"));
+  }
+}
+
+TEST(PipelineLayoutTest, CheckedAgainstTheModelAndPp) {
+  const ModelSpec m = TestModel();  // 24 layers
+  auto layout = [&](const std::string& text, int pp, int vp) {
+    Layout l = Make({.pp = pp, .vp = vp, .gb = 8});
+    l.pipeline_layout = std::make_shared<const PipelineLayout>(*ParsePipelineLayout(text));
+    return l;
+  };
+  Layout ok = layout("Ettttt|t*7|t*7|t*5L", 4, 1);
+  EXPECT_EQ(CheckLayout(m, ok), Rejection::kOk);
+  EXPECT_EQ(StageLayers(m, ok), (std::vector<int>{5, 7, 7, 5}));
+  EXPECT_EQ(RankLayers(m, ok, 3), 5);
+  ok = layout("Ettt|(t*3|)*6,tttL", 4, 2);  // 8 stages = pp 4 x vp 2
+  EXPECT_EQ(CheckLayout(m, ok), Rejection::kOk);
+  EXPECT_EQ(ChunkLayers(m, ok, 1, 0), 3);  // virtual stage 1
+  EXPECT_EQ(ChunkLayers(m, ok, 0, 1), 3);  // virtual stage 4
+  for (const auto& [l, why] : std::vector<std::pair<Layout, std::string>>{
+           {layout("Ettttt|t*7|t*7|t*5L", 3, 1), "not a multiple of pp 3"},
+           {layout("Ettttt|t*7|t*7|t*5L", 2, 1), "not vp 1"},
+           {layout("Etttt|t*7|t*7|t*5L", 4, 1), "places 23 transformer layers"},
+           {layout("Ettttt|t*7|t*7|t*5mL", 4, 1), "MTP"}}) {
+    EXPECT_EQ(CheckLayout(m, l), Rejection::kPipelineLayout) << l.pipeline_layout->text;
+    EXPECT_THAT(ExplainRejection(Rejection::kPipelineLayout, m, l), HasSubstr(why));
+  }
+  Layout both = layout("Ettttt|t*7|t*7|t*5L", 4, 1);
+  both.embedding_in_split = true;
+  EXPECT_THAT(ExplainRejection(CheckLayout(m, both), m, both), HasSubstr("cannot be combined"));
 }
 
 TEST(RejectionKeyTest, AllDistinctAndNamed) {

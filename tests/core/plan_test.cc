@@ -356,6 +356,7 @@ TEST(PlanErrorsTest, TpAcrossNodesNeedsTheFlag) {
   std::string text = Edited("  tp: 8\n", "  tp: 16\n");
   text.replace(text.find("  pp: 8\n"), 8, "  pp: 4\n");  // 16 * 4 * 2 = 128 GPUs
   text.replace(text.find("  vp: 3\n"), 8, "  vp: 2\n");  // 96/4 = 24 layers, 24 % 2 == 0
+  text.erase(text.find("  stage_layers:"), text.find("\n", text.find("  stage_layers:")) - text.find("  stage_layers:") + 1);
   Result<Plan> r = PlanFromYamlText(text, "plan.yaml");
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("tp 16 spans nodes"));

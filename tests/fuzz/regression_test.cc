@@ -61,9 +61,9 @@ const Finding kFindings[] = {
      "gemm_eff_max '0.e8002' read as 0: every GEMM infinite, the planner's estimate not finite"},
     {"cluster", "calibration_key_nul.yaml", "calibration: 'attentio\\x00n_eff' is not a constant's name",
      "a calibration key with a NUL byte written back raw: ClusterToYaml's output unparsable"},
-    {"layout_flags", "tp_pp_cp_overflow.txt", "do not divide the world size",
+    {"layout_flags", "tp_pp_cp_overflow.txt", "divide the world size",
      "UBSan: signed overflow in tp * pp * cp, cli/common.cc LayoutFromFlags"},
-    {"layout_flags", "dp_given_overflow.txt", "do not divide the world size",
+    {"layout_flags", "dp_given_overflow.txt", "divide the world size",
      "UBSan: signed overflow in tp * pp * cp, cli/common.cc LayoutFromFlags"},
 };
 

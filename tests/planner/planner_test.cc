@@ -62,6 +62,7 @@ TEST(Planner, NoDistributedOptimizerTwinAtDp1) {
   const ClusterSpec c = testing::DgxA100Like(1);
   SearchSpace s = Space(8, 16);
   s.dp = 1;
+  s.cp = 1;  // dp x cp = 1 (cp 2 would shard over two ranks)
   s.recompute = Recompute::kNone;
   const PlanResult r = Search(fake, SmallGpt(), c, s, 1000);
   ASSERT_FALSE(r.top.empty());
@@ -138,7 +139,7 @@ TEST(Planner, FixedKnobsAreRespected) {
   for (const auto& row : r.top) {
     EXPECT_EQ(row.layout.tp, 2);
     EXPECT_EQ(row.layout.pp, 4);
-    EXPECT_EQ(row.layout.dp, 2);
+    EXPECT_EQ(row.layout.dp * row.layout.cp, 2);  // cp is searched too
     EXPECT_EQ(row.layout.micro_batch, 2);
     EXPECT_TRUE(row.layout.sequence_parallel);
     EXPECT_EQ(row.layout.recompute, Recompute::kSelective);

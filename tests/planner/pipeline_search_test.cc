@@ -1,0 +1,181 @@
+// Issue 14's search: uneven pipeline splits where the even one is illegal, value lists for the
+// knobs, context parallelism searched like tp and pp (TP x CP inside a node unless asked), the
+// memory headroom, and the pick at long sequences never slower than a forced cp.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "planner/planner.h"
+#include "tests/fakes/fake_estimator.h"
+#include "tests/fakes/test_cluster.h"
+
+namespace ptdp {
+namespace {
+
+ModelSpec Gpt(int64_t layers, int64_t seq) {
+  ModelSpec m;
+  m.name = "gpt";
+  m.layers = layers; m.hidden = 2048; m.heads = 16; m.kv_heads = 16; m.ffn_hidden = 8192;
+  m.seq_len = seq; m.vocab = 50257;
+  return m;
+}
+
+SearchSpace Space(int world, int64_t batch) {
+  SearchSpace s;
+  s.world = world;
+  s.global_batch = batch;
+  return s;
+}
+
+PlanResult Search(const Estimator& est, const ModelSpec& m, const ClusterSpec& c,
+                  const SearchSpace& s, int top_k) {
+  auto r = SearchLayouts(est, m, c, s, top_k);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? *r : PlanResult{};
+}
+
+// 22 layers at pp 4: the even split is illegal, embedding + loss accounted (24 slots) and
+// first/last counts (e.g. 5 | 6 | 6 | 5) are legal, and every split found is one Megatron takes.
+TEST(PipelineSearch, UnevenSplitsWhereTheEvenOneIsIllegal) {
+  testing::FakeEstimator fake;
+  const ClusterSpec c = testing::DgxA100Like(2);
+  SearchSpace s = Space(16, 64);
+  s.pp = 4;
+  s.tp = 2;
+  s.cp = 1;
+  const ModelSpec m = Gpt(22, 2048);
+  const PlanResult r = Search(fake, m, c, s, 100000);
+  ASSERT_FALSE(r.top.empty());
+  EXPECT_GT(r.rejected[int(Rejection::kLayersPp)], 0);  // the even split, named
+  std::set<std::string> splits;
+  for (const auto& row : r.top) {
+    EXPECT_TRUE(row.layout.uneven()) << row.layout.ShortName();
+    EXPECT_EQ(CheckLayout(m, row.layout), Rejection::kOk);
+    int sum = 0;
+    for (int n : StageLayers(m, row.layout)) sum += n;
+    EXPECT_EQ(sum, 22);
+    splits.insert(row.layout.SplitName());
+  }
+  // 5 | 6 | 6 | 5 as the accounting gives it (first 5 last 5 is the same placement, not
+  // repeated), and 6 | 5 | 5 | 6 from first/last counts.
+  EXPECT_TRUE(splits.count("embedding+loss in split")) << *splits.begin();
+  EXPECT_FALSE(splits.count("first 5 last 5"));
+  EXPECT_TRUE(splits.count("first 6 last 6"));
+  // Fixed to the even split only, nothing is legal.
+  s.split_search = SplitSearch::kEvenOnly;
+  EXPECT_EQ(Search(fake, m, c, s, 10).legal, 0);
+}
+
+// A user's split is kept in every row; an illegal one is rejected with its key.
+TEST(PipelineSearch, FixedSplitIsRespected) {
+  testing::FakeEstimator fake;
+  const ClusterSpec c = testing::DgxA100Like(2);
+  SearchSpace s = Space(16, 64);
+  s.pp = 4;
+  s.split_search = SplitSearch::kFixed;
+  s.split.first_stage_layers = 4;
+  s.split.last_stage_layers = 4;
+  const ModelSpec m = Gpt(24, 2048);
+  PlanResult r = Search(fake, m, c, s, 1000);
+  ASSERT_FALSE(r.top.empty());
+  for (const auto& row : r.top) {
+    EXPECT_EQ(row.layout.first_stage_layers, 4);
+    EXPECT_EQ(row.layout.last_stage_layers, 4);
+  }
+  s.split.first_stage_layers = 5;  // 24 - 5 - 4 = 15 middle layers over 2 stages
+  r = Search(fake, m, c, s, 10);
+  EXPECT_EQ(r.legal, 0);
+  EXPECT_GT(r.rejected[int(Rejection::kUnevenSplit)], 0);
+}
+
+TEST(PipelineSearch, ValueListsSearchOnlyThoseValues) {
+  testing::FakeEstimator fake;
+  const ClusterSpec c = testing::DgxA100Like(4);
+  SearchSpace s = Space(32, 128);
+  s.tp = {2, 8};
+  s.pp = {2, 4};
+  s.micro_batch = {1, 4};
+  const PlanResult r = Search(fake, Gpt(24, 4096), c, s, 100000);
+  ASSERT_FALSE(r.top.empty());
+  std::set<int> tps, pps, mbs;
+  for (const auto& row : r.top) {
+    tps.insert(row.layout.tp);
+    pps.insert(row.layout.pp);
+    mbs.insert(row.layout.micro_batch);
+  }
+  EXPECT_EQ(tps, (std::set<int>{2, 8}));
+  EXPECT_EQ(pps, (std::set<int>{2, 4}));
+  EXPECT_EQ(mbs, (std::set<int>{1, 4}));
+}
+
+// CP is searched where the sequence splits (s % 2cp), TP inside a node (CP's ring may cross:
+// it is priced on the network); interleaving at pp 2 is legal with p2p overlap and rejected
+// without it.
+TEST(PipelineSearch, ContextParallelismAndInterleavingAtPp2) {
+  testing::FakeEstimator fake;
+  const ClusterSpec c = testing::DgxA100Like(4);  // 8 GPUs per node
+  SearchSpace s = Space(32, 64);
+  const PlanResult r = Search(fake, Gpt(24, 8192), c, s, 100000);
+  std::set<int> cps;
+  bool pp2_interleaved = false;
+  for (const auto& row : r.top) {
+    cps.insert(row.layout.cp);
+    EXPECT_LE(row.layout.tp, 8) << row.layout.ShortName();
+    pp2_interleaved = pp2_interleaved || (row.layout.pp == 2 && row.layout.vp > 1);
+  }
+  EXPECT_TRUE(cps.count(2) && cps.count(4) && cps.count(8) && cps.count(16));
+  EXPECT_TRUE(pp2_interleaved);
+  s.overlap_p2p = false;
+  for (const auto& row : Search(fake, Gpt(24, 8192), c, s, 100000).top)
+    EXPECT_FALSE(row.layout.pp == 2 && row.layout.vp > 1) << row.layout.ShortName();
+  // cp 3 does not split 8192 into 2 x 3 chunks: the flag is refused.
+  s.cp = 3;
+  s.tp = {};
+  SearchSpace bad = s;
+  bad.world = 24;
+  EXPECT_FALSE(CheckSearchSpace(Gpt(24, 8192), testing::DgxA100Like(3), bad).ok());
+}
+
+// The headroom: a layout fits when it needs at most (1 - headroom) of the GPU's memory.
+TEST(PipelineSearch, MemoryHeadroomRejectsNearlyFullLayouts) {
+  testing::FakeEstimator fake;
+  const ClusterSpec c = testing::DgxA100Like(2);
+  SearchSpace s = Space(16, 64);
+  const PlanResult loose = Search(fake, Gpt(24, 2048), c, s, 100000);
+  s.memory_headroom = 0.5;
+  const PlanResult tight = Search(fake, Gpt(24, 2048), c, s, 100000);
+  EXPECT_LT(tight.fitting, loose.fitting);
+  for (const auto& row : tight.top)
+    EXPECT_LE(row.estimate.memory.total, 0.5 * row.estimate.memory.capacity);
+  s.memory_headroom = 1.0;
+  EXPECT_FALSE(CheckSearchSpace(Gpt(24, 2048), c, s).ok());
+}
+
+// At 32K tokens the analytic pick is never slower than the best layout with cp forced.
+TEST(PipelineSearch, PickAtLongSequencesNeverSlowerThanAForcedCp) {
+  const std::string src = PTDP_SOURCE_DIR;
+  auto cluster = LoadClusterFile(src + "/configs/clusters/dgx-h100.yaml");
+  ASSERT_TRUE(cluster.ok()) << cluster.status().message();
+  cluster->nodes = 64;
+  auto topo = Topology::Build(*cluster);
+  ASSERT_TRUE(topo.ok());
+  auto model = LoadModelFile(src + "/configs/models/llama3-70b.yaml");
+  ASSERT_TRUE(model.ok());
+  model->seq_len = 32768;
+  auto cost = AnalyticModel::Create(*model, *topo);
+  ASSERT_TRUE(cost.ok()) << cost.status().message();
+  SearchSpace s = Space(512, 256);
+  const PlanResult pick = Search(*cost, *model, *cluster, s, 1);
+  ASSERT_FALSE(pick.top.empty());
+  for (int cp : {1, 2, 4, 8}) {
+    s.cp = cp;
+    const PlanResult forced = Search(*cost, *model, *cluster, s, 1);
+    if (forced.top.empty()) continue;
+    EXPECT_LE(pick.top[0].estimate.step_time_s, forced.top[0].estimate.step_time_s)
+        << "cp " << cp << ": " << forced.top[0].layout.ShortName();
+  }
+}
+
+}  // namespace
+}  // namespace ptdp
