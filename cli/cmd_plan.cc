@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -56,13 +57,17 @@ std::vector<std::pair<std::string, int64_t>> RejectionsByCount(const PlanResult&
 }
 
 void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
-  std::printf("ptdp plan: %s on %s (%d of %d nodes x %d GPUs), global batch %lld\n",
-              w.model.name.c_str(), w.cluster.name.c_str(), w.gpus, w.cluster.nodes,
-              w.cluster.gpus_per_node, static_cast<long long>(*f.layout.global_batch));
+  std::printf("ptdp plan: %s\non %s (%d of %d nodes x %d GPUs), global batch %lld (%.3g tokens)\n",
+              ModelSummary(w.model).c_str(), w.cluster.name.c_str(), w.gpus, w.cluster.nodes,
+              w.cluster.gpus_per_node, static_cast<long long>(*f.layout.global_batch),
+              double(*f.layout.global_batch) * w.model.seq_len);
   std::printf("%s", MeasuredNote(w.cluster).c_str());
-  std::printf("evaluated %lld layouts in %.3f s: %lld legal, %lld fit in %s\n\n",
+  std::printf("evaluated %lld layouts in %.3f s: %lld legal, %lld fit in %s (%s less %.0f%% "
+              "headroom)\n\n",
               static_cast<long long>(r.evaluated), r.elapsed_s, static_cast<long long>(r.legal),
-              static_cast<long long>(r.fitting), FormatBytes(w.cluster.gpu.memory_bytes).c_str());
+              static_cast<long long>(r.fitting),
+              FormatBytes(w.cluster.gpu.memory_bytes * (1 - w.cost->memory_headroom())).c_str(),
+              FormatBytes(w.cluster.gpu.memory_bytes).c_str(), 100 * w.cost->memory_headroom());
   const auto& rows = r.top.empty() ? r.unfitting : r.top;
   if (rows.empty()) {  // nothing legal: the reasons are the answer
     std::printf("no layout is legal; the rules they break, most often first:\n");
@@ -78,14 +83,15 @@ void PrintTable(const World& w, const PlanFlags& f, const PlanResult& r) {
   double best = 0;
   for (const RankedLayout& row : rows) best = std::max(best, rate(row));
   const FlopUnit unit = FlopUnitFor(best);
-  std::printf("%-4s %-26s %-16s %10s %9s %6s %7s %10s %5s %s\n", "rank", "layout", "knobs",
-              "step (s)", unit.name, "MFU", "bubble", "mem/GPU", "fits", "source");
+  std::printf("%-4s %-30s %-28s %10s %10s %9s %6s %7s %10s %5s %s\n", "rank", "layout", "knobs",
+              "step (s)", "tokens/s", unit.name, "MFU", "bubble", "mem/GPU", "fits", "source");
   int rank = 1;
   for (const RankedLayout& row : rows) {
     const Estimate& e = row.estimate;
     const double tf = rate(row) / unit.per_s;
-    std::printf("%-4d %-26s %-16s %10.3f %9.3g %5.1f%% %6.1f%% %10s %5s %s\n", rank++,
-                row.layout.ShortName().c_str(), row.layout.Knobs().c_str(), e.step_time_s, tf,
+    const double tokens = double(row.layout.global_batch) * w.model.seq_len / e.step_time_s;
+    std::printf("%-4d %-30s %-28s %10.3f %10.4g %9.3g %5.1f%% %6.1f%% %10s %5s %s\n", rank++,
+                row.layout.ShortName().c_str(), row.layout.Knobs().c_str(), e.step_time_s, tokens, tf,
                 100 * e.mfu, 100 * e.bubble_fraction, FormatBytes(e.memory.total).c_str(),
                 e.fits ? "yes" : "no", row.simulated ? "simulated" : "analytic");
   }
@@ -123,7 +129,7 @@ nlohmann::json ResultJson(const World& w, const PlanResult& r, const Plan* chose
     plans.push_back(p);
   }
   j["plans"] = plans;
-  j["model"] = w.model.name;
+  AddModelJson(w.model, &j);
   j["cluster"] = w.cluster.name;
   j["gpus"] = w.gpus;
   if (r.top.size() >= 2) j["explanation"] = ExplainChoice(r.top[0], r.top[1]);
@@ -134,6 +140,12 @@ int RunPlan(const PlanFlags& f) {
   auto w = LoadWorld(f.layout.cluster, f.layout.model, f.layout.nodes, f.layout.gpus,
                      f.layout.seq_len);
   if (!w.ok()) return Fail(w.status().message());
+  std::optional<double> train_tokens;
+  if (f.layout.train_tokens) {
+    auto t = ParseTokenCount(*f.layout.train_tokens);
+    if (!t.ok()) return Fail(t.status().message());
+    train_tokens = *t;
+  }
   auto space = SpaceFromFlags(f.layout, *w);
   if (!space.ok()) return Fail(space.status().message());
   auto planned = RunPlanner(*w, *space, f.top, f.refine);
@@ -144,9 +156,16 @@ int RunPlan(const PlanFlags& f) {
   if (f.layout.json) {
     nlohmann::json j = ResultJson(*w, r, chosen.get());
     if (chosen && f.emit == "megatron") j["megatron_command"] = MegatronCommand(*chosen);
+    if (chosen && train_tokens)
+      j["training"] = TrainingJson(TimeToTrain(chosen->layout, w->model,
+                                               chosen->prediction.step_time_s, *train_tokens));
     std::cout << DumpJson(j) << "\n";
   } else {
     PrintTable(*w, f, r);
+    if (chosen && train_tokens)
+      std::printf("\n%s", TrainingLine(TimeToTrain(chosen->layout, w->model,
+                                                   chosen->prediction.step_time_s, *train_tokens),
+                                       chosen->layout.world()).c_str());
   }
   if (!chosen) {
     if (r.legal == 0) {
@@ -155,8 +174,21 @@ int RunPlan(const PlanFlags& f) {
         if (top.size() < 160) top += (top.empty() ? "" : ", ") + key + " " + std::to_string(count);
       return Fail("no legal layout among " + std::to_string(r.evaluated) + " (" + top + ")");
     }
-    return Fail("no legal layout fits in GPU memory; try --recompute full, --dist-opt on, "
-                "more GPUs (--nodes) or a smaller --micro-batch");
+    // What the smallest needs and the knobs the user fixed: the advice follows from them.
+    std::string fixed;
+    const LayoutFlags& lf = f.layout;
+    if (lf.recompute && *lf.recompute != "full") fixed += " --recompute " + *lf.recompute;
+    if (lf.dist_opt && *lf.dist_opt == "off") fixed += " --dist-opt off";
+    if (!lf.micro_batch.empty()) fixed += " --micro-batch";
+    if (!lf.tp.empty()) fixed += " --tp";
+    if (!lf.pp.empty()) fixed += " --pp";
+    if (!lf.cp.empty()) fixed += " --cp";
+    const double need = r.unfitting.empty() ? 0 : r.unfitting.front().estimate.memory.total;
+    return Fail("no legal layout fits in GPU memory: the smallest needs " + FormatBytes(need) +
+                " of " + FormatBytes(w->cluster.gpu.memory_bytes * (1 - w->cost->memory_headroom())) +
+                " usable" + (fixed.empty() ? "; more GPUs (--nodes) or a smaller global batch"
+                                           : "; relax what is fixed (" + fixed.substr(1) +
+                                                 "), or use more GPUs (--nodes)"));
   }
   if (!f.out.empty()) {
     Status st = WritePlanFile(*chosen, f.out);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <memory>
 #include <vector>
 
@@ -183,6 +184,12 @@ int RunSimulate(const SimFlags& f) {
   auto loaded = Load(f);
   if (!loaded.ok()) return Fail(loaded.status().message());
   auto& [plan, world] = *loaded;
+  std::optional<double> train_tokens;
+  if (f.layout.train_tokens) {
+    auto t = ParseTokenCount(*f.layout.train_tokens);
+    if (!t.ok()) return Fail(t.status().message());
+    train_tokens = *t;
+  }
   SimOptions opt;
   opt.record_events = !f.trace.empty() || f.timeline;
   auto sim = SimulateStep(*world.cost, plan.layout, opt);
@@ -198,7 +205,7 @@ int RunSimulate(const SimFlags& f) {
   if (f.layout.json) {
     nlohmann::json j = PredictionJson(plan.prediction);
     j["layout"] = LayoutJson(plan.layout, plan.model);
-    j["model"] = plan.model.name;
+    AddModelJson(plan.model, &j);
     j["cluster"] = plan.cluster_name;
     j["analytic_step_time_s"] = analytic;
     j["simulated_events"] = sim->num_events;
@@ -210,12 +217,19 @@ int RunSimulate(const SimFlags& f) {
                        {"peak_memory_bytes", r.peak_memory_bytes}});
     j["ranks"] = ranks;
     if (f.ops) j["layer_ops"] = OpsJson(*world.cost, world.cost->Executed(plan.layout));
+    if (train_tokens)
+      j["training"] = TrainingJson(
+          TimeToTrain(plan.layout, plan.model, plan.prediction.step_time_s, *train_tokens));
     std::cout << DumpJson(j) << "\n";
     return 0;
   }
   std::cout << MeasuredNote(world.cluster) << RenderPrediction(plan);
   std::printf("\nanalytic model: %.4f s (the simulation is %+.1f%% from it)\n", analytic,
               100 * (sim->step_time_s - analytic) / analytic);
+  if (train_tokens)
+    std::printf("%s", TrainingLine(TimeToTrain(plan.layout, plan.model, plan.prediction.step_time_s,
+                                               *train_tokens),
+                                   plan.layout.world()).c_str());
   std::printf("\nper pipeline rank (simulated):\n  rank  compute (s)  p2p (s)  bubble (s)  "
               "in flight  peak memory\n");
   for (size_t r = 0; r < sim->ranks.size(); ++r) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -55,6 +56,8 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--overlap-p2p-communication", f->p2p_overlap,
                   "interleaved schedule: overlap the pipeline's sends and receives with compute "
                   "on|off (default on; off needs pp > 2)");
+  app->add_option("--train-tokens", f->train_tokens,
+                  "tokens to train (e.g. 15T): prints the steps, days and GPU-hours");
   app->add_option("--memory-headroom", f->memory_headroom,
                   "share of GPU memory left free on top of the per-GPU reserve (default 0.05)");
   app->add_option("--sp", f->sp, "sequence parallelism on|off");
@@ -137,6 +140,7 @@ Result<World> WorldForPlan(const Plan& plan, const std::string& cluster_override
   w.gpus = plan.layout.world();
   PTDP_ASSIGN_OR_RETURN(AnalyticModel cost, AnalyticModel::Create(w.model, *w.topo));
   w.cost = std::make_unique<AnalyticModel>(std::move(cost));
+  w.cost->set_memory_headroom(kDefaultMemoryHeadroom);
   return w;
 }
 
@@ -201,6 +205,18 @@ Result<int> OneValue(const char* flag, const std::vector<int>& v, int fallback) 
 
 }  // namespace
 
+std::string Shortest(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+Status CheckHeadroom(double h) {
+  if (!(h >= 0 && h < 1))
+    return Status::Error("--memory-headroom " + Shortest(h) + " must be a fraction in [0, 1)");
+  return Status::Ok();
+}
+
 Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   SearchSpace s;
   s.world = w.gpus;
@@ -221,6 +237,8 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_ASSIGN_OR_RETURN(const bool split, ApplySplit(f, &s.split));
   if (split) s.split_search = SplitSearch::kFixed;
   s.memory_headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
+  PTDP_RETURN_IF_ERROR(CheckHeadroom(s.memory_headroom));
+  w.cost->set_memory_headroom(s.memory_headroom);
   s.runtime_layouts = w.cluster.intra.fabric == IntraFabric::kSharedMemory || !w.cluster.measured.empty();
   PTDP_RETURN_IF_ERROR(CheckSearchSpace(w.model, w.cluster, s));
   return s;
@@ -268,6 +286,9 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   l.precision = w.cluster.gpu.DefaultPrecision();
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &l.precision, &l.tp_comm_overlap,
                                   &l.overlap_grad_reduce, &l.overlap_p2p));
+  const double headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
+  PTDP_RETURN_IF_ERROR(CheckHeadroom(headroom));
+  w.cost->set_memory_headroom(headroom);
   l.sequence_parallel = sp.value_or(false);
   l.distributed_optimizer = dopt.value_or(false);
   l.recompute = rc.value_or(Recompute::kNone);
@@ -322,7 +343,7 @@ nlohmann::json BreakdownJson(const Breakdown& b) {
 nlohmann::json MemoryJson(const MemoryBytes& m) {
   return {{"weights", m.weights}, {"grads", m.grads}, {"optimizer", m.optimizer},
           {"activations", m.activations}, {"other", m.other}, {"total", m.total},
-          {"capacity", m.capacity}};
+          {"capacity", m.capacity}, {"usable", m.limit()}};
 }
 }  // namespace
 
@@ -384,6 +405,70 @@ std::string MegatronCommand(const Plan& plan) {
   return o.str();
 }
 
+std::string ModelSummary(const ModelSpec& m) {
+  char buf[160];
+  if (!ValidateModel(m, m.name).ok()) return m.name;  // counts of a shape that is not one
+  std::snprintf(buf, sizeof buf, "%s (%.1fB parameters, %.1fB active per token), sequence %lld",
+                m.name.c_str(), m.total_params() / 1e9, m.active_params() / 1e9,
+                static_cast<long long>(m.seq_len));
+  return buf;
+}
+
+void AddModelJson(const ModelSpec& m, nlohmann::json* j) {
+  (*j)["model"] = m.name;
+  if (!ValidateModel(m, m.name).ok()) return;
+  (*j)["params_total"] = m.total_params();
+  (*j)["params_active"] = m.active_params();
+  (*j)["seq_len"] = m.seq_len;
+}
+
+Result<double> ParseTokenCount(const std::string& text) {
+  const std::string where = "--train-tokens '" + text + "'";
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return Status::Error(where + ": expected a number of tokens such as 15T, 300B or 2e12");
+  }
+  std::string unit = text.substr(used);
+  double scale = 1;
+  if (unit == "K" || unit == "k") scale = 1e3;
+  else if (unit == "M") scale = 1e6;
+  else if (unit == "B" || unit == "G") scale = 1e9;
+  else if (unit == "T") scale = 1e12;
+  else if (!unit.empty())
+    return Status::Error(where + ": unknown suffix '" + unit + "' (K, M, B or G, T)");
+  v *= scale;
+  if (!std::isfinite(v) || v < 1 || v > 1e18)
+    return Status::Error(where + ": must be between 1 and 1e18 tokens");
+  return v;
+}
+
+TrainingTime TimeToTrain(const Layout& l, const ModelSpec& m, double step_s, double tokens) {
+  TrainingTime t;
+  t.tokens = tokens;
+  const double per_step = double(l.global_batch) * m.seq_len;
+  t.steps = std::ceil(tokens / per_step);
+  t.seconds = t.steps * step_s;
+  t.gpu_hours = t.seconds * l.world() / 3600;
+  return t;
+}
+
+std::string TrainingLine(const TrainingTime& t, int gpus) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "training %.4g tokens: %.0f steps, %.1f days on %d GPUs, %.3g GPU-hours "
+                "(no failures, restarts or checkpoints)\n",
+                t.tokens, t.steps, t.seconds / 86400, gpus, t.gpu_hours);
+  return buf;
+}
+
+nlohmann::json TrainingJson(const TrainingTime& t) {
+  return {{"tokens", t.tokens}, {"steps", t.steps}, {"days", t.seconds / 86400},
+          {"gpu_hours", t.gpu_hours}};
+}
+
 std::string MeasuredNote(const ClusterSpec& c) {
   const MeasuredPrimitives& m = c.measured;
   if (m.empty()) return "";
@@ -402,10 +487,10 @@ std::string RenderPrediction(const Plan& plan) {
   const Layout& l = plan.layout;
   std::ostringstream o;
   char buf[200];
-  o << plan.model.name << " on " << plan.cluster_name << ", " << l.world() << " GPUs: "
+  o << ModelSummary(plan.model) << "\non " << plan.cluster_name << ", " << l.world() << " GPUs: "
     << l.ShortName() << " [" << l.Knobs() << "], " << ToString(l.schedule) << ", "
     << ToString(l.precision) << ", B " << l.global_batch << ", m " << l.num_microbatches()
-    << " micro-batches\n\n";
+    << " micro-batches, pipeline split " << l.SplitName() << "\n\n";
   std::snprintf(buf, sizeof buf, "step time     %10.4f s   (%s)\n", p.step_time_s, p.source.c_str());
   o << buf;
   const FlopUnit u = FlopUnitFor(p.hw_tflops_per_gpu * 1e12);
@@ -434,7 +519,9 @@ std::string RenderPrediction(const Plan& plan) {
     std::snprintf(buf, sizeof buf, "  %-12s %12s\n", name, FormatBytes(v).c_str());
     o << buf;
   }
-  std::snprintf(buf, sizeof buf, "  %-12s %12s   -> %s\n", "capacity", FormatBytes(m.capacity).c_str(),
+  std::snprintf(buf, sizeof buf, "  %-12s %12s   usable %s (%.0f%% headroom) -> %s\n", "capacity",
+                FormatBytes(m.capacity).c_str(), FormatBytes(m.limit()).c_str(),
+                m.capacity > 0 ? 100 * (1 - m.limit() / m.capacity) : 0.0,
                 p.fits ? "fits" : "DOES NOT FIT");
   o << buf << "\nmemory per pipeline stage:\n";
   for (size_t r = 0; r < p.stage_memory_bytes.size(); ++r) {

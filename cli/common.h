@@ -38,6 +38,7 @@ struct LayoutFlags {
   bool embedding_in_split = false, loss_in_split = false;
   std::optional<std::string> pipeline_layout;
   std::optional<double> memory_headroom;
+  std::optional<std::string> train_tokens;  // --train-tokens 15T: days and GPU-hours
   bool allow_tp_across_nodes = false;
   bool json = false;
 };
@@ -101,6 +102,19 @@ Result<bool> ParseOnOff(const std::string& flag, const std::string& v);
 std::string MegatronCommand(const Plan& plan);
 // One line naming the measured primitives a cluster's cost model composes times from, or "" for
 // a cluster without `measured:` (plan's and simulate's output).
+// "llama3-405b (405.9B parameters, 405.9B active per token), sequence 8192".
+std::string ModelSummary(const ModelSpec& m);
+// Adds model, params_total, params_active and seq_len to a --json object.
+void AddModelJson(const ModelSpec& m, nlohmann::json* j);
+// --train-tokens: "15T", "300B", "2e12" (K, M, B or G, T are powers of 1000).
+Result<double> ParseTokenCount(const std::string& text);
+struct TrainingTime {
+  double tokens = 0, steps = 0, seconds = 0, gpu_hours = 0;
+};
+// Steps (whole ones), wall time and GPU-hours to train `tokens` at `step_s` per step.
+TrainingTime TimeToTrain(const Layout& l, const ModelSpec& m, double step_s, double tokens);
+std::string TrainingLine(const TrainingTime& t, int gpus);
+nlohmann::json TrainingJson(const TrainingTime& t);
 std::string MeasuredNote(const ClusterSpec& c);
 // Human-readable breakdown of a prediction (simulate's output).
 std::string RenderPrediction(const Plan& plan);

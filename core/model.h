@@ -54,6 +54,9 @@ struct ModelSpec {
   int64_t output_params(int64_t tp) const;
   // Everything, unpadded vocabulary (Narayanan eq. 2 for GPT shapes).
   int64_t total_params() const;
+  // Weights one token passes through, embeddings included: every weight of a dense model (the
+  // Mixture-of-Experts issue makes it the routed experts' share).
+  int64_t active_params() const { return total_params(); }
 };
 
 // The size limits (kMaxLayers, kMaxHidden, kMaxFfnHidden, kMaxSeqLen, kMaxVocab) are in

@@ -65,6 +65,7 @@ Status ReadPrediction(const YAML::Node& node, const std::string& file, Predictio
   p->memory.other = ReadDouble(m, "other", limits::kPredictedBytes);
   p->memory.total = ReadDouble(m, "total", limits::kPredictedBytes);
   p->memory.capacity = ReadDouble(m, "capacity", limits::kPredictedBytes);
+  if (m.Has("usable")) p->memory.usable = ReadDouble(m, "usable", limits::kPredictedBytes);
   PTDP_RETURN_IF_ERROR(m.Finish());
   YAML::Node stages = r.Child("stage_memory_bytes");
   if (stages && !stages.IsSequence()) r.Fail("stage_memory_bytes", "must be a list of numbers");
@@ -219,6 +220,7 @@ std::string PlanToYaml(const Plan& plan) {
       << "    other: " << Num(p.memory.other) << "\n"
       << "    total: " << Num(p.memory.total) << "\n"
       << "    capacity: " << Num(p.memory.capacity) << "\n"
+      << "    usable: " << Num(p.memory.limit()) << "  # capacity less the memory headroom\n"
       << "  stage_memory_bytes: [";
     for (size_t i = 0; i < p.stage_memory_bytes.size(); ++i)
       o << (i ? ", " : "") << Num(p.stage_memory_bytes[i]);

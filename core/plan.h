@@ -36,6 +36,10 @@ struct MemoryBytes {
   double other = 0;        // logits/loss, workspace, allocator fragmentation allowance
   double total = 0;        // sum of the above
   double capacity = 0;     // GPU memory
+  // What a layout may use: capacity less the memory headroom (--memory-headroom); a layout
+  // fits when total <= usable. 0 when not known (an older plan.yaml): capacity then.
+  double usable = 0;
+  double limit() const { return usable > 0 ? usable : capacity; }
 };
 
 struct Prediction {

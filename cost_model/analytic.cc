@@ -527,9 +527,12 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
 }
 
 MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
-  if (runtime_)
-    return runtime_->StageMemory(l, r, k_.workspace_bytes, k_.fragmentation,
-                                 topo_->spec().gpu.memory_bytes);
+  if (runtime_) {
+    MemoryBytes mem = runtime_->StageMemory(l, r, k_.workspace_bytes, k_.fragmentation,
+                                            topo_->spec().gpu.memory_bytes);
+    mem.usable = mem.capacity * (1 - headroom_);
+    return mem;
+  }
   const double params = ParamsOnStage(l, r);
   const double shard = l.distributed_optimizer ? double(l.dp) * l.cp : 1.0;
   MemoryBytes mem;
@@ -542,6 +545,7 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
   mem.other = k_.workspace_bytes + k_.fragmentation * sum;
   mem.total = sum + mem.other;
   mem.capacity = topo_->spec().gpu.memory_bytes;
+  mem.usable = mem.capacity * (1 - headroom_);
   return mem;
 }
 
@@ -621,7 +625,7 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
     const MemoryBytes mem = StageMemory(l, r);
     if (mem.total > e.memory.total) e.memory = mem;
   });
-  e.fits = e.memory.total <= e.memory.capacity;
+  e.fits = e.memory.total <= e.memory.limit();
   return e;
 }
 
@@ -709,7 +713,7 @@ Prediction AnalyticModel::Predict(const Layout& l) const {
     p.stage_memory_bytes.push_back(mem.total);
     if (mem.total > p.memory.total) p.memory = mem;
   }
-  p.fits = p.memory.total <= p.memory.capacity;
+  p.fits = p.memory.total <= p.memory.limit();
   return p;
 }
 

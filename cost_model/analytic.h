@@ -194,6 +194,11 @@ class AnalyticModel : public Estimator {
   double PeakFlops(Precision p) const;                 // FLOP/s used for GEMMs at p
   double MfuPeak(Precision p) const;                   // the MFU basis (16-bit peak for fp8)
 
+  // The share of GPU memory a layout must leave free (--memory-headroom; 0 by default here, the
+  // CLI's default is 5%): Evaluate and Predict fit against (1 - headroom) x capacity, on top of
+  // the per-GPU reserve (workspace_bytes) already in `other`.
+  void set_memory_headroom(double h) { headroom_ = h; }
+  double memory_headroom() const { return headroom_; }
   const CostConstants& constants() const { return k_; }
   const ModelSpec& model() const { return model_; }
   const Topology& topology() const { return *topo_; }
@@ -212,6 +217,7 @@ class AnalyticModel : public Estimator {
   std::shared_ptr<const RuntimeModel> runtime_;  // set when the cluster has measured primitives
   // Identifies this model's data for Layer()'s per-thread memo (copies share it: same data).
   uint64_t id_ = 0;
+  double headroom_ = 0;
   LayerTimes ComputeLayer(const Layout& l) const;
 };
 

@@ -295,7 +295,8 @@ Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
                   // The keys below must be numbers: a NaN breaks TopK's ordering.
                   PTDP_RETURN_IF_ERROR(CheckEstimate(l, r.estimate));
                   r.analytic_step_time_s = r.estimate.step_time_s;
-                  r.estimate.fits = r.estimate.memory.total <= r.estimate.memory.capacity * usable;
+                  r.estimate.fits = r.estimate.fits &&
+                                    r.estimate.memory.total <= r.estimate.memory.capacity * usable;
                   if (r.estimate.fits) {
                     ++res.fitting;
                     best.Offer(r, r.estimate.step_time_s);

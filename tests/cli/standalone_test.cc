@@ -35,7 +35,8 @@ TEST(Standalone, ConfigsByNameFromAnyFolder) {
   const CmdResult r = PtdpElsewhere(
       "plan --cluster dgx-a100 --model gpt3-175b --global-batch 1536 --top 1 --out p.yaml", dir);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("gpt3-175b on dgx-a100"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gpt3-175b (174.6B parameters, 174.6B active per token), sequence 2048\non dgx-a100"),
+            std::string::npos) << r.out;
   // The plan records the name, so it works from yet another folder.
   std::ifstream in(dir + "/p.yaml");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
