@@ -80,6 +80,10 @@ Result<World> LoadWorld(const std::string& cluster_path, const std::string& mode
     if (*nodes > 1 && w.cluster.inter.nics_per_node <= 0)
       return Status::Error("--nodes " + std::to_string(*nodes) + ": " + cluster_path +
                            " has no inter_node network");
+    if (*nodes % w.cluster.nodes_per_nvlink_domain != 0)
+      return Status::Error("--nodes " + std::to_string(*nodes) + ": " + cluster_path + " has " +
+                           std::to_string(w.cluster.nodes_per_nvlink_domain) +
+                           " nodes per NVLink domain; give a multiple of it");
     w.cluster.nodes = *nodes;
   }
   PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(w.cluster));
@@ -148,7 +152,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   s.global_batch = *f.global_batch;
   s.tp = f.tp; s.pp = f.pp; s.dp = f.dp; s.vp = f.vp; s.micro_batch = f.micro_batch;
   s.cp = f.cp.value_or(1);
-  s.allow_tp_across_nodes = f.allow_tp_across_nodes || (f.tp && *f.tp > w.cluster.gpus_per_node);
+  s.allow_tp_across_nodes = f.allow_tp_across_nodes || (f.tp && *f.tp > w.cluster.nvlink_domain_gpus());
   s.precision = w.cluster.gpu.DefaultPrecision();
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &s.sequence_parallel, &s.distributed_optimizer, &s.recompute,
                                   &s.precision, &s.tp_comm_overlap, &s.overlap_grad_reduce));
@@ -192,7 +196,7 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   l.distributed_optimizer = dopt.value_or(false);
   l.recompute = rc.value_or(Recompute::kNone);
   l.schedule = l.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
-  PTDP_RETURN_IF_ERROR(ValidateLayout(w.model, l, w.gpus, w.cluster.gpus_per_node,
+  PTDP_RETURN_IF_ERROR(ValidateLayout(w.model, l, w.gpus, w.cluster.nvlink_domain_gpus(),
                                       f.allow_tp_across_nodes));
   if (w.cluster.gpu.PeakFlops(l.precision) <= 0)
     return Status::Error("--precision " + std::string(ToString(l.precision)) + ": GPU " +

@@ -132,7 +132,7 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
         << ": interleaved needs vp > 1 and vp > 1 needs interleaved";
       break;
     case Rejection::kTpCrossesNode:
-      o << "tp " << l.tp << " spans nodes (every layer's all-reduces would cross the network)";
+      o << "tp " << l.tp << " spans NVLink domains (every layer's all-reduces would cross the network)";
       break;
     case Rejection::kPrecisionUnsupported:
       o << "precision " << ToString(l.precision) << " has no peak rate on this GPU";

@@ -25,7 +25,9 @@ double WeightBytes(Precision p) { return p == Precision::kFp32 ? 4.0 : 2.0; }
 // and its embedding group is the first and last PP rank (megatron-reference.md section 2), so
 // at pp 4 x dp 2 it is ranks 0 and 6, stride t*c*d*(p-1) = 6, on one 8-GPU node; size / (8 / 6)
 // made it two nodes, and on a one-node cluster that asked the absent network for its
-// bandwidth (0: an infinite, or 0/0, collective time; issue 12).
+// bandwidth (0: an infinite, or 0/0, collective time; issue 12). A "node" here is an NVLink
+// domain (Coll passes ClusterSpec::nvlink_domain_gpus: 8 on a DGX, 72 on a GB200 NVL72 rack),
+// as in topology.h's GroupShape: a group on several trays of one rack is an NVLink group.
 GroupShape RegularGroupShape(int stride, int size, int gpus_per_node) {
   GroupShape g;
   g.size = size;
@@ -136,7 +138,7 @@ double AnalyticModel::Gemm(double m, double n, double k, Precision p) const {
 // Collective time with NCCL's achievable share of the link: latency + bytes / (bw * eff).
 double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) const {
   if (size <= 1 || bytes <= 0) return 0;
-  const GroupShape g = RegularGroupShape(stride, size, topo_->spec().gpus_per_node);
+  const GroupShape g = RegularGroupShape(stride, size, topo_->spec().nvlink_domain_gpus());
   // The layout's world fits the cluster (Evaluate's precondition), so its groups do too: a
   // group on more nodes than exist would be timed on a network that is not there.
   assert(g.nodes <= topo_->spec().nodes);

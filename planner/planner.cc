@@ -53,8 +53,9 @@ class TopK {
   std::vector<std::pair<RankedLayout, double>> items_;
 };
 
-bool TpCrossesNode(int tp, int gpus_per_node) {
-  return tp > 1 && (tp > gpus_per_node || gpus_per_node % tp != 0);
+// TP groups stay inside an NVLink domain (a node, or an NVL72 rack of trays).
+bool TpCrossesNode(int tp, int domain_gpus) {
+  return tp > 1 && (tp > domain_gpus || domain_gpus % tp != 0);
 }
 
 }  // namespace
@@ -98,7 +99,7 @@ Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
   const auto start = std::chrono::steady_clock::now();
   PlanResult res;
   TopK best(top_k), small(top_k);
-  const int gpn = cluster.gpus_per_node;
+  const int gpn = cluster.nvlink_domain_gpus();
   const bool precision_ok = cluster.gpu.PeakFlops(s.precision) > 0;
   const int rest = s.world / s.cp;
   const std::vector<Recompute> recomputes =

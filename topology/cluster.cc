@@ -202,6 +202,13 @@ Result<ClusterSpec> ClusterFromYaml(const YAML::Node& node, const std::string& f
     r.Fail("gpus_per_node", std::to_string(c.nodes) + " nodes x " +
                                 std::to_string(c.gpus_per_node) + " GPUs is above the " +
                                 std::to_string(kMaxClusterGpus) + "-GPU limit");
+  // Rack-scale NVLink (GB200 NVL72: 18 trays of 4); the cluster is whole domains (racks): a
+  // partial last rack would be a smaller NVLink domain, which one number cannot describe.
+  c.nodes_per_nvlink_domain = r.PositiveIntAtMost("nodes_per_nvlink_domain", kMaxClusterGpus, 1);
+  if (c.nodes % c.nodes_per_nvlink_domain != 0)
+    r.Fail("nodes_per_nvlink_domain",
+           "'" + std::to_string(c.nodes_per_nvlink_domain) + "' does not divide nodes '" +
+               std::to_string(c.nodes) + "' (the cluster is a whole number of NVLink domains)");
   for (const char* key : {"gpu", "intra_node"})
     if (!r.Has(key)) r.Fail(key, "missing required key");
   if (c.nodes > 1 && !r.Has("inter_node"))
@@ -221,6 +228,13 @@ Result<ClusterSpec> ClusterFromYaml(const YAML::Node& node, const std::string& f
           ? ReadCalibration(calibration, file, &c.calibration)
           : Status::Ok(),
   }));
+  if (c.nodes_per_nvlink_domain > 1 &&
+      (c.intra.fabric != IntraFabric::kNvSwitch || !c.links.empty()))
+    return Status::Error(r.Where("nodes_per_nvlink_domain") + ": nodes_per_nvlink_domain: '" +
+                         std::to_string(c.nodes_per_nvlink_domain) +
+                         "' needs intra_node.fabric nvswitch and no links (NVLink switches join "
+                         "the domain's nodes), not fabric '" + ToString(c.intra.fabric) + "'" +
+                         (c.links.empty() ? "" : " with links"));
   if (measured.IsDefined() && !measured.IsNull()) {
     PTDP_ASSIGN_OR_RETURN(c.measured, MeasuredFromYaml(measured, file));
   }
@@ -276,8 +290,10 @@ std::string ClusterToYaml(const ClusterSpec& c) {
   const GpuSpec& g = c.gpu;
   o << "name: " << YamlQuote(c.name) << "\n"
     << "nodes: " << c.nodes << "\n"
-    << "gpus_per_node: " << c.gpus_per_node << "\n"
-    << "gpu:\n"
+    << "gpus_per_node: " << c.gpus_per_node << "\n";
+  if (c.nodes_per_nvlink_domain != 1)
+    o << "nodes_per_nvlink_domain: " << c.nodes_per_nvlink_domain << "\n";
+  o << "gpu:\n"
     << "  name: " << YamlQuote(g.name) << "\n"
     << "  memory: " << Spell(g.memory_bytes, Dimension::kBytes) << "\n"
     << "  hbm_bandwidth: " << Spell(g.hbm_bw_bytes_per_s, Dimension::kBandwidth) << "\n";

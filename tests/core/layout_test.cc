@@ -215,7 +215,7 @@ TEST(ValidateLayoutTest, Messages) {
   const Layout tp16 = Make({.tp = 16, .dp = 2});
   s = ValidateLayout(m, tp16, 32, 8, false);
   ASSERT_FALSE(s.ok());
-  EXPECT_THAT(s.message(), HasSubstr("tp 16 spans nodes"));
+  EXPECT_THAT(s.message(), HasSubstr("tp 16 spans NVLink domains"));
   EXPECT_TRUE(ValidateLayout(m, tp16, 32, 8, true).ok());
   // tp 3 does not divide 8 GPUs per node: some TP group straddles a node boundary.
   EXPECT_FALSE(ValidateLayout(WithKv(24, 24), Make({.tp = 3}), 3, 8, false).ok());

@@ -88,6 +88,28 @@ TEST(Planner, NeverLetsTpCrossANodeUnlessForced) {
   EXPECT_TRUE(saw_tp16);
 }
 
+// On NVL72 racks TP stays inside the rack's NVLink domain, not the 4-GPU tray: tp 8 (two trays)
+// is legal, tp 16 is refused (72 % 16 != 0: the group of ranks 64..79 spans two racks). The
+// same trays without the rack's NVLink (nodes_per_nvlink_domain 1) refuse tp 8.
+TEST(Planner, TpStaysInsideTheNvlinkDomainNotTheTray) {
+  testing::FakeEstimator fake;
+  ClusterSpec c = testing::Nvl72Like(2);  // 144 GPUs, 4 per tray, 72 per rack
+  SearchSpace s = Space(144, 144);
+  s.recompute = Recompute::kNone;
+  s.distributed_optimizer = false;
+  const PlanResult r = Search(fake, SmallGpt(), c, s, 100000);
+  EXPECT_GT(r.rejected[int(Rejection::kTpCrossesNode)], 0);
+  bool saw_tp8 = false;
+  for (const auto& row : r.top) {
+    EXPECT_LE(row.layout.tp, 8) << row.layout.ShortName();
+    saw_tp8 |= row.layout.tp == 8;
+  }
+  EXPECT_TRUE(saw_tp8);
+  c.nodes_per_nvlink_domain = 1;  // 4-GPU nodes, each its own domain
+  const PlanResult trays = Search(fake, SmallGpt(), c, s, 100000);
+  for (const auto& row : trays.top) EXPECT_LE(row.layout.tp, 4) << row.layout.ShortName();
+}
+
 // The fake's figures, except a NaN DP time (the 0/0 of issue 12) at pp 2: the search stops with
 // an error naming the layout and the term instead of ranking a NaN.
 class NanAtPp2 : public Estimator {

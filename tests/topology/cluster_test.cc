@@ -28,6 +28,7 @@ void ExpectSame(const ClusterSpec& a, const ClusterSpec& b) {
   EXPECT_EQ(a.name, b.name);
   EXPECT_EQ(a.nodes, b.nodes);
   EXPECT_EQ(a.gpus_per_node, b.gpus_per_node);
+  EXPECT_EQ(a.nodes_per_nvlink_domain, b.nodes_per_nvlink_domain);
   EXPECT_EQ(a.gpu.name, b.gpu.name);
   EXPECT_EQ(a.gpu.memory_bytes, b.gpu.memory_bytes);
   EXPECT_EQ(a.gpu.hbm_bw_bytes_per_s, b.gpu.hbm_bw_bytes_per_s);
@@ -222,6 +223,18 @@ TEST(ClusterYaml, ErrorsNameFileLineKeyAndValue) {
        "c.yaml:19:", "links[0].bandwidth", "\"100\""},
       {"calibration not a number", "", "calibration:\n  gemm_eff_max: high\n", "c.yaml:19:",
        "calibration.gemm_eff_max", "'high'"},
+      // NVLink domains of several nodes: whole domains only, positive, NVSwitch only.
+      {"domain does not divide nodes", "gpus_per_node: 4\n",
+       "gpus_per_node: 4\nnodes_per_nvlink_domain: 3\n", "c.yaml:4:", "nodes_per_nvlink_domain",
+       "'3' does not divide nodes '2'"},
+      {"domain of zero nodes", "gpus_per_node: 4\n", "gpus_per_node: 4\nnodes_per_nvlink_domain: 0\n",
+       "c.yaml:4:", "nodes_per_nvlink_domain", "'0'"},
+      {"domain not a number", "gpus_per_node: 4\n",
+       "gpus_per_node: 4\nnodes_per_nvlink_domain: rack\n", "c.yaml:4:", "nodes_per_nvlink_domain",
+       "'rack'"},
+      {"domain over links", "",
+       "nodes_per_nvlink_domain: 2\nlinks:\n  - {a: 0, b: 1, bandwidth: 100 GB/s, latency: 2 us}\n",
+       "c.yaml:18:", "nodes_per_nvlink_domain", "with links"},
   };
   for (const ErrorCase& e : cases) {
     SCOPED_TRACE(e.what);
@@ -364,6 +377,35 @@ TEST(ClusterYaml, RoundTripWithEveryOptionalPart) {
   EXPECT_NE(text.find("bandwidth: 300 GB/s"), std::string::npos) << text;
   EXPECT_NE(text.find("latency: 3 us"), std::string::npos) << text;
   EXPECT_NE(text.find("gemm_eff_max: 0.8\n"), std::string::npos) << text;
+}
+
+// nodes_per_nvlink_domain: absent is 1 (and not written); 2 nodes of 4 GPUs in one domain give
+// an 8-GPU NVLink domain, written back and read again.
+TEST(ClusterYaml, NvlinkDomainRoundTrips) {
+  auto plain = FromText(kBase);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_EQ(plain->nodes_per_nvlink_domain, 1);
+  EXPECT_EQ(plain->nvlink_domain_gpus(), 4);
+  EXPECT_EQ(ClusterToYaml(*plain).find("nodes_per_nvlink_domain"), std::string::npos);
+  auto c = FromText(std::string(kBase) + "nodes_per_nvlink_domain: 2\n");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->nodes_per_nvlink_domain, 2);
+  EXPECT_EQ(c->nvlink_domain_gpus(), 8);
+  EXPECT_EQ(c->nvlink_domains(), 1);
+  ExpectRoundTrip(*c);
+  EXPECT_NE(ClusterToYaml(*c).find("nodes_per_nvlink_domain: 2\n"), std::string::npos);
+}
+
+// A domain of several nodes needs NVLink switches between them: another fabric is refused at
+// the key, naming the fabric.
+TEST(ClusterYaml, NvlinkDomainNeedsNvswitch) {
+  std::string text = std::string(kBase) + "nodes_per_nvlink_domain: 2\n";
+  text.replace(text.find("fabric: nvswitch"), 16, "fabric: pcie");
+  auto c = FromText(text);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "c.yaml:18: nodes_per_nvlink_domain: '2' needs intra_node.fabric nvswitch and no links "
+            "(NVLink switches join the domain's nodes), not fabric 'pcie'");
 }
 
 // `measured:` (ptdp calibrate) rides along: read, written back, read again to the same tables.
