@@ -82,8 +82,10 @@ int RunTopo(const TopoFlags& f) {
   std::printf("%s: %d nodes x %d %s (%s, %s HBM), %d GPUs\n", c.name.c_str(), c.nodes, g,
               c.gpu.name.c_str(), FormatBytes(c.gpu.memory_bytes).c_str(),
               FormatBandwidth(c.gpu.hbm_bw_bytes_per_s).c_str(), c.world());
-  std::printf("peak: bf16 %s, fp8 %s, fp32 training %s\n", FormatFlopRate(c.gpu.peak_bf16).c_str(),
+  std::printf("peak: bf16 %s, fp8 %s, fp4 %s, fp32 training %s\n",
+              FormatFlopRate(c.gpu.peak_bf16).c_str(),
               c.gpu.peak_fp8 > 0 ? FormatFlopRate(c.gpu.peak_fp8).c_str() : "-",
+              c.gpu.peak_fp4 > 0 ? FormatFlopRate(c.gpu.peak_fp4).c_str() : "-",
               FormatFlopRate(c.gpu.PeakFlops(Precision::kFp32)).c_str());
   std::printf("graph: %d vertices, %d edges\n\n", topo->NumVertices(), topo->NumEdges());
   PrintNodePicture(c);

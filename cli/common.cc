@@ -38,7 +38,7 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--sp", f->sp, "sequence parallelism on|off");
   app->add_option("--recompute", f->recompute, "activation recompute none|selective|full");
   app->add_option("--dist-opt", f->dist_opt, "distributed optimizer on|off");
-  app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp32 (default bf16; fp32 without a 16-bit peak, as on local-cpu)");
+  app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp4|fp32 (default bf16; fp32 without a 16-bit peak, as on local-cpu)");
   app->add_option("--tp-comm-overlap", f->tp_overlap, "TE TP communication overlap on|off (default off)");
   app->add_option("--overlap-grad-reduce", f->grad_overlap, "overlap DP reduction with backward on|off (default on)");
   app->add_flag("--allow-tp-across-nodes", f->allow_tp_across_nodes,
@@ -296,6 +296,11 @@ std::string MegatronCommand(const Plan& plan) {
   if (l.precision == Precision::kBf16) o << "  --bf16";
   else if (l.precision == Precision::kFp16) o << "  --fp16";
   else if (l.precision == Precision::kFp8) o << "  --bf16 --fp8-format hybrid";
+  // NVFP4 through Transformer Engine: TransformerConfig.fp4 ('e2m1', --fp4-format) and
+  // fp4_recipe ('nvfp4' or 'custom', --fp4-recipe), megatron/core/transformer/
+  // transformer_config.py of NVIDIA/Megatron-LM at d98e8a6 (2026-08-22); bf16 stays the
+  // parameters' and activations' type.
+  else if (l.precision == Precision::kFp4) o << "  --bf16 --fp4-format e2m1 --fp4-recipe nvfp4";
   o << "\n";
   return o.str();
 }

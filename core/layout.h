@@ -13,7 +13,9 @@
 namespace ptdp {
 
 enum class Recompute { kNone, kSelective, kFull };
-enum class Precision { kBf16, kFp16, kFp8, kFp32 };
+// kFp4: NVFP4/MXFP4 GEMMs on Blackwell (Transformer Engine); activations and weights stay
+// 16-bit, as with kFp8. Appended last so that the other values keep their numbers.
+enum class Precision { kBf16, kFp16, kFp8, kFp32, kFp4 };
 enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
 
 const char* ToString(Recompute r);

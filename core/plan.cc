@@ -92,7 +92,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.sequence_parallel = l.Bool("sequence_parallel", false);
   lay.recompute = *ParseRecompute(l.Enum("recompute", {"none", "selective", "full"}, "none"));
   lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
-  lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp32"}, "bf16"));
+  lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp4", "fp32"}, "bf16"));
   lay.schedule = *ParseScheduleKind(
       l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
   lay.overlap_grad_reduce = l.Bool("overlap_grad_reduce", true);

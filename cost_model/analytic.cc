@@ -95,8 +95,8 @@ double AnalyticModel::PeakFlops(Precision p) const {
 }
 
 double AnalyticModel::MfuPeak(Precision p) const {
-  // NeMo and the dgxc recipes quote fp8 MFU against the 16-bit peak; so do we.
-  return PeakFlops(p == Precision::kFp8 ? Precision::kBf16 : p);
+  // NeMo and the dgxc recipes quote fp8 MFU against the 16-bit peak; so do we (fp4 too).
+  return PeakFlops(p == Precision::kFp8 || p == Precision::kFp4 ? Precision::kBf16 : p);
 }
 
 // A GEMM's output is cut into tiles that run in waves over the SMs, each wave one tile's
@@ -105,7 +105,9 @@ double AnalyticModel::MfuPeak(Precision p) const {
 // 128x256, 256x128 that finishes first, as cuBLAS's heuristics pick. Without the GPU's SM
 // count: 2mnk / (peak * eff).
 double AnalyticModel::Gemm(double m, double n, double k, Precision p) const {
-  const double eff_max = p == Precision::kFp8 ? k_.gemm_eff_max_fp8 : k_.gemm_eff_max;
+  // fp4 GEMMs at the fp4 peak with the fp8 efficiency (block scaling and casts; not fitted yet).
+  const double eff_max =
+      p == Precision::kFp8 || p == Precision::kFp4 ? k_.gemm_eff_max_fp8 : k_.gemm_eff_max;
   const double eff = eff_max * k / (k + k_.gemm_half_dim);
   const double peak = PeakFlops(p) * eff;
   const int sms = topo_->spec().gpu.sms;
@@ -181,7 +183,8 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
   }
   const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
   const Precision prec = l.precision;
-  const double peak16 = PeakFlops(prec == Precision::kFp8 ? Precision::kBf16 : prec);
+  const double peak16 =
+      PeakFlops(prec == Precision::kFp8 || prec == Precision::kFp4 ? Precision::kBf16 : prec);
   std::array<double, LayerOpList::kMax> gpu;  // filled below for every op (0 for comm)
   for (int i = 0; i < ops.size; ++i) {
     const LayerOp& op = ops[i];

@@ -91,6 +91,8 @@ Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
                          std::to_string(model.layers) + " are not divisible by it");
   if (s.precision == Precision::kFp8 && cluster.gpu.peak_fp8 <= 0)
     return Status::Error("--precision fp8: GPU " + cluster.gpu.name + " has no fp8 peak");
+  if (s.precision == Precision::kFp4 && cluster.gpu.peak_fp4 <= 0)
+    return Status::Error("--precision fp4: GPU " + cluster.gpu.name + " has no fp4 peak");
   return Status::Ok();
 }
 

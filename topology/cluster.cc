@@ -19,6 +19,7 @@ double GpuSpec::PeakFlops(Precision p) const {
     case Precision::kBf16: return peak_bf16;
     case Precision::kFp16: return peak_fp16;
     case Precision::kFp8: return peak_fp8;
+    case Precision::kFp4: return peak_fp4;
     case Precision::kFp32: return peak_tf32 > 0 ? peak_tf32 : peak_fp32;  // TF32 tensor cores
   }
   return 0;
@@ -83,6 +84,7 @@ Status ReadGpu(const YAML::Node& node, const std::string& file, GpuSpec* gpu) {
   gpu->peak_bf16 = p.Quantity("bf16", limits::kPeakFlops, 0);
   gpu->peak_fp16 = p.Quantity("fp16", limits::kPeakFlops, 0);
   gpu->peak_fp8 = p.Quantity("fp8", limits::kPeakFlops, 0);
+  gpu->peak_fp4 = p.Quantity("fp4", limits::kPeakFlops, 0);
   gpu->peak_tf32 = p.Quantity("tf32", limits::kPeakFlops, 0);
   gpu->peak_fp32 = p.Quantity("fp32", limits::kPeakFlops, 0);
   if (gpu->peak_bf16 <= 0 && gpu->peak_fp16 <= 0 && gpu->peak_fp32 <= 0)
@@ -300,8 +302,8 @@ std::string ClusterToYaml(const ClusterSpec& c) {
   if (g.sms > 0) o << "  sms: " << g.sms << "\n";
   o << "  peak:\n";
   const std::pair<const char*, double> peaks[] = {{"bf16", g.peak_bf16}, {"fp16", g.peak_fp16},
-                                                  {"fp8", g.peak_fp8}, {"tf32", g.peak_tf32},
-                                                  {"fp32", g.peak_fp32}};
+                                                  {"fp8", g.peak_fp8}, {"fp4", g.peak_fp4},
+                                                  {"tf32", g.peak_tf32}, {"fp32", g.peak_fp32}};
   for (const auto& [key, v] : peaks)
     if (v > 0) o << "    " << key << ": " << Spell(v, Dimension::kFlopRate) << "\n";
   o << "intra_node:\n"

@@ -43,6 +43,7 @@ struct GpuSpec {
   double hbm_bw_bytes_per_s = 0;    // HBM bandwidth
   // Dense peak per precision, FLOP/s; 0 means the GPU has no such tensor-core path.
   double peak_bf16 = 0, peak_fp16 = 0, peak_fp8 = 0, peak_tf32 = 0, peak_fp32 = 0;
+  double peak_fp4 = 0;              // NVFP4/MXFP4 tensor cores (Blackwell on); 0 before
   // Streaming multiprocessors (datasheet: A100 108, H100/H200 SXM 132); the cost model runs
   // GEMM tiles over them in waves. 0: not given, GEMMs are timed without wave quantization.
   int sms = 0;

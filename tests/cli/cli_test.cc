@@ -168,6 +168,21 @@ TEST(Cli, EmitMegatron) {
   EXPECT_NE(r.out.find("--global-batch-size 1536"), std::string::npos);
 }
 
+// fp4 needs an fp4 tensor-core peak (Blackwell): on H100 plan and simulate refuse it in a line.
+TEST(Cli, Fp4RefusedOnH100) {
+  const std::string h100 = kSrc + "/configs/clusters/dgx-h100.yaml";
+  const std::string llama = kSrc + "/configs/models/llama3-8b.yaml";
+  ExpectOneLineError(Ptdp("plan --cluster " + h100 + " --model " + llama +
+                          " --global-batch 512 --precision fp4"),
+                     "--precision fp4: GPU H100-SXM5-80GB has no fp4 peak");
+  ExpectOneLineError(Ptdp("simulate --cluster " + h100 + " --model " + llama +
+                          " --global-batch 512 --tp 8 --precision fp4"),
+                     "--precision fp4: GPU H100-SXM5-80GB has no peak rate for it");
+  ExpectOneLineError(Ptdp("plan --cluster " + h100 + " --model " + llama +
+                          " --global-batch 512 --precision fp6"),
+                     "bf16, fp16, fp8, fp4, fp32");
+}
+
 TEST(Cli, TopoPrintsTheNode) {
   const CmdResult r = Ptdp("topo --cluster " + kA100);
   ASSERT_EQ(r.code, 0) << r.out;

@@ -238,7 +238,8 @@ TEST(LayoutStringsTest, ParseToStringRoundTrips) {
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, r);
   }
-  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp8, Precision::kFp32}) {
+  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp8, Precision::kFp4,
+                      Precision::kFp32}) {
     Result<Precision> back = ParsePrecision(ToString(p));
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, p);
@@ -254,6 +255,10 @@ TEST(LayoutStringsTest, ParseToStringRoundTrips) {
   EXPECT_THAT(bad_r.status().message(), HasSubstr("'partial'"));
   EXPECT_THAT(bad_r.status().message(), HasSubstr("none, selective, full"));
   EXPECT_FALSE(ParsePrecision("BF16").ok());  // case-sensitive, like the YAML values
+  EXPECT_STREQ(ToString(Precision::kFp4), "fp4");
+  Result<Precision> bad_p = ParsePrecision("nvfp4");
+  ASSERT_FALSE(bad_p.ok());
+  EXPECT_EQ(bad_p.status().message(), "precision 'nvfp4' is not one of: bf16, fp16, fp8, fp4, fp32");
   Result<ScheduleKind> bad_s = ParseScheduleKind("zero-bubble");
   ASSERT_FALSE(bad_s.ok());
   EXPECT_THAT(bad_s.status().message(), HasSubstr("gpipe, 1f1b, interleaved"));

@@ -194,6 +194,24 @@ TEST(PlanRoundTripTest, NvlinkDomainOfTrays) {
               HasSubstr("cluster.nodes_per_nvlink_domain: '18' does not divide nodes '20'"));
 }
 
+// fp4 (NVFP4 on Blackwell) is one of layout.precision's values: written and read back.
+TEST(PlanRoundTripTest, Fp4Precision) {
+  Plan p = SamplePlan();
+  p.layout.precision = Precision::kFp4;
+  const std::string text = PlanToYaml(p);
+  EXPECT_NE(text.find("  precision: fp4\n"), std::string::npos) << text;
+  Result<Plan> back = PlanFromYamlText(text, "plan.yaml");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->layout.precision, Precision::kFp4);
+  ExpectSamePlan(p, *back);
+  std::string bad = text;
+  bad.replace(bad.find("precision: fp4"), 14, "precision: fp2");
+  back = PlanFromYamlText(bad, "plan.yaml");
+  ASSERT_FALSE(back.ok());
+  EXPECT_THAT(back.status().message(), HasSubstr("layout.precision"));
+  EXPECT_THAT(back.status().message(), HasSubstr("fp4"));
+}
+
 TEST(PlanRoundTripTest, ThroughAFile) {
   const Plan p = WithPrediction(SamplePlan());
   const std::string path = ::testing::TempDir() + "/plan_roundtrip.yaml";

@@ -187,6 +187,26 @@ TEST(Planner, Fp8RefusedOnA100) {
   EXPECT_NE(st.message().find("fp8"), std::string::npos);
 }
 
+// fp4 needs an fp4 peak: refused on an H100 (fp8 but no fp4), in one line naming the GPU;
+// searched on a Blackwell GPU that has one.
+TEST(Planner, Fp4RefusedWithoutAnFp4Peak) {
+  ClusterSpec h100 = testing::DgxA100Like(2);
+  h100.gpu.name = "H100-SXM5-80GB";
+  h100.gpu.peak_fp8 = 1979e12;
+  SearchSpace s = Space(16, 64);
+  s.precision = Precision::kFp4;
+  Status st = CheckSearchSpace(SmallGpt(), h100, s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message(), "--precision fp4: GPU H100-SXM5-80GB has no fp4 peak");
+  ClusterSpec b200 = testing::DgxB200Like(2);
+  b200.gpu.peak_fp4 = 9e15;
+  EXPECT_TRUE(CheckSearchSpace(SmallGpt(), b200, s).ok());
+  testing::FakeEstimator fake;
+  const PlanResult r = Search(fake, SmallGpt(), b200, s, 1);
+  ASSERT_FALSE(r.top.empty());
+  EXPECT_EQ(r.top[0].layout.precision, Precision::kFp4);
+}
+
 TEST(Planner, CheckSearchSpaceNamesTheFlag) {
   const ClusterSpec c = testing::DgxA100Like(2);
   SearchSpace s = Space(16, 64);

@@ -35,6 +35,7 @@ void ExpectSame(const ClusterSpec& a, const ClusterSpec& b) {
   EXPECT_EQ(a.gpu.peak_bf16, b.gpu.peak_bf16);
   EXPECT_EQ(a.gpu.peak_fp16, b.gpu.peak_fp16);
   EXPECT_EQ(a.gpu.peak_fp8, b.gpu.peak_fp8);
+  EXPECT_EQ(a.gpu.peak_fp4, b.gpu.peak_fp4);
   EXPECT_EQ(a.gpu.peak_tf32, b.gpu.peak_tf32);
   EXPECT_EQ(a.gpu.peak_fp32, b.gpu.peak_fp32);
   EXPECT_EQ(a.intra.fabric, b.intra.fabric);
@@ -114,6 +115,7 @@ TEST(GpuSpec, PeakFlopsPerPrecision) {
   EXPECT_EQ(a100->gpu.PeakFlops(Precision::kBf16), 312e12);
   EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp16), 312e12);
   EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp8), 0);         // no fp8 on A100
+  EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp4), 0);         // nor fp4 (Blackwell on)
   EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp32), 156e12);   // tf32 tensor cores
   auto cpu = LoadClusterFile(ClusterPath("local-cpu"));
   ASSERT_TRUE(cpu.ok()) << cpu.status().message();
@@ -394,6 +396,22 @@ TEST(ClusterYaml, NvlinkDomainRoundTrips) {
   EXPECT_EQ(c->nvlink_domains(), 1);
   ExpectRoundTrip(*c);
   EXPECT_NE(ClusterToYaml(*c).find("nodes_per_nvlink_domain: 2\n"), std::string::npos);
+}
+
+// peak.fp4 (NVFP4 on Blackwell): read, written back, PeakFlops(kFp4).
+TEST(ClusterYaml, Fp4PeakRoundTrips) {
+  std::string text = kBase;
+  text.replace(text.find("    bf16: 312 TFLOP/s\n"), 22, "    bf16: 2.5 PFLOP/s\n    fp4: 10 PFLOP/s\n");
+  auto c = FromText(text);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->gpu.peak_fp4, 10e15);
+  EXPECT_EQ(c->gpu.PeakFlops(Precision::kFp4), 10e15);
+  ExpectRoundTrip(*c);
+  text.replace(text.find("fp4: 10 PFLOP/s"), 15, "fp4: 10");
+  c = FromText(text);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("c.yaml:10: gpu.peak.fp4"), std::string::npos)
+      << c.status().message();
 }
 
 // A domain of several nodes needs NVLink switches between them: another fabric is refused at
