@@ -42,7 +42,7 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--tp-comm-overlap", f->tp_overlap, "TE TP communication overlap on|off (default off)");
   app->add_option("--overlap-grad-reduce", f->grad_overlap, "overlap DP reduction with backward on|off (default on)");
   app->add_flag("--allow-tp-across-nodes", f->allow_tp_across_nodes,
-                "let TP groups span nodes (rejected by default)");
+                "let TP groups span NVLink domains: nodes, or NVL72 racks (rejected by default)");
   app->add_flag("--json", f->json, "machine-readable output");
 }
 

@@ -73,11 +73,14 @@ struct Shipped {
   int world;
 };
 
-// World sizes: dgx-a100 and dgx-h100 128 nodes x 8; dgx-h200 32 x 8; the workstation 1 x 4;
-// local-cpu 1 x 8 rank slots.
+// World sizes: dgx-a100 and dgx-h100 128 nodes x 8; dgx-h200, dgx-b200 and dgx-b300 32 x 8;
+// gb200-nvl72 and gb300-nvl72 8 racks of 18 trays x 4 = 576; the workstation 1 x 4; local-cpu
+// 1 x 8 rank slots.
 TEST(ClusterFiles, EveryShippedFileLoadsAndRoundTrips) {
   for (const Shipped s : {Shipped{"dgx-a100", 1024}, Shipped{"dgx-h100", 1024},
-                          Shipped{"dgx-h200", 256}, Shipped{"workstation-pcie4", 4},
+                          Shipped{"dgx-h200", 256}, Shipped{"dgx-b200", 256},
+                          Shipped{"dgx-b300", 256}, Shipped{"gb200-nvl72", 576},
+                          Shipped{"gb300-nvl72", 576}, Shipped{"workstation-pcie4", 4},
                           Shipped{"local-cpu", 8}}) {
     SCOPED_TRACE(s.name);
     auto c = LoadClusterFile(ClusterPath(s.name));
@@ -107,6 +110,39 @@ TEST(ClusterFiles, H200MemoryIsDecimalGigabytes) {
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->gpu.memory_bytes, 141e9);
   EXPECT_EQ(c->gpu.peak_fp8, 1979e12);
+}
+
+// The Blackwell files: datasheet figures (decimal GB, dense peaks), the GPU names of the rows
+// of ../shared/calibration/megatron_recipes/runs.yaml, NVL72 racks as 18 trays of 4 GPUs.
+TEST(ClusterFiles, BlackwellValues) {
+  struct Want {
+    const char* file;
+    const char* gpu;
+    double memory, bf16, fp8, fp4, nic_bw;
+    int gpus_per_node, nodes_per_domain;
+  };
+  for (const Want& w : {Want{"dgx-b200", "B200", 180e9, 2.25e15, 4.5e15, 9e15, 50e9, 8, 1},
+                        Want{"dgx-b300", "B300", 288e9, 2.25e15, 4.5e15, 13.125e15, 100e9, 8, 1},
+                        Want{"gb200-nvl72", "GB200 (NVL72)", 186e9, 2.5e15, 5e15, 10e15, 50e9, 4, 18},
+                        Want{"gb300-nvl72", "GB300 (NVL72)", 288e9, 2.5e15, 5e15, 15e15, 100e9, 4, 18}}) {
+    SCOPED_TRACE(w.file);
+    auto c = LoadClusterFile(ClusterPath(w.file));
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    EXPECT_EQ(c->gpu.name, w.gpu);
+    EXPECT_EQ(c->gpu.memory_bytes, w.memory);
+    EXPECT_EQ(c->gpu.hbm_bw_bytes_per_s, 8e12);
+    EXPECT_EQ(c->gpu.PeakFlops(Precision::kBf16), w.bf16);
+    EXPECT_EQ(c->gpu.PeakFlops(Precision::kFp8), w.fp8);
+    EXPECT_EQ(c->gpu.PeakFlops(Precision::kFp4), w.fp4);
+    EXPECT_EQ(c->intra.fabric, IntraFabric::kNvSwitch);
+    EXPECT_EQ(c->intra.bw_bytes_per_s, 900e9);  // NVLink 5, per direction
+    EXPECT_EQ(c->inter.nic_bw_bytes_per_s, w.nic_bw);
+    EXPECT_EQ(c->inter.nics_per_node, c->gpus_per_node);  // one NIC per GPU
+    EXPECT_EQ(c->gpus_per_node, w.gpus_per_node);
+    EXPECT_EQ(c->nodes_per_nvlink_domain, w.nodes_per_domain);
+    EXPECT_EQ(c->nvlink_domain_gpus(), w.nodes_per_domain == 1 ? 8 : 72);
+    EXPECT_EQ(c->calibration.at("softmax_bytes_per_score"), 0);  // fused attention only
+  }
 }
 
 TEST(GpuSpec, PeakFlopsPerPrecision) {

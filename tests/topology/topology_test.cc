@@ -60,7 +60,8 @@ TEST(Collective, Names) {
 }
 
 TEST(Topology, ShippedClustersBuild) {
-  for (const char* name : {"dgx-a100", "dgx-h100", "dgx-h200", "workstation-pcie4", "local-cpu"}) {
+  for (const char* name : {"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300",
+                           "gb200-nvl72", "gb300-nvl72", "workstation-pcie4", "local-cpu"}) {
     SCOPED_TRACE(name);
     const ClusterSpec c = Load(name);
     auto t = Topology::Build(c);
@@ -385,6 +386,19 @@ TEST(Nvl72, RackAllReduceBeatsNineDgxNodes) {
   EXPECT_DOUBLE_EQ(on_rack, 142 * 3e-6 + 142.0 / 72 * 1e9 / 900e9);
   EXPECT_DOUBLE_EQ(on_nodes, 142 * 5e-6 + 142.0 / 72 * 1e9 / 400e9);
   EXPECT_LT(on_rack, on_nodes);
+}
+
+// The shipped gb200-nvl72: 8 racks. Tray to tray in a rack at NVLink's 900 GB/s; rack to rack
+// at one ConnectX-7's 50 GB/s (gb300-nvl72: ConnectX-8, 100 GB/s).
+TEST(Nvl72, ShippedRacks) {
+  Topology gb200 = Build(Load("gb200-nvl72"));
+  EXPECT_EQ(gb200.world(), 576);
+  EXPECT_EQ(gb200.DomainOf(575), 7);
+  EXPECT_DOUBLE_EQ(gb200.Bandwidth(0, 68), 900e9);  // tray 0 -> tray 17
+  EXPECT_DOUBLE_EQ(gb200.Bandwidth(0, 72), 50e9);   // rack 0 -> rack 1
+  Topology gb300 = Build(Load("gb300-nvl72"));
+  EXPECT_DOUBLE_EQ(gb300.Bandwidth(0, 68), 900e9);
+  EXPECT_DOUBLE_EQ(gb300.Bandwidth(0, 72), 100e9);
 }
 
 // A cluster is whole racks, NVSwitch only: specs built in code (or cut with --nodes) that are
