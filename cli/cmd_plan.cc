@@ -29,6 +29,7 @@ Plan MakePlan(const World& w, const LayoutFlags& f, const RankedLayout& row) {
   plan.cluster_name = w.cluster.name;
   plan.nodes = w.cluster.nodes;
   plan.gpus_per_node = w.cluster.gpus_per_node;
+  plan.nodes_per_nvlink_domain = w.cluster.nodes_per_nvlink_domain;
   plan.allow_tp_across_nodes = f.allow_tp_across_nodes;
   plan.has_prediction = true;
   plan.prediction = w.cost->Predict(l);

@@ -175,6 +175,7 @@ Result<std::pair<Plan, World>> Load(const SimFlags& f) {
   plan.cluster_name = w.cluster.name;
   plan.nodes = w.cluster.nodes;
   plan.gpus_per_node = w.cluster.gpus_per_node;
+  plan.nodes_per_nvlink_domain = w.cluster.nodes_per_nvlink_domain;
   plan.allow_tp_across_nodes = f.layout.allow_tp_across_nodes;
   return std::make_pair(std::move(plan), std::move(w));
 }

@@ -63,11 +63,11 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--sp", f->sp, "sequence parallelism on|off");
   app->add_option("--recompute", f->recompute, "activation recompute none|selective|full");
   app->add_option("--dist-opt", f->dist_opt, "distributed optimizer on|off");
-  app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp32 (default bf16; fp32 without a 16-bit peak, as on local-cpu)");
+  app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp4|fp32 (default bf16; fp32 without a 16-bit peak, as on local-cpu)");
   app->add_option("--tp-comm-overlap", f->tp_overlap, "TE TP communication overlap on|off (default off)");
   app->add_option("--overlap-grad-reduce", f->grad_overlap, "overlap DP reduction with backward on|off (default on)");
   app->add_flag("--allow-tp-across-nodes", f->allow_tp_across_nodes,
-                "let TP groups span nodes (rejected by default)");
+                "let TP groups span NVLink domains: nodes, or NVL72 racks (rejected by default)");
   app->add_flag("--json", f->json, "machine-readable output");
 }
 
@@ -105,6 +105,10 @@ Result<World> LoadWorld(const std::string& cluster_path, const std::string& mode
     if (*nodes > 1 && w.cluster.inter.nics_per_node <= 0)
       return Status::Error("--nodes " + std::to_string(*nodes) + ": " + cluster_path +
                            " has no inter_node network");
+    if (*nodes % w.cluster.nodes_per_nvlink_domain != 0)
+      return Status::Error("--nodes " + std::to_string(*nodes) + ": " + cluster_path + " has " +
+                           std::to_string(w.cluster.nodes_per_nvlink_domain) +
+                           " nodes per NVLink domain; give a multiple of it");
     w.cluster.nodes = *nodes;
   }
   PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(w.cluster));
@@ -224,7 +228,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   s.global_batch = *f.global_batch;
   s.tp = f.tp; s.pp = f.pp; s.dp = f.dp; s.vp = f.vp; s.micro_batch = f.micro_batch; s.cp = f.cp;
   bool wide_tp = false;
-  for (int tp : f.tp) wide_tp = wide_tp || tp > w.cluster.gpus_per_node;
+  for (int tp : f.tp) wide_tp = wide_tp || tp > w.cluster.nvlink_domain_gpus();
   s.allow_tp_across_nodes = f.allow_tp_across_nodes || wide_tp;
   s.precision = w.cluster.gpu.DefaultPrecision();
   std::optional<bool> sp, dopt;
@@ -293,7 +297,7 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   l.distributed_optimizer = dopt.value_or(false);
   l.recompute = rc.value_or(Recompute::kNone);
   l.schedule = l.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
-  PTDP_RETURN_IF_ERROR(ValidateLayout(w.model, l, w.gpus, w.cluster.gpus_per_node,
+  PTDP_RETURN_IF_ERROR(ValidateLayout(w.model, l, w.gpus, w.cluster.nvlink_domain_gpus(),
                                       f.allow_tp_across_nodes));
   if (w.cluster.gpu.PeakFlops(l.precision) <= 0)
     return Status::Error("--precision " + std::string(ToString(l.precision)) + ": GPU " +
@@ -401,6 +405,11 @@ std::string MegatronCommand(const Plan& plan) {
   if (l.precision == Precision::kBf16) o << "  --bf16";
   else if (l.precision == Precision::kFp16) o << "  --fp16";
   else if (l.precision == Precision::kFp8) o << "  --bf16 --fp8-format hybrid";
+  // NVFP4 through Transformer Engine: TransformerConfig.fp4 ('e2m1', --fp4-format) and
+  // fp4_recipe ('nvfp4' or 'custom', --fp4-recipe), megatron/core/transformer/
+  // transformer_config.py of NVIDIA/Megatron-LM at d98e8a6 (2026-08-22); bf16 stays the
+  // parameters' and activations' type.
+  else if (l.precision == Precision::kFp4) o << "  --bf16 --fp4-format e2m1 --fp4-recipe nvfp4";
   o << "\n";
   return o.str();
 }

@@ -41,7 +41,9 @@ OpShape ShapeOf(const Layout& l, double score_bytes) {
   s.sp = l.sequence_parallel && l.tp > 1;
   s.act_bytes = l.precision == Precision::kFp32 ? 4.0 : 2.0;
   s.recompute = l.recompute;
-  s.fp8 = l.precision == Precision::kFp8;
+  // fp4 (NVFP4) quantizes the same operands: counted with fp8's bytes, an upper bound (the
+  // 4-bit copies are half the size, plus one scale per 16 elements).
+  s.fp8 = l.precision == Precision::kFp8 || l.precision == Precision::kFp4;
   s.score_bytes = score_bytes;
   return s;
 }

@@ -119,7 +119,7 @@ struct OpShape {
   // (TE's cast_transpose: read 2 bytes, write 1 + 1 per element; after a norm the cast is
   // fused into it, as into the activation before FC2, and only the writes remain). Weights are cast once per step (TE's
   // is_first_microbatch cache), not counted.
-  bool fp8 = false;
+  bool fp8 = false;  // and fp4 (NVFP4: the same operands are quantized)
   // Unfused attention: bytes moved per attention score by mask + softmax + dropout, forward
   // (and again in backward); 0 for fused (flash) attention, which never writes the scores.
   double score_bytes = 0;

@@ -20,6 +20,7 @@ const char* ToString(Precision p) {
     case Precision::kBf16: return "bf16";
     case Precision::kFp16: return "fp16";
     case Precision::kFp8: return "fp8";
+    case Precision::kFp4: return "fp4";
     case Precision::kFp32: return "fp32";
   }
   return "?";
@@ -43,8 +44,9 @@ Result<Precision> ParsePrecision(const std::string& s) {
   if (s == "bf16") return Precision::kBf16;
   if (s == "fp16") return Precision::kFp16;
   if (s == "fp8") return Precision::kFp8;
+  if (s == "fp4") return Precision::kFp4;
   if (s == "fp32") return Precision::kFp32;
-  return Status::Error("precision '" + s + "' is not one of: bf16, fp16, fp8, fp32");
+  return Status::Error("precision '" + s + "' is not one of: bf16, fp16, fp8, fp4, fp32");
 }
 Result<ScheduleKind> ParseScheduleKind(const std::string& s) {
   if (s == "gpipe") return ScheduleKind::kGPipe;
@@ -330,7 +332,7 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
         << ": interleaved needs vp > 1 and vp > 1 needs interleaved";
       break;
     case Rejection::kTpCrossesNode:
-      o << "tp " << l.tp << " spans nodes (every layer's all-reduces would cross the network)";
+      o << "tp " << l.tp << " spans NVLink domains (every layer's all-reduces would cross the network)";
       break;
     case Rejection::kPrecisionUnsupported:
       o << "precision " << ToString(l.precision) << " has no peak rate on this GPU";

@@ -15,7 +15,9 @@
 namespace ptdp {
 
 enum class Recompute { kNone, kSelective, kFull };
-enum class Precision { kBf16, kFp16, kFp8, kFp32 };
+// kFp4: NVFP4/MXFP4 GEMMs on Blackwell (Transformer Engine); activations and weights stay
+// 16-bit, as with kFp8. Appended last so that the other values keep their numbers.
+enum class Precision { kBf16, kFp16, kFp8, kFp32, kFp4 };
 enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
 
 const char* ToString(Recompute r);
@@ -116,7 +118,7 @@ enum class Rejection {
   kSpNeedsTp,          // SP with t == 1
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kScheduleMismatch,   // interleaved schedule iff v > 1
-  kTpCrossesNode,      // TP group spans nodes (legal for Megatron; planner rejects unless forced)
+  kTpCrossesNode,      // TP group spans NVLink domains (legal for Megatron; planner rejects unless forced)
   kPrecisionUnsupported,  // e.g. fp8 on a GPU without an fp8 peak
   kMemory,             // does not fit in GPU memory
   kCount,
@@ -133,7 +135,9 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l);
 Rejection CheckLayout(const ModelSpec& m, const Layout& l);
 
 // Validates a layout against a world size and node size for a user-given layout: a Status
-// naming the broken rule. TP crossing nodes is allowed here only if `allow_tp_across_nodes`.
+// naming the broken rule. `gpus_per_node` is the NVLink domain's GPU count (a node's, or an NVL72
+// rack's: ClusterSpec::nvlink_domain_gpus); a TP group crossing it is allowed here only if
+// `allow_tp_across_nodes`.
 Status ValidateLayout(const ModelSpec& m, const Layout& l, int world, int gpus_per_node,
                       bool allow_tp_across_nodes);
 

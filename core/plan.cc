@@ -103,7 +103,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.sequence_parallel = l.Bool("sequence_parallel", false);
   lay.recompute = *ParseRecompute(l.Enum("recompute", {"none", "selective", "full"}, "none"));
   lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
-  lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp32"}, "bf16"));
+  lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp4", "fp32"}, "bf16"));
   lay.schedule = *ParseScheduleKind(
       l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
   lay.overlap_grad_reduce = l.Bool("overlap_grad_reduce", true);
@@ -165,8 +165,10 @@ std::string PlanToYaml(const Plan& plan) {
     << "  file: " << YamlQuote(plan.cluster_file) << "\n"
     << "  name: " << YamlQuote(plan.cluster_name) << "\n"
     << "  nodes: " << plan.nodes << "\n"
-    << "  gpus_per_node: " << plan.gpus_per_node << "\n"
-    << "  allow_tp_across_nodes: " << Bool(plan.allow_tp_across_nodes) << "\n"
+    << "  gpus_per_node: " << plan.gpus_per_node << "\n";
+  if (plan.nodes_per_nvlink_domain != 1)
+    o << "  nodes_per_nvlink_domain: " << plan.nodes_per_nvlink_domain << "\n";
+  o << "  allow_tp_across_nodes: " << Bool(plan.allow_tp_across_nodes) << "\n"
     << "model:\n" << ModelToYaml(plan.model, "  ")
     << "layout:\n"
     << "  tp: " << l.tp << "\n"
@@ -244,6 +246,11 @@ Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name) 
     c.Fail("gpus_per_node", std::to_string(plan.nodes) + " nodes x " +
                                 std::to_string(plan.gpus_per_node) + " GPUs is above the " +
                                 std::to_string(kMaxWorldSize) + "-GPU limit");
+  plan.nodes_per_nvlink_domain = c.PositiveIntAtMost("nodes_per_nvlink_domain", kMaxWorldSize, 1);
+  if (plan.nodes % plan.nodes_per_nvlink_domain != 0)
+    c.Fail("nodes_per_nvlink_domain",
+           "'" + std::to_string(plan.nodes_per_nvlink_domain) + "' does not divide nodes '" +
+               std::to_string(plan.nodes) + "'");
   plan.allow_tp_across_nodes = c.Bool("allow_tp_across_nodes", false);
   PTDP_RETURN_IF_ERROR(c.Finish());
   if (!r.Has("model")) return Status::Error(name + ": missing required key 'model'");
@@ -260,7 +267,9 @@ Result<Plan> PlanFromYamlText(const std::string& text, const std::string& name) 
   if (double(lay.tp) * lay.cp * lay.pp * lay.dp > double(kMaxWorldSize))
     return Status::Error(name + ": layout " + lay.ShortName() + ": tp*cp*pp*dp is above the " +
                          std::to_string(kMaxWorldSize) + "-rank limit");
-  PTDP_RETURN_IF_ERROR(ValidateLayout(plan.model, lay, lay.world(), plan.gpus_per_node,
+  // TP stays inside an NVLink domain: the node's GPUs, or the rack's.
+  PTDP_RETURN_IF_ERROR(ValidateLayout(plan.model, lay, lay.world(),
+                                      plan.gpus_per_node * plan.nodes_per_nvlink_domain,
                                       plan.allow_tp_across_nodes)
                            .Prefixed(name));
   if (lay.world() > world)

@@ -62,6 +62,7 @@ struct Plan {
   std::string cluster_name;
   int nodes = 1;                 // nodes of the cluster used
   int gpus_per_node = 1;
+  int nodes_per_nvlink_domain = 1;  // > 1 on rack-scale NVLink (NVL72: 18 trays of 4 GPUs)
   bool allow_tp_across_nodes = false;
   bool has_prediction = false;
   Prediction prediction;

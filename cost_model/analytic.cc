@@ -25,7 +25,9 @@ double WeightBytes(Precision p) { return p == Precision::kFp32 ? 4.0 : 2.0; }
 // and its embedding group is the first and last PP rank (megatron-reference.md section 2), so
 // at pp 4 x dp 2 it is ranks 0 and 6, stride t*c*d*(p-1) = 6, on one 8-GPU node; size / (8 / 6)
 // made it two nodes, and on a one-node cluster that asked the absent network for its
-// bandwidth (0: an infinite, or 0/0, collective time; issue 12).
+// bandwidth (0: an infinite, or 0/0, collective time; issue 12). A "node" here is an NVLink
+// domain (Coll passes ClusterSpec::nvlink_domain_gpus: 8 on a DGX, 72 on a GB200 NVL72 rack),
+// as in topology.h's GroupShape: a group on several trays of one rack is an NVLink group.
 GroupShape RegularGroupShape(int stride, int size, int gpus_per_node) {
   GroupShape g;
   g.size = size;
@@ -93,8 +95,8 @@ double AnalyticModel::PeakFlops(Precision p) const {
 }
 
 double AnalyticModel::MfuPeak(Precision p) const {
-  // NeMo and the dgxc recipes quote fp8 MFU against the 16-bit peak; so do we.
-  return PeakFlops(p == Precision::kFp8 ? Precision::kBf16 : p);
+  // NeMo and the dgxc recipes quote fp8 MFU against the 16-bit peak; so do we (fp4 too).
+  return PeakFlops(p == Precision::kFp8 || p == Precision::kFp4 ? Precision::kBf16 : p);
 }
 
 // A GEMM's output is cut into tiles that run in waves over the SMs, each wave one tile's
@@ -103,7 +105,9 @@ double AnalyticModel::MfuPeak(Precision p) const {
 // 128x256, 256x128 that finishes first, as cuBLAS's heuristics pick. Without the GPU's SM
 // count: 2mnk / (peak * eff).
 double AnalyticModel::Gemm(double m, double n, double k, Precision p) const {
-  const double eff_max = p == Precision::kFp8 ? k_.gemm_eff_max_fp8 : k_.gemm_eff_max;
+  // fp4 GEMMs at the fp4 peak with the fp8 efficiency (block scaling and casts; not fitted yet).
+  const double eff_max =
+      p == Precision::kFp8 || p == Precision::kFp4 ? k_.gemm_eff_max_fp8 : k_.gemm_eff_max;
   const double eff = eff_max * k / (k + k_.gemm_half_dim);
   const double peak = PeakFlops(p) * eff;
   const int sms = topo_->spec().gpu.sms;
@@ -136,7 +140,7 @@ double AnalyticModel::Gemm(double m, double n, double k, Precision p) const {
 // Collective time with NCCL's achievable share of the link: latency + bytes / (bw * eff).
 double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) const {
   if (size <= 1 || bytes <= 0) return 0;
-  const GroupShape g = RegularGroupShape(stride, size, topo_->spec().gpus_per_node);
+  const GroupShape g = RegularGroupShape(stride, size, topo_->spec().nvlink_domain_gpus());
   // The layout's world fits the cluster (Evaluate's precondition), so its groups do too: a
   // group on more nodes than exist would be timed on a network that is not there.
   assert(g.nodes <= topo_->spec().nodes);
@@ -179,7 +183,8 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
   }
   const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
   const Precision prec = l.precision;
-  const double peak16 = PeakFlops(prec == Precision::kFp8 ? Precision::kBf16 : prec);
+  const double peak16 =
+      PeakFlops(prec == Precision::kFp8 || prec == Precision::kFp4 ? Precision::kBf16 : prec);
   std::array<double, LayerOpList::kMax> gpu;  // filled below for every op (0 for comm)
   for (int i = 0; i < ops.size; ++i) {
     const LayerOp& op = ops[i];

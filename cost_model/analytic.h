@@ -224,7 +224,8 @@ class AnalyticModel : public Estimator {
 // The shape of a regular Megatron group: `size` ranks `stride` apart, on nodes of
 // `gpus_per_node` (TP: stride 1; DP: stride t*c; PP: stride t*c*d; tied embedding: stride
 // t*c*d*(p-1)), taken at its first member, rank 0. It spans as many nodes as ranks 0 ..
-// (size-1)*stride do, so never more than a cluster holding those ranks has.
+// (size-1)*stride do, so never more than a cluster holding those ranks has. The cost model
+// passes the NVLink domain's GPUs as `gpus_per_node` (GroupShape counts domains).
 GroupShape RegularGroupShape(int stride, int size, int gpus_per_node);
 
 }  // namespace ptdp

@@ -82,7 +82,9 @@ std::string ReadEntry(const YAML::Node& e, MeasuredRun* run) {
                 : rc.rfind("selective", 0) == 0 ? Recompute::kSelective
                                                 : Recompute::kNone;
   const std::string prec = Str(lay["precision"]);
-  l.precision = Contains(prec, "fp8") || Contains(prec, "FP8") ? Precision::kFp8 : Precision::kBf16;
+  l.precision = Contains(prec, "fp8") || Contains(prec, "FP8")   ? Precision::kFp8
+                : Contains(prec, "fp4") || Contains(prec, "FP4") ? Precision::kFp4
+                                                                 : Precision::kBf16;
   const std::string opt = Str(lay["optimizer_sharding"]);
   l.distributed_optimizer = Contains(opt, "distributed") || Contains(opt, "FSDP");
   l.overlap_grad_reduce = true;

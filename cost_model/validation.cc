@@ -47,6 +47,9 @@ namespace {
 Result<double> PredictOne(const MeasuredRun& run, const ClusterSpec& base) {
   ClusterSpec c = base;
   c.nodes = std::max(1, (run.gpus + c.gpus_per_node - 1) / c.gpus_per_node);
+  // Whole NVLink domains: a 256-GPU run on NVL72 racks (64 trays) sits on 4 racks (72 trays).
+  const int npd = c.nodes_per_nvlink_domain;
+  c.nodes = (c.nodes + npd - 1) / npd * npd;
   PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(c));
   PTDP_ASSIGN_OR_RETURN(AnalyticModel cost, AnalyticModel::Create(run.model, topo));
   if (run.per_layer) {  // Korthikanti table 4: fwd + bwd of one layer, TP communication included

@@ -48,8 +48,9 @@ class TopK {
   std::vector<std::pair<RankedLayout, double>> items_;
 };
 
-bool TpCrossesNode(int tp, int gpus_per_node) {
-  return tp > 1 && (tp > gpus_per_node || gpus_per_node % tp != 0);
+// TP groups stay inside an NVLink domain (a node, or an NVL72 rack of trays).
+bool TpCrossesNode(int tp, int domain_gpus) {
+  return tp > 1 && (tp > domain_gpus || domain_gpus % tp != 0);
 }
 
 }  // namespace
@@ -103,6 +104,8 @@ Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
                          " stages, not a multiple of --pp " + std::to_string(*s.pp));
   if (s.precision == Precision::kFp8 && cluster.gpu.peak_fp8 <= 0)
     return Status::Error("--precision fp8: GPU " + cluster.gpu.name + " has no fp8 peak");
+  if (s.precision == Precision::kFp4 && cluster.gpu.peak_fp4 <= 0)
+    return Status::Error("--precision fp4: GPU " + cluster.gpu.name + " has no fp4 peak");
   return Status::Ok();
 }
 
@@ -229,7 +232,7 @@ Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
   const auto start = std::chrono::steady_clock::now();
   PlanResult res;
   TopK best(top_k), small(top_k);
-  const int gpn = cluster.gpus_per_node;
+  const int gpn = cluster.nvlink_domain_gpus();
   const bool precision_ok = cluster.gpu.PeakFlops(s.precision) > 0;
   const std::vector<Recompute> recomputes =
       s.recompute.Or({Recompute::kNone, Recompute::kSelective, Recompute::kFull});

@@ -19,6 +19,7 @@ double GpuSpec::PeakFlops(Precision p) const {
     case Precision::kBf16: return peak_bf16;
     case Precision::kFp16: return peak_fp16;
     case Precision::kFp8: return peak_fp8;
+    case Precision::kFp4: return peak_fp4;
     case Precision::kFp32: return peak_tf32 > 0 ? peak_tf32 : peak_fp32;  // TF32 tensor cores
   }
   return 0;
@@ -83,6 +84,7 @@ Status ReadGpu(const YAML::Node& node, const std::string& file, GpuSpec* gpu) {
   gpu->peak_bf16 = p.Quantity("bf16", limits::kPeakFlops, 0);
   gpu->peak_fp16 = p.Quantity("fp16", limits::kPeakFlops, 0);
   gpu->peak_fp8 = p.Quantity("fp8", limits::kPeakFlops, 0);
+  gpu->peak_fp4 = p.Quantity("fp4", limits::kPeakFlops, 0);
   gpu->peak_tf32 = p.Quantity("tf32", limits::kPeakFlops, 0);
   gpu->peak_fp32 = p.Quantity("fp32", limits::kPeakFlops, 0);
   if (gpu->peak_bf16 <= 0 && gpu->peak_fp16 <= 0 && gpu->peak_fp32 <= 0)
@@ -202,6 +204,13 @@ Result<ClusterSpec> ClusterFromYaml(const YAML::Node& node, const std::string& f
     r.Fail("gpus_per_node", std::to_string(c.nodes) + " nodes x " +
                                 std::to_string(c.gpus_per_node) + " GPUs is above the " +
                                 std::to_string(kMaxClusterGpus) + "-GPU limit");
+  // Rack-scale NVLink (GB200 NVL72: 18 trays of 4); the cluster is whole domains (racks): a
+  // partial last rack would be a smaller NVLink domain, which one number cannot describe.
+  c.nodes_per_nvlink_domain = r.PositiveIntAtMost("nodes_per_nvlink_domain", kMaxClusterGpus, 1);
+  if (c.nodes % c.nodes_per_nvlink_domain != 0)
+    r.Fail("nodes_per_nvlink_domain",
+           "'" + std::to_string(c.nodes_per_nvlink_domain) + "' does not divide nodes '" +
+               std::to_string(c.nodes) + "' (the cluster is a whole number of NVLink domains)");
   for (const char* key : {"gpu", "intra_node"})
     if (!r.Has(key)) r.Fail(key, "missing required key");
   if (c.nodes > 1 && !r.Has("inter_node"))
@@ -221,6 +230,13 @@ Result<ClusterSpec> ClusterFromYaml(const YAML::Node& node, const std::string& f
           ? ReadCalibration(calibration, file, &c.calibration)
           : Status::Ok(),
   }));
+  if (c.nodes_per_nvlink_domain > 1 &&
+      (c.intra.fabric != IntraFabric::kNvSwitch || !c.links.empty()))
+    return Status::Error(r.Where("nodes_per_nvlink_domain") + ": nodes_per_nvlink_domain: '" +
+                         std::to_string(c.nodes_per_nvlink_domain) +
+                         "' needs intra_node.fabric nvswitch and no links (NVLink switches join "
+                         "the domain's nodes), not fabric '" + ToString(c.intra.fabric) + "'" +
+                         (c.links.empty() ? "" : " with links"));
   if (measured.IsDefined() && !measured.IsNull()) {
     PTDP_ASSIGN_OR_RETURN(c.measured, MeasuredFromYaml(measured, file));
   }
@@ -276,16 +292,18 @@ std::string ClusterToYaml(const ClusterSpec& c) {
   const GpuSpec& g = c.gpu;
   o << "name: " << YamlQuote(c.name) << "\n"
     << "nodes: " << c.nodes << "\n"
-    << "gpus_per_node: " << c.gpus_per_node << "\n"
-    << "gpu:\n"
+    << "gpus_per_node: " << c.gpus_per_node << "\n";
+  if (c.nodes_per_nvlink_domain != 1)
+    o << "nodes_per_nvlink_domain: " << c.nodes_per_nvlink_domain << "\n";
+  o << "gpu:\n"
     << "  name: " << YamlQuote(g.name) << "\n"
     << "  memory: " << Spell(g.memory_bytes, Dimension::kBytes) << "\n"
     << "  hbm_bandwidth: " << Spell(g.hbm_bw_bytes_per_s, Dimension::kBandwidth) << "\n";
   if (g.sms > 0) o << "  sms: " << g.sms << "\n";
   o << "  peak:\n";
   const std::pair<const char*, double> peaks[] = {{"bf16", g.peak_bf16}, {"fp16", g.peak_fp16},
-                                                  {"fp8", g.peak_fp8}, {"tf32", g.peak_tf32},
-                                                  {"fp32", g.peak_fp32}};
+                                                  {"fp8", g.peak_fp8}, {"fp4", g.peak_fp4},
+                                                  {"tf32", g.peak_tf32}, {"fp32", g.peak_fp32}};
   for (const auto& [key, v] : peaks)
     if (v > 0) o << "    " << key << ": " << Spell(v, Dimension::kFlopRate) << "\n";
   o << "intra_node:\n"

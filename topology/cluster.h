@@ -9,6 +9,19 @@
 //   |   NIC0 ... NIC7          |        |   NIC0 ... NIC7          |
 //   +-----|--------------------+        +-----|--------------------+
 //         +------------[ IB fabric (inter, oversubscription) ]-----+
+//
+// A rack-scale NVLink domain (GB200/GB300 NVL72: `nodes_per_nvlink_domain: 18` trays of
+// `gpus_per_node: 4`) puts the NVSwitch outside the trays: every GPU of the domain reaches every
+// other over NVLink, and only traffic between domains takes the NICs.
+//
+//   domain 0 (rack: 18 trays x 4 GPUs)                  domain 1
+//   +-----------------------------------------------+    +---------------+
+//   | tray 0: GPU0..GPU3   ...  tray 17: GPU0..GPU3 |    | tray 0 ...    |
+//   |    |  |  |  |                 |  |  |  |      |    |   |  |  |  |  |
+//   |  [ NVLink switch trays: one NVSwitch domain ] |    |  [NVSwitch]   |
+//   |   NIC0..NIC3 per tray (one per GPU)           |    |               |
+//   +-----|-----------------------------------------+    +-----|---------+
+//         +-------------[ IB / Ethernet fabric ]----------------+
 #pragma once
 
 #include <cstdint>
@@ -30,6 +43,7 @@ struct GpuSpec {
   double hbm_bw_bytes_per_s = 0;    // HBM bandwidth
   // Dense peak per precision, FLOP/s; 0 means the GPU has no such tensor-core path.
   double peak_bf16 = 0, peak_fp16 = 0, peak_fp8 = 0, peak_tf32 = 0, peak_fp32 = 0;
+  double peak_fp4 = 0;              // NVFP4/MXFP4 tensor cores (Blackwell on); 0 before
   // Streaming multiprocessors (datasheet: A100 108, H100/H200 SXM 132); the cost model runs
   // GEMM tiles over them in waves. 0: not given, GEMMs are timed without wave quantization.
   int sms = 0;
@@ -80,6 +94,9 @@ struct ClusterSpec {
   std::string file;                // where it was read from ("" if built in code)
   int nodes = 1;
   int gpus_per_node = 1;
+  // Nodes (trays) that share one NVLink domain: 1 for a DGX/HGX node (its own NVSwitch), 18 for
+  // a GB200/GB300 NVL72 rack of 4-GPU trays. `nodes` is a whole number of domains.
+  int nodes_per_nvlink_domain = 1;
   GpuSpec gpu;
   IntraNodeSpec intra;
   InterNodeSpec inter;
@@ -92,6 +109,9 @@ struct ClusterSpec {
   MeasuredPrimitives measured;
 
   int world() const { return nodes * gpus_per_node; }
+  // GPUs that reach each other over NVLink: a node's, or a rack's (NVL72: 72).
+  int nvlink_domain_gpus() const { return nodes_per_nvlink_domain * gpus_per_node; }
+  int nvlink_domains() const { return nodes / nodes_per_nvlink_domain; }
 };
 
 // Reads a cluster from a YAML map (see configs/clusters/*.yaml for the keys).

@@ -13,6 +13,10 @@
 //   GPU --(nic_bw, intra lat/2)-- NIC --(nic_bw/oversub, inter lat/2)-- [fabric] -- NIC -- GPU
 // so a GPU pair on two nodes sees nic_bw/oversub and inter latency + one intra hop (the
 // GPU-NIC PCIe hops, or NCCL's PXN forwarding over NVLink to the rail's GPU).
+// An NVLink domain of several nodes (nodes_per_nvlink_domain > 1; nvswitch, no links: GB200
+// NVL72's 18 trays behind its NVLink switch trays) has one hub for all its GPUs in place of one
+// per node, so two GPUs on different trays of it see the NVLink path, GPU -- [hub] -- GPU, and
+// only GPUs of two domains go through the NICs above.
 #include "topology/topology.h"
 
 #include <boost/graph/adjacency_list.hpp>
@@ -84,7 +88,9 @@ struct Topology::Graph {
   BoostGraph g;
   std::vector<Vertex> gpu;    // by rank
   std::vector<Vertex> nic;    // by node * nics_per_node + local NIC
+  std::vector<Vertex> hub;    // by NVLink domain, when its nodes share one (else empty)
   Vertex node0_end = 0;       // node 0's vertices are [0, node0_end)
+  Vertex domain0_end = 0;     // NVLink domain 0's are [0, domain0_end)
   std::vector<Path> uplink;   // local GPU -> its NIC -> fabric (empty without a network)
 };
 
@@ -101,6 +107,13 @@ Status Validate(const ClusterSpec& s) {
   if (int64_t(s.nodes) * s.gpus_per_node > kMaxClusterGpus)
     return err(std::to_string(s.nodes) + " nodes x " + std::to_string(s.gpus_per_node) +
                " GPUs is above the " + std::to_string(kMaxClusterGpus) + "-GPU limit");
+  const int npd = s.nodes_per_nvlink_domain;
+  if (npd < 1 || s.nodes % npd != 0)
+    return err("nodes " + std::to_string(s.nodes) + " is not a whole number of NVLink domains "
+               "(nodes_per_nvlink_domain: " + std::to_string(npd) + ")");
+  if (npd > 1 && (s.intra.fabric != IntraFabric::kNvSwitch || !s.links.empty()))
+    return err("nodes_per_nvlink_domain " + std::to_string(npd) +
+               " needs intra_node.fabric nvswitch and no links");
   if (!(s.intra.bw_bytes_per_s > 0)) return err("intra_node.bandwidth must be positive");
   if (s.intra.fabric == IntraFabric::kNvLinkPairs && !(s.intra.pcie_bw_bytes_per_s > 0))
     return err("intra_node.pcie_bandwidth is required for fabric nvlink_pairs");
@@ -156,13 +169,25 @@ void AddIntraLinks(const ClusterSpec& s, int node, const std::vector<Vertex>& gp
   for (const LinkSpec& l : s.links) link(l.a, l.b, l.bw_bytes_per_s, l.latency_s);
 }
 
+// A node of a multi-node NVLink domain: its GPUs join the domain's hub, which the domain's
+// first node adds (so domain 0's hub is among node 0's vertices).
+void JoinDomainHub(const ClusterSpec& s, int node, const std::vector<Vertex>& gpus,
+                   Topology::Graph* G) {
+  if (node % s.nodes_per_nvlink_domain == 0)
+    G->hub.push_back(boost::add_vertex(VertexProps{VertexKind::kHub, node, 0}, G->g));
+  for (Vertex v : gpus)
+    boost::add_edge(v, G->hub.back(), EdgeProps{s.intra.bw_bytes_per_s, s.intra.latency_s / 2},
+                    G->g);
+}
+
 // One node: its GPUs, fabric and NICs; GPU i uses NIC i * nics / g (its rail).
 void AddNode(const ClusterSpec& s, int node, Topology::Graph* G) {
   std::vector<Vertex> gpus;
   for (int i = 0; i < s.gpus_per_node; ++i)
     gpus.push_back(boost::add_vertex(VertexProps{VertexKind::kGpu, node, i}, G->g));
   G->gpu.insert(G->gpu.end(), gpus.begin(), gpus.end());
-  AddIntraLinks(s, node, gpus, &G->g);
+  if (s.nodes_per_nvlink_domain > 1) JoinDomainHub(s, node, gpus, G);
+  else AddIntraLinks(s, node, gpus, &G->g);
   const int nics = s.inter.nics_per_node;
   for (int k = 0; k < nics; ++k)
     G->nic.push_back(boost::add_vertex(VertexProps{VertexKind::kNic, node, k}, G->g));
@@ -183,6 +208,7 @@ std::shared_ptr<Topology::Graph> BuildGraph(const ClusterSpec& s) {
   for (int node = 0; node < s.nodes; ++node) {
     AddNode(s, node, G.get());
     if (node == 0) G->node0_end = boost::num_vertices(G->g);
+    if (node == s.nodes_per_nvlink_domain - 1) G->domain0_end = boost::num_vertices(G->g);
   }
   if (s.inter.nics_per_node == 0) return G;
   const InterNodeSpec& net = s.inter;
@@ -199,17 +225,18 @@ std::shared_ptr<Topology::Graph> BuildGraph(const ClusterSpec& s) {
   return G;
 }
 
-// Vertices a path inside node 0 may use: GPUs and switches, never NICs or the network.
-bool InsideNode0(const Topology::Graph& G, Vertex v) {
-  if (v >= G.node0_end) return false;
+// Vertices a path inside node 0 (end = node0_end) or NVLink domain 0 (end = domain0_end) may
+// use: GPUs and switches, never NICs or the network.
+bool Inside(const Topology::Graph& G, Vertex v, Vertex end) {
+  if (v >= end) return false;
   const VertexKind k = G.g[v].kind;
   return k == VertexKind::kGpu || k == VertexKind::kHub || k == VertexKind::kPcieSwitch;
 }
 
-// Widest path (largest bottleneck bandwidth) from `src` to every vertex of node 0: Dijkstra
-// with max-min in place of min-plus.
-std::vector<double> WidestFrom(const Topology::Graph& G, Vertex src) {
-  std::vector<double> bw(G.node0_end, 0.0);
+// Widest path (largest bottleneck bandwidth) from `src` to every vertex below `end` (node 0 or
+// domain 0): Dijkstra with max-min in place of min-plus.
+std::vector<double> WidestFrom(const Topology::Graph& G, Vertex src, Vertex end) {
+  std::vector<double> bw(end, 0.0);
   std::priority_queue<std::pair<double, Vertex>> q;  // largest bandwidth first
   bw[src] = kInf;
   q.push({kInf, src});
@@ -220,7 +247,7 @@ std::vector<double> WidestFrom(const Topology::Graph& G, Vertex src) {
     for (auto e : boost::make_iterator_range(boost::out_edges(u, G.g))) {
       const Vertex v = boost::target(e, G.g);
       const double nb = std::min(b, G.g[e].bw_bytes_per_s);
-      if (InsideNode0(G, v) && nb > bw[v]) { bw[v] = nb; q.push({nb, v}); }
+      if (Inside(G, v, end) && nb > bw[v]) { bw[v] = nb; q.push({nb, v}); }
     }
   }
   return bw;
@@ -228,8 +255,8 @@ std::vector<double> WidestFrom(const Topology::Graph& G, Vertex src) {
 
 // Lowest summed latency from `src` over edges of at least `min_bw` (plain Dijkstra): among
 // the widest paths, the fastest.
-std::vector<double> FastestFrom(const Topology::Graph& G, Vertex src, double min_bw) {
-  std::vector<double> lat(G.node0_end, kInf);
+std::vector<double> FastestFrom(const Topology::Graph& G, Vertex src, double min_bw, Vertex end) {
+  std::vector<double> lat(end, kInf);
   using Item = std::pair<double, Vertex>;
   std::priority_queue<Item, std::vector<Item>, std::greater<Item>> q;  // smallest first
   lat[src] = 0;
@@ -241,7 +268,7 @@ std::vector<double> FastestFrom(const Topology::Graph& G, Vertex src, double min
     for (auto e : boost::make_iterator_range(boost::out_edges(u, G.g))) {
       const Vertex v = boost::target(e, G.g);
       const double nl = l + G.g[e].latency_s;
-      if (InsideNode0(G, v) && G.g[e].bw_bytes_per_s >= min_bw && nl < lat[v]) {
+      if (Inside(G, v, end) && G.g[e].bw_bytes_per_s >= min_bw && nl < lat[v]) {
         lat[v] = nl;
         q.push({nl, v});
       }
@@ -250,37 +277,39 @@ std::vector<double> FastestFrom(const Topology::Graph& G, Vertex src, double min
   return lat;
 }
 
-// Pairwise (g x g, row-major) bottleneck bandwidth and latency between the GPUs of node 0
-// (every node is the same); the diagonal is HBM bandwidth and zero latency.
-void FillLocalTables(const Topology::Graph& G, const ClusterSpec& s, std::vector<double>* bw,
-                     std::vector<double>* lat) {
+// Pairwise (g x g, row-major) bottleneck bandwidth and latency from the GPUs of node 0 to
+// those of node `to` (0: inside node 0, every node being the same, the diagonal HBM bandwidth
+// and zero latency; 1: to the next tray of an NVLink domain, over paths inside domain 0).
+void FillPairTables(const Topology::Graph& G, const ClusterSpec& s, int to,
+                    std::vector<double>* bw, std::vector<double>* lat) {
   const int g = s.gpus_per_node;
+  const Vertex end = to == 0 ? G.node0_end : G.domain0_end;
   bw->assign(size_t(g) * g, 0.0);
   lat->assign(size_t(g) * g, 0.0);
   for (int i = 0; i < g; ++i) {
-    const std::vector<double> widest = WidestFrom(G, G.gpu[i]);
+    const std::vector<double> widest = WidestFrom(G, G.gpu[i], end);
     std::map<double, std::vector<double>> fastest;  // by bandwidth threshold
     for (int j = 0; j < g; ++j) {
       const size_t ij = size_t(i) * g + j;
-      if (i == j) { (*bw)[ij] = s.gpu.hbm_bw_bytes_per_s; continue; }
-      const double w = widest[G.gpu[j]];
+      if (to == 0 && i == j) { (*bw)[ij] = s.gpu.hbm_bw_bytes_per_s; continue; }
+      const Vertex dst = G.gpu[size_t(to) * g + j];
+      const double w = widest[dst];
       if (w <= 0) continue;  // unreachable: reported by CheckConnected
-      if (!fastest.count(w)) fastest[w] = FastestFrom(G, G.gpu[i], w);
+      if (!fastest.count(w)) fastest[w] = FastestFrom(G, G.gpu[i], w, end);
       (*bw)[ij] = w;
-      (*lat)[ij] = fastest[w][G.gpu[j]];
+      (*lat)[ij] = fastest[w][dst];
     }
   }
 }
 
-Status CheckConnected(const ClusterSpec& s, const std::vector<double>& bw) {
+Status CheckConnected(const ClusterSpec& s, const std::vector<double>& bw, const char* where) {
   const int g = s.gpus_per_node;
-  for (int i = 0; i < g; ++i)
+  for (int i = 0; i < g && !bw.empty(); ++i)
     for (int j = 0; j < g; ++j)
       if (!(bw[size_t(i) * g + j] > 0))
         return Status::Error(Where(s) + ": links: GPU " + std::to_string(i) +
-                             " cannot reach GPU " + std::to_string(j) +
-                             " inside a node (add links, or use fabric pcie or nvlink_pairs "
-                             "for a PCIe path)");
+                             " cannot reach GPU " + std::to_string(j) + " " + where +
+                             " (add links, or use fabric pcie or nvlink_pairs for a PCIe path)");
   return Status::Ok();
 }
 
@@ -318,9 +347,10 @@ Path LocalRing(const ClusterSpec& s, const std::vector<double>& bw,
   return ring;
 }
 
-// Ranks of the group on one node (a one-node group has them all, whatever per_node says).
-int RanksPerNode(const GroupShape& g, int gpus_per_node) {
-  return std::min(g.nodes <= 1 ? g.size : g.per_node, gpus_per_node);
+// Ranks of the group in one NVLink domain (a one-domain group has them all, whatever per_node
+// says).
+int RanksPerDomain(const GroupShape& g, int domain_gpus) {
+  return std::min(g.nodes <= 1 ? g.size : g.per_node, domain_gpus);
 }
 
 std::vector<int> FirstLocals(int k) {
@@ -345,15 +375,30 @@ Result<Topology> Topology::Build(const ClusterSpec& spec) {
   PTDP_RETURN_IF_ERROR(Validate(spec));
   Topology t(spec);
   auto graph = BuildGraph(spec);
-  FillLocalTables(*graph, spec, &t.local_bw_, &t.local_lat_);
-  PTDP_RETURN_IF_ERROR(CheckConnected(spec, t.local_bw_));
+  FillPairTables(*graph, spec, 0, &t.local_bw_, &t.local_lat_);
+  PTDP_RETURN_IF_ERROR(CheckConnected(spec, t.local_bw_, "inside a node"));
+  if (spec.nodes_per_nvlink_domain > 1) {
+    FillPairTables(*graph, spec, 1, &t.tray_bw_, &t.tray_lat_);
+    PTDP_RETURN_IF_ERROR(CheckConnected(spec, t.tray_bw_, "on another node of its NVLink domain"));
+  }
   t.graph_ = std::move(graph);
-  t.first_ring_bw_.assign(size_t(spec.gpus_per_node) + 1, kInf);
-  t.first_ring_lat_.assign(size_t(spec.gpus_per_node) + 1, 0);
-  for (int k = 2; k <= spec.gpus_per_node; ++k) {
+  const int g = spec.gpus_per_node, d = spec.nvlink_domain_gpus();
+  t.first_ring_bw_.assign(size_t(d) + 1, kInf);
+  t.first_ring_lat_.assign(size_t(d) + 1, 0);
+  for (int k = 2; k <= g; ++k) {
     const Path ring = LocalRing(spec, t.local_bw_, t.local_lat_, FirstLocals(k));
     t.first_ring_bw_[size_t(k)] = ring.bw_bytes_per_s;
     t.first_ring_lat_[size_t(k)] = ring.latency_s;
+  }
+  // Past a node, the ring 0 -> 1 -> ... -> k-1 -> 0 of the domain's ranks: the chain's slowest
+  // hop so far, and the hop from k-1 back to rank 0 (on another tray).
+  Path chain{kInf, 0};
+  for (int k = 2; k <= d; ++k) {
+    chain.bw_bytes_per_s = std::min(chain.bw_bytes_per_s, t.Bandwidth(k - 2, k - 1));
+    chain.latency_s = std::max(chain.latency_s, t.Latency(k - 2, k - 1));
+    if (k <= g) continue;
+    t.first_ring_bw_[size_t(k)] = std::min(chain.bw_bytes_per_s, t.Bandwidth(k - 1, 0));
+    t.first_ring_lat_[size_t(k)] = std::max(chain.latency_s, t.Latency(k - 1, 0));
   }
   return t;
 }
@@ -363,6 +408,7 @@ double Topology::Bandwidth(int a, int b) const {
   const int g = spec_.gpus_per_node;
   if (a == b) return spec_.gpu.hbm_bw_bytes_per_s;
   if (NodeOf(a) == NodeOf(b)) return local_bw_[size_t(a % g) * g + b % g];
+  if (DomainOf(a) == DomainOf(b)) return tray_bw_[size_t(a % g) * g + b % g];
   return CrossNode(*graph_, a % g, b % g).bw_bytes_per_s;
 }
 
@@ -371,6 +417,7 @@ double Topology::Latency(int a, int b) const {
   const int g = spec_.gpus_per_node;
   if (a == b) return 0;
   if (NodeOf(a) == NodeOf(b)) return local_lat_[size_t(a % g) * g + b % g];
+  if (DomainOf(a) == DomainOf(b)) return tray_lat_[size_t(a % g) * g + b % g];
   return CrossNode(*graph_, a % g, b % g).latency_s;
 }
 
@@ -380,40 +427,48 @@ bool Topology::CrossesNodes(const std::vector<int>& group) const {
   return false;
 }
 
+bool Topology::CrossesDomains(const std::vector<int>& group) const {
+  for (int r : group)
+    if (DomainOf(r) != DomainOf(group.front())) return true;
+  return false;
+}
+
 GroupShape Topology::ShapeOf(const std::vector<int>& group) const {
-  std::map<int, int> per_node;  // node -> ranks of the group on it
-  for (int r : group) ++per_node[NodeOf(r)];
+  std::map<int, int> per_domain;  // NVLink domain -> ranks of the group in it
+  for (int r : group) ++per_domain[DomainOf(r)];
   GroupShape s;
   s.size = static_cast<int>(group.size());
-  s.nodes = std::max<int>(1, per_node.size());
-  for (const auto& [node, count] : per_node) s.per_node = std::max(s.per_node, count);
-  // Regular Megatron groups: gpus_per_node / per_node groups of this kind use each node's
-  // NICs at once. A single-node group uses no NIC.
-  if (s.nodes > 1 && spec_.gpus_per_node % s.per_node == 0)
-    s.sharing = spec_.gpus_per_node / s.per_node;
+  s.nodes = std::max<int>(1, per_domain.size());
+  for (const auto& [domain, count] : per_domain) s.per_node = std::max(s.per_node, count);
+  // Regular Megatron groups: domain_gpus / per_node groups of this kind use each domain's
+  // NICs at once. A single-domain group uses no NIC.
+  const int d = spec_.nvlink_domain_gpus();
+  if (s.nodes > 1 && d % s.per_node == 0) s.sharing = d / s.per_node;
   return s;
 }
 
-// Bus bandwidth: inside a node, the slowest link of a ring through local GPUs 0..k-1 (k =
-// per_node; exact for TP groups, optimistic for strided groups on nvlink_pairs). Across nodes
-// each node's NICs (nics * nic_bw / oversubscription) are shared by `sharing` concurrent
-// groups; the ring gets min(intra ring, node NIC bandwidth / sharing).
+// Bus bandwidth: inside an NVLink domain, the slowest link of a ring through its ranks 0..k-1
+// (k = per_node; exact for TP groups, optimistic for strided groups on nvlink_pairs). Across
+// domains each domain's NICs (nics_per_node * nodes_per_nvlink_domain * nic_bw /
+// oversubscription) are shared by `sharing` concurrent groups; the ring gets min(domain ring,
+// domain NIC bandwidth / sharing).
 double Topology::BusBandwidth(const GroupShape& g) const {
   if (g.size <= 1) return spec_.gpu.hbm_bw_bytes_per_s;
-  const int k = RanksPerNode(g, spec_.gpus_per_node);
+  const int k = RanksPerDomain(g, spec_.nvlink_domain_gpus());
   double bw = k > 1 ? first_ring_bw_[size_t(k)] : kInf;
   if (g.nodes > 1) {
     const InterNodeSpec& net = spec_.inter;
-    const double node_nic_bw = net.nics_per_node * net.nic_bw_bytes_per_s / net.oversubscription;
-    bw = std::min(bw, node_nic_bw / std::max(1, g.sharing));
+    const double domain_nic_bw = double(net.nics_per_node) * spec_.nodes_per_nvlink_domain *
+                                 net.nic_bw_bytes_per_s / net.oversubscription;
+    bw = std::min(bw, domain_nic_bw / std::max(1, g.sharing));
   }
   return bw;
 }
 
 double Topology::CollectiveTime(Collective c, const GroupShape& g, double bytes) const {
   if (g.size <= 1) return 0;
-  const int k = RanksPerNode(g, spec_.gpus_per_node);
-  // Across nodes the slowest step is the network one: inter_node.latency ("one network hop,
+  const int k = RanksPerDomain(g, spec_.nvlink_domain_gpus());
+  // Across domains the slowest step is the network one: inter_node.latency ("one network hop,
   // end to end"). A lone transfer, Latency(a, b), also pays the GPU-NIC intra hop.
   const double intra_s = k > 1 ? first_ring_lat_[size_t(k)] : 0;
   const double hop_s = g.nodes > 1 ? std::max(spec_.inter.latency_s, intra_s) : intra_s;
@@ -423,7 +478,17 @@ double Topology::CollectiveTime(Collective c, const GroupShape& g, double bytes)
 double Topology::CollectiveTime(Collective c, const std::vector<int>& group,
                                 double bytes) const {
   if (group.size() <= 1) return 0;
-  if (CrossesNodes(group)) return CollectiveTime(c, ShapeOf(group), bytes);
+  if (CrossesDomains(group)) return CollectiveTime(c, ShapeOf(group), bytes);
+  const int n = static_cast<int>(group.size());
+  if (CrossesNodes(group)) {  // trays of one NVLink domain: the ring in the group's order
+    Path ring{kInf, 0};
+    for (int i = 0; i < n; ++i) {
+      const int a = group[size_t(i)], b = group[size_t((i + 1) % n)];
+      ring.bw_bytes_per_s = std::min(ring.bw_bytes_per_s, Bandwidth(a, b));
+      ring.latency_s = std::max(ring.latency_s, Latency(a, b));
+    }
+    return RingTime(c, n, ring.latency_s, ring.bw_bytes_per_s, bytes);
+  }
   // Inside one node: the ring in the group's own order, on the exact local links.
   std::vector<int> locals;
   for (int r : group) locals.push_back(r % spec_.gpus_per_node);

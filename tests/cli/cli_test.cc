@@ -168,6 +168,62 @@ TEST(Cli, EmitMegatron) {
   EXPECT_NE(r.out.find("--global-batch-size 1536"), std::string::npos);
 }
 
+// fp4 needs an fp4 tensor-core peak (Blackwell): on H100 plan and simulate refuse it in a line.
+TEST(Cli, Fp4RefusedOnH100) {
+  const std::string h100 = kSrc + "/configs/clusters/dgx-h100.yaml";
+  const std::string llama = kSrc + "/configs/models/llama3-8b.yaml";
+  ExpectOneLineError(Ptdp("plan --cluster " + h100 + " --model " + llama +
+                          " --global-batch 512 --precision fp4"),
+                     "--precision fp4: GPU H100-SXM5-80GB has no fp4 peak");
+  ExpectOneLineError(Ptdp("simulate --cluster " + h100 + " --model " + llama +
+                          " --global-batch 512 --tp 8 --precision fp4"),
+                     "--precision fp4: GPU H100-SXM5-80GB has no peak rate for it");
+  ExpectOneLineError(Ptdp("plan --cluster " + h100 + " --model " + llama +
+                          " --global-batch 512 --precision fp6"),
+                     "bf16, fp16, fp8, fp4, fp32");
+}
+
+// Every Blackwell cluster file plans a small model (the NVL72 files' 576 GPUs hold no power-of-two
+// layout for batch 512: --gpus 512).
+TEST(Cli, BlackwellClustersPlanLlama3_8b) {
+  for (const char* c : {"dgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72"}) {
+    const std::string gpus = std::string(c).rfind("gb", 0) == 0 ? " --gpus 512" : "";
+    const CmdResult r = Ptdp("plan --cluster " + kSrc + "/configs/clusters/" + c + ".yaml --model " +
+                             kSrc + "/configs/models/llama3-8b.yaml --global-batch 512 --refine 2" +
+                             gpus + " --json");
+    ASSERT_EQ(r.code, 0) << c << ": " << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    ASSERT_FALSE(j["plans"].empty()) << c;
+    EXPECT_TRUE(j["fits"].get<bool>()) << c;
+    EXPECT_GT(j["step_time_s"].get<double>(), 0) << c;
+  }
+}
+
+// NVL72: the rack is the NVLink domain. topo shows it; --nodes must be whole racks; an fp4 plan
+// emits Megatron-LM's fp4 flags and 4 processes per tray.
+TEST(Cli, Nvl72RacksAndFp4) {
+  const std::string nvl = kSrc + "/configs/clusters/gb200-nvl72.yaml";
+  const std::string llama = kSrc + "/configs/models/llama3-8b.yaml";
+  CmdResult r = Ptdp("topo --cluster " + nvl);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("NVLink domain: 18 nodes x 4 GPUs = 72 GPUs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(next node, same NVLink domain)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 72 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(next NVLink domain)"), std::string::npos) << r.out;
+  r = Ptdp("topo --cluster " + nvl + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["nvlink_domain_gpus"], 72);
+  ExpectOneLineError(Ptdp("plan --cluster " + nvl + " --model " + llama +
+                          " --global-batch 512 --nodes 20"),
+                     "--nodes 20: " + nvl + " has 18 nodes per NVLink domain; give a multiple of it");
+  r = Ptdp("plan --cluster " + nvl + " --model " + llama +
+           " --gpus 64 --global-batch 256 --tp 8 --precision fp4 --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--tensor-model-parallel-size 8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--nproc_per_node=4 --nnodes=16"), std::string::npos) << r.out;
+}
+
 TEST(Cli, TopoPrintsTheNode) {
   const CmdResult r = Ptdp("topo --cluster " + kA100);
   ASSERT_EQ(r.code, 0) << r.out;

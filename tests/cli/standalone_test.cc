@@ -59,7 +59,8 @@ TEST(Standalone, AFilePlanRecordsAnAbsolutePath) {
 TEST(Standalone, UnknownNameListsTheShippedOnes) {
   const CmdResult r = PtdpElsewhere("plan --cluster dgx-a1000 --model gpt3-175b --global-batch 8");
   ExpectOneLineError(r, "'dgx-a1000' is not a shipped cluster");
-  EXPECT_NE(r.out.find("dgx-a100, dgx-h100"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dgx-a100, dgx-b200, dgx-b300, dgx-h100"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gb200-nvl72, gb300-nvl72"), std::string::npos) << r.out;
   ExpectOneLineError(PtdpElsewhere("plan --cluster dgx-a100 --model gpt5 --global-batch 8"),
                      "'gpt5' is not a shipped model");
   // A value with '/' or ending in .yaml is a path: a missing one is named as a cluster file.

@@ -330,7 +330,7 @@ TEST(ValidateLayoutTest, Messages) {
   const Layout tp16 = Make({.tp = 16, .dp = 2});
   s = ValidateLayout(m, tp16, 32, 8, false);
   ASSERT_FALSE(s.ok());
-  EXPECT_THAT(s.message(), HasSubstr("tp 16 spans nodes"));
+  EXPECT_THAT(s.message(), HasSubstr("tp 16 spans NVLink domains"));
   EXPECT_TRUE(ValidateLayout(m, tp16, 32, 8, true).ok());
   // tp 3 does not divide 8 GPUs per node: some TP group straddles a node boundary.
   EXPECT_FALSE(ValidateLayout(WithKv(24, 24), Make({.tp = 3}), 3, 8, false).ok());
@@ -353,7 +353,8 @@ TEST(LayoutStringsTest, ParseToStringRoundTrips) {
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, r);
   }
-  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp8, Precision::kFp32}) {
+  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp8, Precision::kFp4,
+                      Precision::kFp32}) {
     Result<Precision> back = ParsePrecision(ToString(p));
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, p);
@@ -369,6 +370,10 @@ TEST(LayoutStringsTest, ParseToStringRoundTrips) {
   EXPECT_THAT(bad_r.status().message(), HasSubstr("'partial'"));
   EXPECT_THAT(bad_r.status().message(), HasSubstr("none, selective, full"));
   EXPECT_FALSE(ParsePrecision("BF16").ok());  // case-sensitive, like the YAML values
+  EXPECT_STREQ(ToString(Precision::kFp4), "fp4");
+  Result<Precision> bad_p = ParsePrecision("nvfp4");
+  ASSERT_FALSE(bad_p.ok());
+  EXPECT_EQ(bad_p.status().message(), "precision 'nvfp4' is not one of: bf16, fp16, fp8, fp4, fp32");
   Result<ScheduleKind> bad_s = ParseScheduleKind("zero-bubble");
   ASSERT_FALSE(bad_s.ok());
   EXPECT_THAT(bad_s.status().message(), HasSubstr("gpipe, 1f1b, interleaved"));

@@ -129,6 +129,7 @@ void ExpectSamePlan(const Plan& a, const Plan& b) {
   EXPECT_EQ(a.cluster_name, b.cluster_name);
   EXPECT_EQ(a.nodes, b.nodes);
   EXPECT_EQ(a.gpus_per_node, b.gpus_per_node);
+  EXPECT_EQ(a.nodes_per_nvlink_domain, b.nodes_per_nvlink_domain);
   EXPECT_EQ(a.allow_tp_across_nodes, b.allow_tp_across_nodes);
   EXPECT_EQ(a.has_prediction, b.has_prediction);
   if (a.has_prediction && b.has_prediction) ExpectSamePrediction(a.prediction, b.prediction);
@@ -167,6 +168,48 @@ TEST(PlanRoundTripTest, LlamaShapeAndDefaults) {
   Result<Plan> back = PlanFromYamlText(PlanToYaml(p), "plan.yaml");
   ASSERT_TRUE(back.ok()) << back.status().message();
   ExpectSamePlan(p, *back);
+}
+
+// An NVL72 plan: 4-GPU trays, 18 to a rack's NVLink domain. tp 8 spans two trays of one rack:
+// legal, and carried through the round trip; as plain 4-GPU nodes it would span two domains.
+TEST(PlanRoundTripTest, NvlinkDomainOfTrays) {
+  Plan p = SamplePlan();  // tp 8 pp 8 dp 2 = 128 GPUs
+  p.nodes = 36;           // two racks of 18 trays: 144 GPUs
+  p.gpus_per_node = 4;
+  p.nodes_per_nvlink_domain = 18;
+  const std::string text = PlanToYaml(p);
+  EXPECT_NE(text.find("  nodes_per_nvlink_domain: 18\n"), std::string::npos) << text;
+  Result<Plan> back = PlanFromYamlText(text, "plan.yaml");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  ExpectSamePlan(p, *back);
+  p.nodes_per_nvlink_domain = 1;
+  back = PlanFromYamlText(PlanToYaml(p), "plan.yaml");
+  ASSERT_FALSE(back.ok());
+  EXPECT_THAT(back.status().message(), HasSubstr("tp 8 spans NVLink domains"));
+  std::string partial = text;
+  partial.replace(partial.find("  nodes: 36\n"), 12, "  nodes: 20\n");
+  back = PlanFromYamlText(partial, "plan.yaml");
+  ASSERT_FALSE(back.ok());
+  EXPECT_THAT(back.status().message(),
+              HasSubstr("cluster.nodes_per_nvlink_domain: '18' does not divide nodes '20'"));
+}
+
+// fp4 (NVFP4 on Blackwell) is one of layout.precision's values: written and read back.
+TEST(PlanRoundTripTest, Fp4Precision) {
+  Plan p = SamplePlan();
+  p.layout.precision = Precision::kFp4;
+  const std::string text = PlanToYaml(p);
+  EXPECT_NE(text.find("  precision: fp4\n"), std::string::npos) << text;
+  Result<Plan> back = PlanFromYamlText(text, "plan.yaml");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->layout.precision, Precision::kFp4);
+  ExpectSamePlan(p, *back);
+  std::string bad = text;
+  bad.replace(bad.find("precision: fp4"), 14, "precision: fp2");
+  back = PlanFromYamlText(bad, "plan.yaml");
+  ASSERT_FALSE(back.ok());
+  EXPECT_THAT(back.status().message(), HasSubstr("layout.precision"));
+  EXPECT_THAT(back.status().message(), HasSubstr("fp4"));
 }
 
 TEST(PlanRoundTripTest, ThroughAFile) {
@@ -359,7 +402,7 @@ TEST(PlanErrorsTest, TpAcrossNodesNeedsTheFlag) {
   text.erase(text.find("  stage_layers:"), text.find("\n", text.find("  stage_layers:")) - text.find("  stage_layers:") + 1);
   Result<Plan> r = PlanFromYamlText(text, "plan.yaml");
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(), HasSubstr("tp 16 spans nodes"));
+  EXPECT_THAT(r.status().message(), HasSubstr("tp 16 spans NVLink domains"));
   text.replace(text.find("allow_tp_across_nodes: false"), 28, "allow_tp_across_nodes: true");
   r = PlanFromYamlText(text, "plan.yaml");
   EXPECT_TRUE(r.ok()) << r.status().message();

@@ -282,5 +282,25 @@ TEST(AnalyticOneNode, EmbeddingReduceStaysOnTheNode) {
   EXPECT_NEAR(e.step_time_s, e.breakdown.total(), 1e-12);
 }
 
+// GB200 NVL72: a rack's 72 GPUs are one NVLink domain, so tp 8 x dp 9 on one rack reduces its
+// gradients over NVLink, where on 9 DGX B200-like nodes (same GPUs, NVLink and NICs per GPU) the
+// DP group has one rank per node and 8 groups share each node's 8 x 50 GB/s NICs. All-reduce of
+// 4 bytes/param, 1e9 params, 9 ranks: 2 * 8 hops and 2 * 8 / 9 * 4e9 bytes, at 900 GB/s and
+// 3 us (NCCL intra efficiency) against 50 GB/s and 5 us (inter efficiency).
+TEST(AnalyticNvl72, DataParallelInsideARackRunsOnNvlink) {
+  const Topology rack = *Topology::Build(testing::Nvl72Like(1));
+  const Topology nodes = *Topology::Build(testing::DgxB200Like(9));
+  const CostConstants k;
+  const AnalyticModel on_rack(Gpt3_175b(), rack, k), on_nodes(Gpt3_175b(), nodes, k);
+  const Layout l = MakeLayout(8, 1, 9, 1, 1, 72);
+  const double bytes = 16.0 / 9 * 4e9;
+  EXPECT_NEAR(on_rack.DpTime(l, 1e9),
+              k.collective_overhead_s + 16 * 3e-6 + bytes / 900e9 / k.nccl_intra_eff, 1e-12);
+  EXPECT_NEAR(on_nodes.DpTime(l, 1e9),
+              k.collective_overhead_s + 16 * 5e-6 + bytes / 50e9 / k.nccl_inter_eff, 1e-12);
+  // The TP group (8 ranks on two trays, or one node) is the same NVLink ring on both.
+  EXPECT_EQ(RegularGroupShape(1, 8, rack.spec().nvlink_domain_gpus()).nodes, 1);
+}
+
 }  // namespace
 }  // namespace ptdp

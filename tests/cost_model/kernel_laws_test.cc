@@ -173,6 +173,44 @@ TEST(KernelLaws, Fp8LayersPayForTheirCasts) {
   EXPECT_GT(t8, 0.5 * t16);
 }
 
+// fp4 (NVFP4, Blackwell): GEMMs at the fp4 peak with fp8's efficiency constant, the same operand
+// casts as fp8, and MFU against the 16-bit peak. With the fp4 peak twice the fp8 one, a full
+// wave of 132 tiles takes half the fp8 time.
+TEST(KernelLaws, Fp4GemmsRunAtTheFp4PeakWithTheFp8Efficiency) {
+  ClusterSpec c = Fixture::Cluster(132, 4);
+  c.gpu.peak_fp8 = 2 * c.gpu.peak_bf16;
+  c.gpu.peak_fp4 = 4 * c.gpu.peak_bf16;
+  Topology topo = *Topology::Build(c);
+  AnalyticModel cost(Gpt(), topo, CostConstants{});
+  const double k = 8192;
+  const double t8 = cost.Gemm(132 * 128, 128, k, Precision::kFp8);
+  const double t4 = cost.Gemm(132 * 128, 128, k, Precision::kFp4);
+  EXPECT_NEAR(t4 / t8, 0.5, 1e-12);
+  const CostConstants& kc = cost.constants();
+  const double ideal = 2.0 * 132 * 128 * 128 * k /
+                       (c.gpu.peak_fp4 * kc.gemm_eff_max_fp8 * k / (k + kc.gemm_half_dim));
+  EXPECT_NEAR(t4 / ideal, 1.0, 1e-9);
+  EXPECT_EQ(cost.MfuPeak(Precision::kFp4), c.gpu.peak_bf16);
+  EXPECT_EQ(cost.PeakFlops(Precision::kFp4), c.gpu.peak_fp4);
+  Layout l;
+  l.precision = Precision::kFp4;
+  l.micro_batch = 2;
+  double casts = 0;
+  for (const LayerOp& op : cost.Ops(l).forward)
+    if (op.kernel == MemoryKernel::kFp8Cast) casts += op.bytes;
+  Layout l8 = l;
+  l8.precision = Precision::kFp8;
+  double casts8 = 0;
+  for (const LayerOp& op : cost.Ops(l8).forward)
+    if (op.kernel == MemoryKernel::kFp8Cast) casts8 += op.bytes;
+  EXPECT_GT(casts, 0);
+  EXPECT_EQ(casts, casts8);
+  // Activations and weights stay 16-bit: the same memory as bf16.
+  Layout bf = l;
+  bf.precision = Precision::kBf16;
+  EXPECT_EQ(cost.StageMemory(l, 0).total, cost.StageMemory(bf, 0).total);
+}
+
 TEST(KernelLaws, RetiredConstantsSayWhatReplacedThem) {
   ClusterSpec c = testing::DgxA100Like(1);
   for (const char* name : {"tp_overlap_exposed", "tp_exposed", "layer_overhead_s", "dp_overlap_window"}) {

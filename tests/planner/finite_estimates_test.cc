@@ -78,11 +78,12 @@ class Recorder : public Estimator {
 };
 
 // GPU counts that fit the cluster: two GPUs; three quarters of a node (a DP or PP stride that
-// does not divide the node); one node; three nodes (DP 3 across nodes); eight nodes; the whole
+// does not divide the node); one node; three nodes (DP 3 across nodes); eight nodes; three
+// NVLink domains where a domain is more than a node (NVL72: DP 3 across racks); the whole
 // cluster. Every count the cluster has room for, deduplicated.
 std::vector<int> GpuCounts(const ClusterSpec& c) {
   const int g = c.gpus_per_node;
-  std::vector<int> v = {2, 3 * g / 4, g, 3 * g, 8 * g, c.world()};
+  std::vector<int> v = {2, 3 * g / 4, g, 3 * g, 8 * g, 3 * c.nvlink_domain_gpus(), c.world()};
   v.erase(std::remove_if(v.begin(), v.end(), [&](int n) { return n < 1 || n > c.world(); }),
           v.end());
   std::sort(v.begin(), v.end());

@@ -89,6 +89,28 @@ TEST(Planner, NeverLetsTpCrossANodeUnlessForced) {
   EXPECT_TRUE(saw_tp16);
 }
 
+// On NVL72 racks TP stays inside the rack's NVLink domain, not the 4-GPU tray: tp 8 (two trays)
+// is legal, tp 16 is refused (72 % 16 != 0: the group of ranks 64..79 spans two racks). The
+// same trays without the rack's NVLink (nodes_per_nvlink_domain 1) refuse tp 8.
+TEST(Planner, TpStaysInsideTheNvlinkDomainNotTheTray) {
+  testing::FakeEstimator fake;
+  ClusterSpec c = testing::Nvl72Like(2);  // 144 GPUs, 4 per tray, 72 per rack
+  SearchSpace s = Space(144, 144);
+  s.recompute = Recompute::kNone;
+  s.distributed_optimizer = false;
+  const PlanResult r = Search(fake, SmallGpt(), c, s, 100000);
+  EXPECT_GT(r.rejected[int(Rejection::kTpCrossesNode)], 0);
+  bool saw_tp8 = false;
+  for (const auto& row : r.top) {
+    EXPECT_LE(row.layout.tp, 8) << row.layout.ShortName();
+    saw_tp8 |= row.layout.tp == 8;
+  }
+  EXPECT_TRUE(saw_tp8);
+  c.nodes_per_nvlink_domain = 1;  // 4-GPU nodes, each its own domain
+  const PlanResult trays = Search(fake, SmallGpt(), c, s, 100000);
+  for (const auto& row : trays.top) EXPECT_LE(row.layout.tp, 4) << row.layout.ShortName();
+}
+
 // The fake's figures, except a NaN DP time (the 0/0 of issue 12) at pp 2: the search stops with
 // an error naming the layout and the term instead of ranking a NaN.
 class NanAtPp2 : public Estimator {
@@ -164,6 +186,26 @@ TEST(Planner, Fp8RefusedOnA100) {
   Status st = CheckSearchSpace(SmallGpt(), c, s);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("fp8"), std::string::npos);
+}
+
+// fp4 needs an fp4 peak: refused on an H100 (fp8 but no fp4), in one line naming the GPU;
+// searched on a Blackwell GPU that has one.
+TEST(Planner, Fp4RefusedWithoutAnFp4Peak) {
+  ClusterSpec h100 = testing::DgxA100Like(2);
+  h100.gpu.name = "H100-SXM5-80GB";
+  h100.gpu.peak_fp8 = 1979e12;
+  SearchSpace s = Space(16, 64);
+  s.precision = Precision::kFp4;
+  Status st = CheckSearchSpace(SmallGpt(), h100, s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message(), "--precision fp4: GPU H100-SXM5-80GB has no fp4 peak");
+  ClusterSpec b200 = testing::DgxB200Like(2);
+  b200.gpu.peak_fp4 = 9e15;
+  EXPECT_TRUE(CheckSearchSpace(SmallGpt(), b200, s).ok());
+  testing::FakeEstimator fake;
+  const PlanResult r = Search(fake, SmallGpt(), b200, s, 1);
+  ASSERT_FALSE(r.top.empty());
+  EXPECT_EQ(r.top[0].layout.precision, Precision::kFp4);
 }
 
 TEST(Planner, CheckSearchSpaceNamesTheFlag) {

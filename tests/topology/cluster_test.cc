@@ -28,12 +28,14 @@ void ExpectSame(const ClusterSpec& a, const ClusterSpec& b) {
   EXPECT_EQ(a.name, b.name);
   EXPECT_EQ(a.nodes, b.nodes);
   EXPECT_EQ(a.gpus_per_node, b.gpus_per_node);
+  EXPECT_EQ(a.nodes_per_nvlink_domain, b.nodes_per_nvlink_domain);
   EXPECT_EQ(a.gpu.name, b.gpu.name);
   EXPECT_EQ(a.gpu.memory_bytes, b.gpu.memory_bytes);
   EXPECT_EQ(a.gpu.hbm_bw_bytes_per_s, b.gpu.hbm_bw_bytes_per_s);
   EXPECT_EQ(a.gpu.peak_bf16, b.gpu.peak_bf16);
   EXPECT_EQ(a.gpu.peak_fp16, b.gpu.peak_fp16);
   EXPECT_EQ(a.gpu.peak_fp8, b.gpu.peak_fp8);
+  EXPECT_EQ(a.gpu.peak_fp4, b.gpu.peak_fp4);
   EXPECT_EQ(a.gpu.peak_tf32, b.gpu.peak_tf32);
   EXPECT_EQ(a.gpu.peak_fp32, b.gpu.peak_fp32);
   EXPECT_EQ(a.intra.fabric, b.intra.fabric);
@@ -71,11 +73,14 @@ struct Shipped {
   int world;
 };
 
-// World sizes: dgx-a100 and dgx-h100 128 nodes x 8; dgx-h200 32 x 8; the workstation 1 x 4;
-// local-cpu 1 x 8 rank slots.
+// World sizes: dgx-a100 and dgx-h100 128 nodes x 8; dgx-h200, dgx-b200 and dgx-b300 32 x 8;
+// gb200-nvl72 and gb300-nvl72 8 racks of 18 trays x 4 = 576; the workstation 1 x 4; local-cpu
+// 1 x 8 rank slots.
 TEST(ClusterFiles, EveryShippedFileLoadsAndRoundTrips) {
   for (const Shipped s : {Shipped{"dgx-a100", 1024}, Shipped{"dgx-h100", 1024},
-                          Shipped{"dgx-h200", 256}, Shipped{"workstation-pcie4", 4},
+                          Shipped{"dgx-h200", 256}, Shipped{"dgx-b200", 256},
+                          Shipped{"dgx-b300", 256}, Shipped{"gb200-nvl72", 576},
+                          Shipped{"gb300-nvl72", 576}, Shipped{"workstation-pcie4", 4},
                           Shipped{"local-cpu", 8}}) {
     SCOPED_TRACE(s.name);
     auto c = LoadClusterFile(ClusterPath(s.name));
@@ -107,12 +112,46 @@ TEST(ClusterFiles, H200MemoryIsDecimalGigabytes) {
   EXPECT_EQ(c->gpu.peak_fp8, 1979e12);
 }
 
+// The Blackwell files: datasheet figures (decimal GB, dense peaks), the GPU names of the rows
+// of ../shared/calibration/megatron_recipes/runs.yaml, NVL72 racks as 18 trays of 4 GPUs.
+TEST(ClusterFiles, BlackwellValues) {
+  struct Want {
+    const char* file;
+    const char* gpu;
+    double memory, bf16, fp8, fp4, nic_bw;
+    int gpus_per_node, nodes_per_domain;
+  };
+  for (const Want& w : {Want{"dgx-b200", "B200", 180e9, 2.25e15, 4.5e15, 9e15, 50e9, 8, 1},
+                        Want{"dgx-b300", "B300", 288e9, 2.25e15, 4.5e15, 13.125e15, 100e9, 8, 1},
+                        Want{"gb200-nvl72", "GB200 (NVL72)", 186e9, 2.5e15, 5e15, 10e15, 50e9, 4, 18},
+                        Want{"gb300-nvl72", "GB300 (NVL72)", 288e9, 2.5e15, 5e15, 15e15, 100e9, 4, 18}}) {
+    SCOPED_TRACE(w.file);
+    auto c = LoadClusterFile(ClusterPath(w.file));
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    EXPECT_EQ(c->gpu.name, w.gpu);
+    EXPECT_EQ(c->gpu.memory_bytes, w.memory);
+    EXPECT_EQ(c->gpu.hbm_bw_bytes_per_s, 8e12);
+    EXPECT_EQ(c->gpu.PeakFlops(Precision::kBf16), w.bf16);
+    EXPECT_EQ(c->gpu.PeakFlops(Precision::kFp8), w.fp8);
+    EXPECT_EQ(c->gpu.PeakFlops(Precision::kFp4), w.fp4);
+    EXPECT_EQ(c->intra.fabric, IntraFabric::kNvSwitch);
+    EXPECT_EQ(c->intra.bw_bytes_per_s, 900e9);  // NVLink 5, per direction
+    EXPECT_EQ(c->inter.nic_bw_bytes_per_s, w.nic_bw);
+    EXPECT_EQ(c->inter.nics_per_node, c->gpus_per_node);  // one NIC per GPU
+    EXPECT_EQ(c->gpus_per_node, w.gpus_per_node);
+    EXPECT_EQ(c->nodes_per_nvlink_domain, w.nodes_per_domain);
+    EXPECT_EQ(c->nvlink_domain_gpus(), w.nodes_per_domain == 1 ? 8 : 72);
+    EXPECT_EQ(c->calibration.at("softmax_bytes_per_score"), 0);  // fused attention only
+  }
+}
+
 TEST(GpuSpec, PeakFlopsPerPrecision) {
   auto a100 = LoadClusterFile(ClusterPath("dgx-a100"));
   ASSERT_TRUE(a100.ok()) << a100.status().message();
   EXPECT_EQ(a100->gpu.PeakFlops(Precision::kBf16), 312e12);
   EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp16), 312e12);
   EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp8), 0);         // no fp8 on A100
+  EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp4), 0);         // nor fp4 (Blackwell on)
   EXPECT_EQ(a100->gpu.PeakFlops(Precision::kFp32), 156e12);   // tf32 tensor cores
   auto cpu = LoadClusterFile(ClusterPath("local-cpu"));
   ASSERT_TRUE(cpu.ok()) << cpu.status().message();
@@ -222,6 +261,18 @@ TEST(ClusterYaml, ErrorsNameFileLineKeyAndValue) {
        "c.yaml:19:", "links[0].bandwidth", "\"100\""},
       {"calibration not a number", "", "calibration:\n  gemm_eff_max: high\n", "c.yaml:19:",
        "calibration.gemm_eff_max", "'high'"},
+      // NVLink domains of several nodes: whole domains only, positive, NVSwitch only.
+      {"domain does not divide nodes", "gpus_per_node: 4\n",
+       "gpus_per_node: 4\nnodes_per_nvlink_domain: 3\n", "c.yaml:4:", "nodes_per_nvlink_domain",
+       "'3' does not divide nodes '2'"},
+      {"domain of zero nodes", "gpus_per_node: 4\n", "gpus_per_node: 4\nnodes_per_nvlink_domain: 0\n",
+       "c.yaml:4:", "nodes_per_nvlink_domain", "'0'"},
+      {"domain not a number", "gpus_per_node: 4\n",
+       "gpus_per_node: 4\nnodes_per_nvlink_domain: rack\n", "c.yaml:4:", "nodes_per_nvlink_domain",
+       "'rack'"},
+      {"domain over links", "",
+       "nodes_per_nvlink_domain: 2\nlinks:\n  - {a: 0, b: 1, bandwidth: 100 GB/s, latency: 2 us}\n",
+       "c.yaml:18:", "nodes_per_nvlink_domain", "with links"},
   };
   for (const ErrorCase& e : cases) {
     SCOPED_TRACE(e.what);
@@ -364,6 +415,51 @@ TEST(ClusterYaml, RoundTripWithEveryOptionalPart) {
   EXPECT_NE(text.find("bandwidth: 300 GB/s"), std::string::npos) << text;
   EXPECT_NE(text.find("latency: 3 us"), std::string::npos) << text;
   EXPECT_NE(text.find("gemm_eff_max: 0.8\n"), std::string::npos) << text;
+}
+
+// nodes_per_nvlink_domain: absent is 1 (and not written); 2 nodes of 4 GPUs in one domain give
+// an 8-GPU NVLink domain, written back and read again.
+TEST(ClusterYaml, NvlinkDomainRoundTrips) {
+  auto plain = FromText(kBase);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_EQ(plain->nodes_per_nvlink_domain, 1);
+  EXPECT_EQ(plain->nvlink_domain_gpus(), 4);
+  EXPECT_EQ(ClusterToYaml(*plain).find("nodes_per_nvlink_domain"), std::string::npos);
+  auto c = FromText(std::string(kBase) + "nodes_per_nvlink_domain: 2\n");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->nodes_per_nvlink_domain, 2);
+  EXPECT_EQ(c->nvlink_domain_gpus(), 8);
+  EXPECT_EQ(c->nvlink_domains(), 1);
+  ExpectRoundTrip(*c);
+  EXPECT_NE(ClusterToYaml(*c).find("nodes_per_nvlink_domain: 2\n"), std::string::npos);
+}
+
+// peak.fp4 (NVFP4 on Blackwell): read, written back, PeakFlops(kFp4).
+TEST(ClusterYaml, Fp4PeakRoundTrips) {
+  std::string text = kBase;
+  text.replace(text.find("    bf16: 312 TFLOP/s\n"), 22, "    bf16: 2.5 PFLOP/s\n    fp4: 10 PFLOP/s\n");
+  auto c = FromText(text);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->gpu.peak_fp4, 10e15);
+  EXPECT_EQ(c->gpu.PeakFlops(Precision::kFp4), 10e15);
+  ExpectRoundTrip(*c);
+  text.replace(text.find("fp4: 10 PFLOP/s"), 15, "fp4: 10");
+  c = FromText(text);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("c.yaml:10: gpu.peak.fp4"), std::string::npos)
+      << c.status().message();
+}
+
+// A domain of several nodes needs NVLink switches between them: another fabric is refused at
+// the key, naming the fabric.
+TEST(ClusterYaml, NvlinkDomainNeedsNvswitch) {
+  std::string text = std::string(kBase) + "nodes_per_nvlink_domain: 2\n";
+  text.replace(text.find("fabric: nvswitch"), 16, "fabric: pcie");
+  auto c = FromText(text);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "c.yaml:18: nodes_per_nvlink_domain: '2' needs intra_node.fabric nvswitch and no links "
+            "(NVLink switches join the domain's nodes), not fabric 'pcie'");
 }
 
 // `measured:` (ptdp calibrate) rides along: read, written back, read again to the same tables.

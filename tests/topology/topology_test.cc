@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/fakes/test_cluster.h"
+
 #include <string>
 #include <vector>
 
@@ -58,7 +60,8 @@ TEST(Collective, Names) {
 }
 
 TEST(Topology, ShippedClustersBuild) {
-  for (const char* name : {"dgx-a100", "dgx-h100", "dgx-h200", "workstation-pcie4", "local-cpu"}) {
+  for (const char* name : {"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300",
+                           "gb200-nvl72", "gb300-nvl72", "workstation-pcie4", "local-cpu"}) {
     SCOPED_TRACE(name);
     const ClusterSpec c = Load(name);
     auto t = Topology::Build(c);
@@ -305,6 +308,116 @@ TEST(Topology, BuildErrors) {
   auto w = Topology::Build(ws);
   ASSERT_FALSE(w.ok());
   EXPECT_NE(w.status().message().find("inter_node"), std::string::npos) << w.status().message();
+}
+
+// --- NVLink domains larger than a node (GB200 NVL72: 18 trays of 4 GPUs per rack) ---
+
+// Two NVL72-like racks (tests/fakes/test_cluster.h): per rack 72 GPUs + 1 NVSwitch hub + 72 NICs
+// = 145 vertices, plus the fabric: 291. Edges per rack: 72 GPU-hub + 72 GPU-NIC = 144; 144
+// NIC-fabric: 2 * 144 + 144 = 432.
+TEST(Nvl72, OneHubPerRack) {
+  Topology t = Build(testing::Nvl72Like(2));
+  EXPECT_EQ(t.world(), 144);
+  EXPECT_EQ(t.NumVertices(), 291);
+  EXPECT_EQ(t.NumEdges(), 432);
+  EXPECT_EQ(t.spec().nvlink_domain_gpus(), 72);
+  EXPECT_EQ(t.NodeOf(4), 1);     // tray 1
+  EXPECT_EQ(t.DomainOf(71), 0);  // tray 17, still rack 0
+  EXPECT_EQ(t.DomainOf(72), 1);
+}
+
+// GPUs on two trays of a rack meet at the NVLink switch: 900 GB/s, 1.5 + 1.5 us, as inside a
+// tray. Two racks: the NIC's 50 GB/s and 5 us (inter) + 1.5 + 1.5 us (GPU-NIC half hops).
+TEST(Nvl72, TraysOfARackTalkOverNvlinkRacksOverTheNics) {
+  Topology t = Build(testing::Nvl72Like(2));
+  EXPECT_DOUBLE_EQ(t.Bandwidth(0, 1), 900e9);    // same tray
+  EXPECT_DOUBLE_EQ(t.Bandwidth(0, 4), 900e9);    // tray 0 -> tray 1
+  EXPECT_DOUBLE_EQ(t.Bandwidth(3, 71), 900e9);   // tray 0 -> tray 17
+  EXPECT_DOUBLE_EQ(t.Latency(0, 4), 3e-6);
+  EXPECT_DOUBLE_EQ(t.Bandwidth(0, 72), 50e9);    // rack 0 -> rack 1
+  EXPECT_DOUBLE_EQ(t.Bandwidth(71, 72), 50e9);
+  EXPECT_DOUBLE_EQ(t.Latency(0, 72), 8e-6);
+  EXPECT_TRUE(t.CrossesNodes({0, 4}));
+  EXPECT_FALSE(t.CrossesDomains({0, 4, 71}));
+  EXPECT_TRUE(t.CrossesDomains({71, 72}));
+}
+
+// A rack's 72 ranks are one NVLink group: per_node 72, one domain, ring at 900 GB/s. All-reduce
+// of 1 GB: 2 * 71 steps * 3 us + 2 * 71 / 72 * 1e9 / 900e9 s (both overloads agree).
+TEST(Nvl72, RackWideGroupIsAnNvlinkGroup) {
+  Topology t = Build(testing::Nvl72Like(2));
+  const GroupShape g = t.ShapeOf(Ranks(0, 72));
+  EXPECT_EQ(g.per_node, 72);
+  EXPECT_EQ(g.nodes, 1);
+  EXPECT_EQ(g.sharing, 1);
+  EXPECT_DOUBLE_EQ(t.BusBandwidth(g), 900e9);
+  const double expected = 142 * 3e-6 + 142.0 / 72 * 1e9 / 900e9;
+  EXPECT_DOUBLE_EQ(t.CollectiveTime(Collective::kAllReduce, g, 1e9), expected);
+  EXPECT_DOUBLE_EQ(t.CollectiveTime(Collective::kAllReduce, Ranks(0, 72), 1e9), expected);
+  // Eight ranks on two trays (a TP 8 group): the same NVLink ring.
+  EXPECT_DOUBLE_EQ(t.BusBandwidth(t.ShapeOf(Ranks(0, 8))), 900e9);
+}
+
+// Groups across racks share the rack's 72 NICs (72 x 50 GB/s = 3600 GB/s): the tp 8 DP group
+// 0, 8, ..., 136 has 9 ranks per rack and 72 / 9 = 8 such groups per rack: min(900, 3600 / 8)
+// = 450 GB/s; one rank per rack (stride 72): 72 groups share them, 3600 / 72 = 50 GB/s.
+TEST(Nvl72, GroupsAcrossRacksShareTheRacksNics) {
+  Topology t = Build(testing::Nvl72Like(2));
+  const GroupShape dp = t.ShapeOf(Ranks(0, 18, 8));
+  EXPECT_EQ(dp.per_node, 9);
+  EXPECT_EQ(dp.nodes, 2);
+  EXPECT_EQ(dp.sharing, 8);
+  EXPECT_DOUBLE_EQ(t.BusBandwidth(dp), 450e9);
+  const GroupShape one_per_rack = t.ShapeOf({5, 77});
+  EXPECT_EQ(one_per_rack.sharing, 72);
+  EXPECT_DOUBLE_EQ(t.BusBandwidth(one_per_rack), 50e9);
+}
+
+// 72 ranks: one NVL72 rack against 9 DGX B200-like nodes (8 x 50 GB/s NICs each). The rack:
+// 900 GB/s, 3 us per step. The nodes: min(900, 8 x 50 / 1) = 400 GB/s, and each step waits for
+// the network's 5 us. All-reduce of 1 GB: 142 * 3 us + 1.972 GB / 900 GB/s = 2.62 ms against
+// 142 * 5 us + 1.972 GB / 400 GB/s = 5.64 ms.
+TEST(Nvl72, RackAllReduceBeatsNineDgxNodes) {
+  Topology rack = Build(testing::Nvl72Like(1));
+  Topology nodes = Build(testing::DgxB200Like(9));
+  const std::vector<int> all = Ranks(0, 72);
+  const double on_rack = rack.CollectiveTime(Collective::kAllReduce, all, 1e9);
+  const double on_nodes = nodes.CollectiveTime(Collective::kAllReduce, all, 1e9);
+  EXPECT_DOUBLE_EQ(on_rack, 142 * 3e-6 + 142.0 / 72 * 1e9 / 900e9);
+  EXPECT_DOUBLE_EQ(on_nodes, 142 * 5e-6 + 142.0 / 72 * 1e9 / 400e9);
+  EXPECT_LT(on_rack, on_nodes);
+}
+
+// The shipped gb200-nvl72: 8 racks. Tray to tray in a rack at NVLink's 900 GB/s; rack to rack
+// at one ConnectX-7's 50 GB/s (gb300-nvl72: ConnectX-8, 100 GB/s).
+TEST(Nvl72, ShippedRacks) {
+  Topology gb200 = Build(Load("gb200-nvl72"));
+  EXPECT_EQ(gb200.world(), 576);
+  EXPECT_EQ(gb200.DomainOf(575), 7);
+  EXPECT_DOUBLE_EQ(gb200.Bandwidth(0, 68), 900e9);  // tray 0 -> tray 17
+  EXPECT_DOUBLE_EQ(gb200.Bandwidth(0, 72), 50e9);   // rack 0 -> rack 1
+  Topology gb300 = Build(Load("gb300-nvl72"));
+  EXPECT_DOUBLE_EQ(gb300.Bandwidth(0, 68), 900e9);
+  EXPECT_DOUBLE_EQ(gb300.Bandwidth(0, 72), 100e9);
+}
+
+// A cluster is whole racks, NVSwitch only: specs built in code (or cut with --nodes) that are
+// not are refused, naming both numbers.
+TEST(Nvl72, BuildErrors) {
+  ClusterSpec partial = testing::Nvl72Like(1);
+  partial.nodes = 20;
+  auto r = Topology::Build(partial);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("test-nvl72.yaml: nodes 20 is not a whole number of NVLink "
+                                      "domains (nodes_per_nvlink_domain: 18)"),
+            std::string::npos)
+      << r.status().message();
+  ClusterSpec pcie = testing::Nvl72Like(1);
+  pcie.intra.fabric = IntraFabric::kPcie;
+  r = Topology::Build(pcie);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("needs intra_node.fabric nvswitch"), std::string::npos)
+      << r.status().message();
 }
 
 }  // namespace
