@@ -377,8 +377,23 @@ std::string MegatronCommand(const Plan& plan) {
     << " --nnodes=" << nodes << " pretrain_gpt.py \\\n"
     << "  --tensor-model-parallel-size " << l.tp << " \\\n"
     << "  --pipeline-model-parallel-size " << l.pp << " \\\n";
-  if (l.vp > 1)
-    o << "  --num-layers-per-virtual-pipeline-stage " << m.layers / (l.pp * l.vp) << " \\\n";
+  // The pipeline split as Megatron-LM takes it (megatron/training/arguments.py): a layout
+  // string sets vp itself; first/last counts need vp as virtual stages per rank.
+  if (l.pipeline_layout) {
+    o << "  --pipeline-model-parallel-layout '" << l.pipeline_layout->text << "' \\\n";
+  } else {
+    if (l.first_stage_layers > 0)
+      o << "  --decoder-first-pipeline-num-layers " << l.first_stage_layers << " \\\n";
+    if (l.last_stage_layers > 0)
+      o << "  --decoder-last-pipeline-num-layers " << l.last_stage_layers << " \\\n";
+    if (l.embedding_in_split) o << "  --account-for-embedding-in-pipeline-split \\\n";
+    if (l.loss_in_split) o << "  --account-for-loss-in-pipeline-split \\\n";
+    if (l.vp > 1 && l.uneven())
+      o << "  --num-virtual-stages-per-pipeline-rank " << l.vp << " \\\n";
+    else if (l.vp > 1)
+      o << "  --num-layers-per-virtual-pipeline-stage " << m.layers / (l.pp * l.vp) << " \\\n";
+  }
+  if (l.vp > 1 && !l.overlap_p2p) o << "  --no-overlap-p2p-communication \\\n";
   if (l.cp > 1) o << "  --context-parallel-size " << l.cp << " \\\n";
   if (l.sequence_parallel) o << "  --sequence-parallel \\\n";
   if (l.recompute == Recompute::kSelective) o << "  --recompute-activations \\\n";
@@ -397,6 +412,10 @@ std::string MegatronCommand(const Plan& plan) {
   if (m.activation == Activation::kSquaredRelu) o << "  --squared-relu \\\n";
   if (m.norm == Norm::kRmsNorm) o << "  --normalization RMSNorm \\\n";
   if (m.position == PositionEmbedding::kRope) o << "  --position-embedding-type rope \\\n";
+  if (m.position == PositionEmbedding::kAlibi)  // not silently a model with other positions
+    o << "  `# ALiBi: Megatron-LM has no ALiBi position bias (BLOOM trained with Megatron-DeepSpeed); "
+         "this command builds no position embedding in its place` \\\n"
+      << "  --position-embedding-type none \\\n";
   if (!m.tied_embeddings) o << "  --untie-embeddings-and-output-weights \\\n";
   if (!m.bias) o << "  --disable-bias-linear \\\n";
   o << "  --seq-length " << m.seq_len << " --max-position-embeddings " << m.seq_len << " \\\n"

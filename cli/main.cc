@@ -8,6 +8,10 @@
 namespace ptdp::cli {
 
 int Fail(const std::string& message) {
+  // What went to stdout first (a --json document) ends before the message starts, also when
+  // both streams go to one pipe.
+  std::cout.flush();
+  std::fflush(stdout);
   std::fprintf(stderr, "ptdp: %s\n", message.c_str());
   return 1;
 }

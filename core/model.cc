@@ -24,7 +24,12 @@ const char* ToString(Activation a) {
 }
 const char* ToString(Norm n) { return n == Norm::kLayerNorm ? "layernorm" : "rmsnorm"; }
 const char* ToString(PositionEmbedding p) {
-  return p == PositionEmbedding::kLearned ? "learned" : "rope";
+  switch (p) {
+    case PositionEmbedding::kLearned: return "learned";
+    case PositionEmbedding::kRope: return "rope";
+    case PositionEmbedding::kAlibi: return "alibi";
+  }
+  return "?";
 }
 
 int64_t ModelSpec::padded_vocab(int64_t tp) const {
@@ -118,9 +123,10 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                  : act == "squared_relu" ? Activation::kSquaredRelu : Activation::kGelu;
   m.norm = r.Enum("norm", {"layernorm", "rmsnorm"}, "layernorm") == "rmsnorm" ? Norm::kRmsNorm
                                                                              : Norm::kLayerNorm;
-  m.position = r.Enum("position_embedding", {"learned", "rope"}, "learned") == "rope"
-                   ? PositionEmbedding::kRope
-                   : PositionEmbedding::kLearned;
+  const std::string pos = r.Enum("position_embedding", {"learned", "rope", "alibi"}, "learned");
+  m.position = pos == "rope"    ? PositionEmbedding::kRope
+               : pos == "alibi" ? PositionEmbedding::kAlibi
+                                : PositionEmbedding::kLearned;
   m.tied_embeddings = r.Bool("tied_embeddings", true);
   m.bias = r.Bool("bias", true);
   m.dropout = r.Bool("dropout", true);

@@ -16,7 +16,9 @@ namespace ptdp {
 
 enum class Activation { kGelu, kSwiglu, kSquaredRelu };
 enum class Norm { kLayerNorm, kRmsNorm };
-enum class PositionEmbedding { kLearned, kRope };
+// Learned absolute positions (GPT: s*h parameters), rotary (Llama), or ALiBi's per-head linear
+// bias (BLOOM: no parameters, no rotary kernel; flash attention applies it in the kernel).
+enum class PositionEmbedding { kLearned, kRope, kAlibi };
 
 const char* ToString(Activation a);
 const char* ToString(Norm n);

@@ -374,3 +374,96 @@ TEST(Cli, InfoSaysWhatThisBinaryRuns) {
 }
 
 }  // namespace
+
+// Issue 14's targets through the CLI: Llama 3 405B on 16,384 H100s (126 layers: no even split
+// at pp 16) plans, and tp 8 x pp 16 fits; the split's layers per virtual stage are in the JSON
+// with the model's parameter counts; Megatron's own flags come back in the command.
+namespace {
+const std::string kH100 = kSrc + "/configs/clusters/dgx-h100.yaml";
+const std::string k405b = kSrc + "/configs/models/llama3-405b.yaml";
+}  // namespace
+
+TEST(Cli, Llama3_405bOn16kH100sPlansWithAnUnevenSplit) {
+  const CmdResult r = Ptdp("plan --cluster " + kH100 + " --model " + k405b +
+                           " --nodes 2048 --global-batch 2048 --tp 8 --pp 16 --refine 4 --json "
+                           "--emit megatron --train-tokens 15T");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_EQ(j["params_total"].get<int64_t>(), 405853388800);
+  EXPECT_EQ(j["params_active"].get<int64_t>(), 405853388800);
+  EXPECT_EQ(j["seq_len"].get<int>(), 8192);
+  const auto& lay = j["layout"];
+  EXPECT_EQ(lay["tp"].get<int>(), 8);
+  EXPECT_EQ(lay["pp"].get<int>(), 16);
+  const auto stages = lay["stage_layers"].get<std::vector<int>>();
+  ASSERT_EQ(stages.size(), size_t(16 * lay["vp"].get<int>()));
+  int sum = 0;
+  for (int n : stages) sum += n;
+  EXPECT_EQ(sum, 126);
+  EXPECT_NE(lay["pipeline_split"].get<std::string>(), "even");
+  const std::string cmd = j["megatron_command"];
+  EXPECT_TRUE(cmd.find("--account-for-embedding-in-pipeline-split") != std::string::npos ||
+              cmd.find("--decoder-first-pipeline-num-layers") != std::string::npos ||
+              cmd.find("--decoder-last-pipeline-num-layers") != std::string::npos)
+      << cmd;
+  EXPECT_GT(j["training"]["days"].get<double>(), 1);
+  EXPECT_GT(j["training"]["gpu_hours"].get<double>(), 1e6);
+}
+
+TEST(Cli, SimulatesAPipelineLayoutString) {
+  // 126 layers over pp 16 as 7 | 8 x 14 | 7, with E and L in the first and last stage.
+  const CmdResult r = Ptdp("simulate --cluster " + kH100 + " --model " + k405b +
+                           " --nodes 2048 --global-batch 2048 --tp 8 --pp 16 --recompute full "
+                           "--pipeline-model-parallel-layout 'Et*7|(t*8|)*14,t*7L' --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto stages = j["layout"]["stage_layers"].get<std::vector<int>>();
+  ASSERT_EQ(stages.size(), 16u);
+  EXPECT_EQ(stages.front(), 7);
+  EXPECT_EQ(stages[1], 8);
+  EXPECT_EQ(stages.back(), 7);
+  EXPECT_EQ(j["stage_memory_bytes"].size(), 16u);
+  // The same split from Megatron's accounting flags, in the command it prints.
+  const CmdResult m = Ptdp("plan --cluster " + kH100 + " --model " + k405b +
+                           " --nodes 2048 --global-batch 2048 --tp 8 --pp 16 --vp 4 --refine 0 "
+                           "--account-for-embedding-in-pipeline-split "
+                           "--account-for-loss-in-pipeline-split --emit megatron");
+  ASSERT_EQ(m.code, 0) << m.out;
+  for (const char* flag : {"--account-for-embedding-in-pipeline-split",
+                           "--account-for-loss-in-pipeline-split",
+                           "--num-virtual-stages-per-pipeline-rank 4"})
+    EXPECT_NE(m.out.find(flag), std::string::npos) << flag << "\n" << m.out;
+}
+
+TEST(Cli, PipelineSplitFlagsRefuseBadValuesInALine) {
+  const std::string base = "simulate --cluster " + kH100 + " --model " + k405b +
+                           " --nodes 2048 --global-batch 2048 --tp 8 --pp 16 ";
+  ExpectOneLineError(Ptdp(base + "--pipeline-model-parallel-layout 'Et*7|x|L'"),
+                     "'x' is not a layer");
+  ExpectOneLineError(Ptdp(base + "--decoder-first-pipeline-num-layers 0"),
+                     "--decoder-first-pipeline-num-layers 0 must be in 1..");
+  ExpectOneLineError(Ptdp(base + "--decoder-first-pipeline-num-layers 7"),
+                     "middle layers 119 % middle stages 15 != 0");
+  ExpectOneLineError(Ptdp(base + "--overlap-p2p-communication maybe"),
+                     "--overlap-p2p-communication 'maybe': expected on or off");
+  ExpectOneLineError(Ptdp(base + "--memory-headroom 1.5"), "--memory-headroom 1.5");
+  ExpectOneLineError(Ptdp("simulate --cluster " + kH100 + " --model " + k405b +
+                          " --global-batch 2048 --tp 8,4"),
+                     "--tp takes one value here");
+  ExpectOneLineError(Ptdp("plan --cluster " + kH100 + " --model " + k405b +
+                          " --global-batch 2048 --train-tokens 15X"),
+                     "unknown suffix 'X'");
+}
+
+// With no layout that fits, the JSON still names the model and its parameters.
+TEST(Cli, NoFitStillCarriesTheParameterCounts) {
+  const CmdResult r = Ptdp("plan --cluster " + kH100 + " --model " + k405b +
+                           " --nodes 8 --global-batch 64 --json");
+  ASSERT_NE(r.code, 0);
+  const size_t brace = r.out.find('{');
+  ASSERT_NE(brace, std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(brace, r.out.rfind('}') - brace + 1));
+  EXPECT_EQ(j["params_total"].get<int64_t>(), 405853388800);
+  EXPECT_TRUE(j["plans"].size() > 0);  // the smallest, none fitting
+}

@@ -170,6 +170,45 @@ TEST(PlanRoundTripTest, LlamaShapeAndDefaults) {
   ExpectSamePlan(p, *back);
 }
 
+// Uneven pipelines: every split form (first/last counts, accounting, a layout string) and the
+// p2p-overlap knob survive the round trip, with stage_layers written and checked on reading.
+TEST(PlanRoundTripTest, UnevenPipelineSplits) {
+  for (int form = 0; form < 3; ++form) {
+    Plan p = SamplePlan();  // 96 layers, pp 8, vp 3
+    Layout& l = p.layout;
+    l.overlap_p2p = false;
+    if (form == 0) l.first_stage_layers = 15, l.last_stage_layers = 9;  // 72 middle / 6 = 12, / vp 3
+    if (form == 1) l.embedding_in_split = l.loss_in_split = true, p.model.layers = 94;  // 96 / 8 / 3
+    if (form == 2) {
+      l.vp = 1;
+      l.pipeline_layout = std::make_shared<const PipelineLayout>(
+          *ParsePipelineLayout("Et*11|(t*12|)*6,t*13L"));
+    }
+    l.schedule = l.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+    ASSERT_EQ(CheckLayout(p.model, l), Rejection::kOk) << form << " " << l.SplitName();
+    const std::string text = PlanToYaml(p);
+    EXPECT_NE(text.find("  stage_layers: ["), std::string::npos) << text;
+    Result<Plan> back = PlanFromYamlText(text, "plan.yaml");
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    EXPECT_EQ(back->layout.first_stage_layers, l.first_stage_layers);
+    EXPECT_EQ(back->layout.last_stage_layers, l.last_stage_layers);
+    EXPECT_EQ(back->layout.embedding_in_split, l.embedding_in_split);
+    EXPECT_EQ(back->layout.loss_in_split, l.loss_in_split);
+    EXPECT_EQ(back->layout.pipeline_layout != nullptr, l.pipeline_layout != nullptr);
+    EXPECT_FALSE(back->layout.overlap_p2p);
+    EXPECT_EQ(StageLayers(back->model, back->layout), StageLayers(p.model, l));
+    EXPECT_EQ(PlanToYaml(*back), text);
+    // A hand-edited stage_layers that disagrees with the split is named.
+    std::string edited = text;
+    const size_t at = edited.find("  stage_layers: [") + 17;
+    edited.insert(at, "1, ");
+    Result<Plan> bad = PlanFromYamlText(edited, "plan.yaml");
+    ASSERT_FALSE(bad.ok());
+    EXPECT_THAT(bad.status().message(), HasSubstr("layout.stage_layers: [1, "));
+    EXPECT_THAT(bad.status().message(), HasSubstr("disagrees with the split"));
+  }
+}
+
 // An NVL72 plan: 4-GPU trays, 18 to a rack's NVLink domain. tp 8 spans two trays of one rack:
 // legal, and carried through the round trip; as plain 4-GPU nodes it would span two domains.
 TEST(PlanRoundTripTest, NvlinkDomainOfTrays) {
