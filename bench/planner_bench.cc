@@ -1,5 +1,7 @@
 // Planner throughput: layouts evaluated per second on one core, and the wall time of the whole
-// GPT-3 175B plan on 128 DGX A100 nodes (1024 GPUs) at global batch 1536. Figures go to
+// GPT-3 175B plan on 128 DGX A100 nodes (1024 GPUs) at global batch 1536, and of the Llama 3
+// 405B plan on 2048 DGX H100 nodes (16,384 GPUs) at global batch 2048 (issue 14: cp, uneven
+// pipeline splits and interleaving at pp 2 in the space), and Llama 3 70B at 32K tokens. Figures go to
 // docs/benchmarks.md; formulas: layouts/s = candidates enumerated / wall time (one thread);
 // estimates/s = cost-model evaluations (legal layouts) / wall time.
 #include <benchmark/benchmark.h>
@@ -43,6 +45,43 @@ void BM_Plan175bOn1024(benchmark::State& state) {
   state.counters["layouts/plan"] = double(evaluated) / state.iterations();
 }
 BENCHMARK(BM_Plan175bOn1024)->Unit(benchmark::kMillisecond);
+
+Fixture& F405() {
+  static Fixture f("dgx-h100.yaml", "llama3-405b.yaml", 2048);
+  return f;
+}
+
+void BM_Plan405bOn16384(benchmark::State& state) {
+  Fixture& f = F405();
+  SearchSpace s;
+  s.world = 16384;
+  s.global_batch = 2048;
+  int64_t evaluated = 0, legal = 0;
+  for (auto _ : state) {
+    PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16).value();
+    evaluated += r.evaluated;
+    legal += r.legal;
+    benchmark::DoNotOptimize(r.top.data());
+  }
+  state.counters["layouts/s"] = benchmark::Counter(double(evaluated), benchmark::Counter::kIsRate);
+  state.counters["estimates/s"] = benchmark::Counter(double(legal), benchmark::Counter::kIsRate);
+  state.counters["layouts/plan"] = double(evaluated) / state.iterations();
+}
+BENCHMARK(BM_Plan405bOn16384)->Unit(benchmark::kMillisecond);
+
+// The same with a value list and the refinement `ptdp plan` does (16 layouts simulated).
+void BM_Plan405bOn16384Refined(benchmark::State& state) {
+  Fixture& f = F405();
+  SearchSpace s;
+  s.world = 16384;
+  s.global_batch = 2048;
+  for (auto _ : state) {
+    PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16).value();
+    if (!RefineWithSimulator(*f.cost, 16, &r).ok()) state.SkipWithError("refine failed");
+    benchmark::DoNotOptimize(r.top.data());
+  }
+}
+BENCHMARK(BM_Plan405bOn16384Refined)->Unit(benchmark::kMillisecond);
 
 // One cost-model evaluation of a legal layout (the inner loop).
 void BM_EvaluateOneLayout(benchmark::State& state) {

@@ -22,7 +22,7 @@ struct ValidateFlags {
   std::string data;           // a folder with vtrain_single_node/measured.csv (not shipped)
   std::string a100 = "dgx-a100";
   std::string h100 = "dgx-h100";
-  std::string fit_gpu;      // "A100" or "H100"
+  std::string fit_gpu;      // A100, H100, B200, GB200 or GB300
   std::string fit_params;   // "name:lo:hi,name:lo:hi" (default: the GPU's set in fit.yaml)
   std::string fit_sets;     // the fit sets (default: the shipped data/published/fit.yaml)
   int rounds = 0;           // 0: the fit set's
@@ -102,6 +102,17 @@ int RunValidate(const ValidateFlags& f) {
     if (!c.ok()) return Fail(c.status().message());
     clusters[gpu] = *c;
   }
+  // Blackwell rows run on the shipped clusters of their generation (default constants: no
+  // calibration of them yet).
+  for (const auto& [gpu, name] : {std::pair<const char*, const char*>{"B200", "dgx-b200"},
+                                  {"B300", "dgx-b300"}, {"GB200", "gb200-nvl72"},
+                                  {"GB300", "gb300-nvl72"}}) {
+    auto file = ResolveConfig("clusters", name);
+    if (!file.ok()) return Fail(file.status().message());
+    auto c = LoadClusterFile(*file);
+    if (!c.ok()) return Fail(c.status().message());
+    clusters[gpu] = *c;
+  }
   std::vector<std::string> runs_files = f.runs;
   if (runs_files.empty()) {
     for (const char* name : {"published/runs.yaml", "published/megatron_recipes.yaml"}) {
@@ -137,7 +148,7 @@ int RunValidate(const ValidateFlags& f) {
   if (!sets.ok()) return Fail(sets.status().message());
 
   if (!f.fit_gpu.empty()) {
-    if (!clusters.count(f.fit_gpu)) return Fail("--fit '" + f.fit_gpu + "': expected A100 or H100");
+    if (!clusters.count(f.fit_gpu)) return Fail("--fit '" + f.fit_gpu + "': expected A100, H100, B200, B300, GB200 or GB300");
     Result<std::vector<FitParam>> params = std::vector<FitParam>{};
     int rounds = f.rounds;
     if (!f.fit_params.empty()) {
@@ -251,7 +262,7 @@ Runner SetupValidate(CLI::App* sub) {
                   "folder with vTrain's vtrain_single_node/measured.csv (not shipped), to add its rows");
   sub->add_option("--a100", f->a100, "cluster (name or file) for A100 rows (default dgx-a100)");
   sub->add_option("--h100", f->h100, "cluster (name or file) for H100 rows (default dgx-h100)");
-  sub->add_option("--fit", f->fit_gpu, "refit constants on the runs of this GPU (A100|H100)");
+  sub->add_option("--fit", f->fit_gpu, "refit constants on the runs of this GPU (A100, H100, B200, GB200, GB300)");
   sub->add_option("--fit-params", f->fit_params,
                   "name:lo:hi,... constants to fit (default: the GPU's set in the fit sets)");
   sub->add_option("--fit-sets", f->fit_sets,

@@ -107,7 +107,8 @@ double AnalyticModel::MfuPeak(Precision p) const {
 double AnalyticModel::Gemm(double m, double n, double k, Precision p) const {
   // fp4 GEMMs at the fp4 peak with the fp8 efficiency (block scaling and casts; not fitted yet).
   const double eff_max =
-      p == Precision::kFp8 || p == Precision::kFp4 ? k_.gemm_eff_max_fp8 : k_.gemm_eff_max;
+      p == Precision::kFp4 ? k_.gemm_eff_max_fp4
+      : p == Precision::kFp8 ? k_.gemm_eff_max_fp8 : k_.gemm_eff_max;
   const double eff = eff_max * k / (k + k_.gemm_half_dim);
   const double peak = PeakFlops(p) * eff;
   const int sms = topo_->spec().gpu.sms;

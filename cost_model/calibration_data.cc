@@ -15,9 +15,12 @@ bool Contains(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
 }
 
-// "A100" or "H100" from a GPU's full name ("H100-SXM5-80GB"): the key of the base clusters.
+// The GPU generation from its full name ("H100-SXM5-80GB", "GB200 (NVL72)"): A100, H100, B200,
+// B300, GB200 or GB300, the key of the base clusters (GB before B: "GB200" holds "B200").
 std::string GpuKind(const std::string& gpu) {
-  return Contains(gpu, "H100") ? "H100" : Contains(gpu, "A100") ? "A100" : gpu;
+  for (const char* kind : {"H100", "A100", "GB200", "GB300", "B200", "B300"})
+    if (Contains(gpu, kind)) return kind;
+  return gpu;
 }
 
 std::string Str(const YAML::Node& n) { return n && n.IsScalar() ? n.Scalar() : ""; }

@@ -25,6 +25,8 @@ struct CostConstants {
   double gemm_eff_max = 0.9;
   // The same for fp8 GEMMs, as a fraction of the fp8 peak (scaling and casts cost more).
   double gemm_eff_max_fp8 = 0.60;
+  // The same for fp4 (NVFP4) GEMMs, as a fraction of the fp4 peak: block scales and casts.
+  double gemm_eff_max_fp4 = 0.60;
   // The reduction length k at which a tile's k-loop reaches half of gemm_eff_max (prologue and
   // epilogue amortised over k / tile_k main-loop steps).
   double gemm_half_dim = 1093;

@@ -14,11 +14,12 @@ the cost model is checked against. The rules are those of LoadMeasuredRuns
 read the same rows when ../shared is present. Rows without a full layout are listed under
 `not_carried` with the reason. Needs python3 with PyYAML (Debian: python3-yaml).
 
---recipes carries the dense H100 rows of the team's ../shared/calibration/megatron_recipes/
-runs.yaml (Megatron-Bridge performance summaries, dgxc-benchmarking tags, NeMo long-sequence
-tables) the same way (convert_recipe states each interpretation); its Blackwell, MoE and
-hybrid (Mamba) rows are for the pipelines-and-racks and Mixture-of-Experts issues and are not
-carried yet. A row that runs.yaml (the second argument) already has is left out as a duplicate.
+--recipes carries the dense H100 and Blackwell (B200, GB200 and GB300 NVL72) rows of the
+team's ../shared/calibration/megatron_recipes/runs.yaml (Megatron-Bridge performance summaries,
+dgxc-benchmarking tags, NeMo long-sequence tables) the same way (convert_recipe states each
+interpretation), context-parallel and uneven-pipeline rows included (Llama 3.1 405B with the
+embedding and loss counted in the split, as its recipe sets); its MoE and hybrid (Mamba) rows
+are for the Mixture-of-Experts issue and are not carried yet. A row that runs.yaml (the second argument) already has is left out as a duplicate.
 """
 import sys
 import yaml
@@ -108,8 +109,17 @@ def convert_recipe(e):
     """A dense H100 row of megatron_recipes/runs.yaml: (row, None) or (None, why)."""
     model, hw, lay, meas = e["model"], e["hardware"], e["layout"], e.get("measured") or {}
     derived, flags = e.get("derived") or {}, e.get("flags") or {}
+    split = {}
     if flags.get("uneven_pp"):
-        return None, "uneven pipeline split (%s): not modelled yet" % (lay.get("pp_layout") or "per notes")
+        # The split the row's notes name from its recipe (Megatron-Bridge llama31_405b:
+        # account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split).
+        notes = " ".join(str(n) for n in (e.get("notes") or []))
+        if ("account_for_embedding_in_pipeline_split=True" in notes
+                and "account_for_loss_in_pipeline_split=True" in notes):
+            split = dict(embedding_in_split=True, loss_in_split=True)
+        else:
+            return None, "uneven pipeline split (%s) without the recipe's split flags" % (
+                lay.get("pp_layout") or "per notes")
     if "SFT" in str(e["source"].get("table", "")):
         return None, "fine-tuning (SFT) row: its data packing is not in the row"
     if not given(lay, "microbatch"):
@@ -155,11 +165,12 @@ def convert_recipe(e):
              # the distributed optimizer; unstated, the recipes' default is the same. FSDP is
              # taken as the distributed optimizer too (as for runs.yaml).
              distributed_optimizer=True if not opt or "distributed" in opt else "fsdp" in opt.lower(),
-             precision="fp8" if "FP8" in prec.upper() else "bf16",
+             # NVFP4 (Blackwell) is fp4; FP8 in any scaling (delayed, current, MXFP8 blocks) fp8.
+             precision="fp4" if "FP4" in prec.upper() else "fp8" if "FP8" in prec.upper() else "bf16",
              schedule="interleaved" if vp > 1 else "1f1b",
              overlap_grad_reduce=True,
              # TE's userbuffer TP overlap is on in every NeMo / Megatron-Bridge Llama recipe.
-             tp_comm_overlap=tp > 1)
+             tp_comm_overlap=tp > 1, **split)
     src = e["source"]
     # The source is the document and its release (one table per model and precision in it):
     # rows of one source share it, for validate's per-source figures; the table and column
@@ -207,8 +218,8 @@ runs:
 """
 
 RECIPES_HEADER = """\
-# Published, measured Megatron-Bridge / NeMo / dgxc-benchmarking training runs on H100 with their
-# full layouts: the dense rows of the team's megatron_recipes collection, carried over by
+# Published, measured Megatron-Bridge / NeMo / dgxc-benchmarking training runs on H100 and
+# Blackwell (B200, GB200/GB300 NVL72) with their full layouts: the dense rows of the team's megatron_recipes collection, carried over by
 # scripts/import-published.py --recipes (data/published/README.md). Each row names its source;
 # every step time is derived from the published tokens/s per GPU as global_batch * seq_len /
 # (tokens/s/GPU * GPUs) (step_time_derived), never from TFLOP/s, which the sources count
@@ -225,7 +236,8 @@ def main():
         shipped = yaml.safe_load(open(sys.argv[3]))["runs"]
         rows = []
         for e in src["entries"]:
-            if (not str(e["hardware"].get("gpu", "")).startswith("H100") or e["model"].get("moe")
+            gpu = str(e["hardware"].get("gpu", ""))
+            if (not gpu.startswith(("H100", "B200", "B300", "GB200", "GB300")) or e["model"].get("moe")
                     or e["model"].get("hybrid_layer_counts")):
                 continue
             row, why = convert_recipe(e)

@@ -55,13 +55,25 @@ const std::string kRecipes = std::string(PTDP_SOURCE_DIR) + "/data/published/meg
 TEST(PublishedRuns, ReadsTheShippedRecipes) {
   auto set = LoadPublishedRuns(kRecipes);
   ASSERT_TRUE(set.ok()) << set.status().message();
-  EXPECT_EQ(set->runs.size(), 52u);
+  EXPECT_EQ(set->runs.size(), 144u);
   std::map<std::string, const MeasuredRun*> by_id;
+  std::map<std::string, int> per_gpu;
   for (const auto& r : set->runs) {
     by_id[r.id] = &r;
-    EXPECT_EQ(r.gpu, "H100") << r.id;
+    ++per_gpu[r.gpu];
     EXPECT_FALSE(r.source.empty()) << r.id;
   }
+  EXPECT_EQ(per_gpu, (std::map<std::string, int>{{"B200", 6}, {"GB200", 40}, {"GB300", 31}, {"H100", 67}}));
+  // Llama 3.1 405B (126 layers) at pp 8 x vp 8: embedding and loss in the split, as its
+  // Megatron-Bridge recipe sets, 128 slots.
+  ASSERT_TRUE(by_id.count("mb_2606_h100_fp8_llama31_405b_1024gpu"));
+  const MeasuredRun& u = *by_id["mb_2606_h100_fp8_llama31_405b_1024gpu"];
+  EXPECT_TRUE(u.layout.embedding_in_split && u.layout.loss_in_split);
+  EXPECT_EQ(u.layout.cp, 2);
+  EXPECT_EQ(CheckLayout(u.model, u.layout), Rejection::kOk);
+  // NVFP4 rows are fp4.
+  ASSERT_TRUE(by_id.count("mb_2606_gb300_nvfp4_llama31_405b_256gpu"));
+  EXPECT_EQ(by_id["mb_2606_gb300_nvfp4_llama31_405b_256gpu"]->layout.precision, Precision::kFp4);
   // dgxc v25.04, Llama 3.1 70B fp8 on 512 H100s: tp 4 pp 8 vp 5 dp 16, 10.07 s per step.
   ASSERT_TRUE(by_id.count("dgxc_v2504_llama3_70b_h100_fp8_512gpu_L80"));
   const MeasuredRun& g = *by_id["dgxc_v2504_llama3_70b_h100_fp8_512gpu_L80"];
