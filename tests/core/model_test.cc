@@ -366,6 +366,19 @@ TEST(ModelYamlTest, ModelToYamlRoundTrips) {
   EXPECT_EQ(back->position, m.position);
   EXPECT_EQ(back->tied_embeddings, m.tied_embeddings);
   EXPECT_EQ(back->bias, m.bias);
+  EXPECT_EQ(back->dropout, m.dropout);
+  EXPECT_FALSE(m.dropout);  // llama3-70b.yaml: dropout: false
+  // BLOOM: ALiBi positions (no parameters), no dropout; both round trip.
+  const ModelSpec bloom = MustLoad("configs/models/bloom-176b.yaml");
+  EXPECT_EQ(bloom.position, PositionEmbedding::kAlibi);
+  EXPECT_FALSE(bloom.dropout);
+  EXPECT_NEAR(double(bloom.total_params()), 176247271424.0, 0.001 * 176247271424.0);  // paper, table 3
+  Result<ModelSpec> b2 = LoadModelFile(WriteTemp("bloom.yaml", ModelToYaml(bloom, "")));
+  ASSERT_TRUE(b2.ok()) << b2.status().message();
+  EXPECT_EQ(b2->position, PositionEmbedding::kAlibi);
+  EXPECT_FALSE(b2->dropout);
+  // Megatron's default: dropout on when the key is absent.
+  EXPECT_TRUE(MustLoad("configs/models/gpt3-175b.yaml").dropout);
 }
 
 TEST(ModelYamlTest, ToStringSpellingsAreTheYamlValues) {
@@ -376,6 +389,7 @@ TEST(ModelYamlTest, ToStringSpellingsAreTheYamlValues) {
   EXPECT_STREQ(ToString(Norm::kRmsNorm), "rmsnorm");
   EXPECT_STREQ(ToString(PositionEmbedding::kLearned), "learned");
   EXPECT_STREQ(ToString(PositionEmbedding::kRope), "rope");
+  EXPECT_STREQ(ToString(PositionEmbedding::kAlibi), "alibi");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -398,6 +412,7 @@ TEST(HfImportTest, Gpt2) {
   EXPECT_EQ(m.position, PositionEmbedding::kLearned);
   EXPECT_TRUE(m.tied_embeddings);
   EXPECT_TRUE(m.bias);
+  EXPECT_EQ(m.dropout, true);  // resid_pdrop / attn_pdrop 0.1
   // HF's published count for gpt2: 124,439,808 = 12*(12*768^2 + 13*768) + (50257 + 1024)*768
   // + 2*768 (ln_f). It includes the final LayerNorm, as total_params() does.
   EXPECT_EQ(m.total_params(), 124439808);
@@ -418,6 +433,7 @@ TEST(HfImportTest, Llama2_7b) {
   EXPECT_EQ(m.activation, Activation::kSwiglu);  // hidden_act silu
   EXPECT_EQ(m.norm, Norm::kRmsNorm);             // rms_norm_eps present
   EXPECT_EQ(m.position, PositionEmbedding::kRope);
+  EXPECT_FALSE(m.dropout);  // attention_dropout 0.0 (or absent)
   EXPECT_FALSE(m.tied_embeddings);
   EXPECT_FALSE(m.bias);
   // Same shape as configs/models/llama2-7b.yaml.
