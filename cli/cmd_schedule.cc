@@ -27,7 +27,41 @@ struct ScheduleFlags {
   int group = 0;                    // interleaving group size g; 0 = pp
   bool p2p = false;
   bool json = false;
+  // The layers of each virtual stage, when --layers is given (with Megatron's split flags).
+  int layers = 0;
+  int first = 0, last = 0;
+  bool embedding = false, loss = false;
+  std::optional<std::string> layout;
 };
+
+// Layers per virtual stage (c * pp + r) of the split the flags give, checked as Megatron does.
+Result<std::vector<int>> SplitLayers(const ScheduleFlags& f, int vp) {
+  if (f.layers <= 0 || f.layers > kMaxLayers)
+    return Status::Error("--layers " + std::to_string(f.layers) + " must be in 1.." +
+                         std::to_string(kMaxLayers));
+  ModelSpec m;
+  m.layers = f.layers;
+  m.heads = m.kv_heads = 1;
+  Layout l;
+  l.pp = f.pp;
+  l.vp = vp;
+  l.global_batch = f.microbatches;
+  l.microbatch_group = f.group;
+  l.schedule = vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+  l.first_stage_layers = f.first;
+  l.last_stage_layers = f.last;
+  l.embedding_in_split = f.embedding;
+  l.loss_in_split = f.loss;
+  if (f.layout) {
+    auto pl = ParsePipelineLayout(*f.layout);
+    if (!pl.ok()) return pl.status().Prefixed("--pipeline-model-parallel-layout");
+    l.pipeline_layout = std::make_shared<const PipelineLayout>(std::move(*pl));
+  }
+  const Rejection why = CheckLayout(m, l);
+  if (why != Rejection::kOk && why != Rejection::kInterleaveMicrobatches)  // the schedule says
+    return Status::Error("pipeline split: " + ExplainRejection(why, m, l));
+  return StageLayers(m, l);
+}
 
 // Warmup forwards of rank r, Megatron's formulas (the ones core/schedule.cc builds with):
 // GPipe every forward, 1F1B min(p-r-1, m), interleaved min((p-r-1)*2 + (v-1)*g, m*v).
@@ -129,25 +163,50 @@ nlohmann::json ScheduleJson(const Schedule& s) {
 }
 
 int RunSchedule(const ScheduleFlags& f) {
-  ScheduleKind kind = f.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+  int vp = f.vp;
+  if (f.layout && f.pp > 0) {  // the layout string's stages / pp, as Megatron derives vp
+    auto pl = ParsePipelineLayout(*f.layout);
+    if (!pl.ok()) return Fail(pl.status().Prefixed("--pipeline-model-parallel-layout").message());
+    vp = std::max<int>(1, int(pl->layers.size() / size_t(f.pp)));
+  }
+  ScheduleKind kind = vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
   if (f.kind) {
     auto parsed = ParseScheduleKind(*f.kind);
     if (!parsed.ok()) return Fail("--kind: " + parsed.status().message());
     kind = *parsed;
   }
-  auto built = BuildSchedule(kind, f.pp, f.vp, f.microbatches, f.group);
+  if ((f.first || f.last || f.embedding || f.loss || f.layout) && f.layers == 0)
+    return Fail("the split flags need --layers (the model's transformer layers)");
+  auto built = BuildSchedule(kind, f.pp, vp, f.microbatches, f.group);
   if (!built.ok()) return Fail(built.status().message());
   const Schedule& s = *built;
   const Status checked = CheckSchedule(s);
   if (!checked.ok()) return Fail("schedule check failed: " + checked.message());
+  std::vector<int> stage_layers;
+  if (f.layers > 0) {
+    auto split = SplitLayers(f, vp);
+    if (!split.ok()) return Fail(split.status().message());
+    stage_layers = *split;
+  }
   if (f.json) {
-    std::cout << DumpJson(ScheduleJson(s)) << "\n";
+    nlohmann::json j = ScheduleJson(s);
+    if (!stage_layers.empty()) j["stage_layers"] = stage_layers;
+    std::cout << DumpJson(j) << "\n";
     return 0;
   }
   std::printf("%s schedule: pp %d, vp %d, %d micro-batches", ToString(s.kind), s.pp, s.vp,
               s.microbatches);
   if (s.kind == ScheduleKind::kInterleaved) std::printf(", group %d", s.group_size);
   std::printf("\n");
+  if (!stage_layers.empty()) {
+    std::printf("layers per chunk (virtual stage c*pp + r):\n");
+    for (int r = 0; r < s.pp; ++r) {
+      std::string line;
+      for (int c = 0; c < s.vp; ++c)
+        line += (c ? " " : "") + std::to_string(stage_layers[size_t(c) * s.pp + r]);
+      std::printf("  rank %-3d %s\n", r, line.c_str());
+    }
+  }
   for (int r = 0; r < s.pp; ++r) {
     if (f.p2p)
       PrintOps(s, r);
@@ -170,6 +229,16 @@ Runner SetupSchedule(CLI::App* sub) {
   sub->add_option("--group", f->group, "interleaving micro-batch group g (default pp)");
   sub->add_flag("--p2p", f->p2p, "every op: sends and receives with their group ids");
   sub->add_flag("--json", f->json, "machine-readable output, every op");
+  sub->add_option("--layers", f->layers,
+                  "the model's transformer layers: print each chunk's (with the split flags below)");
+  sub->add_option("--decoder-first-pipeline-num-layers", f->first, "layers on the first stage");
+  sub->add_option("--decoder-last-pipeline-num-layers", f->last, "layers on the last stage");
+  sub->add_flag("--account-for-embedding-in-pipeline-split", f->embedding,
+                "the embedding takes a layer's slot on the first stage");
+  sub->add_flag("--account-for-loss-in-pipeline-split", f->loss,
+                "the loss takes a layer's slot on the last stage");
+  sub->add_option("--pipeline-model-parallel-layout", f->layout,
+                  "Megatron's layout string (sets vp: its stages / pp)");
   return [f] { return RunSchedule(*f); };
 }
 

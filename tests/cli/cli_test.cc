@@ -467,3 +467,20 @@ TEST(Cli, NoFitStillCarriesTheParameterCounts) {
   EXPECT_EQ(j["params_total"].get<int64_t>(), 405853388800);
   EXPECT_TRUE(j["plans"].size() > 0);  // the smallest, none fitting
 }
+
+// The schedule with the layers of each chunk for a split (issue 14).
+TEST(Cli, ScheduleShowsEachChunksLayers) {
+  CmdResult r = Ptdp("schedule --pp 4 --vp 2 --microbatches 8 --layers 22 "
+                     "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["stage_layers"].get<std::vector<int>>(), (std::vector<int>{2, 3, 3, 3, 3, 3, 3, 2}));
+  // Interleaving at pp 2 from a layout string (4 stages = pp 2 x vp 2).
+  r = Ptdp("schedule --pp 2 --microbatches 4 --layers 6 --pipeline-model-parallel-layout 'Et|tt|tt|tL'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("interleaved schedule: pp 2, vp 2"), std::string::npos) << r.out;
+  ExpectOneLineError(Ptdp("schedule --pp 4 --microbatches 8 --layers 22 --decoder-first-pipeline-num-layers 5"),
+                     "middle layers 17 % middle stages 3 != 0");
+  ExpectOneLineError(Ptdp("schedule --pp 4 --microbatches 8 --account-for-loss-in-pipeline-split"),
+                     "need --layers");
+}
