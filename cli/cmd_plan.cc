@@ -173,7 +173,20 @@ int RunPlan(const PlanFlags& f) {
       std::string top;
       for (const auto& [key, count] : RejectionsByCount(r))
         if (top.size() < 160) top += (top.empty() ? "" : ", ") + key + " " + std::to_string(count);
-      return Fail("no legal layout among " + std::to_string(r.evaluated) + " (" + top + ")");
+      // A world with an odd factor (576 = 2^6 x 9 on 8 NVL72 racks) divides few model shapes:
+      // the largest power of two below it is the usual way out.
+      std::string hint;
+      const int64_t shape = r.rejected[int(Rejection::kHeadsTp)] +
+                            r.rejected[int(Rejection::kKvHeadsTp)] +
+                            r.rejected[int(Rejection::kLayersPp)] +
+                            r.rejected[int(Rejection::kUnevenSplit)];
+      if (!f.layout.gpus && shape > 0 && (w->gpus & (w->gpus - 1)) != 0) {
+        int pow2 = 1;
+        while (pow2 * 2 <= w->gpus) pow2 *= 2;
+        hint = "; " + std::to_string(w->gpus) + " GPUs is not a power of two: try --gpus " +
+               std::to_string(pow2);
+      }
+      return Fail("no legal layout among " + std::to_string(r.evaluated) + " (" + top + ")" + hint);
     }
     // What the smallest needs and the knobs the user fixed: the advice follows from them.
     std::string fixed;

@@ -183,8 +183,8 @@ TEST(Cli, Fp4RefusedOnH100) {
                      "bf16, fp16, fp8, fp4, fp32");
 }
 
-// Every Blackwell cluster file plans a small model (the NVL72 files' 576 GPUs hold no power-of-two
-// layout for batch 512: --gpus 512).
+// Every Blackwell cluster file plans a small model (the NVL72 files' 576 GPUs split 32 layers only
+// unevenly, at pp 9: the test takes --gpus 512).
 TEST(Cli, BlackwellClustersPlanLlama3_8b) {
   for (const char* c : {"dgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72"}) {
     const std::string gpus = std::string(c).rfind("gb", 0) == 0 ? " --gpus 512" : "";
@@ -483,4 +483,14 @@ TEST(Cli, ScheduleShowsEachChunksLayers) {
                      "middle layers 17 % middle stages 3 != 0");
   ExpectOneLineError(Ptdp("schedule --pp 4 --microbatches 8 --account-for-loss-in-pipeline-split"),
                      "need --layers");
+}
+
+// With no legal layout, the power-of-two hint comes only when the model's shape is what the world
+// does not divide (heads, layers): here the batch is the cause (7 % (2 dp) != 0), and no hint.
+TEST(Cli, NoLegalLayoutHintFollowsTheCause) {
+  const CmdResult r = Ptdp("plan --cluster " + kA100 + " --model " + k175b +
+                           " --nodes 3 --global-batch 7 --micro-batch 2");
+  ASSERT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("global_batch_not_divisible_by_mb_x_dp"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("not a power of two"), std::string::npos) << r.out;
 }
