@@ -63,6 +63,9 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--sp", f->sp, "sequence parallelism on|off");
   app->add_option("--recompute", f->recompute, "activation recompute none|selective|full");
   app->add_option("--dist-opt", f->dist_opt, "distributed optimizer on|off");
+  app->add_option("--data-parallel-sharding-strategy", f->dp_sharding,
+                  "Megatron's: no_shard (no distributed optimizer), optim (the distributed "
+                  "optimizer), optim_grads (Megatron-FSDP ZeRO-2: gradients sharded too)");
   app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp4|fp32 (default bf16; fp32 without a 16-bit peak, as on local-cpu)");
   app->add_option("--tp-comm-overlap", f->tp_overlap, "TE TP communication overlap on|off (default off)");
   app->add_option("--overlap-grad-reduce", f->grad_overlap, "overlap DP reduction with backward on|off (default on)");
@@ -152,7 +155,7 @@ namespace {
 
 Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<bool>* dopt,
                   std::optional<Recompute>* rc, Precision* prec, bool* tpo, bool* gro,
-                  bool* p2p) {
+                  bool* p2p, std::optional<bool>* shard) {
   if (f.sp) { PTDP_ASSIGN_OR_RETURN(bool v, ParseOnOff("--sp", *f.sp)); *sp = v; }
   if (f.dist_opt) { PTDP_ASSIGN_OR_RETURN(bool v, ParseOnOff("--dist-opt", *f.dist_opt)); *dopt = v; }
   if (f.recompute) {
@@ -169,6 +172,21 @@ Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<b
   if (f.grad_overlap) { PTDP_ASSIGN_OR_RETURN(*gro, ParseOnOff("--overlap-grad-reduce", *f.grad_overlap)); }
   if (f.p2p_overlap) {
     PTDP_ASSIGN_OR_RETURN(*p2p, ParseOnOff("--overlap-p2p-communication", *f.p2p_overlap));
+  }
+  if (f.dp_sharding) {
+    const std::string& v = *f.dp_sharding;
+    if (v == "optim_grads_params")
+      return Status::Error("--data-parallel-sharding-strategy optim_grads_params: ZeRO-3 (sharded "
+                           "parameters) is not modelled; optim_grads or optim are");
+    if (v != "no_shard" && v != "optim" && v != "optim_grads")
+      return Status::Error("--data-parallel-sharding-strategy '" + v +
+                           "' is not one of: no_shard, optim, optim_grads");
+    const bool want_dopt = v != "no_shard";
+    if (*dopt && **dopt != want_dopt)
+      return Status::Error("--data-parallel-sharding-strategy " + v + " contradicts --dist-opt " +
+                           (**dopt ? "on" : "off"));
+    *dopt = want_dopt;
+    *shard = v == "optim_grads";
   }
   return Status::Ok();
 }
@@ -231,12 +249,13 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   for (int tp : f.tp) wide_tp = wide_tp || tp > w.cluster.nvlink_domain_gpus();
   s.allow_tp_across_nodes = f.allow_tp_across_nodes || wide_tp;
   s.precision = w.cluster.gpu.DefaultPrecision();
-  std::optional<bool> sp, dopt;
+  std::optional<bool> sp, dopt, shard;
   std::optional<Recompute> rc;
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &s.precision, &s.tp_comm_overlap,
-                                  &s.overlap_grad_reduce, &s.overlap_p2p));
+                                  &s.overlap_grad_reduce, &s.overlap_p2p, &shard));
   s.sequence_parallel = sp;
   s.distributed_optimizer = dopt;
+  s.shard_gradients = shard;
   s.recompute = rc;
   PTDP_ASSIGN_OR_RETURN(const bool split, ApplySplit(f, &s.split));
   if (split) s.split_search = SplitSearch::kFixed;
@@ -285,11 +304,12 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
                            " does not divide the world size " + std::to_string(w.gpus));
     l.dp = int(w.gpus / model_ranks);
   }
-  std::optional<bool> sp, dopt;
+  std::optional<bool> sp, dopt, shard;
   std::optional<Recompute> rc;
   l.precision = w.cluster.gpu.DefaultPrecision();
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &l.precision, &l.tp_comm_overlap,
-                                  &l.overlap_grad_reduce, &l.overlap_p2p));
+                                  &l.overlap_grad_reduce, &l.overlap_p2p, &shard));
+  l.shard_gradients = shard.value_or(false);
   const double headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
   PTDP_RETURN_IF_ERROR(CheckHeadroom(headroom));
   w.cost->set_memory_headroom(headroom);
@@ -327,6 +347,7 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
           {"num_microbatches", l.num_microbatches()},
           {"sequence_parallel", l.sequence_parallel}, {"recompute", ToString(l.recompute)},
           {"distributed_optimizer", l.distributed_optimizer},
+          {"shard_gradients", l.shard_gradients},
           {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},
           {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap},
           {"overlap_p2p", l.overlap_p2p}, {"pipeline_split", l.SplitName()}};
@@ -400,6 +421,8 @@ std::string MegatronCommand(const Plan& plan) {
   if (l.recompute == Recompute::kFull)
     o << "  --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \\\n";
   if (l.distributed_optimizer) o << "  --use-distributed-optimizer \\\n";
+  if (l.shard_gradients)  // Megatron-FSDP v1 (with the distributed optimizer): ZeRO-2
+    o << "  --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads \\\n";
   if (l.overlap_grad_reduce) o << "  --overlap-grad-reduce \\\n";
   if (l.overlap_grad_reduce && l.distributed_optimizer) o << "  --overlap-param-gather \\\n";
   if (l.tp_comm_overlap) o << "  --tp-comm-overlap \\\n";

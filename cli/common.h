@@ -38,6 +38,8 @@ struct LayoutFlags {
   bool embedding_in_split = false, loss_in_split = false;
   std::optional<std::string> pipeline_layout;
   std::optional<double> memory_headroom;
+  // Megatron's --data-parallel-sharding-strategy: no_shard | optim | optim_grads.
+  std::optional<std::string> dp_sharding;
   std::optional<std::string> train_tokens;  // --train-tokens 15T: days and GPU-hours
   bool allow_tp_across_nodes = false;
   bool json = false;

@@ -70,7 +70,7 @@ std::string Layout::Knobs() const {
   if (sequence_parallel) s += "sp ";
   if (recompute == Recompute::kSelective) s += "rc-sel ";
   if (recompute == Recompute::kFull) s += "rc-full ";
-  if (distributed_optimizer) s += "dopt ";
+  if (distributed_optimizer) s += shard_gradients ? "zero2 " : "dopt ";
   if (precision != Precision::kBf16) s += std::string(ToString(precision)) + " ";
   if (first_stage_layers > 0) s += "first" + std::to_string(first_stage_layers) + " ";
   if (last_stage_layers > 0) s += "last" + std::to_string(last_stage_layers) + " ";
@@ -271,6 +271,7 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kInterleaveMicrobatches: return "interleaving_microbatch_rule";
     case Rejection::kBatch: return "global_batch_not_divisible_by_mb_x_dp";
     case Rejection::kSpNeedsTp: return "sequence_parallel_needs_tp";
+    case Rejection::kGradShardingNeedsDistOpt: return "grad_sharding_needs_distributed_optimizer";
     case Rejection::kSeqCp: return "seq_len_not_divisible_by_2cp";
     case Rejection::kScheduleMismatch: return "schedule_mismatch";
     case Rejection::kTpCrossesNode: return "tp_crosses_node";
@@ -324,6 +325,9 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
         << l.dp << ") != 0";
       break;
     case Rejection::kSpNeedsTp: o << "sequence parallelism needs tp > 1"; break;
+    case Rejection::kGradShardingNeedsDistOpt:
+      o << "gradient sharding (optim_grads) needs the distributed optimizer (Megatron-FSDP sets it)";
+      break;
     case Rejection::kSeqCp:
       o << "seq_len " << m.seq_len << " % (2 * cp " << l.cp << ") != 0";
       break;
@@ -356,6 +360,7 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
     if ((n / l.pp) % l.vp != 0) return Rejection::kLayersVp;
   }
   if (l.sequence_parallel && l.tp == 1) return Rejection::kSpNeedsTp;
+  if (l.shard_gradients && !l.distributed_optimizer) return Rejection::kGradShardingNeedsDistOpt;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;
   if (l.global_batch % (int64_t(l.micro_batch) * l.dp) != 0) return Rejection::kBatch;
   const bool interleaved = l.schedule == ScheduleKind::kInterleaved;

@@ -53,6 +53,10 @@ struct Layout {
   bool sequence_parallel = false;   // Korthikanti SP (needs t > 1)
   Recompute recompute = Recompute::kNone;
   bool distributed_optimizer = false;  // ZeRO-1 style sharded optimizer over DP
+  // Megatron-FSDP's --data-parallel-sharding-strategy optim_grads (ZeRO-2): the fp32 gradients
+  // are sharded over dp x cp too, reduce-scattered after every micro-batch's backward
+  // (docs/user-guide/features/megatron_fsdp.md); needs the distributed optimizer.
+  bool shard_gradients = false;
   Precision precision = Precision::kBf16;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;  // interleaved iff vp > 1
   // Megatron --overlap-grad-reduce / --overlap-param-gather: DP collectives run under the
@@ -116,6 +120,7 @@ enum class Rejection {
   kInterleaveMicrobatches,  // group rule: p <= g <= m and (m % g == 0 or m % g >= p)
   kBatch,              // B % (b d) != 0
   kSpNeedsTp,          // SP with t == 1
+  kGradShardingNeedsDistOpt,  // shard_gradients without the distributed optimizer
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kScheduleMismatch,   // interleaved schedule iff v > 1
   kTpCrossesNode,      // TP group spans NVLink domains (legal for Megatron; planner rejects unless forced)

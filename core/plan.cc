@@ -103,6 +103,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.sequence_parallel = l.Bool("sequence_parallel", false);
   lay.recompute = *ParseRecompute(l.Enum("recompute", {"none", "selective", "full"}, "none"));
   lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
+  lay.shard_gradients = l.Bool("shard_gradients", false);
   lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp4", "fp32"}, "bf16"));
   lay.schedule = *ParseScheduleKind(
       l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
@@ -183,6 +184,7 @@ std::string PlanToYaml(const Plan& plan) {
     << "  sequence_parallel: " << Bool(l.sequence_parallel) << "\n"
     << "  recompute: " << ToString(l.recompute) << "\n"
     << "  distributed_optimizer: " << Bool(l.distributed_optimizer) << "\n"
+    << "  shard_gradients: " << Bool(l.shard_gradients) << "  # Megatron-FSDP optim_grads (ZeRO-2)\n"
     << "  precision: " << ToString(l.precision) << "\n"
     << "  schedule: " << ToString(l.schedule) << "\n"
     << "  overlap_grad_reduce: " << Bool(l.overlap_grad_reduce) << "\n"

@@ -424,14 +424,31 @@ double AnalyticModel::ParamsOnStage(const Layout& l, int r) const {
   return p;
 }
 
+// Bytes of one gradient: fp32 main grads (Megatron's --accumulate-allreduce-grads-in-fp32
+// default); Megatron-FSDP keeps and reduces them in the parameters' dtype
+// (--megatron-fsdp-main-grads-dtype auto: bf16 for a bf16 model; docs/user-guide/features/
+// megatron_fsdp.md).
+double AnalyticModel::GradBytes(const Layout& l) const {
+  return l.shard_gradients ? WeightBytes(l.precision) : 4.0;
+}
+
 double AnalyticModel::DpTime(const Layout& l, double params) const {
   const int n = l.dp * l.cp;  // gradients are reduced over DP x CP (Megatron)
   if (n <= 1) return 0;
-  const double grad_bytes = params * 4.0;  // fp32 main grads (--accumulate-allreduce-grads-in-fp32)
+  const double grad_bytes = params * GradBytes(l);
+  // The reduction after the last micro-batch (ZeRO-2's earlier ones: ChunkGradShardTime).
   if (l.distributed_optimizer)
     return Coll(Collective::kReduceScatter, l.tp, n, grad_bytes) +
            Coll(Collective::kAllGather, l.tp, n, params * WeightBytes(l.precision));
   return Coll(Collective::kAllReduce, l.tp, n, grad_bytes);
+}
+
+double AnalyticModel::ChunkGradShardTime(const Layout& l, int r, int c) const {
+  const int n = l.dp * l.cp;
+  if (!l.shard_gradients || n <= 1 || runtime_) return 0;
+  const double params = ChunkParams(l, r, c);
+  const double nb = ChunkDpBuckets(l, r, c);
+  return nb * Coll(Collective::kReduceScatter, l.tp, n, params / nb * GradBytes(l));
 }
 
 // megatron/core/distributed/distributed_data_parallel.py: bucket_size defaults to
@@ -445,16 +462,17 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double bwd_s,
                                 double fwd_s) const {
   const int n = l.dp * l.cp;
   if (n <= 1 || params <= 0) return 0;
-  if (!l.overlap_grad_reduce) return DpTime(l, params);
+  // ZeRO-2 overlaps its reduce-scatters whatever --overlap-grad-reduce says (Megatron-FSDP).
+  if (!l.overlap_grad_reduce && !l.shard_gradients) return DpTime(l, params);
   // Buckets per chunk, at least one per model chunk.
   const double nb = std::max(double(l.vp), std::ceil(params / BucketParams(l)));
   const double per = params / nb;
   double rs, ag = 0;
   if (l.distributed_optimizer) {
-    rs = Coll(Collective::kReduceScatter, l.tp, n, per * 4.0);
+    rs = Coll(Collective::kReduceScatter, l.tp, n, per * GradBytes(l));
     ag = Coll(Collective::kAllGather, l.tp, n, per * WeightBytes(l.precision));
   } else {
-    rs = Coll(Collective::kAllReduce, l.tp, n, per * 4.0);
+    rs = Coll(Collective::kAllReduce, l.tp, n, per * GradBytes(l));
   }
   // Bucket j of nb is ready at j/nb of the window and they run one after another on the DP
   // stream: the last finishes at max(W/nb + nb*tau, W + tau), i.e. exposed
@@ -465,7 +483,17 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double bwd_s,
     const double e = std::max(total - window + window / nb, tau);
     return e + k_.overlap_interference * std::max(0.0, total - e);
   };
-  return exposed(rs, bwd_s) + exposed(ag, fwd_s);
+  double rs_exposed = exposed(rs, bwd_s);
+  if (l.shard_gradients && rs > 0) {
+    // ZeRO-2 reduce-scatters after every micro-batch's backward; the DP stream works through
+    // them under the forwards and backwards that follow (1F1B's steady state), so the m x nb
+    // buckets share a window of (m - 1)(F + B) + B and what it cannot cover is left at the end.
+    const double m = double(l.num_microbatches());
+    const double total = m * nb * rs, window = (m - 1) * (fwd_s + bwd_s) + bwd_s;
+    const double e = std::max(total - window + bwd_s / nb, rs);
+    rs_exposed = e + k_.overlap_interference * std::max(0.0, total - e);
+  }
+  return rs_exposed + exposed(ag, fwd_s);
 }
 
 // Bytes one layer keeps for its backward per micro-batch, term by term as Megatron-Core with
@@ -544,6 +572,12 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
   MemoryBytes mem;
   mem.weights = params * WeightBytes(l.precision);
   mem.grads = params * 4.0;
+  if (l.shard_gradients && l.distributed_optimizer) {
+    // Megatron-FSDP optim_grads: the fp32 gradients sharded over dp x cp, plus the unsharded
+    // gradients of the two FSDP units (layers) in flight (its double buffer).
+    const double unit = double(model_.params_per_layer()) / l.tp;
+    mem.grads = (params / shard + 2.0 * unit) * GradBytes(l);
+  }
   // fp32 master copy (none when training in fp32) + Adam m and v.
   mem.optimizer = params * (l.precision == Precision::kFp32 ? 8.0 : 12.0) / shard;
   mem.activations = Activations(l, r);

@@ -156,6 +156,10 @@ class AnalyticModel : public Estimator {
   // --overlap-grad-reduce or on the measured runtime, which reduces per tensor at the end).
   double ChunkParams(const Layout& l, int r, int c) const;
   int ChunkDpBuckets(const Layout& l, int r, int c) const;
+  // With gradient sharding (ZeRO-2), the reduce-scatter of chunk c's gradients that follows
+  // each of its backwards (0 otherwise).
+  double ChunkGradShardTime(const Layout& l, int r, int c) const;
+  double GradBytes(const Layout& l) const;  // bytes per gradient element (fp32, or ZeRO-2's)
   // Analytic lower bound of the step: m times the slowest stage's compute, plus the optimizer;
   // no bubble, no communication.
   double LowerBound(const Layout& l) const;

@@ -47,6 +47,7 @@ Layout RuntimeModel::Executed(const Layout& l) const {
   x.recompute = Recompute::kNone;
   x.overlap_grad_reduce = false;
   x.tp_comm_overlap = false;
+  x.shard_gradients = false;  // the runtime's distributed optimizer shards the optimizer only
   if (m_.element_bytes == 4) x.precision = Precision::kFp32;
   return x;
 }

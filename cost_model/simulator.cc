@@ -94,6 +94,7 @@ class Sim {
   std::vector<std::vector<int>> last_backward_; // [r][c] op index of the chunk's last B
   std::vector<std::vector<double>> dp_chunk_;   // [r][c] DP reduction seconds
   std::vector<std::vector<double>> dp_buckets_; // [r][c] its gradient buckets
+  std::vector<std::vector<double>> shard_rs_;   // [r][c] ZeRO-2 reduce-scatter after a backward
   double p2p_ = 0, emb_ = 0;
   int transfers_ = 0;                            // p2p transfers so far
   std::vector<double> opt_time_, static_mem_;
@@ -108,7 +109,7 @@ void Sim::Prepare() {
   res_.ranks.assign(p_, SimRankStats{});
   const LayerTimes lt = cost_.Layer(l_);
   fwd_.assign(p_, std::vector<double>(v_));
-  bwd_ = fwd_pure_ = bwd_pure_ = dp_chunk_ = dp_buckets_ = fwd_;
+  bwd_ = fwd_pure_ = bwd_pure_ = dp_chunk_ = dp_buckets_ = shard_rs_ = fwd_;
   for (int r = 0; r < p_; ++r)
     for (int c = 0; c < v_; ++c) {
       // Stage -1 / chunk -1 is a chunk of layers with neither embedding nor output.
@@ -129,6 +130,7 @@ void Sim::Prepare() {
       bwd_[r][c] = bwd_pure_[r][c] + b_tp;
       dp_chunk_[r][c] = opt_.free_communication ? 0 : cost_.ChunkDpTime(l_, r, c);
       dp_buckets_[r][c] = cost_.ChunkDpBuckets(l_, r, c);
+      shard_rs_[r][c] = opt_.free_communication ? 0 : cost_.ChunkGradShardTime(l_, r, c);
     }
   p2p_ = opt_.free_communication ? 0 : cost_.P2pTime(l_);
   emb_ = opt_.free_communication ? 0 : cost_.EmbeddingReduceTime(l_);
@@ -219,6 +221,16 @@ void Sim::Compute(int r, const ScheduleOp& op) {
     // --overlap-grad-reduce: the chunk's gradient buckets go out during its last backward.
     // Bucket j of nb is ready at j/nb of the backward (the last layers' first); they run one
     // after another, the last no earlier than the backward's end plus one bucket.
+    // ZeRO-2 (gradient sharding): every other backward of the chunk reduce-scatters its
+    // gradients the same way, into the sharded accumulation buffer.
+    const double shard_rs = shard_rs_[r][op.chunk];
+    if (shard_rs > 0 && last_backward_[r][op.chunk] != int(st.pc)) {
+      const double nb = dp_buckets_[r][op.chunk];
+      const double s = std::max(start + dur / nb, st.comm_free);
+      st.comm_free = std::max(s + shard_rs, st.t + shard_rs / nb);
+      ScheduleOp red{OpKind::kReduceGradients, -1, op.chunk};
+      Record(r, SimTrack::kComm, red, s, st.comm_free, op.chunk);
+    }
     if (l_.overlap_grad_reduce && last_backward_[r][op.chunk] == int(st.pc) && dp_chunk_[r][op.chunk] > 0) {
       const double nb = dp_buckets_[r][op.chunk];
       const double s = std::max(start + dur / nb, st.comm_free);

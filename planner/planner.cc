@@ -227,8 +227,10 @@ std::vector<Split> SplitsFor(const ModelSpec& model, int p, const SearchSpace& s
 
 }  // namespace
 
-Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
-                                 const ClusterSpec& cluster, const SearchSpace& s, int top_k) {
+namespace {
+
+Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
+                              const ClusterSpec& cluster, const SearchSpace& s, int top_k) {
   const auto start = std::chrono::steady_clock::now();
   PlanResult res;
   TopK best(top_k), small(top_k);
@@ -267,7 +269,11 @@ Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
           for (int mb : mbs)
             for (bool sp : sps)
               for (Recompute rc : recomputes)
-                for (bool dopt : dist_opts) {
+                for (bool dopt : dist_opts)
+                for (bool shard : s.shard_gradients.Or({false})) {
+                  // Gradient sharding rides on the distributed optimizer, and shards nothing
+                  // over one rank.
+                  if (shard && (!dopt || dp * cp == 1)) continue;
                   // With no DP (dp x cp == 1) the distributed optimizer shards over one rank: the
                   // same layout twice, unless asked for (issue 14: no duplicate rows).
                   if (dopt && !s.distributed_optimizer && dp * cp == 1) continue;
@@ -279,6 +285,7 @@ Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
                   l.sequence_parallel = sp;
                   l.recompute = rc;
                   l.distributed_optimizer = dopt;
+                  l.shard_gradients = shard;
                   l.precision = s.precision;
                   l.schedule = split.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
                   l.overlap_grad_reduce = s.overlap_grad_reduce;
@@ -316,6 +323,28 @@ Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
   res.elapsed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return res;
+}
+
+}  // namespace
+
+// Megatron-FSDP's optim_grads (ZeRO-2) buys memory with a reduce-scatter after every
+// micro-batch: tried only when nothing fits without it (or when asked for), so that it never
+// outranks the distributed optimizer on the strength of communication the cost model hides.
+Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
+                                 const ClusterSpec& cluster, const SearchSpace& s, int top_k) {
+  if (s.shard_gradients || s.runtime_layouts) return SearchOnce(est, model, cluster, s, top_k);
+  PTDP_ASSIGN_OR_RETURN(PlanResult plain, SearchOnce(est, model, cluster, s, top_k));
+  if (plain.fitting > 0 || plain.legal == 0 || !s.distributed_optimizer.Allows(true)) return plain;
+  SearchSpace sharded = s;
+  sharded.distributed_optimizer = true;
+  sharded.shard_gradients = true;
+  PTDP_ASSIGN_OR_RETURN(PlanResult zero2, SearchOnce(est, model, cluster, sharded, top_k));
+  if (zero2.fitting == 0) return plain;
+  zero2.evaluated += plain.evaluated;
+  zero2.legal += plain.legal;
+  for (int i = 0; i < kNumRejections; ++i) zero2.rejected[i] += plain.rejected[i];
+  zero2.elapsed_s += plain.elapsed_s;
+  return zero2;
 }
 
 Status RefineWithSimulator(const AnalyticModel& cost, int k, PlanResult* result) {
@@ -387,6 +416,7 @@ std::vector<std::string> ExplainChoice(const RankedLayout& a, const RankedLayout
   diff("sp", la.sequence_parallel ? "on" : "off", lb.sequence_parallel ? "on" : "off");
   diff("recompute", ToString(la.recompute), ToString(lb.recompute));
   diff("dist-opt", la.distributed_optimizer ? "on" : "off", lb.distributed_optimizer ? "on" : "off");
+  diff("gradient sharding", la.shard_gradients ? "on" : "off", lb.shard_gradients ? "on" : "off");
   if (!knobs.empty()) out.push_back("  differing knobs: " + knobs);
   out.push_back("  memory: " + FormatBytes(a.estimate.memory.total) + " vs " +
                 FormatBytes(b.estimate.memory.total) + " per GPU");

@@ -57,6 +57,10 @@ struct SearchSpace {
   int64_t global_batch = 0;               // B, fixed by the user
   Choice<int> tp, pp, dp, vp, cp, micro_batch;
   Choice<bool> sequence_parallel, distributed_optimizer;
+  // Megatron-FSDP's optim_grads (ZeRO-2) on top of the distributed optimizer. Unset: tried only
+  // when no layout fits without it (SearchLayouts; it buys memory with a reduce-scatter per
+  // micro-batch), never for ptdp's runtime.
+  Choice<bool> shard_gradients;
   Choice<Recompute> recompute;
   Precision precision = Precision::kBf16;
   int max_micro_batch = 16;               // largest b tried when b is searched

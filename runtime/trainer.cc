@@ -721,6 +721,9 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   const Rejection rej = CheckLayout(cfg.model, l);
   if (rej != Rejection::kOk)
     return Status::Error(where + ": illegal layout: " + ExplainRejection(rej, cfg.model, l));
+  if (l.shard_gradients)
+    return Status::Error(where + ": gradient sharding (Megatron-FSDP optim_grads) is not "
+                         "supported by the runtime; plan with --data-parallel-sharding-strategy optim");
   if (l.uneven())
     return Status::Error(where + ": the pipeline split (" + l.SplitName() +
                          ") is not supported by the runtime, which builds L/(pp*vp) layers per "

@@ -494,3 +494,27 @@ TEST(Cli, NoLegalLayoutHintFollowsTheCause) {
   EXPECT_NE(r.out.find("global_batch_not_divisible_by_mb_x_dp"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("not a power of two"), std::string::npos) << r.out;
 }
+
+// Meta's Llama 3 405B layout (tp 8, pp 16, dp 128, no recompute) fits with Megatron-FSDP's
+// optim_grads, and the command says so; ZeRO-3 is refused as not modelled.
+TEST(Cli, Llama3_405bAsMetaRanItFitsWithGradientSharding) {
+  const CmdResult r = Ptdp("plan --cluster " + kH100 + " --model " + k405b +
+                           " --nodes 2048 --global-batch 2048 --tp 8 --pp 16 --cp 1 --recompute none"
+                           " --refine 0 --json --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_TRUE(j["layout"]["shard_gradients"].get<bool>());
+  EXPECT_EQ(j["layout"]["dp"].get<int>(), 128);
+  const std::string cmd = j["megatron_command"];
+  EXPECT_NE(cmd.find("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads"),
+            std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("--use-distributed-optimizer"), std::string::npos) << cmd;
+  const std::string base = "simulate --cluster " + kH100 + " --model " + k405b +
+                           " --nodes 2048 --global-batch 2048 --tp 8 --pp 16 ";
+  ExpectOneLineError(Ptdp(base + "--data-parallel-sharding-strategy optim_grads_params"),
+                     "ZeRO-3 (sharded parameters) is not modelled");
+  ExpectOneLineError(Ptdp(base + "--data-parallel-sharding-strategy fsdp"), "is not one of");
+  ExpectOneLineError(Ptdp(base + "--data-parallel-sharding-strategy optim_grads --dist-opt off"),
+                     "contradicts --dist-opt off");
+}

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -25,8 +27,14 @@ CmdResult Ptdp(const std::string& args, bool with_stderr = true) {
   return ptdp::testing::Shell(kBin + " " + args, with_stderr);
 }
 
+// Per process: ctest runs each test in its own process, in parallel, and two writing one file
+// raced (a test read a plan or measured.json another was writing).
+std::string Tmp(const std::string& name) {
+  return ::testing::TempDir() + "/cmp-" + std::to_string(getpid()) + "-" + name;
+}
+
 std::string Plan(const std::string& name, const std::string& flags, int gpus) {
-  const std::string path = ::testing::TempDir() + "/cmp-" + name + ".plan.yaml";
+  const std::string path = Tmp(name + ".plan.yaml");
   const CmdResult r = Ptdp("plan --cluster " + kCpu + " --model " + kTiny + " --gpus " +
                            std::to_string(gpus) + " --global-batch 8 " + flags +
                            " --refine 0 --out " + path);
@@ -42,7 +50,7 @@ const Trained& Pp2() {
   static const Trained t = [] {
     Trained x;
     x.plan = Plan("pp2", "--pp 2", 2);
-    x.measured = ::testing::TempDir() + "/cmp-pp2.measured.json";
+    x.measured = Tmp("pp2.measured.json");
     const CmdResult r = Ptdp("train " + x.plan + " --steps 3 --out " + x.measured);
     EXPECT_EQ(r.code, 0) << r.out;
     return x;

@@ -202,6 +202,7 @@ TEST(ExplainRejectionTest, ContainsTheNumbers) {
        {"pp 4", "g 5", "m 12"}},
       {Rejection::kBatch, {.dp = 3, .mb = 2, .gb = 64}, {"64", "2", "dp 3"}},
       {Rejection::kSpNeedsTp, {.sp = true}, {"tp > 1"}},
+      {Rejection::kGradShardingNeedsDistOpt, {}, {"distributed optimizer"}},
       {Rejection::kSeqCp, {.cp = 3}, {"2048", "cp 3"}},
       {Rejection::kScheduleMismatch, {.pp = 4, .schedule = 2}, {"interleaved", "vp 1"}},
       {Rejection::kWorldSize, {.tp = 2, .pp = 2, .dp = 2}, {"2*1*2*2 = 8"}},
@@ -297,6 +298,16 @@ TEST(PipelineLayoutTest, CheckedAgainstTheModelAndPp) {
   Layout both = layout("Ettttt|t*7|t*7|t*5L", 4, 1);
   both.embedding_in_split = true;
   EXPECT_THAT(ExplainRejection(CheckLayout(m, both), m, both), HasSubstr("cannot be combined"));
+}
+
+// Megatron-FSDP's optim_grads (ZeRO-2) rides on the distributed optimizer.
+TEST(CheckLayoutTest, GradientShardingNeedsTheDistributedOptimizer) {
+  Layout l = Make({.dp = 8});
+  l.shard_gradients = true;
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kGradShardingNeedsDistOpt);
+  l.distributed_optimizer = true;
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
+  EXPECT_EQ(l.Knobs(), "zero2");
 }
 
 TEST(RejectionKeyTest, AllDistinctAndNamed) {

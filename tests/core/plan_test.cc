@@ -177,6 +177,7 @@ TEST(PlanRoundTripTest, UnevenPipelineSplits) {
     Plan p = SamplePlan();  // 96 layers, pp 8, vp 3
     Layout& l = p.layout;
     l.overlap_p2p = false;
+    l.shard_gradients = form == 1;  // with the distributed optimizer of SamplePlan
     if (form == 0) l.first_stage_layers = 15, l.last_stage_layers = 9;  // 72 middle / 6 = 12, / vp 3
     if (form == 1) l.embedding_in_split = l.loss_in_split = true, p.model.layers = 94;  // 96 / 8 / 3
     if (form == 2) {
@@ -196,6 +197,7 @@ TEST(PlanRoundTripTest, UnevenPipelineSplits) {
     EXPECT_EQ(back->layout.loss_in_split, l.loss_in_split);
     EXPECT_EQ(back->layout.pipeline_layout != nullptr, l.pipeline_layout != nullptr);
     EXPECT_FALSE(back->layout.overlap_p2p);
+    EXPECT_EQ(back->layout.shard_gradients, form == 1);
     EXPECT_EQ(StageLayers(back->model, back->layout), StageLayers(p.model, l));
     EXPECT_EQ(PlanToYaml(*back), text);
     // A hand-edited stage_layers that disagrees with the split is named.

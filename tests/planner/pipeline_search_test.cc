@@ -152,6 +152,44 @@ TEST(PipelineSearch, MemoryHeadroomRejectsNearlyFullLayouts) {
   EXPECT_FALSE(CheckSearchSpace(Gpt(24, 2048), c, s).ok());
 }
 
+// ZeRO-2 (Megatron-FSDP optim_grads) shards the gradients: Llama 3 405B at Meta's
+// tp 8 x pp 16 x dp 128 without recompute fits only with it, and the planner falls back to it
+// there; where the distributed optimizer alone fits, it is not used.
+TEST(PipelineSearch, GradientShardingIsTheFallbackWhenNothingElseFits) {
+  const std::string src = PTDP_SOURCE_DIR;
+  auto cluster = LoadClusterFile(src + "/configs/clusters/dgx-h100.yaml");
+  ASSERT_TRUE(cluster.ok());
+  cluster->nodes = 2048;
+  auto topo = Topology::Build(*cluster);
+  ASSERT_TRUE(topo.ok());
+  auto model = LoadModelFile(src + "/configs/models/llama3-405b.yaml");
+  ASSERT_TRUE(model.ok());
+  auto cost = AnalyticModel::Create(*model, *topo);
+  ASSERT_TRUE(cost.ok());
+  SearchSpace s = Space(16384, 2048);
+  s.tp = 8;
+  s.pp = 16;
+  s.cp = 1;
+  s.recompute = Recompute::kNone;
+  s.memory_headroom = 0.05;
+  const PlanResult r = Search(*cost, *model, *cluster, s, 5);
+  ASSERT_FALSE(r.top.empty());
+  for (const auto& row : r.top) {
+    EXPECT_TRUE(row.layout.shard_gradients && row.layout.distributed_optimizer);
+    EXPECT_LE(row.estimate.memory.total, 0.95 * row.estimate.memory.capacity);
+  }
+  // The same layout with the distributed optimizer alone needs more than 80 GiB.
+  Layout zero1 = r.top[0].layout;
+  zero1.shard_gradients = false;
+  EXPECT_GT(cost->Evaluate(zero1).memory.total, 0.95 * 80 * 1073741824.0);
+  EXPECT_LT(cost->Evaluate(r.top[0].layout).memory.grads, cost->Evaluate(zero1).memory.grads / 4);
+  // ZeRO-2's reduce-scatter per micro-batch costs DP time.
+  EXPECT_GT(cost->Evaluate(r.top[0].layout).breakdown.dp_comm_s, cost->Evaluate(zero1).breakdown.dp_comm_s);
+  // With recompute allowed, layouts fit without it, and it is not tried.
+  s.recompute = {};
+  for (const auto& row : Search(*cost, *model, *cluster, s, 5).top) EXPECT_FALSE(row.layout.shard_gradients);
+}
+
 // At 32K tokens the analytic pick is never slower than the best layout with cp forced.
 TEST(PipelineSearch, PickAtLongSequencesNeverSlowerThanAForcedCp) {
   const std::string src = PTDP_SOURCE_DIR;
