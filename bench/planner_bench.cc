@@ -27,12 +27,11 @@ Fixture& F() {
   return f;
 }
 
-// The whole plan: enumerate, check legality, estimate, rank.
-void BM_Plan175bOn1024(benchmark::State& state) {
-  Fixture& f = F();
+// The whole plan of `f`'s model on `world` GPUs: enumerate, check legality, estimate, rank.
+void PlanBench(benchmark::State& state, Fixture& f, int world, int64_t global_batch) {
   SearchSpace s;
-  s.world = 1024;
-  s.global_batch = 1536;
+  s.world = world;
+  s.global_batch = global_batch;
   int64_t evaluated = 0, legal = 0;
   for (auto _ : state) {
     PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16).value();
@@ -44,6 +43,8 @@ void BM_Plan175bOn1024(benchmark::State& state) {
   state.counters["estimates/s"] = benchmark::Counter(double(legal), benchmark::Counter::kIsRate);
   state.counters["layouts/plan"] = double(evaluated) / state.iterations();
 }
+
+void BM_Plan175bOn1024(benchmark::State& state) { PlanBench(state, F(), 1024, 1536); }
 BENCHMARK(BM_Plan175bOn1024)->Unit(benchmark::kMillisecond);
 
 Fixture& F405() {
@@ -51,25 +52,10 @@ Fixture& F405() {
   return f;
 }
 
-void BM_Plan405bOn16384(benchmark::State& state) {
-  Fixture& f = F405();
-  SearchSpace s;
-  s.world = 16384;
-  s.global_batch = 2048;
-  int64_t evaluated = 0, legal = 0;
-  for (auto _ : state) {
-    PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16).value();
-    evaluated += r.evaluated;
-    legal += r.legal;
-    benchmark::DoNotOptimize(r.top.data());
-  }
-  state.counters["layouts/s"] = benchmark::Counter(double(evaluated), benchmark::Counter::kIsRate);
-  state.counters["estimates/s"] = benchmark::Counter(double(legal), benchmark::Counter::kIsRate);
-  state.counters["layouts/plan"] = double(evaluated) / state.iterations();
-}
+void BM_Plan405bOn16384(benchmark::State& state) { PlanBench(state, F405(), 16384, 2048); }
 BENCHMARK(BM_Plan405bOn16384)->Unit(benchmark::kMillisecond);
 
-// The same with a value list and the refinement `ptdp plan` does (16 layouts simulated).
+// The same with the refinement `ptdp plan` does (16 layouts simulated).
 void BM_Plan405bOn16384Refined(benchmark::State& state) {
   Fixture& f = F405();
   SearchSpace s;

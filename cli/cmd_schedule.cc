@@ -29,9 +29,7 @@ struct ScheduleFlags {
   bool json = false;
   // The layers of each virtual stage, when --layers is given (with Megatron's split flags).
   int layers = 0;
-  int first = 0, last = 0;
-  bool embedding = false, loss = false;
-  std::optional<std::string> layout;
+  SplitFlags split;
 };
 
 // Layers per virtual stage (c * pp + r) of the split the flags give, checked as Megatron does.
@@ -48,15 +46,7 @@ Result<std::vector<int>> SplitLayers(const ScheduleFlags& f, int vp) {
   l.global_batch = f.microbatches;
   l.microbatch_group = f.group;
   l.schedule = vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
-  l.first_stage_layers = f.first;
-  l.last_stage_layers = f.last;
-  l.embedding_in_split = f.embedding;
-  l.loss_in_split = f.loss;
-  if (f.layout) {
-    auto pl = ParsePipelineLayout(*f.layout);
-    if (!pl.ok()) return pl.status().Prefixed("--pipeline-model-parallel-layout");
-    l.pipeline_layout = std::make_shared<const PipelineLayout>(std::move(*pl));
-  }
+  PTDP_RETURN_IF_ERROR(ApplySplit(f.split, &l).status());
   const Rejection why = CheckLayout(m, l);
   if (why != Rejection::kOk && why != Rejection::kInterleaveMicrobatches)  // the schedule says
     return Status::Error("pipeline split: " + ExplainRejection(why, m, l));
@@ -164,8 +154,8 @@ nlohmann::json ScheduleJson(const Schedule& s) {
 
 int RunSchedule(const ScheduleFlags& f) {
   int vp = f.vp;
-  if (f.layout && f.pp > 0) {  // the layout string's stages / pp, as Megatron derives vp
-    auto pl = ParsePipelineLayout(*f.layout);
+  if (f.split.pipeline_layout && f.pp > 0) {  // its stages / pp, as Megatron derives vp
+    auto pl = ParsePipelineLayout(*f.split.pipeline_layout);
     if (!pl.ok()) return Fail(pl.status().Prefixed("--pipeline-model-parallel-layout").message());
     vp = std::max<int>(1, int(pl->layers.size() / size_t(f.pp)));
   }
@@ -175,7 +165,7 @@ int RunSchedule(const ScheduleFlags& f) {
     if (!parsed.ok()) return Fail("--kind: " + parsed.status().message());
     kind = *parsed;
   }
-  if ((f.first || f.last || f.embedding || f.loss || f.layout) && f.layers == 0)
+  if (f.split.any() && f.layers == 0)
     return Fail("the split flags need --layers (the model's transformer layers)");
   auto built = BuildSchedule(kind, f.pp, vp, f.microbatches, f.group);
   if (!built.ok()) return Fail(built.status().message());
@@ -231,14 +221,7 @@ Runner SetupSchedule(CLI::App* sub) {
   sub->add_flag("--json", f->json, "machine-readable output, every op");
   sub->add_option("--layers", f->layers,
                   "the model's transformer layers: print each chunk's (with the split flags below)");
-  sub->add_option("--decoder-first-pipeline-num-layers", f->first, "layers on the first stage");
-  sub->add_option("--decoder-last-pipeline-num-layers", f->last, "layers on the last stage");
-  sub->add_flag("--account-for-embedding-in-pipeline-split", f->embedding,
-                "the embedding takes a layer's slot on the first stage");
-  sub->add_flag("--account-for-loss-in-pipeline-split", f->loss,
-                "the loss takes a layer's slot on the last stage");
-  sub->add_option("--pipeline-model-parallel-layout", f->layout,
-                  "Megatron's layout string (sets vp: its stages / pp)");
+  AddSplitFlags(sub, &f->split);
   return [f] { return RunSchedule(*f); };
 }
 

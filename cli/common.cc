@@ -22,6 +22,40 @@
 
 namespace ptdp::cli {
 
+void AddSplitFlags(CLI::App* app, SplitFlags* f) {
+  app->add_option("--decoder-first-pipeline-num-layers", f->first_stage_layers,
+                  "transformer layers on the first pipeline stage (Megatron-LM's flag)");
+  app->add_option("--decoder-last-pipeline-num-layers", f->last_stage_layers,
+                  "transformer layers on the last pipeline stage (Megatron-LM's flag)");
+  app->add_flag("--account-for-embedding-in-pipeline-split", f->embedding_in_split,
+                "the embedding takes one layer's slot on the first stage (Megatron-LM's flag)");
+  app->add_flag("--account-for-loss-in-pipeline-split", f->loss_in_split,
+                "the loss takes one layer's slot on the last stage (Megatron-LM's flag)");
+  app->add_option("--pipeline-model-parallel-layout", f->pipeline_layout,
+                  "layers per virtual stage as Megatron-LM writes it, e.g. 'Et|(tt|)*30L' (E "
+                  "embedding, t layer, L loss, | stage boundary, (..)*n repeat; sets vp)");
+}
+
+Result<bool> ApplySplit(const SplitFlags& f, Layout* l) {
+  for (const auto& [flag, v, out] :
+       {std::tuple{"--decoder-first-pipeline-num-layers", f.first_stage_layers, &l->first_stage_layers},
+        std::tuple{"--decoder-last-pipeline-num-layers", f.last_stage_layers, &l->last_stage_layers}}) {
+    if (!v) continue;
+    if (*v <= 0 || *v > kMaxLayers)
+      return Status::Error(std::string(flag) + " " + std::to_string(*v) + " must be in 1.." +
+                           std::to_string(kMaxLayers));
+    *out = *v;
+  }
+  l->embedding_in_split = f.embedding_in_split;
+  l->loss_in_split = f.loss_in_split;
+  if (f.pipeline_layout) {
+    auto pl = ParsePipelineLayout(*f.pipeline_layout);
+    if (!pl.ok()) return pl.status().Prefixed("--pipeline-model-parallel-layout");
+    l->pipeline_layout = std::make_shared<const PipelineLayout>(std::move(*pl));
+  }
+  return f.any();
+}
+
 void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   auto* c = app->add_option("--cluster", f->cluster, "cluster YAML (configs/clusters/*.yaml)");
   auto* m = app->add_option("--model", f->model,
@@ -42,17 +76,7 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--cp", f->cp, "context-parallel size (or a list; plan searches it by default)")
       ->delimiter(',');
   app->add_option("--micro-batch", f->micro_batch, "micro-batch size b (or a list)")->delimiter(',');
-  app->add_option("--decoder-first-pipeline-num-layers", f->first_stage_layers,
-                  "transformer layers on the first pipeline stage (Megatron-LM's flag)");
-  app->add_option("--decoder-last-pipeline-num-layers", f->last_stage_layers,
-                  "transformer layers on the last pipeline stage (Megatron-LM's flag)");
-  app->add_flag("--account-for-embedding-in-pipeline-split", f->embedding_in_split,
-                "the embedding takes one layer's slot on the first stage (Megatron-LM's flag)");
-  app->add_flag("--account-for-loss-in-pipeline-split", f->loss_in_split,
-                "the loss takes one layer's slot on the last stage (Megatron-LM's flag)");
-  app->add_option("--pipeline-model-parallel-layout", f->pipeline_layout,
-                  "layers per virtual stage as Megatron-LM writes it, e.g. 'Et|(tt|)*30L' (E "
-                  "embedding, t layer, L loss, | stage boundary, (..)*n repeat)");
+  AddSplitFlags(app, &f->split);
   app->add_option("--overlap-p2p-communication", f->p2p_overlap,
                   "interleaved schedule: overlap the pipeline's sends and receives with compute "
                   "on|off (default on; off needs pp > 2)");
@@ -191,32 +215,6 @@ Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<b
   return Status::Ok();
 }
 
-// The split flags into `l` (first/last counts, accounting, layout string); true when any is
-// given.
-Result<bool> ApplySplit(const LayoutFlags& f, Layout* l) {
-  bool any = false;
-  for (const auto& [flag, v, out] :
-       {std::tuple{"--decoder-first-pipeline-num-layers", f.first_stage_layers, &l->first_stage_layers},
-        std::tuple{"--decoder-last-pipeline-num-layers", f.last_stage_layers, &l->last_stage_layers}}) {
-    if (!v) continue;
-    if (*v <= 0 || *v > kMaxLayers)
-      return Status::Error(std::string(flag) + " " + std::to_string(*v) + " must be in 1.." +
-                           std::to_string(kMaxLayers));
-    *out = *v;
-    any = true;
-  }
-  l->embedding_in_split = f.embedding_in_split;
-  l->loss_in_split = f.loss_in_split;
-  any = any || f.embedding_in_split || f.loss_in_split;
-  if (f.pipeline_layout) {
-    auto pl = ParsePipelineLayout(*f.pipeline_layout);
-    if (!pl.ok()) return pl.status().Prefixed("--pipeline-model-parallel-layout");
-    l->pipeline_layout = std::make_shared<const PipelineLayout>(std::move(*pl));
-    any = true;
-  }
-  return any;
-}
-
 // The one value of a size flag `simulate` and `train` take.
 Result<int> OneValue(const char* flag, const std::vector<int>& v, int fallback) {
   if (v.empty()) return fallback;
@@ -257,7 +255,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   s.distributed_optimizer = dopt;
   s.shard_gradients = shard;
   s.recompute = rc;
-  PTDP_ASSIGN_OR_RETURN(const bool split, ApplySplit(f, &s.split));
+  PTDP_ASSIGN_OR_RETURN(const bool split, ApplySplit(f.split, &s.split));
   if (split) s.split_search = SplitSearch::kFixed;
   s.memory_headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
   PTDP_RETURN_IF_ERROR(CheckHeadroom(s.memory_headroom));
@@ -281,11 +279,10 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
     PTDP_ASSIGN_OR_RETURN(const int v, OneValue("--dp", f.dp, 1));
     dp_flag = v;
   }
-  PTDP_ASSIGN_OR_RETURN(const bool split, ApplySplit(f, &l));
+  PTDP_RETURN_IF_ERROR(ApplySplit(f.split, &l).status());
   // A layout string sets vp (its stages / pp), as Megatron derives it.
   if (l.pipeline_layout && f.vp.empty() && l.pp > 0 && l.pipeline_layout->layers.size() % size_t(l.pp) == 0)
     l.vp = int(l.pipeline_layout->layers.size() / size_t(l.pp));
-  (void)split;
   if (l.tp <= 0 || l.pp <= 0 || l.cp <= 0 || l.vp <= 0 || l.micro_batch <= 0 || l.global_batch <= 0)
     return Status::Error("--tp, --pp, --cp, --vp, --micro-batch and --global-batch must be positive");
   if (l.global_batch > kMaxGlobalBatch)

@@ -24,6 +24,21 @@
 namespace ptdp::cli {
 
 // Flags shared by plan and simulate.
+// Megatron-LM's pipeline split flags (plan, simulate, report, schedule).
+struct SplitFlags {
+  std::optional<int> first_stage_layers, last_stage_layers;
+  bool embedding_in_split = false, loss_in_split = false;
+  std::optional<std::string> pipeline_layout;
+  bool any() const {
+    return first_stage_layers || last_stage_layers || embedding_in_split || loss_in_split ||
+           pipeline_layout;
+  }
+};
+void AddSplitFlags(CLI::App* app, SplitFlags* f);
+// The split flags into `l` (first/last counts, accounting, layout string), each checked; true
+// when any is given.
+Result<bool> ApplySplit(const SplitFlags& f, Layout* l);
+
 struct LayoutFlags {
   std::string cluster, model;
   std::optional<int> nodes, gpus;
@@ -33,10 +48,7 @@ struct LayoutFlags {
   std::optional<std::string> sp, recompute, dist_opt, precision, tp_overlap, grad_overlap,
       p2p_overlap;
   std::optional<int> seq_len;
-  // Megatron-LM's pipeline split flags.
-  std::optional<int> first_stage_layers, last_stage_layers;
-  bool embedding_in_split = false, loss_in_split = false;
-  std::optional<std::string> pipeline_layout;
+  SplitFlags split;
   std::optional<double> memory_headroom;
   // Megatron's --data-parallel-sharding-strategy: no_shard | optim | optim_grads.
   std::optional<std::string> dp_sharding;

@@ -174,27 +174,43 @@ Result<PipelineLayout> ParsePipelineLayout(const std::string& text) {
   return pl;
 }
 
-int ChunkLayers(const ModelSpec& m, const Layout& l, int r, int c) {
-  const int p = l.pp, v = l.vp;
-  if (l.pipeline_layout) return l.pipeline_layout->layers[size_t(c) * p + r];
-  const int F = l.first_stage_layers, G = l.last_stage_layers;
+namespace {
+
+// Megatron's num_layers_per_pipeline_rank for rank r (before the vp split and the embedding /
+// loss slots are taken out): F or G on the first / last rank with first/last counts, the
+// middle ranks' share of the rest; (L + e + l)/p with the accounting flags.
+int64_t SlotsOfRank(const ModelSpec& m, const Layout& l, int r) {
+  const int p = l.pp, F = l.first_stage_layers, G = l.last_stage_layers;
   if (F > 0 || G > 0) {
     const int64_t mid_stages = p - (F > 0) - (G > 0);
     int64_t per_rank = mid_stages > 0 ? (m.layers - F - G) / mid_stages : 0;
     if (r == 0 && F > 0) per_rank = F;
     if (r == p - 1 && G > 0) per_rank = G;  // Megatron: the last rank's count wins at p 1
-    return int(per_rank / v);
+    return per_rank;
   }
-  int n = int((m.layers + l.embedding_in_split + l.loss_in_split) / p / v);
+  return (m.layers + l.embedding_in_split + l.loss_in_split) / p;
+}
+
+}  // namespace
+
+int ChunkLayers(const ModelSpec& m, const Layout& l, int r, int c) {
+  const int p = l.pp, v = l.vp;
+  if (l.pipeline_layout) return l.pipeline_layout->layers[size_t(c) * p + r];
+  int n = int(SlotsOfRank(m, l, r) / v);
   if (l.embedding_in_split && r == 0 && c == 0) --n;
   if (l.loss_in_split && r == p - 1 && c == v - 1) --n;
   return n;
 }
 
+// The planner's hot path asks for it several times per layout: O(1) but for a layout string.
 int RankLayers(const ModelSpec& m, const Layout& l, int r) {
-  int n = 0;
-  for (int c = 0; c < l.vp; ++c) n += ChunkLayers(m, l, r, c);
-  return n;
+  if (l.pipeline_layout) {
+    int n = 0;
+    for (int c = 0; c < l.vp; ++c) n += ChunkLayers(m, l, r, c);
+    return n;
+  }
+  return int(SlotsOfRank(m, l, r) - (l.embedding_in_split && r == 0) -
+             (l.loss_in_split && r == l.pp - 1));
 }
 
 std::vector<int> StageLayers(const ModelSpec& m, const Layout& l) {

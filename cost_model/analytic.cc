@@ -14,6 +14,10 @@ namespace {
 
 double ActBytes(Precision p) { return p == Precision::kFp32 ? 4.0 : 2.0; }
 double WeightBytes(Precision p) { return p == Precision::kFp32 ? 4.0 : 2.0; }
+// The 16-bit precision an fp8 or fp4 run computes everything but its GEMMs in.
+Precision SixteenBit(Precision p) {
+  return p == Precision::kFp8 || p == Precision::kFp4 ? Precision::kBf16 : p;
+}
 
 }  // namespace
 
@@ -96,7 +100,7 @@ double AnalyticModel::PeakFlops(Precision p) const {
 
 double AnalyticModel::MfuPeak(Precision p) const {
   // NeMo and the dgxc recipes quote fp8 MFU against the 16-bit peak; so do we (fp4 too).
-  return PeakFlops(p == Precision::kFp8 || p == Precision::kFp4 ? Precision::kBf16 : p);
+  return PeakFlops(SixteenBit(p));
 }
 
 // A GEMM's output is cut into tiles that run in waves over the SMs, each wave one tile's
@@ -105,7 +109,7 @@ double AnalyticModel::MfuPeak(Precision p) const {
 // 128x256, 256x128 that finishes first, as cuBLAS's heuristics pick. Without the GPU's SM
 // count: 2mnk / (peak * eff).
 double AnalyticModel::Gemm(double m, double n, double k, Precision p) const {
-  // fp4 GEMMs at the fp4 peak with the fp8 efficiency (block scaling and casts; not fitted yet).
+  // fp8 and fp4 GEMMs at their own peaks and efficiencies (scaling and casts).
   const double eff_max =
       p == Precision::kFp4 ? k_.gemm_eff_max_fp4
       : p == Precision::kFp8 ? k_.gemm_eff_max_fp8 : k_.gemm_eff_max;
@@ -184,8 +188,7 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
   }
   const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
   const Precision prec = l.precision;
-  const double peak16 =
-      PeakFlops(prec == Precision::kFp8 || prec == Precision::kFp4 ? Precision::kBf16 : prec);
+  const double peak16 = PeakFlops(SixteenBit(prec));
   std::array<double, LayerOpList::kMax> gpu;  // filled below for every op (0 for comm)
   for (int i = 0; i < ops.size; ++i) {
     const LayerOp& op = ops[i];
@@ -573,8 +576,8 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
   mem.weights = params * WeightBytes(l.precision);
   mem.grads = params * 4.0;
   if (l.shard_gradients && l.distributed_optimizer) {
-    // Megatron-FSDP optim_grads: the fp32 gradients sharded over dp x cp, plus the unsharded
-    // gradients of the two FSDP units (layers) in flight (its double buffer).
+    // Megatron-FSDP optim_grads: the gradients (GradBytes) sharded over dp x cp, plus the
+    // unsharded gradients of the two FSDP units (layers) in flight (its double buffer).
     const double unit = double(model_.params_per_layer()) / l.tp;
     mem.grads = (params / shard + 2.0 * unit) * GradBytes(l);
   }
@@ -625,13 +628,12 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
     params = std::max(params, ParamsOnStage(l, r));
     opt = std::max(opt, StageOptimizerTime(l, r));
   });
-  const StageTimes* const slowest = &slow;
   Breakdown& br = e.breakdown;
-  br.compute_s = m * slowest->compute_s;
-  br.tp_comm_s = m * slowest->tp_s;
+  br.compute_s = m * slow.compute_s;
+  br.tp_comm_s = m * slow.tp_s;
   // Fill and drain: every other stage's work once, shortened v times by interleaving
   // (Narayanan sec. 2.2: bubble (p-1)/(v m) of the ideal time for uniform stages).
-  br.bubble_s = (sum_stages - slowest->total()) / l.vp;
+  br.bubble_s = (sum_stages - slow.total()) / l.vp;
   // Blocking p2p on the critical path: a send per chunk boundary each way for every micro-batch,
   // plus the fill and drain hops.
   // With --overlap-p2p-communication (interleaved) as without: the H100 recipes, all run with
@@ -649,7 +651,7 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
       dp = std::max(dp, stage);
     }
   } else {
-    dp = DpExposed(l, params, slowest->bwd_s, slowest->fwd_s);
+    dp = DpExposed(l, params, slow.bwd_s, slow.fwd_s);
   }
   br.dp_comm_s = dp + EmbeddingReduceTime(l);
   br.optimizer_s = opt;

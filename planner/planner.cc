@@ -111,12 +111,6 @@ Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
 
 namespace {
 
-// One way of splitting the layers over p pipeline ranks: vp and Megatron's split flags.
-struct Split {
-  int vp = 1;
-  Layout flags;  // first_stage_layers .. pipeline_layout
-};
-
 // Whether Megatron accepts how `l` splits the layers (its other rules aside).
 bool SplitLegal(const ModelSpec& model, const Layout& l) {
   const Rejection why = CheckLayout(model, l);
@@ -132,7 +126,8 @@ void CopySplit(const Layout& from, Layout* to) {
   to->pipeline_layout = from.pipeline_layout;
 }
 
-// The splits tried at pipeline size p. Fixed: the user's, at each vp asked for (or the layout
+// The splits tried at pipeline size p, each as a layout holding pp, vp, the schedule and
+// Megatron's split flags (the rest left at the defaults, filled in by the search). Fixed: the user's, at each vp asked for (or the layout
 // string's). Otherwise the even split at every vp dividing L/p (CheckLayout names why it is
 // illegal when p does not divide L), and where Megatron accepts them and they place the layers
 // differently: the embedding and/or loss counted as a layer's slot
@@ -140,63 +135,49 @@ void CopySplit(const Layout& from, Layout* to) {
 // (--decoder-first/last-pipeline-num-layers) around middle stages of q layers, q a multiple of
 // vp next to L/p, the rest shared by the first and last stage both ways round, or given to one
 // when it makes that stage the lighter one.
-std::vector<Split> SplitsFor(const ModelSpec& model, int p, const SearchSpace& s) {
-  std::vector<Split> out;
+std::vector<Layout> SplitsFor(const ModelSpec& model, int p, const SearchSpace& s) {
+  std::vector<Layout> out;
   const int64_t L = model.layers;
+  auto split = [&](int v, const Layout& flags) {
+    Layout l;
+    l.pp = p;
+    l.vp = v;
+    l.schedule = v > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+    CopySplit(flags, &l);
+    return l;
+  };
   if (s.split_search == SplitSearch::kFixed) {
     if (s.split.pipeline_layout) {
-      Split sp;
-      sp.vp = int(s.split.pipeline_layout->layers.size() / size_t(p));
-      if (sp.vp < 1) sp.vp = 1;
-      CopySplit(s.split, &sp.flags);
-      out.push_back(sp);
+      out.push_back(split(std::max(1, int(s.split.pipeline_layout->layers.size() / size_t(p))),
+                          s.split));
       return out;
     }
     const int64_t per_rank =
         std::max<int64_t>(1, s.split.first_stage_layers > 0 ? s.split.first_stage_layers
                              : s.split.last_stage_layers > 0 ? s.split.last_stage_layers
                              : (L + s.split.embedding_in_split + s.split.loss_in_split) / p);
-    for (int v : s.vp.Or(Divisors(per_rank))) {
-      Split sp;
-      sp.vp = v;
-      CopySplit(s.split, &sp.flags);
-      out.push_back(sp);
-    }
+    for (int v : s.vp.Or(Divisors(per_rank))) out.push_back(split(v, s.split));
     return out;
   }
-  for (int v : s.vp.Or(Divisors(std::max<int64_t>(1, L / p)))) {
-    Split sp;
-    sp.vp = v;
-    out.push_back(sp);
-  }
+  for (int v : s.vp.Or(Divisors(std::max<int64_t>(1, L / p)))) out.push_back(split(v, Layout{}));
   if (p == 1 || s.split_search == SplitSearch::kEvenOnly || s.runtime_layouts) return out;
   // The alternatives, kept when legal and placing the layers unlike every split before them.
   std::vector<std::vector<int>> seen;
-  for (const Split& sp : out) {
-    Layout l;
-    l.pp = p;
-    l.vp = sp.vp;
-    l.schedule = sp.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+  for (const Layout& l : out)
     if (SplitLegal(model, l)) seen.push_back(StageLayers(model, l));
-  }
   auto offer = [&](int v, int first, int last, bool emb, bool loss) {
     if (!s.vp.Allows(v)) return;
-    Layout l;
-    l.pp = p;
-    l.vp = v;
-    l.schedule = v > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
-    l.first_stage_layers = first;
-    l.last_stage_layers = last;
-    l.embedding_in_split = emb;
-    l.loss_in_split = loss;
+    Layout flags;
+    flags.first_stage_layers = first;
+    flags.last_stage_layers = last;
+    flags.embedding_in_split = emb;
+    flags.loss_in_split = loss;
+    const Layout l = split(v, flags);
     if (!SplitLegal(model, l)) return;
     std::vector<int> layers = StageLayers(model, l);
     if (std::find(seen.begin(), seen.end(), layers) != seen.end()) return;
     seen.push_back(std::move(layers));
-    Split sp;
-    sp.vp = v;
-    CopySplit(l, &sp.flags);
-    out.push_back(sp);
+    out.push_back(l);
   };
   for (int extra : {2, 1})
     if ((L + extra) % p == 0)
@@ -225,10 +206,6 @@ std::vector<Split> SplitsFor(const ModelSpec& model, int p, const SearchSpace& s
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                               const ClusterSpec& cluster, const SearchSpace& s, int top_k) {
   const auto start = std::chrono::steady_clock::now();
@@ -256,7 +233,7 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
         if (rest % pp) continue;
         const int dp = rest / pp;
         if (!s.dp.Allows(dp)) continue;
-        const std::vector<Split> splits = SplitsFor(model, pp, s);
+        const std::vector<Layout> splits = SplitsFor(model, pp, s);
         std::vector<int> mbs;
         if (s.micro_batch) mbs = s.micro_batch.values();
         else
@@ -265,7 +242,7 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
         if (mbs.empty()) mbs = {1};
         const std::vector<bool> sps = s.sequence_parallel.Or(
             tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false});
-        for (const Split& split : splits)
+        for (const Layout& split : splits)
           for (int mb : mbs)
             for (bool sp : sps)
               for (Recompute rc : recomputes)
@@ -277,9 +254,8 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   // With no DP (dp x cp == 1) the distributed optimizer shards over one rank: the
                   // same layout twice, unless asked for (issue 14: no duplicate rows).
                   if (dopt && !s.distributed_optimizer && dp * cp == 1) continue;
-                  Layout l;
-                  l.tp = tp; l.pp = pp; l.dp = dp; l.vp = split.vp; l.cp = cp;
-                  CopySplit(split.flags, &l);
+                  Layout l = split;  // pp, vp, schedule and the split flags
+                  l.tp = tp; l.dp = dp; l.cp = cp;
                   l.micro_batch = mb;
                   l.global_batch = s.global_batch;
                   l.sequence_parallel = sp;
@@ -287,7 +263,6 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   l.distributed_optimizer = dopt;
                   l.shard_gradients = shard;
                   l.precision = s.precision;
-                  l.schedule = split.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
                   l.overlap_grad_reduce = s.overlap_grad_reduce;
                   l.tp_comm_overlap = s.tp_comm_overlap;
                   l.overlap_p2p = s.overlap_p2p;

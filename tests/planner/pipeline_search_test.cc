@@ -8,10 +8,14 @@
 
 #include "planner/planner.h"
 #include "tests/fakes/fake_estimator.h"
+#include "tests/fakes/search.h"
 #include "tests/fakes/test_cluster.h"
 
 namespace ptdp {
 namespace {
+
+using testing::Search;
+using testing::Space;
 
 ModelSpec Gpt(int64_t layers, int64_t seq) {
   ModelSpec m;
@@ -19,20 +23,6 @@ ModelSpec Gpt(int64_t layers, int64_t seq) {
   m.layers = layers; m.hidden = 2048; m.heads = 16; m.kv_heads = 16; m.ffn_hidden = 8192;
   m.seq_len = seq; m.vocab = 50257;
   return m;
-}
-
-SearchSpace Space(int world, int64_t batch) {
-  SearchSpace s;
-  s.world = world;
-  s.global_batch = batch;
-  return s;
-}
-
-PlanResult Search(const Estimator& est, const ModelSpec& m, const ClusterSpec& c,
-                  const SearchSpace& s, int top_k) {
-  auto r = SearchLayouts(est, m, c, s, top_k);
-  EXPECT_TRUE(r.ok()) << r.status().message();
-  return r.ok() ? *r : PlanResult{};
 }
 
 // 22 layers at pp 4: the even split is illegal, embedding + loss accounted (24 slots) and

@@ -6,10 +6,14 @@
 #include <cmath>
 
 #include "tests/fakes/fake_estimator.h"
+#include "tests/fakes/search.h"
 #include "tests/fakes/test_cluster.h"
 
 namespace ptdp {
 namespace {
+
+using testing::Search;
+using testing::Space;
 
 ModelSpec SmallGpt() {
   ModelSpec m;
@@ -17,20 +21,6 @@ ModelSpec SmallGpt() {
   m.layers = 24; m.hidden = 2048; m.heads = 16; m.kv_heads = 16; m.ffn_hidden = 8192;
   m.seq_len = 2048; m.vocab = 50257;
   return m;
-}
-
-PlanResult Search(const Estimator& est, const ModelSpec& m, const ClusterSpec& c,
-                  const SearchSpace& s, int top_k) {
-  auto r = SearchLayouts(est, m, c, s, top_k);
-  EXPECT_TRUE(r.ok()) << r.status().message();
-  return r.ok() ? *r : PlanResult{};
-}
-
-SearchSpace Space(int world, int64_t batch) {
-  SearchSpace s;
-  s.world = world;
-  s.global_batch = batch;
-  return s;
 }
 
 TEST(Planner, RanksByStepTimeAndFiltersMemory) {
