@@ -60,6 +60,8 @@ std::string Layout::ShortName() const {
   o << "tp" << tp;
   if (cp > 1) o << " cp" << cp;
   o << " pp" << pp << " dp" << dp;
+  if (ep > 1) o << " ep" << ep;
+  if (etp > 0 && etp != tp) o << " etp" << etp;
   if (vp > 1) o << " vp" << vp;
   o << " mb" << micro_batch;
   return o.str();
@@ -287,6 +289,12 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kInterleaveMicrobatches: return "interleaving_microbatch_rule";
     case Rejection::kBatch: return "global_batch_not_divisible_by_mb_x_dp";
     case Rejection::kSpNeedsTp: return "sequence_parallel_needs_tp";
+    case Rejection::kTpCommOverlapNeedsSp: return "tp_comm_overlap_needs_sequence_parallel";
+    case Rejection::kEpWithoutMoe: return "expert_parallel_without_experts";
+    case Rejection::kExpertsEp: return "experts_not_divisible_by_ep";
+    case Rejection::kExpertGrid: return "expert_grid_does_not_fold";
+    case Rejection::kExpertTpFfn: return "expert_ffn_not_divisible_by_etp";
+    case Rejection::kEpTpNeedsSp: return "expert_parallel_with_tp_needs_sequence_parallel";
     case Rejection::kGradShardingNeedsDistOpt: return "grad_sharding_needs_distributed_optimizer";
     case Rejection::kSeqCp: return "seq_len_not_divisible_by_2cp";
     case Rejection::kScheduleMismatch: return "schedule_mismatch";
@@ -341,6 +349,27 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
         << l.dp << ") != 0";
       break;
     case Rejection::kSpNeedsTp: o << "sequence parallelism needs tp > 1"; break;
+    case Rejection::kTpCommOverlapNeedsSp:
+      o << "--tp-comm-overlap needs --sequence-parallel (megatron/training/arguments.py asserts it)";
+      break;
+    case Rejection::kEpWithoutMoe:
+      o << "ep " << l.ep << (l.etp > 0 ? " / etp " + std::to_string(l.etp) : std::string())
+        << " on a model without experts (num_experts 0)";
+      break;
+    case Rejection::kExpertsEp:
+      o << "num_experts " << m.num_experts << " % ep " << l.ep << " != 0";
+      break;
+    case Rejection::kExpertGrid:
+      o << "etp " << l.expert_tp() << " * ep " << l.ep << " does not divide tp*cp*dp = " << l.tp
+        << "*" << l.cp << "*" << l.dp << " (the expert grid etp x ep x edp folds over it)";
+      break;
+    case Rejection::kExpertTpFfn:
+      o << "moe_ffn_hidden " << m.moe_ffn_hidden << " % etp " << l.expert_tp() << " != 0";
+      break;
+    case Rejection::kEpTpNeedsSp:
+      o << "ep " << l.ep << " with tp " << l.tp
+        << " needs sequence parallelism (megatron/core/model_parallel_config.py)";
+      break;
     case Rejection::kGradShardingNeedsDistOpt:
       o << "gradient sharding (optim_grads) needs the distributed optimizer (Megatron-FSDP sets it)";
       break;
@@ -376,6 +405,19 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
     if ((n / l.pp) % l.vp != 0) return Rejection::kLayersVp;
   }
   if (l.sequence_parallel && l.tp == 1) return Rejection::kSpNeedsTp;
+  if (l.tp_comm_overlap && !l.sequence_parallel) return Rejection::kTpCommOverlapNeedsSp;
+  if (!m.moe()) {
+    if (l.ep != 1 || l.etp > 0) return Rejection::kEpWithoutMoe;
+  } else {
+    // megatron/training/arguments.py (num_experts % ep), parallel_state.py (the expert grid
+    // etp x ep x edp x pp over the world), layers.py (the expert FFN split over etp).
+    if (m.num_experts % l.ep != 0) return Rejection::kExpertsEp;
+    if (l.expert_dp() == 0) return Rejection::kExpertGrid;
+    if (m.moe_ffn_hidden % l.expert_tp() != 0 ||
+        (m.moe_shared_ffn_hidden % l.tp) != 0)
+      return Rejection::kExpertTpFfn;
+    if (l.ep > 1 && l.tp > 1 && !l.sequence_parallel) return Rejection::kEpTpNeedsSp;
+  }
   if (l.shard_gradients && !l.distributed_optimizer) return Rejection::kGradShardingNeedsDistOpt;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;
   if (l.global_batch % (int64_t(l.micro_batch) * l.dp) != 0) return Rejection::kBatch;
@@ -395,7 +437,7 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
 Status ValidateLayout(const ModelSpec& m, const Layout& l, int world, int gpus_per_node,
                       bool allow_tp_across_nodes) {
   if (l.tp <= 0 || l.pp <= 0 || l.dp <= 0 || l.vp <= 0 || l.cp <= 0 || l.micro_batch <= 0 ||
-      l.global_batch <= 0)
+      l.global_batch <= 0 || l.ep <= 0 || l.etp < 0)
     return Status::Error("layout " + l.ShortName() + ": sizes must be positive");
   // Before l.world(): the product of four ints could overflow.
   if (double(l.tp) * l.cp * l.pp * l.dp > double(kMaxWorldSize) || l.vp > kMaxLayers ||

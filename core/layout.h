@@ -47,6 +47,11 @@ struct Layout {
   int dp = 1;                       // data-parallel size d
   int vp = 1;                       // model chunks (virtual stages) per pipeline rank v
   int cp = 1;                       // context-parallel size c (sequence split over c ranks)
+  // Expert parallelism (MoE models only): the experts' own grid folded over the same ranks of a
+  // pipeline stage as (tp, cp, dp) ("parallel folding", megatron/core/parallel_state.py): etp x
+  // ep x edp = tp x cp x dp, order tp-ep-dp-pp; see expert_dp().
+  int ep = 1;                       // expert-parallel size (--expert-model-parallel-size)
+  int etp = 0;                      // expert tensor-parallel size; 0: tp (Megatron's default)
   int micro_batch = 1;              // b, sequences per micro-batch
   int64_t global_batch = 1;         // B, sequences per step
   int microbatch_group = 0;         // interleaving group size g; 0 means p (Megatron default)
@@ -76,6 +81,13 @@ struct Layout {
   std::shared_ptr<const PipelineLayout> pipeline_layout;  // --pipeline-model-parallel-layout
 
   int world() const { return tp * cp * pp * dp; }
+  int expert_tp() const { return etp > 0 ? etp : tp; }
+  // edp = t c d / (etp ep): the group the experts' gradients are reduced over (0 when the grids
+  // do not fold: CheckLayout rejects it).
+  int expert_dp() const {
+    const int64_t a = int64_t(tp) * cp * dp, e = int64_t(expert_tp()) * ep;
+    return e > 0 && a % e == 0 ? int(a / e) : 0;
+  }
   // m = B / (b d); meaningful only when legal.
   int64_t num_microbatches() const { return global_batch / (int64_t(micro_batch) * dp); }
   int group_size() const { return microbatch_group > 0 ? microbatch_group : pp; }
@@ -120,6 +132,12 @@ enum class Rejection {
   kInterleaveMicrobatches,  // group rule: p <= g <= m and (m % g == 0 or m % g >= p)
   kBatch,              // B % (b d) != 0
   kSpNeedsTp,          // SP with t == 1
+  kTpCommOverlapNeedsSp,  // --tp-comm-overlap without SP (Megatron asserts)
+  kEpWithoutMoe,       // ep > 1 or etp set on a dense model
+  kExpertsEp,          // E % ep != 0
+  kExpertGrid,         // etp x ep does not divide t x c x d (parallel folding)
+  kExpertTpFfn,        // expert FFN % etp != 0
+  kEpTpNeedsSp,        // ep > 1 with t > 1 and no SP (Megatron: "sequence parallelism must be used")
   kGradShardingNeedsDistOpt,  // shard_gradients without the distributed optimizer
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kScheduleMismatch,   // interleaved schedule iff v > 1

@@ -38,6 +38,10 @@ constexpr int64_t kMaxHidden = int64_t(1) << 20;
 constexpr int64_t kMaxFfnHidden = int64_t(1) << 22;
 constexpr int64_t kMaxSeqLen = int64_t(1) << 24;
 constexpr int64_t kMaxVocab = int64_t(1) << 24;
+// Routed experts of an MoE layer (DeepSeek-V3 256, Kimi K2 384; Megatron has no limit).
+constexpr int64_t kMaxExperts = int64_t(1) << 14;
+// Head sizes and MLA ranks (kv_channels, q/kv LoRA ranks, qk/v head dims).
+constexpr int64_t kMaxHeadDim = int64_t(1) << 16;
 
 // CPU cores of one machine (measured.cores); kept in an int.
 constexpr int64_t kMaxCores = int64_t(1) << 20;
@@ -89,6 +93,7 @@ inline constexpr Range kRunStepTime{"measured step time", 1e-9, 1e9, Dimension::
 inline constexpr Range kRunSeconds{"measured seconds", 0, 1e9, Dimension::kDuration};
 inline constexpr Range kRunBytes{"measured bytes", 0, 1152921504606846976.0, Dimension::kBytes};  // 0..1 EiB
 inline constexpr Range kRunSteps{"steps", 0, 1e9, std::nullopt};
+inline constexpr Range kMoeCapacityFactor{"MoE capacity factor", 0, 1000, std::nullopt, true};
 inline constexpr Range kMachineCores{"machine cores", 0, double(kMaxCores), std::nullopt};
 inline constexpr Range kCpuShare{"share of the cores", 0, 1000, std::nullopt};
 // Optimizer settings (flags of `ptdp train` and checkpoint metadata; runtime/trainer.h).

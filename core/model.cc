@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <charconv>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -19,6 +20,7 @@ const char* ToString(Activation a) {
     case Activation::kGelu: return "gelu";
     case Activation::kSwiglu: return "swiglu";
     case Activation::kSquaredRelu: return "squared_relu";
+    case Activation::kGeglu: return "geglu";
   }
   return "?";
 }
@@ -32,28 +34,119 @@ const char* ToString(PositionEmbedding p) {
   return "?";
 }
 
+const char* ToString(MoeRouter r) { return r == MoeRouter::kSigmoid ? "sigmoid" : "softmax"; }
+const char* ToString(MoeRouting r) {
+  switch (r) {
+    case MoeRouting::kDropless: return "dropless";
+    case MoeRouting::kBalanced: return "balanced";
+    case MoeRouting::kCapacity: return "capacity";
+  }
+  return "?";
+}
+
+bool ModelSpec::is_moe_layer(int64_t i) const {
+  if (!moe() || i < moe_dense_layers_first) return false;
+  const int64_t step = moe_layer_step > 0 ? moe_layer_step : 1;
+  return (i - moe_dense_layers_first) % step == step - 1;
+}
+
+int64_t ModelSpec::moe_layers_in(int64_t first, int64_t n) const {
+  if (!moe() || n <= 0) return 0;
+  const int64_t step = moe_layer_step > 0 ? moe_layer_step : 1;
+  // MoE layers among [0, x): those j = D + q*step + step-1 < x, q >= 0.
+  auto upto = [&](int64_t x) -> int64_t {
+    const int64_t y = x - moe_dense_layers_first - (step - 1);
+    return y <= 0 ? 0 : (y - 1) / step + 1;
+  };
+  return upto(first + n) - upto(first);
+}
+
+namespace {
+int64_t NormParams(const ModelSpec& m, int64_t width) {
+  return m.norm == Norm::kLayerNorm ? 2 * width : width;  // gamma (+ beta)
+}
+}  // namespace
+
+int64_t ModelSpec::attention_linear_params() const {
+  if (mla()) {
+    // DeepSeek-V2 section 2.1 (eqs. 9-14), Megatron-Core multi_latent_attention.py: q down
+    // (h x q_lora) and up (q_lora x a(qk + qk_pos)) or one h x a(qk + qk_pos); kv down
+    // (h x (kv_lora + qk_pos)) and up (kv_lora x a(qk + v)); output (a v x h).
+    const int64_t qk = qk_head_dim + qk_pos_head_dim;
+    const int64_t q = q_lora_rank > 0 ? hidden * q_lora_rank + q_lora_rank * heads * qk
+                                      : hidden * heads * qk;
+    const int64_t kv = hidden * (kv_lora_rank + qk_pos_head_dim) +
+                       kv_lora_rank * heads * (qk_head_dim + v_head_dim);
+    return q + kv + heads * v_head_dim * hidden;
+  }
+  const int64_t d = head_dim();
+  return hidden * (heads + 2 * kv_heads) * d + heads * d * hidden;  // QKV + output
+}
+
+int64_t ModelSpec::dense_mlp_linear_params() const {
+  return (gated() ? 3 : 2) * hidden * ffn_hidden;
+}
+
+int64_t ModelSpec::moe_mlp_active_linear_params() const {
+  const int64_t shared = (gated() ? 3 : 2) * hidden * moe_shared_ffn_hidden;
+  return hidden * num_experts + moe_topk * expert_params() + shared;  // router + k + shared
+}
+
+int64_t ModelSpec::attention_params() const {
+  int64_t p = attention_linear_params() + NormParams(*this, hidden);
+  if (mla()) {
+    p += NormParams(*this, kv_lora_rank) + (q_lora_rank > 0 ? NormParams(*this, q_lora_rank) : 0);
+  } else if (bias) {
+    p += (heads + 2 * kv_heads) * head_dim() + hidden;  // QKV and output biases
+  }
+  return p;
+}
+
+int64_t ModelSpec::dense_mlp_params() const {
+  int64_t p = dense_mlp_linear_params() + NormParams(*this, hidden);
+  if (bias) p += (gated() ? 2 * ffn_hidden : ffn_hidden) + hidden;
+  return p;
+}
+
+int64_t ModelSpec::routed_expert_params() const {
+  int64_t one = expert_params();
+  if (bias) one += (gated() ? 2 * moe_ffn_hidden : moe_ffn_hidden) + hidden;
+  return num_experts * one;
+}
+
+int64_t ModelSpec::moe_mlp_params() const {
+  int64_t shared = (gated() ? 3 : 2) * hidden * moe_shared_ffn_hidden;
+  if (bias && moe_shared_ffn_hidden > 0)
+    shared += (gated() ? 2 : 1) * moe_shared_ffn_hidden + hidden;
+  return hidden * num_experts + routed_expert_params() + shared + NormParams(*this, hidden);
+}
+
+int64_t ModelSpec::layer_params(int64_t first, int64_t n) const {
+  const int64_t e = moe_layers_in(first, n);
+  return n * attention_params() + (n - e) * dense_mlp_params() + e * moe_mlp_params();
+}
+
+int64_t ModelSpec::routed_params(int64_t first, int64_t n) const {
+  return moe_layers_in(first, n) * routed_expert_params();
+}
+
+int64_t ModelSpec::mtp_params() const {
+  // DeepSeek-V3 section 2.2: norms of the hidden state and of the next token's embedding, a
+  // 2h x h projection, one transformer layer (the MLP of the last layer's kind).
+  const int64_t mlp = is_moe_layer(layers - 1) ? moe_mlp_params() : dense_mlp_params();
+  return 2 * NormParams(*this, hidden) + 2 * hidden * hidden + attention_params() + mlp;
+}
+
 int64_t ModelSpec::padded_vocab(int64_t tp) const {
   const int64_t multiple = 128 * tp;
   return (vocab + multiple - 1) / multiple * multiple;
 }
 
 int64_t ModelSpec::linear_params_per_layer() const {
-  const int64_t kv = kv_heads * head_dim();
-  const int64_t attn = hidden * (hidden + 2 * kv) + hidden * hidden;  // QKV + output
-  const int64_t mlp_mats = activation == Activation::kSwiglu ? 3 : 2;
-  return attn + mlp_mats * hidden * ffn_hidden;
+  return attention_linear_params() + dense_mlp_linear_params();
 }
 
-int64_t ModelSpec::params_per_layer() const {
-  const int64_t kv = kv_heads * head_dim();
-  const int64_t norm_params = norm == Norm::kLayerNorm ? 2 * hidden : hidden;  // gamma (+beta)
-  int64_t biases = 0;
-  if (bias) {
-    const int64_t mlp_in = activation == Activation::kSwiglu ? 2 * ffn_hidden : ffn_hidden;
-    biases = (hidden + 2 * kv) + hidden + mlp_in + hidden;
-  }
-  return linear_params_per_layer() + 2 * norm_params + biases;
-}
+int64_t ModelSpec::params_per_layer() const { return attention_params() + dense_mlp_params(); }
 
 int64_t ModelSpec::embedding_params(int64_t tp) const {
   const int64_t pos = position == PositionEmbedding::kLearned ? seq_len * hidden : 0;
@@ -67,9 +160,14 @@ int64_t ModelSpec::output_params(int64_t tp) const {
 
 int64_t ModelSpec::total_params() const {
   const int64_t pos = position == PositionEmbedding::kLearned ? seq_len * hidden : 0;
-  const int64_t final_norm = norm == Norm::kLayerNorm ? 2 * hidden : hidden;
-  return layers * params_per_layer() + vocab * hidden * (tied_embeddings ? 1 : 2) + pos +
-         final_norm;
+  return layer_params(0, layers) + vocab * hidden * (tied_embeddings ? 1 : 2) + pos +
+         NormParams(*this, hidden);
+}
+
+int64_t ModelSpec::active_params() const {
+  const int64_t skipped = num_experts > moe_topk ? (num_experts - moe_topk) : 0;
+  const int64_t per_expert = num_experts > 0 ? routed_expert_params() / num_experts : 0;
+  return total_params() - moe_layers() * skipped * per_expert;
 }
 
 namespace {
@@ -85,6 +183,73 @@ std::vector<SizeLimit> SizeLimits(const ModelSpec& m) {
 }
 // 4h, the default MLP width, without overflowing for an h past the limit (refused later).
 int64_t DefaultFfn(int64_t hidden) { return hidden <= kMaxHidden ? 4 * hidden : hidden; }
+
+// The first broken rule among the head, MoE, MLA and RoPE fields: the key it is about and
+// what is wrong ("" when none). Shared by ValidateModel and the YAML reader.
+struct Problem {
+  std::string key, what;
+};
+Problem FeatureProblem(const ModelSpec& m) {
+  auto n = [](int64_t v) { return std::to_string(v); };
+  for (const auto& [key, v] : std::vector<std::pair<const char*, int64_t>>{
+           {"kv_channels", m.kv_channels}, {"q_lora_rank", m.q_lora_rank},
+           {"kv_lora_rank", m.kv_lora_rank}, {"qk_head_dim", m.qk_head_dim},
+           {"qk_pos_head_dim", m.qk_pos_head_dim}, {"v_head_dim", m.v_head_dim}})
+    if (v < 0 || v > kMaxHeadDim)
+      return {key, "'" + n(v) + "' must be within 0.." + n(kMaxHeadDim)};
+  if (m.kv_channels == 0 && m.heads > 0 && m.hidden % m.heads != 0)
+    return {"heads", "'" + n(m.heads) + "' does not divide hidden " + n(m.hidden) +
+                         " (set kv_channels for another head size)"};
+  if (!(m.rotary_base > 0) || m.rotary_base > 1e12)
+    return {"rotary_base", "must be a number within (0, 1e12]"};
+  if (!(m.rotary_percent > 0 && m.rotary_percent <= 1))
+    return {"rotary_percent", "must be within (0, 1]"};
+  if (m.num_experts < 0 || m.num_experts > kMaxExperts)
+    return {"num_experts", "'" + n(m.num_experts) + "' must be within 0.." + n(kMaxExperts)};
+  if (m.num_experts == 0) {
+    for (const auto& [key, v] : std::vector<std::pair<const char*, int64_t>>{
+             {"moe_topk", m.moe_topk}, {"moe_ffn_hidden", m.moe_ffn_hidden},
+             {"moe_shared_ffn_hidden", m.moe_shared_ffn_hidden},
+             {"moe_dense_layers_first", m.moe_dense_layers_first}})
+      if (v != 0) return {key, "is set but num_experts is 0 (a dense model)"};
+  } else {
+    if (m.moe_topk < 1 || m.moe_topk > m.num_experts)
+      return {"moe_topk", "'" + n(m.moe_topk) + "' must be within 1..num_experts " +
+                              n(m.num_experts)};
+    if (m.moe_ffn_hidden < 1 || m.moe_ffn_hidden > kMaxFfnHidden)
+      return {"moe_ffn_hidden", "'" + n(m.moe_ffn_hidden) + "' must be within 1.." +
+                                    n(kMaxFfnHidden)};
+    if (m.moe_shared_ffn_hidden < 0 || m.moe_shared_ffn_hidden > kMaxFfnHidden)
+      return {"moe_shared_ffn_hidden", "'" + n(m.moe_shared_ffn_hidden) + "' must be within 0.." +
+                                           n(kMaxFfnHidden)};
+    if (m.moe_layer_step < 1 || m.moe_layer_step > m.layers)
+      return {"moe_layer_step", "'" + n(m.moe_layer_step) + "' must be within 1..layers " +
+                                    n(m.layers)};
+    if (m.moe_dense_layers_first < 0 || m.moe_layers() == 0)
+      return {"moe_dense_layers_first", "'" + n(m.moe_dense_layers_first) +
+                                            "' leaves no MoE layer among the " + n(m.layers)};
+    if ((m.moe_routing == MoeRouting::kCapacity) != (m.moe_capacity_factor > 0))
+      return {"moe_capacity_factor",
+              "must be > 0 exactly when moe_routing is capacity (token dropping)"};
+    if (m.moe_capacity_factor < 0 || m.moe_capacity_factor > 1000)
+      return {"moe_capacity_factor", "must be within 0..1000"};
+  }
+  if (m.mla()) {
+    if (m.qk_head_dim < 1 || m.qk_pos_head_dim < 1 || m.v_head_dim < 1)
+      return {"kv_lora_rank", "multi-latent attention needs qk_head_dim, qk_pos_head_dim and "
+                              "v_head_dim > 0"};
+    if (m.kv_heads != m.heads)
+      return {"kv_heads", "'" + n(m.kv_heads) + "' must equal heads " + n(m.heads) +
+                              " with multi-latent attention"};
+  } else if (m.q_lora_rank || m.qk_head_dim || m.qk_pos_head_dim || m.v_head_dim) {
+    return {m.q_lora_rank ? "q_lora_rank" : m.qk_head_dim ? "qk_head_dim"
+            : m.qk_pos_head_dim ? "qk_pos_head_dim" : "v_head_dim",
+            "is set but kv_lora_rank is 0 (no multi-latent attention)"};
+  }
+  if (m.mtp_layers < 0 || m.mtp_layers > 16)
+    return {"mtp_layers", "'" + n(m.mtp_layers) + "' must be within 0..16"};
+  return {};
+}
 }  // namespace
 
 Status ValidateModel(const ModelSpec& m, const std::string& where) {
@@ -96,9 +261,7 @@ Status ValidateModel(const ModelSpec& m, const std::string& where) {
     if (value > limit)
       return err(std::string(name) + " " + std::to_string(value) + " is larger than the limit " +
                  std::to_string(limit));
-  if (m.hidden % m.heads != 0)
-    return err("hidden " + std::to_string(m.hidden) + " is not divisible by heads " +
-               std::to_string(m.heads));
+  if (const Problem p = FeatureProblem(m); !p.key.empty()) return err(p.key + " " + p.what);
   if (m.kv_heads > m.heads || m.heads % m.kv_heads != 0)
     return err("heads " + std::to_string(m.heads) + " is not a multiple of kv_heads " +
                std::to_string(m.kv_heads));
@@ -118,9 +281,12 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
   m.ffn_hidden = r.PositiveInt("ffn_hidden", DefaultFfn(m.hidden));
   m.seq_len = r.PositiveInt("seq_len");
   m.vocab = r.PositiveInt("vocab");
-  const std::string act = r.Enum("activation", {"gelu", "swiglu", "squared_relu"}, "gelu");
-  m.activation = act == "swiglu" ? Activation::kSwiglu
-                 : act == "squared_relu" ? Activation::kSquaredRelu : Activation::kGelu;
+  const std::string act =
+      r.Enum("activation", {"gelu", "swiglu", "squared_relu", "geglu"}, "gelu");
+  m.activation = act == "swiglu"         ? Activation::kSwiglu
+                 : act == "squared_relu" ? Activation::kSquaredRelu
+                 : act == "geglu"        ? Activation::kGeglu
+                                         : Activation::kGelu;
   m.norm = r.Enum("norm", {"layernorm", "rmsnorm"}, "layernorm") == "rmsnorm" ? Norm::kRmsNorm
                                                                              : Norm::kLayerNorm;
   const std::string pos = r.Enum("position_embedding", {"learned", "rope", "alibi"}, "learned");
@@ -130,14 +296,38 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
   m.tied_embeddings = r.Bool("tied_embeddings", true);
   m.bias = r.Bool("bias", true);
   m.dropout = r.Bool("dropout", true);
+  m.kv_channels = r.NonNegativeInt("kv_channels", 0);
+  m.rotary_base = r.PositiveNumber("rotary_base", 10000);
+  m.rotary_percent = r.PositiveNumber("rotary_percent", 1.0);
+  m.parallel_attn_mlp = r.Bool("parallel_attn_mlp", false);
+  m.num_experts = r.NonNegativeInt("num_experts", 0);
+  m.moe_topk = r.NonNegativeInt("moe_topk", 0);
+  m.moe_ffn_hidden = r.NonNegativeInt("moe_ffn_hidden", 0);
+  m.moe_shared_ffn_hidden = r.NonNegativeInt("moe_shared_ffn_hidden", 0);
+  m.moe_dense_layers_first = r.NonNegativeInt("moe_dense_layers_first", 0);
+  m.moe_layer_step = r.PositiveInt("moe_layer_step", 1);
+  m.moe_router =
+      r.Enum("moe_router", {"softmax", "sigmoid"}, "softmax") == "sigmoid" ? MoeRouter::kSigmoid
+                                                                           : MoeRouter::kSoftmax;
+  const std::string routing =
+      r.Enum("moe_routing", {"dropless", "balanced", "capacity"}, "dropless");
+  m.moe_routing = routing == "balanced"   ? MoeRouting::kBalanced
+                  : routing == "capacity" ? MoeRouting::kCapacity
+                                          : MoeRouting::kDropless;
+  m.moe_capacity_factor = r.Number("moe_capacity_factor", limits::kMoeCapacityFactor, 0);
+  m.q_lora_rank = r.NonNegativeInt("q_lora_rank", 0);
+  m.kv_lora_rank = r.NonNegativeInt("kv_lora_rank", 0);
+  m.qk_head_dim = r.NonNegativeInt("qk_head_dim", 0);
+  m.qk_pos_head_dim = r.NonNegativeInt("qk_pos_head_dim", 0);
+  m.v_head_dim = r.NonNegativeInt("v_head_dim", 0);
+  m.mtp_layers = r.NonNegativeInt("mtp_layers", 0);
   // A size past its limit first: it explains any rule it breaks below.
   for (const auto& [name, value, limit] : SizeLimits(m))
     if (value > limit)
       r.Fail(name, "'" + std::to_string(value) + "' is larger than the limit " +
                        std::to_string(limit));
-  if (r.Has("hidden") && r.Has("heads") && m.hidden % m.heads != 0)
-    r.Fail("heads", "'" + std::to_string(m.heads) + "' does not divide hidden " +
-                        std::to_string(m.hidden));
+  if (r.Has("hidden") && r.Has("heads"))
+    if (const Problem p = FeatureProblem(m); !p.key.empty()) r.Fail(p.key, p.what);
   if (m.heads % m.kv_heads != 0)
     r.Fail("kv_heads", "'" + std::to_string(m.kv_heads) + "' does not divide heads " +
                            std::to_string(m.heads));
@@ -274,6 +464,15 @@ Result<ModelSpec> LoadModel(const std::string& spec) {
   return LoadModelFile(spec);
 }
 
+namespace {
+// The shortest text that reads back as `v` (std::to_chars round-trips).
+std::string YamlNumber(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+}  // namespace
+
 std::string ModelToYaml(const ModelSpec& m, const std::string& in) {
   std::ostringstream o;
   o << in << "name: " << YamlQuote(m.name) << "\n"
@@ -290,6 +489,32 @@ std::string ModelToYaml(const ModelSpec& m, const std::string& in) {
     << in << "tied_embeddings: " << (m.tied_embeddings ? "true" : "false") << "\n"
     << in << "bias: " << (m.bias ? "true" : "false") << "\n"
     << in << "dropout: " << (m.dropout ? "true" : "false") << "\n";
+  // The other features only when set, so that a dense GPT's YAML stays as it was.
+  if (m.kv_channels) o << in << "kv_channels: " << m.kv_channels << "\n";
+  if (m.rotary_base != 10000) o << in << "rotary_base: " << YamlNumber(m.rotary_base) << "\n";
+  if (m.rotary_percent != 1) o << in << "rotary_percent: " << YamlNumber(m.rotary_percent) << "\n";
+  if (m.parallel_attn_mlp) o << in << "parallel_attn_mlp: true\n";
+  if (m.moe()) {
+    o << in << "num_experts: " << m.num_experts << "\n"
+      << in << "moe_topk: " << m.moe_topk << "\n"
+      << in << "moe_ffn_hidden: " << m.moe_ffn_hidden << "\n";
+    if (m.moe_shared_ffn_hidden)
+      o << in << "moe_shared_ffn_hidden: " << m.moe_shared_ffn_hidden << "\n";
+    if (m.moe_dense_layers_first)
+      o << in << "moe_dense_layers_first: " << m.moe_dense_layers_first << "\n";
+    if (m.moe_layer_step != 1) o << in << "moe_layer_step: " << m.moe_layer_step << "\n";
+    o << in << "moe_router: " << ToString(m.moe_router) << "\n"
+      << in << "moe_routing: " << ToString(m.moe_routing) << "\n";
+    if (m.moe_capacity_factor > 0)
+      o << in << "moe_capacity_factor: " << YamlNumber(m.moe_capacity_factor) << "\n";
+  }
+  if (m.mla())
+    o << in << "q_lora_rank: " << m.q_lora_rank << "\n"
+      << in << "kv_lora_rank: " << m.kv_lora_rank << "\n"
+      << in << "qk_head_dim: " << m.qk_head_dim << "\n"
+      << in << "qk_pos_head_dim: " << m.qk_pos_head_dim << "\n"
+      << in << "v_head_dim: " << m.v_head_dim << "\n";
+  if (m.mtp_layers) o << in << "mtp_layers: " << m.mtp_layers << "\n";
   return o.str();
 }
 

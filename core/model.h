@@ -14,7 +14,16 @@ namespace YAML { class Node; }
 
 namespace ptdp {
 
-enum class Activation { kGelu, kSwiglu, kSquaredRelu };
+// Gated units (SwiGLU: SiLU gate, GeGLU: GeLU gate, Gemma) have three MLP matrices.
+enum class Activation { kGelu, kSwiglu, kSquaredRelu, kGeglu };
+// The Mixture-of-Experts router's score function (Megatron --moe-router-score-function).
+enum class MoeRouter { kSoftmax, kSigmoid };
+// How the router's choices are balanced over the experts, which sets how long the slowest
+// expert rank waits (docs/cost-model.md): dropless (Megatron's default: every token goes to its
+// top-k, the most loaded expert sets the pace), force-balanced (--moe-router-force-load-balancing,
+// the benchmark setting: exactly T k / E tokens each), capacity (--moe-expert-capacity-factor
+// C with --moe-pad-expert-input-to-capacity: every expert computes C T k / E tokens).
+enum class MoeRouting { kDropless, kBalanced, kCapacity };
 enum class Norm { kLayerNorm, kRmsNorm };
 // Learned absolute positions (GPT: s*h parameters), rotary (Llama), or ALiBi's per-head linear
 // bias (BLOOM: no parameters, no rotary kernel; flash attention applies it in the kernel).
@@ -23,6 +32,8 @@ enum class PositionEmbedding { kLearned, kRope, kAlibi };
 const char* ToString(Activation a);
 const char* ToString(Norm n);
 const char* ToString(PositionEmbedding p);
+const char* ToString(MoeRouter r);
+const char* ToString(MoeRouting r);
 
 struct ModelSpec {
   std::string name = "model";      // free text shown in tables
@@ -41,24 +52,85 @@ struct ModelSpec {
   // Hidden and attention dropout in training (Megatron's default 0.1: a 1-byte mask per element
   // is kept after attention and after the MLP); Llama-style recipes train with none.
   bool dropout = true;
+  // Explicit attention head size (Megatron --kv-channels; HF head_dim), 0: h / a. Gemma, Qwen3,
+  // Llama 4 and Mistral variants set it apart from h / a.
+  int64_t kv_channels = 0;
+  double rotary_base = 10000;     // RoPE theta (Megatron --rotary-base)
+  double rotary_percent = 1.0;    // share of the head dim rotated (GPT-NeoX rotary_pct)
+  // Attention and MLP read the same normalised input and add into one residual (GPT-J,
+  // GPT-NeoX use_parallel_residual, Falcon parallel_attn): the same weights and FLOPs, one
+  // residual add fewer; Megatron-Core has no such block (the emitted command says so).
+  bool parallel_attn_mlp = false;
 
-  int64_t head_dim() const { return hidden / heads; }
+  // Mixture of Experts (0 experts: dense). Layer i (0-based) has an MoE MLP when i >=
+  // moe_dense_layers_first and (i - moe_dense_layers_first) % moe_layer_step == moe_layer_step-1
+  // (DeepSeek's first_k_dense_replace; Llama 4's interleave_moe_layer_step); the other layers
+  // have the dense MLP of ffn_hidden.
+  int64_t num_experts = 0;             // E routed experts (Megatron --num-experts)
+  int64_t moe_topk = 0;                // k experts per token (--moe-router-topk)
+  int64_t moe_ffn_hidden = 0;          // f_e, one expert's MLP width (--moe-ffn-hidden-size)
+  int64_t moe_shared_ffn_hidden = 0;   // f_s, all shared experts together
+                                       // (--moe-shared-expert-intermediate-size); 0: none
+  int64_t moe_dense_layers_first = 0;
+  int64_t moe_layer_step = 1;
+  MoeRouter moe_router = MoeRouter::kSoftmax;
+  MoeRouting moe_routing = MoeRouting::kDropless;
+  double moe_capacity_factor = 0;      // with kCapacity
+  // Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; --multi-latent-attention) when
+  // kv_lora_rank > 0: queries through a rank-q_lora_rank bottleneck (0: a full projection),
+  // keys and values through a shared kv_lora_rank latent; each head's query/key is
+  // qk_head_dim (no position) + qk_pos_head_dim (rotary, one key head shared), its value
+  // v_head_dim.
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_head_dim = 0,
+          v_head_dim = 0;
+  // Multi-token prediction layers (DeepSeek-V3: 1) on the last pipeline stage: a transformer
+  // layer each plus a 2h x h projection and two norms, sharing the embedding and output layer
+  // (--mtp-num-layers). Not in total_params() (DeepSeek counts 671B without its 14B MTP).
+  int64_t mtp_layers = 0;
+
+  bool moe() const { return num_experts > 0; }
+  bool mla() const { return kv_lora_rank > 0; }
+  bool gated() const { return activation == Activation::kSwiglu || activation == Activation::kGeglu; }
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden / heads; }
+  // Whether layer i (0-based) has an MoE MLP, and how many of layers [first, first+n) do.
+  bool is_moe_layer(int64_t i) const;
+  int64_t moe_layers_in(int64_t first, int64_t n) const;
+  int64_t moe_layers() const { return moe_layers_in(0, layers); }
+  // Per-layer pieces: the attention block with its norm, a dense MLP with its norm, an MoE
+  // MLP with its norm (router, all E experts, shared experts), and the routed experts alone
+  // (what EP x ETP shards; their gradients are reduced over expert-DP).
+  int64_t attention_params() const;
+  int64_t dense_mlp_params() const;
+  int64_t moe_mlp_params() const;
+  int64_t routed_expert_params() const;  // E experts of one MoE layer
+  int64_t expert_params() const { return moe_ffn_hidden * hidden * (gated() ? 3 : 2); }  // one
+  // Weights of one MTP module (its layer, projection and norms).
+  int64_t mtp_params() const;
+  // Linear (GEMM) weights one token meets in the attention and in a dense or MoE MLP (the
+  // k routed experts, the shared ones and the router).
+  int64_t attention_linear_params() const;
+  int64_t dense_mlp_linear_params() const;
+  int64_t moe_mlp_active_linear_params() const;
   // Vocabulary padded to a multiple of 128*t, as Megatron does (--make-vocab-size-divisible-by
   // 128 times t; megatron/training/tokenizer _vocab_size_with_padding).
   int64_t padded_vocab(int64_t tp) const;
-  // Weights of one transformer layer (attention + MLP + 2 norms, with biases if any).
+  // Weights of one dense transformer layer (attention + MLP + 2 norms, with biases if any).
   int64_t params_per_layer() const;
-  // Weights of one layer's linear layers only (the GEMM operands), for FLOP counts.
+  // Weights of layers [first, first+n): dense and MoE layers each with their own size.
+  int64_t layer_params(int64_t first, int64_t n) const;
+  // Routed-expert weights among layers [first, first+n) (sharded by ep x etp).
+  int64_t routed_params(int64_t first, int64_t n) const;
+  // Weights of one dense layer's linear layers only (the GEMM operands), for FLOP counts.
   int64_t linear_params_per_layer() const;
   // Input embedding (V*h, padded vocab at t) plus learned positions (s*h).
   int64_t embedding_params(int64_t tp) const;
   // Output projection if untied (V*h), else 0; the final norm is counted here too.
   int64_t output_params(int64_t tp) const;
-  // Everything, unpadded vocabulary (Narayanan eq. 2 for GPT shapes).
+  // Everything, unpadded vocabulary (Narayanan eq. 2 for GPT shapes), MTP modules excluded.
   int64_t total_params() const;
-  // Weights one token passes through, embeddings included: every weight of a dense model (the
-  // Mixture-of-Experts issue makes it the routed experts' share).
-  int64_t active_params() const { return total_params(); }
+  // Weights one token passes through, embeddings included: a dense model's all, an MoE
+  // model's without the E - k routed experts it skips in each MoE layer.
+  int64_t active_params() const;
 };
 
 // The size limits (kMaxLayers, kMaxHidden, kMaxFfnHidden, kMaxSeqLen, kMaxVocab) are in
@@ -74,8 +146,12 @@ Status ValidateModel(const ModelSpec& m, const std::string& where);
 Status CheckGptShaped(const ModelSpec& m);
 
 // Reads a model from a YAML map (keys: name, layers, hidden, heads, kv_heads, ffn_hidden,
-// seq_len, vocab, activation, norm, position_embedding, tied_embeddings, bias, dropout). Unknown or
-// missing keys and bad values are errors naming file:line, key and value.
+// seq_len, vocab, activation, norm, position_embedding, tied_embeddings, bias, dropout,
+// kv_channels, rotary_base, rotary_percent, parallel_attn_mlp, num_experts, moe_topk,
+// moe_ffn_hidden, moe_shared_ffn_hidden, moe_dense_layers_first, moe_layer_step, moe_router,
+// moe_routing, moe_capacity_factor, q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_head_dim,
+// v_head_dim, mtp_layers). Unknown or missing keys and bad values are errors naming file:line,
+// key and value.
 Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                                 const std::string& path);
 // Loads a model YAML file.

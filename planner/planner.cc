@@ -264,7 +264,8 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   l.shard_gradients = shard;
                   l.precision = s.precision;
                   l.overlap_grad_reduce = s.overlap_grad_reduce;
-                  l.tp_comm_overlap = s.tp_comm_overlap;
+                  // --tp-comm-overlap where it can apply: Megatron asserts it needs SP.
+                  l.tp_comm_overlap = s.tp_comm_overlap && sp;
                   l.overlap_p2p = s.overlap_p2p;
                   ++res.evaluated;
                   Rejection why = CheckLayout(model, l);

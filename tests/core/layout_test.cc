@@ -162,6 +162,39 @@ TEST(CheckLayoutTest, Table) {
   }
 }
 
+// Megatron's expert grid (parallel folding): etp x ep x edp over tp x cp x dp of each stage.
+TEST(CheckLayoutTest, ExpertParallelRules) {
+  ModelSpec moe = TestModel();
+  moe.num_experts = 16; moe.moe_topk = 2; moe.moe_ffn_hidden = 1024;
+  auto with = [](LayoutArgs a, int ep, int etp, bool tpo = false) {
+    Layout l = Make(a);
+    l.ep = ep; l.etp = etp; l.tp_comm_overlap = tpo;
+    return l;
+  };
+  EXPECT_EQ(CheckLayout(moe, with({.tp = 1, .dp = 8}, 8, 0)), Rejection::kOk);
+  // ep may exceed dp: it folds over tp x cp x dp (tp 2 x dp 4 = 8 = etp 1 x ep 8).
+  EXPECT_EQ(CheckLayout(moe, with({.tp = 2, .dp = 4, .sp = true}, 8, 1)), Rejection::kOk);
+  EXPECT_EQ(with({.tp = 2, .dp = 4, .sp = true}, 8, 1).expert_dp(), 1);
+  EXPECT_EQ(with({.tp = 2, .dp = 4, .cp = 2, .sp = true}, 4, 1).expert_dp(), 4);
+  EXPECT_EQ(CheckLayout(moe, with({.tp = 1, .dp = 8}, 3, 0)), Rejection::kExpertsEp);
+  EXPECT_EQ(CheckLayout(moe, with({.tp = 1, .dp = 4}, 8, 0)), Rejection::kExpertGrid);
+  EXPECT_EQ(CheckLayout(moe, with({.tp = 2, .dp = 4, .sp = true}, 8, 0)), Rejection::kExpertGrid);
+  EXPECT_EQ(CheckLayout(moe, with({.tp = 2, .dp = 4}, 4, 1)), Rejection::kEpTpNeedsSp);
+  moe.moe_ffn_hidden = 1000;
+  EXPECT_EQ(CheckLayout(moe, with({.tp = 1, .dp = 8}, 2, 0)), Rejection::kOk);
+  EXPECT_EQ(CheckLayout(moe, with({.tp = 1, .dp = 32}, 2, 16)), Rejection::kExpertTpFfn);
+  // Dense models take no ep; --tp-comm-overlap needs SP for any model.
+  EXPECT_EQ(CheckLayout(TestModel(), with({.tp = 1, .dp = 8}, 2, 0)), Rejection::kEpWithoutMoe);
+  EXPECT_EQ(CheckLayout(TestModel(), with({.tp = 2, .dp = 4}, 1, 0, true)),
+            Rejection::kTpCommOverlapNeedsSp);
+  EXPECT_EQ(CheckLayout(TestModel(), with({.tp = 2, .dp = 4, .sp = true}, 1, 0, true)),
+            Rejection::kOk);
+  // Every rejection names its numbers.
+  EXPECT_THAT(ExplainRejection(Rejection::kExpertGrid, moe, with({.tp = 1, .dp = 4}, 8, 0)),
+              HasSubstr("ep 8"));
+  EXPECT_STREQ(RejectionKey(Rejection::kExpertsEp), "experts_not_divisible_by_ep");
+}
+
 TEST(CheckLayoutTest, GptTinyAllowsPp4WithTwoVirtualStages) {
   ModelSpec tiny;
   tiny.layers = 8; tiny.hidden = 64; tiny.heads = 4; tiny.kv_heads = 4; tiny.ffn_hidden = 256;

@@ -509,5 +509,95 @@ TEST(LoadModelTest, DispatchesOnHfPrefix) {
   EXPECT_THAT(bad.status().message(), HasSubstr(missing));
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of Experts and multi-latent attention.
+
+TEST(MoeModelTest, PublishedTotalAndActiveCounts) {
+  struct Case {
+    const char* file;
+    double total, active;  // published; active 0 where none is published
+  };
+  // DeepSeek-V3 report (671B / 37B, without the 14B MTP module); Mistral AI (46.7B / 12.9B,
+  // 141B / 39B); Meta (400B / 17B); xAI (314B).
+  const Case cases[] = {
+      {"deepseek-v3", 671e9, 37e9},  {"mixtral-8x7b", 46.7e9, 12.9e9},
+      {"mixtral-8x22b", 141e9, 39e9}, {"llama4-maverick", 400e9, 17e9},
+      {"grok-1", 314e9, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.file);
+    const ModelSpec m = MustLoad(std::string("configs/models/") + c.file + ".yaml");
+    EXPECT_TRUE(m.moe());
+    EXPECT_NEAR(double(m.total_params()), c.total, 0.03 * c.total);
+    if (c.active > 0) EXPECT_NEAR(double(m.active_params()), c.active, 0.03 * c.active);
+    EXPECT_LT(m.active_params(), m.total_params());
+  }
+}
+
+TEST(MoeModelTest, LayerPatternCountsMoeLayers) {
+  ModelSpec m = MustLoad("configs/models/deepseek-v3.yaml");
+  EXPECT_EQ(m.moe_layers(), 58);
+  EXPECT_FALSE(m.is_moe_layer(2));
+  EXPECT_TRUE(m.is_moe_layer(3));
+  EXPECT_EQ(m.moe_layers_in(0, 4), 1);
+  EXPECT_EQ(m.moe_layers_in(2, 10), 9);
+  ModelSpec l4 = MustLoad("configs/models/llama4-maverick.yaml");
+  EXPECT_EQ(l4.moe_layers(), 24);
+  EXPECT_FALSE(l4.is_moe_layer(0));
+  EXPECT_TRUE(l4.is_moe_layer(1));
+  // moe_layers_in agrees with is_moe_layer on every window.
+  for (const ModelSpec* s : {&m, &l4})
+    for (int64_t a = 0; a < s->layers; ++a)
+      for (int64_t n = 0; a + n <= s->layers; n += 3) {
+        int64_t count = 0;
+        for (int64_t i = a; i < a + n; ++i) count += s->is_moe_layer(i);
+        ASSERT_EQ(s->moe_layers_in(a, n), count) << a << " " << n;
+      }
+  // The layer sums add up to the total.
+  EXPECT_EQ(m.layer_params(0, 30) + m.layer_params(30, 31), m.layer_params(0, 61));
+}
+
+TEST(MoeModelTest, MlaAttentionCount) {
+  const ModelSpec m = MustLoad("configs/models/deepseek-v3.yaml");
+  // DeepSeek-V3: q 7168x1536 + 1536x128x192, kv 7168x576 + 512x128x256, out 128x128x7168.
+  const int64_t expect = 7168LL * 1536 + 1536LL * 128 * 192 + 7168LL * 576 + 512LL * 128 * 256 +
+                         128LL * 128 * 7168;
+  EXPECT_EQ(m.attention_linear_params(), expect);
+  EXPECT_GT(m.mtp_params(), 11e9);  // ~11.5B of the 14B MTP module (the rest is shared)
+}
+
+TEST(MoeModelTest, YamlRoundTripsAndRulesNameTheKey) {
+  const ModelSpec m = MustLoad("configs/models/deepseek-v3.yaml");
+  const std::string yaml = ModelToYaml(m, "");
+  Result<ModelSpec> back = LoadModelFile(WriteTemp("dsv3-back.yaml", yaml));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->total_params(), m.total_params());
+  EXPECT_EQ(back->active_params(), m.active_params());
+  EXPECT_EQ(ModelToYaml(*back, ""), yaml);
+  struct Bad {
+    const char* extra;
+    const char* key;
+  };
+  const Bad bad[] = {
+      {"num_experts: 8\nmoe_topk: 9\nmoe_ffn_hidden: 64\n", "moe_topk"},
+      {"moe_topk: 2\n", "moe_topk"},
+      {"num_experts: 8\nmoe_topk: 2\n", "moe_ffn_hidden"},
+      {"num_experts: 8\nmoe_topk: 2\nmoe_ffn_hidden: 64\nmoe_routing: capacity\n",
+       "moe_capacity_factor"},
+      {"kv_lora_rank: 64\n", "kv_lora_rank"},
+      {"v_head_dim: 64\n", "v_head_dim"},
+      {"num_experts: 8\nmoe_topk: 2\nmoe_ffn_hidden: 64\nmoe_dense_layers_first: 99\n",
+       "moe_dense_layers_first"},
+      {"moe_router: relu\n", "moe_router"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.extra);
+    Result<ModelSpec> r = LoadModelFile(WriteTemp("bad-moe.yaml", std::string(kGoodBody) + b.extra));
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(r.status().message(), HasSubstr(b.key));
+  }
+}
+
 }  // namespace
 }  // namespace ptdp
