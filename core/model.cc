@@ -50,6 +50,12 @@ bool ModelSpec::is_moe_layer(int64_t i) const {
   return (i - moe_dense_layers_first) % step == step - 1;
 }
 
+int64_t ModelSpec::windowed_layers() const {
+  if (sliding_window <= 0) return 0;
+  if (global_attention_every <= 0) return layers;
+  return layers - layers / global_attention_every;
+}
+
 int64_t ModelSpec::moe_layers_in(int64_t first, int64_t n) const {
   if (!moe() || n <= 0) return 0;
   const int64_t step = moe_layer_step > 0 ? moe_layer_step : 1;
@@ -246,6 +252,12 @@ Problem FeatureProblem(const ModelSpec& m) {
             : m.qk_pos_head_dim ? "qk_pos_head_dim" : "v_head_dim",
             "is set but kv_lora_rank is 0 (no multi-latent attention)"};
   }
+  if (m.sliding_window < 0 || m.sliding_window > kMaxSeqLen)
+    return {"sliding_window", "'" + n(m.sliding_window) + "' must be within 0.." + n(kMaxSeqLen)};
+  if (m.global_attention_every < 0 || m.global_attention_every > m.layers ||
+      (m.global_attention_every > 0 && m.sliding_window == 0))
+    return {"global_attention_every", "'" + n(m.global_attention_every) +
+                                          "' must be within 0..layers and needs sliding_window"};
   if (m.mtp_layers < 0 || m.mtp_layers > 16)
     return {"mtp_layers", "'" + n(m.mtp_layers) + "' must be within 0..16"};
   return {};
@@ -300,6 +312,8 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
   m.rotary_base = r.PositiveNumber("rotary_base", 10000);
   m.rotary_percent = r.PositiveNumber("rotary_percent", 1.0);
   m.parallel_attn_mlp = r.Bool("parallel_attn_mlp", false);
+  m.sliding_window = r.NonNegativeInt("sliding_window", 0);
+  m.global_attention_every = r.NonNegativeInt("global_attention_every", 0);
   m.num_experts = r.NonNegativeInt("num_experts", 0);
   m.moe_topk = r.NonNegativeInt("moe_topk", 0);
   m.moe_ffn_hidden = r.NonNegativeInt("moe_ffn_hidden", 0);
@@ -494,6 +508,9 @@ std::string ModelToYaml(const ModelSpec& m, const std::string& in) {
   if (m.rotary_base != 10000) o << in << "rotary_base: " << YamlNumber(m.rotary_base) << "\n";
   if (m.rotary_percent != 1) o << in << "rotary_percent: " << YamlNumber(m.rotary_percent) << "\n";
   if (m.parallel_attn_mlp) o << in << "parallel_attn_mlp: true\n";
+  if (m.sliding_window) o << in << "sliding_window: " << m.sliding_window << "\n";
+  if (m.global_attention_every)
+    o << in << "global_attention_every: " << m.global_attention_every << "\n";
   if (m.moe()) {
     o << in << "num_experts: " << m.num_experts << "\n"
       << in << "moe_topk: " << m.moe_topk << "\n"

@@ -61,6 +61,15 @@ struct ModelSpec {
   // GPT-NeoX use_parallel_residual, Falcon parallel_attn): the same weights and FLOPs, one
   // residual add fewer; Megatron-Core has no such block (the emitted command says so).
   bool parallel_attn_mlp = false;
+  // Sliding-window attention (Mistral v0.1, Gemma 2/3, Phi-3, GPT-OSS): windowed layers attend
+  // over the last `sliding_window` keys only; 0: none. With global_attention_every G > 0,
+  // every G-th layer (layers G-1, 2G-1, ...) attends globally (Gemma 2: 2, Gemma 3: 6);
+  // 0: every layer is windowed. Weights are unchanged; attention work shrinks to the window.
+  int64_t sliding_window = 0;
+  int64_t global_attention_every = 0;
+  // Windowed layers among all layers, and the mean keys a query attends over in a layer of
+  // sequence s (full causal attention: s; a window w < s: about w). Cost models use it.
+  int64_t windowed_layers() const;
 
   // Mixture of Experts (0 experts: dense). Layer i (0-based) has an MoE MLP when i >=
   // moe_dense_layers_first and (i - moe_dense_layers_first) % moe_layer_step == moe_layer_step-1
@@ -150,7 +159,7 @@ Status CheckGptShaped(const ModelSpec& m);
 // kv_channels, rotary_base, rotary_percent, parallel_attn_mlp, num_experts, moe_topk,
 // moe_ffn_hidden, moe_shared_ffn_hidden, moe_dense_layers_first, moe_layer_step, moe_router,
 // moe_routing, moe_capacity_factor, q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_head_dim,
-// v_head_dim, mtp_layers). Unknown or missing keys and bad values are errors naming file:line,
+// v_head_dim, mtp_layers, sliding_window, global_attention_every). Unknown or missing keys and bad values are errors naming file:line,
 // key and value.
 Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                                 const std::string& path);

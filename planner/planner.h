@@ -56,6 +56,9 @@ struct SearchSpace {
   int world = 0;                          // GPUs used (tp * cp * pp * dp)
   int64_t global_batch = 0;               // B, fixed by the user
   Choice<int> tp, pp, dp, vp, cp, micro_batch;
+  // Expert parallelism (MoE models): ep and expert TP (etp; 0 stands for "= tp", Megatron's
+  // default). Unset: every legal fold of the expert grid is searched.
+  Choice<int> ep, etp;
   Choice<bool> sequence_parallel, distributed_optimizer;
   // Megatron-FSDP's optim_grads (ZeRO-2) on top of the distributed optimizer. Unset: tried only
   // when no layout fits without it (SearchLayouts; it buys memory with a reduce-scatter per
