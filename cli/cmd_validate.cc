@@ -115,7 +115,8 @@ int RunValidate(const ValidateFlags& f) {
   }
   std::vector<std::string> runs_files = f.runs;
   if (runs_files.empty()) {
-    for (const char* name : {"published/runs.yaml", "published/megatron_recipes.yaml"}) {
+    for (const char* name : {"published/runs.yaml", "published/megatron_recipes.yaml",
+                             "published/megatron_moe.yaml"}) {
       auto file = ShippedData(name);
       if (!file.ok()) return Fail(file.status().message());
       runs_files.push_back(*file);
@@ -212,6 +213,11 @@ int RunValidate(const ValidateFlags& f) {
       }
     }
     j["all_steps"] = stats(steps);
+    j["rows"] = nlohmann::json::array();
+    for (const auto& r : rows)
+      j["rows"].push_back({{"id", r.id}, {"group", r.group}, {"source", r.source},
+                           {"measured_s", r.measured_s}, {"predicted_s", r.predicted_s},
+                           {"error_pct", 100 * r.error()}});
     j["skipped"] = skipped;
     j["runs_files"] = runs_files;
     j["vtrain_included"] = !f.data.empty();

@@ -17,6 +17,7 @@ LayerOp& LayerOpList::Add(LayerOpKind kind, const char* name) {
   op.with = -1;
   op.chunks = 1;
   op.kernels = 1;
+  op.groups = 1;
   return op;
 }
 
@@ -50,11 +51,31 @@ OpShape ShapeOf(const Layout& l, double score_bytes) {
 
 double CausalShare(double s, double block) { return 0.5 * (1.0 + std::min(1.0, block / s)); }
 
+double AttentionShare(const ModelSpec& m, double s, double block) {
+  const double causal = CausalShare(s, block);
+  const double windowed = double(m.windowed_layers()) / double(std::max<int64_t>(1, m.layers));
+  if (windowed <= 0 || double(m.sliding_window) >= s) return causal;
+  // Each query attends over min(q, w) keys: w/s (1 - w/2s) of the square; flash attention runs
+  // the blocks the band touches, about one more block of keys per query block.
+  const double w = double(m.sliding_window);
+  const double band = std::min(1.0, w / s * (1.0 - w / (2 * s)) + block / s);
+  return (1 - windowed) * causal + windowed * std::min(causal, band);
+}
+
 namespace {
 
 struct Dims {
   double T, Tl, h, A, Q, F, Fi, hd, heads, kv, sl, s, e;
   int t;
+  // Attention head sizes of queries/keys and of values (MLA: qk + qk_pos and v; else d_h), the
+  // share of the scores computed (causal, windows).
+  double hd_qk, hd_v, share;
+  // MoE: routed experts E, top-k, local experts G = E/ep, one expert's width on this rank
+  // Fe = f_e/etp (Fei: 2 Fe gated), the shared experts' Fs = f_s/t (Fsi), and the routed
+  // assignments this rank's experts compute, Tr = Tl k x load (x etp: gathered over expert TP).
+  double E, topk, G, Fe, Fei, Fs, Fsi, Tr;
+  double rot;  // elements per token RoPE rotates
+  double kvw;  // K and V elements per token on this rank (the CP ring's message)
 };
 
 Dims DimsOf(const ModelSpec& M, const OpShape& s) {
@@ -67,14 +88,33 @@ Dims DimsOf(const ModelSpec& M, const OpShape& s) {
   x.Tl = s.sp ? x.T / t : x.T;
   x.h = double(M.hidden);
   x.hd = double(M.head_dim());
-  x.A = x.h / t;
+  x.heads = double(M.heads) / t;
+  x.hd_qk = M.mla() ? double(M.qk_head_dim + M.qk_pos_head_dim) : x.hd;
+  x.hd_v = M.mla() ? double(M.v_head_dim) : x.hd;
+  // The local attention width: heads/t values of d_v (h/t for GPT shapes; kv_channels and MLA
+  // set it apart from h).
+  x.A = x.heads * x.hd_v;
   // K/V heads per TP rank: k/t, or one group replicated when t > k (GQA).
   x.kv = std::max(1.0, double(M.kv_heads) / t);
-  x.Q = x.A + 2 * x.kv * x.hd;
+  x.Q = M.mla() ? x.heads * (2 * x.hd_qk + x.hd_v) : x.A + 2 * x.kv * x.hd;
+  // What RoPE rotates: MLA's rotary query part and its one shared rotary key; else q and k
+  // (rotary_percent of each head).
+  x.rot = M.mla() ? (x.heads + 1) * double(M.qk_pos_head_dim)
+                  : (x.A + x.kv * x.hd) * M.rotary_percent;
   x.F = double(M.ffn_hidden) / t;
-  x.Fi = M.activation == Activation::kSwiglu ? 2 * x.F : x.F;
-  x.heads = double(M.heads) / t;
+  x.Fi = M.gated() ? 2 * x.F : x.F;
   x.e = s.act_bytes;
+  x.share = AttentionShare(M, x.s);
+  x.kvw = M.mla() ? x.heads * (x.hd_qk + x.hd_v) : 2 * x.kv * x.hd;
+  x.E = double(M.num_experts);
+  x.topk = double(M.moe_topk);
+  x.G = M.moe() ? x.E / s.ep : 0;
+  x.Fe = double(M.moe_ffn_hidden) / s.etp;
+  x.Fei = M.gated() ? 2 * x.Fe : x.Fe;
+  x.Fs = double(M.moe_shared_ffn_hidden) / t;
+  x.Fsi = M.gated() ? 2 * x.Fs : x.Fs;
+  // Tokens enter the MoE block split over TP (SP) or, without SP (t 1 or ep 1), whole.
+  x.Tr = x.Tl * x.topk * s.expert_load * (s.sp ? s.etp : 1);
   return x;
 }
 
@@ -199,14 +239,14 @@ void AttentionCore(const OpShape& s, const Dims& x, bool backward, const char* n
   } else {
     Alloc(l, s, x.T * x.Q * x.e);
   }
-  const double full = 4 * batch * x.sl * x.s * x.hd;  // QK^T and AV, forward
+  const double full = 2 * batch * x.sl * x.s * (x.hd_qk + x.hd_v);  // QK^T and AV, forward
   const bool unfused = s.score_bytes > 0;
   LayerOp& a = l->Add(LayerOpKind::kAttention, name);
   a.m = batch;
   a.n = x.sl;
   a.k = x.s;
-  a.head_dim = x.hd;
-  a.flops = unfused ? (backward ? 2 : 1) * full : (backward ? 2.5 : 1) * full * CausalShare(x.s);
+  a.head_dim = (x.hd_qk + x.hd_v) / 2;
+  a.flops = unfused ? (backward ? 2 : 1) * full : (backward ? 2.5 : 1) * full * x.share;
   a.pass = backward ? GemmPass::kDgrad : GemmPass::kFprop;
   if (unfused) a.kernels = backward ? 4 : 2;
   const int attn = Last(*l);
@@ -217,18 +257,55 @@ void AttentionCore(const OpShape& s, const Dims& x, bool backward, const char* n
   if (s.cp > 1)
     Comm(l, s, backward ? "attention.cp_ring.backward" : "attention.cp_ring",
          backward ? CommKind::kReduceScatter : CommKind::kAllGather, CommGroup::kCp,
-         2 * x.T * x.kv * x.hd * x.e * s.cp, CommOverlap::kRing, attn);
+         x.T * x.kvw * x.e * s.cp, CommOverlap::kRing, attn);
+}
+
+// Multi-latent attention's projections (megatron/core/transformer/multi_latent_attention.py,
+// DeepSeek-V2 sec. 2.1): the down projections to the q and kv latents (and the shared rotary
+// key) on the whole gathered input, replicated over TP, their norms, then the column-parallel
+// up projections to each local head's q (qk + qk_pos) and k, v (qk + v).
+void ColumnParallelBackward(const OpShape& s, const Dims& x, const char* name_ag,
+                            const char* name_red, const char* dgrad, const char* wgrad,
+                            const char* bias, double out, LayerOpList* l);
+double MlaDown(const ModelSpec& M) {
+  return double(M.q_lora_rank + M.kv_lora_rank + M.qk_pos_head_dim);
+}
+void MlaForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
+  const double down = MlaDown(M);
+  NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv_down", nullptr, down, l);
+  Memory(l, "qkv_down.norm", MemoryKernel::kNorm, x.T, down - M.qk_pos_head_dim,
+         2 * x.T * (down - M.qk_pos_head_dim) * x.e, true);
+  const double q_in = M.q_lora_rank > 0 ? double(M.q_lora_rank) : x.h;
+  Gemm(l, s, "q_up", GemmPass::kFprop, x.T, x.heads * x.hd_qk, q_in);
+  Gemm(l, s, "kv_up", GemmPass::kFprop, x.T, x.heads * (M.qk_head_dim + x.hd_v),
+       double(M.kv_lora_rank));
+}
+void MlaBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* b) {
+  const double down = MlaDown(M);
+  const double q_in = M.q_lora_rank > 0 ? double(M.q_lora_rank) : x.h;
+  const double kv_out = x.heads * (M.qk_head_dim + x.hd_v);
+  Gemm(b, s, "kv_up.dgrad", GemmPass::kDgrad, x.T, double(M.kv_lora_rank), kv_out);
+  Gemm(b, s, "kv_up.wgrad", GemmPass::kWgrad, kv_out, double(M.kv_lora_rank), x.T);
+  Gemm(b, s, "q_up.dgrad", GemmPass::kDgrad, x.T, q_in, x.heads * x.hd_qk);
+  Gemm(b, s, "q_up.wgrad", GemmPass::kWgrad, x.heads * x.hd_qk, q_in, x.T);
+  Memory(b, "qkv_down.norm.backward", MemoryKernel::kNormBackward, x.T,
+         down - M.qk_pos_head_dim, 4 * x.T * (down - M.qk_pos_head_dim) * x.e, true);
+  ColumnParallelBackward(s, x, "qkv.input_all_gather", s.sp ? "qkv.reduce_scatter.backward"
+                                                            : "qkv.all_reduce.backward",
+                         "qkv_down.dgrad", "qkv_down.wgrad", nullptr, down, b);
 }
 
 // The attention block's forward (or its recompute): norm1 .. bias-dropout-add.
 void AttentionForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
-  NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv", M.bias ? "qkv.bias" : nullptr, x.Q,
-                    l);
+  if (M.mla())
+    MlaForward(M, s, x, l);
+  else
+    NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv", M.bias ? "qkv.bias" : nullptr, x.Q,
+                      l);
   if (M.position == PositionEmbedding::kRope)
-    Memory(l, "rotary", MemoryKernel::kRotary, x.T, x.A + x.kv * x.hd,
-           2 * x.T * (x.A + x.kv * x.hd) * x.e, false);
+    Memory(l, "rotary", MemoryKernel::kRotary, x.T, x.rot, 2 * x.T * x.rot * x.e, false);
   AttentionCore(s, x, /*backward=*/false, "attention", l);
-  Gemm(l, s, "proj", GemmPass::kFprop, x.T, x.h, x.A);
+  Gemm(l, s, "proj", GemmPass::kFprop, x.T, x.h, x.heads * x.hd_v);
   RowReduceAndAdd(M, s, x, "proj.all_reduce", "proj.reduce_scatter", "bias_dropout_add1",
                   "proj.bias", "residual_add1", l);
 }
@@ -296,17 +373,131 @@ void BiasDropoutAddBackward(const ModelSpec& M, const OpShape& s, const Dims& x,
   if (M.bias) Memory(l, bias, MemoryKernel::kBiasGrad, x.Tl, x.h, x.Tl * x.h * x.e, !s.sp);
 }
 
+
+// A grouped GEMM over the G local experts of Tr routed tokens in all (m x n x k per expert,
+// split along m for fprop and dgrad, along k for wgrad).
+LayerOp& GroupedGemm(LayerOpList* l, const OpShape& s, const Dims& x, const char* name,
+                     GemmPass pass, double m, double n, double k) {
+  const double g = std::max(1.0, x.G);
+  LayerOp& op = pass == GemmPass::kWgrad ? Gemm(l, s, name, pass, m, n, k / g)
+                                         : Gemm(l, s, name, pass, m / g, n, k);
+  op.groups = int(g);
+  op.flops = 2 * m * n * k;
+  return op;
+}
+
+// The MoE block (megatron/core/transformer/moe/moe_layer.py with the all-to-all token
+// dispatcher, token_dispatcher.py; experts as TE GroupedLinear, experts.py TEGroupedMLP): norm,
+// router GEMM and top-k, permutation, all-to-all over the EP group (each of this rank's Tl k
+// assignments to the rank of its expert), all-gather over expert TP, the experts' FC1,
+// activation and FC2 on the Tr assignments this rank computes, reduce-scatter over expert TP,
+// the all-to-all back and the weighted un-permutation; the shared experts, a TP-parallel MLP on
+// the same input, add to it.
+void MoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
+  NormForward(s, x, "norm2", l);
+  Gemm(l, s, "router", GemmPass::kFprop, x.Tl, x.E, x.h, /*fused=*/true);
+  Memory(l, "router.topk", MemoryKernel::kRouter, x.Tl, x.E, 3 * x.Tl * x.E * 4, false);
+  Memory(l, "permute", MemoryKernel::kPermute, x.Tl * x.topk, x.h,
+         (1 + x.topk) * x.Tl * x.h * x.e, false);
+  const double sent = x.Tl * x.topk * s.expert_load * x.h * x.e;
+  if (s.ep > 1)
+    Comm(l, s, "dispatch.all_to_all", CommKind::kAllToAll, CommGroup::kEp, sent,
+         CommOverlap::kBlocking, -1);
+  if (s.etp > 1 && s.sp)
+    Comm(l, s, "dispatch.all_gather", CommKind::kAllGather, CommGroup::kEtp, x.Tr * x.h * x.e,
+         CommOverlap::kBlocking, -1);
+  GroupedGemm(l, s, x, "experts.fc1", GemmPass::kFprop, x.Tr, x.Fei, x.h);
+  Memory(l, "experts.activation", MemoryKernel::kActivation, x.Tr, x.Fe,
+         (x.Fei + x.Fe) * x.Tr * x.e, false);
+  GroupedGemm(l, s, x, "experts.fc2", GemmPass::kFprop, x.Tr, x.h, x.Fe);
+  if (s.etp > 1)
+    Comm(l, s, s.sp ? "combine.reduce_scatter" : "combine.all_reduce",
+         s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kEtp,
+         x.Tr * x.h * x.e, CommOverlap::kBlocking, -1);
+  if (s.ep > 1)
+    Comm(l, s, "combine.all_to_all", CommKind::kAllToAll, CommGroup::kEp, sent,
+         CommOverlap::kBlocking, -1);
+  Memory(l, "unpermute", MemoryKernel::kPermute, x.Tl * x.topk, x.h,
+         (1 + x.topk) * x.Tl * x.h * x.e, false);
+  if (x.Fs > 0) {  // shared experts: a TP-split MLP of f_s on the norm's output
+    int ag = -1;
+    if (s.sp)
+      ag = Comm(l, s, "shared.all_gather", CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
+                CommOverlap::kTpOverlap, -1, x.t);
+    Gemm(l, s, "shared.fc1", GemmPass::kFprop, x.T, x.Fsi, x.h, /*fused=*/true);
+    Overlaps(l, ag, Last(*l));
+    Memory(l, "shared.activation", MemoryKernel::kActivation, x.T, x.Fs,
+           (x.Fsi + x.Fs) * x.T * x.e, false);
+    Gemm(l, s, "shared.fc2", GemmPass::kFprop, x.T, x.h, x.Fs, /*fused=*/true);
+    if (x.t > 1)
+      Comm(l, s, s.sp ? "shared.reduce_scatter" : "shared.all_reduce",
+           s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kTp,
+           x.T * x.h * x.e, CommOverlap::kTpOverlap, Last(*l), kPipelineSplits);
+  }
+  Memory(l, "bias_dropout_add2", MemoryKernel::kBiasDropoutAdd, x.Tl, x.h, 3 * x.Tl * x.h * x.e,
+         !s.sp);
+}
+
+void MoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* b) {
+  BiasDropoutAddBackward(M, s, x, /*first=*/true, "bias_dropout_add2.backward", "", b);
+  if (x.Fs > 0) {
+    RowParallelBackward(s, x, "shared.fc2.all_gather.backward", "shared.fc2.dgrad",
+                        "shared.fc2.wgrad", x.Fs, b);
+    Memory(b, "shared.activation.backward", MemoryKernel::kActivationBackward, x.T, x.Fs,
+           (2 * x.Fsi + x.Fs) * x.T * x.e, false);
+    ColumnParallelBackward(s, x, "shared.fc1.input_all_gather",
+                           s.sp ? "shared.fc1.reduce_scatter.backward"
+                                : "shared.fc1.all_reduce.backward",
+                           "shared.fc1.dgrad", "shared.fc1.wgrad", nullptr, x.Fsi, b);
+  }
+  const double sent = x.Tl * x.topk * s.expert_load * x.h * x.e;
+  Memory(b, "unpermute.backward", MemoryKernel::kPermuteBackward, x.Tl * x.topk, x.h,
+         (1 + x.topk) * x.Tl * x.h * x.e, false);
+  if (s.ep > 1)
+    Comm(b, s, "combine.all_to_all.backward", CommKind::kAllToAll, CommGroup::kEp, sent,
+         CommOverlap::kBlocking, -1);
+  if (s.etp > 1 && s.sp)
+    Comm(b, s, "combine.all_gather.backward", CommKind::kAllGather, CommGroup::kEtp,
+         x.Tr * x.h * x.e, CommOverlap::kBlocking, -1);
+  GroupedGemm(b, s, x, "experts.fc2.dgrad", GemmPass::kDgrad, x.Tr, x.Fe, x.h);
+  GroupedGemm(b, s, x, "experts.fc2.wgrad", GemmPass::kWgrad, x.h, x.Fe, x.Tr);
+  Memory(b, "experts.activation.backward", MemoryKernel::kActivationBackward, x.Tr, x.Fe,
+         (2 * x.Fei + x.Fe) * x.Tr * x.e, false);
+  GroupedGemm(b, s, x, "experts.fc1.dgrad", GemmPass::kDgrad, x.Tr, x.h, x.Fei);
+  GroupedGemm(b, s, x, "experts.fc1.wgrad", GemmPass::kWgrad, x.Fei, x.h, x.Tr);
+  if (s.etp > 1)
+    Comm(b, s, s.sp ? "dispatch.reduce_scatter.backward" : "dispatch.all_reduce.backward",
+         s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kEtp,
+         x.Tr * x.h * x.e, CommOverlap::kBlocking, -1);
+  if (s.ep > 1)
+    Comm(b, s, "dispatch.all_to_all.backward", CommKind::kAllToAll, CommGroup::kEp, sent,
+         CommOverlap::kBlocking, -1);
+  Memory(b, "permute.backward", MemoryKernel::kPermuteBackward, x.Tl * x.topk, x.h,
+         (1 + x.topk) * x.Tl * x.h * x.e, false);
+  Memory(b, "router.backward", MemoryKernel::kRouterBackward, x.Tl, x.E, 3 * x.Tl * x.E * 4,
+         false);
+  Gemm(b, s, "router.dgrad", GemmPass::kDgrad, x.Tl, x.h, x.E);
+  Gemm(b, s, "router.wgrad", GemmPass::kWgrad, x.E, x.h, x.Tl);
+  Memory(b, "norm2.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
+         !s.sp);
+}
+
 }  // namespace
 
-void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out) {
+void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out, bool moe) {
   const Dims x = DimsOf(M, s);
   out->forward.size = out->backward.size = out->recompute.size = 0;
+  moe = moe && M.moe();
+  auto mlp_forward = [&](LayerOpList* l) {
+    if (moe) MoeForward(M, s, x, l);
+    else MlpForward(M, s, x, l);
+  };
   AttentionForward(M, s, x, &out->forward);
-  MlpForward(M, s, x, &out->forward);
+  mlp_forward(&out->forward);
 
   if (s.recompute == Recompute::kFull) {
     AttentionForward(M, s, x, &out->recompute);
-    MlpForward(M, s, x, &out->recompute);
+    mlp_forward(&out->recompute);
   } else if (s.recompute == Recompute::kSelective) {
     // Megatron's selective recompute reruns the core attention (Korthikanti 2022 sec. 5).
     LayerOpList& r = out->recompute;
@@ -322,27 +513,37 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out) {
 
   LayerOpList& b = out->backward;
   // MLP block, in reverse.
-  BiasDropoutAddBackward(M, s, x, /*first=*/true, "bias_dropout_add2.backward", "fc2.bias.grad",
-                         &b);
-  RowParallelBackward(s, x, "fc2.all_gather.backward", "fc2.dgrad", "fc2.wgrad", x.F, &b);
-  Memory(&b, "activation.backward", MemoryKernel::kActivationBackward, x.T, x.F,
-         (2 * x.Fi + x.F) * x.T * x.e, false);
-  ColumnParallelBackward(s, x, "fc1.input_all_gather", s.sp ? "fc1.reduce_scatter.backward"
-                                                            : "fc1.all_reduce.backward",
-                         "fc1.dgrad", "fc1.wgrad", M.bias ? "fc1.bias.grad" : nullptr, x.Fi, &b);
-  Memory(&b, "norm2.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
-         !s.sp);
+  if (moe) {
+    MoeBackward(M, s, x, &b);
+  } else {
+    BiasDropoutAddBackward(M, s, x, /*first=*/true, "bias_dropout_add2.backward",
+                           "fc2.bias.grad", &b);
+    RowParallelBackward(s, x, "fc2.all_gather.backward", "fc2.dgrad", "fc2.wgrad", x.F, &b);
+    Memory(&b, "activation.backward", MemoryKernel::kActivationBackward, x.T, x.F,
+           (2 * x.Fi + x.F) * x.T * x.e, false);
+    ColumnParallelBackward(s, x, "fc1.input_all_gather", s.sp ? "fc1.reduce_scatter.backward"
+                                                              : "fc1.all_reduce.backward",
+                           "fc1.dgrad", "fc1.wgrad", M.bias ? "fc1.bias.grad" : nullptr, x.Fi,
+                           &b);
+    Memory(&b, "norm2.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
+           !s.sp);
+  }
   // Attention block.
   BiasDropoutAddBackward(M, s, x, /*first=*/false, "bias_dropout_add1.backward",
                          "proj.bias.grad", &b);
   RowParallelBackward(s, x, "proj.all_gather.backward", "proj.dgrad", "proj.wgrad", x.A, &b);
   AttentionCore(s, x, /*backward=*/true, "attention.backward", &b);
   if (M.position == PositionEmbedding::kRope)
-    Memory(&b, "rotary.backward", MemoryKernel::kRotaryBackward, x.T, x.A + x.kv * x.hd,
-           2 * x.T * (x.A + x.kv * x.hd) * x.e, false);
-  ColumnParallelBackward(s, x, "qkv.input_all_gather", s.sp ? "qkv.reduce_scatter.backward"
-                                                            : "qkv.all_reduce.backward",
-                         "qkv.dgrad", "qkv.wgrad", M.bias ? "qkv.bias.grad" : nullptr, x.Q, &b);
+    Memory(&b, "rotary.backward", MemoryKernel::kRotaryBackward, x.T, x.rot,
+           2 * x.T * x.rot * x.e, false);
+  if (M.mla()) {
+    MlaBackward(M, s, x, &b);
+  } else {
+    ColumnParallelBackward(s, x, "qkv.input_all_gather", s.sp ? "qkv.reduce_scatter.backward"
+                                                              : "qkv.all_reduce.backward",
+                           "qkv.dgrad", "qkv.wgrad", M.bias ? "qkv.bias.grad" : nullptr, x.Q,
+                           &b);
+  }
   Memory(&b, "norm1.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
          !s.sp);
 }
@@ -436,6 +637,7 @@ const char* ToString(CommKind k) {
     case CommKind::kAllReduce: return "all_reduce";
     case CommKind::kAllGather: return "all_gather";
     case CommKind::kReduceScatter: return "reduce_scatter";
+    case CommKind::kAllToAll: return "all_to_all";
   }
   return "?";
 }

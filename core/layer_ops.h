@@ -37,8 +37,10 @@ enum class LayerOpKind : uint8_t {
 };
 
 enum class GemmPass : uint8_t { kFprop, kDgrad, kWgrad };
-enum class CommKind : uint8_t { kAllReduce, kAllGather, kReduceScatter };
-enum class CommGroup : uint8_t { kTp, kCp };
+enum class CommKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
+// kEp: the expert-parallel group (ep ranks, etp apart); kEtp: the expert tensor-parallel group
+// (etp consecutive ranks), both of the expert grid (Layout::ep, etp).
+enum class CommGroup : uint8_t { kTp, kCp, kEp, kEtp };
 
 // How a communication op runs against the compute around it (Megatron's schedule).
 enum class CommOverlap : uint8_t {
@@ -68,6 +70,11 @@ enum class MemoryKernel : uint8_t {
   kAdd, kCopy,                     // residual add; a copy (the residual gradient, inputs)
   kLossSum,                        // the micro-batch's loss, a sum of squares over T
   kAlloc,                          // a new tensor of `bytes`
+  // Mixture of Experts (megatron/core/transformer/moe/): the router's score function and top-k
+  // over (T, E) fp32 scores, the token permutation into expert order and its inverse (the
+  // combine, weighted by the router's probabilities).
+  kRouter, kRouterBackward,
+  kPermute, kPermuteBackward,
 };
 
 // Trivially constructible (no member initialisers): a list of kMax ops costs nothing until
@@ -92,11 +99,14 @@ struct LayerOp {
   int with;     // kComm: index, in the same list, of the compute op it overlaps (-1: none)
   int chunks;   // kTpOverlap: pieces under --tp-comm-overlap (ring-exchange: t; pipeline: 4)
   int kernels;  // kernel launches (host dispatch)
+  // kGemm: a grouped GEMM over `groups` experts (Transformer Engine's GroupedLinear, one
+  // launch): m, n, k are one group's; the FLOPs are all groups'. 1 for a plain GEMM.
+  int groups;
 };
 
 // A fixed-capacity list: the planner's hot path builds one per layout without allocating.
 struct LayerOpList {
-  static constexpr int kMax = 64;
+  static constexpr int kMax = 96;
   std::array<LayerOp, kMax> ops;
   int size = 0;
   LayerOp& Add(LayerOpKind kind, const char* name);
@@ -131,6 +141,11 @@ struct OpShape {
   // head for its backward (the backend's AttentionSavedShape). No recompute, no fp8.
   bool runtime = false;
   double saved_per_score = 0, saved_per_token = 0;
+  // Expert parallelism (MoE models): the expert grid's ep and etp, and the load of the most
+  // loaded expert rank relative to the mean T k / E per expert (1: force-balanced; a capacity
+  // factor C with padding: C; dropless: the cost model's imbalance constant).
+  int ep = 1, etp = 1;
+  double expert_load = 1;
 };
 OpShape ShapeOf(const Layout& l, double score_bytes);
 
@@ -139,7 +154,9 @@ OpShape ShapeOf(const Layout& l, double score_bytes);
 struct LayerOps {
   LayerOpList forward, backward, recompute;
 };
-void BuildLayerOps(const ModelSpec& m, const OpShape& s, LayerOps* out);
+// `moe`: the layer's MLP is the MoE block (router, dispatch, grouped experts, combine, shared
+// experts) rather than the dense MLP. Attention is multi-latent (MLA) when the model says so.
+void BuildLayerOps(const ModelSpec& m, const OpShape& s, LayerOps* out, bool moe = false);
 
 // The first stage's embedding (vocab-parallel lookup, its TP reduction, positions) and the last
 // stage's output layer (final norm, logits GEMM, vocab-parallel cross entropy), forward and
@@ -153,6 +170,10 @@ void BuildStageInputOps(const ModelSpec& m, const OpShape& s, LayerOpList* fwd, 
 // The causal share of attention FLOPs a flash kernel executes with blocks of `block` keys:
 // (1 + block/s)/2 of the full s x s (the diagonal blocks run whole).
 double CausalShare(double s, double block = 128);
+// The share of the s x s scores a layer's attention computes, averaged over the model's
+// layers: causal (CausalShare) for global layers, a band of `sliding_window` keys for
+// windowed ones (about w/s (1 - w/2s) of the square, plus the diagonal blocks).
+double AttentionShare(const ModelSpec& m, double s, double block = 128);
 
 const char* ToString(LayerOpKind k);
 const char* ToString(CommKind k);

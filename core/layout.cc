@@ -80,6 +80,7 @@ std::string Layout::Knobs() const {
   if (loss_in_split) s += "loss-split ";
   if (pipeline_layout) s += "pp-layout ";
   if (!overlap_p2p && vp > 1) s += "no-p2p-overlap ";
+  if (moe_a2a_overlap) s += "a2a-overlap ";
   if (!s.empty()) s.pop_back();
   return s.empty() ? "-" : s;
 }
@@ -215,6 +216,36 @@ int RankLayers(const ModelSpec& m, const Layout& l, int r) {
              (l.loss_in_split && r == l.pp - 1));
 }
 
+int ChunkFirstLayer(const ModelSpec& m, const Layout& l, int r, int c) {
+  const int p = l.pp, v = l.vp;
+  if (l.pipeline_layout) {
+    int n = 0;
+    for (int j = 0; j < c * p + r; ++j) n += l.pipeline_layout->layers[size_t(j)];
+    return n;
+  }
+  // Slots per chunk of the first rank, a middle one and the last; a round of chunks (one per
+  // rank) holds all three kinds, less the embedding's slot on chunk 0 of rank 0.
+  const int64_t first = SlotsOfRank(m, l, 0) / v;
+  const int64_t mid = p > 2 ? SlotsOfRank(m, l, 1) / v : 0;
+  const int64_t last = p > 1 ? SlotsOfRank(m, l, p - 1) / v : 0;
+  const int64_t round = first + (p > 2 ? (p - 2) * mid : 0) + last;
+  int64_t before = int64_t(c) * round + (r > 0 ? first : 0) + (r > 1 ? int64_t(r - 1) * mid : 0);
+  if (l.embedding_in_split && (c > 0 || r > 0)) --before;
+  return int(before);
+}
+
+int ChunkMoeLayers(const ModelSpec& m, const Layout& l, int r, int c) {
+  if (!m.moe()) return 0;
+  return int(m.moe_layers_in(ChunkFirstLayer(m, l, r, c), ChunkLayers(m, l, r, c)));
+}
+
+int RankMoeLayers(const ModelSpec& m, const Layout& l, int r) {
+  if (!m.moe()) return 0;
+  int n = 0;
+  for (int c = 0; c < l.vp; ++c) n += ChunkMoeLayers(m, l, r, c);
+  return n;
+}
+
 std::vector<int> StageLayers(const ModelSpec& m, const Layout& l) {
   std::vector<int> out;
   out.reserve(size_t(l.pp) * l.vp);
@@ -246,9 +277,9 @@ std::string SplitProblem(const ModelSpec& m, const Layout& l) {
     else if (layers != m.layers)
       o << "pipeline layout '" << pl.text << "' places " << layers << " transformer layers, the model has "
         << m.layers;
-    else if (pl.mtp_layers > 0)
+    else if (pl.mtp_layers != m.mtp_layers)
       o << "pipeline layout '" << pl.text << "' places " << pl.mtp_layers
-        << " MTP layers ('m'); the model has none";
+        << " MTP layers ('m'); the model has " << m.mtp_layers;
     return o.str();
   }
   if (F > 0 || G > 0) {
@@ -295,6 +326,7 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kExpertGrid: return "expert_grid_does_not_fold";
     case Rejection::kExpertTpFfn: return "expert_ffn_not_divisible_by_etp";
     case Rejection::kEpTpNeedsSp: return "expert_parallel_with_tp_needs_sequence_parallel";
+    case Rejection::kA2aOverlap: return "moe_a2a_overlap_illegal";
     case Rejection::kGradShardingNeedsDistOpt: return "grad_sharding_needs_distributed_optimizer";
     case Rejection::kSeqCp: return "seq_len_not_divisible_by_2cp";
     case Rejection::kScheduleMismatch: return "schedule_mismatch";
@@ -370,6 +402,11 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
       o << "ep " << l.ep << " with tp " << l.tp
         << " needs sequence parallelism (megatron/core/model_parallel_config.py)";
       break;
+    case Rejection::kA2aOverlap:
+      o << "--overlap-moe-expert-parallel-comm needs ep > 1 (ep " << l.ep
+        << "), virtual stages when pp > 1 (pp " << l.pp << ", vp " << l.vp
+        << ") and no full recompute (transformer_config.py)";
+      break;
     case Rejection::kGradShardingNeedsDistOpt:
       o << "gradient sharding (optim_grads) needs the distributed optimizer (Megatron-FSDP sets it)";
       break;
@@ -418,6 +455,9 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
       return Rejection::kExpertTpFfn;
     if (l.ep > 1 && l.tp > 1 && !l.sequence_parallel) return Rejection::kEpTpNeedsSp;
   }
+  if (l.moe_a2a_overlap && (!m.moe() || l.ep < 2 || (l.pp > 1 && l.vp < 2) ||
+                            l.recompute == Recompute::kFull))
+    return Rejection::kA2aOverlap;
   if (l.shard_gradients && !l.distributed_optimizer) return Rejection::kGradShardingNeedsDistOpt;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;
   if (l.global_batch % (int64_t(l.micro_batch) * l.dp) != 0) return Rejection::kBatch;

@@ -72,6 +72,11 @@ struct Layout {
   // Megatron --overlap-p2p-communication (on by default, interleaved schedules only): the
   // pipeline's sends and receives run asynchronously under the next chunk's compute.
   bool overlap_p2p = true;
+  // Megatron --overlap-moe-expert-parallel-comm (MoE, ep > 1): the 1F1B schedule pairs one
+  // micro-batch's forward with another's backward layer by layer, so each one's EP all-to-alls
+  // run under the other's compute (transformer_config.py: needs ep > 1, vp with pp > 1, no full
+  // recompute).
+  bool moe_a2a_overlap = false;
   // How the L layers are split over the p*v virtual stages (Megatron-LM's flags; all unset is
   // the even split L/(p v)); see ChunkLayers.
   int first_stage_layers = 0;          // --decoder-first-pipeline-num-layers (0: unset)
@@ -113,6 +118,12 @@ struct Layout {
 int ChunkLayers(const ModelSpec& m, const Layout& l, int r, int c);
 // Layers of pipeline rank r (all its chunks).
 int RankLayers(const ModelSpec& m, const Layout& l, int r);
+// The index of the first transformer layer of chunk c of rank r (virtual stage c p + r holds
+// layers [ChunkFirstLayer, ChunkFirstLayer + ChunkLayers)); O(1) but for a layout string.
+int ChunkFirstLayer(const ModelSpec& m, const Layout& l, int r, int c);
+// MoE layers of chunk c of rank r, and of rank r (0 for a dense model).
+int ChunkMoeLayers(const ModelSpec& m, const Layout& l, int r, int c);
+int RankMoeLayers(const ModelSpec& m, const Layout& l, int r);
 // Layers per virtual stage in layer order (virtual stage c*p + r), p*v entries.
 std::vector<int> StageLayers(const ModelSpec& m, const Layout& l);
 
@@ -138,6 +149,7 @@ enum class Rejection {
   kExpertGrid,         // etp x ep does not divide t x c x d (parallel folding)
   kExpertTpFfn,        // expert FFN % etp != 0
   kEpTpNeedsSp,        // ep > 1 with t > 1 and no SP (Megatron: "sequence parallelism must be used")
+  kA2aOverlap,         // --overlap-moe-expert-parallel-comm without ep > 1, or pp > 1 without vp, or full recompute
   kGradShardingNeedsDistOpt,  // shard_gradients without the distributed optimizer
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kScheduleMismatch,   // interleaved schedule iff v > 1

@@ -96,6 +96,10 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.dp = l.PositiveIntAtMost("dp", kMaxWorldSize);
   lay.vp = l.PositiveIntAtMost("vp", kMaxLayers, 1);
   lay.cp = l.PositiveIntAtMost("cp", kMaxWorldSize, 1);
+  // Expert parallelism (older plans have neither key: ep 1, etp = tp); CheckLayout, through the
+  // caller's ValidateLayout, checks them against the model (experts, the folded expert grid).
+  lay.ep = l.PositiveIntAtMost("ep", kMaxWorldSize, 1);
+  lay.etp = l.NonNegativeIntAtMost("etp", kMaxWorldSize, 0);
   lay.micro_batch = l.PositiveIntAtMost("micro_batch", kMaxGlobalBatch);
   lay.global_batch = l.PositiveInt("global_batch");
   const int64_t m_written = l.PositiveInt("num_microbatches", 0 + 1);
@@ -110,6 +114,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.overlap_grad_reduce = l.Bool("overlap_grad_reduce", true);
   lay.tp_comm_overlap = l.Bool("tp_comm_overlap", false);
   lay.overlap_p2p = l.Bool("overlap_p2p", true);
+  lay.moe_a2a_overlap = l.Bool("moe_a2a_overlap", false);
   lay.first_stage_layers = l.NonNegativeIntAtMost("first_stage_layers", kMaxLayers, 0);
   lay.last_stage_layers = l.NonNegativeIntAtMost("last_stage_layers", kMaxLayers, 0);
   lay.embedding_in_split = l.Bool("embedding_in_split", false);
@@ -190,6 +195,7 @@ std::string PlanToYaml(const Plan& plan) {
     << "  overlap_grad_reduce: " << Bool(l.overlap_grad_reduce) << "\n"
     << "  tp_comm_overlap: " << Bool(l.tp_comm_overlap) << "\n"
     << "  overlap_p2p: " << Bool(l.overlap_p2p) << "  # interleaved schedules only\n";
+  if (l.moe_a2a_overlap) o << "  moe_a2a_overlap: true  # --overlap-moe-expert-parallel-comm\n";
   // The pipeline split as Megatron's flags give it, then what it places (checked on reading).
   if (l.first_stage_layers > 0) o << "  first_stage_layers: " << l.first_stage_layers << "\n";
   if (l.last_stage_layers > 0) o << "  last_stage_layers: " << l.last_stage_layers << "\n";

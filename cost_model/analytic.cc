@@ -156,7 +156,44 @@ double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) con
 }
 
 OpShape AnalyticModel::Shape(const Layout& l) const {
-  return runtime_ ? runtime_->Shape(l) : ShapeOf(l, k_.softmax_bytes_per_score);
+  if (runtime_) return runtime_->Shape(l);
+  OpShape s = ShapeOf(l, k_.softmax_bytes_per_score);
+  if (model_.moe()) {
+    s.ep = l.ep;
+    s.etp = l.expert_tp();
+    s.expert_load = ExpertLoad();
+  }
+  return s;
+}
+
+double AnalyticModel::ExpertLoad() const {
+  switch (model_.moe_routing) {
+    case MoeRouting::kBalanced: return 1.0;
+    case MoeRouting::kCapacity: return model_.moe_capacity_factor;
+    case MoeRouting::kDropless: return k_.moe_dropless_load;
+  }
+  return 1.0;
+}
+
+double AnalyticModel::AllToAll(int stride, int size, double bytes) const {
+  if (size <= 1 || bytes <= 0) return 0;
+  const int domain = topo_->spec().nvlink_domain_gpus();
+  const GroupShape g = RegularGroupShape(stride, size, domain);
+  assert(g.nodes <= topo_->spec().nodes);
+  // Peers in this rank's NVLink domain and beyond it; each gets bytes / size.
+  const int local = g.nodes <= 1 ? size : g.per_node;
+  GroupShape in_domain;
+  in_domain.size = local;
+  const double nvl_bw = local > 1 ? topo_->BusBandwidth(in_domain) : 0;
+  const double per_peer = bytes / size;
+  double t = local > 1 ? per_peer * (local - 1) / (nvl_bw * k_.nccl_intra_eff) : 0;
+  double lat = local > 1 ? topo_->CollectiveTime(Collective::kSendRecv, in_domain, 0) : 0;
+  if (g.nodes > 1) {
+    const double nic_bw = topo_->BusBandwidth(g);  // the rank's share of its domain's NICs
+    t = std::max(t, per_peer * (size - local) / (nic_bw * k_.nccl_inter_eff));
+    lat = std::max(lat, topo_->spec().inter.latency_s);
+  }
+  return k_.collective_overhead_s + lat + t / k_.all_to_all_eff;
 }
 
 LayerOps AnalyticModel::Ops(const Layout& l) const {
@@ -194,10 +231,13 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
     const LayerOp& op = ops[i];
     double t = 0;
     switch (op.kind) {
-      case LayerOpKind::kGemm: t = Gemm(op.m, op.n, op.k, prec); break;
+      // A grouped GEMM's experts share the waves: their tiles as one GEMM n x groups wide.
+      case LayerOpKind::kGemm: t = Gemm(op.m, op.n * op.groups, op.k, prec); break;
       case LayerOpKind::kAttention: t = op.flops / (peak16 * k_.attention_eff); break;
       case LayerOpKind::kMemory: {
         const bool norm_like = op.kernel == MemoryKernel::kNorm ||
+                               op.kernel == MemoryKernel::kPermute ||
+                               op.kernel == MemoryKernel::kPermuteBackward ||
                                op.kernel == MemoryKernel::kNormBackward ||
                                op.kernel == MemoryKernel::kBiasDropoutAdd ||
                                op.kernel == MemoryKernel::kBiasDropoutAddBackward;
@@ -218,21 +258,30 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
     const LayerOp& op = ops[i];
     double gpu_time = gpu[i], host = op.kernels * k_.host_kernel_s;
     if (op.kind == LayerOpKind::kComm) {
-      const bool tp = op.group == CommGroup::kTp;
-      const int size = tp ? l.tp : l.cp, stride = tp ? 1 : l.tp;
+      // Groups (megatron-reference.md section 2, parallel folding): TP consecutive ranks, CP t
+      // apart; the expert grid's ETP consecutive, EP etp apart.
+      int size = l.tp, stride = 1;
+      switch (op.group) {
+        case CommGroup::kTp: break;
+        case CommGroup::kCp: size = l.cp; stride = l.tp; break;
+        case CommGroup::kEtp: size = l.expert_tp(); break;
+        case CommGroup::kEp: size = l.ep; stride = l.expert_tp(); break;
+      }
       const Collective kind = op.comm == CommKind::kAllReduce   ? Collective::kAllReduce
                               : op.comm == CommKind::kAllGather ? Collective::kAllGather
+                              : op.comm == CommKind::kAllToAll  ? Collective::kAllToAll
                                                                 : Collective::kReduceScatter;
       // The same collective recurs (4 of T h per layer): time each distinct one once.
       double c = -1;
       for (int j = 0; j < cc.size; ++j)
-        if (cc.entries[j].kind == kind && cc.entries[j].cp == (op.group == CommGroup::kCp) &&
+        if (cc.entries[j].kind == kind && cc.entries[j].group == uint8_t(op.group) &&
             cc.entries[j].bytes == op.bytes)
           c = cc.entries[j].seconds;
       if (c < 0) {
-        c = Coll(kind, stride, size, op.bytes);
+        c = kind == Collective::kAllToAll ? AllToAll(stride, size, op.bytes)
+                                          : Coll(kind, stride, size, op.bytes);
         if (cc.size < CollCache::kMax)
-          cc.entries[cc.size++] = {kind, op.group == CommGroup::kCp, op.bytes, c};
+          cc.entries[cc.size++] = {kind, uint8_t(op.group), op.bytes, c};
       }
       if (c <= 0) continue;
       host = k_.host_collective_s;
@@ -279,8 +328,8 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
   struct Key {
     uint64_t model;
     int world;  // the measured runtime's layer time depends on the ranks sharing a node
-    int tp, cp, micro_batch;
-    bool sp, tp_comm_overlap;
+    int tp, cp, micro_batch, ep, etp;
+    bool sp, tp_comm_overlap, a2a_overlap;
     Recompute recompute;
     Precision precision;
     bool operator==(const Key&) const = default;
@@ -294,10 +343,13 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
   static constexpr size_t kSlots = 2048;
   thread_local std::array<Entry, kSlots> memo{};
   const Key key{id_, runtime_ ? l.world() : 0, l.tp, l.cp, l.micro_batch,
-                l.sequence_parallel && l.tp > 1, l.tp_comm_overlap, l.recompute, l.precision};
+                model_.moe() ? l.ep : 1, model_.moe() ? l.expert_tp() : 1,
+                l.sequence_parallel && l.tp > 1, l.tp_comm_overlap, l.moe_a2a_overlap,
+                l.recompute, l.precision};
   uint64_t h = key.model;
   for (uint64_t v : {uint64_t(key.world), uint64_t(key.tp), uint64_t(key.cp),
-                     uint64_t(key.micro_batch), uint64_t(key.sp) * 2 + key.tp_comm_overlap,
+                     uint64_t(key.micro_batch), uint64_t(key.ep) * 4096 + uint64_t(key.etp),
+                     uint64_t(key.sp) * 4 + key.tp_comm_overlap * 2 + key.a2a_overlap,
                      uint64_t(key.recompute) * 8 + uint64_t(key.precision)}) {
     h = (h ^ v) + 0x9E3779B97F4A7C15ull;  // splitmix64's finaliser per field
     h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -324,8 +376,37 @@ LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
   lt.recompute_s = rc.busy();
   lt.bwd_tp_s = br.exposed_s;
   lt.bwd_compute_s = br.busy() - br.exposed_s;
-  // The embedding and the output layer, each a forward and a backward list.
   const OpShape shape = Shape(l);
+  if (model_.moe()) {
+    LayerOps moe;
+    BuildLayerOps(model_, shape, &moe, /*moe=*/true);
+    OpTimes ef, eb;
+    const OpListTimes mf = TimeOps(l, moe.forward, {}, &ef, &colls);
+    const OpListTimes mrc = TimeOps(l, moe.recompute, {}, nullptr, &colls);
+    const OpListTimes mbr = TimeOps(l, moe.backward, mrc, &eb, &colls);
+    lt.moe = {mf.busy() - mf.exposed_s, mbr.busy() - mbr.exposed_s, mrc.busy(), mf.exposed_s,
+              mbr.exposed_s};
+    if (l.moe_a2a_overlap) {
+      // --overlap-moe-expert-parallel-comm: one micro-batch's forward and another's backward
+      // run layer by layer together, each one's all-to-alls under the other's compute
+      // (megatron/core/pipeline_parallel/ combined 1F1B): what the pair's compute cannot cover
+      // stays exposed, the hidden rest costs overlap_interference.
+      auto a2a = [](const LayerOpList& ops, const OpTimes& t) {
+        double s = 0;
+        for (int i = 0; i < ops.size; ++i)
+          if (ops[i].kind == LayerOpKind::kComm && ops[i].comm == CommKind::kAllToAll)
+            s += t[i].exposed_s;
+        return s;
+      };
+      const double af = a2a(moe.forward, ef), ab = a2a(moe.backward, eb);
+      const double window = lt.moe.fwd_compute_s + lt.moe.bwd_compute_s;
+      const double left = std::max(0.0, af + ab - window);
+      const double hidden = af + ab - left;
+      lt.moe.fwd_tp_s -= af;
+      lt.moe.bwd_tp_s += left - ab + k_.overlap_interference * hidden;
+    }
+  }
+  // The embedding and the output layer, each a forward and a backward list.
   LayerOpList fwd, bwd;
   auto pass = [&](PassTimes* p) {
     const OpListTimes tf = TimeOps(l, fwd, {}, nullptr, &colls),
@@ -341,22 +422,44 @@ LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
   pass(&lt.output);
   BuildStageInputOps(model_, shape, &fwd, &bwd);
   pass(&lt.input);
+  if (model_.mtp_layers > 0) {
+    // DeepSeek-V3 sec. 2.2: per MTP module, the two norms and the 2h x h projection of the
+    // concatenated hidden state and next-token embedding (a GEMM of T x h x 2h), then the
+    // shared output layer and cross entropy once more.
+    BuildOutputOps(model_, shape, &fwd, &bwd);
+    pass(&lt.mtp);
+    const double T = double(l.micro_batch) * model_.seq_len / l.cp, h = double(model_.hidden);
+    const double proj = Gemm(T, h / l.tp, 2 * h, l.precision);
+    lt.mtp.fwd_compute_s += proj;
+    lt.mtp.bwd_compute_s += 2 * proj;
+  }
   return lt;
 }
 
 StageTimes AnalyticModel::Stage(const Layout& l, int r) const { return StageFrom(l, r, Layer(l)); }
 
 StageTimes AnalyticModel::StageFrom(const Layout& l, int r, const LayerTimes& lt) const {
-  return Work(l, RankLayers(model_, l, r), r == 0, r == l.pp - 1, lt);
+  return Work(l, RankLayers(model_, l, r), RankMoeLayers(l, r), r == 0, r == l.pp - 1, lt);
 }
 
 StageTimes AnalyticModel::Chunk(const Layout& l, int r, int c, const LayerTimes& lt) const {
-  return Work(l, ChunkLayerCount(l, r, c), r == 0 && c == 0, r == l.pp - 1 && c == l.vp - 1, lt);
+  return Work(l, ChunkLayerCount(l, r, c), ChunkMoeLayerCount(l, r, c), r == 0 && c == 0,
+              r == l.pp - 1 && c == l.vp - 1, lt);
 }
 
 double AnalyticModel::ChunkLayerCount(const Layout& l, int r, int c) const {
   if (r < 0 || c < 0) return double(model_.layers) / (double(l.pp) * l.vp);
   return ChunkLayers(model_, l, r, c);
+}
+
+double AnalyticModel::ChunkMoeLayerCount(const Layout& l, int r, int c) const {
+  if (!model_.moe()) return 0;
+  if (r < 0 || c < 0) return double(model_.moe_layers()) / (double(l.pp) * l.vp);
+  return ChunkMoeLayers(model_, l, r, c);
+}
+
+double AnalyticModel::RankMoeLayers(const Layout& l, int r) const {
+  return model_.moe() ? ::ptdp::RankMoeLayers(model_, l, r) : 0;
 }
 
 // Calls f(r, n) for the stages that stand for all of them, n the stages alike to r: without a
@@ -374,11 +477,28 @@ static void ForStageClasses(const Layout& l, F&& f) {
   if (p > 2) f(1, double(p - 2));
 }
 
-StageTimes AnalyticModel::Work(const Layout& l, double layers, bool embedding, bool output,
-                               const LayerTimes& lt) const {
+StageTimes AnalyticModel::Work(const Layout& l, double layers, double moe_layers,
+                               bool embedding, bool output, const LayerTimes& lt) const {
   StageTimes st;
-  double fc = layers * lt.fwd_compute_s, bc = layers * lt.bwd_compute_s;
-  double ftp = layers * lt.fwd_tp_s, btp = layers * lt.bwd_tp_s;
+  // The last stage also runs the MTP modules: a layer each (of the last layer's kind) and
+  // their extra output pass.
+  const double mtp = output ? double(model_.mtp_layers) : 0;
+  if (mtp > 0) {
+    if (model_.is_moe_layer(model_.layers - 1)) moe_layers += mtp;
+    layers += mtp;
+  }
+  const double dense = layers - moe_layers;
+  const OneLayerTimes& e = lt.moe;
+  double fc = dense * lt.fwd_compute_s + moe_layers * e.fwd_compute_s;
+  double bc = dense * lt.bwd_compute_s + moe_layers * e.bwd_compute_s;
+  double ftp = dense * lt.fwd_tp_s + moe_layers * e.fwd_tp_s;
+  double btp = dense * lt.bwd_tp_s + moe_layers * e.bwd_tp_s;
+  for (int i = 0; i < int(mtp); ++i) {
+    fc += lt.mtp.fwd_compute_s;
+    bc += lt.mtp.bwd_compute_s;
+    ftp += lt.mtp.fwd_tp_s;
+    btp += lt.mtp.bwd_tp_s;
+  }
   // One call of the chunk per micro-batch each way (host), then its embedding (or the input
   // from the previous stage) and output ops.
   fc += k_.microbatch_overhead_s;
@@ -415,7 +535,21 @@ double AnalyticModel::P2pTime(const Layout& l) const {
 double AnalyticModel::ParamsOnStage(const Layout& l, int r) const {
   const ModelSpec& M = model_;
   const double t = l.tp;
-  double p = double(RankLayers(M, l, r)) * M.params_per_layer() / t;
+  double p;
+  if (!M.moe()) {
+    p = double(RankLayers(M, l, r)) * M.params_per_layer() / t;
+  } else {
+    // Each chunk's layers with their own kinds: the non-expert weights split over TP, the
+    // routed experts over ep x etp (E/ep experts of f_e/etp each).
+    double dense = 0, experts = 0;
+    for (int c = 0; c < l.vp; ++c) {
+      const int first = ChunkFirstLayer(M, l, r, c), n = ChunkLayers(M, l, r, c);
+      const double routed = double(M.routed_params(first, n));
+      dense += double(M.layer_params(first, n)) - routed;
+      experts += routed;
+    }
+    p = dense / t + experts / (double(l.ep) * l.expert_tp());
+  }
   const double vocab_rows = double(M.padded_vocab(l.tp)) * M.hidden / t;
   if (r == 0)
     p += vocab_rows + (M.position == PositionEmbedding::kLearned ? double(M.seq_len) * M.hidden : 0);
@@ -423,8 +557,27 @@ double AnalyticModel::ParamsOnStage(const Layout& l, int r) const {
     const double final_norm = M.norm == Norm::kLayerNorm ? 2.0 * M.hidden : M.hidden;
     p += final_norm;
     if (!M.tied_embeddings || l.pp > 1) p += vocab_rows;  // untied, or the tied copy on the last stage
+    p += double(M.mtp_layers) * MtpParamsPerGpu(l);
   }
   return p;
+}
+
+double AnalyticModel::MtpParamsPerGpu(const Layout& l) const {
+  const ModelSpec& M = model_;
+  if (M.mtp_layers == 0) return 0;
+  const double routed = M.is_moe_layer(M.layers - 1) ? double(M.routed_expert_params()) : 0;
+  return (double(M.mtp_params()) - routed) / l.tp + routed / (double(l.ep) * l.expert_tp());
+}
+
+double AnalyticModel::ExpertParamsOnStage(const Layout& l, int r) const {
+  const ModelSpec& M = model_;
+  if (!M.moe()) return 0;
+  double experts = 0;
+  for (int c = 0; c < l.vp; ++c)
+    experts += double(M.routed_params(ChunkFirstLayer(M, l, r, c), ChunkLayers(M, l, r, c)));
+  if (r == l.pp - 1 && M.is_moe_layer(M.layers - 1))
+    experts += double(M.mtp_layers) * double(M.routed_expert_params());
+  return experts / (double(l.ep) * l.expert_tp());
 }
 
 // Bytes of one gradient: fp32 main grads (Megatron's --accumulate-allreduce-grads-in-fp32
@@ -446,6 +599,17 @@ double AnalyticModel::DpTime(const Layout& l, double params) const {
   return Coll(Collective::kAllReduce, l.tp, n, grad_bytes);
 }
 
+double AnalyticModel::ExpertDpTime(const Layout& l, double params) const {
+  const int n = l.expert_dp();  // the expert-DP group: edp ranks etp x ep apart
+  if (n <= 1 || params <= 0) return 0;
+  const int stride = l.expert_tp() * l.ep;
+  const double grad_bytes = params * GradBytes(l);
+  if (l.distributed_optimizer)
+    return Coll(Collective::kReduceScatter, stride, n, grad_bytes) +
+           Coll(Collective::kAllGather, stride, n, params * WeightBytes(l.precision));
+  return Coll(Collective::kAllReduce, stride, n, grad_bytes);
+}
+
 double AnalyticModel::ChunkGradShardTime(const Layout& l, int r, int c) const {
   const int n = l.dp * l.cp;
   if (!l.shard_gradients || n <= 1 || runtime_) return 0;
@@ -463,20 +627,35 @@ double AnalyticModel::BucketParams(const Layout& l) const {
 
 double AnalyticModel::DpExposed(const Layout& l, double params, double bwd_s,
                                 double fwd_s) const {
-  const int n = l.dp * l.cp;
-  if (n <= 1 || params <= 0) return 0;
+  return DpExposed(l, params, 0, bwd_s, fwd_s);
+}
+
+double AnalyticModel::DpExposed(const Layout& l, double params, double expert_params,
+                                double bwd_s, double fwd_s) const {
+  const int n = l.dp * l.cp, ne = expert_params > 0 ? l.expert_dp() : 1;
+  const double dense = params - expert_params;
+  if ((n <= 1 || dense <= 0) && (ne <= 1 || expert_params <= 0)) return 0;
   // ZeRO-2 overlaps its reduce-scatters whatever --overlap-grad-reduce says (Megatron-FSDP).
-  if (!l.overlap_grad_reduce && !l.shard_gradients) return DpTime(l, params);
-  // Buckets per chunk, at least one per model chunk.
-  const double nb = std::max(double(l.vp), std::ceil(params / BucketParams(l)));
-  const double per = params / nb;
-  double rs, ag = 0;
-  if (l.distributed_optimizer) {
-    rs = Coll(Collective::kReduceScatter, l.tp, n, per * GradBytes(l));
-    ag = Coll(Collective::kAllGather, l.tp, n, per * WeightBytes(l.precision));
-  } else {
-    rs = Coll(Collective::kAllReduce, l.tp, n, per * GradBytes(l));
-  }
+  if (!l.overlap_grad_reduce && !l.shard_gradients)
+    return DpTime(l, dense) + ExpertDpTime(l, expert_params);
+  // Buckets per chunk, at least one per model chunk; the experts' gradients have buckets of
+  // their own (Megatron's expert-parallel buffers), reduced over expert DP on the same stream.
+  const double nb_dense = n > 1 && dense > 0 ? std::max(double(l.vp), std::ceil(dense / BucketParams(l))) : 0;
+  const double nb_exp = ne > 1 ? std::ceil(expert_params / BucketParams(l)) : 0;
+  const double nb = nb_dense + nb_exp;
+  double rs = 0, ag = 0;
+  auto bucket = [&](double per, int stride, int size, double share) {
+    if (share <= 0 || size <= 1) return;
+    if (l.distributed_optimizer) {
+      rs += share * Coll(Collective::kReduceScatter, stride, size, per * GradBytes(l));
+      ag += share * Coll(Collective::kAllGather, stride, size, per * WeightBytes(l.precision));
+    } else {
+      rs += share * Coll(Collective::kAllReduce, stride, size, per * GradBytes(l));
+    }
+  };
+  // rs, ag: the mean time of one bucket over both kinds.
+  if (nb_dense > 0) bucket(dense / nb_dense, l.tp, n, nb_dense / nb);
+  if (nb_exp > 0) bucket(expert_params / nb_exp, l.expert_tp() * l.ep, ne, nb_exp / nb);
   // Bucket j of nb is ready at j/nb of the window and they run one after another on the DP
   // stream: the last finishes at max(W/nb + nb*tau, W + tau), i.e. exposed
   // max(nb*tau - W + W/nb, tau) after the window; the hidden rest costs overlap_interference.
@@ -512,25 +691,53 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double bwd_s,
 //     token (softmax output 2, dropout mask 1, dropout output 2; 2 without dropout).
 // GPT-3 (f = 4h, k = a, dropout): 8 + 2 = 10 replicated, 2 + 4 + 2 + 8 + 8 = 24 split: table 2's
 // 10 + 24/t and, with SP, 34/t. Llama 3 405B (f = 3.25h, k/a = 1/16, no dropout): 8 + 23.75.
-double AnalyticModel::LayerActivationBytes(const Layout& l) const {
+// MoE layers keep, instead of the dense MLP's tensors (megatron/core/transformer/moe/): per
+// assignment a rank's experts compute (Tr of them, gathered over expert TP), the permuted
+// input 2h (FC1's weight gradient), FC1's output 2 Fei and the activation's 2 Fe; per routed
+// assignment of its own tokens the expert output before the weighted combine, 2h; the router's
+// fp32 probabilities and its routing map, 5 E bytes per token; the shared experts as a dense MLP
+// of f_s. MLA keeps the two latents and their norms (4 (q_lora + kv_lora + qk_pos) bytes per
+// token, replicated) and its q, k, v and output per head.
+double AnalyticModel::LayerActivationBytes(const Layout& l, bool moe) const {
   if (runtime_) return runtime_->LayerActivationBytes(l);
   const ModelSpec& M = model_;
   const double t = l.tp, b = l.micro_batch, s = M.seq_len, sl = s / l.cp, h = M.hidden,
                a = M.heads;
   const double sbh = sl * b * h;
   const double fp32 = l.precision == Precision::kFp32 ? 2 : 1;
+  const bool sp = l.sequence_parallel && l.tp > 1;
   if (l.recompute == Recompute::kFull)  // only the layer input is kept
-    return 2.0 * sbh / (l.sequence_parallel ? t : 1) * fp32;
+    return 2.0 * sbh / (sp ? t : 1) * fp32;
   // Fused (flash) attention never stores the s x s scores, nor does selective recompute.
   const bool fused_attention = k_.softmax_bytes_per_score == 0;
   const bool sel = l.recompute == Recompute::kSelective;
   const double score_term = (fused_attention || sel) ? 0 : (M.dropout ? 5.0 : 2.0) * a * s / h;
+  double replicated = 8.0 + (M.dropout ? 2.0 : 0.0);
+  // Q, K, V and the output, in units of h (GPT: 2 + 4 k/a + 2).
+  double attention;
+  if (M.mla()) {
+    const double qk = double(M.qk_head_dim + M.qk_pos_head_dim), v = double(M.v_head_dim);
+    attention = 2.0 * a * (2 * qk + 2 * v) / h;
+    replicated += 4.0 * double(M.q_lora_rank + M.kv_lora_rank + M.qk_pos_head_dim) / h;
+  } else {
+    const double hd = double(M.head_dim());
+    attention = 2.0 * (2 * a * hd + 2 * double(M.kv_heads) * hd) / h;
+  }
   const double f = double(M.ffn_hidden) / h;
-  const double fc1_out = M.activation == Activation::kSwiglu ? 2 * f : f;
-  const double replicated = 8.0 + (M.dropout ? 2.0 : 0.0);
-  const double split = 2.0 + 4.0 * double(M.kv_heads) / a + 2.0 + 2.0 * fc1_out + 2.0 * f;
-  const double bytes = l.sequence_parallel ? sbh / t * (replicated + split + score_term)
-                                           : sbh * (replicated + (split + score_term) / t);
+  const double fc1_out = M.gated() ? 2 * f : f;
+  const double mlp = moe ? 0 : 2.0 * fc1_out + 2.0 * f;
+  const double split = attention + mlp;
+  double bytes = sp ? sbh / t * (replicated + split + score_term)
+                    : sbh * (replicated + (split + score_term) / t);
+  if (moe && M.moe()) {
+    const double T = sl * b, Tl = sp ? T / t : T, load = ExpertLoad(), etp = l.expert_tp();
+    const double k = double(M.moe_topk), E = double(M.num_experts);
+    const double Fe = double(M.moe_ffn_hidden) / etp, Fei = M.gated() ? 2 * Fe : Fe;
+    const double Tr = Tl * k * load * (sp ? etp : 1);
+    bytes += Tr * (2 * h + 2 * Fei + 2 * Fe) + Tl * k * load * 2 * h + Tl * E * 5;
+    const double fs = double(M.moe_shared_ffn_hidden);
+    if (fs > 0) bytes += T * (2 * (M.gated() ? 2 * fs : fs) + 2 * fs) / t;
+  }
   return bytes * fp32;  // table 2 is for 16-bit
 }
 
@@ -539,9 +746,13 @@ double AnalyticModel::LayerActivationBytes(const Layout& l) const {
 double AnalyticModel::Activations(const Layout& l, int r) const {
   const ModelSpec& M = model_;
   const double t = l.tp, sbh = double(M.seq_len) / l.cp * l.micro_batch * M.hidden;
-  const double per_layer = LayerActivationBytes(l);
+  const double rank_layers = double(RankLayers(M, l, r)), moe_layers = RankMoeLayers(l, r);
+  const double dense_bytes = LayerActivationBytes(l);
+  const double moe_bytes = moe_layers > 0 ? LayerActivationBytes(l, /*moe=*/true) : 0;
+  // The rank's layers, dense and MoE, per chunk on average.
+  const double per_chunk =
+      ((rank_layers - moe_layers) * dense_bytes + moe_layers * moe_bytes) / l.vp;
   const double m = double(l.num_microbatches());
-  const double layers_per_chunk = double(RankLayers(M, l, r)) / l.vp;
   double chunks_in_flight;
   if (l.schedule == ScheduleKind::kGPipe) {
     chunks_in_flight = m * l.vp;
@@ -551,15 +762,20 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
   } else {
     chunks_in_flight = std::min(double(l.pp - r), m);
   }
-  double bytes = chunks_in_flight * layers_per_chunk * per_layer;
+  double bytes = chunks_in_flight * per_chunk;
   if (l.recompute == Recompute::kFull) {  // one layer's full activations while recomputing
     Layout none = l;
     none.recompute = Recompute::kNone;
-    bytes += LayerActivationBytes(none);
+    bytes += LayerActivationBytes(none, moe_layers > 0);
   }
   if (r == 0) bytes += chunks_in_flight / l.vp * sbh * 3.0 / (l.sequence_parallel ? t : 1);
-  if (r == l.pp - 1)  // output layer and loss (megatron-reference.md section 7)
-    bytes += 4.0 * sbh * (1 + double(M.padded_vocab(l.tp)) / M.hidden) / t;
+  if (r == l.pp - 1) {  // output layer and loss (megatron-reference.md section 7), + MTP's
+    const double mtp = double(M.mtp_layers);
+    bytes += (1 + mtp) * 4.0 * sbh * (1 + double(M.padded_vocab(l.tp)) / M.hidden) / t;
+    if (mtp > 0)
+      bytes += chunks_in_flight / l.vp * mtp *
+               LayerActivationBytes(l, M.is_moe_layer(M.layers - 1));
+  }
   return bytes;
 }
 
@@ -571,7 +787,12 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
     return mem;
   }
   const double params = ParamsOnStage(l, r);
+  const double experts = ExpertParamsOnStage(l, r);
   const double shard = l.distributed_optimizer ? double(l.dp) * l.cp : 1.0;
+  // The experts' optimizer state is sharded over expert DP (Megatron's distributed optimizer
+  // keeps a buffer per expert-parallel group).
+  const double expert_shard =
+      l.distributed_optimizer ? double(std::max(1, l.expert_dp())) : 1.0;
   MemoryBytes mem;
   mem.weights = params * WeightBytes(l.precision);
   mem.grads = params * 4.0;
@@ -579,10 +800,11 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
     // Megatron-FSDP optim_grads: the gradients (GradBytes) sharded over dp x cp, plus the
     // unsharded gradients of the two FSDP units (layers) in flight (its double buffer).
     const double unit = double(model_.params_per_layer()) / l.tp;
-    mem.grads = (params / shard + 2.0 * unit) * GradBytes(l);
+    mem.grads = ((params - experts) / shard + experts / expert_shard + 2.0 * unit) * GradBytes(l);
   }
   // fp32 master copy (none when training in fp32) + Adam m and v.
-  mem.optimizer = params * (l.precision == Precision::kFp32 ? 8.0 : 12.0) / shard;
+  mem.optimizer = ((params - experts) / shard + experts / expert_shard) *
+                  (l.precision == Precision::kFp32 ? 8.0 : 12.0);
   mem.activations = Activations(l, r);
   const double sum = mem.weights + mem.grads + mem.optimizer + mem.activations;
   mem.other = k_.workspace_bytes + k_.fragmentation * sum;
@@ -592,21 +814,45 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
   return mem;
 }
 
+namespace {
+// Forward FLOPs per token of a dense and of an MoE layer: 2 x the linear weights a token meets
+// plus its attention scores, 2 s a (d_qk + d_v) (4 s h for GPT shapes; full, not causal-halved,
+// as Korthikanti counts).
+double LayerFwdFlops(const ModelSpec& M, bool moe) {
+  const double qk = M.mla() ? double(M.qk_head_dim + M.qk_pos_head_dim) : double(M.head_dim());
+  const double v = M.mla() ? double(M.v_head_dim) : double(M.head_dim());
+  const double attention = 2.0 * double(M.seq_len) * double(M.heads) * (qk + v);
+  const double mlp = moe ? double(M.moe_mlp_active_linear_params())
+                         : double(M.dense_mlp_linear_params());
+  return 2.0 * (double(M.attention_linear_params()) + mlp) + attention;
+}
+// All layers' forward FLOPs per token (MTP modules with their layer, projection and logits).
+double ModelFwdFlopsPerToken(const ModelSpec& M) {
+  const double moe = double(M.moe_layers()), dense = double(M.layers) - moe;
+  double f = dense * LayerFwdFlops(M, false) + moe * LayerFwdFlops(M, true) +
+             2.0 * M.hidden * M.vocab;
+  if (M.mtp_layers > 0)
+    f += double(M.mtp_layers) * (LayerFwdFlops(M, M.is_moe_layer(M.layers - 1)) +
+                                 4.0 * M.hidden * M.hidden + 2.0 * M.hidden * M.vocab);
+  return f;
+}
+}  // namespace
+
 double AnalyticModel::ModelFlops(const Layout& l) const {
   // Per token: 3 x (2 x linear weights + 4 s h attention) per layer + 3 x 2 h V logits; equals
-  // Korthikanti's 72 B L s h^2 (1 + s/(6h) + V/(12 h L)) for GPT shapes.
+  // Korthikanti's 72 B L s h^2 (1 + s/(6h) + V/(12 h L)) for GPT shapes. MoE layers count the
+  // k routed experts, the shared ones and the router (the weights a token meets).
   const ModelSpec& M = model_;
   const double tokens = double(l.global_batch) * M.seq_len;
-  const double layer_fwd = 2.0 * M.linear_params_per_layer() + 4.0 * M.seq_len * M.hidden;
-  return 3.0 * tokens * (M.layers * layer_fwd + 2.0 * M.hidden * M.vocab);
+  return 3.0 * tokens * ModelFwdFlopsPerToken(M);
 }
 
 double AnalyticModel::HardwareFlops(const Layout& l) const {
   const ModelSpec& M = model_;
   const double tokens = double(l.global_batch) * M.seq_len;
-  const double layer_fwd = 2.0 * M.linear_params_per_layer() + 4.0 * M.seq_len * M.hidden;
   double extra = 0;
-  if (l.recompute == Recompute::kFull) extra = tokens * M.layers * layer_fwd;  // Narayanan eq. 3
+  if (l.recompute == Recompute::kFull)  // Narayanan eq. 3: the forward once more
+    extra = tokens * (ModelFwdFlopsPerToken(M) - 2.0 * M.hidden * M.vocab);
   if (l.recompute == Recompute::kSelective)  // Korthikanti: s/(3h) instead of s/(6h)
     extra = tokens * M.layers * 12.0 * M.seq_len * M.hidden;
   return ModelFlops(l) + extra;
@@ -620,12 +866,13 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
   // The stages: the slowest sets the steady state, the others the fill and drain.
   const LayerTimes lt = Layer(l);
   StageTimes slow;
-  double sum_stages = 0, params = 0, opt = 0;
+  double sum_stages = 0, params = 0, expert_params = 0, opt = 0;
   ForStageClasses(l, [&](int r, double n) {
     const StageTimes st = StageFrom(l, r, lt);
     if (st.total() > slow.total()) slow = st;
     sum_stages += n * st.total();
-    params = std::max(params, ParamsOnStage(l, r));
+    const double pr = ParamsOnStage(l, r);
+    if (pr > params) params = pr, expert_params = ExpertParamsOnStage(l, r);
     opt = std::max(opt, StageOptimizerTime(l, r));
   });
   Breakdown& br = e.breakdown;
@@ -651,7 +898,7 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
       dp = std::max(dp, stage);
     }
   } else {
-    dp = DpExposed(l, params, slow.bwd_s, slow.fwd_s);
+    dp = DpExposed(l, params, expert_params, slow.bwd_s, slow.fwd_s);
   }
   br.dp_comm_s = dp + EmbeddingReduceTime(l);
   br.optimizer_s = opt;
@@ -679,17 +926,20 @@ double AnalyticModel::EmbeddingReduceTime(const Layout& l) const {
   return Coll(Collective::kAllReduce, l.tp * l.cp * l.dp * (l.pp - 1), 2, emb);
 }
 
-double AnalyticModel::OptimizerTime(const Layout& l, double params) const {
+double AnalyticModel::OptimizerTime(const Layout& l, double params, double expert_params) const {
   const double hbm = topo_->spec().gpu.hbm_bw_bytes_per_s * k_.hbm_eff;
   const double shard = l.distributed_optimizer ? double(l.dp) * l.cp : 1.0;
-  return params / shard * k_.optimizer_bytes_per_param / hbm +
+  const double expert_shard =
+      l.distributed_optimizer ? double(std::max(1, l.expert_dp())) : 1.0;
+  const double updated = (params - expert_params) / shard + expert_params / expert_shard;
+  return updated * k_.optimizer_bytes_per_param / hbm +
          params * 4.0 / hbm +  // gradient norm reads every local gradient
          k_.step_overhead_s;
 }
 
 double AnalyticModel::StageOptimizerTime(const Layout& l, int r) const {
   if (runtime_) return runtime_->Optimizer(l, r).total_s;
-  return OptimizerTime(l, ParamsOnStage(l, r));
+  return OptimizerTime(l, ParamsOnStage(l, r), ExpertParamsOnStage(l, r));
 }
 
 double AnalyticModel::StaticMemory(const Layout& l, int r) const {
@@ -698,15 +948,26 @@ double AnalyticModel::StaticMemory(const Layout& l, int r) const {
 }
 
 double AnalyticModel::ChunkActivationBytes(const Layout& l, int r, int c) const {
-  return LayerActivationBytes(l) * ChunkLayerCount(l, r, c) * (1 + k_.fragmentation);
+  const double n = ChunkLayerCount(l, r, c), moe = ChunkMoeLayerCount(l, r, c);
+  double bytes = (n - moe) * LayerActivationBytes(l);
+  if (moe > 0) bytes += moe * LayerActivationBytes(l, /*moe=*/true);
+  return bytes * (1 + k_.fragmentation);
 }
 
 double AnalyticModel::ChunkParams(const Layout& l, int r, int c) const {
   // The stage's parameters split over its chunks; the embedding/output rows go with the chunk
   // that holds them.
-  const double per_layer = double(model_.params_per_layer()) / l.tp;
-  const double extra = ParamsOnStage(l, r) - RankLayers(model_, l, r) * per_layer;
-  double params = ChunkLayers(model_, l, r, c) * per_layer;
+  const ModelSpec& M = model_;
+  auto layers = [&](int cc) {
+    const int first = ChunkFirstLayer(M, l, r, cc), n = ChunkLayers(M, l, r, cc);
+    const double routed = double(M.routed_params(first, n));
+    return (double(M.layer_params(first, n)) - routed) / l.tp +
+           routed / (double(l.ep) * l.expert_tp());
+  };
+  double in_layers = 0;
+  for (int cc = 0; cc < l.vp; ++cc) in_layers += layers(cc);
+  const double extra = ParamsOnStage(l, r) - in_layers;
+  double params = layers(c);
   if ((r == 0 && c == 0) || (r == l.pp - 1 && c == l.vp - 1)) params += extra;
   return params;
 }

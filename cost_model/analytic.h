@@ -26,6 +26,11 @@ struct PassTimes {
   double fwd_compute_s = 0, fwd_tp_s = 0, bwd_compute_s = 0, bwd_tp_s = 0;
 };
 
+// Times of one micro-batch through one transformer layer of one kind, seconds.
+struct OneLayerTimes {
+  double fwd_compute_s = 0, bwd_compute_s = 0, recompute_s = 0, fwd_tp_s = 0, bwd_tp_s = 0;
+};
+
 // Times of one micro-batch through one transformer layer on one GPU, seconds.
 struct LayerTimes {
   double fwd_compute_s = 0;    // GEMMs + attention + element-wise + overhead
@@ -36,6 +41,12 @@ struct LayerTimes {
   // The first stage's embedding, the last stage's output layer, and what a chunk does with the
   // input it receives from another stage (core/layer_ops.h), timed with the layer.
   PassTimes embedding, output, input;
+  // An MoE model's MoE layer (the fields above are its dense layer: attention + dense MLP);
+  // tp_s of `moe` includes the expert all-to-alls and expert-TP collectives.
+  OneLayerTimes moe;
+  // One multi-token-prediction module beyond its transformer layer (DeepSeek-V3: two norms and
+  // the 2h x h projection, then the shared output layer and loss again), on the last stage.
+  PassTimes mtp;
 };
 
 // Times of an operation list (TimeOps).
@@ -65,7 +76,7 @@ struct CollCache {
   static constexpr int kMax = 8;
   struct Entry {
     Collective kind;
-    bool cp;  // the CP group, else TP
+    uint8_t group;  // CommGroup
     double bytes, seconds;
   };
   Entry entries[kMax];
@@ -142,8 +153,11 @@ class AnalyticModel : public Estimator {
   // of stage 0, the output layer and loss on chunk v-1 of stage p-1), given Layer(l). Stage -1
   // / chunk -1: the average chunk, L/(p v) layers, neither embedding nor output.
   StageTimes Chunk(const Layout& l, int r, int c, const LayerTimes& lt) const;
-  // Layers of that chunk (fractional for the average chunk).
+  // Layers of that chunk (fractional for the average chunk), and of them the MoE layers.
   double ChunkLayerCount(const Layout& l, int r, int c) const;
+  double ChunkMoeLayerCount(const Layout& l, int r, int c) const;
+  // MoE layers of pipeline rank r (all its chunks).
+  double RankMoeLayers(const Layout& l, int r) const;
   // Static memory of stage r: weights, grads, optimizer and other, without activations.
   double StaticMemory(const Layout& l, int r) const;
   // Activation bytes chunk c of stage r keeps per micro-batch in flight (the layers' share; the
@@ -180,20 +194,37 @@ class AnalyticModel : public Estimator {
   // start as the backward of the last micro-batch (`bwd_s`) produces them, the distributed
   // optimizer's parameter all-gather buckets run ahead of the first forward (`fwd_s`).
   double DpExposed(const Layout& l, double params, double bwd_s, double fwd_s) const;
+  // The same when `expert_params` of them are routed experts, reduced over expert DP.
+  double DpExposed(const Layout& l, double params, double expert_params, double bwd_s,
+                   double fwd_s) const;
   // Megatron's DDP bucket size in parameters for this layout.
   double BucketParams(const Layout& l) const;
   // Time of an (m x k) x (k x n) GEMM at precision p: tiles in waves over the SMs.
   double Gemm(double m, double n, double k, Precision p) const;
   MemoryBytes StageMemory(const Layout& l, int r) const;
   double ParamsOnStage(const Layout& l, int r) const;  // parameters held by one GPU of stage r
-  // Activation bytes one layer keeps for one micro-batch (Korthikanti 2022 table 2).
-  double LayerActivationBytes(const Layout& l) const;
+  // Of them, the routed experts' (E/ep experts of f_e/etp per MoE layer): reduced and sharded
+  // over the expert-DP group (edp), not dp x cp.
+  double ExpertParamsOnStage(const Layout& l, int r) const;
+  double MtpParamsPerGpu(const Layout& l) const;  // one MTP module's weights on a last-stage GPU
+  // Activation bytes one layer keeps for one micro-batch (Korthikanti 2022 table 2); `moe`:
+  // an MoE layer's (its MLP part for the routed and shared experts).
+  double LayerActivationBytes(const Layout& l, bool moe = false) const;
   double ModelFlops(const Layout& l) const;            // per step (Korthikanti model FLOPs)
   double HardwareFlops(const Layout& l) const;         // per step, recompute included
   double P2pTime(const Layout& l) const;               // one boundary transfer, seconds
   double DpTime(const Layout& l, double params) const; // gradient reduction (+ param gather)
+  double ExpertDpTime(const Layout& l, double params) const;  // the same over expert DP
+  // The load of the most loaded expert rank relative to the mean (OpShape::expert_load): 1
+  // force-balanced, the capacity factor with token dropping, the dropless constant otherwise.
+  double ExpertLoad() const;
+  // One all-to-all over `size` ranks `stride` apart, `bytes` leaving each rank in all: what stays
+  // in the NVLink domain moves over NVLink, what leaves it over the rank's share of the NICs,
+  // both at once (NCCL's all-to-all is point-to-point sends, not a ring).
+  double AllToAll(int stride, int size, double bytes) const;
   double EmbeddingReduceTime(const Layout& l) const;   // tied-embedding all-reduce, seconds
-  double OptimizerTime(const Layout& l, double params) const;  // step + grad norm + overhead
+  // step + grad norm + overhead; `expert_params` of the parameters sharded over expert DP.
+  double OptimizerTime(const Layout& l, double params, double expert_params = 0) const;
   double StageOptimizerTime(const Layout& l, int r) const;     // the optimizer op of stage r
   double PeakFlops(Precision p) const;                 // FLOP/s used for GEMMs at p
   double MfuPeak(Precision p) const;                   // the MFU basis (16-bit peak for fp8)
@@ -210,8 +241,8 @@ class AnalyticModel : public Estimator {
  private:
   // Stage(l, r) given the layer times (computed once per layout in Evaluate).
   StageTimes StageFrom(const Layout& l, int r, const LayerTimes& lt) const;
-  StageTimes Work(const Layout& l, double layers, bool embedding, bool output,
-                  const LayerTimes& lt) const;
+  StageTimes Work(const Layout& l, double layers, double moe_layers, bool embedding,
+                  bool output, const LayerTimes& lt) const;
   double Coll(Collective c, int stride, int size, double bytes) const;
   double Activations(const Layout& l, int r) const;
 

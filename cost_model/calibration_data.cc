@@ -95,9 +95,11 @@ std::string ReadEntry(const YAML::Node& e, MeasuredRun* run) {
   // NeMo 24.07 table, Megatron-Bridge) turn on Transformer Engine's userbuffer overlap in all
   // their GPT/Llama/Nemotron configs, so it is on for their rows. A property of the software
   // that produced the row, read from its source, not a per-row tuning knob.
-  l.tp_comm_overlap = Contains(Str(lay["notes"]), "TP comm overlap") ||
-                      Contains(run->id, "dgxc_") || Contains(run->id, "nemo2407") ||
-                      Contains(run->id, "megatron_bridge");
+  // Megatron asserts that it needs SP (at tp 1 SP is off, and the recipes turn the overlap off).
+  l.tp_comm_overlap = (Contains(Str(lay["notes"]), "TP comm overlap") ||
+                       Contains(run->id, "dgxc_") || Contains(run->id, "nemo2407") ||
+                       Contains(run->id, "megatron_bridge")) &&
+                      l.sequence_parallel;
   run->gpu = GpuKind(Str(hw["gpu"]));
   run->gpus = hw["total_gpus"].as<int>();
   if (meas["per_layer_combined_ms"] && !meas["per_layer_combined_ms"].IsNull()) {
@@ -123,6 +125,7 @@ Result<MeasuredRun> ReadPublishedRow(const YAML::Node& node, const std::string& 
   run.id = r.String("id");
   run.source = r.String("source");
   r.String("table", "");  // where in the source (table, column): a citation detail
+  run.family = r.String("family", "");  // the model family (MoE rows), for validate's groups
   run.gpu = GpuKind(r.String("gpu"));
   run.gpus = r.PositiveIntAtMost("gpus", kMaxWorldSize);
   for (const char* key : {"model", "layout"})

@@ -22,6 +22,7 @@ struct MeasuredRun {
   // the error per source and can predict each source from constants fitted without it.
   std::string source;
   std::string gpu;           // "A100" or "H100"
+  std::string family;        // model family of MoE rows ("deepseek-v3"), else empty
   int gpus = 1;              // world size of the run
   ModelSpec model;
   Layout layout;

@@ -56,6 +56,12 @@ const std::vector<ConstantInfo>& ConstantTable() {
        "NCCL launch + proxy cost per call (nccl-tests small-message times ~10-30 us)"},
       {"nccl_inter_eff", &C::nccl_inter_eff, "fraction of NIC",
        "nccl-tests inter-node busbw ~ 90% of InfiniBand line rate", kEfficiency},
+      {"all_to_all_eff", &C::all_to_all_eff, "fraction of ring bus bandwidth",
+       "NCCL all-to-all (EP dispatch/combine) against a ring collective's bus bandwidth; "
+       "fitted on the MoE recipes (data/published/fit.yaml)", kEfficiency},
+      {"moe_dropless_load", &C::moe_dropless_load, "x mean tokens per expert",
+       "most loaded expert rank in dropless routing (aux-loss balanced); not fitted",
+       ConstantRange{1, false, 64}},
       {"overlap_interference", &C::overlap_interference, "fraction",
        "hidden communication's cost to the kernel it overlaps (SMs, HBM); fitted per GPU", kFraction},
       {"pp_exposed", &C::pp_exposed, "fraction", "Megatron 1F1B p2p is blocking", kFraction},

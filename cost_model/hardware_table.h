@@ -62,6 +62,13 @@ struct CostConstants {
   // kernels take SMs and HBM bandwidth from the GEMM they overlap (TP async/overlap, CP ring,
   // DP buckets under the backward).
   double overlap_interference = 0;
+  // Mixture of Experts: NCCL all-to-all (point-to-point sends to every peer) against the bus
+  // bandwidth a ring reaches, and the load of the most loaded expert rank over the mean T k / E
+  // in a dropless run (the slowest rank sets the pace; force-balanced benchmarks run at 1,
+  // capacity-factor runs at the factor). No measured dropless run is in the calibration data:
+  // 1.2 stands for a router trained with a balancing loss (docs/cost-model.md).
+  double all_to_all_eff = 0.6;
+  double moe_dropless_load = 1.2;
   // Share of pipeline p2p time left exposed on the critical path.
   double pp_exposed = 1.0;
   // Optimizer: bytes of HBM traffic per parameter updated (AdamW on fp32 master weights:

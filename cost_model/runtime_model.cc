@@ -155,6 +155,8 @@ double RuntimeModel::MemoryOp(const LayerOp& op, double k) const {
     case MemoryKernel::kBiasDropoutAdd: case MemoryKernel::kBiasDropoutAddBackward:
     case MemoryKernel::kSoftmax: case MemoryKernel::kSoftmaxBackward:
     case MemoryKernel::kFp8Cast:
+    case MemoryKernel::kRouter: case MemoryKernel::kRouterBackward:
+    case MemoryKernel::kPermute: case MemoryKernel::kPermuteBackward:
       break;
   }
   assert(false && "a Megatron-only kernel in a runtime op list");

@@ -66,6 +66,7 @@ Result<double> PredictOne(const MeasuredRun& run, const ClusterSpec& base) {
 std::string GroupOf(const MeasuredRun& run) {
   if (run.per_layer) return "layer (" + run.gpu + ")";
   if (run.id.rfind("vtrain:", 0) == 0) return "vtrain (" + run.gpu + ")";
+  if (run.model.moe()) return "moe " + (run.family.empty() ? run.model.name : run.family) + " (" + run.gpu + ")";
   return "published (" + run.gpu + ")";
 }
 

@@ -14,7 +14,7 @@ namespace ptdp {
 
 struct ValidationRow {
   std::string id;
-  std::string group;      // "vtrain (A100)", "published (H100)", "layer (A100)"
+  std::string group;      // "vtrain (A100)", "published (H100)", "layer (A100)", "moe grok-1 (H100)"
   double measured_s = 0;
   double predicted_s = 0;
   std::string source;     // MeasuredRun::source

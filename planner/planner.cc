@@ -3,6 +3,7 @@
 #include "planner/planner.h"
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -89,6 +90,21 @@ Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
     return Status::Error("--tp " + std::to_string(*s.tp) + " * --cp " + std::to_string(*s.cp) +
                          " * --pp " + std::to_string(*s.pp) + " * --dp " + std::to_string(*s.dp) +
                          " != " + std::to_string(s.world) + " GPUs");
+  for (const auto& [flag, c] : {std::pair<const char*, const Choice<int>*>{"--expert-model-parallel-size", &s.ep},
+                                {"--expert-tensor-parallel-size", &s.etp}})
+    for (int v : c->values()) {
+      if (v <= 0 || s.world % v != 0)
+        return Status::Error(std::string(flag) + " " + std::to_string(v) +
+                             " must be positive and divide the world size " +
+                             std::to_string(s.world));
+      if (!model.moe() && v != 1)
+        return Status::Error(std::string(flag) + " " + std::to_string(v) + ": model " +
+                             model.name + " has no experts (num_experts 0)");
+    }
+  for (int ep : s.ep.values())
+    if (model.moe() && model.num_experts % ep != 0)
+      return Status::Error("--expert-model-parallel-size " + std::to_string(ep) + ": num_experts " +
+                           std::to_string(model.num_experts) + " is not divisible by it");
   for (int tp : s.tp.values())
     if (model.heads % tp != 0)
       return Status::Error("--tp " + std::to_string(tp) + ": heads " +
@@ -242,6 +258,22 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
         if (mbs.empty()) mbs = {1};
         const std::vector<bool> sps = s.sequence_parallel.Or(
             tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false});
+        // The expert grid (MoE models): etp 1 or tp (Megatron's default; the recipes use 1), and
+        // every ep dividing the experts that folds over tp x cp x dp with it (parallel folding).
+        std::vector<std::pair<int, int>> grids;  // (ep, etp)
+        if (!model.moe()) {
+          grids.push_back({1, 0});
+        } else {
+          std::vector<int> etps = s.etp.Or(tp > 1 ? std::vector<int>{1, tp} : std::vector<int>{1});
+          for (int etp : etps) {
+            const int64_t fold = int64_t(tp) * cp * dp;
+            if (fold % etp) continue;
+            for (int ep : s.ep.Or(Divisors(std::gcd<int64_t>(model.num_experts, fold / etp))))
+              grids.push_back({ep, etp});
+          }
+          if (grids.empty()) grids.push_back({1, tp});  // CheckLayout names the broken rule
+        }
+        for (const auto& [ep, etp] : grids)
         for (const Layout& split : splits)
           for (int mb : mbs)
             for (bool sp : sps)
@@ -256,6 +288,11 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   if (dopt && !s.distributed_optimizer && dp * cp == 1) continue;
                   Layout l = split;  // pp, vp, schedule and the split flags
                   l.tp = tp; l.dp = dp; l.cp = cp;
+                  l.ep = ep; l.etp = etp;
+                  l.moe_a2a_overlap = s.moe_a2a_overlap
+                                          ? *s.moe_a2a_overlap
+                                          : model.moe() && ep > 1 && (split.pp == 1 || split.vp > 1) &&
+                                                rc != Recompute::kFull;
                   l.micro_batch = mb;
                   l.global_batch = s.global_batch;
                   l.sequence_parallel = sp;

@@ -59,6 +59,9 @@ struct SearchSpace {
   // Expert parallelism (MoE models): ep and expert TP (etp; 0 stands for "= tp", Megatron's
   // default). Unset: every legal fold of the expert grid is searched.
   Choice<int> ep, etp;
+  // --overlap-moe-expert-parallel-comm: unset, on wherever Megatron allows it (ep > 1, vp with
+  // pp > 1, no full recompute): it only hides all-to-alls.
+  Choice<bool> moe_a2a_overlap;
   Choice<bool> sequence_parallel, distributed_optimizer;
   // Megatron-FSDP's optim_grads (ZeRO-2) on top of the distributed optimizer. Unset: tried only
   // when no layout fits without it (SearchLayouts; it buys memory with a reduce-scatter per

@@ -19,7 +19,18 @@ team's ../shared/calibration/megatron_recipes/runs.yaml (Megatron-Bridge perform
 dgxc-benchmarking tags, NeMo long-sequence tables) the same way (convert_recipe states each
 interpretation), context-parallel and uneven-pipeline rows included (Llama 3.1 405B with the
 embedding and loss counted in the split, as its recipe sets); its MoE and hybrid (Mamba) rows
-are for the Mixture-of-Experts issue and are not carried yet. A row that runs.yaml (the second argument) already has is left out as a duplicate.
+are carried by --moe. A row that runs.yaml (the second argument) already has is left out as a
+duplicate.
+
+--moe MEGATRON_RECIPES_RUNS_YAML > data/published/megatron_moe.yaml carries its Mixture-of-Experts
+rows (DeepSeek-V3, Grok-1, Llama 4, Mixtral) on H100 and Blackwell: the model from the row and
+its model_registry entry (experts, top-k, shared experts, dense-first layers and MoE layer step,
+router, MLA, MTP), the routing policy from the row's label (force-balanced, dropless, or the
+capacity factor of a token-dropping recipe), expert parallelism (an unstated etp is Megatron's
+default, tp) and the pipeline split (the first/last-stage counts a row's notes derive from its
+recipe's code, or, where the table gives only "61 layers over S stages", Megatron-Bridge's
+balanced layout string: the embedding's and the loss's stages one layer lighter, the MTP layer
+with the loss). Hybrid Mamba-MoE rows (Nemotron 3) are not carried: ptdp does not model Mamba.
 """
 import sys
 import yaml
@@ -82,9 +93,11 @@ def convert(e):
              overlap_grad_reduce=True,
              # Stated in the row's notes, or the NeMo-based recipes (dgxc, NeMo 24.07, Megatron-
              # Bridge), whose GPT/Llama/Nemotron configs all turn on TE's userbuffer overlap.
+             # Megatron asserts it needs SP (tp 1 turns SP off, and the recipes the overlap).
              tp_comm_overlap=("TP comm overlap" in str(lay.get("notes") or "")
                               or "dgxc_" in ident or "nemo2407" in ident
-                              or "megatron_bridge" in ident))
+                              or "megatron_bridge" in ident)
+                             and (bool(lay["sp"]) if given(lay, "sp") else tp > 1))
     gpu = str(hw.get("gpu", ""))
     row = dict(id=ident, source="; ".join(str(e["source"][k]) for k in ("title", "location")
                                           if e.get("source", {}).get(k)),
@@ -184,6 +197,139 @@ def convert_recipe(e):
     return row, None
 
 
+MOE_FAMILIES = ("deepseek-v3", "grok-1", "llama4", "mixtral")
+
+
+def moe_model(e, reg):
+    """The model keys of a MoE row, or (None, why)."""
+    model, lay = e["model"], e["layout"]
+    fam = model.get("family")
+    r = dict(reg.get(model.get("key"), {}))
+    r.update({k: v for k, v in model.items() if v is not None})
+    cfg = r.get("moe_cfg") or {}
+    if r.get("hybrid") or r.get("hybrid_layer_counts"):
+        return None, "hybrid Mamba-MoE model: ptdp does not model Mamba layers"
+    for k in ("layers", "hidden", "heads", "vocab"):
+        if r.get(k) is None:
+            return None, "model.%s not given" % k
+    layers = r.get("layers_run") or r["layers"]
+    name = str(r["name"]) + (" (%d-layer proxy)" % layers if layers != r["layers"] else "")
+    m = dict(name=name, layers=layers, hidden=r["hidden"], heads=r["heads"],
+             kv_heads=r.get("kv_heads") or r["heads"],
+             ffn_hidden=r.get("ffn_dense") or cfg["expert_ffn"],
+             seq_len=lay.get("seq") or r["seq"], vocab=r["vocab"],
+             activation="geglu" if "geglu" in str(r.get("activation", "")) else "swiglu",
+             norm="rmsnorm", position_embedding="rope",
+             tied_embeddings=fam == "grok-1",  # Grok-1's InOutEmbed decodes with the embedding
+             bias=False, dropout=False)
+    if r.get("head_dim") and r["head_dim"] != r["hidden"] // r["heads"]:
+        m["kv_channels"] = r["head_dim"]
+    m.update(num_experts=cfg["num_experts"], moe_topk=cfg["topk"], moe_ffn_hidden=cfg["expert_ffn"])
+    if cfg.get("shared_experts"):
+        m["moe_shared_ffn_hidden"] = cfg["shared_experts"] * cfg["shared_expert_ffn"]
+    freq = str(cfg.get("moe_layer_freq") or "")
+    if cfg.get("dense_layers_first"):
+        m["moe_dense_layers_first"] = cfg["dense_layers_first"]
+    if freq.startswith("[0,1]"):
+        m["moe_layer_step"] = 2  # '[0,1]*24': layers 1, 3, 5, ... are MoE
+    elif freq and not freq.startswith("1") and not freq.startswith("[0]*"):
+        return None, "MoE layer pattern %r not understood" % freq
+    m["moe_router"] = "sigmoid" if "sigmoid" in str(cfg.get("router", "")) or fam == "llama4" \
+        else "softmax"
+    policy = str(lay.get("moe_token_policy") or "")
+    notes = " ".join(str(n) for n in (e.get("notes") or []))
+    if cfg.get("capacity_factor") or "capacity_factor" in notes:
+        m["moe_routing"], m["moe_capacity_factor"] = "capacity", float(cfg.get("capacity_factor") or 1.0)
+    elif "force" in policy.lower() or "balanced" in policy.lower():
+        m["moe_routing"] = "balanced"
+    else:
+        m["moe_routing"] = "dropless"
+    mla = r.get("mla")
+    if mla:
+        m.update(q_lora_rank=mla["q_lora_rank"], kv_lora_rank=mla["kv_lora_rank"],
+                 qk_head_dim=mla["qk_head_dim"], qk_pos_head_dim=mla["qk_pos_emb_head_dim"],
+                 v_head_dim=mla["v_head_dim"])
+    if r.get("mtp_layers") and layers == r["layers"]:
+        m["mtp_layers"] = r["mtp_layers"]
+    return m, None
+
+
+def balanced_layout(layers, stages, mtp):
+    """Megatron-Bridge's style of layout string for `layers` over `stages` virtual stages: the
+    embedding's first stage and the loss's last stage one layer lighter ("Et|(tt|)*30mL" for 61
+    over 32), or None when no such split exists."""
+    c = -(-(layers + 2) // stages)
+    first, last = c - 1, layers - (c - 1) - (stages - 2) * c
+    if stages < 2 or first < 0 or last < 0 or last > c:
+        return None
+    mid = "(%s|)*%d" % ("t" * c, stages - 2) if stages > 2 else ""
+    return "E%s|%s%s%sL" % ("t" * first, mid, "t" * last, "m" * mtp)
+
+
+def convert_moe(e, reg):
+    m, why = moe_model(e, reg)
+    if not m:
+        return None, why
+    model, hw, lay, meas = e["model"], e["hardware"], e["layout"], e.get("measured") or {}
+    derived = e.get("derived") or {}
+    if not given(lay, "microbatch"):
+        return None, "layout.microbatch not given"
+    if given(meas, "step_time_s"):
+        step, step_derived = meas["step_time_s"], False
+    elif given(derived, "step_time_s"):
+        step, step_derived = derived["step_time_s"], True
+    else:
+        return None, "no step time or tokens/s (TFLOP/s are counted differently per source)"
+    tp, pp, cp = lay["tp"], lay["pp"], lay.get("cp") or 1
+    vp = lay.get("vp") or 1
+    if pp == 1:
+        vp = 1  # 'VP=12 published with PP=1 (VP has no effect without PP)'
+    gpus = hw["total_gpus"]
+    if gpus % (tp * pp * cp):
+        return None, "total_gpus not a multiple of tp*pp*cp"
+    dp = gpus // (tp * pp * cp)
+    ep = lay.get("ep") or 1
+    # Unstated etp: Megatron-Bridge's MoE presets set expert_tensor_parallel_size=1 (scripts/
+    # performance/configs/deepseek/deepseek_workload_base_configs.py BASE_DEEPSEEK_V3_CONFIG);
+    # the NeMo-era dgxc recipes ran Megatron's default, tp.
+    etp = lay.get("etp") or (1 if str(e["id"]).startswith("mb_") else tp)
+    prec = str(lay.get("precision") or "BF16").upper()
+    rc = str(lay.get("recompute") or "none")
+    l = dict(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, ep=ep, etp=etp, micro_batch=lay["microbatch"],
+             global_batch=lay["global_batch"], sequence_parallel=tp > 1,
+             # 'selective: mla_up_proj' recomputes MLA's up projections, not the attention core:
+             # its time is a few GEMMs, left out (none) rather than taken as selective.
+             recompute="full" if rc.startswith("full") else "none",
+             distributed_optimizer=True,
+             precision="fp4" if "FP4" in prec else "fp8" if "FP8" in prec else "bf16",
+             schedule="interleaved" if vp > 1 else "1f1b", overlap_grad_reduce=True,
+             tp_comm_overlap=tp > 1)
+    # The same presets turn on the EP all-to-all overlap for DeepSeek-V3 on H100 only
+    # (DEEPSEEK_V3_H100_BASE_CONFIG moe_a2a_overlap=True; GB200/GB300/B200 False).
+    if (str(e["id"]).startswith("mb_") and model.get("family") == "deepseek-v3"
+            and str(hw["gpu"]).startswith("H100")):
+        l["moe_a2a_overlap"] = True
+    layers, stages = m["layers"], pp * vp
+    notes = " ".join(str(n) for n in (e.get("notes") or []))
+    import re
+    fl = re.search(r"first (\d+), .*? last (\d+)", notes)
+    if fl:
+        l["first_stage_layers"], l["last_stage_layers"] = int(fl.group(1)), int(fl.group(2))
+    elif layers % stages or (e.get("flags") or {}).get("uneven_pp"):
+        text = balanced_layout(layers, stages, m.get("mtp_layers", 0))
+        if not text:
+            return None, "%d layers over %d stages: no balanced layout string" % (layers, stages)
+        l["pipeline_layout"] = text
+    src = e["source"]
+    row = dict(id=str(e["id"]), source="%s; %s" % (src["title"], src.get("release", "")),
+               table="; ".join(str(src[k]) for k in ("table", "path") if src.get(k)),
+               family=str(model.get("family")), gpu=str(hw["gpu"]), gpus=gpus, model=m, layout=l,
+               step_time_s=step, step_time_derived=step_derived,
+               published={k: v for k, v in meas.items()
+                          if v is not None and not isinstance(v, (dict, list))})
+    return row, None
+
+
 def same_run(a, b):
     keys = ("tp", "pp", "dp", "cp", "vp", "micro_batch", "global_batch", "precision")
     return (a["gpus"] == b["gpus"] and a["model"]["layers"] == b["model"]["layers"]
@@ -217,6 +363,16 @@ ptdp_published_runs_version: 1
 runs:
 """
 
+MOE_HEADER = """\
+# Published, measured Mixture-of-Experts training runs (DeepSeek-V3, Grok-1, Llama 4, Mixtral) on
+# H100 and Blackwell with their full layouts: the MoE rows of the team's megatron_recipes
+# collection, carried over by scripts/import-published.py --moe (data/published/README.md; its
+# docstring states each interpretation). Every step time is derived from the published tokens/s
+# per GPU or printed as such, never from TFLOP/s. `family` groups the rows in ptdp validate.
+ptdp_published_runs_version: 1
+runs:
+"""
+
 RECIPES_HEADER = """\
 # Published, measured Megatron-Bridge / NeMo / dgxc-benchmarking training runs on H100 and
 # Blackwell (B200, GB200/GB300 NVL72) with their full layouts: the dense rows of the team's megatron_recipes collection, carried over by
@@ -231,7 +387,25 @@ runs:
 
 def main():
     dropped = []
-    if sys.argv[1] == "--recipes":
+    if sys.argv[1] == "--moe":
+        src = yaml.safe_load(open(sys.argv[2]))
+        reg = src.get("model_registry") or {}
+        rows = []
+        for e in src["entries"]:
+            gpu = str(e["hardware"].get("gpu", ""))
+            if not e["model"].get("moe") or not gpu.startswith(("H100", "B200", "B300", "GB200", "GB300")):
+                continue
+            if e["model"].get("family") not in MOE_FAMILIES:
+                row, why = None, ("hybrid Mamba-MoE model (%s): ptdp does not model Mamba layers"
+                                  % e["model"].get("family"))
+            else:
+                row, why = convert_moe(e, reg)
+            if row:
+                rows.append(row)
+            else:
+                dropped.append((str(e.get("id", "")), why))
+        header = MOE_HEADER
+    elif sys.argv[1] == "--recipes":
         src = yaml.safe_load(open(sys.argv[2]))
         shipped = yaml.safe_load(open(sys.argv[3]))["runs"]
         rows = []
@@ -266,6 +440,8 @@ def main():
         out.write("  source: %s\n" % scalar(r["source"]))
         if r.get("table"):
             out.write("  table: %s\n" % scalar(r["table"]))
+        if r.get("family"):
+            out.write("  family: %s\n" % scalar(r["family"]))
         out.write("  gpu: %s\n  gpus: %d\n" % (scalar(r["gpu"]), r["gpus"]))
         out.write("  model: %s\n" % flow(r["model"]))
         out.write("  layout: %s\n" % flow(r["layout"]))

@@ -251,6 +251,40 @@ TEST(ExplainRejectionTest, ContainsTheNumbers) {
 }
 
 // Layers per chunk as Megatron builds them (get_num_layers_to_build), for each split form.
+// ChunkFirstLayer's closed form agrees with the running sum of StageLayers for every split.
+TEST(StageLayersTest, ChunkFirstLayerIsThePrefixSum) {
+  ModelSpec m = TestModel();
+  m.layers = 61;
+  m.num_experts = 8; m.moe_topk = 2; m.moe_ffn_hidden = 512; m.moe_dense_layers_first = 3;
+  std::vector<Layout> ls;
+  for (int p : {1, 2, 4, 8})
+    for (int v : {1, 2})
+      for (int first : {0, 5, 9})
+        for (int last : {0, 6})
+          for (bool emb : {false, true})
+            for (bool loss : {false, true}) {
+              Layout l = Make({.tp = 1, .pp = p, .vp = v, .gb = 64,
+                               .first = first, .last = last, .emb = emb, .loss = loss});
+              if (p * v > 1 && v > 1) l.schedule = ScheduleKind::kInterleaved;
+              if (CheckLayout(m, l) == Rejection::kOk || CheckLayout(m, l) == Rejection::kBatch ||
+                  CheckLayout(m, l) == Rejection::kInterleaveMicrobatches)
+                ls.push_back(l);
+            }
+  ASSERT_GT(ls.size(), 10u);
+  for (const Layout& l : ls) {
+    SCOPED_TRACE(l.ShortName() + " " + l.SplitName());
+    const std::vector<int> st = StageLayers(m, l);
+    int before = 0, moe = 0;
+    for (int c = 0; c < l.vp; ++c)
+      for (int r = 0; r < l.pp; ++r) {
+        ASSERT_EQ(ChunkFirstLayer(m, l, r, c), before);
+        before += st[size_t(c) * l.pp + r];
+        moe += ChunkMoeLayers(m, l, r, c);
+      }
+    EXPECT_EQ(moe, 58);
+  }
+}
+
 TEST(StageLayersTest, MegatronsCounts) {
   ModelSpec m = TestModel();
   // Even: 24 over pp 4 x vp 2, 3 each.
