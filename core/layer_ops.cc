@@ -18,6 +18,7 @@ LayerOp& LayerOpList::Add(LayerOpKind kind, const char* name) {
   op.chunks = 1;
   op.kernels = 1;
   op.groups = 1;
+  op.expert = false;
   return op;
 }
 
@@ -382,6 +383,7 @@ LayerOp& GroupedGemm(LayerOpList* l, const OpShape& s, const Dims& x, const char
   LayerOp& op = pass == GemmPass::kWgrad ? Gemm(l, s, name, pass, m, n, k / g)
                                          : Gemm(l, s, name, pass, m / g, n, k);
   op.groups = int(g);
+  op.expert = true;
   op.flops = 2 * m * n * k;
   return op;
 }

@@ -102,6 +102,7 @@ struct LayerOp {
   // kGemm: a grouped GEMM over `groups` experts (Transformer Engine's GroupedLinear, one
   // launch): m, n, k are one group's; the FLOPs are all groups'. 1 for a plain GEMM.
   int groups;
+  bool expert;  // kGemm: a routed experts' GEMM (grouped_gemm_eff applies)
 };
 
 // A fixed-capacity list: the planner's hot path builds one per layout without allocating.

@@ -81,6 +81,7 @@ std::string Layout::Knobs() const {
   if (pipeline_layout) s += "pp-layout ";
   if (!overlap_p2p && vp > 1) s += "no-p2p-overlap ";
   if (moe_a2a_overlap) s += "a2a-overlap ";
+  if (moe_flex_dispatcher) s += "flex ";
   if (!s.empty()) s.pop_back();
   return s.empty() ? "-" : s;
 }
@@ -327,6 +328,7 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kExpertTpFfn: return "expert_ffn_not_divisible_by_etp";
     case Rejection::kEpTpNeedsSp: return "expert_parallel_with_tp_needs_sequence_parallel";
     case Rejection::kA2aOverlap: return "moe_a2a_overlap_illegal";
+    case Rejection::kFlexNeedsEp: return "flex_dispatcher_needs_ep";
     case Rejection::kGradShardingNeedsDistOpt: return "grad_sharding_needs_distributed_optimizer";
     case Rejection::kSeqCp: return "seq_len_not_divisible_by_2cp";
     case Rejection::kScheduleMismatch: return "schedule_mismatch";
@@ -402,6 +404,9 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
       o << "ep " << l.ep << " with tp " << l.tp
         << " needs sequence parallelism (megatron/core/model_parallel_config.py)";
       break;
+    case Rejection::kFlexNeedsEp:
+      o << "--moe-token-dispatcher-type flex needs experts and ep > 1 (ep " << l.ep << ")";
+      break;
     case Rejection::kA2aOverlap:
       o << "--overlap-moe-expert-parallel-comm needs ep > 1 (ep " << l.ep
         << "), virtual stages when pp > 1 (pp " << l.pp << ", vp " << l.vp
@@ -458,6 +463,7 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
   if (l.moe_a2a_overlap && (!m.moe() || l.ep < 2 || (l.pp > 1 && l.vp < 2) ||
                             l.recompute == Recompute::kFull))
     return Rejection::kA2aOverlap;
+  if (l.moe_flex_dispatcher && (!m.moe() || l.ep < 2)) return Rejection::kFlexNeedsEp;
   if (l.shard_gradients && !l.distributed_optimizer) return Rejection::kGradShardingNeedsDistOpt;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;
   if (l.global_batch % (int64_t(l.micro_batch) * l.dp) != 0) return Rejection::kBatch;

@@ -77,6 +77,10 @@ struct Layout {
   // run under the other's compute (transformer_config.py: needs ep > 1, vp with pp > 1, no full
   // recompute).
   bool moe_a2a_overlap = false;
+  // Megatron --moe-token-dispatcher-type flex (DeepEP on Hopper, HybridEP on Blackwell) instead
+  // of alltoall: a token's hidden state crosses the network once per remote NVLink domain its
+  // experts are in and fans out there over NVLink, not once per expert.
+  bool moe_flex_dispatcher = false;
   // How the L layers are split over the p*v virtual stages (Megatron-LM's flags; all unset is
   // the even split L/(p v)); see ChunkLayers.
   int first_stage_layers = 0;          // --decoder-first-pipeline-num-layers (0: unset)
@@ -150,6 +154,7 @@ enum class Rejection {
   kExpertTpFfn,        // expert FFN % etp != 0
   kEpTpNeedsSp,        // ep > 1 with t > 1 and no SP (Megatron: "sequence parallelism must be used")
   kA2aOverlap,         // --overlap-moe-expert-parallel-comm without ep > 1, or pp > 1 without vp, or full recompute
+  kFlexNeedsEp,        // the flex dispatcher on a dense model or with ep 1
   kGradShardingNeedsDistOpt,  // shard_gradients without the distributed optimizer
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kScheduleMismatch,   // interleaved schedule iff v > 1

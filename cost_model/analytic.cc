@@ -175,7 +175,7 @@ double AnalyticModel::ExpertLoad() const {
   return 1.0;
 }
 
-double AnalyticModel::AllToAll(int stride, int size, double bytes) const {
+double AnalyticModel::AllToAll(int stride, int size, double bytes, bool flex) const {
   if (size <= 1 || bytes <= 0) return 0;
   const int domain = topo_->spec().nvlink_domain_gpus();
   const GroupShape g = RegularGroupShape(stride, size, domain);
@@ -189,9 +189,23 @@ double AnalyticModel::AllToAll(int stride, int size, double bytes) const {
   double t = local > 1 ? per_peer * (local - 1) / (nvl_bw * k_.nccl_intra_eff) : 0;
   double lat = local > 1 ? topo_->CollectiveTime(Collective::kSendRecv, in_domain, 0) : 0;
   if (g.nodes > 1) {
-    const double nic_bw = topo_->BusBandwidth(g);  // the rank's share of its domain's NICs
-    t = std::max(t, per_peer * (size - local) / (nic_bw * k_.nccl_inter_eff));
-    lat = std::max(lat, topo_->spec().inter.latency_s);
+    // Every rank of the domain sends its remote share at once: each gets its share of the
+    // domain's NICs (a ring, in contrast, runs one transfer per NIC along the ring).
+    const ClusterSpec& c = topo_->spec();
+    const double nic_bw = double(c.inter.nics_per_node) * c.nodes_per_nvlink_domain *
+                          c.inter.nic_bw_bytes_per_s / c.inter.oversubscription / domain;
+    double remote = per_peer * (size - local);
+    if (flex && model_.moe_topk > 1) {
+      // DeepEP / HybridEP: a token goes once to each remote domain holding one of its k experts
+      // (uniform routing over the g.nodes domains: N (1 - (1 - 1/N)^k) distinct domains), and
+      // the receiving domain forwards the copies over NVLink.
+      const double N = g.nodes, k = double(model_.moe_topk);
+      const double distinct_remote = (N - 1) * (1 - std::pow(1 - 1 / N, k));
+      remote = bytes / k * distinct_remote;
+      if (local > 1) t += per_peer * (size - local) / (nvl_bw * k_.nccl_intra_eff);
+    }
+    t = std::max(t, remote / (nic_bw * k_.nccl_inter_eff));
+    lat = std::max(lat, c.inter.latency_s);
   }
   return k_.collective_overhead_s + lat + t / k_.all_to_all_eff;
 }
@@ -232,7 +246,9 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
     double t = 0;
     switch (op.kind) {
       // A grouped GEMM's experts share the waves: their tiles as one GEMM n x groups wide.
-      case LayerOpKind::kGemm: t = Gemm(op.m, op.n * op.groups, op.k, prec); break;
+      case LayerOpKind::kGemm:
+        t = Gemm(op.m, op.n * op.groups, op.k, prec) / (op.expert ? k_.grouped_gemm_eff : 1.0);
+        break;
       case LayerOpKind::kAttention: t = op.flops / (peak16 * k_.attention_eff); break;
       case LayerOpKind::kMemory: {
         const bool norm_like = op.kernel == MemoryKernel::kNorm ||
@@ -278,7 +294,7 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
             cc.entries[j].bytes == op.bytes)
           c = cc.entries[j].seconds;
       if (c < 0) {
-        c = kind == Collective::kAllToAll ? AllToAll(stride, size, op.bytes)
+        c = kind == Collective::kAllToAll ? AllToAll(stride, size, op.bytes, l.moe_flex_dispatcher)
                                           : Coll(kind, stride, size, op.bytes);
         if (cc.size < CollCache::kMax)
           cc.entries[cc.size++] = {kind, uint8_t(op.group), op.bytes, c};
@@ -329,7 +345,7 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
     uint64_t model;
     int world;  // the measured runtime's layer time depends on the ranks sharing a node
     int tp, cp, micro_batch, ep, etp;
-    bool sp, tp_comm_overlap, a2a_overlap;
+    bool sp, tp_comm_overlap, a2a_overlap, flex;
     Recompute recompute;
     Precision precision;
     bool operator==(const Key&) const = default;
@@ -345,11 +361,12 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
   const Key key{id_, runtime_ ? l.world() : 0, l.tp, l.cp, l.micro_batch,
                 model_.moe() ? l.ep : 1, model_.moe() ? l.expert_tp() : 1,
                 l.sequence_parallel && l.tp > 1, l.tp_comm_overlap, l.moe_a2a_overlap,
-                l.recompute, l.precision};
+                l.moe_flex_dispatcher, l.recompute, l.precision};
   uint64_t h = key.model;
   for (uint64_t v : {uint64_t(key.world), uint64_t(key.tp), uint64_t(key.cp),
                      uint64_t(key.micro_batch), uint64_t(key.ep) * 4096 + uint64_t(key.etp),
-                     uint64_t(key.sp) * 4 + key.tp_comm_overlap * 2 + key.a2a_overlap,
+                     uint64_t(key.sp) * 8 + key.tp_comm_overlap * 4 + key.a2a_overlap * 2 +
+                         key.flex,
                      uint64_t(key.recompute) * 8 + uint64_t(key.precision)}) {
     h = (h ^ v) + 0x9E3779B97F4A7C15ull;  // splitmix64's finaliser per field
     h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -221,7 +221,9 @@ class AnalyticModel : public Estimator {
   // One all-to-all over `size` ranks `stride` apart, `bytes` leaving each rank in all: what stays
   // in the NVLink domain moves over NVLink, what leaves it over the rank's share of the NICs,
   // both at once (NCCL's all-to-all is point-to-point sends, not a ring).
-  double AllToAll(int stride, int size, double bytes) const;
+  // `flex`: the flex dispatcher's deduplication (Layout::moe_flex_dispatcher) of the model's
+  // top-k copies of a token bound for one remote domain.
+  double AllToAll(int stride, int size, double bytes, bool flex = false) const;
   double EmbeddingReduceTime(const Layout& l) const;   // tied-embedding all-reduce, seconds
   // step + grad norm + overhead; `expert_params` of the parameters sharded over expert DP.
   double OptimizerTime(const Layout& l, double params, double expert_params = 0) const;

@@ -59,6 +59,9 @@ const std::vector<ConstantInfo>& ConstantTable() {
       {"all_to_all_eff", &C::all_to_all_eff, "fraction of ring bus bandwidth",
        "NCCL all-to-all (EP dispatch/combine) against a ring collective's bus bandwidth; "
        "fitted on the MoE recipes (data/published/fit.yaml)", kEfficiency},
+      {"grouped_gemm_eff", &C::grouped_gemm_eff, "fraction of the GEMM law",
+       "routed experts' grouped GEMMs against a dense GEMM of the same tiles; fitted on the MoE "
+       "recipes", kEfficiency},
       {"moe_dropless_load", &C::moe_dropless_load, "x mean tokens per expert",
        "most loaded expert rank in dropless routing (aux-loss balanced); not fitted",
        ConstantRange{1, false, 64}},

@@ -68,6 +68,9 @@ struct CostConstants {
   // capacity-factor runs at the factor). No measured dropless run is in the calibration data:
   // 1.2 stands for a router trained with a balancing loss (docs/cost-model.md).
   double all_to_all_eff = 0.6;
+  // Routed experts' grouped GEMMs (Transformer Engine GroupedLinear) against the dense GEMM law
+  // of the same shape: per-expert launches or grouped kernels, the permuted operands.
+  double grouped_gemm_eff = 0.85;
   double moe_dropless_load = 1.2;
   // Share of pipeline p2p time left exposed on the critical path.
   double pp_exposed = 1.0;

@@ -50,7 +50,9 @@ std::vector<ValidationRow> PredictRuns(const std::vector<MeasuredRun>& runs,
 
 // Coordinate descent on the named constants of clusters[gpu].calibration (multiplicative steps,
 // bounded to [lo, hi] per constant) minimising the mean absolute step-time error of the runs
-// of that GPU. Returns the fitted values; `clusters` is updated in place.
+// of that GPU. The Mixture-of-Experts constants (all_to_all_eff, grouped_gemm_eff,
+// moe_dropless_load) are fitted on the MoE rows after the others on the dense rows. Returns the
+// fitted values; `clusters` is updated in place.
 struct FitParam {
   std::string name;
   double lo, hi;

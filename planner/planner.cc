@@ -289,6 +289,12 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   Layout l = split;  // pp, vp, schedule and the split flags
                   l.tp = tp; l.dp = dp; l.cp = cp;
                   l.ep = ep; l.etp = etp;
+                  // The flex dispatcher (DeepEP / HybridEP) where EP leaves the NVLink domain,
+                  // the only place it changes the traffic; alltoall (Megatron's default) inside.
+                  l.moe_flex_dispatcher = s.moe_flex_dispatcher
+                                              ? *s.moe_flex_dispatcher
+                                              : model.moe() && ep > 1 &&
+                                                    int64_t(ep) * (etp > 0 ? etp : tp) > gpn;
                   l.moe_a2a_overlap = s.moe_a2a_overlap
                                           ? *s.moe_a2a_overlap
                                           : model.moe() && ep > 1 && (split.pp == 1 || split.vp > 1) &&

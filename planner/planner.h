@@ -62,6 +62,8 @@ struct SearchSpace {
   // --overlap-moe-expert-parallel-comm: unset, on wherever Megatron allows it (ep > 1, vp with
   // pp > 1, no full recompute): it only hides all-to-alls.
   Choice<bool> moe_a2a_overlap;
+  // --moe-token-dispatcher-type flex: unset, used where the EP group leaves the NVLink domain.
+  Choice<bool> moe_flex_dispatcher;
   Choice<bool> sequence_parallel, distributed_optimizer;
   // Megatron-FSDP's optim_grads (ZeRO-2) on top of the distributed optimizer. Unset: tried only
   // when no layout fits without it (SearchLayouts; it buys memory with a reduce-scatter per

@@ -309,6 +309,11 @@ def convert_moe(e, reg):
     if (str(e["id"]).startswith("mb_") and model.get("family") == "deepseek-v3"
             and str(hw["gpu"]).startswith("H100")):
         l["moe_a2a_overlap"] = True
+    # ... and the flex dispatcher (moe_flex_dispatcher_backend deepep on H100, hybridep on
+    # GB200/GB300) for DeepSeek-V3; taken for every Megatron-Bridge DeepSeek-V3 row whose EP
+    # group leaves the node (B200 26.04's ep 32 over 4 nodes), as its presets do where it matters.
+    if str(e["id"]).startswith("mb_") and model.get("family") == "deepseek-v3" and ep > 1:
+        l["moe_flex_dispatcher"] = True
     layers, stages = m["layers"], pp * vp
     notes = " ".join(str(n) for n in (e.get("notes") or []))
     import re
