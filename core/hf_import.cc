@@ -303,8 +303,10 @@ void ReadMoe(Reader& r, ModelSpec* m) {
   const auto [experts_key, experts] = ExpertCount(r);
   if (experts == 0 || !r.ok()) return;
   m->num_experts = experts;
-  m->moe_topk = r.Has("num_experts_per_tok") ? r.Need("num_experts_per_tok")
-                                             : r.Need("experts_per_token");
+  // GPT-OSS writes experts_per_token beside num_experts_per_tok.
+  m->moe_topk = r.Has("experts_per_token") && !r.Has("num_experts_per_tok")
+                    ? r.Need("experts_per_token")
+                    : r.Need("num_experts_per_tok");
   m->moe_ffn_hidden = r.Int("moe_intermediate_size", m->ffn_hidden);
   if (r.Has("shared_expert_intermediate_size"))
     m->moe_shared_ffn_hidden = r.Count("shared_expert_intermediate_size", 0);
