@@ -144,6 +144,7 @@ Result<World> LoadWorld(const std::string& cluster_path, const std::string& mode
   if (seq_len) {
     if (*seq_len <= 0) return Status::Error("--seq-len " + std::to_string(*seq_len) + " must be positive");
     w.model.seq_len = *seq_len;
+    w.model.seq_len_note.clear();  // the flag's value, not the import's default
   }
   w.gpus = gpus ? *gpus : w.cluster.world();
   if (w.gpus <= 0 || w.gpus > w.cluster.world())
@@ -459,7 +460,8 @@ std::string ModelSummary(const ModelSpec& m) {
   std::snprintf(buf, sizeof buf, "%s (%.1fB parameters, %.1fB active per token), sequence %lld",
                 m.name.c_str(), m.total_params() / 1e9, m.active_params() / 1e9,
                 static_cast<long long>(m.seq_len));
-  return buf;
+  // An imported config's sequence is a default or the config's pre-training context: say which.
+  return m.seq_len_note.empty() ? std::string(buf) : std::string(buf) + " (" + m.seq_len_note + ")";
 }
 
 void AddModelJson(const ModelSpec& m, nlohmann::json* j) {
@@ -468,6 +470,7 @@ void AddModelJson(const ModelSpec& m, nlohmann::json* j) {
   (*j)["params_total"] = m.total_params();
   (*j)["params_active"] = m.active_params();
   (*j)["seq_len"] = m.seq_len;
+  if (!m.seq_len_note.empty()) (*j)["seq_len_note"] = m.seq_len_note;
 }
 
 Result<double> ParseTokenCount(const std::string& text) {

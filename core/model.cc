@@ -1,16 +1,11 @@
-// ModelSpec counts and loaders.
+// ModelSpec counts and the model YAML reader and writer (the Hugging Face import is in
+// core/hf_import.cc).
 #include "core/model.h"
 
-#include <nlohmann/json.hpp>
-
-#include <sys/stat.h>
-
 #include <charconv>
-#include <fstream>
 #include <sstream>
 #include <vector>
 
-#include "core/file_io.h"
 #include "core/yaml_reader.h"
 
 namespace ptdp {
@@ -353,125 +348,6 @@ Result<ModelSpec> LoadModelFile(const std::string& path) {
   PTDP_ASSIGN_OR_RETURN(YAML::Node node, LoadYamlFile(path, "a model YAML"));
   return ModelFromYaml(node, path, "");
 }
-
-namespace {
-
-// A JSON value for a message (never throws: strings are UTF-8 after parsing, but be safe).
-std::string Dump(const nlohmann::json& v) {
-  return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
-// Reads a positive integer field of a HF config; `key` is required unless fallback > 0.
-Result<int64_t> JsonInt(const nlohmann::json& j, const std::string& file,
-                        const std::string& key, int64_t fallback) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback > 0) return fallback;
-    return Status::Error(file + ": missing key '" + key + "'");
-  }
-  const auto& v = j[key];
-  if (!v.is_number_integer() || v.get<int64_t>() <= 0)
-    return Status::Error(file + ": key '" + key + "' = " + Dump(v) +
-                         " must be a positive integer");
-  return v.get<int64_t>();
-}
-
-}  // namespace
-
-namespace {
-Result<ModelSpec> ImportHfJson(const nlohmann::json& j, const std::string& path);
-// Optional typed fields: absent or null gives the fallback; a wrong type is an error naming
-// the key.
-Result<bool> JsonBool(const nlohmann::json& j, const std::string& file, const std::string& key,
-                      bool fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_boolean())
-    return Status::Error(file + ": key '" + key + "' = " + Dump(j[key]) + " is not a boolean");
-  return j[key].get<bool>();
-}
-Result<std::string> JsonString(const nlohmann::json& j, const std::string& file,
-                               const std::string& key, const std::string& fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_string())
-    return Status::Error(file + ": key '" + key + "' = " + Dump(j[key]) + " is not a string");
-  return j[key].get<std::string>();
-}
-
-}  // namespace
-
-Result<ModelSpec> ImportHfConfig(const std::string& path) {
-  // hf:DIR reads DIR/config.json, as Hugging Face's from_pretrained(DIR) does.
-  struct stat st {};
-  const std::string file =
-      ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)
-          ? path + (path.empty() || path.back() != '/' ? "/" : "") + "config.json"
-          : path;
-  PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(file, "a Hugging Face config.json"));
-  return ImportHfConfigText(text, file);
-}
-
-Result<ModelSpec> ImportHfConfigText(const std::string& text, const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    // nlohmann quotes the bytes it read last: a non-UTF-8 string is shown escaped (\xff).
-    return Status::Error(path + ": malformed JSON: " + EscapeBytes(e.what()));
-  }
-  if (!j.is_object()) return Status::Error(path + ": top level is not a JSON object");
-  try {
-    return ImportHfJson(j, path);
-  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
-    return Status::Error(path + ": a field has the wrong type: " + EscapeBytes(e.what()));
-  }
-}
-
-namespace {
-Result<ModelSpec> ImportHfJson(const nlohmann::json& j, const std::string& path) {
-  ModelSpec m;
-  // Dropout from the config's probabilities (GPT-2: resid_pdrop, attn_pdrop; Llama-style:
-  // attention_dropout, hidden_dropout), none when it names none.
-  m.dropout = false;
-  for (const char* key : {"resid_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout"})
-    if (j.contains(key) && j[key].is_number() && j[key].get<double>() > 0) m.dropout = true;
-  PTDP_ASSIGN_OR_RETURN(const std::string type, JsonString(j, path, "model_type", ""));
-  PTDP_ASSIGN_OR_RETURN(m.name, JsonString(j, path, "_name_or_path",
-                                           type.empty() ? std::string("hf-model") : type));
-  if (j.contains("n_layer") || type == "gpt2") {  // GPT-2 family
-    PTDP_ASSIGN_OR_RETURN(m.layers, JsonInt(j, path, "n_layer", 0));
-    PTDP_ASSIGN_OR_RETURN(m.hidden, JsonInt(j, path, "n_embd", 0));
-    PTDP_ASSIGN_OR_RETURN(m.heads, JsonInt(j, path, "n_head", 0));
-    PTDP_ASSIGN_OR_RETURN(m.ffn_hidden, JsonInt(j, path, "n_inner", DefaultFfn(m.hidden)));
-    PTDP_ASSIGN_OR_RETURN(m.seq_len, JsonInt(j, path, "n_positions", 1024));
-    PTDP_ASSIGN_OR_RETURN(m.vocab, JsonInt(j, path, "vocab_size", 0));
-    m.kv_heads = m.heads;
-    m.activation = Activation::kGelu;
-    m.norm = Norm::kLayerNorm;
-    m.position = PositionEmbedding::kLearned;
-    PTDP_ASSIGN_OR_RETURN(m.tied_embeddings, JsonBool(j, path, "tie_word_embeddings", true));
-    m.bias = true;
-  } else {  // Llama, Mistral, Qwen2 family
-    PTDP_ASSIGN_OR_RETURN(m.layers, JsonInt(j, path, "num_hidden_layers", 0));
-    PTDP_ASSIGN_OR_RETURN(m.hidden, JsonInt(j, path, "hidden_size", 0));
-    PTDP_ASSIGN_OR_RETURN(m.heads, JsonInt(j, path, "num_attention_heads", 0));
-    PTDP_ASSIGN_OR_RETURN(m.kv_heads, JsonInt(j, path, "num_key_value_heads", m.heads));
-    PTDP_ASSIGN_OR_RETURN(m.ffn_hidden, JsonInt(j, path, "intermediate_size", DefaultFfn(m.hidden)));
-    PTDP_ASSIGN_OR_RETURN(m.seq_len, JsonInt(j, path, "max_position_embeddings", 0));
-    PTDP_ASSIGN_OR_RETURN(m.vocab, JsonInt(j, path, "vocab_size", 0));
-    PTDP_ASSIGN_OR_RETURN(const std::string act, JsonString(j, path, "hidden_act", "silu"));
-    if (act == "silu" || act == "swish") m.activation = Activation::kSwiglu;
-    else if (act.rfind("gelu", 0) == 0) m.activation = Activation::kGelu;
-    else if (act == "relu2") m.activation = Activation::kSquaredRelu;
-    else return Status::Error(path + ": key 'hidden_act' = \"" + act +
-                              "\" is not supported (silu, gelu, relu2)");
-    m.norm = j.contains("rms_norm_eps") ? Norm::kRmsNorm : Norm::kLayerNorm;
-    m.position = PositionEmbedding::kRope;
-    PTDP_ASSIGN_OR_RETURN(m.tied_embeddings, JsonBool(j, path, "tie_word_embeddings", false));
-    PTDP_ASSIGN_OR_RETURN(m.bias, JsonBool(j, path, "attention_bias", false));
-  }
-  PTDP_RETURN_IF_ERROR(ValidateModel(m, path));
-  return m;
-}
-}  // namespace
 
 Result<ModelSpec> LoadModel(const std::string& spec) {
   if (spec.rfind("hf:", 0) == 0) return ImportHfConfig(spec.substr(3));

@@ -43,6 +43,10 @@ struct ModelSpec {
   int64_t kv_heads = 0;            // k, key/value heads (GQA); == a for multi-head attention
   int64_t ffn_hidden = 0;          // f, MLP inner size (4h for GPT)
   int64_t seq_len = 0;             // s, training sequence length
+  // How an import chose seq_len when the config states no training length ("default for an
+  // imported config; max_position_embeddings 131072 is the context limit, not the training
+  // length; --seq-len sets it"); empty for YAML models and after --seq-len. Not written to YAML.
+  std::string seq_len_note;
   int64_t vocab = 0;               // V, unpadded vocabulary
   Activation activation = Activation::kGelu;  // swiglu has three MLP matrices
   Norm norm = Norm::kLayerNorm;
@@ -165,8 +169,14 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                                 const std::string& path);
 // Loads a model YAML file.
 Result<ModelSpec> LoadModelFile(const std::string& path);
-// Imports a Hugging Face config.json (GPT-2, Llama, Mistral, Qwen2 style); a folder reads its
-// config.json, as from_pretrained(folder) does.
+// Imports a Hugging Face config.json (core/hf_import.cc): Llama, Mistral, Mixtral, Qwen2,
+// Qwen2-MoE, Qwen3 (dense and MoE), DeepSeek-V2/V3, Kimi K2, Gemma 2/3, Phi-3, GPT-OSS, Falcon,
+// GPT-NeoX and GPT-2, each by its model_type's reader; layers ptdp does not model (Mamba,
+// linear attention) and keys it cannot express are refused with the file, key and value. A
+// folder reads its config.json, as from_pretrained(folder) does. The name is _name_or_path,
+// else the folder (DIR/config.json) or file name; seq_len is the pre-training context the
+// config or its family's report gives, else 4096, never max_position_embeddings silently
+// (seq_len_note says which).
 Result<ModelSpec> ImportHfConfig(const std::string& path);
 // The same from the JSON text; `name` stands for the file in messages.
 Result<ModelSpec> ImportHfConfigText(const std::string& text, const std::string& name);

@@ -175,6 +175,31 @@ TEST(Standalone, HfFolderReadsItsConfigJson) {
                      "config.json: cannot open a Hugging Face config.json");
 }
 
+// An imported config's sequence length is a stated default: the header and --json say so, and
+// --seq-len replaces it and the note; an unmodelled architecture is one line naming the key.
+TEST(Standalone, HfImportStatesItsSequenceLength) {
+  const std::string model = "--model 'hf:" + kSrc + "/tests/data/hf/Mixtral-8x7B-v0.1.json'";
+  const CmdResult a = PtdpElsewhere("plan --cluster dgx-h100 " + model + " --gpus 64 --global-batch 512 --top 1");
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_NE(a.out.find("Mixtral-8x7B-v0.1 (46.7B parameters, 12.9B active per token), sequence 4096 "
+                       "(default for an imported config; max_position_embeddings 32768 is the "
+                       "context limit, not the training length; --seq-len sets it)"),
+            std::string::npos) << a.out;
+  const CmdResult j = PtdpElsewhere("plan --cluster dgx-h100 " + model + " --gpus 64 --global-batch 512 --top 1 --json");
+  ASSERT_EQ(j.code, 0) << j.out;
+  const nlohmann::json doc = nlohmann::json::parse(j.out);
+  EXPECT_EQ(doc["seq_len"], 4096);
+  EXPECT_NE(doc["seq_len_note"].get<std::string>().find("--seq-len sets it"), std::string::npos);
+  EXPECT_EQ(doc["params_total"], 46702792704);
+  const CmdResult s = PtdpElsewhere("plan --cluster dgx-h100 " + model + " --gpus 64 --global-batch 512 --top 1 --seq-len 2048 --json");
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_EQ(nlohmann::json::parse(s.out)["seq_len"], 2048);
+  EXPECT_FALSE(nlohmann::json::parse(s.out).contains("seq_len_note"));
+  ExpectOneLineError(PtdpElsewhere("plan --cluster dgx-h100 --model 'hf:" + kSrc +
+                                   "/tests/data/hf/Nemotron-H-8B-Base-8K.json' --global-batch 64"),
+                     "key 'model_type' = \"nemotron_h\": Mamba-2 (state-space) layers");
+}
+
 TEST(Standalone, EmitTakesOnlyWhatItKnows) {
   const std::string plan = "plan --cluster dgx-a100 --model gpt3-175b --global-batch 1536 --top 1";
   const CmdResult bad = PtdpElsewhere(plan + " --emit deepspeed");

@@ -322,8 +322,8 @@ TEST(ModelYamlTest, NonUtf8NameIsRefusedNamingTheKey) {
 // the byte escaped, so it is printable itself. Extreme numbers are refused by key.
 TEST(HfImportTest, NonUtf8AndExtremeNumbersAreRefused) {
   const std::string llama =
-      R"({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-          "max_position_embeddings": 128, "vocab_size": 256)";
+      R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+          "num_attention_heads": 4, "max_position_embeddings": 128, "vocab_size": 256)";
   Result<ModelSpec> r = ImportHfConfigText(llama + ", \"_name_or_path\": \"x\xff\"}", "c.json");
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("c.json: malformed JSON"));
@@ -334,11 +334,12 @@ TEST(HfImportTest, NonUtf8AndExtremeNumbersAreRefused) {
   EXPECT_THAT(r.status().message(), HasSubstr("'intermediate_size' = 1e+308 must be a positive integer"));
   r = ImportHfConfigText(llama + ", \"intermediate_size\": 9223372036854775807}", "c.json");
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(), HasSubstr("ffn_hidden 9223372036854775807 is larger than the limit"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("'intermediate_size' = 9223372036854775807 is larger than any model size"));
   r = ImportHfConfigText(llama + ", \"intermediate_size\": -1}", "c.json");
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("'intermediate_size' = -1 must be a positive integer"));
-  EXPECT_TRUE(ImportHfConfigText(llama + "}", "c.json").ok());
+  EXPECT_TRUE(ImportHfConfigText(llama + ", \"intermediate_size\": 256}", "c.json").ok());
 }
 
 TEST(ModelYamlTest, MissingFileNamesIt) {
@@ -399,7 +400,7 @@ TEST(HfImportTest, Gpt2) {
   Result<ModelSpec> r = ImportHfConfig(SourcePath("tests/data/hf/gpt2.json"));
   ASSERT_TRUE(r.ok()) << r.status().message();
   const ModelSpec& m = *r;
-  EXPECT_EQ(m.name, "gpt2");  // no _name_or_path: the model_type
+  EXPECT_EQ(m.name, "gpt2");  // no _name_or_path: the file name
   EXPECT_EQ(m.layers, 12);
   EXPECT_EQ(m.hidden, 768);
   EXPECT_EQ(m.heads, 12);
@@ -444,13 +445,16 @@ TEST(HfImportTest, Mistral7b) {
   Result<ModelSpec> r = ImportHfConfig(SourcePath("tests/data/hf/mistral.json"));
   ASSERT_TRUE(r.ok()) << r.status().message();
   const ModelSpec& m = *r;
-  EXPECT_EQ(m.name, "mistral");
+  EXPECT_EQ(m.name, "mistral");  // no _name_or_path: the file name
   EXPECT_EQ(m.layers, 32);
   EXPECT_EQ(m.hidden, 4096);
   EXPECT_EQ(m.heads, 32);
   EXPECT_EQ(m.kv_heads, 8);        // num_key_value_heads
   EXPECT_EQ(m.ffn_hidden, 14336);
-  EXPECT_EQ(m.seq_len, 32768);     // max_position_embeddings (sliding_window 4096 is ignored)
+  // Not max_position_embeddings 32768 (the context limit): the 4096 default, and a note.
+  EXPECT_EQ(m.seq_len, 4096);
+  EXPECT_THAT(m.seq_len_note, HasSubstr("max_position_embeddings 32768 is the context limit"));
+  EXPECT_EQ(m.sliding_window, 4096);
   EXPECT_EQ(m.vocab, 32000);
   EXPECT_EQ(m.activation, Activation::kSwiglu);
   EXPECT_FALSE(m.tied_embeddings);
