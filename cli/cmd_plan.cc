@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/megatron_command.h"
 #include "core/units.h"
 
 namespace ptdp::cli {

@@ -112,8 +112,6 @@ FlopUnit FlopUnitFor(double flops_per_s);
 
 // "on"/"off" flag values.
 Result<bool> ParseOnOff(const std::string& flag, const std::string& v);
-// The Megatron-LM command line for a plan.
-std::string MegatronCommand(const Plan& plan);
 // One line naming the measured primitives a cluster's cost model composes times from, or "" for
 // a cluster without `measured:` (plan's and simulate's output).
 // "llama3-405b (405.9B parameters, 405.9B active per token), sequence 8192".
