@@ -76,6 +76,12 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--cp", f->cp, "context-parallel size (or a list; plan searches it by default)")
       ->delimiter(',');
   app->add_option("--micro-batch", f->micro_batch, "micro-batch size b (or a list)")->delimiter(',');
+  app->add_option("--expert-model-parallel-size,--ep", f->ep,
+                  "expert-parallel size of an MoE model (Megatron-LM's flag; or a list)")
+      ->delimiter(',');
+  app->add_option("--expert-tensor-parallel-size,--etp", f->etp,
+                  "tensor-parallel size of the experts (Megatron-LM's flag; default: tp; or a list)")
+      ->delimiter(',');
   AddSplitFlags(app, &f->split);
   app->add_option("--overlap-p2p-communication", f->p2p_overlap,
                   "interleaved schedule: overlap the pipeline's sends and receives with compute "
@@ -215,6 +221,22 @@ Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<b
   return Status::Ok();
 }
 
+// --ep / --etp values: positive, within the world limit, and only for a model with experts.
+Status CheckExpertSizes(const LayoutFlags& f, const ModelSpec& m) {
+  for (const auto& [flag, values] :
+       {std::pair{"--expert-model-parallel-size", &f.ep},
+        std::pair{"--expert-tensor-parallel-size", &f.etp}}) {
+    for (int v : *values)
+      if (v <= 0 || v > kMaxWorldSize)
+        return Status::Error(std::string(flag) + " " + std::to_string(v) + " must be in 1.." +
+                             std::to_string(kMaxWorldSize));
+    if (!values->empty() && !m.moe() && (*values != std::vector<int>{1} || values == &f.etp))
+      return Status::Error(std::string(flag) + ": " + m.name +
+                           " has no experts (num_experts 0)");
+  }
+  return Status::Ok();
+}
+
 // The one value of a size flag `simulate` and `train` take.
 Result<int> OneValue(const char* flag, const std::vector<int>& v, int fallback) {
   if (v.empty()) return fallback;
@@ -243,6 +265,9 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   if (!f.global_batch) return Status::Error("--global-batch is required");
   s.global_batch = *f.global_batch;
   s.tp = f.tp; s.pp = f.pp; s.dp = f.dp; s.vp = f.vp; s.micro_batch = f.micro_batch; s.cp = f.cp;
+  PTDP_RETURN_IF_ERROR(CheckExpertSizes(f, w.model));
+  s.ep = f.ep;
+  s.etp = f.etp;
   bool wide_tp = false;
   for (int tp : f.tp) wide_tp = wide_tp || tp > w.cluster.nvlink_domain_gpus();
   s.allow_tp_across_nodes = f.allow_tp_across_nodes || wide_tp;
@@ -274,6 +299,9 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_ASSIGN_OR_RETURN(l.cp, OneValue("--cp", f.cp, 1));
   PTDP_ASSIGN_OR_RETURN(l.vp, OneValue("--vp", f.vp, 1));
   PTDP_ASSIGN_OR_RETURN(l.micro_batch, OneValue("--micro-batch", f.micro_batch, 1));
+  PTDP_RETURN_IF_ERROR(CheckExpertSizes(f, w.model));
+  PTDP_ASSIGN_OR_RETURN(l.ep, OneValue("--expert-model-parallel-size", f.ep, 1));
+  PTDP_ASSIGN_OR_RETURN(l.etp, OneValue("--expert-tensor-parallel-size", f.etp, 0));
   std::optional<int> dp_flag;
   if (!f.dp.empty()) {
     PTDP_ASSIGN_OR_RETURN(const int v, OneValue("--dp", f.dp, 1));
@@ -347,7 +375,8 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
           {"shard_gradients", l.shard_gradients},
           {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},
           {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap},
-          {"overlap_p2p", l.overlap_p2p}, {"pipeline_split", l.SplitName()}};
+          {"overlap_p2p", l.overlap_p2p}, {"pipeline_split", l.SplitName()},
+          {"ep", l.ep}, {"etp", l.expert_tp()}};
   if (l.first_stage_layers > 0) j["first_stage_layers"] = l.first_stage_layers;
   if (l.last_stage_layers > 0) j["last_stage_layers"] = l.last_stage_layers;
   if (l.embedding_in_split) j["embedding_in_split"] = true;

@@ -44,6 +44,9 @@ struct LayoutFlags {
   std::optional<int> nodes, gpus;
   // Sizes: one value fixes the knob, a comma-separated list (--tp 4,8) searches those (plan).
   std::vector<int> tp, pp, dp, vp, cp, micro_batch;
+  // Expert parallelism (MoE models): --expert-model-parallel-size (--ep) and
+  // --expert-tensor-parallel-size (--etp; unset: tp, Megatron's default).
+  std::vector<int> ep, etp;
   std::optional<int64_t> global_batch;
   std::optional<std::string> sp, recompute, dist_opt, precision, tp_overlap, grad_overlap,
       p2p_overlap;
