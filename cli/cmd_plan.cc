@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/megatron_command.h"
 #include "core/units.h"
 
 namespace ptdp::cli {
@@ -156,7 +157,8 @@ int RunPlan(const PlanFlags& f) {
   if (!r.top.empty()) chosen = std::make_unique<Plan>(MakePlan(*w, f.layout, r.top[0]));
   if (f.layout.json) {
     nlohmann::json j = ResultJson(*w, r, chosen.get());
-    if (chosen && f.emit == "megatron") j["megatron_command"] = MegatronCommand(*chosen);
+    if (chosen && f.emit == "megatron")
+      j["megatron_command"] = MegatronCommand(*chosen, {train_tokens});
     if (chosen && train_tokens)
       j["training"] = TrainingJson(TimeToTrain(chosen->layout, w->model,
                                                chosen->prediction.step_time_s, *train_tokens));
@@ -209,7 +211,8 @@ int RunPlan(const PlanFlags& f) {
     if (!st.ok()) return Fail(st.message());
     if (!f.layout.json) std::printf("\nwrote %s\n", f.out.c_str());
   }
-  if (f.emit == "megatron" && !f.layout.json) std::printf("\n%s", MegatronCommand(*chosen).c_str());
+  if (f.emit == "megatron" && !f.layout.json)
+    std::printf("\n%s", MegatronCommand(*chosen, {train_tokens}).c_str());
   return 0;
 }
 
@@ -222,15 +225,7 @@ Runner SetupPlan(CLI::App* sub) {
   sub->add_option("--refine", f->refine,
                   "re-score the best K analytic layouts with the event simulator (default 16, 0 = off)");
   sub->add_option("--out", f->out, "write the chosen plan to this plan.yaml");
-  sub->add_option("--emit", f->emit,
-                  "print the launch command of the chosen plan: megatron (the only one; with "
-                  "--json, the field megatron_command)")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            return v == "megatron" ? std::string()
-                                   : "'" + v + "' is not a launcher ptdp writes; expected: megatron";
-          },
-          "megatron", "launcher"));
+  AddEmitOption(sub, &f->emit);
   return [f] { return RunPlan(*f); };
 }
 

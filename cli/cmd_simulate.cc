@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/megatron_command.h"
 #include "cli/trace.h"
 #include "core/units.h"
 #include "core/layer_ops.h"
@@ -25,6 +26,7 @@ struct SimFlags {
   bool timeline = false;
   bool ops = false;    // print the layer's kernels with their times
   int width = 100;
+  std::string emit;    // --emit megatron: the layout's Megatron-LM launch
 };
 
 // The lists --ops prints: one layer forward, the recompute the backward reruns, the layer
@@ -221,6 +223,7 @@ int RunSimulate(const SimFlags& f) {
     if (train_tokens)
       j["training"] = TrainingJson(
           TimeToTrain(plan.layout, plan.model, plan.prediction.step_time_s, *train_tokens));
+    if (f.emit == "megatron") j["megatron_command"] = MegatronCommand(plan, {train_tokens});
     std::cout << DumpJson(j) << "\n";
     return 0;
   }
@@ -248,6 +251,7 @@ int RunSimulate(const SimFlags& f) {
   }
   if (f.ops) PrintOps(*world.cost, world.cost->Executed(plan.layout));
   if (!f.trace.empty()) std::printf("\nwrote %s (open it in https://ui.perfetto.dev)\n", f.trace.c_str());
+  if (f.emit == "megatron") std::printf("\n%s", MegatronCommand(plan, {train_tokens}).c_str());
   return 0;
 }
 
@@ -263,6 +267,7 @@ Runner SetupSimulate(CLI::App* sub) {
                 "print one layer's kernels (and the embedding's and output layer's), each with "
                 "its shape, time and exposed communication (core/layer_ops.h)");
   sub->add_option("--width", f->width, "columns of the --timeline chart (default 100)");
+  AddEmitOption(sub, &f->emit);
   return [f] { return RunSimulate(*f); };
 }
 

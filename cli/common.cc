@@ -76,6 +76,12 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--cp", f->cp, "context-parallel size (or a list; plan searches it by default)")
       ->delimiter(',');
   app->add_option("--micro-batch", f->micro_batch, "micro-batch size b (or a list)")->delimiter(',');
+  app->add_option("--expert-model-parallel-size,--ep", f->ep,
+                  "expert-parallel size of an MoE model (Megatron-LM's flag; or a list)")
+      ->delimiter(',');
+  app->add_option("--expert-tensor-parallel-size,--etp", f->etp,
+                  "tensor-parallel size of the experts (Megatron-LM's flag; default: tp; or a list)")
+      ->delimiter(',');
   AddSplitFlags(app, &f->split);
   app->add_option("--overlap-p2p-communication", f->p2p_overlap,
                   "interleaved schedule: overlap the pipeline's sends and receives with compute "
@@ -216,6 +222,22 @@ Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<b
   return Status::Ok();
 }
 
+// --ep / --etp values: positive, within the world limit, and only for a model with experts.
+Status CheckExpertSizes(const LayoutFlags& f, const ModelSpec& m) {
+  for (const auto& [flag, values] :
+       {std::pair{"--expert-model-parallel-size", &f.ep},
+        std::pair{"--expert-tensor-parallel-size", &f.etp}}) {
+    for (int v : *values)
+      if (v <= 0 || v > kMaxWorldSize)
+        return Status::Error(std::string(flag) + " " + std::to_string(v) + " must be in 1.." +
+                             std::to_string(kMaxWorldSize));
+    if (!values->empty() && !m.moe() && (*values != std::vector<int>{1} || values == &f.etp))
+      return Status::Error(std::string(flag) + ": " + m.name +
+                           " has no experts (num_experts 0)");
+  }
+  return Status::Ok();
+}
+
 // The one value of a size flag `simulate` and `train` take.
 Result<int> OneValue(const char* flag, const std::vector<int>& v, int fallback) {
   if (v.empty()) return fallback;
@@ -244,6 +266,9 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   if (!f.global_batch) return Status::Error("--global-batch is required");
   s.global_batch = *f.global_batch;
   s.tp = f.tp; s.pp = f.pp; s.dp = f.dp; s.vp = f.vp; s.micro_batch = f.micro_batch; s.cp = f.cp;
+  PTDP_RETURN_IF_ERROR(CheckExpertSizes(f, w.model));
+  s.ep = f.ep;
+  s.etp = f.etp;
   bool wide_tp = false;
   for (int tp : f.tp) wide_tp = wide_tp || tp > w.cluster.nvlink_domain_gpus();
   s.allow_tp_across_nodes = f.allow_tp_across_nodes || wide_tp;
@@ -275,6 +300,9 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_ASSIGN_OR_RETURN(l.cp, OneValue("--cp", f.cp, 1));
   PTDP_ASSIGN_OR_RETURN(l.vp, OneValue("--vp", f.vp, 1));
   PTDP_ASSIGN_OR_RETURN(l.micro_batch, OneValue("--micro-batch", f.micro_batch, 1));
+  PTDP_RETURN_IF_ERROR(CheckExpertSizes(f, w.model));
+  PTDP_ASSIGN_OR_RETURN(l.ep, OneValue("--expert-model-parallel-size", f.ep, 1));
+  PTDP_ASSIGN_OR_RETURN(l.etp, OneValue("--expert-tensor-parallel-size", f.etp, 0));
   std::optional<int> dp_flag;
   if (!f.dp.empty()) {
     PTDP_ASSIGN_OR_RETURN(const int v, OneValue("--dp", f.dp, 1));
@@ -348,7 +376,8 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
           {"shard_gradients", l.shard_gradients},
           {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},
           {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap},
-          {"overlap_p2p", l.overlap_p2p}, {"pipeline_split", l.SplitName()}};
+          {"overlap_p2p", l.overlap_p2p}, {"pipeline_split", l.SplitName()},
+          {"ep", l.ep}, {"etp", l.expert_tp()}};
   if (l.first_stage_layers > 0) j["first_stage_layers"] = l.first_stage_layers;
   if (l.last_stage_layers > 0) j["last_stage_layers"] = l.last_stage_layers;
   if (l.embedding_in_split) j["embedding_in_split"] = true;
@@ -385,73 +414,6 @@ nlohmann::json EstimateJson(const Layout& l, const ModelSpec& model, const Estim
           {"hw_tflops_per_gpu", hw}, {"mfu", e.mfu}, {"bubble_fraction", e.bubble_fraction},
           {"breakdown_s", BreakdownJson(e.breakdown)}, {"memory_bytes", MemoryJson(e.memory)},
           {"fits", e.fits}, {"source", "analytic"}};
-}
-
-std::string MegatronCommand(const Plan& plan) {
-  const Layout& l = plan.layout;
-  const ModelSpec& m = plan.model;
-  std::ostringstream o;
-  const int nodes = (l.world() + plan.gpus_per_node - 1) / plan.gpus_per_node;
-  o << "torchrun --nproc_per_node=" << std::min(plan.gpus_per_node, l.world())
-    << " --nnodes=" << nodes << " pretrain_gpt.py \\\n"
-    << "  --tensor-model-parallel-size " << l.tp << " \\\n"
-    << "  --pipeline-model-parallel-size " << l.pp << " \\\n";
-  // The pipeline split as Megatron-LM takes it (megatron/training/arguments.py): a layout
-  // string sets vp itself; first/last counts need vp as virtual stages per rank.
-  if (l.pipeline_layout) {
-    o << "  --pipeline-model-parallel-layout '" << l.pipeline_layout->text << "' \\\n";
-  } else {
-    if (l.first_stage_layers > 0)
-      o << "  --decoder-first-pipeline-num-layers " << l.first_stage_layers << " \\\n";
-    if (l.last_stage_layers > 0)
-      o << "  --decoder-last-pipeline-num-layers " << l.last_stage_layers << " \\\n";
-    if (l.embedding_in_split) o << "  --account-for-embedding-in-pipeline-split \\\n";
-    if (l.loss_in_split) o << "  --account-for-loss-in-pipeline-split \\\n";
-    if (l.vp > 1 && l.uneven())
-      o << "  --num-virtual-stages-per-pipeline-rank " << l.vp << " \\\n";
-    else if (l.vp > 1)
-      o << "  --num-layers-per-virtual-pipeline-stage " << m.layers / (l.pp * l.vp) << " \\\n";
-  }
-  if (l.vp > 1 && !l.overlap_p2p) o << "  --no-overlap-p2p-communication \\\n";
-  if (l.cp > 1) o << "  --context-parallel-size " << l.cp << " \\\n";
-  if (l.sequence_parallel) o << "  --sequence-parallel \\\n";
-  if (l.recompute == Recompute::kSelective) o << "  --recompute-activations \\\n";
-  if (l.recompute == Recompute::kFull)
-    o << "  --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \\\n";
-  if (l.distributed_optimizer) o << "  --use-distributed-optimizer \\\n";
-  if (l.shard_gradients)  // Megatron-FSDP v1 (with the distributed optimizer): ZeRO-2
-    o << "  --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads \\\n";
-  if (l.overlap_grad_reduce) o << "  --overlap-grad-reduce \\\n";
-  if (l.overlap_grad_reduce && l.distributed_optimizer) o << "  --overlap-param-gather \\\n";
-  if (l.tp_comm_overlap) o << "  --tp-comm-overlap \\\n";
-  o << "  --num-layers " << m.layers << " --hidden-size " << m.hidden
-    << " --num-attention-heads " << m.heads << " \\\n";
-  if (m.kv_heads != m.heads)
-    o << "  --group-query-attention --num-query-groups " << m.kv_heads << " \\\n";
-  if (m.ffn_hidden != 4 * m.hidden) o << "  --ffn-hidden-size " << m.ffn_hidden << " \\\n";
-  if (m.activation == Activation::kSwiglu) o << "  --swiglu \\\n";
-  if (m.activation == Activation::kSquaredRelu) o << "  --squared-relu \\\n";
-  if (m.norm == Norm::kRmsNorm) o << "  --normalization RMSNorm \\\n";
-  if (m.position == PositionEmbedding::kRope) o << "  --position-embedding-type rope \\\n";
-  if (m.position == PositionEmbedding::kAlibi)  // not silently a model with other positions
-    o << "  `# ALiBi: Megatron-LM has no ALiBi position bias (BLOOM trained with Megatron-DeepSpeed); "
-         "this command builds no position embedding in its place` \\\n"
-      << "  --position-embedding-type none \\\n";
-  if (!m.tied_embeddings) o << "  --untie-embeddings-and-output-weights \\\n";
-  if (!m.bias) o << "  --disable-bias-linear \\\n";
-  o << "  --seq-length " << m.seq_len << " --max-position-embeddings " << m.seq_len << " \\\n"
-    << "  --micro-batch-size " << l.micro_batch << " --global-batch-size " << l.global_batch
-    << " \\\n";
-  if (l.precision == Precision::kBf16) o << "  --bf16";
-  else if (l.precision == Precision::kFp16) o << "  --fp16";
-  else if (l.precision == Precision::kFp8) o << "  --bf16 --fp8-format hybrid";
-  // NVFP4 through Transformer Engine: TransformerConfig.fp4 ('e2m1', --fp4-format) and
-  // fp4_recipe ('nvfp4' or 'custom', --fp4-recipe), megatron/core/transformer/
-  // transformer_config.py of NVIDIA/Megatron-LM at d98e8a6 (2026-08-22); bf16 stays the
-  // parameters' and activations' type.
-  else if (l.precision == Precision::kFp4) o << "  --bf16 --fp4-format e2m1 --fp4-recipe nvfp4";
-  o << "\n";
-  return o.str();
 }
 
 std::string ModelSummary(const ModelSpec& m) {

@@ -44,6 +44,9 @@ struct LayoutFlags {
   std::optional<int> nodes, gpus;
   // Sizes: one value fixes the knob, a comma-separated list (--tp 4,8) searches those (plan).
   std::vector<int> tp, pp, dp, vp, cp, micro_batch;
+  // Expert parallelism (MoE models): --expert-model-parallel-size (--ep) and
+  // --expert-tensor-parallel-size (--etp; unset: tp, Megatron's default).
+  std::vector<int> ep, etp;
   std::optional<int64_t> global_batch;
   std::optional<std::string> sp, recompute, dist_opt, precision, tp_overlap, grad_overlap,
       p2p_overlap;
@@ -112,8 +115,6 @@ FlopUnit FlopUnitFor(double flops_per_s);
 
 // "on"/"off" flag values.
 Result<bool> ParseOnOff(const std::string& flag, const std::string& v);
-// The Megatron-LM command line for a plan.
-std::string MegatronCommand(const Plan& plan);
 // One line naming the measured primitives a cluster's cost model composes times from, or "" for
 // a cluster without `measured:` (plan's and simulate's output).
 // "llama3-405b (405.9B parameters, 405.9B active per token), sequence 8192".

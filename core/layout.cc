@@ -278,7 +278,7 @@ std::string SplitProblem(const ModelSpec& m, const Layout& l) {
     else if (layers != m.layers)
       o << "pipeline layout '" << pl.text << "' places " << layers << " transformer layers, the model has "
         << m.layers;
-    else if (pl.mtp_layers != m.mtp_layers)
+    else if (pl.mtp_layers != m.mtp_layers)  // pipeline_parallel_layer_layout.py asserts it
       o << "pipeline layout '" << pl.text << "' places " << pl.mtp_layers
         << " MTP layers ('m'); the model has " << m.mtp_layers;
     return o.str();

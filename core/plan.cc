@@ -146,6 +146,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   // The split's own counts, once the layout is one Megatron accepts (else the caller names
   // the broken rule).
   if (has_stage_layers && lay.tp > 0 && lay.pp > 0 && lay.vp > 0 && lay.dp > 0 && lay.micro_batch > 0 &&
+      lay.cp > 0 && lay.ep > 0 &&
       CheckLayout(model, lay) == Rejection::kOk) {
     const std::vector<int> derived = StageLayers(model, lay);
     if (derived != written)
@@ -182,7 +183,11 @@ std::string PlanToYaml(const Plan& plan) {
     << "  pp: " << l.pp << "\n"
     << "  dp: " << l.dp << "\n"
     << "  vp: " << l.vp << "\n"
-    << "  cp: " << l.cp << "\n"
+    << "  cp: " << l.cp << "\n";
+  if (plan.model.moe() || l.ep != 1 || l.etp != 0)
+    o << "  ep: " << l.ep << "  # expert-parallel size\n"
+      << "  etp: " << l.etp << "  # expert tensor-parallel size; 0 = tp (Megatron default)\n";
+  o
     << "  micro_batch: " << l.micro_batch << "\n"
     << "  global_batch: " << l.global_batch << "\n"
     << "  num_microbatches: " << l.num_microbatches() << "  # derived: B / (b * dp)\n"

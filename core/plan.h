@@ -68,7 +68,7 @@ struct Plan {
   Prediction prediction;
 };
 
-// Reads a layout from a YAML map in plan.yaml's `layout:` keys (tp, pp, dp, vp, cp,
+// Reads a layout from a YAML map in plan.yaml's `layout:` keys (tp, pp, dp, vp, cp, ep, etp,
 // micro_batch, global_batch, num_microbatches, microbatch_group, sequence_parallel, recompute,
 // distributed_optimizer, precision, schedule, overlap_grad_reduce, tp_comm_overlap,
 // overlap_p2p, and the pipeline split: first_stage_layers, last_stage_layers,

@@ -51,7 +51,7 @@ echo "== 3c. the HTML report of the chosen plan with its measured run (predicted
 echo
 echo "== 4. the Megatron-LM command line for the 175B plan"
 "$ptdp" plan --cluster dgx-a100 --model gpt3-175b \
-  --global-batch 1536 --top 1 --emit megatron | sed -n '/^torchrun/,$p'
+  --global-batch 1536 --top 1 --emit megatron | sed -n '/^# Megatron-LM launch/,$p'
 echo
 echo "== 5. the HTML report"
 "$ptdp" report --cluster dgx-a100 --model gpt3-175b \

@@ -297,8 +297,11 @@ TEST(PlanErrorsTest, HandEditedPlans) {
       {"missing_model", Edited("model:\n", "modelx:\n"), {"'model'"}},
       {"unknown_top_key", Edited("ptdp_plan_version: 1\n", "ptdp_plan_version: 1\ncolor: red\n"),
        {":4:", "unknown key 'color'"}},
-      {"unknown_layout_key", Edited("  tp: 8\n", "  tp: 8\n  ep: 2\n"),
-       {"unknown key 'layout.ep'"}},
+      {"unknown_layout_key", Edited("  tp: 8\n", "  tp: 8\n  zp: 2\n"),
+       {"unknown key 'layout.zp'"}},
+      // ep and etp are read (MoE plans), and checked against the model.
+      {"ep_on_a_dense_model", Edited("  tp: 8\n", "  tp: 8\n  ep: 2\n"),
+       {"plan.yaml", "illegal layout", "ep 2 on a model without experts"}},
       {"unknown_prediction_key", Edited("  mfu:", "  mfu_x: 1\n  mfu:", true),
        {"unknown key 'prediction.mfu_x'"}},
       // heads 96 % tp 5 (world 5*8*2 = 80 <= 128 GPUs, so only the heads rule breaks).
