@@ -1,7 +1,8 @@
 // Planner throughput: layouts evaluated per second on one core, and the wall time of the whole
 // GPT-3 175B plan on 128 DGX A100 nodes (1024 GPUs) at global batch 1536, and of the Llama 3
 // 405B plan on 2048 DGX H100 nodes (16,384 GPUs) at global batch 2048 (issue 14: cp, uneven
-// pipeline splits and interleaving at pp 2 in the space), and Llama 3 70B at 32K tokens. Figures go to
+// pipeline splits and interleaving at pp 2 in the space), Llama 3 70B at 32K tokens, and
+// DeepSeek-V3 on 1024 H100s with expert parallelism searched (issue 15). Figures go to
 // docs/benchmarks.md; formulas: layouts/s = candidates enumerated / wall time (one thread);
 // estimates/s = cost-model evaluations (legal layouts) / wall time.
 #include <benchmark/benchmark.h>
@@ -68,6 +69,28 @@ void BM_Plan405bOn16384Refined(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Plan405bOn16384Refined)->Unit(benchmark::kMillisecond);
+
+// DeepSeek-V3 (MoE + MLA + MTP) on 128 DGX H100 nodes at its recipes' global batch 8192: the
+// expert grid (ep over the divisors of 256 that fold with etp 1 or tp) in the space (issue 15:
+// >= 1,000,000 layouts/s per core, the plan under 1 s), and refined as `ptdp plan` does.
+Fixture& FDsv3() {
+  static Fixture f("dgx-h100.yaml", "deepseek-v3.yaml", 128);
+  return f;
+}
+void BM_PlanDeepSeekV3On1024(benchmark::State& state) { PlanBench(state, FDsv3(), 1024, 8192); }
+BENCHMARK(BM_PlanDeepSeekV3On1024)->Unit(benchmark::kMillisecond);
+void BM_PlanDeepSeekV3On1024Refined(benchmark::State& state) {
+  Fixture& f = FDsv3();
+  SearchSpace s;
+  s.world = 1024;
+  s.global_batch = 8192;
+  for (auto _ : state) {
+    PlanResult r = SearchLayouts(*f.cost, f.model, f.cluster, s, 16).value();
+    if (!RefineWithSimulator(*f.cost, 16, &r).ok()) state.SkipWithError("refine failed");
+    benchmark::DoNotOptimize(r.top.data());
+  }
+}
+BENCHMARK(BM_PlanDeepSeekV3On1024Refined)->Unit(benchmark::kMillisecond);
 
 // One cost-model evaluation of a legal layout (the inner loop).
 void BM_EvaluateOneLayout(benchmark::State& state) {

@@ -272,7 +272,15 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
     const std::string freq = MoeLayerFreq(m);
     if (!freq.empty()) a.Add("--moe-layer-freq '" + freq + "'");
     // fp32 routing: TransformerConfig warns about many experts without it.
-    std::string s = "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --moe-router-dtype fp32";
+    // The flex dispatcher: DeepEP, or HybridEP on rack-scale NVLink (Megatron-Bridge's
+    // DeepSeek-V3 presets: moe_flex_dispatcher_backend deepep on H100, hybridep on GB200/GB300).
+    const bool blackwell = plan.nodes_per_nvlink_domain > 1;
+    std::string s = l.moe_flex_dispatcher
+                        ? std::string("--moe-grouped-gemm --moe-token-dispatcher-type flex "
+                                      "--moe-flex-dispatcher-backend ") +
+                              (blackwell ? "hybridep" : "deepep") + " --moe-router-dtype fp32"
+                        : "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --moe-router-dtype fp32";
+    if (l.moe_a2a_overlap) s += " --overlap-moe-expert-parallel-comm";
     if (m.moe_router == MoeRouter::kSigmoid) s += " --moe-router-score-function sigmoid";
     a.Add(s);
     switch (m.moe_routing) {

@@ -75,10 +75,14 @@ TEST(Standalone, ValidateRunsOnTheShippedData) {
   EXPECT_EQ(j["groups"]["layer (A100)"]["rows"], 5);
   EXPECT_GE(j["groups"]["published (H100)"]["rows"].get<int>(), 60);
   EXPECT_FALSE(j["vtrain_included"].get<bool>());
-  ASSERT_EQ(j["runs_files"].size(), 2u);
-  const std::string runs = j["runs_files"][0], recipes = j["runs_files"][1];
+  ASSERT_EQ(j["runs_files"].size(), 3u);
+  const std::string runs = j["runs_files"][0], recipes = j["runs_files"][1],
+                    moe = j["runs_files"][2];
   EXPECT_NE(runs.find("share/ptdp/data/published/runs.yaml"), std::string::npos) << runs;
   EXPECT_NE(recipes.find("share/ptdp/data/published/megatron_recipes.yaml"), std::string::npos);
+  EXPECT_NE(moe.find("share/ptdp/data/published/megatron_moe.yaml"), std::string::npos);
+  EXPECT_GE(j["groups"]["moe grok-1 (H100)"]["rows"].get<int>(), 30);
+  EXPECT_GE(j["rows"].size(), 250u);
   const CmdResult text = PtdpElsewhere("validate");
   EXPECT_NE(text.out.find("give --data DIR with DIR/vtrain_single_node/measured.csv"),
             std::string::npos) << text.out;
