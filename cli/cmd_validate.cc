@@ -4,6 +4,7 @@
 // docs/cost-model.md).
 #include <cstdio>
 #include <iostream>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -209,6 +210,10 @@ int RunValidate(const ValidateFlags& f) {
         o["fitted_on_rows"] = h.fitted_on_rows;
         o["constants"] = h.constants;
         o["constants_at_bound"] = BoundsJson(h.at_bound);
+        o["rows"] = nlohmann::json::array();
+        for (const auto& r : h.rows)
+          o["rows"].push_back({{"id", r.id}, {"group", r.group}, {"measured_s", r.measured_s},
+                               {"predicted_s", r.predicted_s}, {"error_pct", 100 * r.error()}});
         j["leave_one_source_out"].push_back(o);
       }
     }
@@ -247,6 +252,28 @@ int RunValidate(const ValidateFlags& f) {
         std::printf("        fitted on %zu rows%s\n", h.fitted_on_rows,
                     h.at_bound.empty() ? "" : "; on a bound:");
       for (const BoundHit& b : h.at_bound) std::printf("          %s\n", BoundText(b).c_str());
+    }
+  }
+  if (f.loso) {
+    // The MoE rows held out with their source, per family (issue 15's measure): the mean over
+    // the family's sources of each source's mean |error| on its MoE rows, and the worst row.
+    std::map<std::string, std::vector<std::pair<double, double>>> fam;  // family -> (src mean, max)
+    for (const HeldOutSource& h : loso) {
+      std::map<std::string, std::vector<double>> by;
+      for (const auto& r : h.rows)
+        if (r.group.rfind("moe ", 0) == 0) by[r.group].push_back(std::fabs(r.error()));
+      for (const auto& [g, errs] : by) {
+        double sum = 0, mx = 0;
+        for (double e : errs) sum += e, mx = std::max(mx, e);
+        fam[g].push_back({sum / errs.size(), mx});
+      }
+    }
+    if (!fam.empty()) std::printf("\nMoE rows left out with their source, per family:\n");
+    for (const auto& [g, srcs] : fam) {
+      double sum = 0, mx = 0;
+      for (const auto& [mean, m] : srcs) sum += mean, mx = std::max(mx, m);
+      std::printf("  %-26s %2zu sources  mean of source means %5.1f%%  max %5.1f%%\n", g.c_str(),
+                  srcs.size(), 100 * sum / srcs.size(), 100 * mx);
     }
   }
   std::printf("\nconstants on a bound of their fit range (%s): %s\n", sets_file->c_str(),

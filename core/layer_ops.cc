@@ -382,6 +382,12 @@ LayerOp& GroupedGemm(LayerOpList* l, const OpShape& s, const Dims& x, const char
   const double g = std::max(1.0, x.G);
   LayerOp& op = pass == GemmPass::kWgrad ? Gemm(l, s, name, pass, m, n, k / g)
                                          : Gemm(l, s, name, pass, m / g, n, k);
+  // The fp8 cast before it quantizes all groups' rows (Gemm sized it for one group's).
+  if (l->size >= 2 && l->ops[l->size - 2].kernel == MemoryKernel::kFp8Cast &&
+      l->ops[l->size - 2].kind == LayerOpKind::kMemory && pass != GemmPass::kWgrad) {
+    l->ops[l->size - 2].m *= g;
+    l->ops[l->size - 2].bytes *= g;
+  }
   op.groups = int(g);
   op.expert = true;
   op.flops = 2 * m * n * k;

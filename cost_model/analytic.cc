@@ -992,11 +992,18 @@ double AnalyticModel::ChunkParams(const Layout& l, int r, int c) const {
 double AnalyticModel::ChunkDpTime(const Layout& l, int r, int c) const {
   if (runtime_) return runtime_->ChunkDp(l, r, c);
   const double params = ChunkParams(l, r, c);
+  // The chunk's routed experts are reduced over expert DP, the rest over dp x cp.
+  const double experts =
+      model_.moe() ? double(model_.routed_params(ChunkFirstLayer(model_, l, r, c),
+                                                 ChunkLayers(model_, l, r, c))) /
+                         (double(l.ep) * l.expert_tp())
+                   : 0;
   const int n = l.dp * l.cp;
-  if (n <= 1 || !l.overlap_grad_reduce) return DpTime(l, params);
+  if (n <= 1 || !l.overlap_grad_reduce)
+    return DpTime(l, params - experts) + ExpertDpTime(l, experts);
   // As buckets (DpExposed): one collective per bucket.
   const double nb = ChunkDpBuckets(l, r, c);
-  return nb * DpTime(l, params / nb);
+  return nb * (DpTime(l, (params - experts) / nb) + ExpertDpTime(l, experts / nb));
 }
 
 int AnalyticModel::ChunkDpBuckets(const Layout& l, int r, int c) const {

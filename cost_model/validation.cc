@@ -264,6 +264,7 @@ std::vector<HeldOutSource> LeaveOneSourceOut(const std::vector<MeasuredRun>& run
     std::vector<std::string> skipped;
     const std::vector<ValidationRow> rows = PredictRuns(held, fitted, &skipped);
     h.held_out = {source, gpu, Summarize(rows)};
+    h.rows = rows;
     out.push_back(std::move(h));
   }
   std::stable_sort(out.begin(), out.end(), [](const HeldOutSource& a, const HeldOutSource& b) {

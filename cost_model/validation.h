@@ -92,6 +92,7 @@ struct HeldOutSource {
   size_t fitted_on_rows = 0;               // rows of the other sources the model can predict
   std::map<std::string, double> constants;  // as fitted without the source
   std::vector<BoundHit> at_bound;           // of those
+  std::vector<ValidationRow> rows;          // the held-out rows as predicted
 };
 std::vector<HeldOutSource> LeaveOneSourceOut(const std::vector<MeasuredRun>& runs,
                                              const ClusterByGpu& clusters, const FitSets& sets);
