@@ -40,10 +40,22 @@ struct NamedList {
 std::vector<NamedList> OpLists(const AnalyticModel& cost, const Layout& l) {
   const LayerOps layer = cost.Ops(l);
   std::vector<NamedList> out;
-  out.push_back({"layer forward", layer.forward, {}});
-  if (layer.recompute.size > 0) out.push_back({"layer recompute", layer.recompute, {}});
-  out.push_back({"layer backward", layer.backward, layer.recompute});
+  const ModelSpec& m = cost.model();
   const OpShape shape = cost.Shape(l);
+  // An MoE model: its dense layers (if any) and its MoE layers, each their own lists.
+  const bool dense = m.moe_layers() < m.layers;
+  if (dense) {
+    out.push_back({"layer forward", layer.forward, {}});
+    if (layer.recompute.size > 0) out.push_back({"layer recompute", layer.recompute, {}});
+    out.push_back({"layer backward", layer.backward, layer.recompute});
+  }
+  if (m.moe()) {
+    LayerOps moe;
+    BuildLayerOps(m, shape, &moe, /*moe=*/true);
+    out.push_back({"moe layer forward", moe.forward, {}});
+    if (moe.recompute.size > 0) out.push_back({"moe layer recompute", moe.recompute, {}});
+    out.push_back({"moe layer backward", moe.backward, moe.recompute});
+  }
   NamedList ef{"embedding forward", {}, {}}, eb{"embedding backward", {}, {}};
   BuildEmbeddingOps(cost.model(), shape, &ef.ops, &eb.ops);
   NamedList of{"output forward", {}, {}}, ob{"output backward", {}, {}};

@@ -603,5 +603,20 @@ TEST(MoeModelTest, YamlRoundTripsAndRulesNameTheKey) {
   }
 }
 
+
+TEST(MoeModelTest, TheRuntimeRefusesWhatItDoesNotTrain) {
+  ModelSpec m = MustLoad("configs/models/gpt-tiny.yaml");
+  ASSERT_TRUE(CheckGptShaped(m).ok());
+  ModelSpec moe = m;
+  moe.num_experts = 4; moe.moe_topk = 2; moe.moe_ffn_hidden = moe.ffn_hidden;
+  EXPECT_THAT(CheckGptShaped(moe).message(), HasSubstr("num_experts"));
+  ModelSpec win = m;
+  win.sliding_window = 16;
+  EXPECT_THAT(CheckGptShaped(win).message(), HasSubstr("sliding_window"));
+  ModelSpec par = m;
+  par.parallel_attn_mlp = true;
+  EXPECT_THAT(CheckGptShaped(par).message(), HasSubstr("parallel_attn_mlp"));
+}
+
 }  // namespace
 }  // namespace ptdp
