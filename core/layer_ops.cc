@@ -394,6 +394,18 @@ LayerOp& GroupedGemm(LayerOpList* l, const OpShape& s, const Dims& x, const char
   return op;
 }
 
+// The expert-TP reduction of the routed tokens' outputs (reduce-scatter with SP, else
+// all-reduce) and an all-to-all over the EP group, where those groups have more than one rank.
+void EtpReduce(LayerOpList* l, const OpShape& s, const Dims& x, const char* rs, const char* ar) {
+  if (s.etp > 1)
+    Comm(l, s, s.sp ? rs : ar, s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce,
+         CommGroup::kEtp, x.Tr * x.h * x.e, CommOverlap::kBlocking, -1);
+}
+void EpAllToAll(LayerOpList* l, const OpShape& s, const char* name, double bytes) {
+  if (s.ep > 1)
+    Comm(l, s, name, CommKind::kAllToAll, CommGroup::kEp, bytes, CommOverlap::kBlocking, -1);
+}
+
 // The MoE block (megatron/core/transformer/moe/moe_layer.py with the all-to-all token
 // dispatcher, token_dispatcher.py; experts as TE GroupedLinear, experts.py TEGroupedMLP): norm,
 // router GEMM and top-k, permutation, all-to-all over the EP group (each of this rank's Tl k
@@ -408,9 +420,7 @@ void MoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList
   Memory(l, "permute", MemoryKernel::kPermute, x.Tl * x.topk, x.h,
          (1 + x.topk) * x.Tl * x.h * x.e, false);
   const double sent = x.Tl * x.topk * s.expert_load * x.h * x.e;
-  if (s.ep > 1)
-    Comm(l, s, "dispatch.all_to_all", CommKind::kAllToAll, CommGroup::kEp, sent,
-         CommOverlap::kBlocking, -1);
+  EpAllToAll(l, s, "dispatch.all_to_all", sent);
   if (s.etp > 1 && s.sp)
     Comm(l, s, "dispatch.all_gather", CommKind::kAllGather, CommGroup::kEtp, x.Tr * x.h * x.e,
          CommOverlap::kBlocking, -1);
@@ -418,13 +428,8 @@ void MoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList
   Memory(l, "experts.activation", MemoryKernel::kActivation, x.Tr, x.Fe,
          (x.Fei + x.Fe) * x.Tr * x.e, false);
   GroupedGemm(l, s, x, "experts.fc2", GemmPass::kFprop, x.Tr, x.h, x.Fe);
-  if (s.etp > 1)
-    Comm(l, s, s.sp ? "combine.reduce_scatter" : "combine.all_reduce",
-         s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kEtp,
-         x.Tr * x.h * x.e, CommOverlap::kBlocking, -1);
-  if (s.ep > 1)
-    Comm(l, s, "combine.all_to_all", CommKind::kAllToAll, CommGroup::kEp, sent,
-         CommOverlap::kBlocking, -1);
+  EtpReduce(l, s, x, "combine.reduce_scatter", "combine.all_reduce");
+  EpAllToAll(l, s, "combine.all_to_all", sent);
   Memory(l, "unpermute", MemoryKernel::kPermute, x.Tl * x.topk, x.h,
          (1 + x.topk) * x.Tl * x.h * x.e, false);
   if (x.Fs > 0) {  // shared experts: a TP-split MLP of f_s on the norm's output
@@ -461,9 +466,7 @@ void MoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpLis
   const double sent = x.Tl * x.topk * s.expert_load * x.h * x.e;
   Memory(b, "unpermute.backward", MemoryKernel::kPermuteBackward, x.Tl * x.topk, x.h,
          (1 + x.topk) * x.Tl * x.h * x.e, false);
-  if (s.ep > 1)
-    Comm(b, s, "combine.all_to_all.backward", CommKind::kAllToAll, CommGroup::kEp, sent,
-         CommOverlap::kBlocking, -1);
+  EpAllToAll(b, s, "combine.all_to_all.backward", sent);
   if (s.etp > 1 && s.sp)
     Comm(b, s, "combine.all_gather.backward", CommKind::kAllGather, CommGroup::kEtp,
          x.Tr * x.h * x.e, CommOverlap::kBlocking, -1);
@@ -473,13 +476,8 @@ void MoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpLis
          (2 * x.Fei + x.Fe) * x.Tr * x.e, false);
   GroupedGemm(b, s, x, "experts.fc1.dgrad", GemmPass::kDgrad, x.Tr, x.h, x.Fei);
   GroupedGemm(b, s, x, "experts.fc1.wgrad", GemmPass::kWgrad, x.Fei, x.h, x.Tr);
-  if (s.etp > 1)
-    Comm(b, s, s.sp ? "dispatch.reduce_scatter.backward" : "dispatch.all_reduce.backward",
-         s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kEtp,
-         x.Tr * x.h * x.e, CommOverlap::kBlocking, -1);
-  if (s.ep > 1)
-    Comm(b, s, "dispatch.all_to_all.backward", CommKind::kAllToAll, CommGroup::kEp, sent,
-         CommOverlap::kBlocking, -1);
+  EtpReduce(b, s, x, "dispatch.reduce_scatter.backward", "dispatch.all_reduce.backward");
+  EpAllToAll(b, s, "dispatch.all_to_all.backward", sent);
   Memory(b, "permute.backward", MemoryKernel::kPermuteBackward, x.Tl * x.topk, x.h,
          (1 + x.topk) * x.Tl * x.h * x.e, false);
   Memory(b, "router.backward", MemoryKernel::kRouterBackward, x.Tl, x.E, 3 * x.Tl * x.E * 4,
