@@ -2,6 +2,7 @@
 // megatron/core/parallel_state.py; ../shared/reference/megatron-reference.md section 1).
 #include "core/layout.h"
 
+#include <atomic>
 #include <numeric>
 #include <sstream>
 
@@ -175,6 +176,11 @@ Result<PipelineLayout> ParsePipelineLayout(const std::string& text) {
   }
   if (embeddings != 1 || losses != 1)
     return Status::Error(where + ": needs exactly one 'E' (first) and one 'L' (last), as Megatron asserts");
+  static std::atomic<uint64_t> next_serial{0};
+  pl.serial = ++next_serial;
+  pl.first.resize(pl.layers.size());
+  for (size_t j = 0, n = 0; j < pl.layers.size(); n += size_t(pl.layers[j]), ++j)
+    pl.first[j] = int(n);
   return pl;
 }
 
@@ -220,8 +226,11 @@ int RankLayers(const ModelSpec& m, const Layout& l, int r) {
 int ChunkFirstLayer(const ModelSpec& m, const Layout& l, int r, int c) {
   const int p = l.pp, v = l.vp;
   if (l.pipeline_layout) {
+    const PipelineLayout& pl = *l.pipeline_layout;
+    const size_t j = size_t(c) * p + r;
+    if (pl.first.size() == pl.layers.size()) return pl.first[j];
     int n = 0;
-    for (int j = 0; j < c * p + r; ++j) n += l.pipeline_layout->layers[size_t(j)];
+    for (size_t i = 0; i < j; ++i) n += pl.layers[i];
     return n;
   }
   // Slots per chunk of the first rank, a middle one and the last; a round of chunks (one per

@@ -34,6 +34,9 @@ Result<ScheduleKind> ParseScheduleKind(const std::string& s);
 struct PipelineLayout {
   std::string text;             // as the user wrote it, e.g. "Et|(tt|)*30mL"
   std::vector<int> layers;      // transformer layers ('t') per virtual stage
+  std::vector<int> first;       // the first layer of each virtual stage (prefix sums of layers)
+  // Unique per parse (never reused in a process): memos key a layout string by it.
+  uint64_t serial = 0;
   int mtp_layers = 0;           // 'm' (multi-token prediction layers), counted apart
 };
 

@@ -87,6 +87,12 @@ AnalyticModel::AnalyticModel(const ModelSpec& model, const Topology& topo,
                              const CostConstants& k)
     : model_(model), topo_(&topo), k_(k) {
   ResetMemo();
+  layer_params_.dense_layer = double(model.params_per_layer());
+  if (model.moe()) {
+    layer_params_.routed = double(model.routed_expert_params());
+    layer_params_.moe_layer_shared =
+        double(model.attention_params() + model.moe_mlp_params()) - layer_params_.routed;
+  }
   const ClusterSpec& c = topo.spec();
   if (!c.measured.empty() && c.measured.CheckComplete(c.file).ok())
     runtime_ = std::make_shared<RuntimeModel>(model, c.measured, c.gpus_per_node);
@@ -549,24 +555,63 @@ double AnalyticModel::P2pTime(const Layout& l) const {
   return time;
 }
 
+// The weights of rank r's layers on one GPU of it: the non-expert ones (split over TP) and the
+// routed experts (over ep x etp), each chunk's layers with their own kinds.
+void AnalyticModel::RankLayerParams(const Layout& l, int r, double* dense, double* experts) const {
+  const ModelSpec& M = model_;
+  if (!M.moe()) {
+    *dense = double(RankLayers(M, l, r)) * layer_params_.dense_layer / l.tp;
+    *experts = 0;
+    return;
+  }
+  // The layers of rank r depend on the split only: a small per-thread memo of (dense, MoE)
+  // layer counts (Evaluate asks for each stage several times, the planner for the same splits
+  // across tp, dp, ep and the knobs).
+  struct Key {
+    uint64_t model;
+    uint64_t layout_string;  // PipelineLayout::serial (0: none)
+    int pp, vp, r, first, last;
+    bool emb, loss;
+    bool operator==(const Key&) const = default;
+  };
+  struct Entry {
+    Key key;
+    double dense_layers, moe_layers;
+  };
+  static constexpr size_t kSlots = 1024;
+  thread_local std::array<Entry, kSlots> memo{};
+  const Key key{id_, l.pipeline_layout ? l.pipeline_layout->serial : 0, l.pp, l.vp, r,
+                l.first_stage_layers,
+                l.last_stage_layers, l.embedding_in_split, l.loss_in_split};
+  uint64_t h = key.model * 0x9E3779B97F4A7C15ull ^ key.layout_string;
+  for (uint64_t v : {uint64_t(l.pp), uint64_t(l.vp), uint64_t(r), uint64_t(key.first),
+                     uint64_t(key.last) * 4 + key.emb * 2 + key.loss}) {
+    h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+  }
+  Entry& slot = memo[h % kSlots];
+  // A layout string built by hand (serial 0) is never memoised.
+  const bool unnamed = l.pipeline_layout && l.pipeline_layout->serial == 0;
+  if (unnamed || !(slot.key == key)) {
+    double n_all = 0, n_moe = 0;
+    for (int c = 0; c < l.vp; ++c) {
+      const int first = ChunkFirstLayer(M, l, r, c), n = ChunkLayers(M, l, r, c);
+      n_all += n;
+      n_moe += double(M.moe_layers_in(first, n));
+    }
+    slot = {key, n_all - n_moe, n_moe};
+  }
+  *dense = (slot.dense_layers * layer_params_.dense_layer +
+            slot.moe_layers * layer_params_.moe_layer_shared) / l.tp;
+  *experts = slot.moe_layers * layer_params_.routed / (double(l.ep) * l.expert_tp());
+}
+
 double AnalyticModel::ParamsOnStage(const Layout& l, int r) const {
   const ModelSpec& M = model_;
   const double t = l.tp;
-  double p;
-  if (!M.moe()) {
-    p = double(RankLayers(M, l, r)) * M.params_per_layer() / t;
-  } else {
-    // Each chunk's layers with their own kinds: the non-expert weights split over TP, the
-    // routed experts over ep x etp (E/ep experts of f_e/etp each).
-    double dense = 0, experts = 0;
-    for (int c = 0; c < l.vp; ++c) {
-      const int first = ChunkFirstLayer(M, l, r, c), n = ChunkLayers(M, l, r, c);
-      const double routed = double(M.routed_params(first, n));
-      dense += double(M.layer_params(first, n)) - routed;
-      experts += routed;
-    }
-    p = dense / t + experts / (double(l.ep) * l.expert_tp());
-  }
+  double dense, experts;
+  RankLayerParams(l, r, &dense, &experts);
+  double p = dense + experts;
   const double vocab_rows = double(M.padded_vocab(l.tp)) * M.hidden / t;
   if (r == 0)
     p += vocab_rows + (M.position == PositionEmbedding::kLearned ? double(M.seq_len) * M.hidden : 0);
@@ -589,12 +634,11 @@ double AnalyticModel::MtpParamsPerGpu(const Layout& l) const {
 double AnalyticModel::ExpertParamsOnStage(const Layout& l, int r) const {
   const ModelSpec& M = model_;
   if (!M.moe()) return 0;
-  double experts = 0;
-  for (int c = 0; c < l.vp; ++c)
-    experts += double(M.routed_params(ChunkFirstLayer(M, l, r, c), ChunkLayers(M, l, r, c)));
+  double dense, experts;
+  RankLayerParams(l, r, &dense, &experts);
   if (r == l.pp - 1 && M.is_moe_layer(M.layers - 1))
-    experts += double(M.mtp_layers) * double(M.routed_expert_params());
-  return experts / (double(l.ep) * l.expert_tp());
+    experts += double(M.mtp_layers) * layer_params_.routed / (double(l.ep) * l.expert_tp());
+  return experts;
 }
 
 // Bytes of one gradient: fp32 main grads (Megatron's --accumulate-allreduce-grads-in-fp32

@@ -255,6 +255,12 @@ class AnalyticModel : public Estimator {
   // Identifies this model's data for Layer()'s per-thread memo (copies share it: same data).
   uint64_t id_ = 0;
   double headroom_ = 0;
+  // Weights of one layer, computed once: a dense layer, an MoE layer's non-expert part, and its
+  // routed experts.
+  struct LayerParams {
+    double dense_layer = 0, moe_layer_shared = 0, routed = 0;
+  } layer_params_;
+  void RankLayerParams(const Layout& l, int r, double* dense, double* experts) const;
   LayerTimes ComputeLayer(const Layout& l) const;
 };
 

@@ -219,6 +219,27 @@ std::vector<Layout> SplitsFor(const ModelSpec& model, int p, const SearchSpace& 
       }
     }
   }
+  // A --pipeline-model-parallel-layout string, as Megatron-Bridge writes them for DeepSeek-V3
+  // ("Et|(tt|)*30mL": 61 layers over 32 virtual stages): c = ceil((L + 2)/S) layers per
+  // stage, one fewer beside the embedding, the rest (and the MTP layers) with the loss; any
+  // virtual-stage count, where the forms above need L or F/v, G/v to divide.
+  for (int v : s.vp.Or({1, 2, 4, 8})) {
+    const int64_t S = int64_t(p) * v, c = (L + 2 + S - 1) / S;
+    const int64_t last = L - (c - 1) - (S - 2) * c;
+    if (S < 2 || c < 1 || last < 0 || last > c) continue;
+    std::string text = "E" + std::string(size_t(c - 1), 't') + "|";
+    if (S > 2) text += "(" + std::string(size_t(c), 't') + "|)*" + std::to_string(S - 2);
+    text += std::string(size_t(last), 't') + std::string(size_t(model.mtp_layers), 'm') + "L";
+    Result<PipelineLayout> pl = ParsePipelineLayout(text);
+    if (!pl.ok() || !s.vp.Allows(v)) continue;
+    Layout l = split(v, Layout{});
+    l.pipeline_layout = std::make_shared<const PipelineLayout>(std::move(*pl));
+    if (!SplitLegal(model, l)) continue;
+    std::vector<int> layers = StageLayers(model, l);
+    if (std::find(seen.begin(), seen.end(), layers) != seen.end()) continue;
+    seen.push_back(std::move(layers));
+    out.push_back(l);
+  }
   return out;
 }
 

@@ -168,6 +168,39 @@ TEST(Cli, EmitMegatron) {
   EXPECT_NE(r.out.find("--global-batch-size 1536"), std::string::npos);
 }
 
+// The MoE chain: plan DeepSeek-V3 with the expert grid searched, write the plan, simulate it back
+// (ep, etp, the dispatcher and the A2A overlap survive plan.yaml), emit its Megatron command.
+TEST(Cli, MoePlanSimulateAndEmit) {
+  const std::string h100 = kSrc + "/configs/clusters/dgx-h100.yaml";
+  const std::string dsv3 = kSrc + "/configs/models/deepseek-v3.yaml";
+  const std::string plan = ::testing::TempDir() + "/plan-dsv3.yaml";
+  const CmdResult p = Ptdp("plan --cluster " + h100 + " --model " + dsv3 +
+                           " --gpus 512 --global-batch 4096 --pp 8 --json --out " + plan);
+  ASSERT_EQ(p.code, 0) << p.out;
+  const auto j = nlohmann::json::parse(p.out);
+  EXPECT_GT(j["params_total"].get<double>(), 660e9);
+  EXPECT_LT(j["params_active"].get<double>(), 40e9);
+  const int ep = j["layout"]["ep"].get<int>();
+  EXPECT_GT(ep, 1);
+  EXPECT_EQ(256 % ep, 0);
+  ASSERT_TRUE(j.contains("rejected"));
+  EXPECT_TRUE(j["rejected"].contains("expert_parallel_with_tp_needs_sequence_parallel") ||
+              j["rejected"].contains("expert_grid_does_not_fold"));
+  const CmdResult s = Ptdp("simulate " + plan + " --json --emit megatron");
+  ASSERT_EQ(s.code, 0) << s.out;
+  const auto k = nlohmann::json::parse(s.out);
+  EXPECT_EQ(k["layout"]["ep"].get<int>(), ep);
+  EXPECT_GT(k["step_time_s"].get<double>(), 0);
+  const std::string cmd = k["megatron_command"].get<std::string>();
+  EXPECT_NE(cmd.find("--expert-model-parallel-size " + std::to_string(ep)), std::string::npos);
+  EXPECT_NE(cmd.find("--multi-latent-attention"), std::string::npos);
+  EXPECT_NE(cmd.find("--moe-layer-freq '([0]*3+[1]*58)'"), std::string::npos);
+  // A dense model takes no ep.
+  ExpectOneLineError(Ptdp("plan --cluster " + kA100 + " --model " + k175b +
+                          " --global-batch 1536 --ep 2"),
+                     "no experts");
+}
+
 // fp4 needs an fp4 tensor-core peak (Blackwell): on H100 plan and simulate refuse it in a line.
 TEST(Cli, Fp4RefusedOnH100) {
   const std::string h100 = kSrc + "/configs/clusters/dgx-h100.yaml";

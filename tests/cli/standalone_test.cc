@@ -221,15 +221,15 @@ TEST(Standalone, EmitTakesOnlyWhatItKnows) {
 TEST(Standalone, NoLegalLayoutSaysSoWithTheReasons) {
   // 5 GPUs, B 7, micro-batch 2: 96 heads are not divisible by 5, 7 is not divisible by 2*dp,
   // 96 layers not by 5 (nor 98 or 97 with the embedding/loss in the split; the first/last-stage
-  // splits at pp 5 break the batch rule; cp 5 does not split 2048 in 10): nothing is legal (the dp 1 layouts without a
-  // distributed-optimizer twin).
+  // splits and the balanced layout strings at pp 5 break the batch rule; cp 5 does not split
+  // 2048 in 10): nothing is legal (the dp 1 layouts without a distributed-optimizer twin).
   const CmdResult r = PtdpElsewhere(
       "plan --cluster dgx-a100 --model gpt3-175b --global-batch 7 --gpus 5 --micro-batch 2");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("no layout is legal"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("smallest are"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("heads_not_divisible_by_tp"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("ptdp: no legal layout among 261 (global_batch_not_divisible_by_mb_x_dp 111, "
+  EXPECT_NE(r.out.find("ptdp: no legal layout among 270 (global_batch_not_divisible_by_mb_x_dp 120, "
                        "heads_not_divisible_by_tp 72, seq_len_not_divisible_by_2cp 72"),
             std::string::npos) << r.out;
 }
