@@ -176,7 +176,7 @@ std::vector<Layout> SplitsFor(const ModelSpec& model, int p, const SearchSpace& 
     return out;
   }
   for (int v : s.vp.Or(Divisors(std::max<int64_t>(1, L / p)))) out.push_back(split(v, Layout{}));
-  if (p == 1 || s.split_search == SplitSearch::kEvenOnly || s.runtime_layouts) return out;
+  if (p == 1 || s.split_search == SplitSearch::kEvenOnly) return out;
   // The alternatives, kept when legal and placing the layers unlike every split before them.
   std::vector<std::vector<int>> seen;
   for (const Layout& l : out)

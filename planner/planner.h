@@ -77,9 +77,9 @@ struct SearchSpace {
   bool tp_comm_overlap = false;
   bool overlap_p2p = true;                // --overlap-p2p-communication
   SplitSearch split_search = SplitSearch::kAuto;
-  // Only layouts ptdp's own runtime trains (cp 1, the even split) unless the user fixes cp or the
-  // split: set for clusters of CPU rank slots and calibrated (measured) clusters, whose plans
-  // are for `ptdp train`.
+  // Only layouts ptdp's own runtime trains (cp 1; every pipeline split since issue 16) unless
+  // the user fixes cp: set for clusters of CPU rank slots and calibrated (measured) clusters,
+  // whose plans are for `ptdp train`.
   bool runtime_layouts = false;
   // The user's split (first/last counts, accounting, layout string) when kFixed: its fields
   // first_stage_layers .. pipeline_layout are copied into every layout.

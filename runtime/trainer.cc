@@ -325,7 +325,6 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
   sl = l.sequence_parallel ? s / t : s;
   grid = RankGrid(t, d, p);
   PTDP_ASSIGN_OR_RETURN(schedule, BuildSchedule(l.schedule, p, v, m, l.microbatch_group));
-  const int layers_per_chunk = int(cfg.model.layers) / (p * v);
   const std::vector<GroupSet> sets = GroupSets();
   PTDP_RETURN_IF_ERROR(comms.Prepare(sets).Prefixed("preparing the communicators"));
   ranks.resize(local.size());
@@ -350,8 +349,10 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
     for (int c = 0; c < v; ++c) {
       GptChunkConfig cc;
       cc.model = cfg.model;
-      cc.first_layer = Stage(rk.coord.pp, c) * layers_per_chunk;
-      cc.n_layers = layers_per_chunk;
+      // The plan's split (Megatron's get_num_layers_to_build: even, first/last-stage counts,
+      // embedding/loss accounting or a layout string; core/layout.h ChunkLayers).
+      cc.first_layer = ChunkFirstLayer(cfg.model, l, rk.coord.pp, c);
+      cc.n_layers = ChunkLayers(cfg.model, l, rk.coord.pp, c);
       cc.has_embedding = FirstStage(rk.coord.pp, c);
       cc.has_output = LastStage(rk.coord.pp, c);
       cc.tp = t;
@@ -724,10 +725,6 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   if (l.shard_gradients)
     return Status::Error(where + ": gradient sharding (Megatron-FSDP optim_grads) is not "
                          "supported by the runtime; plan with --data-parallel-sharding-strategy optim");
-  if (l.uneven())
-    return Status::Error(where + ": the pipeline split (" + l.SplitName() +
-                         ") is not supported by the runtime, which builds L/(pp*vp) layers per "
-                         "stage; plan with the even split");
   if (l.sequence_parallel && cfg.model.seq_len % l.tp != 0)
     return Status::Error(where + ": sequence parallelism needs seq_len " +
                          Str(cfg.model.seq_len) + " divisible by tp " + Str(l.tp));
@@ -834,14 +831,22 @@ Result<std::map<std::string, std::vector<float>>> Trainer::GatherParameters() {
 }
 
 // Every shard of the DP-0 replica, in GptParams order: the first stage holds the embeddings,
-// the last the final LayerNorm, layer l lives in virtual stage l / (L / (p v)) (chunk
-// stage / p of pipeline rank stage % p); replicated parameters are taken from tp rank 0.
+// the last the final LayerNorm, layer l lives in the virtual stage whose layers hold it (the
+// plan's split; chunk stage / p of pipeline rank stage % p); replicated parameters are taken
+// from tp rank 0.
 std::vector<ShardSource> Trainer::Impl::ShardSources() const {
-  const int layers_per_chunk = int(cfg.model.layers) / (p * v);
+  // The virtual stage of each layer, from the split (StageLayers: in layer order).
+  std::vector<int> stage_of(size_t(cfg.model.layers), 0);
+  {
+    const std::vector<int> per = StageLayers(cfg.model, cfg.layout);
+    size_t layer = 0;
+    for (size_t st = 0; st < per.size(); ++st)
+      for (int k = 0; k < per[st] && layer < stage_of.size(); ++k) stage_of[layer++] = int(st);
+  }
   std::vector<ShardSource> out;
   for (const ParamSpec& ps : GptParams(cfg.model, t)) {
     int stage = 0;
-    if (ps.layer >= 0) stage = ps.layer / layers_per_chunk;
+    if (ps.layer >= 0) stage = stage_of[size_t(ps.layer)];
     else if (ps.name.rfind("final_ln.", 0) == 0) stage = p * v - 1;
     const int shards = ps.shard == ShardKind::kReplicated ? 1 : t;
     for (int k = 0; k < shards; ++k)
