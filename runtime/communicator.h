@@ -83,6 +83,53 @@ class Communicator {
   // operations and returns the first failure. Grouping covers this communicator's operations.
   virtual Status GroupStart() = 0;
   virtual Status GroupEnd() = 0;
+
+  // ---- All-to-all with per-peer counts (MoE token dispatch and combine). `in` holds, in
+  // group-rank order, send_counts[j] elements for each rank j (its own block included); `out`
+  // receives recv_counts[j] elements from each rank j, in group-rank order. Flat: counts are
+  // elements of the tensors' storage order. Every rank's send_counts[j] must equal rank j's
+  // recv_counts[me]. The default runs one Send and one Recv per non-empty block inside a group
+  // (NCCL's all-to-all-v: grouped ncclSend/ncclRecv, a rank's own block included), so every
+  // implementation has it; not allowed between GroupStart() and GroupEnd().
+  virtual Status AllToAll(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                          const std::vector<int64_t>& recv_counts) {
+    const int n = size();
+    const std::string what = "all-to-all on " + label() + ": ";
+    if (int(send_counts.size()) != n || int(recv_counts.size()) != n)
+      return Status::Error(what + "needs one send and one receive count per rank (" +
+                           std::to_string(n) + ")");
+    if (!in.defined() || !out.defined() || in.dtype() != out.dtype())
+      return Status::Error(what + "undefined tensors or different dtypes");
+    int64_t sent = 0, received = 0;
+    for (int j = 0; j < n; ++j) {
+      if (send_counts[size_t(j)] < 0 || recv_counts[size_t(j)] < 0)
+        return Status::Error(what + "negative count for rank " + std::to_string(j));
+      sent += send_counts[size_t(j)];
+      received += recv_counts[size_t(j)];
+    }
+    if (sent != in.numel() || received != out.numel())
+      return Status::Error(what + "counts add up to " + std::to_string(sent) + " sent / " +
+                           std::to_string(received) + " received, the tensors hold " +
+                           std::to_string(in.numel()) + " / " + std::to_string(out.numel()));
+    PTDP_RETURN_IF_ERROR(GroupStart());
+    Status st;
+    int64_t at_in = 0, at_out = 0;
+    for (int j = 0; j < n && st.ok(); ++j) {
+      const int64_t k = send_counts[size_t(j)];
+      if (k > 0) st = Send(in.View(Shape({k}), at_in), j);
+      at_in += k;
+    }
+    for (int j = 0; j < n && st.ok(); ++j) {
+      const int64_t k = recv_counts[size_t(j)];
+      if (k > 0) {
+        Tensor block = out.View(Shape({k}), at_out);
+        st = Recv(block, j);
+      }
+      at_out += k;
+    }
+    const Status end = GroupEnd();
+    return st.ok() ? end : st;
+  }
 };
 
 // One label's groups, for CommunicatorFactory::Prepare: disjoint lists of global ranks, each in

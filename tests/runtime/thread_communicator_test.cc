@@ -119,6 +119,56 @@ TEST_P(ThreadCommN, AllGatherThenReduceScatterRoundTrip) {
   }
 }
 
+TEST_P(ThreadCommN, AllToAllWithPerPeerCounts) {
+  // Rank r sends c(r, j) = (r + 2 j) % 3 elements to rank j (zeros included, its own block too),
+  // each of value 100 r + j; rank j receives them in rank order.
+  int n = GetParam();
+  ThreadWorld world(n, kTimeoutS);
+  auto count = [](int r, int j) { return int64_t((r + 2 * j) % 3); };
+  std::vector<std::vector<float>> got(static_cast<size_t>(n));
+  std::vector<Status> st(static_cast<size_t>(n));
+  RunRanks(n, [&](int r) {
+    auto c = Comm(world, r, Iota(n));
+    std::vector<int64_t> send, recv;
+    std::vector<float> x;
+    for (int j = 0; j < n; ++j) {
+      send.push_back(count(r, j));
+      recv.push_back(count(j, r));
+      for (int64_t k = 0; k < count(r, j); ++k) x.push_back(float(100 * r + j));
+    }
+    int64_t total = 0;
+    for (int64_t v : recv) total += v;
+    Tensor in = HostTensor({int64_t(x.size()) > 0 ? int64_t(x.size()) : 1},
+                           x.empty() ? std::vector<float>{0} : x);
+    if (x.empty()) in = in.View({0});
+    Tensor out = HostTensor({total > 0 ? total : 1});
+    if (total == 0) out = out.View({0});
+    st[size_t(r)] = c->AllToAll(in, send, out, recv);
+    got[size_t(r)] = total > 0 ? Values(out) : std::vector<float>{};
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(st[size_t(r)].ok()) << st[size_t(r)].message();
+    std::vector<float> want;
+    for (int j = 0; j < n; ++j)
+      for (int64_t k = 0; k < count(j, r); ++k) want.push_back(float(100 * j + r));
+    EXPECT_EQ(got[size_t(r)], want) << "rank " << r;
+  }
+}
+
+TEST(ThreadComm, AllToAllRefusesCountsThatDoNotFit) {
+  ThreadWorld world(2, kTimeoutS);
+  std::vector<Status> st(2);
+  RunRanks(2, [&](int r) {
+    auto c = Comm(world, r, Iota(2));
+    Tensor in = HostTensor({4}), out = HostTensor({4});
+    st[size_t(r)] = c->AllToAll(in, {2, 1}, out, {2, 2});  // 3 sent from 4 elements
+  });
+  for (const Status& s : st) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("all-to-all on G"), std::string::npos) << s.message();
+  }
+}
+
 TEST_P(ThreadCommN, InPlaceAllGather) {
   // `in` is this rank's slot of `out`, as NCCL allows: out = [0, 1, ..., n-1].
   int n = GetParam();
