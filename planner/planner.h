@@ -30,7 +30,7 @@ class Choice {
   Choice(std::vector<T> v) : v_(std::move(v)) {}  // NOLINT
   Choice(const std::optional<T>& o) { if (o) v_ = {*o}; }  // NOLINT
   explicit operator bool() const { return !v_.empty(); }
-  const T& operator*() const { return v_.front(); }
+  T operator*() const { return v_.front(); }  // by value: vector<bool> has no bool&
   const std::vector<T>& values() const { return v_; }
   bool single() const { return v_.size() == 1; }
   bool Allows(const T& x) const {
