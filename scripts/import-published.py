@@ -32,6 +32,7 @@ recipe's code, or, where the table gives only "61 layers over S stages", Megatro
 balanced layout string: the embedding's and the loss's stages one layer lighter, the MTP layer
 with the loss). Hybrid Mamba-MoE rows (Nemotron 3) are not carried: ptdp does not model Mamba.
 """
+import re
 import sys
 import yaml
 
@@ -310,13 +311,13 @@ def convert_moe(e, reg):
             and str(hw["gpu"]).startswith("H100")):
         l["moe_a2a_overlap"] = True
     # ... and the flex dispatcher (moe_flex_dispatcher_backend deepep on H100, hybridep on
-    # GB200/GB300) for DeepSeek-V3; taken for every Megatron-Bridge DeepSeek-V3 row whose EP
-    # group leaves the node (B200 26.04's ep 32 over 4 nodes), as its presets do where it matters.
+    # GB200/GB300) for DeepSeek-V3: taken for every Megatron-Bridge DeepSeek-V3 row (the B200
+    # preset read states none; the cost model differs only where the EP group leaves the NVLink
+    # domain, as at B200 26.04's ep 32 over 4 nodes).
     if str(e["id"]).startswith("mb_") and model.get("family") == "deepseek-v3" and ep > 1:
         l["moe_flex_dispatcher"] = True
     layers, stages = m["layers"], pp * vp
     notes = " ".join(str(n) for n in (e.get("notes") or []))
-    import re
     fl = re.search(r"first (\d+), .*? last (\d+)", notes)
     if fl:
         l["first_stage_layers"], l["last_stage_layers"] = int(fl.group(1)), int(fl.group(2))
