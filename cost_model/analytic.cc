@@ -516,12 +516,10 @@ StageTimes AnalyticModel::Work(const Layout& l, double layers, double moe_layers
   double bc = dense * lt.bwd_compute_s + moe_layers * e.bwd_compute_s;
   double ftp = dense * lt.fwd_tp_s + moe_layers * e.fwd_tp_s;
   double btp = dense * lt.bwd_tp_s + moe_layers * e.bwd_tp_s;
-  for (int i = 0; i < int(mtp); ++i) {
-    fc += lt.mtp.fwd_compute_s;
-    bc += lt.mtp.bwd_compute_s;
-    ftp += lt.mtp.fwd_tp_s;
-    btp += lt.mtp.bwd_tp_s;
-  }
+  fc += mtp * lt.mtp.fwd_compute_s;
+  bc += mtp * lt.mtp.bwd_compute_s;
+  ftp += mtp * lt.mtp.fwd_tp_s;
+  btp += mtp * lt.mtp.bwd_tp_s;
   // One call of the chunk per micro-batch each way (host), then its embedding (or the input
   // from the previous stage) and output ops.
   fc += k_.microbatch_overhead_s;
@@ -649,26 +647,28 @@ double AnalyticModel::GradBytes(const Layout& l) const {
   return l.shard_gradients ? WeightBytes(l.precision) : 4.0;
 }
 
-double AnalyticModel::DpTime(const Layout& l, double params) const {
-  const int n = l.dp * l.cp;  // gradients are reduced over DP x CP (Megatron)
-  if (n <= 1) return 0;
-  const double grad_bytes = params * GradBytes(l);
-  // The reduction after the last micro-batch (ZeRO-2's earlier ones: ChunkGradShardTime).
+AnalyticModel::GradReduce AnalyticModel::GradReduceTimes(const Layout& l, int stride, int size,
+                                                          double params) const {
+  if (size <= 1 || params <= 0) return {};
+  // The reduction after the last micro-batch (ZeRO-2's earlier ones: ChunkGradShardTime): the
+  // distributed optimizer reduce-scatters the gradients and all-gathers the updated weights,
+  // plain DDP all-reduces.
   if (l.distributed_optimizer)
-    return Coll(Collective::kReduceScatter, l.tp, n, grad_bytes) +
-           Coll(Collective::kAllGather, l.tp, n, params * WeightBytes(l.precision));
-  return Coll(Collective::kAllReduce, l.tp, n, grad_bytes);
+    return {Coll(Collective::kReduceScatter, stride, size, params * GradBytes(l)),
+            Coll(Collective::kAllGather, stride, size, params * WeightBytes(l.precision))};
+  return {Coll(Collective::kAllReduce, stride, size, params * GradBytes(l)), 0};
+}
+
+double AnalyticModel::DpTime(const Layout& l, double params) const {
+  // Gradients are reduced over DP x CP (Megatron), ranks tp apart.
+  const GradReduce g = GradReduceTimes(l, l.tp, l.dp * l.cp, params);
+  return g.reduce_s + g.gather_s;
 }
 
 double AnalyticModel::ExpertDpTime(const Layout& l, double params) const {
-  const int n = l.expert_dp();  // the expert-DP group: edp ranks etp x ep apart
-  if (n <= 1 || params <= 0) return 0;
-  const int stride = l.expert_tp() * l.ep;
-  const double grad_bytes = params * GradBytes(l);
-  if (l.distributed_optimizer)
-    return Coll(Collective::kReduceScatter, stride, n, grad_bytes) +
-           Coll(Collective::kAllGather, stride, n, params * WeightBytes(l.precision));
-  return Coll(Collective::kAllReduce, stride, n, grad_bytes);
+  // The expert-DP group: edp ranks etp x ep apart.
+  const GradReduce g = GradReduceTimes(l, l.expert_tp() * l.ep, l.expert_dp(), params);
+  return g.reduce_s + g.gather_s;
 }
 
 double AnalyticModel::ChunkGradShardTime(const Layout& l, int r, int c) const {
@@ -706,13 +706,9 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double expert_pa
   const double nb = nb_dense + nb_exp;
   double rs = 0, ag = 0;
   auto bucket = [&](double per, int stride, int size, double share) {
-    if (share <= 0 || size <= 1) return;
-    if (l.distributed_optimizer) {
-      rs += share * Coll(Collective::kReduceScatter, stride, size, per * GradBytes(l));
-      ag += share * Coll(Collective::kAllGather, stride, size, per * WeightBytes(l.precision));
-    } else {
-      rs += share * Coll(Collective::kAllReduce, stride, size, per * GradBytes(l));
-    }
+    const GradReduce g = GradReduceTimes(l, stride, size, per);
+    rs += share * g.reduce_s;
+    ag += share * g.gather_s;
   };
   // rs, ag: the mean time of one bucket over both kinds.
   if (nb_dense > 0) bucket(dense / nb_dense, l.tp, n, nb_dense / nb);

@@ -261,6 +261,13 @@ class AnalyticModel : public Estimator {
     double dense_layer = 0, moe_layer_shared = 0, routed = 0;
   } layer_params_;
   void RankLayerParams(const Layout& l, int r, double* dense, double* experts) const;
+  // The gradient reduction of `params` over `size` ranks `stride` apart: the reduce-scatter (or
+  // all-reduce) and the distributed optimizer's weight all-gather; DpTime, ExpertDpTime and
+  // DpExposed's buckets.
+  struct GradReduce {
+    double reduce_s = 0, gather_s = 0;
+  };
+  GradReduce GradReduceTimes(const Layout& l, int stride, int size, double params) const;
   LayerTimes ComputeLayer(const Layout& l) const;
 };
 
