@@ -356,14 +356,12 @@ int RunTrain(const TrainFlags& f) {
               static_cast<long long>(plan->model.seq_len), f.steps);
   if (f.backend == "cuda")
     std::printf("(CUDA: %s GEMMs on tensor cores with fp32 accumulation; fp32 master weights, "
-                "optimizer state and activations; no recompute)\n",
+                "optimizer state and activations)\n",
                 l.precision == Precision::kFp32 ? "fp32" : "bf16");
-  else if (l.precision != Precision::kFp32 || l.recompute != Recompute::kNone)
-    std::printf("(the CPU backend computes in fp32 without recompute; the plan's %s%s changes "
-                "memory and time on GPUs, not the results)\n",
-                ToString(l.precision), l.recompute != Recompute::kNone
-                                           ? (std::string(" and ") + ToString(l.recompute) + " recompute").c_str()
-                                           : "");
+  else if (l.precision != Precision::kFp32)
+    std::printf("(the CPU backend computes in fp32; the plan's %s changes memory and time on "
+                "GPUs, not the results)\n",
+                ToString(l.precision));
   const std::vector<int32_t> val = rt::ValidationWindows(corpus->val, int(plan->model.seq_len), f.eval_windows);
   std::vector<rt::StepResult> steps;
   OtherLoad load;  // over the timed steps

@@ -335,7 +335,7 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kExpertsEp: return "experts_not_divisible_by_ep";
     case Rejection::kExpertGrid: return "expert_grid_does_not_fold";
     case Rejection::kExpertTpFfn: return "expert_ffn_not_divisible_by_etp";
-    case Rejection::kEpTpNeedsSp: return "expert_parallel_with_tp_needs_sequence_parallel";
+    case Rejection::kEpTpNeedsSp: return "moe_with_tp_needs_sequence_parallel";
     case Rejection::kA2aOverlap: return "moe_a2a_overlap_illegal";
     case Rejection::kFlexNeedsEp: return "flex_dispatcher_needs_ep";
     case Rejection::kGradShardingNeedsDistOpt: return "grad_sharding_needs_distributed_optimizer";
@@ -410,8 +410,10 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
       o << "moe_ffn_hidden " << m.moe_ffn_hidden << " % etp " << l.expert_tp() << " != 0";
       break;
     case Rejection::kEpTpNeedsSp:
-      o << "ep " << l.ep << " with tp " << l.tp
-        << " needs sequence parallelism (megatron/core/model_parallel_config.py)";
+      o << "a MoE model with tp " << l.tp
+        << " needs sequence parallelism (megatron/core/transformer/moe/moe_layer.py raises "
+           "\"performance may degrade if MoE and tensor parallelism are enabled without also "
+           "enabling sequence parallelism\" when training)";
       break;
     case Rejection::kFlexNeedsEp:
       o << "--moe-token-dispatcher-type flex needs experts and ep > 1 (ep " << l.ep << ")";
@@ -467,7 +469,8 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
     if (m.moe_ffn_hidden % l.expert_tp() != 0 ||
         (m.moe_shared_ffn_hidden % l.tp) != 0)
       return Rejection::kExpertTpFfn;
-    if (l.ep > 1 && l.tp > 1 && !l.sequence_parallel) return Rejection::kEpTpNeedsSp;
+    // Any MoE model, ep 1 included: MoELayer.forward checks the attention TP group's size.
+    if (l.tp > 1 && !l.sequence_parallel) return Rejection::kEpTpNeedsSp;
   }
   if (l.moe_a2a_overlap && (!m.moe() || l.ep < 2 || (l.pp > 1 && l.vp < 2) ||
                             l.recompute == Recompute::kFull))

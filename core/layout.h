@@ -155,7 +155,7 @@ enum class Rejection {
   kExpertsEp,          // E % ep != 0
   kExpertGrid,         // etp x ep does not divide t x c x d (parallel folding)
   kExpertTpFfn,        // expert FFN % etp != 0
-  kEpTpNeedsSp,        // ep > 1 with t > 1 and no SP (Megatron: "sequence parallelism must be used")
+  kEpTpNeedsSp,        // a MoE model with t > 1 and no SP (Megatron's MoELayer refuses to train)
   kA2aOverlap,         // --overlap-moe-expert-parallel-comm without ep > 1, or pp > 1 without vp, or full recompute
   kFlexNeedsEp,        // the flex dispatcher on a dense model or with ep 1
   kGradShardingNeedsDistOpt,  // shard_gradients without the distributed optimizer

@@ -39,6 +39,13 @@ enum class TokenOrder {
   kSeqFirst,    // (s, b, C): row = t * b + bi
 };
 
+// Positions of a CP rank's local sequence rows (see AttentionBlockForward): row u < len is
+// position first0 + u, row u >= len is first1 + (u - len).
+struct SeqBlock {
+  int64_t first0 = 0, first1 = 0, len = 0;
+  int64_t Position(int64_t u) const { return u < len ? first0 + u : first1 + (u - len); }
+};
+
 // One AdamW step's hyper-parameters (PyTorch AdamW / llm.c; decoupled weight decay).
 struct AdamWConfig {
   float lr = 3e-4f;           // learning rate of this step (after warmup / decay)
@@ -130,6 +137,32 @@ class Backend {
   // forward's qkv and saved. dqkv is overwritten.
   virtual void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved,
                                  int64_t nh, TokenOrder order, Tensor& dqkv) = 0;
+
+  // ---- context-parallel attention blocks (Megatron's ring attention; runtime/gpt.h) ---------
+  // A CP rank holds two chunks of each sequence (causal load balancing): its s = 2*len local
+  // rows are positions first0 .. first0+len-1, then first1 .. first1+len-1.
+  //
+  // One ring step of the online softmax, seq-first: qkv (2Lq, b, 3A) holds this rank's queries
+  // at columns [0, A) (positions qpos), kv (2Lk, b, 2A) a K/V block [K | V] at positions kpos.
+  // Query u sees key v when kpos(v) <= qpos(u). With `first`, out (2Lq, b, A) and lse
+  // (b, nh, 2Lq) are overwritten with this block's softmax(q k^T / sqrt(d)) v and its row
+  // log-sum-exp of the scaled scores (-inf for a row that sees no key); otherwise the block is
+  // merged into them: lse' = log(e^lse + e^lse_b), out' = out e^(lse - lse') + o_b e^(lse_b - lse').
+  // After every block, out and lse are those of attention over all the blocks' keys.
+  virtual void AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, const Tensor& kv,
+                                     const SeqBlock& kpos, int64_t nh, bool first, Tensor& out,
+                                     Tensor& lse) = 0;
+  // The block's part of the backward, given the final out and lse of the forward and dout:
+  // dqkv (shape of qkv) adds dQ at columns [0, A) (the K/V columns are left alone); dkv (shape
+  // of kv) adds dK at [0, A) and dV at [A, 2A).
+  virtual void AttentionBlockBackward(const Tensor& dout, const Tensor& qkv, const SeqBlock& qpos,
+                                      const Tensor& kv, const SeqBlock& kpos, const Tensor& out,
+                                      const Tensor& lse, int64_t nh, Tensor& dqkv,
+                                      Tensor& dkv) = 0;
+  // dst[:, dst_col .. dst_col+ncols) = src[:, src_col .. src_col+ncols) of two row-major
+  // matrices with equal rows (the last dimension as columns).
+  virtual void CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
+                           int64_t ncols) = 0;
 
   // ---- vocab-parallel embedding -------------------------------------------------------------
   // tokens (N) i32 any leading shape; table (V, h) holds global rows [vocab_start,

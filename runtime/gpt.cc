@@ -23,12 +23,15 @@ struct GptChunk::LayerRefs {
   ChunkParam *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
 };
 
+// With full recompute only x is kept between forward and backward; with selective, all but
+// att_saved and att.
 struct GptChunk::LayerSaved {
   Tensor x;                    // (sl*b, h) layer input
   Tensor ln1_mean, ln1_rstd;   // (sl*b)
   Tensor ln1_full;             // (s*b, h) LN1 output, gathered along s with SP
   Tensor qkv;                  // (s*b, 3A)
-  Tensor att_saved;            // AttentionSavedShape
+  Tensor att_saved;            // AttentionSavedShape (without CP)
+  Tensor lse;                  // (b, A/d, s) log-sum-exp of the scores (with CP)
   Tensor att;                  // (s*b, A)
   Tensor x2;                   // (sl*b, h) after the attention residual
   Tensor ln2_mean, ln2_rstd;   // (sl*b)
@@ -51,14 +54,23 @@ struct GptChunk::Saved {
   float row_scale = 0.0f;           // dLoss / dloss[n] = loss_scale / (s*b)
 };
 
-GptChunk::GptChunk(const GptChunkConfig& cfg, Backend& backend, Communicator& tp_comm)
-    : cfg_(cfg), be_(backend), tp_comm_(tp_comm) {}
+GptChunk::GptChunk(const GptChunkConfig& cfg, Backend& backend, const GptChunkComms& comms)
+    : cfg_(cfg), be_(backend), tp_comm_(*comms.tp), cp_comm_(comms.cp) {}
 
 GptChunk::~GptChunk() = default;
 
 Result<std::unique_ptr<GptChunk>> GptChunk::Create(const GptChunkConfig& cfg, Backend& backend,
                                                    Communicator& tp_comm) {
+  GptChunkComms comms;
+  comms.tp = &tp_comm;
+  return Create(cfg, backend, comms);
+}
+
+Result<std::unique_ptr<GptChunk>> GptChunk::Create(const GptChunkConfig& cfg, Backend& backend,
+                                                   const GptChunkComms& comms) {
   const ModelSpec& m = cfg.model;
+  if (comms.tp == nullptr) return Status::Error("GptChunk: no TP communicator");
+  Communicator& tp_comm = *comms.tp;
   PTDP_RETURN_IF_ERROR(ValidateModel(m, "GptChunk"));
   PTDP_RETURN_IF_ERROR(CheckGptShaped(m).Prefixed("GptChunk"));
   if (cfg.tp < 1 || cfg.tp_rank < 0 || cfg.tp_rank >= cfg.tp)
@@ -70,14 +82,25 @@ Result<std::unique_ptr<GptChunk>> GptChunk::Create(const GptChunkConfig& cfg, Ba
   if (m.heads % cfg.tp != 0 || m.ffn_hidden % cfg.tp != 0)
     return Status::Error("GptChunk: heads " + Str(m.heads) + " and ffn_hidden " +
                          Str(m.ffn_hidden) + " must be divisible by tp " + Str(cfg.tp));
-  if (cfg.sequence_parallel && m.seq_len % cfg.tp != 0)
-    return Status::Error("GptChunk: sequence parallelism needs seq_len " + Str(m.seq_len) +
+  if (cfg.cp < 1 || cfg.cp_rank < 0 || cfg.cp_rank >= cfg.cp)
+    return Status::Error("GptChunk: cp rank " + Str(cfg.cp_rank) + " of cp " + Str(cfg.cp));
+  if (cfg.cp > 1) {
+    if (comms.cp == nullptr || comms.cp->size() != cfg.cp || comms.cp->rank() != cfg.cp_rank)
+      return Status::Error("GptChunk: the CP communicator does not match cp rank " +
+                           Str(cfg.cp_rank) + " of " + Str(cfg.cp));
+    if (m.seq_len % (2 * cfg.cp) != 0)
+      return Status::Error("GptChunk: context parallelism needs seq_len " + Str(m.seq_len) +
+                           " divisible by 2 * cp = " + Str(2 * cfg.cp));
+  }
+  const int64_t s_local = m.seq_len / cfg.cp;
+  if (cfg.sequence_parallel && s_local % cfg.tp != 0)
+    return Status::Error("GptChunk: sequence parallelism needs seq_len / cp = " + Str(s_local) +
                          " divisible by tp " + Str(cfg.tp));
   if (cfg.first_layer < 0 || cfg.n_layers < 0 || cfg.first_layer + cfg.n_layers > m.layers)
     return Status::Error("GptChunk: layers [" + Str(cfg.first_layer) + ", " +
                          Str(cfg.first_layer + cfg.n_layers) + ") outside the model's " +
                          Str(m.layers));
-  std::unique_ptr<GptChunk> c(new GptChunk(cfg, backend, tp_comm));
+  std::unique_ptr<GptChunk> c(new GptChunk(cfg, backend, comms));
   PTDP_RETURN_IF_ERROR(c->Init());
   return c;
 }
@@ -86,7 +109,8 @@ Status GptChunk::Init() {
   const ModelSpec& m = cfg_.model;
   const int t = cfg_.tp;
   h_ = m.hidden;
-  s_ = m.seq_len;
+  seq_ = m.seq_len;
+  s_ = m.seq_len / cfg_.cp;
   sl_ = cfg_.sequence_parallel ? s_ / t : s_;
   nh_ = m.heads / t;
   attn_ = nh_ * m.head_dim();
@@ -173,12 +197,25 @@ Result<Tensor> GptChunk::SeqFirstIds(const Tensor& ids_bs) {
   return out;
 }
 
-// This rank's position ids (sl*b) i32: row t*b + bi of the full sequence holds t.
+int64_t GptChunk::GlobalPosition(int64_t u) const {
+  return cfg_.cp == 1 ? u : CpBlock(cfg_.cp_rank).Position(u);
+}
+
+SeqBlock GptChunk::CpBlock(int cp_rank) const {
+  SeqBlock blk;
+  blk.len = seq_ / (2 * cfg_.cp);
+  blk.first0 = cp_rank * blk.len;
+  blk.first1 = (2 * cfg_.cp - 1 - cp_rank) * blk.len;
+  return blk;
+}
+
+// This rank's position ids (sl*b) i32: row t*b + bi of the local sequence holds t's global
+// position.
 Result<Tensor> GptChunk::PositionIds(int64_t b) {
   if (position_ids_b_ != b) {
     std::vector<int32_t> ids(size_t(s_ * b));
     for (int64_t ti = 0; ti < s_; ++ti)
-      for (int64_t bi = 0; bi < b; ++bi) ids[size_t(ti * b + bi)] = int32_t(ti);
+      for (int64_t bi = 0; bi < b; ++bi) ids[size_t(ti * b + bi)] = int32_t(GlobalPosition(ti));
     PTDP_ASSIGN_OR_RETURN(position_ids_, be_.Alloc({s_ * b}, DType::kI32));
     PTDP_RETURN_IF_ERROR(be_.CopyFromHost(ids.data(), position_ids_));
     position_ids_b_ = b;
@@ -250,7 +287,7 @@ Result<Tensor> GptChunk::EmbedForward(const Tensor& tokens, Saved& sv) {
 }
 
 Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64_t b,
-                                      LayerSaved& sv) {
+                                      LayerSaved& sv, bool recomputing) {
   const int64_t nl = sl_ * b, n = s_ * b;
   sv.x = x;
   // Attention: x2 = x + proj(attn(qkv(LN1(x)))).
@@ -262,13 +299,14 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
   PTDP_ASSIGN_OR_RETURN(sv.qkv, F32({n, 3 * attn_}));
   be_.Matmul(sv.ln1_full, false, w.qkv_w->value, true, sv.qkv);
   be_.AddBias(sv.qkv, w.qkv_b->value);
-  PTDP_ASSIGN_OR_RETURN(sv.att_saved, F32(be_.AttentionSavedShape(b, s_, nh_)));
-  PTDP_ASSIGN_OR_RETURN(sv.att, F32({n, attn_}));
-  Tensor att3 = sv.att.View({s_, b, attn_});
-  be_.AttentionForward(sv.qkv.View({s_, b, 3 * attn_}), nh_, TokenOrder::kSeqFirst, att3,
-                       sv.att_saved);
+  PTDP_RETURN_IF_ERROR(AttentionCore(sv, b));
   PTDP_ASSIGN_OR_RETURN(Tensor proj, F32({n, h_}));
   be_.Matmul(sv.att, false, w.proj_w->value, true, proj);
+  if (cfg_.recompute == Recompute::kSelective && !recomputing) {  // redone from sv.qkv
+    sv.att_saved = Tensor();
+    sv.lse = Tensor();
+    sv.att = Tensor();
+  }
   PTDP_ASSIGN_OR_RETURN(sv.x2, ReduceSeq(proj));
   be_.AddBias(sv.x2, w.proj_b->value);
   be_.Add(sv.x2, x, sv.x2);
@@ -289,7 +327,109 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
   PTDP_ASSIGN_OR_RETURN(Tensor out, ReduceSeq(fc2));
   be_.AddBias(out, w.fc2_b->value);
   be_.Add(out, sv.x2, out);
+  if (cfg_.recompute == Recompute::kFull && !recomputing) {  // keep the input; rerun later
+    Tensor input = sv.x;
+    sv = LayerSaved();
+    sv.x = input;
+  }
   return out;
+}
+
+Status GptChunk::RestoreForBackward(const LayerRefs& w, int64_t b, LayerSaved& sv) {
+  if (cfg_.recompute == Recompute::kFull) {
+    LayerSaved fresh;
+    auto out = LayerForward(w, sv.x, b, fresh, /*recomputing=*/true);
+    PTDP_RETURN_IF_ERROR(out.status());
+    sv = std::move(fresh);
+  } else if (cfg_.recompute == Recompute::kSelective) {
+    PTDP_RETURN_IF_ERROR(AttentionCore(sv, b));
+  }
+  return Status::Ok();
+}
+
+// ---- attention core: whole sequence, or the CP ring -----------------------------------------
+
+Status GptChunk::RingExchange(const std::vector<const Tensor*>& out,
+                              const std::vector<Tensor*>& in) {
+  const int c = cfg_.cp, next = (cfg_.cp_rank + 1) % c, prev = (cfg_.cp_rank + c - 1) % c;
+  PTDP_RETURN_IF_ERROR(cp_comm_->GroupStart());
+  Status st;
+  for (const Tensor* t : out)
+    if (st.ok()) st = cp_comm_->Send(*t, next);
+  for (Tensor* t : in)
+    if (st.ok()) st = cp_comm_->Recv(*t, prev);
+  const Status end = cp_comm_->GroupEnd();
+  PTDP_RETURN_IF_ERROR(st);
+  return end;
+}
+
+Status GptChunk::AttentionCore(LayerSaved& sv, int64_t b) {
+  const int64_t n = s_ * b;
+  PTDP_ASSIGN_OR_RETURN(sv.att, F32({n, attn_}));
+  Tensor att3 = sv.att.View({s_, b, attn_});
+  const Tensor qkv3 = sv.qkv.View({s_, b, 3 * attn_});
+  if (cfg_.cp == 1) {
+    PTDP_ASSIGN_OR_RETURN(sv.att_saved, F32(be_.AttentionSavedShape(b, s_, nh_)));
+    be_.AttentionForward(qkv3, nh_, TokenOrder::kSeqFirst, att3, sv.att_saved);
+    return Status::Ok();
+  }
+  // Ring: step i merges the K/V block of CP rank (me - i) mod c, then passes it on.
+  const int c = cfg_.cp;
+  PTDP_ASSIGN_OR_RETURN(sv.lse, F32({b, nh_, s_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor kv, F32({n, 2 * attn_}));
+  be_.CopyColumns(sv.qkv, attn_, kv, 0, 2 * attn_);
+  const SeqBlock mine = CpBlock(cfg_.cp_rank);
+  for (int i = 0; i < c; ++i) {
+    const int owner = (cfg_.cp_rank + c - i) % c;
+    be_.AttentionBlockForward(qkv3, mine, kv.View({s_, b, 2 * attn_}), CpBlock(owner), nh_,
+                              i == 0, att3, sv.lse);
+    if (i + 1 == c) break;
+    PTDP_ASSIGN_OR_RETURN(Tensor next, F32({n, 2 * attn_}));
+    PTDP_RETURN_IF_ERROR(RingExchange({&kv}, {&next}).Prefixed("CP ring (attention forward)"));
+    kv = next;
+  }
+  return Status::Ok();
+}
+
+Result<Tensor> GptChunk::AttentionCoreBackward(const Tensor& datt, const LayerSaved& sv,
+                                               int64_t b) {
+  const int64_t n = s_ * b;
+  PTDP_ASSIGN_OR_RETURN(Tensor dqkv, F32({n, 3 * attn_}));  // zeroed: the blocks add to it
+  Tensor dqkv3 = dqkv.View({s_, b, 3 * attn_});
+  const Tensor qkv3 = sv.qkv.View({s_, b, 3 * attn_});
+  const Tensor datt3 = datt.View({s_, b, attn_});
+  if (cfg_.cp == 1) {
+    be_.AttentionBackward(datt3, qkv3, sv.att_saved, nh_, TokenOrder::kSeqFirst, dqkv3);
+    return dqkv;
+  }
+  // The K/V block travels the ring again with its gradient accumulator dkv; after c - 1 hops
+  // the accumulator at rank r belongs to rank r + 1: one more hop brings each home.
+  const int c = cfg_.cp;
+  const Tensor att3 = sv.att.View({s_, b, attn_});
+  PTDP_ASSIGN_OR_RETURN(Tensor kv, F32({n, 2 * attn_}));
+  be_.CopyColumns(sv.qkv, attn_, kv, 0, 2 * attn_);
+  PTDP_ASSIGN_OR_RETURN(Tensor dkv, F32({n, 2 * attn_}));
+  const SeqBlock mine = CpBlock(cfg_.cp_rank);
+  for (int i = 0; i < c; ++i) {
+    const int owner = (cfg_.cp_rank + c - i) % c;
+    Tensor dkv3 = dkv.View({s_, b, 2 * attn_});
+    be_.AttentionBlockBackward(datt3, qkv3, mine, kv.View({s_, b, 2 * attn_}), CpBlock(owner),
+                               att3, sv.lse, nh_, dqkv3, dkv3);
+    PTDP_ASSIGN_OR_RETURN(Tensor next_dkv, F32({n, 2 * attn_}));
+    if (i + 1 == c) {
+      PTDP_RETURN_IF_ERROR(
+          RingExchange({&dkv}, {&next_dkv}).Prefixed("CP ring (dK/dV home)"));
+      dkv = next_dkv;
+      break;
+    }
+    PTDP_ASSIGN_OR_RETURN(Tensor next_kv, F32({n, 2 * attn_}));
+    PTDP_RETURN_IF_ERROR(RingExchange({&kv, &dkv}, {&next_kv, &next_dkv})
+                             .Prefixed("CP ring (attention backward)"));
+    kv = next_kv;
+    dkv = next_dkv;
+  }
+  be_.CopyColumns(dkv, 0, dqkv, attn_, 2 * attn_);
+  return dqkv;
 }
 
 // Final LN, (SP all-gather), local logits against the tied embedding shard, vocab-parallel CE.
@@ -321,7 +461,7 @@ Result<Tensor> GptChunk::OutputForward(const Tensor& x, const Tensor& targets, f
   be_.CrossEntropyLoss(sv.row_max, sv.sum_exp, target_logit, rows);
   PTDP_ASSIGN_OR_RETURN(Tensor loss, F32({1}));
   be_.Sum(rows, loss);
-  sv.row_scale = loss_scale / float(n);
+  sv.row_scale = loss_scale / float(seq_ * sv.b);  // over the whole sequences (CP: partial)
   be_.Scale(sv.row_scale, loss);
   return loss;
 }
@@ -342,7 +482,10 @@ Result<Tensor> GptChunk::Backward(int slot, const Tensor& grad_output) {
     dx = grad_output.View({sl_ * sv->b, h_});
   }
   for (size_t l = layers_.size(); l-- > 0;) {
-    PTDP_ASSIGN_OR_RETURN(dx, LayerBackward(layers_[l], dx, sv->b, sv->layers[l]));
+    LayerSaved& ls = sv->layers[l];
+    PTDP_RETURN_IF_ERROR(RestoreForBackward(layers_[l], sv->b, ls).Prefixed("recompute"));
+    PTDP_ASSIGN_OR_RETURN(dx, LayerBackward(layers_[l], dx, sv->b, ls));
+    ls = LayerSaved();  // freed as soon as its backward is done
   }
   if (cfg_.has_embedding) {
     PTDP_RETURN_IF_ERROR(EmbedBackward(dx, *sv));
@@ -393,10 +536,7 @@ Result<Tensor> GptChunk::LayerBackward(const LayerRefs& w, const Tensor& dout, i
   be_.Matmul(dproj, true, sv.att, false, w.proj_w->grad, 1.0f, 1.0f);
   PTDP_ASSIGN_OR_RETURN(Tensor datt, F32({n, attn_}));
   be_.Matmul(dproj, false, w.proj_w->value, false, datt);
-  PTDP_ASSIGN_OR_RETURN(Tensor dqkv, F32({n, 3 * attn_}));
-  Tensor dqkv3 = dqkv.View({s_, b, 3 * attn_});
-  be_.AttentionBackward(datt.View({s_, b, attn_}), sv.qkv.View({s_, b, 3 * attn_}), sv.att_saved,
-                        nh_, TokenOrder::kSeqFirst, dqkv3);
+  PTDP_ASSIGN_OR_RETURN(Tensor dqkv, AttentionCoreBackward(datt, sv, b));
   be_.BiasGrad(dqkv, w.qkv_b->grad);
   be_.Matmul(dqkv, true, sv.ln1_full, false, w.qkv_w->grad, 1.0f, 1.0f);
   PTDP_ASSIGN_OR_RETURN(Tensor dln1_full, F32({n, h_}));

@@ -4,8 +4,22 @@
 // fc1, row-parallel proj and fc2, the f and g operators, vocab-parallel embedding and cross
 // entropy (full logits never gathered), optional sequence parallelism.
 //
-// Letters: b micro-batch, s sequence, h hidden, t TP size, sl = s/t with SP else s,
-// A = h/t (local attention width), F = ffn/t, Vl = padded vocabulary / t.
+// Letters: b micro-batch, S the model's sequence length, c CP size, s = S/c the rows of the
+// sequence this rank holds, h hidden, t TP size, sl = s/t with SP else s, A = h/t (local
+// attention width), F = ffn/t, Vl = padded vocabulary / t.
+//
+// Context parallelism (Megatron's causal load balancing): the sequence is cut into 2c chunks of
+// S/(2c) tokens; CP rank i holds chunks i and 2c-1-i, stored as s consecutive rows (inputs and
+// targets arrive already cut so). Everything but attention is row-wise; attention is a ring
+// over the CP group: each rank's K/V block visits every rank (c-1 exchanges), which merges it
+// into its queries' output with the online softmax (Backend::AttentionBlockForward); the
+// backward sends the K/V block round again with its gradient accumulator, and a last hop brings
+// each block's dK/dV home.
+//
+// Recompute (Megatron --recompute-granularity): selective recomputes the core attention (the
+// s x s probabilities and the attention output, from the saved QKV) in the backward; full keeps
+// only each layer's input and reruns the layer's forward (its TP and CP communication
+// included) just before its backward.
 // Activations are kSeqFirst, (s, b, h) row-major (Megatron), so an SP chunk is rows
 // [r*sl*b, (r+1)*sl*b) of the full activation and the SP all-gather / reduce-scatter run along
 // dimension 0.
@@ -20,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "core/layout.h"
 #include "core/model.h"
 #include "core/status.h"
 #include "runtime/backend.h"
@@ -38,7 +53,17 @@ struct GptChunkConfig {
   int tp = 1;                      // TP size t (the TP communicator's size)
   int tp_rank = 0;                 // this rank's index in the TP group
   bool sequence_parallel = false;  // Megatron SP (needs s % t == 0)
+  int cp = 1;                      // CP size c (the CP communicator's size); S % (2c) == 0
+  int cp_rank = 0;                 // this rank's index in the CP group
+  Recompute recompute = Recompute::kNone;  // what the backward recomputes (see above)
   uint64_t seed = 0;               // initialisation seed (InitShard)
+};
+
+// The communicators a chunk uses; each must outlive the chunk. tp is required; cp is required
+// when cp > 1.
+struct GptChunkComms {
+  Communicator* tp = nullptr;  // TP group (size t, rank tp_rank)
+  Communicator* cp = nullptr;  // CP group (size c, rank cp_rank), group order = CP index
 };
 
 // One parameter shard and its gradient.
@@ -58,6 +83,9 @@ class GptChunk {
   // (not GPT-shaped, heads % t, SP with s % t, layers out of range, communicator mismatch) or
   // when the backend cannot allocate.
   static Result<std::unique_ptr<GptChunk>> Create(const GptChunkConfig& cfg, Backend& backend,
+                                                  const GptChunkComms& comms);
+  // The same without CP.
+  static Result<std::unique_ptr<GptChunk>> Create(const GptChunkConfig& cfg, Backend& backend,
                                                   Communicator& tp_comm);
   ~GptChunk();
   GptChunk(const GptChunk&) = delete;
@@ -65,12 +93,14 @@ class GptChunk {
 
   // Runs micro-batch `slot` forward and keeps what its Backward needs until then (several slots
   // may be in flight; a slot in flight is an error).
-  //  input: has_embedding: token ids (b, s) i32, batch-first as the DataLoader writes them;
+  //  input: has_embedding: token ids (b, s) i32, batch-first as the DataLoader writes them
+  //         (this CP rank's two chunks of each sequence, in order);
   //         otherwise the previous chunk's output (sl, b, h) fp32 (copied: the caller may reuse
   //         it after the call).
   //  targets: has_output only: (b, s) i32 next tokens; otherwise ignored (may be undefined).
-  //  loss_scale: has_output only: the loss is mean over the b*s tokens times loss_scale
-  //         (the executor passes 1/m, Megatron's loss / m).
+  //  loss_scale: has_output only: the loss is the sum over this rank's b*s tokens divided by
+  //         the b*S tokens of the whole sequences, times loss_scale (the executor passes 1/m,
+  //         Megatron's loss / m): with CP the ranks' losses add up to the mean.
   // Returns the output activation (sl, b, h), or with has_output the loss, a (1) tensor equal
   // on every TP rank. Fails when a collective fails or memory runs out.
   Result<Tensor> Forward(int slot, const Tensor& input, const Tensor& targets, float loss_scale);
@@ -109,8 +139,19 @@ class GptChunk {
   struct LayerSaved;  // a layer's activations for backward
   struct Saved;       // one micro-batch's activations
 
-  GptChunk(const GptChunkConfig& cfg, Backend& backend, Communicator& tp_comm);
+  GptChunk(const GptChunkConfig& cfg, Backend& backend, const GptChunkComms& comms);
   Status Init();
+  // Global position of local sequence row u (CP's two chunks; u itself without CP).
+  int64_t GlobalPosition(int64_t u) const;
+  SeqBlock CpBlock(int cp_rank) const;  // the positions of CP rank cp_rank's rows
+  // The core attention of a layer: sv.qkv -> sv.att, keeping what its backward needs
+  // (sv.att_saved without CP, sv.lse with it); the CP ring with cp > 1.
+  Status AttentionCore(LayerSaved& sv, int64_t b);
+  // Its backward: datt (s*b, A) -> dqkv (s*b, 3A).
+  Result<Tensor> AttentionCoreBackward(const Tensor& datt, const LayerSaved& sv, int64_t b);
+  // One ring step on the CP group: sends each of `out` to the next CP rank, receives each of
+  // `in` from the previous one (posted together).
+  Status RingExchange(const std::vector<const Tensor*>& out, const std::vector<Tensor*>& in);
 
   Result<Tensor> F32(const Shape& shape);
   Result<Tensor> SeqFirstIds(const Tensor& ids_bs);
@@ -122,7 +163,12 @@ class GptChunk {
 
   Result<Tensor> EmbedForward(const Tensor& tokens, Saved& sv);
   Status EmbedBackward(const Tensor& dx, const Saved& sv);
-  Result<Tensor> LayerForward(const LayerRefs& w, const Tensor& x, int64_t b, LayerSaved& sv);
+  // `recomputing`: the backward's rerun (full recompute), which keeps everything.
+  Result<Tensor> LayerForward(const LayerRefs& w, const Tensor& x, int64_t b, LayerSaved& sv,
+                              bool recomputing = false);
+  // Brings sv back to what LayerBackward reads: reruns the layer (full recompute, sv holds the
+  // input only) or the core attention (selective).
+  Status RestoreForBackward(const LayerRefs& w, int64_t b, LayerSaved& sv);
   Result<Tensor> LayerBackward(const LayerRefs& w, const Tensor& dout, int64_t b,
                                const LayerSaved& sv);
   Result<Tensor> OutputForward(const Tensor& x, const Tensor& targets, float loss_scale,
@@ -132,6 +178,8 @@ class GptChunk {
   GptChunkConfig cfg_;
   Backend& be_;
   Communicator& tp_comm_;
+  Communicator* cp_comm_ = nullptr;
+  int64_t seq_ = 0;  // S, the whole sequence
   int64_t h_ = 0, s_ = 0, sl_ = 0, nh_ = 0, attn_ = 0, ffn_ = 0, vocab_local_ = 0,
           vocab_start_ = 0;
   std::vector<ChunkParam> params_;

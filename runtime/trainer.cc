@@ -1,18 +1,20 @@
 // Trainer: every rank a thread walking its core/ Schedule over GptChunks, then Megatron's
 // finalize-grads, global-norm clipping and AdamW; see trainer.h for the contract.
 //
-// Letters: t TP, p PP, d DP, v chunks per pipeline rank, m micro-batches, b micro-batch,
-// s sequence, sl = s/t with SP else s, h hidden, L layers.
+// Letters: t TP, c CP, p PP, d DP, v chunks per pipeline rank, m micro-batches, b micro-batch,
+// s sequence, sc = s/c the positions a CP rank holds, sl = sc/t with SP else sc, h hidden,
+// L layers, R = d*c the dense parameters' reduction group (DP x CP; DP when c = 1).
 //
 // Order of the end-of-step reductions (each rank issues them in this order, so no two groups
 // wait on each other in a cycle):
 //   TP  SP-partial grads (FinalizeTpGrads)      -- Megatron does this after the DP reduction;
-//   DP  all-reduce SUM / d of every grad           the two sums commute, so the result is the
-//       (dist-opt: reduce-scatter of each flattened grad, padded to a multiple of d, / d)
+//   DPCP all-reduce SUM / d of every grad          the two sums commute, so the result is the
+//       (dist-opt: reduce-scatter of each flattened grad, padded to a multiple of R, / d)
 //   EMB all-reduce SUM of embedding.word's grad (or its owned slice) between first and last stage
-//   TP, PP (, DP with dist-opt) all-reduce of the squared-grad sum -> norm, clip, AdamW
-//   DP  dist-opt: all-gather of the updated slices
-//   DP  loss (last stage): all-reduce SUM / d for the report
+//   WORLD all-reduce of the squared-grad sums (each element counted by one rank) -> norm, clip,
+//       AdamW
+//   DPCP dist-opt: all-gather of the updated slices
+//   DPCP loss (last stage): all-reduce SUM / d for the report
 //   WORLD all-gather of every rank's report (loss, grad norm, times, stop request), so that
 //         every process holds the whole job's figures (ranks may live in several processes:
 //         local_ranks) and every process sees the same stop request
@@ -54,8 +56,13 @@ std::string Str(int64_t v) { return std::to_string(v); }
 class TimedCommunicator final : public Communicator {
  public:
   TimedCommunicator(std::unique_ptr<Communicator> inner, double* seconds,
-                    std::vector<StepEvent>* events, const Clock::time_point* step_start)
-      : inner_(std::move(inner)), seconds_(seconds), events_(events), step_start_(step_start) {}
+                    std::vector<StepEvent>* events, const Clock::time_point* step_start,
+                    StepEventKind kind = StepEventKind::kTpComm)
+      : inner_(std::move(inner)),
+        seconds_(seconds),
+        events_(events),
+        step_start_(step_start),
+        kind_(kind) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const std::vector<int>& ranks() const override { return inner_->ranks(); }
@@ -90,7 +97,7 @@ class TimedCommunicator final : public Communicator {
     const Clock::time_point t1 = Clock::now();
     *seconds_ += std::chrono::duration<double>(t1 - t0).count();
     if (events_)
-      events_->push_back({StepEventKind::kTpComm, -1, -1,
+      events_->push_back({kind_, -1, -1,
                           std::chrono::duration<double>(t0 - *step_start_).count(),
                           std::chrono::duration<double>(t1 - *step_start_).count()});
     return st;
@@ -99,20 +106,29 @@ class TimedCommunicator final : public Communicator {
   double* seconds_;
   std::vector<StepEvent>* events_;        // nullptr: not recording
   const Clock::time_point* step_start_;
+  StepEventKind kind_;
 };
 
-// AdamW state of one parameter: the part this rank updates. Without the distributed optimizer
-// the whole (flattened) tensor; with it, DP rank j owns elements [j*k, j*k + owned) of the
-// parameter flattened and padded to d*k (k = ceil(numel / d)), owned = clamp(numel - j*k, 0, k).
+// AdamW state of one parameter: the part this rank updates. Its gradient is reduced over its
+// reduction group of R ranks (the DP x CP group of a dense parameter, Megatron's "dp-cp"
+// group; R = d*c). Without the distributed optimizer the rank updates the whole (flattened)
+// tensor; with it, the rank at index j of that group owns elements [j*k, j*k + owned) of the
+// parameter flattened and padded to R*k (k = ceil(numel / R)), owned = clamp(numel - j*k, 0, k).
 struct ParamState {
   ChunkParam* param = nullptr;
+  Communicator* group = nullptr;  // the reduction group (owned by the Rank)
+  int slices = 1;                 // R with the distributed optimizer, else 1
+  int slice = 0;                  // this rank's index j in the group (0 without dist-opt)
   int64_t numel = 0;
   int64_t k = 0;          // slice length (numel without the distributed optimizer)
   int64_t owned = 0;      // elements of the slice inside the parameter
   Tensor m, v;            // (owned) AdamW moments
   Tensor grad_slice;      // dist-opt: (k) this rank's reduce-scattered grad; else the grad
   bool decay = false;     // weight decay: 2-D weights but the position table
-  bool counts_in_norm = false;  // not a TP replica (tp_rank 0 only) nor the last stage's word
+  // Counted in the global gradient norm by exactly one rank of the job: not a TP replica (tp
+  // rank 0 only), not the last stage's tied word embedding, and (without dist-opt) index 0 of
+  // the reduction group.
+  bool counts_in_norm = false;
 };
 
 // Keys of tensors waiting between p2p and compute: (micro-batch, chunk, is_gradient).
@@ -160,13 +176,18 @@ struct Rank {
   RankCoord coord;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Communicator> pp, dp, emb;
+  std::unique_ptr<Communicator> dpcp;   // DP x CP (cp > 1 only): dense gradients, loss
+  std::unique_ptr<TimedCommunicator> cp;  // the CP ring (cp > 1 only), timed as TP/CP time
   std::unique_ptr<Communicator> world;  // every rank of the layout, group rank = global rank
   std::unique_ptr<TimedCommunicator> tp;
   std::vector<std::unique_ptr<GptChunk>> chunks;  // by chunk index c
   std::vector<ParamState> state;
   std::unique_ptr<DataLoader> data;
   RankTimes times;
-  double tp_seconds = 0;  // accumulated by the TP decorator
+  double tp_seconds = 0;  // accumulated by the TP and CP decorators
+  int red_index = 0;      // index in the dense reduction group (DP x CP)
+  // The dense parameters' reduction group: DP x CP, which is DP without CP.
+  Communicator& Reduction() const { return dpcp ? *dpcp : *dp; }
   // Step outputs.
   double loss = 0, grad_norm = 0;
   std::vector<RankReport> reports;  // after a step: every rank's, by global rank
@@ -183,6 +204,7 @@ const char* ToString(StepEventKind k) {
     case StepEventKind::kBackward: return "backward";
     case StepEventKind::kP2p: return "p2p";
     case StepEventKind::kTpComm: return "tp";
+    case StepEventKind::kCpComm: return "cp";
     case StepEventKind::kDpComm: return "dp";
     case StepEventKind::kEmbedding: return "embedding";
     case StepEventKind::kOptimizer: return "optimizer";
@@ -223,7 +245,8 @@ struct Trainer::Impl {
   TrainerConfig cfg;
   RankGrid grid{1, 1, 1};
   Schedule schedule;
-  int t = 1, p = 1, d = 1, v = 1, m = 1, b = 1, s = 1, sl = 1, h = 1;
+  // s: the whole sequence; sc = s/c the rows a CP rank holds; sl = sc/t with SP else sc.
+  int t = 1, c = 1, p = 1, d = 1, v = 1, m = 1, b = 1, s = 1, sc = 1, sl = 1, h = 1;
   std::vector<Rank> ranks;
   int64_t steps = 0;
   Clock::time_point step_start;  // origin of the step's timeline events
@@ -254,6 +277,13 @@ struct Trainer::Impl {
   Status ReduceEmbedding(Rank& rk);
   Status OptimizerStep(Rank& rk);
   Result<Tensor> Tokens(Rank& rk, int64_t step, int mb, bool targets);
+  // Row j < sc of this CP rank's part of a sequence: its position in the whole sequence
+  // (Megatron's load balancing: chunks cp_rank and 2c-1-cp_rank of 2c).
+  int CpPosition(int cp_rank, int j) const;
+  // The ranks of the dense reduction group of a rank (DP x CP).
+  std::vector<int> ReductionGroup(int rank) const {
+    return c > 1 ? grid.DpCpGroup(rank) : grid.DpGroup(rank);
+  }
   Status EvaluateRank(Rank& rk, const std::vector<int32_t>& windows, int count, double* loss);
   Status ExchangeReports(Rank& rk, const RankReport& mine);
   Status BroadcastDoubles(Rank& rk, int root, double* values, int64_t n);
@@ -313,17 +343,22 @@ std::vector<GroupSet> Trainer::Impl::GroupSets() const {
   std::vector<int> all(size_t(grid.world()));
   for (int g = 0; g < grid.world(); ++g) all[size_t(g)] = g;
   sets[4].groups.push_back(all);
+  if (c > 1) {
+    sets.push_back({"CP", grid.AllCpGroups()});
+    sets.push_back({"DPCP", grid.AllDpCpGroups()});
+  }
   return sets;
 }
 
 Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms,
                             const std::vector<int>& local) {
   const Layout& l = cfg.layout;
-  t = l.tp, p = l.pp, d = l.dp, v = l.vp, b = l.micro_batch;
+  t = l.tp, c = l.cp, p = l.pp, d = l.dp, v = l.vp, b = l.micro_batch;
   m = int(l.num_microbatches());
   s = int(cfg.model.seq_len), h = int(cfg.model.hidden);
-  sl = l.sequence_parallel ? s / t : s;
-  grid = RankGrid(t, d, p);
+  sc = s / c;
+  sl = l.sequence_parallel ? sc / t : sc;
+  grid = RankGrid(t, c, d, p, 1, 1);
   PTDP_ASSIGN_OR_RETURN(schedule, BuildSchedule(l.schedule, p, v, m, l.microbatch_group));
   const std::vector<GroupSet> sets = GroupSets();
   PTDP_RETURN_IF_ERROR(comms.Prepare(sets).Prefixed("preparing the communicators"));
@@ -342,6 +377,17 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
         &step_start);
     PTDP_ASSIGN_OR_RETURN(rk.pp, comms.Group(g, grid.PpGroup(g), "PP"));
     PTDP_ASSIGN_OR_RETURN(rk.dp, comms.Group(g, grid.DpGroup(g), "DP"));
+    if (c > 1) {
+      PTDP_ASSIGN_OR_RETURN(auto cpc, comms.Group(g, grid.CpGroup(g), "CP"));
+      rk.cp = std::make_unique<TimedCommunicator>(
+          std::move(cpc), &rk.tp_seconds, cfg.record_timeline ? &rk.times.events : nullptr,
+          &step_start, StepEventKind::kCpComm);
+      PTDP_ASSIGN_OR_RETURN(rk.dpcp, comms.Group(g, grid.DpCpGroup(g), "DPCP"));
+    }
+    {
+      const std::vector<int> red = ReductionGroup(g);
+      rk.red_index = int(std::find(red.begin(), red.end(), g) - red.begin());
+    }
     if (rk.coord.pp == 0 || rk.coord.pp == p - 1) {
       PTDP_ASSIGN_OR_RETURN(rk.emb, comms.Group(g, grid.EmbeddingGroup(g), "EMB"));
     }
@@ -358,8 +404,14 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
       cc.tp = t;
       cc.tp_rank = rk.coord.tp;
       cc.sequence_parallel = l.sequence_parallel;
+      cc.cp = l.cp;  // (c here is the chunk index)
+      cc.cp_rank = rk.coord.cp;
+      cc.recompute = l.recompute;
       cc.seed = cfg.seed;
-      auto chunk = GptChunk::Create(cc, *rk.backend, *rk.tp);
+      GptChunkComms cm;
+      cm.tp = rk.tp.get();
+      cm.cp = rk.cp.get();
+      auto chunk = GptChunk::Create(cc, *rk.backend, cm);
       if (!chunk.ok()) return chunk.status().Prefixed(where + " chunk " + Str(c));
       rk.chunks.push_back(std::move(chunk).value());
     }
@@ -371,20 +423,26 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
 }
 
 Status Trainer::Impl::BuildState(Rank& rk) {
-  const bool dopt = cfg.layout.distributed_optimizer && d > 1;
+  const int R = d * c;  // the dense reduction group's size
+  const bool dopt = cfg.layout.distributed_optimizer && R > 1;
   for (auto& chunk : rk.chunks)
     for (const ChunkParam& cp : chunk->params()) {
       ParamState ps;
       ps.param = chunk->Find(cp.spec.name);
+      ps.group = &rk.Reduction();
+      ps.slices = dopt ? R : 1;
+      ps.slice = dopt ? rk.red_index : 0;
       ps.numel = cp.value.numel();
-      ps.k = dopt ? (ps.numel + d - 1) / d : ps.numel;
-      ps.owned = dopt ? std::clamp<int64_t>(ps.numel - rk.coord.dp * ps.k, 0, ps.k) : ps.numel;
+      ps.k = (ps.numel + ps.slices - 1) / ps.slices;
+      ps.owned = std::clamp<int64_t>(ps.numel - ps.slice * ps.k, 0, ps.k);
       ps.decay = cp.spec.shape.size() == 2 && cp.spec.name != "embedding.position";
       const bool tied_copy = cp.spec.name == "embedding.word" && !chunk->config().has_embedding;
-      ps.counts_in_norm = !tied_copy && (cp.spec.shard != ShardKind::kReplicated || rk.coord.tp == 0);
+      ps.counts_in_norm = !tied_copy &&
+                          (cp.spec.shard != ShardKind::kReplicated || rk.coord.tp == 0) &&
+                          (dopt || rk.red_index == 0);
       PTDP_ASSIGN_OR_RETURN(ps.m, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
       PTDP_ASSIGN_OR_RETURN(ps.v, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
-      if (dopt) {
+      if (ps.slices > 1) {
         PTDP_ASSIGN_OR_RETURN(ps.grad_slice, rk.backend->Alloc({ps.k}, DType::kF32));
       } else {
         ps.grad_slice = cp.grad.View(Shape({ps.numel}));
@@ -394,15 +452,22 @@ Status Trainer::Impl::BuildState(Rank& rk) {
   return Status::Ok();
 }
 
-// (b, s) token ids of micro-batch `mb` of this rank's DP share at `step`: the inputs [:, :s],
-// or with `targets` the next tokens [:, 1:].
+int Trainer::Impl::CpPosition(int cp_rank, int j) const {
+  if (c == 1) return j;
+  const int len = s / (2 * c);
+  return j < len ? cp_rank * len + j : (2 * c - 1 - cp_rank) * len + (j - len);
+}
+
+// (b, sc) token ids of micro-batch `mb` of this rank's DP share at `step`: the inputs [:, :s],
+// or with `targets` the next tokens [:, 1:], at this CP rank's positions.
 Result<Tensor> Trainer::Impl::Tokens(Rank& rk, int64_t step, int mb, bool targets) {
-  std::vector<int32_t> window(size_t(b) * size_t(s + 1)), out(size_t(b) * size_t(s));
+  std::vector<int32_t> window(size_t(b) * size_t(s + 1)), out(size_t(b) * size_t(sc));
   rk.data->MicroBatch(step, rk.coord.dp, d, b, mb, window.data());
   for (int i = 0; i < b; ++i)
-    for (int j = 0; j < s; ++j)
-      out[size_t(i * s + j)] = window[size_t(i * (s + 1) + j + (targets ? 1 : 0))];
-  PTDP_ASSIGN_OR_RETURN(Tensor tk, rk.backend->Alloc({b, s}, DType::kI32));
+    for (int j = 0; j < sc; ++j)
+      out[size_t(i * sc + j)] =
+          window[size_t(i * (s + 1) + CpPosition(rk.coord.cp, j) + (targets ? 1 : 0))];
+  PTDP_ASSIGN_OR_RETURN(Tensor tk, rk.backend->Alloc({b, sc}, DType::kI32));
   PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(out.data(), tk));
   return tk;
 }
@@ -517,24 +582,28 @@ Status Trainer::Impl::RunOps(Rank& rk) {
   return Status::Ok();
 }
 
-// TP (SP-partial grads), then DP: all-reduce SUM / d, or the dist-opt reduce-scatter.
+// TP (SP-partial grads), then each parameter's reduction group (DP x CP for dense ones):
+// all-reduce SUM / d, or the dist-opt reduce-scatter. The CP ranks' gradients are partial sums
+// over their tokens (each rank's loss is its tokens' share of the mean), so they add up; the
+// DP replicas' are means, so they are averaged.
 Status Trainer::Impl::ReduceGradients(Rank& rk) {
   for (auto& chunk : rk.chunks) PTDP_RETURN_IF_ERROR(chunk->FinalizeTpGrads());
-  if (d == 1) return Status::Ok();
+  if (d * c == 1) return Status::Ok();
   const Clock::time_point t0 = Clock::now();
   Backend& be = *rk.backend;
   const float inv_d = 1.0f / float(d);
   for (ParamState& ps : rk.state) {
-    if (!cfg.layout.distributed_optimizer) {
-      PTDP_RETURN_IF_ERROR(rk.dp->AllReduce(ps.grad_slice, ReduceOp::kSum));
+    if (ps.group->size() == 1) continue;
+    if (ps.slices == 1) {
+      PTDP_RETURN_IF_ERROR(ps.group->AllReduce(ps.grad_slice, ReduceOp::kSum));
       be.Scale(inv_d, ps.grad_slice);
       continue;
     }
-    // Flatten and zero-pad to d*k, so each DP rank's block is k elements.
-    PTDP_ASSIGN_OR_RETURN(Tensor padded, be.Alloc({d * ps.k}, DType::kF32));
+    // Flatten and zero-pad to R*k, so each rank's block of the group is k elements.
+    PTDP_ASSIGN_OR_RETURN(Tensor padded, be.Alloc({ps.slices * ps.k}, DType::kF32));
     Tensor head = padded.View(Shape({ps.numel}));
     be.Copy(ps.param->grad.View(Shape({ps.numel})), head);
-    PTDP_RETURN_IF_ERROR(rk.dp->ReduceScatter(padded, ps.grad_slice, ReduceOp::kSum));
+    PTDP_RETURN_IF_ERROR(ps.group->ReduceScatter(padded, ps.grad_slice, ReduceOp::kSum));
     be.Scale(inv_d, ps.grad_slice);
   }
   rk.times.dp_comm_s += Since(t0);
@@ -554,12 +623,11 @@ Status Trainer::Impl::ReduceEmbedding(Rank& rk) {
   return Status::Ok();
 }
 
-// Global grad norm (each element counted once), clipping, AdamW on what this rank owns, and the
-// dist-opt all-gather of the updated slices.
+// Global grad norm (each element counted by one rank of the job, then one WORLD all-reduce),
+// clipping, AdamW on what this rank owns, and the dist-opt all-gather of the updated slices.
 Status Trainer::Impl::OptimizerStep(Rank& rk) {
   const Clock::time_point t0 = Clock::now();
   Backend& be = *rk.backend;
-  const bool dopt = cfg.layout.distributed_optimizer && d > 1;
   // sq[0]: squares of the grads that count in the norm; sq[1]: squares of the others (TP
   // replicas, the tied copy) plus a NaN if this rank's loss is not finite, so that a NaN or Inf
   // anywhere reaches every rank through the same all-reduces and all ranks decide alike.
@@ -569,11 +637,8 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
     if (ps.owned > 0)
       be.SumSquares(ps.grad_slice.View(Shape({ps.owned})), ps.counts_in_norm ? sq_norm : sq_rest);
   if (!std::isfinite(rk.loss)) be.Fill(std::numeric_limits<float>::quiet_NaN(), sq_rest);
-  // The TP part goes through the timing decorator (TP time); PP and DP parts count here.
   const double tp0 = rk.tp_seconds;
-  if (t > 1) PTDP_RETURN_IF_ERROR(rk.tp->AllReduce(sq, ReduceOp::kSum));
-  if (p > 1) PTDP_RETURN_IF_ERROR(rk.pp->AllReduce(sq, ReduceOp::kSum));
-  if (dopt) PTDP_RETURN_IF_ERROR(rk.dp->AllReduce(sq, ReduceOp::kSum));
+  if (grid.world() > 1) PTDP_RETURN_IF_ERROR(rk.world->AllReduce(sq, ReduceOp::kSum));
   float sq_host[2] = {0, 0};
   PTDP_RETURN_IF_ERROR(be.CopyToHost(sq, sq_host));
   rk.grad_norm = std::sqrt(double(sq_host[0]));
@@ -596,22 +661,25 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
   for (ParamState& ps : rk.state) {
     if (ps.owned == 0) continue;
     ac.weight_decay = ps.decay ? float(oc.weight_decay) : 0.0f;
-    Tensor value = ps.param->value.View(Shape({ps.owned}), dopt ? rk.coord.dp * ps.k : 0);
+    Tensor value = ps.param->value.View(Shape({ps.owned}), ps.slice * ps.k);
     Tensor grad = ps.grad_slice.View(Shape({ps.owned}));
     be.AdamW(value, grad, ps.m, ps.v, ac);
   }
   rk.times.optimizer_s += Since(t0) - (rk.tp_seconds - tp0);
   Record(rk, StepEventKind::kOptimizer, -1, -1, t0, Clock::now());
-  if (!dopt) return Status::Ok();
+  bool sliced = false;
+  for (const ParamState& ps : rk.state) sliced = sliced || ps.slices > 1;
+  if (!sliced) return Status::Ok();
   const Clock::time_point g0 = Clock::now();
   for (ParamState& ps : rk.state) {
-    PTDP_ASSIGN_OR_RETURN(Tensor full, be.Alloc({d * ps.k}, DType::kF32));
-    Tensor mine = full.View(Shape({ps.k}), rk.coord.dp * ps.k);
+    if (ps.slices == 1) continue;
+    PTDP_ASSIGN_OR_RETURN(Tensor full, be.Alloc({ps.slices * ps.k}, DType::kF32));
+    Tensor mine = full.View(Shape({ps.k}), ps.slice * ps.k);
     if (ps.owned > 0) {
-      Tensor dst = full.View(Shape({ps.owned}), rk.coord.dp * ps.k);
-      be.Copy(ps.param->value.View(Shape({ps.owned}), rk.coord.dp * ps.k), dst);
+      Tensor dst = full.View(Shape({ps.owned}), ps.slice * ps.k);
+      be.Copy(ps.param->value.View(Shape({ps.owned}), ps.slice * ps.k), dst);
     }
-    PTDP_RETURN_IF_ERROR(rk.dp->AllGather(mine, full));
+    PTDP_RETURN_IF_ERROR(ps.group->AllGather(mine, full));
     Tensor dst = ps.param->value.View(Shape({ps.numel}));
     be.Copy(full.View(Shape({ps.numel})), dst);
   }
@@ -630,13 +698,14 @@ Status Trainer::Impl::RunStep(Rank& rk) {
   rk.backend->ResetPeak();
   for (auto& chunk : rk.chunks) chunk->ZeroGrads();
   PTDP_RETURN_IF_ERROR(RunOps(rk));
-  // The reported loss: mean over the global batch (last stage holds sum_j loss_j / m).
-  if (rk.coord.pp == p - 1 && d > 1) {
+  // The reported loss: mean over the global batch (the last stage holds sum_j loss_j / m, the
+  // CP ranks each their tokens' share: summed over DP x CP, then / d).
+  if (rk.coord.pp == p - 1 && d * c > 1) {
     const Clock::time_point l0 = Clock::now();
     PTDP_ASSIGN_OR_RETURN(Tensor loss, rk.backend->Alloc({1}, DType::kF32));
     const float host = float(rk.loss);
     PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(&host, loss));
-    PTDP_RETURN_IF_ERROR(rk.dp->AllReduce(loss, ReduceOp::kSum));
+    PTDP_RETURN_IF_ERROR(rk.Reduction().AllReduce(loss, ReduceOp::kSum));
     float sum = 0;
     PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(loss, &sum));
     rk.loss = double(sum) / d;
@@ -664,30 +733,31 @@ Status Trainer::Impl::EvaluateRank(Rank& rk, const std::vector<int32_t>& windows
   double sum = 0;
   for (int first = 0; first < count; first += b) {
     const int bb = std::min(b, count - first);
-    std::vector<int32_t> in(size_t(bb * s)), tg(size_t(bb * s));
+    std::vector<int32_t> in(size_t(bb * sc)), tg(size_t(bb * sc));
     for (int i = 0; i < bb; ++i)
-      for (int j = 0; j < s; ++j) {
-        const size_t w = size_t(first + i) * size_t(s + 1) + size_t(j);
-        in[size_t(i * s + j)] = windows[w];
-        tg[size_t(i * s + j)] = windows[w + 1];
+      for (int j = 0; j < sc; ++j) {
+        const size_t w = size_t(first + i) * size_t(s + 1) + size_t(CpPosition(rk.coord.cp, j));
+        in[size_t(i * sc + j)] = windows[w];
+        tg[size_t(i * sc + j)] = windows[w + 1];
       }
     for (int c = 0; c < v; ++c) {
       Tensor input, targets;
       if (FirstStage(r, c)) {
-        PTDP_ASSIGN_OR_RETURN(input, be.Alloc({bb, s}, DType::kI32));
+        PTDP_ASSIGN_OR_RETURN(input, be.Alloc({bb, sc}, DType::kI32));
         PTDP_RETURN_IF_ERROR(be.CopyFromHost(in.data(), input));
       } else {
         PTDP_ASSIGN_OR_RETURN(input, be.Alloc({sl, bb, h}, DType::kF32));
         PTDP_RETURN_IF_ERROR(rk.pp->Recv(input, (r + p - 1) % p));
       }
       if (LastStage(r, c)) {
-        PTDP_ASSIGN_OR_RETURN(targets, be.Alloc({bb, s}, DType::kI32));
+        PTDP_ASSIGN_OR_RETURN(targets, be.Alloc({bb, sc}, DType::kI32));
         PTDP_RETURN_IF_ERROR(be.CopyFromHost(tg.data(), targets));
       }
       auto out = rk.chunks[size_t(c)]->Forward(0, input, targets, 1.0f);
       rk.chunks[size_t(c)]->Release(0);
       if (!out.ok()) return out.status().Prefixed("evaluate chunk " + Str(c));
       if (LastStage(r, c)) {
+        if (rk.cp) PTDP_RETURN_IF_ERROR(rk.cp->AllReduce(*out, ReduceOp::kSum));  // CP shares
         float host = 0;
         PTDP_RETURN_IF_ERROR(be.CopyToHost(*out, &host));
         sum += double(host) * bb;
@@ -716,18 +786,18 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   if (l.tp <= 0 || l.pp <= 0 || l.dp <= 0 || l.vp <= 0 || l.cp <= 0 || l.micro_batch <= 0 ||
       l.global_batch <= 0)
     return Status::Error(where + ": sizes must be positive");
-  if (l.cp != 1)
-    return Status::Error(where + ": context parallelism (cp " + Str(l.cp) +
-                         ") is not supported by the runtime; use cp 1");
   const Rejection rej = CheckLayout(cfg.model, l);
   if (rej != Rejection::kOk)
     return Status::Error(where + ": illegal layout: " + ExplainRejection(rej, cfg.model, l));
   if (l.shard_gradients)
     return Status::Error(where + ": gradient sharding (Megatron-FSDP optim_grads) is not "
                          "supported by the runtime; plan with --data-parallel-sharding-strategy optim");
-  if (l.sequence_parallel && cfg.model.seq_len % l.tp != 0)
-    return Status::Error(where + ": sequence parallelism needs seq_len " +
-                         Str(cfg.model.seq_len) + " divisible by tp " + Str(l.tp));
+  if (l.cp > 1 && cfg.model.seq_len % (2 * l.cp) != 0)
+    return Status::Error(where + ": context parallelism needs seq_len " + Str(cfg.model.seq_len) +
+                         " divisible by 2 * cp = " + Str(2 * l.cp) + " (load-balanced chunks)");
+  if (l.sequence_parallel && (cfg.model.seq_len / l.cp) % l.tp != 0)
+    return Status::Error(where + ": sequence parallelism needs seq_len / cp = " +
+                         Str(cfg.model.seq_len / l.cp) + " divisible by tp " + Str(l.tp));
   if (l.world() > comms.world_size())
     return Status::Error(where + ": needs " + Str(l.world()) + " ranks but the communicator "
                          "world has " + Str(comms.world_size()));
@@ -952,32 +1022,32 @@ void ForEachShardElement(const ParamSpec& ps, int t, int tp_rank, F f) {
 
 }  // namespace
 
-// The flattened local shard of rk.state[state_index] (the same index on every DP rank of
-// (tp, pp)): its value from DP replica 0, or its moment assembled from the DP ranks' slices.
+// The flattened local shard of rk.state[state_index] (the same index on every rank of its
+// reduction group): its value from the group's first rank, or its moment assembled from the
+// group's slices.
 Result<std::vector<float>> Trainer::Impl::LocalShard(int tp, int pp, size_t state_index,
                                                      int which) {
-  const Rank& first = ranks[size_t(grid.Rank({tp, 0, pp}))];
+  const std::vector<int> group = ReductionGroup(grid.Rank({tp, 0, pp}));
+  const Rank& first = ranks[size_t(group[0])];
   const ParamState& ps0 = first.state[state_index];
   std::vector<float> local(size_t(ps0.numel), 0.0f);
   if (which == 0) {
     PTDP_RETURN_IF_ERROR(first.backend->CopyToHost(ps0.param->value, local.data()));
     return local;
   }
-  const bool dopt = cfg.layout.distributed_optimizer && d > 1;
-  for (int j = 0; j < (dopt ? d : 1); ++j) {
-    const Rank& rk = ranks[size_t(grid.Rank({tp, j, pp}))];
+  for (int j = 0; j < ps0.slices; ++j) {
+    const Rank& rk = ranks[size_t(group[size_t(j)])];
     const ParamState& ps = rk.state[state_index];
     if (ps.owned == 0) continue;
     const Tensor& moment = which == 1 ? ps.m : ps.v;
-    PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(moment.View(Shape({ps.owned})),
-                                                local.data() + (dopt ? j * ps.k : 0)));
+    PTDP_RETURN_IF_ERROR(
+        rk.backend->CopyToHost(moment.View(Shape({ps.owned})), local.data() + ps.slice * ps.k));
   }
   return local;
 }
 
 Status Trainer::Impl::ImportRank(Rank& rk,
                                  const std::map<std::string, const NamedTensor*>& by_name) {
-  const bool dopt = cfg.layout.distributed_optimizer && d > 1;
   for (ParamState& ps : rk.state) {
     const ParamSpec& spec = ps.param->spec;
     for (int which = 0; which < 3; ++which) {
@@ -992,7 +1062,7 @@ Status Trainer::Impl::ImportRank(Rank& rk,
       if (ps.owned == 0) continue;
       Tensor dst = (which == 1 ? ps.m : ps.v).View(Shape({ps.owned}));
       PTDP_RETURN_IF_ERROR(
-          rk.backend->CopyFromHost(local.data() + (dopt ? rk.coord.dp * ps.k : 0), dst));
+          rk.backend->CopyFromHost(local.data() + ps.slice * ps.k, dst));
     }
   }
   return Status::Ok();
@@ -1018,7 +1088,7 @@ Result<TrainingState> Trainer::ExportState() {
   // Each whole tensor from DP replica 0's shards: TP replicas and the last stage's copy of the
   // tied embedding hold the same values as the ones read.
   for (const Rank& rk : im.ranks) {
-    if (rk.coord.dp != 0) continue;
+    if (rk.coord.dp != 0 || rk.coord.cp != 0) continue;
     size_t state_index = 0;
     for (const auto& chunk : rk.chunks)
       for (const ChunkParam& cp : chunk->params()) {

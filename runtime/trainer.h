@@ -58,7 +58,7 @@ enum class NanPolicy {
 
 struct TrainerConfig {
   ModelSpec model;             // a GPT shape (the runtime's model; see runtime/gpt.h)
-  Layout layout;               // legal for the model; tp*cp*pp*dp ranks (cp must be 1)
+  Layout layout;               // legal for the model; tp*cp*pp*dp ranks
   OptimizerConfig optimizer;
   uint64_t seed = 1234;        // parameter init and data order
   NanPolicy on_nan = NanPolicy::kStop;
@@ -81,6 +81,7 @@ enum class StepEventKind {
   kBackward,   // a chunk's backward
   kP2p,        // a p2p group: its sends and receives, waiting for the peer included
   kTpComm,     // one TP (or SP) collective
+  kCpComm,     // one CP ring exchange of K/V blocks (counted in RankTimes::tp_comm_s)
   kDpComm,     // the DP gradient reduction, the dist-opt all-gather, the loss all-reduce
   kEmbedding,  // the tied embedding's all-reduce between the first and last stage
   kOptimizer,  // grad norm, clipping and AdamW
@@ -97,7 +98,7 @@ struct StepEvent {
 struct RankTimes {
   double forward_s = 0;      // chunk forwards, TP collectives inside them excluded
   double backward_s = 0;     // chunk backwards, TP collectives inside them excluded
-  double tp_comm_s = 0;      // TP (and SP) collectives
+  double tp_comm_s = 0;      // TP (and SP) collectives and the CP ring exchanges
   double pp_wait_s = 0;      // p2p groups: sends, receives and waiting for the peer
   double dp_comm_s = 0;      // DP and embedding-group reductions, dist-opt all-gather
   double optimizer_s = 0;    // grad norm, clipping, AdamW
@@ -131,10 +132,11 @@ using BackendFactory = std::function<std::unique_ptr<Backend>(int global_rank)>;
 // WORLD group, never a side channel.
 class Trainer {
  public:
-  // Builds the chunks, communicators (TP, PP, DP, embedding groups of core/RankGrid and a WORLD
-  // group of all ranks) and optimizer state of every rank in cfg.local_ranks (all when empty);
+  // Builds the chunks, communicators (TP, PP, DP, embedding groups of core/RankGrid, a WORLD
+  // group of all ranks, and with cp > 1 the CP and DP x CP groups) and optimizer state of
+  // every rank in cfg.local_ranks (all when empty);
   // first calls comms.Prepare() with every group of the layout. Fails, naming the reason, when
-  // the layout is illegal for the model or the runtime cannot honour it (cp > 1, more ranks
+  // the layout is illegal for the model or the runtime cannot honour it (more ranks
   // than `comms` has, a non-GPT model, a local rank outside the layout or listed twice).
   static Result<std::unique_ptr<Trainer>> Create(const TrainerConfig& cfg, BackendFactory backends,
                                                  CommunicatorFactory& comms);

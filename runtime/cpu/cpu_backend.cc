@@ -422,6 +422,224 @@ void CpuBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const 
   }
 }
 
+// ---- context-parallel attention blocks ------------------------------------------------------
+
+namespace {
+
+// How the keys of one chunk pair (Lq query rows from position qs, Lk key rows from ks) are seen.
+enum class PairKind { kHidden, kAll, kDiagonal, kPartial };
+PairKind Classify(int64_t qs, int64_t lq, int64_t ks, int64_t lk) {
+  if (ks > qs + lq - 1) return PairKind::kHidden;  // every key after every query
+  if (ks + lk - 1 <= qs) return PairKind::kAll;    // every key before every query
+  if (ks == qs && lk == lq) return PairKind::kDiagonal;
+  return PairKind::kPartial;
+}
+
+// One (batch, head) view of the CP block operands, seq-first: chunk c's row r of a tensor of
+// width W lies at base + (c * len * b + r * b) * W.
+struct BlockView {
+  int64_t b, width, len;
+  int64_t Row(int64_t chunk, int64_t r) const { return (chunk * len + r) * b * width; }
+  int64_t stride() const { return b * width; }
+};
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+}  // namespace
+
+// Per batch bi and head j: the (2Lq, 2Lk) scores of this block, chunk pair by chunk pair (hidden
+// pairs skipped, the diagonal pair as a triangle), a row softmax with its log-sum-exp, the
+// block's output P V, then the online-softmax merge into out and lse.
+void CpuBackend::AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, const Tensor& kv,
+                                       const SeqBlock& kpos, int64_t nh, bool first, Tensor& out,
+                                       Tensor& lse) {
+  assert(qkv.shape().rank() == 3 && kv.shape().rank() == 3);
+  const int64_t b = qkv.shape()[1], A = Cols(qkv) / 3, d = A / nh;
+  const int64_t lq = qpos.len, lk = kpos.len, nq = 2 * lq, nk = 2 * lk;
+  assert(qkv.shape()[0] == nq && kv.shape()[0] == nk && kv.shape()[1] == b && Cols(kv) == 2 * A);
+  assert(out.numel() == nq * b * A && lse.numel() == b * nh * nq && A == nh * d);
+  const float scale = 1.0f / std::sqrt(float(d));
+  const BlockView vq{b, 3 * A, lq}, vk{b, 2 * A, lk};
+  block_.resize(size_t(nq * nk + nq * d + nq));
+  float* S = block_.data();  // (nq, nk) scores, then probabilities
+  float* Ob = S + nq * nk;   // (nq, d) this block's output
+  float* Lb = Ob + nq * d;   // (nq) this block's log-sum-exp
+  const float* in = F32(qkv);
+  const float* kvp = F32(kv);
+  float* o = MutF32(out);
+  float* L = MutF32(lse);
+  const int64_t qstart[2] = {qpos.first0, qpos.first1}, kstart[2] = {kpos.first0, kpos.first1};
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t j = 0; j < nh; ++j) {
+      const float* q = in + bi * 3 * A + j * d;
+      const float* k = kvp + bi * 2 * A + j * d;
+      for (int qa = 0; qa < 2; ++qa) {
+        for (int kb = 0; kb < 2; ++kb) {
+          float* Sb = S + qa * lq * nk + kb * lk;
+          const PairKind kind = Classify(qstart[qa], lq, kstart[kb], lk);
+          if (kind != PairKind::kHidden)
+            Gemm(HeadGemm(lq, lk, d, q + vq.Row(qa, 0), Strides{vq.stride(), 1}, k + vk.Row(kb, 0),
+                          Strides{1, vk.stride()}, Sb, nk, Triangle::kNone,
+                          kind == PairKind::kDiagonal));
+          for (int64_t r = 0; r < lq; ++r)
+            for (int64_t c = 0; c < lk; ++c)
+              if (kstart[kb] + c > qstart[qa] + r) Sb[r * nk + c] = kNegInf;
+        }
+      }
+      for (int64_t u = 0; u < nq; ++u) {
+        float* p = S + u * nk;
+        float m = kNegInf;
+        for (int64_t v = 0; v < nk; ++v) m = std::max(m, p[v] * scale);
+        float lse_b = kNegInf;
+        if (m == kNegInf) {
+          std::fill(p, p + nk, 0.0f);
+        } else {
+          double sum = 0.0;
+          for (int64_t v = 0; v < nk; ++v) {
+            p[v] = p[v] == kNegInf ? 0.0f : std::exp(p[v] * scale - m);
+            sum += p[v];
+          }
+          const float inv = float(1.0 / sum);
+          for (int64_t v = 0; v < nk; ++v) p[v] *= inv;
+          lse_b = m + float(std::log(sum));
+        }
+        Lb[u] = lse_b;
+      }
+      for (int qa = 0; qa < 2; ++qa) {
+        float* Oq = Ob + qa * lq * d;
+        bool any = false;
+        for (int kb = 0; kb < 2; ++kb) {
+          const PairKind kind = Classify(qstart[qa], lq, kstart[kb], lk);
+          if (kind == PairKind::kHidden) continue;
+          GemmArgs g = HeadGemm(lq, d, lk, S + qa * lq * nk + kb * lk, Strides{nk, 1},
+                                k + A + vk.Row(kb, 0), Strides{vk.stride(), 1}, Oq, d,
+                                kind == PairKind::kDiagonal ? Triangle::kLower : Triangle::kNone,
+                                false);
+          g.beta = any ? 1.0f : 0.0f;
+          Gemm(g);
+          any = true;
+        }
+        if (!any) std::fill(Oq, Oq + lq * d, 0.0f);
+      }
+      float* Lrow = L + (bi * nh + j) * nq;
+      for (int64_t u = 0; u < nq; ++u) {
+        float* orow = o + (u * b + bi) * A + j * d;
+        const float* brow = Ob + u * d;
+        const float lb = Lb[u], lo = Lrow[u];
+        if (first || (lo == kNegInf && lb != kNegInf)) {
+          std::copy(brow, brow + d, orow);
+          Lrow[u] = lb;
+        } else if (lb != kNegInf) {
+          const float mx = std::max(lo, lb);
+          const float ln = mx + std::log(std::exp(lo - mx) + std::exp(lb - mx));
+          const float wo = std::exp(lo - ln), wb = std::exp(lb - ln);
+          for (int64_t c = 0; c < d; ++c) orow[c] = orow[c] * wo + brow[c] * wb;
+          Lrow[u] = ln;
+        }
+      }
+    }
+  }
+}
+
+// With P = exp(scores / sqrt(d) - lse) (this block's share of the final probabilities),
+// D = rowsum(dO * O) over the final output:
+//   dV += P^T dO;  dP = dO V^T;  dS = P * (dP - D) / sqrt(d);  dQ += dS K;  dK += dS^T Q.
+void CpuBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv, const SeqBlock& qpos,
+                                        const Tensor& kv, const SeqBlock& kpos, const Tensor& out,
+                                        const Tensor& lse, int64_t nh, Tensor& dqkv, Tensor& dkv) {
+  assert(qkv.shape().rank() == 3 && kv.shape().rank() == 3);
+  const int64_t b = qkv.shape()[1], A = Cols(qkv) / 3, d = A / nh;
+  const int64_t lq = qpos.len, lk = kpos.len, nq = 2 * lq, nk = 2 * lk;
+  assert(qkv.shape()[0] == nq && kv.shape()[0] == nk && Cols(kv) == 2 * A);
+  assert(dout.numel() == out.numel() && out.numel() == nq * b * A && lse.numel() == b * nh * nq);
+  assert(dqkv.shape() == qkv.shape() && dkv.shape() == kv.shape());
+  const float scale = 1.0f / std::sqrt(float(d));
+  const BlockView vq{b, 3 * A, lq}, vk{b, 2 * A, lk}, vo{b, A, lq};
+  block_.resize(size_t(2 * nq * nk + nq));
+  float* P = block_.data();
+  float* dP = P + nq * nk;
+  float* D = dP + nq * nk;
+  const float* in = F32(qkv);
+  const float* kvp = F32(kv);
+  const float* g = F32(dout);
+  const float* o = F32(out);
+  const float* L = F32(lse);
+  float* dq_all = MutF32(dqkv);
+  float* dkv_all = MutF32(dkv);
+  const int64_t qstart[2] = {qpos.first0, qpos.first1}, kstart[2] = {kpos.first0, kpos.first1};
+  auto accumulate = [](GemmArgs a) {
+    a.beta = 1.0f;
+    return a;
+  };
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t j = 0; j < nh; ++j) {
+      const float* q = in + bi * 3 * A + j * d;
+      const float* k = kvp + bi * 2 * A + j * d;
+      const float* dO = g + bi * A + j * d;
+      float* dq = dq_all + bi * 3 * A + j * d;
+      float* dk = dkv_all + bi * 2 * A + j * d;
+      const float* Lrow = L + (bi * nh + j) * nq;
+      for (int64_t u = 0; u < nq; ++u) {
+        const float* gr = dO + u * b * A;
+        const float* orow = o + (u * b + bi) * A + j * d;
+        D[u] = float(SumInDouble(d, [&](int64_t c) { return double(gr[c]) * orow[c]; }));
+      }
+      for (int qa = 0; qa < 2; ++qa) {
+        for (int kb = 0; kb < 2; ++kb) {
+          const PairKind kind = Classify(qstart[qa], lq, kstart[kb], lk);
+          if (kind == PairKind::kHidden) continue;
+          const bool diag = kind == PairKind::kDiagonal;
+          float* Pb = P + qa * lq * nk + kb * lk;
+          float* dPb = dP + qa * lq * nk + kb * lk;
+          const float* qa_rows = q + vq.Row(qa, 0);
+          const float* k_rows = k + vk.Row(kb, 0);
+          const float* v_rows = k + A + vk.Row(kb, 0);
+          const float* dO_rows = dO + vo.Row(qa, 0);
+          Gemm(HeadGemm(lq, lk, d, qa_rows, Strides{vq.stride(), 1}, k_rows,
+                        Strides{1, vk.stride()}, Pb, nk, Triangle::kNone, diag));
+          Gemm(HeadGemm(lq, lk, d, dO_rows, Strides{vo.stride(), 1}, v_rows,
+                        Strides{1, vk.stride()}, dPb, nk, Triangle::kNone, diag));
+          for (int64_t r = 0; r < lq; ++r) {
+            const float lr = Lrow[qa * lq + r], dr = D[qa * lq + r];
+            for (int64_t c = 0; c < lk; ++c) {
+              float& p = Pb[r * nk + c];
+              float& ds = dPb[r * nk + c];
+              if (kstart[kb] + c > qstart[qa] + r || lr == kNegInf) {
+                p = 0.0f;
+                ds = 0.0f;
+              } else {
+                p = std::exp(p * scale - lr);
+                ds = p * (ds - dr) * scale;
+              }
+            }
+          }
+          const Triangle lower = diag ? Triangle::kLower : Triangle::kNone;
+          const Triangle upper = diag ? Triangle::kUpper : Triangle::kNone;
+          Gemm(accumulate(HeadGemm(lk, d, lq, Pb, Strides{1, nk}, dO_rows,
+                                   Strides{vo.stride(), 1}, dk + A + vk.Row(kb, 0), vk.stride(),
+                                   upper, false)));  // dV
+          Gemm(accumulate(HeadGemm(lq, d, lk, dPb, Strides{nk, 1}, k_rows,
+                                   Strides{vk.stride(), 1}, dq + vq.Row(qa, 0), vq.stride(), lower,
+                                   false)));  // dQ
+          Gemm(accumulate(HeadGemm(lk, d, lq, dPb, Strides{1, nk}, qa_rows,
+                                   Strides{vq.stride(), 1}, dk + vk.Row(kb, 0), vk.stride(), upper,
+                                   false)));  // dK
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
+                             int64_t ncols) {
+  const int64_t rows = Rows(src), ws = Cols(src), wd = Cols(dst);
+  assert(Rows(dst) == rows && src_col + ncols <= ws && dst_col + ncols <= wd);
+  const float* a = F32(src);
+  float* c = MutF32(dst);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(c + r * wd + dst_col, a + r * ws + src_col, size_t(ncols) * sizeof(float));
+}
+
 // ---- vocab-parallel embedding ---------------------------------------------------------------
 
 void CpuBackend::EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,

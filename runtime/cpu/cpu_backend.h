@@ -95,6 +95,15 @@ class CpuBackend final : public Backend {
   void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved, int64_t nh,
                          TokenOrder order, Tensor& dqkv) override;
 
+  void AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, const Tensor& kv,
+                             const SeqBlock& kpos, int64_t nh, bool first, Tensor& out,
+                             Tensor& lse) override;
+  void AttentionBlockBackward(const Tensor& dout, const Tensor& qkv, const SeqBlock& qpos,
+                              const Tensor& kv, const SeqBlock& kpos, const Tensor& out,
+                              const Tensor& lse, int64_t nh, Tensor& dqkv, Tensor& dkv) override;
+  void CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
+                   int64_t ncols) override;
+
   void EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,
                         Tensor& out) override;
   void EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int64_t vocab_start,
@@ -139,6 +148,7 @@ class CpuBackend final : public Backend {
   const CpuKernels* kernels_;
   std::shared_ptr<Counters> counters_;
   std::vector<float> scratch_;  // (s, s): dP in the attention backward
+  std::vector<float> block_;    // the CP attention blocks' scores, block output and row sums
   std::vector<float> pack_;     // the GEMM's packed panels (64-byte aligned inside)
 };
 

@@ -562,6 +562,55 @@ void CudaBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const
       F32(*dheads), kernels::HeadLayout{b, s, nh, d, 3, seq_first}, MutF32(dqkv), st)));
 }
 
+// ---- context-parallel attention blocks (naive kernels: kernels.cuh) ---------------------------
+
+namespace {
+kernels::BlockAttention BlockArgs(const Tensor& qkv, const SeqBlock& qpos, const SeqBlock& kpos,
+                                  int64_t nh) {
+  kernels::BlockAttention a;
+  a.b = qkv.shape()[1];
+  a.nh = nh;
+  a.d = Cols(qkv) / 3 / nh;
+  a.lq = qpos.len, a.q0 = qpos.first0, a.q1 = qpos.first1;
+  a.lk = kpos.len, a.k0 = kpos.first0, a.k1 = kpos.first1;
+  return a;
+}
+}  // namespace
+
+void CudaBackend::AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, const Tensor& kv,
+                                        const SeqBlock& kpos, int64_t nh, bool first, Tensor& out,
+                                        Tensor& lse) {
+  assert(qkv.shape().rank() == 3 && kv.shape().rank() == 3 && Cols(kv) * 3 == Cols(qkv) * 2);
+  assert(qkv.shape()[0] == 2 * qpos.len && kv.shape()[0] == 2 * kpos.len);
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::AttentionBlockForward(
+      F32(qkv), F32(kv), BlockArgs(qkv, qpos, kpos, nh), first, MutF32(out), MutF32(lse),
+      impl_->stream)));
+}
+
+void CudaBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv,
+                                         const SeqBlock& qpos, const Tensor& kv,
+                                         const SeqBlock& kpos, const Tensor& out,
+                                         const Tensor& lse, int64_t nh, Tensor& dqkv,
+                                         Tensor& dkv) {
+  assert(dqkv.shape() == qkv.shape() && dkv.shape() == kv.shape());
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::AttentionBlockBackward(
+      F32(dout), F32(qkv), F32(kv), F32(out), F32(lse), BlockArgs(qkv, qpos, kpos, nh),
+      MutF32(dqkv), MutF32(dkv), impl_->stream)));
+}
+
+void CudaBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
+                              int64_t ncols) {
+  const int64_t rows = Rows(src), ws = Cols(src), wd = Cols(dst);
+  assert(Rows(dst) == rows && src_col + ncols <= ws && dst_col + ncols <= wd);
+  if (!impl_->Begin() || rows == 0 || ncols == 0) return;
+  const size_t f = sizeof(float);
+  impl_->Check(PTDP_CUDA_STATUS(cudaMemcpy2DAsync(
+      MutF32(dst) + dst_col, size_t(wd) * f, F32(src) + src_col, size_t(ws) * f,
+      size_t(ncols) * f, size_t(rows), cudaMemcpyDeviceToDevice, impl_->stream)));
+}
+
 // ---- vocab-parallel embedding -----------------------------------------------------------------
 
 void CudaBackend::EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,

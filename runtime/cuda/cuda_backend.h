@@ -96,6 +96,14 @@ class CudaBackend final : public Backend {
                         Tensor& saved) override;
   void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved, int64_t nh,
                          TokenOrder order, Tensor& dqkv) override;
+  void AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, const Tensor& kv,
+                             const SeqBlock& kpos, int64_t nh, bool first, Tensor& out,
+                             Tensor& lse) override;
+  void AttentionBlockBackward(const Tensor& dout, const Tensor& qkv, const SeqBlock& qpos,
+                              const Tensor& kv, const SeqBlock& kpos, const Tensor& out,
+                              const Tensor& lse, int64_t nh, Tensor& dqkv, Tensor& dkv) override;
+  void CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
+                   int64_t ncols) override;
   void EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,
                         Tensor& out) override;
   void EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int64_t vocab_start,

@@ -288,6 +288,124 @@ __global__ void CausalSoftmaxBackwardKernel(const float* p, float* dp, int64_t r
   }
 }
 
+// ---- context-parallel attention blocks ---------------------------------------------------------
+
+__device__ __forceinline__ int64_t BlockPos(int64_t u, int64_t len, int64_t first0,
+                                            int64_t first1) {
+  return u < len ? first0 + u : first1 + (u - len);
+}
+
+__device__ __forceinline__ float Dot(const float* x, const float* y, int64_t d) {
+  float acc = 0.0f;
+  for (int64_t c = 0; c < d; ++c) acc += x[c] * y[c];
+  return acc;
+}
+
+__global__ void AttentionBlockForwardKernel(const float* qkv, const float* kv, BlockAttention a,
+                                            bool first, float* out, float* lse) {
+  const int64_t nq = 2 * a.lq, nk = 2 * a.lk, A = a.nh * a.d, total = a.b * a.nh * nq;
+  const float scale = rsqrtf(float(a.d));
+  const float neg_inf = -INFINITY;
+  for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) {
+    const int64_t u = i % nq, j = (i / nq) % a.nh, bi = i / (nq * a.nh);
+    const int64_t qp = BlockPos(u, a.lq, a.q0, a.q1);
+    const float* q = qkv + (u * a.b + bi) * 3 * A + j * a.d;
+    float m = neg_inf;
+    for (int64_t v = 0; v < nk; ++v) {
+      if (BlockPos(v, a.lk, a.k0, a.k1) > qp) continue;
+      m = fmaxf(m, Dot(q, kv + (v * a.b + bi) * 2 * A + j * a.d, a.d) * scale);
+    }
+    float lse_b = neg_inf;
+    float acc[kMaxBlockHeadDim];
+    for (int64_t c = 0; c < a.d; ++c) acc[c] = 0.0f;
+    if (m != neg_inf) {
+      float l = 0.0f;
+      for (int64_t v = 0; v < nk; ++v) {
+        if (BlockPos(v, a.lk, a.k0, a.k1) > qp) continue;
+        const float* kr = kv + (v * a.b + bi) * 2 * A + j * a.d;
+        const float p = expf(Dot(q, kr, a.d) * scale - m);
+        l += p;
+        for (int64_t c = 0; c < a.d; ++c) acc[c] += p * kr[A + c];
+      }
+      for (int64_t c = 0; c < a.d; ++c) acc[c] /= l;
+      lse_b = m + logf(l);
+    }
+    float* o = out + (u * a.b + bi) * A + j * a.d;
+    float& lr = lse[(bi * a.nh + j) * nq + u];
+    const float lo = first ? neg_inf : lr;
+    if (first || (lo == neg_inf && lse_b != neg_inf)) {
+      for (int64_t c = 0; c < a.d; ++c) o[c] = acc[c];
+      lr = lse_b;
+    } else if (lse_b != neg_inf) {
+      const float mx = fmaxf(lo, lse_b);
+      const float ln = mx + logf(expf(lo - mx) + expf(lse_b - mx));
+      const float wo = expf(lo - ln), wb = expf(lse_b - ln);
+      for (int64_t c = 0; c < a.d; ++c) o[c] = o[c] * wo + acc[c] * wb;
+      lr = ln;
+    }
+  }
+}
+
+__global__ void AttentionBlockDqKernel(const float* dout, const float* qkv, const float* kv,
+                                       const float* out, const float* lse, BlockAttention a,
+                                       float* dqkv) {
+  const int64_t nq = 2 * a.lq, nk = 2 * a.lk, A = a.nh * a.d, total = a.b * a.nh * nq;
+  const float scale = rsqrtf(float(a.d));
+  for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) {
+    const int64_t u = i % nq, j = (i / nq) % a.nh, bi = i / (nq * a.nh);
+    const int64_t qp = BlockPos(u, a.lq, a.q0, a.q1);
+    const float lu = lse[(bi * a.nh + j) * nq + u];
+    if (lu == -INFINITY) continue;
+    const float* q = qkv + (u * a.b + bi) * 3 * A + j * a.d;
+    const float* g = dout + (u * a.b + bi) * A + j * a.d;
+    const float D = Dot(g, out + (u * a.b + bi) * A + j * a.d, a.d);
+    float acc[kMaxBlockHeadDim];
+    for (int64_t c = 0; c < a.d; ++c) acc[c] = 0.0f;
+    for (int64_t v = 0; v < nk; ++v) {
+      if (BlockPos(v, a.lk, a.k0, a.k1) > qp) continue;
+      const float* kr = kv + (v * a.b + bi) * 2 * A + j * a.d;
+      const float p = expf(Dot(q, kr, a.d) * scale - lu);
+      const float ds = p * (Dot(g, kr + A, a.d) - D) * scale;
+      for (int64_t c = 0; c < a.d; ++c) acc[c] += ds * kr[c];
+    }
+    float* dq = dqkv + (u * a.b + bi) * 3 * A + j * a.d;
+    for (int64_t c = 0; c < a.d; ++c) dq[c] += acc[c];
+  }
+}
+
+__global__ void AttentionBlockDkvKernel(const float* dout, const float* qkv, const float* kv,
+                                        const float* out, const float* lse, BlockAttention a,
+                                        float* dkv) {
+  const int64_t nq = 2 * a.lq, nk = 2 * a.lk, A = a.nh * a.d, total = a.b * a.nh * nk;
+  const float scale = rsqrtf(float(a.d));
+  for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) {
+    const int64_t v = i % nk, j = (i / nk) % a.nh, bi = i / (nk * a.nh);
+    const int64_t kp = BlockPos(v, a.lk, a.k0, a.k1);
+    const float* kr = kv + (v * a.b + bi) * 2 * A + j * a.d;
+    float dk[kMaxBlockHeadDim], dv[kMaxBlockHeadDim];
+    for (int64_t c = 0; c < a.d; ++c) dk[c] = dv[c] = 0.0f;
+    for (int64_t u = 0; u < nq; ++u) {
+      if (kp > BlockPos(u, a.lq, a.q0, a.q1)) continue;
+      const float lu = lse[(bi * a.nh + j) * nq + u];
+      if (lu == -INFINITY) continue;
+      const float* q = qkv + (u * a.b + bi) * 3 * A + j * a.d;
+      const float* g = dout + (u * a.b + bi) * A + j * a.d;
+      const float D = Dot(g, out + (u * a.b + bi) * A + j * a.d, a.d);
+      const float p = expf(Dot(q, kr, a.d) * scale - lu);
+      const float ds = p * (Dot(g, kr + A, a.d) - D) * scale;
+      for (int64_t c = 0; c < a.d; ++c) {
+        dk[c] += ds * q[c];
+        dv[c] += p * g[c];
+      }
+    }
+    float* dr = dkv + (v * a.b + bi) * 2 * A + j * a.d;
+    for (int64_t c = 0; c < a.d; ++c) {
+      dr[c] += dk[c];
+      dr[A + c] += dv[c];
+    }
+  }
+}
+
 // ---- embedding ---------------------------------------------------------------------------------
 
 __global__ void EmbeddingForwardKernel(const int32_t* tokens, int64_t total, const float* table,
@@ -531,6 +649,29 @@ cudaError_t CausalSoftmaxBackward(const float* p, float* dp, int64_t l, int64_t 
                                   cudaStream_t st) {
   if (l == 0 || s == 0) return cudaSuccess;
   CausalSoftmaxBackwardKernel<<<RowBlocks(l * s), kThreads, 0, st>>>(p, dp, l * s, s, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t AttentionBlockForward(const float* qkv, const float* kv, BlockAttention a, bool first,
+                                  float* out, float* lse, cudaStream_t st) {
+  const int64_t rows = a.b * a.nh * 2 * a.lq;
+  if (rows == 0 || a.d == 0) return cudaSuccess;
+  if (a.d > kMaxBlockHeadDim) return cudaErrorInvalidValue;
+  AttentionBlockForwardKernel<<<Blocks(rows, kThreads), kThreads, 0, st>>>(qkv, kv, a, first, out,
+                                                                          lse);
+  return cudaGetLastError();
+}
+
+cudaError_t AttentionBlockBackward(const float* dout, const float* qkv, const float* kv,
+                                   const float* out, const float* lse, BlockAttention a,
+                                   float* dqkv, float* dkv, cudaStream_t st) {
+  const int64_t qrows = a.b * a.nh * 2 * a.lq, krows = a.b * a.nh * 2 * a.lk;
+  if (qrows == 0 || krows == 0 || a.d == 0) return cudaSuccess;
+  if (a.d > kMaxBlockHeadDim) return cudaErrorInvalidValue;
+  AttentionBlockDqKernel<<<Blocks(qrows, kThreads), kThreads, 0, st>>>(dout, qkv, kv, out, lse, a,
+                                                                      dqkv);
+  AttentionBlockDkvKernel<<<Blocks(krows, kThreads), kThreads, 0, st>>>(dout, qkv, kv, out, lse,
+                                                                       a, dkv);
   return cudaGetLastError();
 }
 

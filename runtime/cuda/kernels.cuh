@@ -75,6 +75,25 @@ cudaError_t CausalSoftmaxForward(float* p, int64_t l, int64_t s, float scale, cu
 cudaError_t CausalSoftmaxBackward(const float* p, float* dp, int64_t l, int64_t s, float scale,
                                   cudaStream_t st);
 
+// ---- context-parallel attention blocks (Backend::AttentionBlockForward / Backward) -----------------
+// Seq-first: qkv (2 lq, b, 3A), kv (2 lk, b, 2A) = [K | V], out and dout (2 lq, b, A), lse
+// (b, nh, 2 lq). Local row u of the queries is position q0 + u (u < lq) or q1 + u - lq, keys
+// likewise with k0, k1, lk; query u sees key v when its position is not after u's. Naive: one
+// thread per (batch, head, query row) (per key row for dK/dV) walking the other side's rows, two
+// passes over the scores; the head dimension at most kMaxBlockHeadDim.
+constexpr int64_t kMaxBlockHeadDim = 256;
+struct BlockAttention {
+  int64_t b = 0, nh = 0, d = 0;
+  int64_t lq = 0, q0 = 0, q1 = 0;
+  int64_t lk = 0, k0 = 0, k1 = 0;
+};
+cudaError_t AttentionBlockForward(const float* qkv, const float* kv, BlockAttention a, bool first,
+                                  float* out, float* lse, cudaStream_t st);
+// dqkv adds dQ at its columns [0, A); dkv adds dK at [0, A) and dV at [A, 2A).
+cudaError_t AttentionBlockBackward(const float* dout, const float* qkv, const float* kv,
+                                   const float* out, const float* lse, BlockAttention a,
+                                   float* dqkv, float* dkv, cudaStream_t st);
+
 // ---- vocab-parallel embedding -----------------------------------------------------------------------
 // out (N, h) = table[token - vocab_start] for tokens in [vocab_start, vocab_start + V), else 0.
 cudaError_t EmbeddingForward(const int32_t* tokens, int64_t n, const float* table, int64_t v,

@@ -184,7 +184,7 @@ TEST(Cli, MoePlanSimulateAndEmit) {
   EXPECT_GT(ep, 1);
   EXPECT_EQ(256 % ep, 0);
   ASSERT_TRUE(j.contains("rejected"));
-  EXPECT_TRUE(j["rejected"].contains("expert_parallel_with_tp_needs_sequence_parallel") ||
+  EXPECT_TRUE(j["rejected"].contains("moe_with_tp_needs_sequence_parallel") ||
               j["rejected"].contains("expert_grid_does_not_fold"));
   const CmdResult s = Ptdp("simulate " + plan + " --json --emit megatron");
   ASSERT_EQ(s.code, 0) << s.out;

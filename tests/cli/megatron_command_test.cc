@@ -460,7 +460,8 @@ TEST(MegatronCommand, MixtralWithExpertParallelFlags) {
   const std::string base = "simulate --cluster " + ClusterFile("dgx-h100") + " --model " +
                            ModelFile("mixtral-8x7b") + " --gpus 8 --tp 2 --global-batch 64 ";
   ExpectOneLineError(Ptdp(base + "--sp on --ep 3"), "num_experts 8 % ep 3");
-  ExpectOneLineError(Ptdp(base + "--ep 4"), "ep 4 with tp 2");  // EP with TP needs SP
+  ExpectOneLineError(Ptdp(base + "--ep 4"), "a MoE model with tp 2 needs sequence parallelism");
+  ExpectOneLineError(Ptdp(base + "--ep 1"), "a MoE model with tp 2");  // ep 1 too (MoELayer)
   ExpectOneLineError(Ptdp(base + "--sp on --ep 4,8"), "takes one value here");
   ExpectOneLineError(Ptdp(base + "--sp on --ep 0"), "--expert-model-parallel-size 0 must be in 1..");
   ExpectOneLineError(Ptdp("simulate --cluster " + ClusterFile("dgx-h100") + " --model " +

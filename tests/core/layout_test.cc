@@ -180,6 +180,8 @@ TEST(CheckLayoutTest, ExpertParallelRules) {
   EXPECT_EQ(CheckLayout(moe, with({.tp = 1, .dp = 4}, 8, 0)), Rejection::kExpertGrid);
   EXPECT_EQ(CheckLayout(moe, with({.tp = 2, .dp = 4, .sp = true}, 8, 0)), Rejection::kExpertGrid);
   EXPECT_EQ(CheckLayout(moe, with({.tp = 2, .dp = 4}, 4, 1)), Rejection::kEpTpNeedsSp);
+  // ep 1 too: Megatron's MoELayer checks the attention TP size, not ep.
+  EXPECT_EQ(CheckLayout(moe, with({.tp = 2, .dp = 4}, 1, 0)), Rejection::kEpTpNeedsSp);
   moe.moe_ffn_hidden = 1000;
   EXPECT_EQ(CheckLayout(moe, with({.tp = 1, .dp = 8}, 2, 0)), Rejection::kOk);
   EXPECT_EQ(CheckLayout(moe, with({.tp = 1, .dp = 32}, 2, 16)), Rejection::kExpertTpFfn);

@@ -120,5 +120,51 @@ TEST(RankGridTest, TpGroupsAreConsecutiveRanks) {
   for (int r = 0; r < g.world(); ++r) EXPECT_EQ(g.Coord(r).pp, r / 32);
 }
 
+
+TEST(RankGrid, ContextParallelOrderTpCpDpPp) {
+  // t=2, c=2, d=2, p=2 (world 16): global = tp + 2 * (cp + 2 * (dp + 2 * pp)).
+  const RankGrid g(2, 2, 2, 2, 1, 1);
+  EXPECT_EQ(g.world(), 16);
+  EXPECT_EQ(g.Rank({.tp = 1, .dp = 1, .pp = 0, .cp = 0}), 5);   // 1 + 2 * (0 + 2 * 1)
+  EXPECT_EQ(g.Rank({.tp = 0, .dp = 0, .pp = 1, .cp = 1}), 10);  // 0 + 2 * (1 + 2 * 2)
+  const RankCoord c = g.Coord(11);  // 11 = 1 + 2 * (1 + 2 * (0 + 2 * 1))
+  EXPECT_EQ(c.tp, 1);
+  EXPECT_EQ(c.cp, 1);
+  EXPECT_EQ(c.dp, 0);
+  EXPECT_EQ(c.pp, 1);
+  EXPECT_EQ(g.TpGroup(2), (std::vector<int>{2, 3}));
+  EXPECT_EQ(g.CpGroup(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(g.DpGroup(0), (std::vector<int>{0, 4}));
+  EXPECT_EQ(g.DpCpGroup(1), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(g.TpCpGroup(4), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(g.PpGroup(3), (std::vector<int>{3, 11}));
+  EXPECT_EQ(g.EmbeddingGroup(13), (std::vector<int>{5, 13}));
+  EXPECT_EQ(g.AllCpGroups().size(), 8u);
+  EXPECT_EQ(g.AllDpCpGroups().size(), 4u);  // tp x pp
+}
+
+TEST(RankGrid, ExpertGridFoldsOverTheStage) {
+  // t=2, c=1, d=4, p=2: 8 ranks a stage. etp=2, ep=2: edp = 8 / 4 = 2; q = etp + 2 (ep + 2 edp).
+  const RankGrid g(2, 1, 4, 2, 2, 2);
+  EXPECT_EQ(g.edp(), 2);
+  EXPECT_EQ(g.EtpGroup(0), (std::vector<int>{0, 1}));
+  EXPECT_EQ(g.EpGroup(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(g.EdpGroup(0), (std::vector<int>{0, 4}));
+  EXPECT_EQ(g.EpGroup(13), (std::vector<int>{13, 15}));  // stage 1: q = 5 = 1 + 2 (0 + 2 * 1)
+  const ExpertCoord e = g.Expert(13);
+  EXPECT_EQ(e.etp, 1);
+  EXPECT_EQ(e.ep, 0);
+  EXPECT_EQ(e.edp, 1);
+  // etp=1, ep=4 (edp 2): EP groups are 4 consecutive ranks; expert DP strides by 4.
+  const RankGrid h(2, 1, 4, 1, 1, 4);
+  EXPECT_EQ(h.EpGroup(5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(h.EdpGroup(5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(h.AllEpGroups().size(), 2u);
+  EXPECT_EQ(h.AllEdpGroups().size(), 4u);
+  // Without experts (etp 1, ep 1): the expert-DP group is the whole stage.
+  const RankGrid dense(2, 2, 1);
+  EXPECT_EQ(dense.EdpGroup(1), (std::vector<int>{0, 1, 2, 3}));
+}
+
 }  // namespace
 }  // namespace ptdp

@@ -14,6 +14,7 @@ namespace ptdp::testing {
 
 using rt::Backend;
 using rt::DType;
+using rt::SeqBlock;
 using rt::Shape;
 using rt::Tensor;
 using rt::TokenOrder;
@@ -63,6 +64,19 @@ class ForwardingBackend : public Backend {
   void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved, int64_t nh,
                          TokenOrder o, Tensor& dqkv) override {
     in_->AttentionBackward(dout, qkv, saved, nh, o, dqkv);
+  }
+  void AttentionBlockForward(const Tensor& qkv, const SeqBlock& qp, const Tensor& kv,
+                             const SeqBlock& kp, int64_t nh, bool first, Tensor& out,
+                             Tensor& lse) override {
+    in_->AttentionBlockForward(qkv, qp, kv, kp, nh, first, out, lse);
+  }
+  void AttentionBlockBackward(const Tensor& dout, const Tensor& qkv, const SeqBlock& qp,
+                              const Tensor& kv, const SeqBlock& kp, const Tensor& out,
+                              const Tensor& lse, int64_t nh, Tensor& dqkv, Tensor& dkv) override {
+    in_->AttentionBlockBackward(dout, qkv, qp, kv, kp, out, lse, nh, dqkv, dkv);
+  }
+  void CopyColumns(const Tensor& src, int64_t sc, Tensor& dst, int64_t dc, int64_t n) override {
+    in_->CopyColumns(src, sc, dst, dc, n);
   }
   void EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t start,
                         Tensor& out) override {

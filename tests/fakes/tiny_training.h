@@ -46,6 +46,8 @@ struct TinyLayoutSpec {
   int tp = 1, pp = 1, dp = 1, vp = 1, b = 2;
   bool sp = false, dopt = false;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
+  int cp = 1;
+  Recompute recompute = Recompute::kNone;
 };
 inline Layout TinyLayout(const TinyLayoutSpec& s) {
   Layout l;
@@ -58,6 +60,8 @@ inline Layout TinyLayout(const TinyLayoutSpec& s) {
   l.sequence_parallel = s.sp;
   l.distributed_optimizer = s.dopt;
   l.schedule = s.schedule;
+  l.cp = s.cp;
+  l.recompute = s.recompute;
   l.precision = Precision::kFp32;
   return l;
 }

@@ -37,7 +37,7 @@ using Spec = testing::TinyLayoutSpec;  // the schedule follows vp (Config)
 std::string Name(const Spec& s) {
   return "tp" + std::to_string(s.tp) + "_pp" + std::to_string(s.pp) + "_dp" +
          std::to_string(s.dp) + "_vp" + std::to_string(s.vp) + (s.sp ? "_sp" : "") +
-         (s.dopt ? "_dopt" : "");
+         (s.dopt ? "_dopt" : "") + (s.cp > 1 ? "_cp" + std::to_string(s.cp) : "");
 }
 
 TrainerConfig Config(const Spec& s) {
@@ -117,7 +117,9 @@ class Resume : public ::testing::TestWithParam<Spec> {};
 INSTANTIATE_TEST_SUITE_P(
     Trainer, Resume,
     ::testing::Values(Spec{}, Spec{2, 2, 2, 1, 2, true, true}, Spec{1, 4, 2, 2, 1, false, true},
-                      Spec{2, 1, 2, 1, 2, false, false}),
+                      Spec{2, 1, 2, 1, 2, false, false},
+                      Spec{2, 1, 2, 1, 2, true, true, ScheduleKind::kOneFOneB, 2},
+                      Spec{1, 2, 1, 1, 2, false, false, ScheduleKind::kOneFOneB, 2}),
     [](const ::testing::TestParamInfo<Spec>& i) { return Name(i.param); });
 
 // 6 steps in one go versus 3 steps, checkpoint file, a new trainer, 3 steps: == everywhere.
@@ -153,11 +155,12 @@ TEST(Reshard, ContinuesTheTrajectoryInAnotherLayout) {
   const TrainerConfig a = Config(Spec{2, 2, 1, 1, 2, true, false});
   const TrainerConfig b = Config(Spec{1, 4, 2, 2, 1, false, true});
   const TrainerConfig c = Config(Spec{4, 1, 2, 1, 2, true, true});
+  const TrainerConfig d = Config(Spec{2, 1, 1, 1, 2, true, true, ScheduleKind::kOneFOneB, 4});
   const TrainRun whole = Train(a, 6);
   const TrainRun first = Train(a, 3);
   ASSERT_EQ(whole.steps.size(), 6u);
   const TrainingState saved = ThroughFile(a, first.end, "reshard");
-  for (const TrainerConfig* other : {&b, &c}) {
+  for (const TrainerConfig* other : {&b, &c, &d}) {
     SCOPED_TRACE(other->layout.ShortName());
     ExpectSameBits(Train(*other, 0, &saved).end, saved);
     const TrainRun second = Train(*other, 3, &saved);

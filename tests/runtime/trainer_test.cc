@@ -204,6 +204,60 @@ TEST(Trainer, UnevenSplitsEqualSingleRank) {
   }
 }
 
+// Context parallelism and recompute (issue 16, parts 1 and 4): the CP ring over Megatron's
+// load-balanced chunks, with TP and SP, the distributed optimizer over DP x CP, pipelines; full
+// and selective recompute; each run equals the single-rank one as the other layouts do.
+TEST(Trainer, ContextParallelAndRecomputeEqualSingleRank) {
+  struct Case {
+    const char* name;
+    Spec spec;
+    int cp;
+    Recompute recompute;
+  };
+  const Case cases[] = {
+      {"cp2", Spec{}, 2, Recompute::kNone},
+      {"cp4", Spec{}, 4, Recompute::kNone},
+      {"tp2 cp2 sp", Spec{2, 1, 1, 1, 2, true, false, ScheduleKind::kOneFOneB}, 2, Recompute::kNone},
+      {"cp2 dp2 dopt", Spec{1, 1, 2, 1, 2, false, true, ScheduleKind::kOneFOneB}, 2,
+       Recompute::kNone},
+      {"cp2 pp2", Spec{1, 2, 1, 1, 2, false, false, ScheduleKind::kOneFOneB}, 2, Recompute::kNone},
+      {"full recompute tp2 pp2", Spec{2, 2, 1, 1, 2, true, false, ScheduleKind::kOneFOneB}, 1,
+       Recompute::kFull},
+      {"selective recompute tp2 sp", Spec{2, 1, 1, 1, 2, true, false, ScheduleKind::kOneFOneB}, 1,
+       Recompute::kSelective},
+      {"selective recompute cp2", Spec{}, 2, Recompute::kSelective},
+      {"full recompute tp2 cp2 sp", Spec{2, 1, 1, 1, 2, true, false, ScheduleKind::kOneFOneB}, 2,
+       Recompute::kFull},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    TrainerConfig cfg = Config(testing::TinyLayout(c.spec));
+    cfg.layout.cp = c.cp;
+    cfg.layout.recompute = c.recompute;
+    ASSERT_EQ(CheckLayout(cfg.model, cfg.layout), Rejection::kOk)
+        << ExplainRejection(CheckLayout(cfg.model, cfg.layout), cfg.model, cfg.layout);
+    cfg.optimizer.eps = 1e-8;
+    const TrainRun run = Train(cfg, kSteps);
+    const double worst = ExpectSameRun(run, Reference(1e-8), 1e-5);
+    std::printf("  %s: worst param abs diff %.2e\n", c.name, worst);
+  }
+}
+
+// Recompute's memory effect in the backend's tracked peak: selective drops each layer's
+// attention probabilities and output until its backward, full keeps only the layer inputs.
+TEST(Trainer, RecomputeLowersTheTrackedPeak) {
+  std::map<Recompute, double> peak;
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    Spec spec;
+    spec.recompute = r;
+    const TrainRun run = Train(Config(testing::TinyLayout(spec)), 1);
+    ASSERT_EQ(run.steps.size(), 1u);
+    peak[r] = run.steps[0].ranks[0].peak_memory_bytes;
+  }
+  EXPECT_LT(peak[Recompute::kSelective], peak[Recompute::kNone]);
+  EXPECT_LT(peak[Recompute::kFull], peak[Recompute::kSelective]);
+}
+
 TEST(Trainer, LossFallsOnTheCorpus) {
   // 20 steps at lr 3e-3 from the uniform start (loss ~ log 256 = 5.55): byte frequencies alone
   // bring a byte model under ~3.5, so a drop of more than 1.0 nats is a conservative bar.
@@ -263,10 +317,11 @@ TEST(Trainer, RefusesPlansItCannotHonour) {
   EXPECT_NE(too_big.status().message().find("needs 16 ranks"), std::string::npos)
       << too_big.status().message();
   TrainerConfig cp = Config(testing::TinyLayout(Spec{}));
-  cp.layout.cp = 2;
-  auto no_cp = Trainer::Create(cp, testing::CpuBackends(), world);
-  ASSERT_FALSE(no_cp.ok());
-  EXPECT_NE(no_cp.status().message().find("context parallelism"), std::string::npos);
+  cp.layout.cp = 3;  // s 16 is not 6 load-balanced chunks
+  auto bad_cp = Trainer::Create(cp, testing::CpuBackends(), world);
+  ASSERT_FALSE(bad_cp.ok());
+  EXPECT_NE(bad_cp.status().message().find("seq_len 16 % (2 * cp 3)"), std::string::npos)
+      << bad_cp.status().message();
   TrainerConfig swiglu = Config(testing::TinyLayout(Spec{}));
   swiglu.model.activation = Activation::kSwiglu;
   EXPECT_FALSE(Trainer::Create(swiglu, testing::CpuBackends(), world).ok());
