@@ -487,7 +487,7 @@ std::string MeasuredNote(const ClusterSpec& c) {
   if (m.empty()) return "";
   return "cost model: " + m.backend + " primitives measured by `ptdp calibrate`" +
          (m.host.empty() ? "" : " on " + m.host) + (m.date.empty() ? "" : ", " + m.date) +
-         "; layouts as ptdp's runtime runs them (fp32, no recompute, no overlap)\n";
+         "; layouts as ptdp's runtime runs them (fp32, no overlap)\n";
 }
 
 std::string Bar(double cells, int max_cells) {

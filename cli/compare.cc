@@ -205,7 +205,7 @@ Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_fil
   PTDP_ASSIGN_OR_RETURN(c.sim, SimulateStep(*w.cost, l, opt));
   c.prediction = SimulatedPrediction(*w.cost, l, c.sim);
   c.predicted_step_s = c.sim.step_time_s;
-  const RankGrid grid(l.tp, l.dp, l.pp);
+  const RankGrid grid(l.tp, l.cp, l.dp, l.pp, 1, 1);  // the dense grid: stages only
   for (int g = 0; g < l.world(); ++g) {
     RankComparison rc;
     rc.rank = g;

@@ -704,7 +704,7 @@ std::string Timelines(const Comparison& c) {
   }
   o += Fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" "
            "stroke-dasharray=\"4,3\"/>\n", 10.0, meas_top - gap / 2, kChartW - 10, meas_top - gap / 2);
-  const RankGrid grid(c.plan.layout.tp, c.plan.layout.dp, c.plan.layout.pp);
+  const RankGrid grid(c.plan.layout.tp, c.plan.layout.cp, c.plan.layout.dp, c.plan.layout.pp, 1, 1);
   for (int r = 0; r < meas_rows; ++r) {
     const double y = meas_top + g.pitch * r;
     std::vector<const MeasuredEvent*> top, bottom;

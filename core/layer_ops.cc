@@ -19,6 +19,8 @@ LayerOp& LayerOpList::Add(LayerOpKind kind, const char* name) {
   op.kernels = 1;
   op.groups = 1;
   op.expert = false;
+  op.cp_block = 0;
+  op.repeat = 1;
   return op;
 }
 
@@ -231,8 +233,58 @@ void RowReduceAndAdd(const ModelSpec& M, const OpShape& s, const Dims& x, const 
 // (backward: dQ, dK from dS, dV, dP from the stored probabilities) and moves them through HBM
 // in its softmax. With CP, the K/V ring (its gradients in backward) runs under it. The runtime
 // allocates what it saves and its output (forward), the QKV gradient (backward).
+// ptdp's runtime with CP (runtime/gpt.cc AttentionCore / AttentionCoreBackward): the K/V
+// columns copied out of QKV, the rank's own block, then c - 1 ring steps each receiving
+// another rank's block (and, backward, its dK/dV accumulator, which a last hop brings home),
+// each block merged by Backend::AttentionBlockForward / Backward; the forward keeps the
+// (b, heads, s_l) log-sum-exp for the backward.
+void RuntimeCpAttentionCore(const OpShape& s, const Dims& x, bool backward, const char* name,
+                            LayerOpList* l) {
+  const double batch = s.micro_batch * x.heads, kv = x.T * 2 * x.A * x.e;
+  const double steps = s.cp - 1;
+  if (!backward) {
+    Alloc(l, s, batch * x.sl * x.e);  // lse
+    Alloc(l, s, x.T * x.A * x.e);     // the output
+  } else {
+    Alloc(l, s, x.T * x.Q * x.e);  // dqkv
+  }
+  Alloc(l, s, kv);
+  Memory(l, "attention.cp_kv_copy", MemoryKernel::kCopy, x.T, 2 * x.A, 2 * kv, false);
+  if (backward) Alloc(l, s, kv);  // the dK/dV accumulator
+  const double square = 2 * batch * x.sl * x.sl * (x.hd_qk + x.hd_v);  // QK^T and AV, one block
+  for (int block = 1; block <= 2; ++block) {
+    if (block == 2 && steps == 0) break;
+    LayerOp& a = l->Add(LayerOpKind::kAttention, name);
+    a.m = block == 1 ? batch : batch * steps;
+    a.n = x.sl;
+    a.k = x.sl;
+    a.head_dim = (x.hd_qk + x.hd_v) / 2;
+    // Half of each block's scores are computed (causal load balancing); backward 2x.
+    a.flops = (backward ? 2 : 1) * 0.5 * square * (block == 1 ? 1 : steps);
+    a.pass = backward ? GemmPass::kDgrad : GemmPass::kFprop;
+    a.cp_block = block;
+  }
+  if (steps > 0) {
+    // Each step allocates what it receives (forward: the next K/V; backward: K/V and dK/dV).
+    const double per_step = backward ? 2 * kv : kv;
+    const int at = l->size;
+    Alloc(l, s, per_step);
+    if (l->size > at) l->ops[at].repeat = int(steps);
+    Comm(l, s, backward ? "attention.cp_ring.backward" : "attention.cp_ring", CommKind::kSendRecv,
+         CommGroup::kCp, per_step, CommOverlap::kBlocking, -1);
+    l->ops[Last(*l)].repeat = int(steps);
+    if (backward) {  // the accumulators' last hop home
+      Alloc(l, s, kv);
+      Comm(l, s, "attention.cp_ring.home", CommKind::kSendRecv, CommGroup::kCp, kv,
+           CommOverlap::kBlocking, -1);
+    }
+  }
+  if (backward) Memory(l, "attention.cp_dkv_copy", MemoryKernel::kCopy, x.T, 2 * x.A, 2 * kv, false);
+}
+
 void AttentionCore(const OpShape& s, const Dims& x, bool backward, const char* name,
                    LayerOpList* l) {
+  if (s.runtime && s.cp > 1) return RuntimeCpAttentionCore(s, x, backward, name, l);
   const double batch = s.micro_batch * x.heads;
   if (!backward) {
     Alloc(l, s, batch * (s.saved_per_score * x.sl * x.s + s.saved_per_token * x.sl) * x.e);
@@ -504,6 +556,9 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out, bool moe
   if (s.recompute == Recompute::kFull) {
     AttentionForward(M, s, x, &out->recompute);
     mlp_forward(&out->recompute);
+  } else if (s.recompute == Recompute::kSelective && s.runtime) {
+    // The runtime reruns its attention core, allocations and CP ring included.
+    AttentionCore(s, x, /*backward=*/false, "attention.recompute", &out->recompute);
   } else if (s.recompute == Recompute::kSelective) {
     // Megatron's selective recompute reruns the core attention (Korthikanti 2022 sec. 5).
     LayerOpList& r = out->recompute;
@@ -644,6 +699,7 @@ const char* ToString(CommKind k) {
     case CommKind::kAllGather: return "all_gather";
     case CommKind::kReduceScatter: return "reduce_scatter";
     case CommKind::kAllToAll: return "all_to_all";
+    case CommKind::kSendRecv: return "send_recv";
   }
   return "?";
 }

@@ -37,7 +37,9 @@ enum class LayerOpKind : uint8_t {
 };
 
 enum class GemmPass : uint8_t { kFprop, kDgrad, kWgrad };
-enum class CommKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
+// kSendRecv: ptdp's runtime only, one step of the CP ring: a grouped send of `bytes` to the
+// next CP rank and a receive of as many from the previous one.
+enum class CommKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
 // kEp: the expert-parallel group (ep ranks, etp apart); kEtp: the expert tensor-parallel group
 // (etp consecutive ranks), both of the expert grid (Layout::ep, etp).
 enum class CommGroup : uint8_t { kTp, kCp, kEp, kEtp };
@@ -103,6 +105,11 @@ struct LayerOp {
   // launch): m, n, k are one group's; the FLOPs are all groups'. 1 for a plain GEMM.
   int groups;
   bool expert;  // kGemm: a routed experts' GEMM (grouped_gemm_eff applies)
+  // kAttention in ptdp's runtime with CP (Backend::AttentionBlockForward): 1 the rank's own
+  // K/V block (ring step 0), 2 another rank's (m counts the c - 1 of them); 0 otherwise.
+  int cp_block;
+  // The op runs this many times back to back (the runtime's CP ring steps); 1 otherwise.
+  int repeat;
 };
 
 // A fixed-capacity list: the planner's hot path builds one per layout without allocating.
@@ -139,7 +146,9 @@ struct OpShape {
   // kernels of their own (kBiasAdd, kAdd, ...), every new tensor allocated (kAlloc), the SP
   // input kept from the forward (no re-gather for wgrad), every collective blocking, and the
   // attention saving `saved_per_score` elements per score and `saved_per_token` per token and
-  // head for its backward (the backend's AttentionSavedShape). No recompute, no fp8.
+  // head for its backward (the backend's AttentionSavedShape), or with CP its own ring of
+  // attention blocks (one log-sum-exp per query and head saved). Its recompute reruns the
+  // layer (full) or its attention core with allocations and ring (selective). No fp8.
   bool runtime = false;
   double saved_per_score = 0, saved_per_token = 0;
   // Expert parallelism (MoE models): the expert grid's ep and etp, and the load of the most

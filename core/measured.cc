@@ -26,6 +26,15 @@ const std::vector<TableKind>& MeasuredTableKinds() {
       {"attention_forward", {{"s", 2}, {"d", 1}},
        "causal attention core of one (batch, head): QK^T, softmax, PV"},
       {"attention_backward", {{"s", 2}, {"d", 1}}, "its backward, one (batch, head)"},
+      // Context parallelism's ring (runtime/gpt.cc): s = the rows a CP rank holds (two
+      // chunks of s/2), one (batch, head); the rank's own K/V block (two causal chunk pairs
+      // and one full) and another rank's (two full pairs), merged into the output.
+      {"attention_block_diagonal_forward", {{"s", 2}, {"d", 1}},
+       "CP ring step 0: a rank's queries against its own K/V block, merged"},
+      {"attention_block_diagonal_backward", {{"s", 2}, {"d", 1}}, "its backward"},
+      {"attention_block_forward", {{"s", 2}, {"d", 1}},
+       "CP ring step > 0: a rank's queries against another rank's K/V block, merged"},
+      {"attention_block_backward", {{"s", 2}, {"d", 1}}, "its backward"},
       {"layernorm_forward", {{"rows", 1}, {"cols", 1}}, "LayerNorm over cols, saving mean/rstd"},
       {"layernorm_backward", {{"rows", 1}, {"cols", 1}}, "LayerNorm backward (dx, dgamma, dbeta)"},
       {"bias_add", {{"rows", 1}, {"cols", 1}}, "y (rows, cols) += bias (cols)"},
@@ -51,6 +60,8 @@ const std::vector<TableKind>& MeasuredTableKinds() {
       {"reduce_scatter", {{"ranks", 1}, {"bytes", 1}},
        "reduce-scatter (sum); bytes of the full input"},
       {"send_recv", {{"bytes", 1}}, "one grouped send/receive between two ranks"},
+      {"ring_exchange", {{"ranks", 1}, {"bytes", 1}},
+       "each rank sends bytes to the next and receives as many from the previous (CP ring)"},
   };
   return kinds;
 }

@@ -10,9 +10,10 @@ namespace ptdp {
 namespace {
 
 // The sizes of one micro-batch of a layout (letters as in the header).
+// s: the rows of the sequence a CP rank holds (S/c); S the whole sequence.
 struct Dims {
-  double b, s, h, T, Tl, A, Q, F, Fi, Vl, nh, hd;
-  int t;
+  double b, S, s, h, T, Tl, A, Q, F, Fi, Vl, nh, hd;
+  int t, c;
   bool sp;
 };
 
@@ -22,7 +23,9 @@ Dims DimsOf(const ModelSpec& M, const Layout& l) {
   x.sp = l.sequence_parallel && l.tp > 1;
   const double t = l.tp;
   x.b = l.micro_batch;
-  x.s = double(M.seq_len);
+  x.c = l.cp;
+  x.S = double(M.seq_len);
+  x.s = x.S / l.cp;
   x.h = double(M.hidden);
   x.T = x.b * x.s;
   x.Tl = x.sp ? x.T / t : x.T;
@@ -44,7 +47,6 @@ RuntimeModel::RuntimeModel(const ModelSpec& model, const MeasuredPrimitives& m, 
 
 Layout RuntimeModel::Executed(const Layout& l) const {
   Layout x = l;
-  x.recompute = Recompute::kNone;
   x.overlap_grad_reduce = false;
   x.tp_comm_overlap = false;
   x.shard_gradients = false;  // the runtime's distributed optimizer shards the optimizer only
@@ -105,7 +107,12 @@ OpShape RuntimeModel::Shape(const Layout& l) const {
 // gemm_tn), the attention per (micro-batch x head), memory-bound kernels by their tensor's
 // rows x columns or elements, collectives over their group.
 double RuntimeModel::TimeOp(const Layout& l, const LayerOp& op) const {
+  return op.repeat * TimeOnce(l, op);
+}
+
+double RuntimeModel::TimeOnce(const Layout& l, const LayerOp& op) const {
   const double k = Slowdown(l);
+  const bool fwd = op.pass == GemmPass::kFprop;
   switch (op.kind) {
     case LayerOpKind::kGemm: {
       const char* table = op.pass == GemmPass::kFprop   ? "gemm_nt"
@@ -113,12 +120,18 @@ double RuntimeModel::TimeOp(const Layout& l, const LayerOp& op) const {
                                                         : "gemm_tn";
       return Gemm(table, op.m, op.n, op.k, k);
     }
-    case LayerOpKind::kAttention:
-      return op.m * Op(op.pass == GemmPass::kFprop ? "attention_forward" : "attention_backward",
-                       op.k, op.head_dim, k);
+    case LayerOpKind::kAttention: {
+      const char* table =
+          op.cp_block == 1 ? (fwd ? "attention_block_diagonal_forward"
+                                  : "attention_block_diagonal_backward")
+          : op.cp_block == 2 ? (fwd ? "attention_block_forward" : "attention_block_backward")
+                             : (fwd ? "attention_forward" : "attention_backward");
+      return op.m * Op(table, op.k, op.head_dim, k);
+    }
     case LayerOpKind::kComm: {
       const char* table = op.comm == CommKind::kAllReduce   ? "all_reduce"
                           : op.comm == CommKind::kAllGather ? "all_gather"
+                          : op.comm == CommKind::kSendRecv  ? "ring_exchange"
                                                             : "reduce_scatter";
       return Coll(table, op.group == CommGroup::kTp ? l.tp : l.cp, op.bytes, l);
     }
@@ -205,7 +218,7 @@ std::vector<RuntimeTensor> RuntimeModel::ChunkTensors(const Layout& l, int r, in
   const int norm_tensors = M.norm == Norm::kLayerNorm ? 2 : 1;
   std::vector<RuntimeTensor> t;
   if (embedding || output) t.push_back({x.Vl * x.h, false});  // one word table for both uses
-  if (embedding && M.position == PositionEmbedding::kLearned) t.push_back({x.s * x.h, true});
+  if (embedding && M.position == PositionEmbedding::kLearned) t.push_back({x.S * x.h, true});
   for (int64_t i = 0; i < layers; ++i) {
     for (int n = 0; n < 2 * norm_tensors; ++n) t.push_back({x.h, true});
     t.push_back({x.Q * x.h, false});   // QKV weight (column-parallel)
@@ -227,7 +240,7 @@ std::vector<RuntimeTensor> RuntimeModel::ChunkTensors(const Layout& l, int r, in
 }
 
 double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
-  const int d = l.dp;
+  const int d = l.dp * l.cp;  // the dense reduction group, DP x CP
   if (d <= 1) return 0;
   const double k = Slowdown(l), e = m_.element_bytes;
   double s = 0;
@@ -236,7 +249,7 @@ double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
       s += Coll("all_reduce", d, t.numel * e, l) + Op("scale", t.numel, k);
       continue;
     }
-    // Reduce-scatter of the zero-padded flat copy (d slices of ks), then, after AdamW, the
+    // Reduce-scatter of the zero-padded flat copy (R slices of ks), then, after AdamW, the
     // all-gather of the updated slices and the copy back.
     const double ks = std::ceil(t.numel / d), padded = d * ks;
     s += Alloc(padded * e, k) + Op("copy", t.numel, k) +
@@ -251,41 +264,63 @@ double RuntimeModel::EmbeddingReduce(const Layout& l) const {
   if (!model_.tied_embeddings || l.pp == 1) return 0;
   const Dims x = DimsOf(model_, l);
   double n = x.Vl * x.h;
-  if (l.distributed_optimizer && l.dp > 1) n = std::ceil(n / l.dp);
+  const int R = l.dp * l.cp;
+  if (l.distributed_optimizer && R > 1) n = std::ceil(n / R);
   return Coll("all_reduce", 2, n * m_.element_bytes, l);
 }
 
 RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
   const double k = Slowdown(l), e = m_.element_bytes;
-  const bool dopt = l.distributed_optimizer && l.dp > 1;
+  const int R = l.dp * l.cp;
+  const bool dopt = l.distributed_optimizer && R > 1;
   RuntimeOptimizerTimes o;
   double compute = Alloc(4, k);  // the norm accumulator
   for (int c = 0; c < l.vp; ++c)
     for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
-      const double owned = dopt ? std::ceil(t.numel / l.dp) : t.numel;
+      const double owned = dopt ? std::ceil(t.numel / R) : t.numel;
       o.fill_s += Op("fill", t.numel, k);
       compute += Op("sum_squares", owned, k) + Op("adamw", owned, k);
       if (l.sequence_parallel && l.tp > 1 && t.replicated)  // FinalizeTpGrads
         o.tp_s += Coll("all_reduce", l.tp, t.numel * e, l);
     }
-  // The squared norm summed over TP, PP and (dist-opt) DP.
-  o.tp_s += Coll("all_reduce", l.tp, 4, l);
-  compute += Coll("all_reduce", l.pp, 4, l) + (dopt ? Coll("all_reduce", l.dp, 4, l) : 0);
-  if (r == l.pp - 1) o.dp_s = Coll("all_reduce", l.dp, 4, l);  // the reported loss
+  // The squared norms (each element counted by one rank) summed over every rank at once.
+  compute += Coll("all_reduce", l.world(), 8, l);
+  if (r == l.pp - 1) o.dp_s = Coll("all_reduce", R, 4, l);  // the reported loss, DP x CP
   o.total_s = compute + o.fill_s + o.tp_s + o.dp_s;
   return o;
 }
 
+// What the attention core keeps for its backward (the backend's AttentionSavedShape, or with
+// CP the log-sum-exp of each of the s queries and heads) and its output (T A): what selective
+// recompute drops until the layer's backward.
+double RuntimeModel::AttentionCoreBytes(const Layout& l) const {
+  const Dims x = DimsOf(model_, l);
+  const double saved = x.c > 1 ? x.b * x.nh * x.s
+                               : x.b * x.nh * (m_.attention_saved_per_score * x.s * x.s +
+                                               m_.attention_saved_per_token * x.s);
+  return (saved + x.T * x.A) * m_.element_bytes;
+}
+
+// Without recompute: x and x2 (Tl h), the two LN outputs as the GEMMs read them (T h), LN
+// statistics (4 Tl), QKV (T Q), fc1 and its activation (T F each), and the attention core's
+// (AttentionCoreBytes). Selective recompute keeps all but the core's; full only x.
 double RuntimeModel::LayerActivationBytes(const Layout& l) const {
   const Dims x = DimsOf(model_, l);
-  // x and x2 (Tl h), the two LN outputs as the GEMMs read them (T h), LN statistics (4 Tl),
-  // QKV (T Q), the attention output (T A), fc1 and its activation (T F each), and what the
-  // attention keeps for its backward.
-  const double saved = x.b * x.nh * (m_.attention_saved_per_score * x.s * x.s +
-                                     m_.attention_saved_per_token * x.s);
-  const double elements = 2 * x.Tl * x.h + 2 * x.T * x.h + 4 * x.Tl + x.T * x.Q + x.T * x.A +
-                          x.T * x.Fi + x.T * x.F + saved;
-  return elements * m_.element_bytes;
+  if (l.recompute == Recompute::kFull) return x.Tl * x.h * m_.element_bytes;
+  const double elements =
+      2 * x.Tl * x.h + 2 * x.T * x.h + 4 * x.Tl + x.T * x.Q + x.T * x.Fi + x.T * x.F;
+  const double core = l.recompute == Recompute::kSelective ? 0 : AttentionCoreBytes(l);
+  return elements * m_.element_bytes + core;
+}
+
+// What the backward of one layer restores first: all of its activations (full recompute) or
+// its attention core's (selective).
+double RuntimeModel::RecomputedBytes(const Layout& l) const {
+  if (l.recompute == Recompute::kNone) return 0;
+  if (l.recompute == Recompute::kSelective) return AttentionCoreBytes(l);
+  Layout none = l;
+  none.recompute = Recompute::kNone;
+  return LayerActivationBytes(none);
 }
 
 // The most a layer's backward holds at once besides the saved activations: the incoming and
@@ -295,6 +330,8 @@ double RuntimeModel::BackwardWorkingSet(const Layout& l) const {
   const Dims x = DimsOf(model_, l);
   double elements = 2 * x.Tl * x.h + x.T * x.F + 2 * x.T * x.h + x.T * x.A + x.T * x.Q;
   if (x.sp) elements += 2 * x.T * x.h + 2 * x.Tl * x.h;
+  // The CP ring's backward holds the K/V block and its dK/dV, and the next of each (T 2A).
+  if (x.c > 1) elements += 4 * x.T * 2 * x.A;
   return elements * m_.element_bytes;
 }
 
@@ -310,13 +347,14 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
                                       double fragmentation, double capacity) const {
   const Dims x = DimsOf(model_, l);
   const double e = m_.element_bytes;
-  const bool dopt = l.distributed_optimizer && l.dp > 1;
+  const int R = l.dp * l.cp;
+  const bool dopt = l.distributed_optimizer && R > 1;
   MemoryBytes mem;
   double params = 0, state = 0;
   for (int c = 0; c < l.vp; ++c)
     for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
       params += t.numel;
-      const double slice = dopt ? std::ceil(t.numel / l.dp) : t.numel;
+      const double slice = dopt ? std::ceil(t.numel / R) : t.numel;
       state += 2 * std::max(1.0, slice) + (dopt ? slice : 0);  // AdamW m, v (+ dist-opt grad slice)
     }
   mem.weights = params * e;
@@ -324,7 +362,8 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
   mem.optimizer = state * e;
   const double in_flight = InFlight(l, r);
   const double layers_per_chunk = double(RankLayers(model_, l, r)) / l.vp;
-  double act = in_flight * layers_per_chunk * LayerActivationBytes(l) + BackwardWorkingSet(l);
+  double act = in_flight * layers_per_chunk * LayerActivationBytes(l) + RecomputedBytes(l) +
+               BackwardWorkingSet(l);
   double cached = 0;
   if (r == 0) {  // sequence-first token ids per micro-batch in flight; the cached position ids
     act += in_flight / l.vp * x.T * 4;

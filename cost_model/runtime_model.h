@@ -10,14 +10,18 @@
 // grads) rather than 2x the forward. AnalyticModel times the same lists through TimeOp, so
 // the analytic and the runtime model differ only in who times an op.
 // The runtime differs from Megatron on GPUs in ways the formulas follow, for every layout:
-//  - tensors are fp32 (element_bytes), nothing is recomputed, DP does not overlap the backward;
-//  - the DP reduction is one collective per parameter tensor (no buckets), the PP transfer the
-//    whole (s/t with SP, b, h) activation per TP rank (no scatter/gather);
+//  - tensors are fp32 (element_bytes), DP does not overlap the backward; recompute reruns
+//    what Megatron's does (full: the layer; selective: the attention core) inside the backward;
+//  - the DP reduction is one collective per parameter tensor (no buckets) over DP x CP, the PP
+//    transfer the whole (s/t with SP, b, h) activation per TP rank (no scatter/gather);
 //  - the attention keeps what the backend's AttentionSavedShape says (P, b x a/t x s x s, on CPU);
+//    with CP it runs the ring of attention blocks (its own tables) and keeps a log-sum-exp;
+//  - the gradient norm is one all-reduce over every rank;
 //  - ranks beyond `cores` on a node share them: compute takes ranks/cores times longer;
 //  - GeLU's cost depends on its inputs' magnitude (tanh); they are taken as a freshly
 //    initialised layer's, N(0, 0.02^2 h): the prediction is for the first steps of training.
-// Letters: b micro-batch, s sequence, h hidden, t/p/d/v TP/PP/DP/virtual sizes, T = b s tokens,
+// Letters: b micro-batch, s = S/c the rows of the sequence a CP rank holds, h hidden, t/c/p/d/v
+// TP/CP/PP/DP/virtual sizes, T = b s tokens,
 // Tl = T/t with SP else T, A = h/t, Q = (h + 2 kv_heads d_h)/t QKV width, F = ffn/t, Fi = F (2F
 // for SwiGLU), Vl = padded vocabulary / t, e element bytes.
 #pragma once
@@ -41,8 +45,8 @@ struct RuntimeLayerTimes {
 // The optimizer op of one pipeline rank (end of step), seconds; total_s includes the parts.
 struct RuntimeOptimizerTimes {
   double total_s = 0;
-  double tp_s = 0;    // SP-partial grads over TP (FinalizeTpGrads) and the norm's TP all-reduce
-  double dp_s = 0;    // the loss all-reduce over DP (last stage)
+  double tp_s = 0;    // SP-partial grads over TP (FinalizeTpGrads)
+  double dp_s = 0;    // the loss all-reduce over DP x CP (last stage)
   double fill_s = 0;  // zeroing the gradients at the start of the step
 };
 
@@ -65,7 +69,7 @@ class RuntimeModel {
   // The shape of the op lists (core/layer_ops.h) the runtime executes for this layout.
   OpShape Shape(const Layout& l) const;
   // One op by its measured table, seconds.
-  double TimeOp(const Layout& l, const LayerOp& op) const;
+  double TimeOp(const Layout& l, const LayerOp& op) const;  // op.repeat times
   // One op list, each op by its measured table: compute and TP communication, added to.
   void TimeOps(const Layout& l, const LayerOpList& ops, double* compute, double* tp) const;
 
@@ -87,8 +91,12 @@ class RuntimeModel {
   // activations of the micro-batches in flight plus the working set of one backward.
   MemoryBytes StageMemory(const Layout& l, int r, double workspace_bytes,
                           double fragmentation, double capacity) const;
-  // Bytes one layer keeps per micro-batch for its backward.
+  // Bytes one layer keeps per micro-batch for its backward (after recompute's drops).
   double LayerActivationBytes(const Layout& l) const;
+  // The attention core's saved tensors and output (what selective recompute drops).
+  double AttentionCoreBytes(const Layout& l) const;
+  // What a layer's backward restores before it runs (recompute), bytes; 0 without recompute.
+  double RecomputedBytes(const Layout& l) const;
 
   // The tensors chunk c of pipeline rank r holds.
   std::vector<RuntimeTensor> ChunkTensors(const Layout& l, int r, int c) const;
@@ -99,6 +107,7 @@ class RuntimeModel {
   double Op(const char* table, double a, double b, double slow) const;   // 2-axis tables
   double Alloc(double bytes, double slow) const;
   double MemoryOp(const LayerOp& op, double slow) const;  // a kMemory op by its table
+  double TimeOnce(const Layout& l, const LayerOp& op) const;
   // The standard deviation of GeLU's inputs (its cost depends on it, see core/measured.cc).
   double GeluSigma() const;
   double Gelu(const char* table, double elements, double slow) const;

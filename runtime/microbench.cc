@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <utility>
@@ -118,6 +119,7 @@ class Bench {
 
   Status Gemms();
   Status Attention();
+  Status AttentionBlocks();
   Status RowOps();
   Status ElementOps();
   Status Allocs();
@@ -266,6 +268,51 @@ Status Bench::Attention() {
   return Status::Ok();
 }
 
+// The CP ring's attention blocks, one (batch, head) as Attention(): s local rows (two chunks of
+// L = s/2) of 4 heads, as rank 0 of cp 2 against its own block (positions 0.. and 3L..) and as
+// rank 1 (positions L.. and 2L..) against rank 0's, merged into an output (first = false).
+Status Bench::AttentionBlocks() {
+  constexpr int64_t kHeads = 4;
+  for (double s : grids_.attention_s)
+    for (double d : grids_.attention_d) {
+      const int64_t S = int64_t(s), A = kHeads * int64_t(d), L = S / 2;
+      const SeqBlock own{0, 3 * L, L}, other_q{L, 2 * L, L};
+      const size_t nv = Variants(4 * (double(S) * 8 * A));
+      PTDP_ASSIGN_OR_RETURN(auto qkv, Randoms({S, 1, 3 * A}, 21, nv));
+      PTDP_ASSIGN_OR_RETURN(auto kv, Randoms({S, 1, 2 * A}, 22, nv));
+      PTDP_ASSIGN_OR_RETURN(auto dout, Randoms({S, 1, A}, 23, nv));
+      PTDP_ASSIGN_OR_RETURN(Tensor out, Random({S, 1, A}, 24));
+      PTDP_ASSIGN_OR_RETURN(Tensor lse, Random({1, kHeads, S}, 25));
+      PTDP_ASSIGN_OR_RETURN(Tensor dqkv, Random({S, 1, 3 * A}, 26));
+      PTDP_ASSIGN_OR_RETURN(Tensor dkv, Random({S, 1, 2 * A}, 27));
+      for (int diagonal = 1; diagonal >= 0; --diagonal) {
+        const SeqBlock& q = diagonal ? own : other_q;
+        // A consistent output and log-sum-exp for the backward: the block merged into the
+        // rank's own (the diagonal case: its own only).
+        be_->AttentionBlockForward(qkv[0], q, kv[0], diagonal ? own : q, kHeads, true, out, lse);
+        if (!diagonal) be_->AttentionBlockForward(qkv[0], q, kv[0], own, kHeads, false, out, lse);
+        size_t k = 0;
+        PTDP_ASSIGN_OR_RETURN(Tensor out_f, Random({S, 1, A}, 28));
+        PTDP_ASSIGN_OR_RETURN(Tensor lse_f, Random({1, kHeads, S}, 29));
+        be_->AttentionBlockForward(qkv[0], q, kv[0], q, kHeads, true, out_f, lse_f);
+        const double fwd = TimeCall([&] {
+          const size_t i = k++ % nv;
+          be_->AttentionBlockForward(qkv[i], q, kv[i], own, kHeads, false, out_f, lse_f);
+        });
+        const double bwd = TimeCall([&] {
+          const size_t i = k++ % nv;
+          be_->AttentionBlockBackward(dout[i], qkv[i], q, kv[i], own, out, lse, kHeads, dqkv, dkv);
+        });
+        Add(diagonal ? "attention_block_diagonal_forward" : "attention_block_forward",
+            {s, d, fwd / kHeads});
+        Add(diagonal ? "attention_block_diagonal_backward" : "attention_block_backward",
+            {s, d, bwd / kHeads});
+      }
+      Done("attention blocks s " + Dims({s}) + " d " + Dims({d}));
+    }
+  return Status::Ok();
+}
+
 Status Bench::RowOps() {
   constexpr int64_t kVocab = 1024;  // embedding table rows
   for (double rows : grids_.row_rows)
@@ -409,7 +456,7 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
   PTDP_ASSIGN_OR_RETURN(auto pair, world.comms->Group(rank, all, kPairGroup));
   Communicator& c = *comm;
   const std::vector<double>& sizes = grids_.comm_bytes;
-  for (size_t kind = 0; kind < 4; ++kind) {
+  for (size_t kind = 0; kind < seconds.size(); ++kind) {
     for (size_t i = 0; i < sizes.size(); ++i) {
       if (kind == 3 && ranks != 2) break;  // send/recv: between two ranks
       // Elements: bytes / 4, a multiple of the ranks (the grids' sizes are multiples of 32 B).
@@ -418,7 +465,7 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
       // backward wrote a while before, not the one the last call left in every cache. Every
       // rank cycles in step (the same count on each: it depends on n only).
       const size_t nv = Variants(4.0 * double(n + n / ranks));
-      Tensor full_buf, part_buf;
+      Tensor full_buf, part_buf, recv_buf;
       PTDP_ASSIGN_OR_RETURN(auto full, Slices(*be, {n}, nv, &full_buf));
       PTDP_ASSIGN_OR_RETURN(auto part, Slices(*be, {n / ranks}, nv, &part_buf));
       size_t v = 0;
@@ -437,6 +484,17 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
           PTDP_RETURN_IF_ERROR(rank == 0 ? pair->Send(f, 1) : pair->Recv(f, 0));
           return pair->GroupEnd();
         };
+      std::vector<Tensor> recv;
+      if (kind == 4) {
+        PTDP_ASSIGN_OR_RETURN(recv, Slices(*be, {n}, nv, &recv_buf));
+        call = [&] {  // the CP ring's step: to the next rank, from the previous one
+          const size_t i = v++ % nv;
+          PTDP_RETURN_IF_ERROR(pair->GroupStart());
+          PTDP_RETURN_IF_ERROR(pair->Send(full[i], (rank + 1) % ranks));
+          PTDP_RETURN_IF_ERROR(pair->Recv(recv[i], (rank + ranks - 1) % ranks));
+          return pair->GroupEnd();
+        };
+      }
       PTDP_RETURN_IF_ERROR(call());  // warm-up
       auto batch = [&](int calls, double* elapsed) -> Status {
         PTDP_RETURN_IF_ERROR(c.Barrier());
@@ -469,7 +527,9 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
 }
 
 Status Bench::Collectives() {
-  static const char* const kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv"};
+  static const char* const kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv",
+                                       "ring_exchange"};
+  constexpr size_t kKinds = std::size(kNames);
   const std::vector<double>& sizes = grids_.comm_bytes;
   for (double r : grids_.comm_ranks) {
     const int ranks = int(r);
@@ -483,7 +543,7 @@ Status Bench::Collectives() {
     // NCCL makes its groups collectively, here, before the rank threads ask for them.
     PTDP_RETURN_IF_ERROR(world.comms->Prepare({{kGroup, {all}}, {kPairGroup, {all}}}).Prefixed(where));
     std::atomic<int> decide{0};
-    std::vector<std::vector<double>> seconds(4, std::vector<double>(sizes.size(), 0.0));
+    std::vector<std::vector<double>> seconds(kKinds, std::vector<double>(sizes.size(), 0.0));
     std::vector<Status> status(static_cast<size_t>(ranks));
     std::vector<std::thread> threads;
     for (int k = 0; k < ranks; ++k)
@@ -494,7 +554,7 @@ Status Bench::Collectives() {
     for (int k = 0; k < ranks; ++k)
       if (!status[size_t(k)].ok())
         return status[size_t(k)].Prefixed(where + ", rank " + std::to_string(k));
-    for (size_t kind = 0; kind < 4; ++kind)
+    for (size_t kind = 0; kind < kKinds; ++kind)
       for (size_t i = 0; i < sizes.size(); ++i) {
         if (kind == 3) {
           if (ranks == 2) Add(kNames[kind], {sizes[i], seconds[kind][i]});
@@ -502,7 +562,7 @@ Status Bench::Collectives() {
         }
         Add(kNames[kind], {r, sizes[i], seconds[kind][i]});
       }
-    for (size_t i = 0; i < 4; ++i) Done(where);
+    for (size_t i = 0; i < kKinds; ++i) Done(where);
   }
   return Status::Ok();
 }
@@ -525,9 +585,11 @@ Result<MeasuredPrimitives> Bench::Run() {
   const double gd = double(g.gemm_dims.size());
   total_ = gd * gd * gd + double(g.attention_s.size() * g.attention_d.size()) +
            double(g.row_rows.size() * g.row_cols.size()) + double(g.elements.size()) +
-           double(g.alloc_bytes.size()) + 4.0 * double(g.comm_ranks.size());
+           double(g.alloc_bytes.size()) + 5.0 * double(g.comm_ranks.size()) +
+           double(g.attention_s.size() * g.attention_d.size());
   PTDP_RETURN_IF_ERROR(Gemms().Prefixed("GEMMs"));
   PTDP_RETURN_IF_ERROR(Attention().Prefixed("attention"));
+  PTDP_RETURN_IF_ERROR(AttentionBlocks().Prefixed("attention blocks"));
   PTDP_RETURN_IF_ERROR(RowOps().Prefixed("row-wise ops"));
   PTDP_RETURN_IF_ERROR(ElementOps().Prefixed("element-wise ops"));
   PTDP_RETURN_IF_ERROR(Allocs().Prefixed("allocation"));

@@ -1,5 +1,6 @@
 // The loop of `make demo`, small: calibrate this machine (--quick), plan gpt-tiny on the
-// calibrated cluster, train the layouts that fit 2 cores (1x1x1, tp 2, pp 2, dp 2) and compare
+// calibrated cluster, train the layouts that fit 2 cores (1x1x1, tp 2, pp 2, cp 2, tp 2 with
+// selective recompute, cp 2 with full recompute, dp 2) and compare
 // each against its prediction. The bound: after calibration, each layout's step time within
 // 20% of the prediction and its peak memory within 5%.
 //
@@ -67,15 +68,18 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
   };
   int checked = 0;
   std::string unchecked;  // layouts whose every run was on a busy machine
-  const Case cases[] = {{"1x1x1", "--gpus 1"},
-                        {"tp2", "--gpus 2 --tp 2"},
-                        {"pp2", "--gpus 2 --pp 2"},
-                        {"dp2", "--gpus 2 --dp 2"}};
+  const Case cases[] = {{"1x1x1", "--gpus 1 --recompute none"},
+                        {"tp2", "--gpus 2 --tp 2 --recompute none"},
+                        {"pp2", "--gpus 2 --pp 2 --recompute none"},
+                        {"cp2", "--gpus 2 --cp 2 --recompute none"},
+                        {"tp2-selective", "--gpus 2 --tp 2 --recompute selective"},
+                        {"cp2-full", "--gpus 2 --cp 2 --recompute full"},
+                        {"dp2", "--gpus 2 --dp 2 --recompute none"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string plan = dir + "/" + c.name + ".plan.yaml";
     r = Shell(kBin + " plan --cluster " + cal + " --model " + kTiny + " --global-batch 8 " +
-              c.flags + " --recompute none --top 1 --out " + plan);
+              c.flags + " --top 1 --out " + plan);
     ASSERT_EQ(r.code, 0) << r.out;
     double best = 1e9;
     std::string tried;
