@@ -285,14 +285,18 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
     a.Add(s);
     switch (m.moe_routing) {
       case MoeRouting::kDropless:
-        a.Add("--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2");
+        a.Add(m.moe_aux_loss_coeff > 0
+                  ? "--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff " +
+                        Num(m.moe_aux_loss_coeff)
+                  : std::string("--moe-router-load-balancing-type none"));
         break;
       case MoeRouting::kBalanced:  // the benchmark setting: exactly T k / E tokens per expert
         a.Add("--moe-router-force-load-balancing");
         break;
       case MoeRouting::kCapacity:  // capacity works with aux_loss (TransformerConfig)
-        a.Add("--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2 "
-              "--moe-expert-capacity-factor " + Num(m.moe_capacity_factor) +
+        a.Add("--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff " +
+              Num(m.moe_aux_loss_coeff) + " --moe-expert-capacity-factor " +
+              Num(m.moe_capacity_factor) +
               " --moe-pad-expert-input-to-capacity");
         break;
     }

@@ -94,6 +94,7 @@ inline constexpr Range kRunSeconds{"measured seconds", 0, 1e9, Dimension::kDurat
 inline constexpr Range kRunBytes{"measured bytes", 0, 1152921504606846976.0, Dimension::kBytes};  // 0..1 EiB
 inline constexpr Range kRunSteps{"steps", 0, 1e9, std::nullopt};
 inline constexpr Range kMoeCapacityFactor{"MoE capacity factor", 0, 1000, std::nullopt, true};
+inline constexpr Range kMoeAuxLossCoeff{"MoE auxiliary loss coefficient", 0, 1, std::nullopt, true};
 inline constexpr Range kMachineCores{"machine cores", 0, double(kMaxCores), std::nullopt};
 inline constexpr Range kCpuShare{"share of the cores", 0, 1000, std::nullopt};
 // Optimizer settings (flags of `ptdp train` and checkpoint metadata; runtime/trainer.h).

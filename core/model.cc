@@ -324,6 +324,7 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                   : routing == "capacity" ? MoeRouting::kCapacity
                                           : MoeRouting::kDropless;
   m.moe_capacity_factor = r.Number("moe_capacity_factor", limits::kMoeCapacityFactor, 0);
+  m.moe_aux_loss_coeff = r.Number("moe_aux_loss_coeff", limits::kMoeAuxLossCoeff, 1e-2);
   m.q_lora_rank = r.NonNegativeInt("q_lora_rank", 0);
   m.kv_lora_rank = r.NonNegativeInt("kv_lora_rank", 0);
   m.qk_head_dim = r.NonNegativeInt("qk_head_dim", 0);
@@ -400,6 +401,8 @@ std::string ModelToYaml(const ModelSpec& m, const std::string& in) {
       << in << "moe_routing: " << ToString(m.moe_routing) << "\n";
     if (m.moe_capacity_factor > 0)
       o << in << "moe_capacity_factor: " << YamlNumber(m.moe_capacity_factor) << "\n";
+    if (m.moe_aux_loss_coeff != 1e-2)
+      o << in << "moe_aux_loss_coeff: " << YamlNumber(m.moe_aux_loss_coeff) << "\n";
   }
   if (m.mla())
     o << in << "q_lora_rank: " << m.q_lora_rank << "\n"
@@ -418,9 +421,13 @@ Status CheckGptShaped(const ModelSpec& m) {
     return Status::Error("model " + m.name +
                          ": the runtime trains GPT shapes only (gelu, layernorm, learned "
                          "positions, tied embeddings, biases, kv_heads == heads)");
-  // Features the runtime does not implement yet (MoE and CP: issue 16): refused by name, never
-  // trained as the dense GPT they are not.
-  const char* feature = m.moe() ? "experts (num_experts)"
+  // Features the runtime does not implement: refused by name, never trained as the model they
+  // are not. MoE: dropless top-k routing only (a capacity drops tokens depending on the
+  // layout's split, force-balancing routes at random).
+  const char* feature =
+      m.moe() && m.moe_routing != MoeRouting::kDropless
+          ? (m.moe_routing == MoeRouting::kCapacity ? "MoE token dropping (moe_routing capacity)"
+                                                    : "forced MoE load balancing (moe_routing balanced)")
                         : m.mla() ? "multi-latent attention (kv_lora_rank)"
                         : m.mtp_layers > 0 ? "multi-token prediction (mtp_layers)"
                         : m.kv_channels > 0 && m.kv_channels * m.heads != m.hidden

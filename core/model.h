@@ -89,6 +89,9 @@ struct ModelSpec {
   MoeRouter moe_router = MoeRouter::kSoftmax;
   MoeRouting moe_routing = MoeRouting::kDropless;
   double moe_capacity_factor = 0;      // with kCapacity
+  // The load-balancing loss's weight (--moe-aux-loss-coeff with --moe-router-load-balancing-type
+  // aux_loss; 0: none). 1e-2, what ptdp's Megatron command passes, unless the model says.
+  double moe_aux_loss_coeff = 1e-2;
   // Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; --multi-latent-attention) when
   // kv_lora_rank > 0: queries through a rank-q_lora_rank bottleneck (0: a full projection),
   // keys and values through a shared kv_lora_rank latent; each head's query/key is
@@ -162,7 +165,7 @@ Status CheckGptShaped(const ModelSpec& m);
 // seq_len, vocab, activation, norm, position_embedding, tied_embeddings, bias, dropout,
 // kv_channels, rotary_base, rotary_percent, parallel_attn_mlp, num_experts, moe_topk,
 // moe_ffn_hidden, moe_shared_ffn_hidden, moe_dense_layers_first, moe_layer_step, moe_router,
-// moe_routing, moe_capacity_factor, q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_head_dim,
+// moe_routing, moe_capacity_factor, moe_aux_loss_coeff, q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_head_dim,
 // v_head_dim, mtp_layers, sliding_window, global_attention_every). Unknown or missing keys and bad values are errors naming file:line,
 // key and value.
 Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,

@@ -79,6 +79,10 @@ Result<AnalyticModel> AnalyticModel::Create(const ModelSpec& model, const Topolo
     // The measured primitives time ptdp's own runtime, which trains GPT shapes only.
     PTDP_RETURN_IF_ERROR(CheckGptShaped(model).Prefixed(
         topo.spec().file + ": measured: (the primitives of ptdp's runtime)"));
+    if (model.moe())  // the runtime trains it, but its cost model has no MoE ops yet
+      return Status::Error(topo.spec().file + ": measured: the cost model of ptdp's runtime "
+                           "does not model MoE layers yet (model " + model.name +
+                           "); plan it on a cluster without measured primitives");
   }
   return AnalyticModel(model, topo, k);
 }

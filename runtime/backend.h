@@ -208,6 +208,11 @@ class Backend {
   virtual void Scale(float alpha, Tensor& x) = 0;
   // x = value everywhere.
   virtual void Fill(float value, Tensor& x) = 0;
+  // out (N, C) = x (N, C) with row n times scale[n] (N); out may alias x (MoE combine weights).
+  virtual void ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) = 0;
+  // out (N) = the dot product of row n of a and of b (N, C), summed in double (the gradient of
+  // the MoE combine weights).
+  virtual void RowDot(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   // dst = src, any dtype (the same in both), shapes may differ (a reshaping copy).
   virtual void Copy(const Tensor& src, Tensor& dst) = 0;
   // out (a 1-element tensor) adds sum(x^2): one call per gradient tensor, then the all-reduce

@@ -3,7 +3,10 @@
 #include "runtime/gpt.h"
 
 #include <cassert>
+#include <memory>
 #include <utility>
+
+#include "runtime/gpt_internal.h"
 
 namespace ptdp::rt {
 namespace {
@@ -17,11 +20,6 @@ constexpr float kMaskedLogit = -1e30f;
 std::string Str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
-
-struct GptChunk::LayerRefs {
-  ChunkParam *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
-  ChunkParam *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
-};
 
 // With full recompute only x is kept between forward and backward; with selective, all but
 // att_saved and att.
@@ -38,6 +36,7 @@ struct GptChunk::LayerSaved {
   Tensor ln2_full;             // (s*b, h)
   Tensor fc1;                  // (s*b, F) before GeLU
   Tensor gelu;                 // (s*b, F)
+  std::shared_ptr<MoeSaved> moe;  // MoE layers: instead of fc1, gelu
 };
 
 struct GptChunk::Saved {
@@ -52,10 +51,17 @@ struct GptChunk::Saved {
   Tensor targets;                   // (s*b) i32 seq-first
   Tensor row_max, sum_exp;          // (s*b) global over TP
   float row_scale = 0.0f;           // dLoss / dloss[n] = loss_scale / (s*b)
+  float loss_scale = 1.0f;          // Forward's (full recompute reruns MoE layers with it)
 };
 
 GptChunk::GptChunk(const GptChunkConfig& cfg, Backend& backend, const GptChunkComms& comms)
-    : cfg_(cfg), be_(backend), tp_comm_(*comms.tp), cp_comm_(comms.cp) {}
+    : cfg_(cfg),
+      be_(backend),
+      tp_comm_(*comms.tp),
+      cp_comm_(comms.cp),
+      ep_comm_(comms.ep),
+      etp_comm_(comms.etp),
+      tokens_comm_(comms.tokens) {}
 
 GptChunk::~GptChunk() = default;
 
@@ -100,6 +106,27 @@ Result<std::unique_ptr<GptChunk>> GptChunk::Create(const GptChunkConfig& cfg, Ba
     return Status::Error("GptChunk: layers [" + Str(cfg.first_layer) + ", " +
                          Str(cfg.first_layer + cfg.n_layers) + ") outside the model's " +
                          Str(m.layers));
+  if (m.moe_layers_in(cfg.first_layer, cfg.n_layers) > 0) {
+    auto matches = [](const Communicator* c, int size, int rank) {
+      return c == nullptr ? size == 1 : c->size() == size && c->rank() == rank;
+    };
+    if (cfg.ep < 1 || m.num_experts % cfg.ep != 0 || cfg.ep_rank < 0 || cfg.ep_rank >= cfg.ep)
+      return Status::Error("GptChunk: ep rank " + Str(cfg.ep_rank) + " of ep " + Str(cfg.ep) +
+                           " for " + Str(m.num_experts) + " experts");
+    if (cfg.etp < 1 || m.moe_ffn_hidden % cfg.etp != 0 || cfg.etp_rank < 0 ||
+        cfg.etp_rank >= cfg.etp || m.moe_shared_ffn_hidden % cfg.tp != 0)
+      return Status::Error("GptChunk: expert TP rank " + Str(cfg.etp_rank) + " of etp " +
+                           Str(cfg.etp) + " for moe_ffn_hidden " + Str(m.moe_ffn_hidden) +
+                           " (shared " + Str(m.moe_shared_ffn_hidden) + " over tp " +
+                           Str(cfg.tp) + ")");
+    if (!matches(comms.ep, cfg.ep, cfg.ep_rank) || !matches(comms.etp, cfg.etp, cfg.etp_rank))
+      return Status::Error("GptChunk: the EP / expert-TP communicators do not match ep rank " +
+                           Str(cfg.ep_rank) + " of " + Str(cfg.ep) + ", etp rank " +
+                           Str(cfg.etp_rank) + " of " + Str(cfg.etp));
+    if (cfg.tp > 1 && !cfg.sequence_parallel)
+      return Status::Error("GptChunk: an MoE layer with tp " + Str(cfg.tp) +
+                           " needs sequence parallelism (as Megatron's MoELayer)");
+  }
   std::unique_ptr<GptChunk> c(new GptChunk(cfg, backend, comms));
   PTDP_RETURN_IF_ERROR(c->Init());
   return c;
@@ -119,20 +146,24 @@ Status GptChunk::Init() {
   vocab_start_ = cfg_.tp_rank * vocab_local_;
 
   const int last = cfg_.first_layer + cfg_.n_layers;
+  const int64_t local_experts = m.moe() ? m.num_experts / cfg_.ep : 0;
   for (const ParamSpec& p : GptParams(m, t)) {
     bool held = false;
     if (p.name == "embedding.word") held = cfg_.has_embedding || cfg_.has_output;
     else if (p.name == "embedding.position") held = cfg_.has_embedding;
     else if (p.layer >= 0) held = p.layer >= cfg_.first_layer && p.layer < last;
     else held = cfg_.has_output;  // final_ln.*
+    if (held && p.expert >= 0) held = p.expert / local_experts == cfg_.ep_rank;
     if (!held) continue;
     ChunkParam cp;
     cp.spec = p;
-    const std::vector<int64_t> local = LocalShape(p, t);
+    const int degree = ShardDegree(p, t, cfg_.etp);
+    const int shard = p.expert >= 0 ? cfg_.etp_rank : cfg_.tp_rank;
+    const std::vector<int64_t> local = LocalShape(p, degree);
     PTDP_ASSIGN_OR_RETURN(cp.value, F32(Shape(local)));
     PTDP_ASSIGN_OR_RETURN(cp.grad, F32(Shape(local)));
     std::vector<float> host(size_t(cp.value.numel()));
-    InitShard(p, cfg_.seed, t, cfg_.tp_rank, host.data());
+    InitShard(p, cfg_.seed, degree, shard, host.data());
     PTDP_RETURN_IF_ERROR(be_.CopyFromHost(host.data(), cp.value));
     cp.tp_partial_grad = cfg_.sequence_parallel && p.shard == ShardKind::kReplicated;
     params_.push_back(std::move(cp));
@@ -144,11 +175,22 @@ Status GptChunk::Init() {
   final_b_ = Find("final_ln.bias");
   for (int l = cfg_.first_layer; l < last; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    layers_.push_back({Find(p + "ln1.weight"), Find(p + "ln1.bias"), Find(p + "attn.qkv.weight"),
-                       Find(p + "attn.qkv.bias"), Find(p + "attn.proj.weight"),
-                       Find(p + "attn.proj.bias"), Find(p + "ln2.weight"), Find(p + "ln2.bias"),
-                       Find(p + "mlp.fc1.weight"), Find(p + "mlp.fc1.bias"),
-                       Find(p + "mlp.fc2.weight"), Find(p + "mlp.fc2.bias")});
+    LayerRefs w{Find(p + "ln1.weight"),     Find(p + "ln1.bias"),       Find(p + "attn.qkv.weight"),
+                Find(p + "attn.qkv.bias"),  Find(p + "attn.proj.weight"), Find(p + "attn.proj.bias"),
+                Find(p + "ln2.weight"),     Find(p + "ln2.bias"),       Find(p + "mlp.fc1.weight"),
+                Find(p + "mlp.fc1.bias"),   Find(p + "mlp.fc2.weight"), Find(p + "mlp.fc2.bias")};
+    if (m.is_moe_layer(l)) {
+      w.moe = true;
+      w.router = Find(p + "moe.router.weight");
+      w.shared_fc1 = Find(p + "moe.shared.fc1.weight");
+      w.shared_fc2 = Find(p + "moe.shared.fc2.weight");
+      for (int64_t g = 0; g < local_experts; ++g) {
+        const std::string e = p + "moe.experts." + std::to_string(cfg_.ep_rank * local_experts + g);
+        w.expert_fc1.push_back(Find(e + ".fc1.weight"));
+        w.expert_fc2.push_back(Find(e + ".fc2.weight"));
+      }
+    }
+    layers_.push_back(std::move(w));
   }
   if (cfg_.has_output) {
     std::vector<float> mask(size_t(vocab_local_), 0.0f);
@@ -182,6 +224,16 @@ void GptChunk::Release(int slot) { saved_.erase(slot); }
 // ---- helpers -------------------------------------------------------------------------------
 
 Result<Tensor> GptChunk::F32(const Shape& shape) { return be_.Alloc(shape, DType::kF32); }
+
+Result<Tensor> GptChunk::I32(const std::vector<int32_t>& host) {
+  PTDP_ASSIGN_OR_RETURN(Tensor t, be_.Alloc({std::max<int64_t>(int64_t(host.size()), 1)},
+                                            DType::kI32));
+  if (!host.empty()) {
+    Tensor v = t.View(Shape({int64_t(host.size())}));
+    PTDP_RETURN_IF_ERROR(be_.CopyFromHost(host.data(), v));
+  }
+  return t.View(Shape({int64_t(host.size())}));
+}
 
 // (b, s) batch-first ids -> (s*b) seq-first ids. Through the host: ids are b*s integers, and the
 // Backend has no transpose.
@@ -249,6 +301,7 @@ Result<Tensor> GptChunk::Forward(int slot, const Tensor& input, const Tensor& ta
   if (saved_.count(slot))
     return Status::Error("GptChunk::Forward: micro-batch slot " + Str(slot) + " is in flight");
   auto sv = std::make_unique<Saved>();
+  sv->loss_scale = loss_scale_ = loss_scale;
   Tensor x;  // (sl*b, h)
   if (cfg_.has_embedding) {
     assert(input.dtype() == DType::kI32 && input.shape().rank() == 2);
@@ -317,6 +370,17 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
   be_.LayerNormForward(sv.x2, w.ln2_w->value, w.ln2_b->value, kLnEps, ln2, sv.ln2_mean,
                        sv.ln2_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.ln2_full, GatherSeq(ln2));
+  if (w.moe) {
+    sv.moe = std::make_shared<MoeSaved>();
+    PTDP_ASSIGN_OR_RETURN(Tensor moe_out, MoeForward(w, ln2, sv.ln2_full, b, *sv.moe));
+    be_.Add(moe_out, sv.x2, moe_out);
+    if (cfg_.recompute == Recompute::kFull && !recomputing) {
+      Tensor input = sv.x;
+      sv = LayerSaved();
+      sv.x = input;
+    }
+    return moe_out;
+  }
   PTDP_ASSIGN_OR_RETURN(sv.fc1, F32({n, ffn_}));
   be_.Matmul(sv.ln2_full, false, w.fc1_w->value, true, sv.fc1);
   be_.AddBias(sv.fc1, w.fc1_b->value);
@@ -481,6 +545,7 @@ Result<Tensor> GptChunk::Backward(int slot, const Tensor& grad_output) {
     assert(grad_output.numel() == sl_ * sv->b * h_);
     dx = grad_output.View({sl_ * sv->b, h_});
   }
+  loss_scale_ = sv->loss_scale;  // for a full recompute's rerun of MoE layers
   for (size_t l = layers_.size(); l-- > 0;) {
     LayerSaved& ls = sv->layers[l];
     PTDP_RETURN_IF_ERROR(RestoreForBackward(layers_[l], sv->b, ls).Prefixed("recompute"));
@@ -517,6 +582,12 @@ Result<Tensor> GptChunk::LayerBackward(const LayerRefs& w, const Tensor& dout, i
   PTDP_ASSIGN_OR_RETURN(Tensor dx, F32({nl, h_}));
   be_.Copy(dout, dx);
   // MLP.
+  if (w.moe) {
+    PTDP_ASSIGN_OR_RETURN(Tensor dln2, MoeBackward(w, dout, b, *sv.moe));
+    be_.LayerNormBackward(dln2, sv.x2, w.ln2_w->value, sv.ln2_mean, sv.ln2_rstd, dx,
+                          w.ln2_w->grad, w.ln2_b->grad);
+    return AttentionBackward(w, b, sv, dx);
+  }
   be_.BiasGrad(dout, w.fc2_b->grad);
   PTDP_ASSIGN_OR_RETURN(Tensor dfc2, GatherSeq(dout));  // g backward (SP: all-gather)
   be_.Matmul(dfc2, true, sv.gelu, false, w.fc2_w->grad, 1.0f, 1.0f);
@@ -530,7 +601,13 @@ Result<Tensor> GptChunk::LayerBackward(const LayerRefs& w, const Tensor& dout, i
   PTDP_ASSIGN_OR_RETURN(Tensor dln2, ReduceSeq(dln2_full));  // f backward
   be_.LayerNormBackward(dln2, sv.x2, w.ln2_w->value, sv.ln2_mean, sv.ln2_rstd, dx,
                         w.ln2_w->grad, w.ln2_b->grad);
-  // Attention.
+  return AttentionBackward(w, b, sv, dx);
+}
+
+// The attention block's backward; dx (sl*b, h) holds the gradient of x2 and receives x's.
+Result<Tensor> GptChunk::AttentionBackward(const LayerRefs& w, int64_t b, const LayerSaved& sv,
+                                           Tensor dx) {
+  const int64_t n = s_ * b;
   be_.BiasGrad(dx, w.proj_b->grad);
   PTDP_ASSIGN_OR_RETURN(Tensor dproj, GatherSeq(dx));  // without SP this is dx itself
   be_.Matmul(dproj, true, sv.att, false, w.proj_w->grad, 1.0f, 1.0f);

@@ -56,6 +56,10 @@ struct GptChunkConfig {
   int cp = 1;                      // CP size c (the CP communicator's size); S % (2c) == 0
   int cp_rank = 0;                 // this rank's index in the CP group
   Recompute recompute = Recompute::kNone;  // what the backward recomputes (see above)
+  // MoE layers (runtime/moe.cc): the expert grid's EP and expert-TP sizes and this rank's
+  // indices in them (core/rank_grid.h); EP rank i holds experts [i E/ep, (i+1) E/ep).
+  int ep = 1, ep_rank = 0;
+  int etp = 1, etp_rank = 0;
   uint64_t seed = 0;               // initialisation seed (InitShard)
 };
 
@@ -64,6 +68,12 @@ struct GptChunkConfig {
 struct GptChunkComms {
   Communicator* tp = nullptr;  // TP group (size t, rank tp_rank)
   Communicator* cp = nullptr;  // CP group (size c, rank cp_rank), group order = CP index
+  // MoE models only (required when the chunk holds an MoE layer): the EP and expert-TP groups,
+  // and the TP x CP group of the ranks that share a micro-batch's tokens (the auxiliary loss
+  // counts tokens per expert over it; may be null when t * c == 1).
+  Communicator* ep = nullptr;
+  Communicator* etp = nullptr;
+  Communicator* tokens = nullptr;
 };
 
 // One parameter shard and its gradient.
@@ -138,6 +148,7 @@ class GptChunk {
   struct LayerRefs;   // a layer's parameters
   struct LayerSaved;  // a layer's activations for backward
   struct Saved;       // one micro-batch's activations
+  struct MoeSaved;    // an MoE layer's routing and expert activations (runtime/moe.cc)
 
   GptChunk(const GptChunkConfig& cfg, Backend& backend, const GptChunkComms& comms);
   Status Init();
@@ -171,14 +182,38 @@ class GptChunk {
   Status RestoreForBackward(const LayerRefs& w, int64_t b, LayerSaved& sv);
   Result<Tensor> LayerBackward(const LayerRefs& w, const Tensor& dout, int64_t b,
                                const LayerSaved& sv);
+  // The attention block's backward: dx holds the gradient of x2 (after the MLP's) and becomes
+  // the layer input's.
+  Result<Tensor> AttentionBackward(const LayerRefs& w, int64_t b, const LayerSaved& sv, Tensor dx);
   Result<Tensor> OutputForward(const Tensor& x, const Tensor& targets, float loss_scale,
                                Saved& sv);
   Result<Tensor> OutputBackward(const Saved& sv);
+  // An MoE layer's MLP (runtime/moe.cc): router, dispatch over EP (and expert TP), the local
+  // experts, combine, shared experts. x: this rank's (sl*b, h) LN2 output, x_full: it gathered
+  // along s with SP (x itself without); returns the (sl*b, h) MLP output.
+  Result<Tensor> MoeForward(const LayerRefs& w, const Tensor& x, const Tensor& x_full, int64_t b,
+                            MoeSaved& sv);
+  // Its backward: dout (sl*b, h) -> the gradient of x (sl*b, h); adds the parameters' grads.
+  Result<Tensor> MoeBackward(const LayerRefs& w, const Tensor& dout, int64_t b,
+                             const MoeSaved& sv);
+  // Rows of `rows_of` (one block per rank of `comm`, counts[q] rows of width w each) gathered
+  // to every rank: out holds every rank's block in group order.
+  Status AllGatherRows(Communicator& comm, const Tensor& mine, const std::vector<int64_t>& counts,
+                       int64_t w, Tensor& out);
+  // The inverse: `all` holds a partial block for every rank (counts[q] rows); out (counts[me]
+  // rows) = the sum over the ranks of their partials of this rank's block, in group order.
+  Status ReduceScatterRows(Communicator& comm, const Tensor& all,
+                           const std::vector<int64_t>& counts, int64_t w, Tensor& out);
+  Result<Tensor> I32(const std::vector<int32_t>& host);
 
   GptChunkConfig cfg_;
   Backend& be_;
   Communicator& tp_comm_;
   Communicator* cp_comm_ = nullptr;
+  Communicator* ep_comm_ = nullptr;
+  Communicator* etp_comm_ = nullptr;
+  Communicator* tokens_comm_ = nullptr;
+  float loss_scale_ = 1.0f;  // of the micro-batch being run (the MoE auxiliary loss's scale)
   int64_t seq_ = 0;  // S, the whole sequence
   int64_t h_ = 0, s_ = 0, sl_ = 0, nh_ = 0, attn_ = 0, ffn_ = 0, vocab_local_ = 0,
           vocab_start_ = 0;

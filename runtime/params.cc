@@ -62,6 +62,27 @@ std::vector<ParamSpec> GptParams(const ModelSpec& m, int tp) {
     ps.push_back(Spec(p + "attn.proj.bias", {h}, ShardKind::kReplicated, InitKind::kZeros, l, L));
     ps.push_back(Spec(p + "ln2.weight", {h}, ShardKind::kReplicated, InitKind::kOnes, l, L));
     ps.push_back(Spec(p + "ln2.bias", {h}, ShardKind::kReplicated, InitKind::kZeros, l, L));
+    if (m.is_moe_layer(l)) {
+      const int64_t fe = m.moe_ffn_hidden, fs = m.moe_shared_ffn_hidden;
+      ps.push_back(Spec(p + "moe.router.weight", {m.num_experts, h}, ShardKind::kReplicated,
+                        InitKind::kNormal, l, L));
+      if (fs > 0) {
+        ps.push_back(Spec(p + "moe.shared.fc1.weight", {fs, h}, ShardKind::kRows,
+                          InitKind::kNormal, l, L));
+        ps.push_back(Spec(p + "moe.shared.fc2.weight", {h, fs}, ShardKind::kColumns,
+                          InitKind::kScaledNormal, l, L));
+      }
+      for (int e = 0; e < int(m.num_experts); ++e) {
+        const std::string x = p + "moe.experts." + std::to_string(e) + ".";
+        ParamSpec fc1 = Spec(x + "fc1.weight", {fe, h}, ShardKind::kRows, InitKind::kNormal, l, L);
+        ParamSpec fc2 =
+            Spec(x + "fc2.weight", {h, fe}, ShardKind::kColumns, InitKind::kScaledNormal, l, L);
+        fc1.expert = fc2.expert = e;
+        ps.push_back(fc1);
+        ps.push_back(fc2);
+      }
+      continue;
+    }
     ps.push_back(Spec(p + "mlp.fc1.weight", {f, h}, ShardKind::kRows, InitKind::kNormal, l, L));
     ps.push_back(Spec(p + "mlp.fc1.bias", {f}, ShardKind::kRows, InitKind::kZeros, l, L));
     ps.push_back(Spec(p + "mlp.fc2.weight", {h, f}, ShardKind::kColumns, InitKind::kScaledNormal, l, L));

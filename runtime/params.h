@@ -45,15 +45,26 @@ struct ParamSpec {
   int layer = -1;              // transformer layer, -1 for embeddings and the final LN
   int64_t valid_rows = -1;     // rows that hold real values (the unpadded vocabulary); -1 all
   int model_layers = 1;        // L of the model, for kScaledNormal
+  // A routed expert's weight (MoE layers): its index e < E. Experts live on the expert grid
+  // (core/rank_grid.h): EP rank e / (E/ep) holds expert e, sharded over the expert-TP group
+  // (etp, not t, is the shard degree of kRows / kColumns); -1 for every other parameter.
+  int expert = -1;
 };
+
+// How many ways `p` is split: etp for a routed expert's weight, else t.
+inline int ShardDegree(const ParamSpec& p, int tp, int etp) { return p.expert >= 0 ? etp : tp; }
 
 // CheckGptShaped (core/model.h): the shape the runtime's GPT implements.
 
 // All parameters of `m` at TP size `tp` (which fixes the vocabulary padding), in a fixed order:
 // embeddings, then each layer's, then the final LN. Precondition: ValidateModel ok, a % tp == 0.
+// An MoE layer (ModelSpec::is_moe_layer) has, instead of mlp.*, moe.router.weight (E, h,
+// replicated), moe.shared.fc1/fc2.weight (the shared experts, f_s wide, column / row parallel
+// over t) when f_s > 0, and moe.experts.<e>.fc1/fc2.weight (f_e wide) for every expert e; the
+// MoE MLPs have no biases (Megatron's grouped GEMM refuses them).
 std::vector<ParamSpec> GptParams(const ModelSpec& m, int tp);
 
-// Shape held by TP rank `tp_rank` of `tp`.
+// Shape held by TP rank `tp_rank` of `tp` (for an expert: by expert-TP rank of etp = `tp`).
 std::vector<int64_t> LocalShape(const ParamSpec& p, int tp);
 
 // The global row of `local_row` of TP rank `tp_rank`'s shard (identity when not row-split).

@@ -178,6 +178,12 @@ struct Rank {
   std::unique_ptr<Communicator> pp, dp, emb;
   std::unique_ptr<Communicator> dpcp;   // DP x CP (cp > 1 only): dense gradients, loss
   std::unique_ptr<TimedCommunicator> cp;  // the CP ring (cp > 1 only), timed as TP/CP time
+  // MoE models: the expert grid's EP and expert-TP groups and the TP x CP group (the aux
+  // loss's token counts), timed as TP time; expert-DP, the routed experts' reduction group.
+  std::unique_ptr<TimedCommunicator> ep, etp, tpcp;
+  std::unique_ptr<Communicator> edp;
+  ExpertCoord expert;
+  int edp_index = 0;  // index in the expert-DP group
   std::unique_ptr<Communicator> world;  // every rank of the layout, group rank = global rank
   std::unique_ptr<TimedCommunicator> tp;
   std::vector<std::unique_ptr<GptChunk>> chunks;  // by chunk index c
@@ -205,6 +211,7 @@ const char* ToString(StepEventKind k) {
     case StepEventKind::kP2p: return "p2p";
     case StepEventKind::kTpComm: return "tp";
     case StepEventKind::kCpComm: return "cp";
+    case StepEventKind::kEpComm: return "ep";
     case StepEventKind::kDpComm: return "dp";
     case StepEventKind::kEmbedding: return "embedding";
     case StepEventKind::kOptimizer: return "optimizer";
@@ -247,6 +254,13 @@ struct Trainer::Impl {
   Schedule schedule;
   // s: the whole sequence; sc = s/c the rows a CP rank holds; sl = sc/t with SP else sc.
   int t = 1, c = 1, p = 1, d = 1, v = 1, m = 1, b = 1, s = 1, sc = 1, sl = 1, h = 1;
+  int ep = 1, etp = 1;  // the expert grid (MoE models)
+  bool moe = false;
+  // The shard degree of a parameter (etp for routed experts) and a rank's shard index of it.
+  int Degree(const ParamSpec& ps) const { return ShardDegree(ps, t, etp); }
+  int ShardOf(const ParamSpec& ps, int rank) const {
+    return ps.expert >= 0 ? grid.Expert(rank).etp : grid.Coord(rank).tp;
+  }
   std::vector<Rank> ranks;
   int64_t steps = 0;
   Clock::time_point step_start;  // origin of the step's timeline events
@@ -291,7 +305,7 @@ struct Trainer::Impl {
   Status GatherShards(Rank& rk, const std::vector<ShardSource>& sources,
                       std::map<std::string, std::vector<float>>* out);
   // Checkpoint state (bottom of this file).
-  Result<std::vector<float>> LocalShard(int tp, int pp, size_t state_index, int which);
+  Result<std::vector<float>> LocalShard(int holder, size_t state_index, int which);
   Status ImportRank(Rank& rk, const std::map<std::string, const NamedTensor*>& by_name);
   Status RequireAllRanksLocal(const char* what) const;
 };
@@ -347,6 +361,12 @@ std::vector<GroupSet> Trainer::Impl::GroupSets() const {
     sets.push_back({"CP", grid.AllCpGroups()});
     sets.push_back({"DPCP", grid.AllDpCpGroups()});
   }
+  if (moe) {
+    sets.push_back({"EP", grid.AllEpGroups()});
+    sets.push_back({"ETP", grid.AllEtpGroups()});
+    sets.push_back({"EDP", grid.AllEdpGroups()});
+    sets.push_back({"TPCP", grid.AllTpCpGroups()});
+  }
   return sets;
 }
 
@@ -358,7 +378,10 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
   s = int(cfg.model.seq_len), h = int(cfg.model.hidden);
   sc = s / c;
   sl = l.sequence_parallel ? sc / t : sc;
-  grid = RankGrid(t, c, d, p, 1, 1);
+  moe = cfg.model.moe();
+  ep = moe ? l.ep : 1;
+  etp = moe ? l.expert_tp() : 1;
+  grid = RankGrid(t, c, d, p, etp, ep);
   PTDP_ASSIGN_OR_RETURN(schedule, BuildSchedule(l.schedule, p, v, m, l.microbatch_group));
   const std::vector<GroupSet> sets = GroupSets();
   PTDP_RETURN_IF_ERROR(comms.Prepare(sets).Prefixed("preparing the communicators"));
@@ -388,6 +411,22 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
       const std::vector<int> red = ReductionGroup(g);
       rk.red_index = int(std::find(red.begin(), red.end(), g) - red.begin());
     }
+    rk.expert = grid.Expert(g);
+    if (moe) {
+      auto timed = [&](std::unique_ptr<Communicator> inner) {
+        return std::make_unique<TimedCommunicator>(
+            std::move(inner), &rk.tp_seconds, cfg.record_timeline ? &rk.times.events : nullptr,
+            &step_start, StepEventKind::kEpComm);
+      };
+      PTDP_ASSIGN_OR_RETURN(auto epc, comms.Group(g, grid.EpGroup(g), "EP"));
+      PTDP_ASSIGN_OR_RETURN(auto etpc, comms.Group(g, grid.EtpGroup(g), "ETP"));
+      PTDP_ASSIGN_OR_RETURN(rk.edp, comms.Group(g, grid.EdpGroup(g), "EDP"));
+      PTDP_ASSIGN_OR_RETURN(auto tpcpc, comms.Group(g, grid.TpCpGroup(g), "TPCP"));
+      rk.ep = timed(std::move(epc));
+      rk.etp = timed(std::move(etpc));
+      rk.tpcp = timed(std::move(tpcpc));
+      rk.edp_index = rk.expert.edp;
+    }
     if (rk.coord.pp == 0 || rk.coord.pp == p - 1) {
       PTDP_ASSIGN_OR_RETURN(rk.emb, comms.Group(g, grid.EmbeddingGroup(g), "EMB"));
     }
@@ -408,9 +447,16 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
       cc.cp_rank = rk.coord.cp;
       cc.recompute = l.recompute;
       cc.seed = cfg.seed;
+      cc.ep = ep;
+      cc.ep_rank = rk.expert.ep;
+      cc.etp = etp;
+      cc.etp_rank = rk.expert.etp;
       GptChunkComms cm;
       cm.tp = rk.tp.get();
       cm.cp = rk.cp.get();
+      cm.ep = rk.ep.get();
+      cm.etp = rk.etp.get();
+      cm.tokens = rk.tpcp.get();
       auto chunk = GptChunk::Create(cc, *rk.backend, cm);
       if (!chunk.ok()) return chunk.status().Prefixed(where + " chunk " + Str(c));
       rk.chunks.push_back(std::move(chunk).value());
@@ -424,14 +470,18 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
 
 Status Trainer::Impl::BuildState(Rank& rk) {
   const int R = d * c;  // the dense reduction group's size
-  const bool dopt = cfg.layout.distributed_optimizer && R > 1;
   for (auto& chunk : rk.chunks)
     for (const ChunkParam& cp : chunk->params()) {
       ParamState ps;
       ps.param = chunk->Find(cp.spec.name);
-      ps.group = &rk.Reduction();
-      ps.slices = dopt ? R : 1;
-      ps.slice = dopt ? rk.red_index : 0;
+      // Routed experts: reduced (and with dist-opt sliced) over expert DP.
+      const bool expert = cp.spec.expert >= 0;
+      const int group_size = expert ? grid.edp() : R;
+      const int index = expert ? rk.edp_index : rk.red_index;
+      const bool sliced = cfg.layout.distributed_optimizer && group_size > 1;
+      ps.group = expert ? rk.edp.get() : &rk.Reduction();
+      ps.slices = sliced ? group_size : 1;
+      ps.slice = sliced ? index : 0;
       ps.numel = cp.value.numel();
       ps.k = (ps.numel + ps.slices - 1) / ps.slices;
       ps.owned = std::clamp<int64_t>(ps.numel - ps.slice * ps.k, 0, ps.k);
@@ -439,7 +489,7 @@ Status Trainer::Impl::BuildState(Rank& rk) {
       const bool tied_copy = cp.spec.name == "embedding.word" && !chunk->config().has_embedding;
       ps.counts_in_norm = !tied_copy &&
                           (cp.spec.shard != ShardKind::kReplicated || rk.coord.tp == 0) &&
-                          (dopt || rk.red_index == 0);
+                          (sliced || index == 0);
       PTDP_ASSIGN_OR_RETURN(ps.m, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
       PTDP_ASSIGN_OR_RETURN(ps.v, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
       if (ps.slices > 1) {
@@ -588,12 +638,14 @@ Status Trainer::Impl::RunOps(Rank& rk) {
 // DP replicas' are means, so they are averaged.
 Status Trainer::Impl::ReduceGradients(Rank& rk) {
   for (auto& chunk : rk.chunks) PTDP_RETURN_IF_ERROR(chunk->FinalizeTpGrads());
-  if (d * c == 1) return Status::Ok();
   const Clock::time_point t0 = Clock::now();
   Backend& be = *rk.backend;
   const float inv_d = 1.0f / float(d);
   for (ParamState& ps : rk.state) {
-    if (ps.group->size() == 1) continue;
+    if (ps.group->size() == 1) {  // a routed expert held once: it saw every replica's tokens
+      if (d > 1) be.Scale(inv_d, ps.grad_slice);
+      continue;
+    }
     if (ps.slices == 1) {
       PTDP_RETURN_IF_ERROR(ps.group->AllReduce(ps.grad_slice, ReduceOp::kSum));
       be.Scale(inv_d, ps.grad_slice);
@@ -874,8 +926,9 @@ Result<double> Trainer::Evaluate(const std::vector<int32_t>& windows, int count)
   const int root = im.grid.Rank({0, 0, im.p - 1});
   PTDP_RETURN_IF_ERROR(OnEveryRank(im.ranks, [&](Rank& rk) {
     double loss = 0;
-    const Status st =
-        rk.coord.dp == 0 ? im.EvaluateRank(rk, windows, count, &loss) : Status::Ok();
+    // MoE: the expert groups cross DP replicas, so every replica runs the same windows.
+    const Status st = rk.coord.dp == 0 || im.moe ? im.EvaluateRank(rk, windows, count, &loss)
+                                                 : Status::Ok();
     double flag_and_loss[2] = {st.ok() ? 1.0 : 0.0, loss};
     const Status bc = im.BroadcastDoubles(rk, root, flag_and_loss, 2);
     rk.eval_root_ok = flag_and_loss[0] == 1.0;
@@ -918,9 +971,15 @@ std::vector<ShardSource> Trainer::Impl::ShardSources() const {
     int stage = 0;
     if (ps.layer >= 0) stage = stage_of[size_t(ps.layer)];
     else if (ps.name.rfind("final_ln.", 0) == 0) stage = p * v - 1;
-    const int shards = ps.shard == ShardKind::kReplicated ? 1 : t;
-    for (int k = 0; k < shards; ++k)
-      out.push_back({ps, k, grid.Rank({k, 0, stage % p}), stage / p});
+    const int shards = ps.shard == ShardKind::kReplicated ? 1 : Degree(ps);
+    for (int k = 0; k < shards; ++k) {
+      int holder = grid.Rank({k, 0, stage % p});
+      if (ps.expert >= 0) {  // expert-DP replica 0: q = etp_idx + etp * ep_idx (rank_grid.h)
+        const int ep_idx = int(ps.expert / (cfg.model.num_experts / ep));
+        holder = (stage % p) * grid.stage_size() + k + etp * ep_idx;
+      }
+      out.push_back({ps, k, holder, stage / p});
+    }
   }
   return out;
 }
@@ -931,7 +990,8 @@ Status Trainer::Impl::GatherShards(Rank& rk, const std::vector<ShardSource>& sou
   Backend& be = *rk.backend;
   for (const ShardSource& src : sources) {
     const ParamSpec& ps = src.spec;
-    const std::vector<int64_t> ls = LocalShape(ps, t);
+    const int deg = Degree(ps);
+    const std::vector<int64_t> ls = LocalShape(ps, deg);
     PTDP_ASSIGN_OR_RETURN(Tensor shard, be.Alloc(Shape(ls), DType::kF32));
     if (rk.global == src.holder) {
       const ChunkParam* cp = rk.chunks[size_t(src.chunk)]->Find(ps.name);
@@ -951,7 +1011,7 @@ Status Trainer::Impl::GatherShards(Rank& rk, const std::vector<ShardSource>& sou
     const int64_t lcols = ls.size() > 1 ? ls[1] : 1;
     const int64_t col0 = ps.shard == ShardKind::kColumns ? src.tp_rank * lcols : 0;
     for (int64_t i = 0; i < ls[0]; ++i) {
-      const int64_t gi = GlobalRow(ps, t, src.tp_rank, i);
+      const int64_t gi = GlobalRow(ps, deg, src.tp_rank, i);
       if (gi >= rows) continue;
       for (int64_t j = 0; j < lcols; ++j)
         g[size_t(gi * cols + col0 + j)] = local[size_t(i * lcols + j)];
@@ -1004,8 +1064,9 @@ std::vector<int64_t> WholeShape(const ParamSpec& ps) {
   return s;
 }
 
-// Calls f(local, whole) for each element of TP rank tp_rank's shard of `ps` that is in the
-// whole tensor (flat indices into LocalShape and WholeShape; padded rows have no whole index).
+// Calls f(local, whole) for each element of shard tp_rank of `t` shards of `ps` (TP, or expert
+// TP for a routed expert) that is in the whole tensor (flat indices into LocalShape and
+// WholeShape; padded rows have no whole index).
 template <typename F>
 void ForEachShardElement(const ParamSpec& ps, int t, int tp_rank, F f) {
   const std::vector<int64_t> ls = LocalShape(ps, t);
@@ -1022,12 +1083,11 @@ void ForEachShardElement(const ParamSpec& ps, int t, int tp_rank, F f) {
 
 }  // namespace
 
-// The flattened local shard of rk.state[state_index] (the same index on every rank of its
-// reduction group): its value from the group's first rank, or its moment assembled from the
-// group's slices.
-Result<std::vector<float>> Trainer::Impl::LocalShard(int tp, int pp, size_t state_index,
-                                                     int which) {
-  const std::vector<int> group = ReductionGroup(grid.Rank({tp, 0, pp}));
+// The flattened local shard of ranks[holder].state[state_index] (the same index on every rank
+// of its reduction group): its value from the holder (the group's first rank), or its moment
+// assembled from the group's slices.
+Result<std::vector<float>> Trainer::Impl::LocalShard(int holder, size_t state_index, int which) {
+  const std::vector<int>& group = ranks[size_t(holder)].state[state_index].group->ranks();
   const Rank& first = ranks[size_t(group[0])];
   const ParamState& ps0 = first.state[state_index];
   std::vector<float> local(size_t(ps0.numel), 0.0f);
@@ -1053,7 +1113,7 @@ Status Trainer::Impl::ImportRank(Rank& rk,
     for (int which = 0; which < 3; ++which) {
       const std::vector<float>& whole = by_name.at(kStatePrefix[which] + spec.name)->data;
       std::vector<float> local(size_t(ps.numel), 0.0f);  // padded rows stay 0
-      ForEachShardElement(spec, t, rk.coord.tp,
+      ForEachShardElement(spec, Degree(spec), ShardOf(spec, rk.global),
                           [&](int64_t l, int64_t g) { local[size_t(l)] = whole[size_t(g)]; });
       if (which == 0) {
         PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(local.data(), ps.param->value));
@@ -1087,20 +1147,21 @@ Result<TrainingState> Trainer::ExportState() {
     }
   // Each whole tensor from DP replica 0's shards: TP replicas and the last stage's copy of the
   // tied embedding hold the same values as the ones read.
+  // A shard is read from the first rank of its reduction group (DP x CP for dense parameters,
+  // expert DP for routed experts).
   for (const Rank& rk : im.ranks) {
-    if (rk.coord.dp != 0 || rk.coord.cp != 0) continue;
     size_t state_index = 0;
     for (const auto& chunk : rk.chunks)
       for (const ChunkParam& cp : chunk->params()) {
         const ParamSpec& ps = cp.spec;
         const size_t here = state_index++;
+        if (rk.state[here].group->rank() != 0) continue;
         if (ps.name == "embedding.word" && !chunk->config().has_embedding) continue;
         if (ps.shard == ShardKind::kReplicated && rk.coord.tp != 0) continue;
         for (int which = 0; which < 3; ++which) {
-          PTDP_ASSIGN_OR_RETURN(std::vector<float> local,
-                                im.LocalShard(rk.coord.tp, rk.coord.pp, here, which));
+          PTDP_ASSIGN_OR_RETURN(std::vector<float> local, im.LocalShard(rk.global, here, which));
           std::vector<float>& whole = st.tensors[index.at(kStatePrefix[which] + ps.name)].data;
-          ForEachShardElement(ps, im.t, rk.coord.tp,
+          ForEachShardElement(ps, im.Degree(ps), im.ShardOf(ps, rk.global),
                               [&](int64_t l, int64_t g) { whole[size_t(g)] = local[size_t(l)]; });
         }
       }

@@ -82,6 +82,8 @@ enum class StepEventKind {
   kP2p,        // a p2p group: its sends and receives, waiting for the peer included
   kTpComm,     // one TP (or SP) collective
   kCpComm,     // one CP ring exchange of K/V blocks (counted in RankTimes::tp_comm_s)
+  kEpComm,     // one MoE exchange: EP all-to-all, expert-TP gather / reduce, aux-loss counts
+               // (counted in RankTimes::tp_comm_s)
   kDpComm,     // the DP gradient reduction, the dist-opt all-gather, the loss all-reduce
   kEmbedding,  // the tied embedding's all-reduce between the first and last stage
   kOptimizer,  // grad norm, clipping and AdamW
@@ -98,7 +100,7 @@ struct StepEvent {
 struct RankTimes {
   double forward_s = 0;      // chunk forwards, TP collectives inside them excluded
   double backward_s = 0;     // chunk backwards, TP collectives inside them excluded
-  double tp_comm_s = 0;      // TP (and SP) collectives and the CP ring exchanges
+  double tp_comm_s = 0;      // TP (and SP) collectives, the CP ring and the MoE exchanges
   double pp_wait_s = 0;      // p2p groups: sends, receives and waiting for the peer
   double dp_comm_s = 0;      // DP and embedding-group reductions, dist-opt all-gather
   double optimizer_s = 0;    // grad norm, clipping, AdamW

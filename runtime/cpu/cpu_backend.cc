@@ -779,6 +779,26 @@ void CpuBackend::Fill(float value, Tensor& x) {
   std::fill(p, p + x.numel(), value);
 }
 
+void CpuBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {
+  const int64_t n = Rows(x), c = Cols(x);
+  assert(scale.numel() == n && out.numel() == x.numel());
+  const float* in = F32(x);
+  const float* s = F32(scale);
+  float* o = MutF32(out);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < c; ++j) o[r * c + j] = in[r * c + j] * s[r];
+}
+
+void CpuBackend::RowDot(const Tensor& a, const Tensor& b, Tensor& out) {
+  const int64_t n = Rows(a), c = Cols(a);
+  assert(b.numel() == a.numel() && out.numel() == n);
+  const float* x = F32(a);
+  const float* y = F32(b);
+  float* o = MutF32(out);
+  for (int64_t r = 0; r < n; ++r)
+    o[r] = float(SumInDouble(c, [&](int64_t j) { return double(x[r * c + j]) * y[r * c + j]; }));
+}
+
 void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
   assert(src.dtype() == dst.dtype() && src.numel() == dst.numel());
   std::memmove(dst.data(), src.data(), src.bytes());

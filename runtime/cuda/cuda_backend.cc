@@ -600,6 +600,20 @@ void CudaBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv,
       MutF32(dqkv), MutF32(dkv), impl_->stream)));
 }
 
+void CudaBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {
+  assert(scale.numel() == Rows(x) && out.numel() == x.numel());
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::ScaleRows(F32(x), F32(scale), Rows(x), Cols(x),
+                                                   MutF32(out), impl_->stream)));
+}
+
+void CudaBackend::RowDot(const Tensor& a, const Tensor& b, Tensor& out) {
+  assert(b.numel() == a.numel() && out.numel() == Rows(a));
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(
+      kernels::RowDot(F32(a), F32(b), Rows(a), Cols(a), MutF32(out), impl_->stream)));
+}
+
 void CudaBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
                               int64_t ncols) {
   const int64_t rows = Rows(src), ws = Cols(src), wd = Cols(dst);

@@ -104,6 +104,8 @@ class CudaBackend final : public Backend {
                               const Tensor& lse, int64_t nh, Tensor& dqkv, Tensor& dkv) override;
   void CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
                    int64_t ncols) override;
+  void ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) override;
+  void RowDot(const Tensor& a, const Tensor& b, Tensor& out) override;
   void EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,
                         Tensor& out) override;
   void EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int64_t vocab_start,

@@ -288,6 +288,23 @@ __global__ void CausalSoftmaxBackwardKernel(const float* p, float* dp, int64_t r
   }
 }
 
+// ---- MoE combine -------------------------------------------------------------------------------
+
+__global__ void ScaleRowsKernel(const float* x, const float* scale, int64_t total, int64_t c,
+                                float* out) {
+  for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) out[i] = x[i] * scale[i / c];
+}
+
+__global__ void RowDotKernel(const float* a, const float* b, int64_t n, int64_t c, float* out) {
+  const int lane = Lane();
+  for (int64_t r = WarpIndex(); r < n; r += WarpCount()) {
+    double acc = 0.0;
+    for (int64_t j = lane; j < c; j += kWarp) acc += double(a[r * c + j]) * b[r * c + j];
+    acc = WarpSum(acc);
+    if (lane == 0) out[r] = float(acc);
+  }
+}
+
 // ---- context-parallel attention blocks ---------------------------------------------------------
 
 __device__ __forceinline__ int64_t BlockPos(int64_t u, int64_t len, int64_t first0,
@@ -649,6 +666,20 @@ cudaError_t CausalSoftmaxBackward(const float* p, float* dp, int64_t l, int64_t 
                                   cudaStream_t st) {
   if (l == 0 || s == 0) return cudaSuccess;
   CausalSoftmaxBackwardKernel<<<RowBlocks(l * s), kThreads, 0, st>>>(p, dp, l * s, s, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t ScaleRows(const float* x, const float* scale, int64_t n, int64_t c, float* out,
+                      cudaStream_t st) {
+  if (n == 0 || c == 0) return cudaSuccess;
+  ScaleRowsKernel<<<Blocks(n * c, kThreads), kThreads, 0, st>>>(x, scale, n * c, c, out);
+  return cudaGetLastError();
+}
+
+cudaError_t RowDot(const float* a, const float* b, int64_t n, int64_t c, float* out,
+                   cudaStream_t st) {
+  if (n == 0) return cudaSuccess;
+  RowDotKernel<<<RowBlocks(n), kThreads, 0, st>>>(a, b, n, c, out);
   return cudaGetLastError();
 }
 

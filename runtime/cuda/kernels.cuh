@@ -125,6 +125,14 @@ cudaError_t Axpy(float alpha, const float* x, float* y, int64_t n, cudaStream_t 
 cudaError_t Scale(float alpha, float* x, int64_t n, cudaStream_t st);
 cudaError_t Fill(float value, float* x, int64_t n, cudaStream_t st);
 
+// ---- MoE combine ---------------------------------------------------------------------------------
+// out (N, C) = x * scale[row] (out may alias x); out (N) = row dot products of a, b (one warp per
+// row, in double as the CPU backend).
+cudaError_t ScaleRows(const float* x, const float* scale, int64_t n, int64_t c, float* out,
+                      cudaStream_t st);
+cudaError_t RowDot(const float* a, const float* b, int64_t n, int64_t c, float* out,
+                   cudaStream_t st);
+
 // ---- whole-tensor sums in two passes, in double --------------------------------------------------
 // The number of partials pass 1 writes for n elements (fixed by n: the order is deterministic).
 int64_t SumBlocks(int64_t n);

@@ -609,7 +609,13 @@ TEST(MoeModelTest, TheRuntimeRefusesWhatItDoesNotTrain) {
   ASSERT_TRUE(CheckGptShaped(m).ok());
   ModelSpec moe = m;
   moe.num_experts = 4; moe.moe_topk = 2; moe.moe_ffn_hidden = moe.ffn_hidden;
-  EXPECT_THAT(CheckGptShaped(moe).message(), HasSubstr("num_experts"));
+  EXPECT_TRUE(CheckGptShaped(moe).ok()) << CheckGptShaped(moe).message();  // dropless: trained
+  moe.moe_routing = MoeRouting::kCapacity;
+  moe.moe_capacity_factor = 1.25;
+  EXPECT_THAT(CheckGptShaped(moe).message(), HasSubstr("moe_routing capacity"));
+  moe.moe_routing = MoeRouting::kBalanced;
+  moe.moe_capacity_factor = 0;
+  EXPECT_THAT(CheckGptShaped(moe).message(), HasSubstr("moe_routing balanced"));
   ModelSpec win = m;
   win.sliding_window = 16;
   EXPECT_THAT(CheckGptShaped(win).message(), HasSubstr("sliding_window"));

@@ -75,6 +75,10 @@ class ForwardingBackend : public Backend {
                               const Tensor& lse, int64_t nh, Tensor& dqkv, Tensor& dkv) override {
     in_->AttentionBlockBackward(dout, qkv, qp, kv, kp, out, lse, nh, dqkv, dkv);
   }
+  void ScaleRows(const Tensor& x, const Tensor& s, Tensor& out) override {
+    in_->ScaleRows(x, s, out);
+  }
+  void RowDot(const Tensor& a, const Tensor& b, Tensor& out) override { in_->RowDot(a, b, out); }
   void CopyColumns(const Tensor& src, int64_t sc, Tensor& dst, int64_t dc, int64_t n) override {
     in_->CopyColumns(src, sc, dst, dc, n);
   }

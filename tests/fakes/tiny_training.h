@@ -30,6 +30,19 @@ inline ModelSpec TinyGpt(int layers = 8) {
   return m;
 }
 
+// The tiny GPT with MoE MLPs (configs/models/gpt-tiny-moe.yaml's shape, smaller): layer 0
+// dense, layers 1-3 with 4 experts of width 64, top-2, softmax router, a shared expert of 64.
+inline ModelSpec TinyMoe() {
+  ModelSpec m = TinyGpt(4);
+  m.name = "tiny-moe";
+  m.num_experts = 4;
+  m.moe_topk = 2;
+  m.moe_ffn_hidden = 64;
+  m.moe_shared_ffn_hidden = 64;
+  m.moe_dense_layers_first = 1;
+  return m;
+}
+
 // data/tinyshakespeare, 10% held out, seed 17: loaded once per test binary.
 inline const rt::TokenCorpus& Shakespeare() {
   static const rt::TokenCorpus corpus = [] {
@@ -48,6 +61,7 @@ struct TinyLayoutSpec {
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   int cp = 1;
   Recompute recompute = Recompute::kNone;
+  int ep = 1, etp = 0;  // MoE models: expert parallel and expert TP (0: Megatron's default, tp)
 };
 inline Layout TinyLayout(const TinyLayoutSpec& s) {
   Layout l;
@@ -62,6 +76,8 @@ inline Layout TinyLayout(const TinyLayoutSpec& s) {
   l.schedule = s.schedule;
   l.cp = s.cp;
   l.recompute = s.recompute;
+  l.ep = s.ep;
+  l.etp = s.etp;
   l.precision = Precision::kFp32;
   return l;
 }

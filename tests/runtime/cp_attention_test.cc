@@ -23,7 +23,9 @@ class CpAttention : public ::testing::Test {
   Tensor F(const Shape& shape, const std::vector<float>& values = {}) {
     Result<Tensor> t = be.Alloc(shape, DType::kF32);
     EXPECT_TRUE(t.ok()) << t.status().message();
-    if (!values.empty()) EXPECT_TRUE(be.CopyFromHost(values.data(), *t).ok());
+    if (!values.empty()) {
+      EXPECT_TRUE(be.CopyFromHost(values.data(), *t).ok());
+    }
     return *t;
   }
   std::vector<float> Host(const Tensor& t) {

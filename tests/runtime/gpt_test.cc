@@ -186,6 +186,95 @@ TEST(GptChunk, GradientsMatchFiniteDifferences) {
   }
 }
 
+// The MoE MLP (runtime/moe.cc) on layer 1 of the tiny GPT: 4 experts of 32, top-2, a shared
+// expert of 16, softmax and sigmoid routers. Without the auxiliary loss the gradients of the
+// router, the experts and the shared expert against central differences (eps 3e-3: small
+// enough that no token's top-2 changes, fp32 noise ~1e-4 on the difference quotient). The
+// auxiliary loss adds to the router's gradient only.
+ModelSpec TinyMoe(MoeRouter router, double aux) {
+  ModelSpec m = Tiny();
+  m.num_experts = 4;
+  m.moe_topk = 2;
+  m.moe_ffn_hidden = 32;
+  m.moe_shared_ffn_hidden = 16;
+  m.moe_dense_layers_first = 1;
+  m.moe_router = router;
+  m.moe_aux_loss_coeff = aux;
+  return m;
+}
+
+std::unique_ptr<GptChunk> MakeMoeChunk(Backend& be, Communicator& comm, const ModelSpec& m) {
+  GptChunkConfig c;
+  c.model = m;
+  c.first_layer = 0;
+  c.n_layers = 2;
+  c.has_embedding = c.has_output = true;
+  c.seed = kSeed;
+  auto r = GptChunk::Create(c, be, comm);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+TEST(GptChunk, MoeGradientsMatchFiniteDifferences) {
+  for (MoeRouter router : {MoeRouter::kSoftmax, MoeRouter::kSigmoid}) {
+    SCOPED_TRACE(router == MoeRouter::kSoftmax ? "softmax" : "sigmoid");
+    CpuBackend be;
+    ThreadWorld world(1, kTimeoutS);
+    auto comm = Solo(world);
+    auto c = MakeMoeChunk(be, *comm, TinyMoe(router, 0.0));
+    ASSERT_NE(c, nullptr);
+    Batch b = MakeBatch(be);
+    Step(*c, be, b);
+    const char* names[] = {"layers.1.moe.router.weight", "layers.1.moe.experts.0.fc1.weight",
+                           "layers.1.moe.experts.3.fc2.weight", "layers.1.moe.shared.fc1.weight",
+                           "layers.1.moe.shared.fc2.weight", "layers.1.ln2.weight",
+                           "layers.0.mlp.fc1.weight"};
+    const double eps = 3e-3;
+    for (const char* name : names) {
+      ChunkParam* p = c->Find(name);
+      ASSERT_NE(p, nullptr) << name;
+      std::vector<float> w = Host(be, p->value), g = Host(be, p->grad);
+      std::vector<size_t> idx(g.size());
+      for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(),
+                        [&](size_t x, size_t y) { return std::fabs(g[x]) > std::fabs(g[y]); });
+      for (int k = 0; k < 3; ++k) {
+        const size_t i = idx[size_t(k)];
+        const float keep = w[i];
+        w[i] = float(keep + eps);
+        ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
+        const double plus = Loss(*c, be, b);
+        w[i] = float(keep - eps);
+        ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
+        const double minus = Loss(*c, be, b);
+        w[i] = keep;
+        ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
+        const double fd = (plus - minus) / (2 * eps);
+        EXPECT_NEAR(fd, g[i], 1e-4 + 3e-2 * std::fabs(g[i])) << name << "[" << i << "]";
+        EXPECT_GT(std::fabs(g[i]), 3e-4) << name << ": a vanishing gradient checks nothing";
+      }
+    }
+  }
+}
+
+TEST(GptChunk, MoeAuxiliaryLossMovesOnlyTheRouter) {
+  std::map<std::string, std::vector<float>> grads[2];
+  for (int with = 0; with < 2; ++with) {
+    CpuBackend be;
+    ThreadWorld world(1, kTimeoutS);
+    auto comm = Solo(world);
+    auto c = MakeMoeChunk(be, *comm, TinyMoe(MoeRouter::kSoftmax, with ? 0.1 : 0.0));
+    ASSERT_NE(c, nullptr);
+    Batch b = MakeBatch(be);
+    Step(*c, be, b);
+    for (const ChunkParam& p : c->params()) grads[with][p.spec.name] = Host(be, p.grad);
+  }
+  EXPECT_NE(grads[0]["layers.1.moe.router.weight"], grads[1]["layers.1.moe.router.weight"]);
+  EXPECT_EQ(grads[0]["layers.1.moe.experts.2.fc1.weight"],
+            grads[1]["layers.1.moe.experts.2.fc1.weight"]);
+  EXPECT_EQ(grads[0]["layers.1.moe.shared.fc2.weight"], grads[1]["layers.1.moe.shared.fc2.weight"]);
+}
+
 // Expects the TP shard `local` of parameter `p` (at tp, rank) to equal the slice of the
 // single-rank gradient: |a - r| <= 1e-6 + 1e-5 |r|; padded vocabulary rows must be 0.
 void ExpectShard(const ParamSpec& p, int tp, int rank, const std::vector<float>& local,

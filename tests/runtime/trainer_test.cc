@@ -258,6 +258,51 @@ TEST(Trainer, RecomputeLowersTheTrackedPeak) {
   EXPECT_LT(peak[Recompute::kFull], peak[Recompute::kSelective]);
 }
 
+// MoE (issue 16, part 2): dropless top-k routing, all-to-all dispatch over EP, expert TP,
+// shared experts, expert-DP reduction, the auxiliary loss; every layout equals the single-rank
+// MoE run (softmax and sigmoid routers) as the dense layouts do.
+TEST(Trainer, MoeLayoutsEqualSingleRank) {
+  struct Case {
+    const char* name;
+    Spec spec;
+  };
+  auto spec = [](int tp, int pp, int dp, int ep, int etp, bool sp, bool dopt, int cp = 1) {
+    Spec s;
+    s.tp = tp, s.pp = pp, s.dp = dp, s.ep = ep, s.etp = etp, s.sp = sp, s.dopt = dopt, s.cp = cp;
+    return s;
+  };
+  const Case cases[] = {
+      {"ep2 (over dp2)", spec(1, 1, 2, 2, 0, false, false)},
+      {"ep2 dopt", spec(1, 1, 2, 2, 0, false, true)},
+      {"tp2 ep2 etp1 sp", spec(2, 1, 1, 2, 1, true, false)},
+      {"tp2 etp2 sp (experts over expert TP)", spec(2, 1, 1, 1, 2, true, false)},
+      {"tp2 etp1 ep1 sp (expert DP over TP)", spec(2, 1, 1, 1, 1, true, true)},
+      {"pp2 ep2", spec(1, 2, 2, 2, 0, false, false)},
+      {"cp2 ep2", spec(1, 1, 1, 2, 0, false, false, 2)},
+      {"tp2 dp2 ep2 etp2 sp dopt", spec(2, 1, 2, 2, 2, true, true)},
+  };
+  for (MoeRouter router : {MoeRouter::kSoftmax, MoeRouter::kSigmoid}) {
+    TrainerConfig ref_cfg = Config(testing::TinyLayout(Spec{}));
+    ref_cfg.model = testing::TinyMoe();
+    ref_cfg.model.moe_router = router;
+    ref_cfg.optimizer.eps = 1e-8;
+    const TrainRun ref = Train(ref_cfg, kSteps);
+    ASSERT_EQ(ref.steps.size(), size_t(kSteps));
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(c.name) + (router == MoeRouter::kSigmoid ? " sigmoid" : ""));
+      TrainerConfig cfg = Config(testing::TinyLayout(c.spec));
+      cfg.model = ref_cfg.model;
+      cfg.optimizer.eps = 1e-8;
+      ASSERT_EQ(CheckLayout(cfg.model, cfg.layout), Rejection::kOk)
+          << ExplainRejection(CheckLayout(cfg.model, cfg.layout), cfg.model, cfg.layout);
+      const TrainRun run = Train(cfg, kSteps);
+      const double worst = ExpectSameRun(run, ref, 1e-5);
+      std::printf("  %s%s: worst param abs diff %.2e\n", c.name,
+                  router == MoeRouter::kSigmoid ? " (sigmoid)" : "", worst);
+    }
+  }
+}
+
 TEST(Trainer, LossFallsOnTheCorpus) {
   // 20 steps at lr 3e-3 from the uniform start (loss ~ log 256 = 5.55): byte frequencies alone
   // bring a byte model under ~3.5, so a drop of more than 1.0 nats is a conservative bar.
