@@ -458,6 +458,172 @@ void EpAllToAll(LayerOpList* l, const OpShape& s, const char* name, double bytes
     Comm(l, s, name, CommKind::kAllToAll, CommGroup::kEp, bytes, CommOverlap::kBlocking, -1);
 }
 
+// The MoE block as ptdp's runtime runs it (runtime/moe.cc), forward: the router GEMM (the
+// top-k runs on the host, not timed), the dispatch counts over EP (and expert TP), the
+// auxiliary loss's counts over TP x CP, the row gathers (Backend::EmbeddingForward) into send
+// order, the all-to-all, the expert-TP all-gather, expert order; each of the G local experts'
+// fc1, GeLU, fc2 on its R/G rows (R = Tl k x load x etp); back the same way, weighted
+// (ScaleRows) and added per token (EmbeddingBackward); the shared experts as a TP MLP.
+// `e` bytes for activations, 4 for the i32 index tensors.
+void RuntimeMoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
+  const double nk = x.Tl * x.topk, Rep = nk * s.expert_load, R = Rep * s.etp, G = x.G;
+  NormForward(s, x, "norm2", l);
+  if (s.sp)
+    Comm(l, s, "shared.all_gather", CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
+         CommOverlap::kBlocking, -1);
+  Gemm(l, s, "router", GemmPass::kFprop, x.Tl, x.E, x.h);
+  Alloc(l, s, 4 * nk * 4 + nk * x.e + 2 * R * 4);  // index tensors and probabilities
+  if (M.moe_aux_loss_coeff > 0 && s.tp * s.cp > 1)
+    Comm(l, s, "router.aux_counts", CommKind::kAllReduce, CommGroup::kTpCp, x.E * 4,
+         CommOverlap::kBlocking, -1);
+  if (s.ep > 1)
+    Comm(l, s, "dispatch.counts", CommKind::kAllToAll, CommGroup::kEp, x.E * 4,
+         CommOverlap::kBlocking, -1);
+  if (s.etp > 1)
+    Comm(l, s, "dispatch.counts.all_gather", CommKind::kAllGather, CommGroup::kEtp,
+         s.etp * s.ep * G * 4, CommOverlap::kBlocking, -1);
+  auto gather = [&](const char* name, double rows) {
+    Alloc(l, s, rows * x.h * x.e);
+    Memory(l, name, MemoryKernel::kEmbedding, rows, x.h, 2 * rows * x.h * x.e, false);
+  };
+  auto experts = [&](const char* name, GemmPass pass, double m, double n, double k) {
+    LayerOp& op = l->Add(LayerOpKind::kGemm, name);
+    op.pass = pass;
+    op.m = m, op.n = n, op.k = k;
+    op.flops = 2 * m * n * k * G;
+    op.groups = 1;
+    op.expert = true;
+    op.repeat = int(G);
+  };
+  gather("dispatch.gather", nk);
+  if (s.ep > 1) {
+    Alloc(l, s, Rep * x.h * x.e);
+    Comm(l, s, "dispatch.all_to_all", CommKind::kAllToAll, CommGroup::kEp, nk * x.h * x.e,
+         CommOverlap::kBlocking, -1);
+  }
+  if (s.etp > 1)
+    Comm(l, s, "dispatch.all_gather", CommKind::kAllGather, CommGroup::kEtp, R * x.h * x.e,
+         CommOverlap::kBlocking, -1);
+  gather("experts.order", R);
+  Alloc(l, s, 2 * R * x.Fe * x.e + R * x.h * x.e);
+  experts("experts.fc1", GemmPass::kFprop, R / G, x.Fe, x.h);
+  Memory(l, "experts.activation", MemoryKernel::kActivation, R, x.Fe, 2 * R * x.Fe * x.e, false);
+  experts("experts.fc2", GemmPass::kFprop, R / G, x.h, x.Fe);
+  gather("combine.order", R);
+  if (s.etp > 1) {
+    Alloc(l, s, Rep * x.h * x.e * s.etp);
+    Comm(l, s, "combine.reduce_scatter", CommKind::kReduceScatter, CommGroup::kEtp,
+         R * x.h * x.e, CommOverlap::kBlocking, -1);
+  }
+  if (s.ep > 1) {
+    Alloc(l, s, nk * x.h * x.e);
+    Comm(l, s, "combine.all_to_all", CommKind::kAllToAll, CommGroup::kEp, nk * x.h * x.e,
+         CommOverlap::kBlocking, -1);
+  }
+  gather("combine.gather", nk);
+  Alloc(l, s, nk * x.h * x.e);
+  Memory(l, "combine.weights", MemoryKernel::kCopy, nk, x.h, 2 * nk * x.h * x.e, false);
+  Alloc(l, s, x.Tl * x.h * x.e);
+  Memory(l, "combine.add", MemoryKernel::kEmbeddingBackward, nk, x.h, 2 * nk * x.h * x.e, false);
+  if (x.Fs > 0) {
+    Gemm(l, s, "shared.fc1", GemmPass::kFprop, x.T, x.Fs, x.h);
+    Alloc(l, s, x.T * x.Fs * x.e);
+    Memory(l, "shared.activation", MemoryKernel::kActivation, x.T, x.Fs, 2 * x.T * x.Fs * x.e,
+           false);
+    Gemm(l, s, "shared.fc2", GemmPass::kFprop, x.T, x.h, x.Fs);
+    if (x.t > 1)
+      Comm(l, s, s.sp ? "shared.reduce_scatter" : "shared.all_reduce",
+           s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kTp,
+           x.T * x.h * x.e, CommOverlap::kBlocking, -1);
+    Memory(l, "shared.add", MemoryKernel::kAdd, x.Tl, x.h, 3 * x.Tl * x.h * x.e, false);
+  }
+  Memory(l, "residual_add2", MemoryKernel::kAdd, x.Tl, x.h, 3 * x.Tl * x.h * x.e, !s.sp);
+}
+
+// Its backward (runtime/moe.cc MoeBackward), then the norm's.
+void RuntimeMoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* b) {
+  (void)M;
+  const double nk = x.Tl * x.topk, Rep = nk * s.expert_load, R = Rep * s.etp, G = x.G;
+  Alloc(b, s, x.Tl * x.h * x.e);
+  Memory(b, "residual_grad.copy", MemoryKernel::kCopy, x.Tl, x.h, 2 * x.Tl * x.h * x.e, !s.sp);
+  Alloc(b, s, x.Tl * x.h * x.e);  // dx
+  if (x.Fs > 0) {
+    if (s.sp)
+      Comm(b, s, "shared.all_gather.backward", CommKind::kAllGather, CommGroup::kTp,
+           x.T * x.h * x.e, CommOverlap::kBlocking, -1);
+    Gemm(b, s, "shared.fc2.wgrad", GemmPass::kWgrad, x.h, x.Fs, x.T);
+    Gemm(b, s, "shared.fc2.dgrad", GemmPass::kDgrad, x.T, x.Fs, x.h);
+    Memory(b, "shared.activation.backward", MemoryKernel::kActivationBackward, x.T, x.Fs,
+           3 * x.T * x.Fs * x.e, false);
+    Gemm(b, s, "shared.fc1.wgrad", GemmPass::kWgrad, x.Fs, x.h, x.T);
+    Gemm(b, s, "shared.fc1.dgrad", GemmPass::kDgrad, x.T, x.h, x.Fs);
+    if (x.t > 1)
+      Comm(b, s, s.sp ? "shared.reduce_scatter.backward" : "shared.all_reduce.backward",
+           s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce, CommGroup::kTp,
+           x.T * x.h * x.e, CommOverlap::kBlocking, -1);
+    Memory(b, "shared.add.backward", MemoryKernel::kAdd, x.Tl, x.h, 3 * x.Tl * x.h * x.e, false);
+  }
+  auto gather = [&](const char* name, double rows) {
+    Alloc(b, s, rows * x.h * x.e);
+    Memory(b, name, MemoryKernel::kEmbedding, rows, x.h, 2 * rows * x.h * x.e, false);
+  };
+  auto experts = [&](const char* name, GemmPass pass, double m, double n, double k) {
+    LayerOp& op = b->Add(LayerOpKind::kGemm, name);
+    op.pass = pass;
+    op.m = m, op.n = n, op.k = k;
+    op.flops = 2 * m * n * k * G;
+    op.groups = 1;
+    op.expert = true;
+    op.repeat = int(G);
+  };
+  gather("combine.gather.backward", nk);
+  Alloc(b, s, nk * 4);
+  Memory(b, "combine.weights.grad", MemoryKernel::kCopy, nk, x.h, nk * x.h * x.e * 2, false);
+  Memory(b, "combine.weights.backward", MemoryKernel::kCopy, nk, x.h, 2 * nk * x.h * x.e, false);
+  gather("dispatch.gather.backward", nk);
+  if (s.ep > 1) {
+    Alloc(b, s, Rep * x.h * x.e);
+    Comm(b, s, "combine.all_to_all.backward", CommKind::kAllToAll, CommGroup::kEp,
+         nk * x.h * x.e, CommOverlap::kBlocking, -1);
+  }
+  if (s.etp > 1) {
+    Alloc(b, s, R * x.h * x.e);
+    Comm(b, s, "combine.all_gather.backward", CommKind::kAllGather, CommGroup::kEtp,
+         R * x.h * x.e, CommOverlap::kBlocking, -1);
+  }
+  gather("experts.order.backward", R);
+  Alloc(b, s, R * x.h * x.e);
+  experts("experts.fc2.wgrad", GemmPass::kWgrad, x.h, x.Fe, R / G);
+  Alloc(b, s, R / G * x.Fe * x.e);
+  experts("experts.fc2.dgrad", GemmPass::kDgrad, R / G, x.Fe, x.h);
+  Memory(b, "experts.activation.backward", MemoryKernel::kActivationBackward, R, x.Fe,
+         3 * R * x.Fe * x.e, false);
+  experts("experts.fc1.wgrad", GemmPass::kWgrad, x.Fe, x.h, R / G);
+  experts("experts.fc1.dgrad", GemmPass::kDgrad, R / G, x.h, x.Fe);
+  gather("dispatch.order.backward", R);
+  if (s.etp > 1) {
+    Alloc(b, s, Rep * x.h * x.e * s.etp);
+    Comm(b, s, "dispatch.reduce_scatter.backward", CommKind::kReduceScatter, CommGroup::kEtp,
+         R * x.h * x.e, CommOverlap::kBlocking, -1);
+  }
+  if (s.ep > 1) {
+    Alloc(b, s, nk * x.h * x.e);
+    Comm(b, s, "dispatch.all_to_all.backward", CommKind::kAllToAll, CommGroup::kEp,
+         nk * x.h * x.e, CommOverlap::kBlocking, -1);
+  }
+  gather("dispatch.ungather.backward", nk);
+  Memory(b, "dispatch.add.backward", MemoryKernel::kEmbeddingBackward, nk, x.h,
+         2 * nk * x.h * x.e, false);
+  Alloc(b, s, x.Tl * x.E * 4);
+  Gemm(b, s, "router.wgrad", GemmPass::kWgrad, x.E, x.h, x.Tl);
+  LayerOp& dg = b->Add(LayerOpKind::kGemm, "router.dgrad");  // adds to dx: no new tensor
+  dg.pass = GemmPass::kDgrad;
+  dg.m = x.Tl, dg.n = x.h, dg.k = x.E;
+  dg.flops = 2 * x.Tl * x.h * x.E;
+  Memory(b, "norm2.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
+         !s.sp);
+}
+
 // The MoE block (megatron/core/transformer/moe/moe_layer.py with the all-to-all token
 // dispatcher, token_dispatcher.py; experts as TE GroupedLinear, experts.py TEGroupedMLP): norm,
 // router GEMM and top-k, permutation, all-to-all over the EP group (each of this rank's Tl k
@@ -466,6 +632,7 @@ void EpAllToAll(LayerOpList* l, const OpShape& s, const char* name, double bytes
 // the all-to-all back and the weighted un-permutation; the shared experts, a TP-parallel MLP on
 // the same input, add to it.
 void MoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
+  if (s.runtime) return RuntimeMoeForward(M, s, x, l);
   NormForward(s, x, "norm2", l);
   Gemm(l, s, "router", GemmPass::kFprop, x.Tl, x.E, x.h, /*fused=*/true);
   Memory(l, "router.topk", MemoryKernel::kRouter, x.Tl, x.E, 3 * x.Tl * x.E * 4, false);
@@ -504,6 +671,7 @@ void MoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList
 }
 
 void MoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* b) {
+  if (s.runtime) return RuntimeMoeBackward(M, s, x, b);
   BiasDropoutAddBackward(M, s, x, /*first=*/true, "bias_dropout_add2.backward", "", b);
   if (x.Fs > 0) {
     RowParallelBackward(s, x, "shared.fc2.all_gather.backward", "shared.fc2.dgrad",

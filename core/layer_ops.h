@@ -42,7 +42,9 @@ enum class GemmPass : uint8_t { kFprop, kDgrad, kWgrad };
 enum class CommKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
 // kEp: the expert-parallel group (ep ranks, etp apart); kEtp: the expert tensor-parallel group
 // (etp consecutive ranks), both of the expert grid (Layout::ep, etp).
-enum class CommGroup : uint8_t { kTp, kCp, kEp, kEtp };
+// kTpCp: ptdp's runtime only, the t x c ranks that hold one micro-batch's tokens (the MoE
+// auxiliary loss counts tokens per expert over them).
+enum class CommGroup : uint8_t { kTp, kCp, kEp, kEtp, kTpCp };
 
 // How a communication op runs against the compute around it (Megatron's schedule).
 enum class CommOverlap : uint8_t {

@@ -62,6 +62,8 @@ const std::vector<TableKind>& MeasuredTableKinds() {
       {"send_recv", {{"bytes", 1}}, "one grouped send/receive between two ranks"},
       {"ring_exchange", {{"ranks", 1}, {"bytes", 1}},
        "each rank sends bytes to the next and receives as many from the previous (CP ring)"},
+      {"all_to_all", {{"ranks", 1}, {"bytes", 1}},
+       "all-to-all, equal blocks; bytes of each rank's whole send buffer (MoE dispatch)"},
   };
   return kinds;
 }

@@ -79,10 +79,6 @@ Result<AnalyticModel> AnalyticModel::Create(const ModelSpec& model, const Topolo
     // The measured primitives time ptdp's own runtime, which trains GPT shapes only.
     PTDP_RETURN_IF_ERROR(CheckGptShaped(model).Prefixed(
         topo.spec().file + ": measured: (the primitives of ptdp's runtime)"));
-    if (model.moe())  // the runtime trains it, but its cost model has no MoE ops yet
-      return Status::Error(topo.spec().file + ": measured: the cost model of ptdp's runtime "
-                           "does not model MoE layers yet (model " + model.name +
-                           "); plan it on a cluster without measured primitives");
   }
   return AnalyticModel(model, topo, k);
 }
@@ -166,7 +162,11 @@ double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) con
 }
 
 OpShape AnalyticModel::Shape(const Layout& l) const {
-  if (runtime_) return runtime_->Shape(l);
+  if (runtime_) {  // the runtime's ops; dropless routing's slowest expert rank as on GPUs
+    OpShape s = runtime_->Shape(l);
+    if (model_.moe()) s.expert_load = ExpertLoad();
+    return s;
+  }
   OpShape s = ShapeOf(l, k_.softmax_bytes_per_score);
   if (model_.moe()) {
     s.ep = l.ep;
@@ -292,6 +292,7 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
         case CommGroup::kCp: size = l.cp; stride = l.tp; break;
         case CommGroup::kEtp: size = l.expert_tp(); break;
         case CommGroup::kEp: size = l.ep; stride = l.expert_tp(); break;
+        case CommGroup::kTpCp: size = l.tp * l.cp; break;  // the runtime's only
       }
       const Collective kind = op.comm == CommKind::kAllReduce   ? Collective::kAllReduce
                               : op.comm == CommKind::kAllGather ? Collective::kAllGather
@@ -760,7 +761,7 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double expert_pa
 // of f_s. MLA keeps the two latents and their norms (4 (q_lora + kv_lora + qk_pos) bytes per
 // token, replicated) and its q, k, v and output per head.
 double AnalyticModel::LayerActivationBytes(const Layout& l, bool moe) const {
-  if (runtime_) return runtime_->LayerActivationBytes(l);
+  if (runtime_) return runtime_->LayerActivationBytes(l, moe);
   const ModelSpec& M = model_;
   const double t = l.tp, b = l.micro_batch, s = M.seq_len, sl = s / l.cp, h = M.hidden,
                a = M.heads;

@@ -50,6 +50,8 @@ Layout RuntimeModel::Executed(const Layout& l) const {
   x.overlap_grad_reduce = false;
   x.tp_comm_overlap = false;
   x.shard_gradients = false;  // the runtime's distributed optimizer shards the optimizer only
+  x.moe_a2a_overlap = false;  // its MoE exchanges block, with the all-to-all dispatcher
+  x.moe_flex_dispatcher = false;
   if (m_.element_bytes == 4) x.precision = Precision::kFp32;
   return x;
 }
@@ -95,6 +97,11 @@ double RuntimeModel::Coll(const char* table, int ranks, double bytes, const Layo
 
 OpShape RuntimeModel::Shape(const Layout& l) const {
   OpShape s = ShapeOf(Executed(l), /*score_bytes=*/0);
+  if (model_.moe()) {  // the mean load (AnalyticModel sets the slowest rank's)
+    s.ep = l.ep;
+    s.etp = l.expert_tp();
+    s.expert_load = 1;
+  }
   s.act_bytes = m_.element_bytes;
   s.runtime = true;
   s.fp8 = false;
@@ -132,8 +139,14 @@ double RuntimeModel::TimeOnce(const Layout& l, const LayerOp& op) const {
       const char* table = op.comm == CommKind::kAllReduce   ? "all_reduce"
                           : op.comm == CommKind::kAllGather ? "all_gather"
                           : op.comm == CommKind::kSendRecv  ? "ring_exchange"
+                          : op.comm == CommKind::kAllToAll  ? "all_to_all"
                                                             : "reduce_scatter";
-      return Coll(table, op.group == CommGroup::kTp ? l.tp : l.cp, op.bytes, l);
+      const int ranks = op.group == CommGroup::kTp     ? l.tp
+                        : op.group == CommGroup::kCp   ? l.cp
+                        : op.group == CommGroup::kEp   ? l.ep
+                        : op.group == CommGroup::kEtp  ? l.expert_tp()
+                                                       : l.tp * l.cp;
+      return Coll(table, ranks, op.bytes, l);
     }
     case LayerOpKind::kMemory:
       return MemoryOp(op, k);
@@ -219,15 +232,31 @@ std::vector<RuntimeTensor> RuntimeModel::ChunkTensors(const Layout& l, int r, in
   std::vector<RuntimeTensor> t;
   if (embedding || output) t.push_back({x.Vl * x.h, false});  // one word table for both uses
   if (embedding && M.position == PositionEmbedding::kLearned) t.push_back({x.S * x.h, true});
+  const int64_t first = ChunkFirstLayer(M, l, r, c);
   for (int64_t i = 0; i < layers; ++i) {
     for (int n = 0; n < 2 * norm_tensors; ++n) t.push_back({x.h, true});
     t.push_back({x.Q * x.h, false});   // QKV weight (column-parallel)
     t.push_back({x.h * x.A, false});   // projection weight (row-parallel)
-    t.push_back({x.Fi * x.h, false});  // fc1
-    t.push_back({x.h * x.F, false});   // fc2
     if (M.bias) {
       t.push_back({x.Q, false});
       t.push_back({x.h, true});
+    }
+    if (M.is_moe_layer(first + i)) {  // router, shared experts, the local experts (no biases)
+      t.push_back({double(M.num_experts) * x.h, true});
+      if (M.moe_shared_ffn_hidden > 0) {
+        t.push_back({double(M.moe_shared_ffn_hidden) / l.tp * x.h, false});
+        t.push_back({double(M.moe_shared_ffn_hidden) / l.tp * x.h, false});
+      }
+      const double fe = double(M.moe_ffn_hidden) / l.expert_tp();
+      for (int64_t e = 0; e < M.num_experts / l.ep; ++e) {
+        t.push_back({fe * x.h, false, true});
+        t.push_back({fe * x.h, false, true});
+      }
+      continue;
+    }
+    t.push_back({x.Fi * x.h, false});  // fc1
+    t.push_back({x.h * x.F, false});   // fc2
+    if (M.bias) {
       t.push_back({x.Fi, false});
       t.push_back({x.h, true});
     }
@@ -239,12 +268,20 @@ std::vector<RuntimeTensor> RuntimeModel::ChunkTensors(const Layout& l, int r, in
   return t;
 }
 
+int RuntimeModel::ExpertDp(const Layout& l) const {
+  return std::max(1, l.tp * l.cp * l.dp / (l.expert_tp() * l.ep));
+}
+
 double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
-  const int d = l.dp * l.cp;  // the dense reduction group, DP x CP
-  if (d <= 1) return 0;
   const double k = Slowdown(l), e = m_.element_bytes;
   double s = 0;
   for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
+    // The dense reduction group, DP x CP; expert DP for a routed expert (held once: scaled).
+    const int d = t.expert ? ExpertDp(l) : l.dp * l.cp;
+    if (d <= 1) {
+      if (t.expert && l.dp > 1) s += Op("scale", t.numel, k);
+      continue;
+    }
     if (!l.distributed_optimizer) {
       s += Coll("all_reduce", d, t.numel * e, l) + Op("scale", t.numel, k);
       continue;
@@ -272,12 +309,12 @@ double RuntimeModel::EmbeddingReduce(const Layout& l) const {
 RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
   const double k = Slowdown(l), e = m_.element_bytes;
   const int R = l.dp * l.cp;
-  const bool dopt = l.distributed_optimizer && R > 1;
   RuntimeOptimizerTimes o;
   double compute = Alloc(4, k);  // the norm accumulator
   for (int c = 0; c < l.vp; ++c)
     for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
-      const double owned = dopt ? std::ceil(t.numel / R) : t.numel;
+      const int g = t.expert ? ExpertDp(l) : R;
+      const double owned = l.distributed_optimizer && g > 1 ? std::ceil(t.numel / g) : t.numel;
       o.fill_s += Op("fill", t.numel, k);
       compute += Op("sum_squares", owned, k) + Op("adamw", owned, k);
       if (l.sequence_parallel && l.tp > 1 && t.replicated)  // FinalizeTpGrads
@@ -303,24 +340,55 @@ double RuntimeModel::AttentionCoreBytes(const Layout& l) const {
 
 // Without recompute: x and x2 (Tl h), the two LN outputs as the GEMMs read them (T h), LN
 // statistics (4 Tl), QKV (T Q), fc1 and its activation (T F each), and the attention core's
-// (AttentionCoreBytes). Selective recompute keeps all but the core's; full only x.
-double RuntimeModel::LayerActivationBytes(const Layout& l) const {
+// (AttentionCoreBytes). An MoE layer keeps instead of fc1 and its activation (runtime/moe.cc's
+// MoeSaved): its input (Tl h, apart from the gathered one with SP), the probabilities and the
+// index tensors (5 n k + 2 R words, n k = Tl k assignments, R = n k etp rows its experts
+// compute), the experts' input, fc1 and GeLU (R h, 2 R Fe), each assignment's output
+// (n k h), the shared experts' fc1 and GeLU (2 T Fs). Selective recompute keeps all but the
+// core's; full only x.
+double RuntimeModel::LayerActivationBytes(const Layout& l, bool moe) const {
   const Dims x = DimsOf(model_, l);
   if (l.recompute == Recompute::kFull) return x.Tl * x.h * m_.element_bytes;
-  const double elements =
-      2 * x.Tl * x.h + 2 * x.T * x.h + 4 * x.Tl + x.T * x.Q + x.T * x.Fi + x.T * x.F;
+  double elements = 2 * x.Tl * x.h + 2 * x.T * x.h + 4 * x.Tl + x.T * x.Q;
+  if (moe) {
+    const ModelSpec& M = model_;
+    const double nk = x.Tl * double(M.moe_topk), R = nk * l.expert_tp();
+    const double fe = double(M.moe_ffn_hidden) / l.expert_tp();
+    const double fs = double(M.moe_shared_ffn_hidden) / l.tp;
+    elements += (x.sp ? x.Tl * x.h : 0) + 5 * nk + 2 * R + R * x.h + 2 * R * fe + nk * x.h +
+                2 * x.T * fs;
+  } else {
+    elements += x.T * x.Fi + x.T * x.F;
+  }
   const double core = l.recompute == Recompute::kSelective ? 0 : AttentionCoreBytes(l);
   return elements * m_.element_bytes + core;
 }
 
 // What the backward of one layer restores first: all of its activations (full recompute) or
 // its attention core's (selective).
-double RuntimeModel::RecomputedBytes(const Layout& l) const {
+double RuntimeModel::RecomputedBytes(const Layout& l, bool moe) const {
   if (l.recompute == Recompute::kNone) return 0;
   if (l.recompute == Recompute::kSelective) return AttentionCoreBytes(l);
   Layout none = l;
   none.recompute = Recompute::kNone;
-  return LayerActivationBytes(none);
+  return LayerActivationBytes(none, moe);
+}
+
+// The most an MoE MLP holds at once besides what it saves (runtime/moe.cc: every tensor lives
+// until the function returns): forward, the logits (Tl E), the rows sent, received, gathered,
+// in expert order and back (n k h, R_ep h, R h), weighted and the output (Tl h), the shared
+// experts' partial sum (T h); backward, the same path's gradients and the logits' (Tl E).
+double RuntimeModel::MoeWorkingSet(const Layout& l) const {
+  const Dims x = DimsOf(model_, l);
+  const ModelSpec& M = model_;
+  const double nk = x.Tl * double(M.moe_topk), etp = l.expert_tp(), R = nk * etp;
+  const double ep = l.ep > 1 ? 1 : 0, tp = etp > 1 ? 1 : 0, E = double(M.num_experts);
+  const double fs = double(M.moe_shared_ffn_hidden) / l.tp;
+  const double fwd = x.Tl * E + nk * x.h * (2 + ep) + nk * x.h * ep + R * x.h * (2 + tp) +
+                     nk * x.h * tp + x.Tl * x.h + (fs > 0 ? x.T * x.h + x.Tl * x.h : 0);
+  const double bwd = 3 * x.Tl * x.h + nk * x.h * (3 + ep) + nk + nk * x.h * ep +
+                     R * x.h * (3 + tp) + nk * x.h * tp + x.Tl * E;
+  return std::max(fwd, bwd) * m_.element_bytes;
 }
 
 // The most a layer's backward holds at once besides the saved activations: the incoming and
@@ -348,22 +416,32 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
   const Dims x = DimsOf(model_, l);
   const double e = m_.element_bytes;
   const int R = l.dp * l.cp;
-  const bool dopt = l.distributed_optimizer && R > 1;
   MemoryBytes mem;
   double params = 0, state = 0;
   for (int c = 0; c < l.vp; ++c)
     for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
       params += t.numel;
-      const double slice = dopt ? std::ceil(t.numel / R) : t.numel;
-      state += 2 * std::max(1.0, slice) + (dopt ? slice : 0);  // AdamW m, v (+ dist-opt grad slice)
+      const int g = t.expert ? ExpertDp(l) : R;
+      const bool sliced = l.distributed_optimizer && g > 1;
+      const double slice = sliced ? std::ceil(t.numel / g) : t.numel;
+      state += 2 * std::max(1.0, slice) + (sliced ? slice : 0);  // AdamW m, v (+ dist-opt grad slice)
     }
   mem.weights = params * e;
   mem.grads = params * e;
   mem.optimizer = state * e;
   const double in_flight = InFlight(l, r);
-  const double layers_per_chunk = double(RankLayers(model_, l, r)) / l.vp;
-  double act = in_flight * layers_per_chunk * LayerActivationBytes(l) + RecomputedBytes(l) +
-               BackwardWorkingSet(l);
+  // A chunk's layers, dense and MoE, averaged over the rank's chunks.
+  double dense = 0, moe = 0;
+  for (int c = 0; c < l.vp; ++c) {
+    const int64_t n = ChunkLayers(model_, l, r, c);
+    const int64_t k = model_.moe_layers_in(ChunkFirstLayer(model_, l, r, c), n);
+    dense += double(n - k) / l.vp;
+    moe += double(k) / l.vp;
+  }
+  double act = in_flight * (dense * LayerActivationBytes(l) +
+                            (moe > 0 ? moe * LayerActivationBytes(l, true) : 0)) +
+               std::max(RecomputedBytes(l), moe > 0 ? RecomputedBytes(l, true) : 0.0) +
+               std::max(BackwardWorkingSet(l), moe > 0 ? MoeWorkingSet(l) : 0.0);
   double cached = 0;
   if (r == 0) {  // sequence-first token ids per micro-batch in flight; the cached position ids
     act += in_flight / l.vp * x.T * 4;

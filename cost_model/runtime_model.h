@@ -54,6 +54,7 @@ struct RuntimeOptimizerTimes {
 struct RuntimeTensor {
   double numel = 0;         // elements of this rank's shard
   bool replicated = false;  // same on every TP rank (norms, row-parallel biases, positions)
+  bool expert = false;      // a routed expert's weight: reduced over expert DP
 };
 
 class RuntimeModel {
@@ -91,12 +92,13 @@ class RuntimeModel {
   // activations of the micro-batches in flight plus the working set of one backward.
   MemoryBytes StageMemory(const Layout& l, int r, double workspace_bytes,
                           double fragmentation, double capacity) const;
-  // Bytes one layer keeps per micro-batch for its backward (after recompute's drops).
-  double LayerActivationBytes(const Layout& l) const;
+  // Bytes one layer (`moe`: an MoE layer) keeps per micro-batch for its backward (after
+  // recompute's drops).
+  double LayerActivationBytes(const Layout& l, bool moe = false) const;
   // The attention core's saved tensors and output (what selective recompute drops).
   double AttentionCoreBytes(const Layout& l) const;
   // What a layer's backward restores before it runs (recompute), bytes; 0 without recompute.
-  double RecomputedBytes(const Layout& l) const;
+  double RecomputedBytes(const Layout& l, bool moe = false) const;
 
   // The tensors chunk c of pipeline rank r holds.
   std::vector<RuntimeTensor> ChunkTensors(const Layout& l, int r, int c) const;
@@ -116,6 +118,8 @@ class RuntimeModel {
   // How much slower compute runs with this layout's ranks sharing a node's cores (>= 1).
   double Slowdown(const Layout& l) const;
   double BackwardWorkingSet(const Layout& l) const;  // bytes, transient, one layer's backward
+  double MoeWorkingSet(const Layout& l) const;  // bytes, transient, an MoE MLP's forward / backward
+  int ExpertDp(const Layout& l) const;          // ranks of an expert-DP group
   double InFlight(const Layout& l, int r) const;     // chunks in flight at stage r's peak
 
   ModelSpec model_;

@@ -485,6 +485,14 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
           return pair->GroupEnd();
         };
       std::vector<Tensor> recv;
+      if (kind == 5) {  // equal blocks of n / ranks to every rank (its own included)
+        PTDP_ASSIGN_OR_RETURN(recv, Slices(*be, {n}, nv, &recv_buf));
+        const std::vector<int64_t> blocks(size_t(ranks), n / ranks);
+        call = [&, blocks] {
+          const size_t i = v++ % nv;
+          return c.AllToAll(full[i], blocks, recv[i], blocks);
+        };
+      }
       if (kind == 4) {
         PTDP_ASSIGN_OR_RETURN(recv, Slices(*be, {n}, nv, &recv_buf));
         call = [&] {  // the CP ring's step: to the next rank, from the previous one
@@ -528,7 +536,7 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
 
 Status Bench::Collectives() {
   static const char* const kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv",
-                                       "ring_exchange"};
+                                       "ring_exchange", "all_to_all"};
   constexpr size_t kKinds = std::size(kNames);
   const std::vector<double>& sizes = grids_.comm_bytes;
   for (double r : grids_.comm_ranks) {
@@ -585,7 +593,7 @@ Result<MeasuredPrimitives> Bench::Run() {
   const double gd = double(g.gemm_dims.size());
   total_ = gd * gd * gd + double(g.attention_s.size() * g.attention_d.size()) +
            double(g.row_rows.size() * g.row_cols.size()) + double(g.elements.size()) +
-           double(g.alloc_bytes.size()) + 5.0 * double(g.comm_ranks.size()) +
+           double(g.alloc_bytes.size()) + 6.0 * double(g.comm_ranks.size()) +
            double(g.attention_s.size() * g.attention_d.size());
   PTDP_RETURN_IF_ERROR(Gemms().Prefixed("GEMMs"));
   PTDP_RETURN_IF_ERROR(Attention().Prefixed("attention"));

@@ -1,6 +1,6 @@
 // The loop of `make demo`, small: calibrate this machine (--quick), plan gpt-tiny on the
 // calibrated cluster, train the layouts that fit 2 cores (1x1x1, tp 2, pp 2, cp 2, tp 2 with
-// selective recompute, cp 2 with full recompute, dp 2) and compare
+// selective recompute, cp 2 with full recompute, gpt-tiny-moe at ep 2, dp 2) and compare
 // each against its prediction. The bound: after calibration, each layout's step time within
 // 20% of the prediction and its peak memory within 5%.
 //
@@ -44,6 +44,7 @@ using ptdp::testing::Shell;
 const std::string kSrc = PTDP_SOURCE_DIR;
 const std::string kBin = std::string(PTDP_BINARY_DIR) + "/ptdp";
 const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
+const std::string kTinyMoe = kSrc + "/configs/models/gpt-tiny-moe.yaml";
 
 constexpr double kMaxStepErrorPct = 20;
 constexpr double kMaxMemoryErrorPct = 5;
@@ -65,6 +66,7 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
   struct Case {
     const char* name;
     const char* flags;
+    const std::string* model = &kTiny;
   };
   int checked = 0;
   std::string unchecked;  // layouts whose every run was on a busy machine
@@ -74,11 +76,12 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
                         {"cp2", "--gpus 2 --cp 2 --recompute none"},
                         {"tp2-selective", "--gpus 2 --tp 2 --recompute selective"},
                         {"cp2-full", "--gpus 2 --cp 2 --recompute full"},
+                        {"ep2", "--gpus 2 --ep 2 --recompute none", &kTinyMoe},
                         {"dp2", "--gpus 2 --dp 2 --recompute none"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string plan = dir + "/" + c.name + ".plan.yaml";
-    r = Shell(kBin + " plan --cluster " + cal + " --model " + kTiny + " --global-batch 8 " +
+    r = Shell(kBin + " plan --cluster " + cal + " --model " + *c.model + " --global-batch 8 " +
               c.flags + " --top 1 --out " + plan);
     ASSERT_EQ(r.code, 0) << r.out;
     double best = 1e9;
