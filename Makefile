@@ -1,16 +1,20 @@
 # ptdp: `make` builds, `make test` runs every test, `make demo` runs the main job on the
 # bundled example, `make bench` runs the benchmarks. Each target installs what is missing first.
 # `make test-asan` runs the suite once more built with AddressSanitizer and
-# UndefinedBehaviorSanitizer; `make fuzz-smoke` runs every libFuzzer target briefly (both in CI).
+# UndefinedBehaviorSanitizer; `make test-tsan` runs the multi-rank runtime tests (every layout
+# against 1x1x1, resume, reshard, the communicators) built with ThreadSanitizer; `make fuzz-smoke`
+# runs every libFuzzer target briefly (all three in CI).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+TSAN_FILTER ?= Trainer.*:Trainer/*:Reshard.*:ImportState.*:NonFinite.*:ThreadComm*:GptChunk.*:Gpt/*
 # Debug (assertions on) at -O1: sanitizer reports stop the test (-fno-sanitize-recover=all).
 ASAN_FLAGS ?= -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 30
 
-.PHONY: all setup configure build test test-asan fuzz-smoke demo bench clean
+.PHONY: all setup configure build test test-asan test-tsan fuzz-smoke demo bench clean
 
 all: build
 
@@ -35,6 +39,14 @@ test-asan: setup
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
+test-tsan: setup
+	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTDP_CUDA=OFF -DPTDP_BUILD_BENCH=OFF \
+	  -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=thread" > $(TSAN_BUILD).configure.log 2>&1 \
+	  || (cat $(TSAN_BUILD).configure.log; exit 1)
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target runtime_test
+	@TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(TSAN_BUILD)/tests/runtime/runtime_test \
+	  --gtest_brief=1 --gtest_filter='$(TSAN_FILTER)'
+
 fuzz-smoke: setup
 	@bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
@@ -48,4 +60,5 @@ bench: build
 	@bash scripts/bench.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD).configure.log $(ASAN_BUILD) $(ASAN_BUILD).configure.log build-fuzz build-fuzz.configure.log
+	rm -rf $(BUILD) $(BUILD).configure.log $(ASAN_BUILD) $(ASAN_BUILD).configure.log \
+	  $(TSAN_BUILD) $(TSAN_BUILD).configure.log build-fuzz build-fuzz.configure.log
