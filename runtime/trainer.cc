@@ -88,6 +88,10 @@ class TimedCommunicator final : public Communicator {
   }
   Status GroupStart() override { return inner_->GroupStart(); }
   Status GroupEnd() override { return Timed([&] { return inner_->GroupEnd(); }); }
+  Status AllToAll(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                  const std::vector<int64_t>& recv_counts) override {
+    return Timed([&] { return inner_->AllToAll(in, send_counts, out, recv_counts); });
+  }
 
  private:
   template <typename F>
