@@ -608,6 +608,55 @@ TEST_F(CudaTest, ElementWiseOps) {
   EXPECT_EQ(GpuHost(c.g), std::vector<float>(size_t(n), -2.5f));
 }
 
+// The CP ring's attention blocks (issue 16) against the CPU backend: the rank's own block then
+// another rank's merged into it (cp 2, rank 1: positions L.., 2L..; rank 0's keys at 0.., 3L..),
+// the backward of both blocks; and CopyColumns. fp32 throughout (the blocks use no GEMMs).
+TEST_F(CudaTest, AttentionBlocksAgainstCpu) {
+  const int64_t b = 2, L = 37, n = 2 * L, nh = 3, d = 16, a = nh * d;
+  const SeqBlock mine{L, 2 * L, L}, other{0, 3 * L, L};
+  Both qkv = F({n, b, 3 * a}, Random(size_t(n * b * 3 * a), 71));
+  Both kv_own = F({n, b, 2 * a}), kv = F({n, b, 2 * a}, Random(size_t(n * b * 2 * a), 72));
+  cpu.CopyColumns(qkv.c, a, kv_own.c, 0, 2 * a);
+  gpu->CopyColumns(qkv.g, a, kv_own.g, 0, 2 * a);
+  ExpectEqual(kv_own, "CopyColumns");
+  Both out = F({n, b, a}), lse = F({b, nh, n});
+  cpu.AttentionBlockForward(qkv.c, mine, kv_own.c, mine, nh, true, out.c, lse.c);
+  gpu->AttentionBlockForward(qkv.g, mine, kv_own.g, mine, nh, true, out.g, lse.g);
+  cpu.AttentionBlockForward(qkv.c, mine, kv.c, other, nh, false, out.c, lse.c);
+  gpu->AttentionBlockForward(qkv.g, mine, kv.g, other, nh, false, out.g, lse.g);
+  ExpectNear(out, 1e-5, 1e-5, "block out");
+  ExpectNear(lse, 1e-5, 1e-5, "block lse");
+  Both dout = F({n, b, a}, Random(size_t(n * b * a), 73));
+  Both dqkv = F({n, b, 3 * a}), dkv_own = F({n, b, 2 * a}), dkv = F({n, b, 2 * a});
+  cpu.AttentionBlockBackward(dout.c, qkv.c, mine, kv_own.c, mine, out.c, lse.c, nh, dqkv.c,
+                             dkv_own.c);
+  gpu->AttentionBlockBackward(dout.g, qkv.g, mine, kv_own.g, mine, out.g, lse.g, nh, dqkv.g,
+                              dkv_own.g);
+  cpu.AttentionBlockBackward(dout.c, qkv.c, mine, kv.c, other, out.c, lse.c, nh, dqkv.c, dkv.c);
+  gpu->AttentionBlockBackward(dout.g, qkv.g, mine, kv.g, other, out.g, lse.g, nh, dqkv.g, dkv.g);
+  ExpectNear(dqkv, 1e-4, 1e-4, "block dqkv");
+  ExpectNear(dkv_own, 1e-4, 1e-4, "block dkv (own)");
+  ExpectNear(dkv, 1e-4, 1e-4, "block dkv (other)");
+  EXPECT_TRUE(gpu->Synchronize().ok());
+}
+
+// The MoE combine's ops (issue 16): per-row scaling (in place too) and per-row dot products.
+TEST_F(CudaTest, ScaleRowsAndRowDotAgainstCpu) {
+  const int64_t rows = 301, cols = 70;
+  Both x = F({rows, cols}, Random(size_t(rows * cols), 74));
+  Both y = F({rows, cols}, Random(size_t(rows * cols), 75));
+  Both w = F({rows}, Random(size_t(rows), 76)), out = F({rows, cols}), dot = F({rows});
+  cpu.ScaleRows(x.c, w.c, out.c);
+  gpu->ScaleRows(x.g, w.g, out.g);
+  ExpectEqual(out, "ScaleRows");
+  cpu.ScaleRows(out.c, w.c, out.c);
+  gpu->ScaleRows(out.g, w.g, out.g);
+  ExpectEqual(out, "ScaleRows in place");
+  cpu.RowDot(x.c, y.c, dot.c);
+  gpu->RowDot(x.g, y.g, dot.g);
+  ExpectNear(dot, 1e-6, 1e-6, "RowDot");  // both in double, summed in another order
+}
+
 TEST_F(CudaTest, CopyReshapesAnyDtype) {
   Both ids = I({2, 3}, {1, 2, 3, 4, 5, 6});
   Tensor flat = *gpu->Alloc(Shape{6}, DType::kI32);
