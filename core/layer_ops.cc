@@ -168,7 +168,13 @@ int Comm(LayerOpList* l, const OpShape& s, const char* name, CommKind kind, Comm
   op.chunks = s.runtime ? 1 : chunks;
   const int at = l->size - 1;
   if (kind == CommKind::kAllGather) Alloc(l, s, bytes);
-  if (kind == CommKind::kReduceScatter) Alloc(l, s, bytes / (group == CommGroup::kTp ? s.tp : s.cp));
+  if (kind == CommKind::kReduceScatter) {
+    const int ranks = group == CommGroup::kTp    ? s.tp
+                      : group == CommGroup::kEtp ? s.etp
+                      : group == CommGroup::kEp  ? s.ep
+                                                 : s.cp;
+    Alloc(l, s, bytes / ranks);
+  }
   return at;
 }
 
@@ -279,7 +285,8 @@ void RuntimeCpAttentionCore(const OpShape& s, const Dims& x, bool backward, cons
            CommOverlap::kBlocking, -1);
     }
   }
-  if (backward) Memory(l, "attention.cp_dkv_copy", MemoryKernel::kCopy, x.T, 2 * x.A, 2 * kv, false);
+  if (backward)
+    Memory(l, "attention.cp_dkv_copy", MemoryKernel::kCopy, x.T, 2 * x.A, 2 * kv, false);
 }
 
 void AttentionCore(const OpShape& s, const Dims& x, bool backward, const char* name,
@@ -465,6 +472,25 @@ void EpAllToAll(LayerOpList* l, const OpShape& s, const char* name, double bytes
 // fc1, GeLU, fc2 on its R/G rows (R = Tl k x load x etp); back the same way, weighted
 // (ScaleRows) and added per token (EmbeddingBackward); the shared experts as a TP MLP.
 // `e` bytes for activations, 4 for the i32 index tensors.
+// The runtime's row gather of `rows` (h wide) into a new tensor (Backend::EmbeddingForward).
+void RuntimeRowGather(LayerOpList* l, const OpShape& s, const Dims& x, const char* name,
+                      double rows) {
+  Alloc(l, s, rows * x.h * x.e);
+  Memory(l, name, MemoryKernel::kEmbedding, rows, x.h, 2 * rows * x.h * x.e, false);
+}
+
+// The runtime's G local experts' GEMMs, one after another (m x n x k each, `repeat` G).
+void RuntimeExpertGemms(LayerOpList* l, const Dims& x, const char* name, GemmPass pass, double m,
+                        double n, double k) {
+  LayerOp& op = l->Add(LayerOpKind::kGemm, name);
+  op.pass = pass;
+  op.m = m, op.n = n, op.k = k;
+  op.flops = 2 * m * n * k * x.G;
+  op.groups = 1;
+  op.expert = true;
+  op.repeat = int(x.G);
+}
+
 void RuntimeMoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
   const double nk = x.Tl * x.topk, Rep = nk * s.expert_load, R = Rep * s.etp, G = x.G;
   NormForward(s, x, "norm2", l);
@@ -482,18 +508,9 @@ void RuntimeMoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, Laye
   if (s.etp > 1)
     Comm(l, s, "dispatch.counts.all_gather", CommKind::kAllGather, CommGroup::kEtp,
          s.etp * s.ep * G * 4, CommOverlap::kBlocking, -1);
-  auto gather = [&](const char* name, double rows) {
-    Alloc(l, s, rows * x.h * x.e);
-    Memory(l, name, MemoryKernel::kEmbedding, rows, x.h, 2 * rows * x.h * x.e, false);
-  };
+  auto gather = [&](const char* name, double rows) { RuntimeRowGather(l, s, x, name, rows); };
   auto experts = [&](const char* name, GemmPass pass, double m, double n, double k) {
-    LayerOp& op = l->Add(LayerOpKind::kGemm, name);
-    op.pass = pass;
-    op.m = m, op.n = n, op.k = k;
-    op.flops = 2 * m * n * k * G;
-    op.groups = 1;
-    op.expert = true;
-    op.repeat = int(G);
+    RuntimeExpertGemms(l, x, name, pass, m, n, k);
   };
   gather("dispatch.gather", nk);
   if (s.ep > 1) {
@@ -510,8 +527,8 @@ void RuntimeMoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, Laye
   Memory(l, "experts.activation", MemoryKernel::kActivation, R, x.Fe, 2 * R * x.Fe * x.e, false);
   experts("experts.fc2", GemmPass::kFprop, R / G, x.h, x.Fe);
   gather("combine.order", R);
-  if (s.etp > 1) {
-    Alloc(l, s, Rep * x.h * x.e * s.etp);
+  if (s.etp > 1) {  // the other ranks' partials of this rank's rows (runtime/moe.cc)
+    Alloc(l, s, Rep * x.h * x.e * (s.etp - 1));
     Comm(l, s, "combine.reduce_scatter", CommKind::kReduceScatter, CommGroup::kEtp,
          R * x.h * x.e, CommOverlap::kBlocking, -1);
   }
@@ -563,18 +580,9 @@ void RuntimeMoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, Lay
            x.T * x.h * x.e, CommOverlap::kBlocking, -1);
     Memory(b, "shared.add.backward", MemoryKernel::kAdd, x.Tl, x.h, 3 * x.Tl * x.h * x.e, false);
   }
-  auto gather = [&](const char* name, double rows) {
-    Alloc(b, s, rows * x.h * x.e);
-    Memory(b, name, MemoryKernel::kEmbedding, rows, x.h, 2 * rows * x.h * x.e, false);
-  };
+  auto gather = [&](const char* name, double rows) { RuntimeRowGather(b, s, x, name, rows); };
   auto experts = [&](const char* name, GemmPass pass, double m, double n, double k) {
-    LayerOp& op = b->Add(LayerOpKind::kGemm, name);
-    op.pass = pass;
-    op.m = m, op.n = n, op.k = k;
-    op.flops = 2 * m * n * k * G;
-    op.groups = 1;
-    op.expert = true;
-    op.repeat = int(G);
+    RuntimeExpertGemms(b, x, name, pass, m, n, k);
   };
   gather("combine.gather.backward", nk);
   Alloc(b, s, nk * 4);
@@ -587,7 +595,6 @@ void RuntimeMoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, Lay
          nk * x.h * x.e, CommOverlap::kBlocking, -1);
   }
   if (s.etp > 1) {
-    Alloc(b, s, R * x.h * x.e);
     Comm(b, s, "combine.all_gather.backward", CommKind::kAllGather, CommGroup::kEtp,
          R * x.h * x.e, CommOverlap::kBlocking, -1);
   }
@@ -602,7 +609,7 @@ void RuntimeMoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, Lay
   experts("experts.fc1.dgrad", GemmPass::kDgrad, R / G, x.h, x.Fe);
   gather("dispatch.order.backward", R);
   if (s.etp > 1) {
-    Alloc(b, s, Rep * x.h * x.e * s.etp);
+    Alloc(b, s, Rep * x.h * x.e * (s.etp - 1));
     Comm(b, s, "dispatch.reduce_scatter.backward", CommKind::kReduceScatter, CommGroup::kEtp,
          R * x.h * x.e, CommOverlap::kBlocking, -1);
   }

@@ -424,7 +424,8 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
       const int g = t.expert ? ExpertDp(l) : R;
       const bool sliced = l.distributed_optimizer && g > 1;
       const double slice = sliced ? std::ceil(t.numel / g) : t.numel;
-      state += 2 * std::max(1.0, slice) + (sliced ? slice : 0);  // AdamW m, v (+ dist-opt grad slice)
+      // AdamW m, v (+ the dist-opt grad slice)
+      state += 2 * std::max(1.0, slice) + (sliced ? slice : 0);
     }
   mem.weights = params * e;
   mem.grads = params * e;

@@ -205,6 +205,13 @@ class GptChunk {
   Status ReduceScatterRows(Communicator& comm, const Tensor& all,
                            const std::vector<int64_t>& counts, int64_t w, Tensor& out);
   Result<Tensor> I32(const std::vector<int32_t>& host);
+  // MoE helpers: a (rows, cols) fp32 tensor (rows may be 0); rows idx[i] of src; the EP
+  // all-to-all of (rows, h) blocks with per-rank row counts (the input itself at ep 1).
+  Result<Tensor> MoeRows(int64_t rows, int64_t cols);
+  Result<Tensor> MoeGather(const Tensor& src, const Tensor& idx, int64_t cols);
+  Result<Tensor> MoeExchange(const Tensor& in, const std::vector<int64_t>& send,
+                             const std::vector<int64_t>& recv, int64_t out_rows,
+                             const char* what);
 
   GptChunkConfig cfg_;
   Backend& be_;

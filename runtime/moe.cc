@@ -111,6 +111,28 @@ Status GptChunk::ReduceScatterRows(Communicator& comm, const Tensor& all,
   return Status::Ok();
 }
 
+Result<Tensor> GptChunk::MoeRows(int64_t rows, int64_t cols) {
+  PTDP_ASSIGN_OR_RETURN(Tensor t, F32({std::max<int64_t>(rows, 1), cols}));
+  return t.View(Shape({rows, cols}));
+}
+
+Result<Tensor> GptChunk::MoeGather(const Tensor& src, const Tensor& idx, int64_t cols) {
+  PTDP_ASSIGN_OR_RETURN(Tensor out, MoeRows(idx.numel(), cols));
+  if (idx.numel() > 0) be_.EmbeddingForward(idx, src, 0, out);  // out[i] = src[idx[i]]
+  return out;
+}
+
+Result<Tensor> GptChunk::MoeExchange(const Tensor& in, const std::vector<int64_t>& send,
+                                     const std::vector<int64_t>& recv, int64_t out_rows,
+                                     const char* what) {
+  if (cfg_.ep == 1) return in;
+  PTDP_ASSIGN_OR_RETURN(Tensor out, MoeRows(out_rows, h_));
+  Tensor fin = in.View(Shape({in.numel()})), fout = out.View(Shape({out.numel()}));
+  PTDP_RETURN_IF_ERROR(
+      ep_comm_->AllToAll(fin, Times(send, h_), fout, Times(recv, h_)).Prefixed(what));
+  return out;
+}
+
 Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const Tensor& x_full,
                                     int64_t b, MoeSaved& sv) {
   const ModelSpec& m = cfg_.model;
@@ -194,7 +216,8 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
   std::vector<int32_t> order(nks), send_of(nks), send_token(nks), a_token(nks);
   {
     std::vector<int64_t> next = Prefix(count);
-    for (int64_t a = 0; a < nk; ++a) order[size_t(next[size_t(sv.choice[size_t(a)])]++)] = int32_t(a);
+    for (int64_t a = 0; a < nk; ++a)
+      order[size_t(next[size_t(sv.choice[size_t(a)])]++)] = int32_t(a);
   }
   for (int64_t i = 0; i < nk; ++i) {
     send_of[size_t(order[size_t(i)])] = int32_t(i);
@@ -233,7 +256,8 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
   }
   sv.etp_rows.assign(size_t(etp), 0);
   for (int q = 0; q < etp; ++q)
-    for (int64_t i = 0; i < ep * G; ++i) sv.etp_rows[size_t(q)] += all_counts[size_t(q * ep * G + i)];
+    for (int64_t i = 0; i < ep * G; ++i)
+      sv.etp_rows[size_t(q)] += all_counts[size_t(q * ep * G + i)];
   // Expert-major order of the gathered rows: for each local expert, its rows from (q, r).
   const int64_t R = std::accumulate(sv.etp_rows.begin(), sv.etp_rows.end(), int64_t(0));
   std::vector<int32_t> expert_order, gathered_order(static_cast<size_t>(R));
@@ -257,37 +281,21 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
   PTDP_ASSIGN_OR_RETURN(sv.gathered_order, I32(gathered_order));
 
   // Token rows out, over EP, gathered over ETP, regrouped by expert.
-  auto rows = [&](int64_t r, int64_t c) -> Result<Tensor> {
-    PTDP_ASSIGN_OR_RETURN(Tensor t, F32({std::max<int64_t>(r, 1), c}));
-    return t.View(Shape({r, c}));
-  };
-  auto gather = [&](const Tensor& src, const Tensor& idx, int64_t c) -> Result<Tensor> {
-    PTDP_ASSIGN_OR_RETURN(Tensor out, rows(idx.numel(), c));
-    if (idx.numel() > 0) be_.EmbeddingForward(idx, src, 0, out);
-    return out;
-  };
   const int64_t R_ep = std::accumulate(sv.recv_rows.begin(), sv.recv_rows.end(), int64_t(0));
-  auto exchange = [&](const Tensor& in, const std::vector<int64_t>& send,
-                      const std::vector<int64_t>& recv, int64_t out_rows) -> Result<Tensor> {
-    if (ep == 1) return in;
-    PTDP_ASSIGN_OR_RETURN(Tensor out, rows(out_rows, h_));
-    Tensor fin = in.View(Shape({in.numel()})), fout = out.View(Shape({out.numel()}));
-    PTDP_RETURN_IF_ERROR(ep_comm_->AllToAll(fin, Times(send, h_), fout, Times(recv, h_))
-                             .Prefixed("MoE all-to-all"));
-    return out;
-  };
-  PTDP_ASSIGN_OR_RETURN(Tensor x_send, gather(x, sv.send_token, h_));
-  PTDP_ASSIGN_OR_RETURN(Tensor x_recv, exchange(x_send, sv.send_rows, sv.recv_rows, R_ep));
+  PTDP_ASSIGN_OR_RETURN(Tensor x_send, MoeGather(x, sv.send_token, h_));
+  PTDP_ASSIGN_OR_RETURN(Tensor x_recv,
+                        MoeExchange(x_send, sv.send_rows, sv.recv_rows, R_ep,
+                                    "MoE all-to-all"));
   Tensor x_gathered = x_recv;
   if (etp > 1) {
-    PTDP_ASSIGN_OR_RETURN(x_gathered, rows(R, h_));
+    PTDP_ASSIGN_OR_RETURN(x_gathered, MoeRows(R, h_));
     PTDP_RETURN_IF_ERROR(AllGatherRows(*etp_comm_, x_recv, sv.etp_rows, h_, x_gathered)
                              .Prefixed("MoE expert-TP all-gather"));
   }
-  PTDP_ASSIGN_OR_RETURN(sv.xe, gather(x_gathered, sv.expert_order, h_));
-  PTDP_ASSIGN_OR_RETURN(sv.ze, rows(R, fe));
-  PTDP_ASSIGN_OR_RETURN(sv.ae, rows(R, fe));
-  PTDP_ASSIGN_OR_RETURN(Tensor ye, rows(R, h_));
+  PTDP_ASSIGN_OR_RETURN(sv.xe, MoeGather(x_gathered, sv.expert_order, h_));
+  PTDP_ASSIGN_OR_RETURN(sv.ze, MoeRows(R, fe));
+  PTDP_ASSIGN_OR_RETURN(sv.ae, MoeRows(R, fe));
+  PTDP_ASSIGN_OR_RETURN(Tensor ye, MoeRows(R, h_));
   int64_t row0 = 0;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t r = sv.expert_rows[size_t(g)];
@@ -301,16 +309,18 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
     row0 += r;
   }
   // Back: partial sums over ETP, over EP, to assignment order, weighted, added per token.
-  PTDP_ASSIGN_OR_RETURN(Tensor y_gathered, gather(ye, sv.gathered_order, h_));
+  PTDP_ASSIGN_OR_RETURN(Tensor y_gathered, MoeGather(ye, sv.gathered_order, h_));
   Tensor y_recv = y_gathered;
   if (etp > 1) {
-    PTDP_ASSIGN_OR_RETURN(y_recv, rows(R_ep, h_));
+    PTDP_ASSIGN_OR_RETURN(y_recv, MoeRows(R_ep, h_));
     PTDP_RETURN_IF_ERROR(ReduceScatterRows(*etp_comm_, y_gathered, sv.etp_rows, h_, y_recv)
                              .Prefixed("MoE expert-TP reduce-scatter"));
   }
-  PTDP_ASSIGN_OR_RETURN(Tensor y_send, exchange(y_recv, sv.recv_rows, sv.send_rows, nk));
-  PTDP_ASSIGN_OR_RETURN(sv.y, gather(y_send, sv.send_of, h_));
-  PTDP_ASSIGN_OR_RETURN(Tensor weighted, rows(nk, h_));
+  PTDP_ASSIGN_OR_RETURN(Tensor y_send,
+                        MoeExchange(y_recv, sv.recv_rows, sv.send_rows, nk,
+                                    "MoE all-to-all"));
+  PTDP_ASSIGN_OR_RETURN(sv.y, MoeGather(y_send, sv.send_of, h_));
+  PTDP_ASSIGN_OR_RETURN(Tensor weighted, MoeRows(nk, h_));
   if (nk > 0) be_.ScaleRows(sv.y, sv.prob_dev, weighted);
   PTDP_ASSIGN_OR_RETURN(Tensor out, F32({n, h_}));  // zeroed
   if (nk > 0) be_.EmbeddingBackward(weighted, sv.assignment_token, 0, out);
@@ -336,27 +346,9 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout, int
   const ModelSpec& m = cfg_.model;
   const int64_t n = Rows(sv.x), E = m.num_experts, k = m.moe_topk, G = E / cfg_.ep;
   const int64_t fe = m.moe_ffn_hidden / cfg_.etp, nk = n * k;
-  const int ep = cfg_.ep, etp = cfg_.etp;
+  const int etp = cfg_.etp;
   const int64_t R = std::accumulate(sv.etp_rows.begin(), sv.etp_rows.end(), int64_t(0));
   const int64_t R_ep = std::accumulate(sv.recv_rows.begin(), sv.recv_rows.end(), int64_t(0));
-  auto rows = [&](int64_t r, int64_t c) -> Result<Tensor> {
-    PTDP_ASSIGN_OR_RETURN(Tensor t, F32({std::max<int64_t>(r, 1), c}));
-    return t.View(Shape({r, c}));
-  };
-  auto gather = [&](const Tensor& src, const Tensor& idx, int64_t c) -> Result<Tensor> {
-    PTDP_ASSIGN_OR_RETURN(Tensor out, rows(idx.numel(), c));
-    if (idx.numel() > 0) be_.EmbeddingForward(idx, src, 0, out);
-    return out;
-  };
-  auto exchange = [&](const Tensor& in, const std::vector<int64_t>& send,
-                      const std::vector<int64_t>& recv, int64_t out_rows) -> Result<Tensor> {
-    if (ep == 1) return in;
-    PTDP_ASSIGN_OR_RETURN(Tensor out, rows(out_rows, h_));
-    Tensor fin = in.View(Shape({in.numel()})), fout = out.View(Shape({out.numel()}));
-    PTDP_RETURN_IF_ERROR(ep_comm_->AllToAll(fin, Times(send, h_), fout, Times(recv, h_))
-                             .Prefixed("MoE all-to-all (backward)"));
-    return out;
-  };
   PTDP_ASSIGN_OR_RETURN(Tensor dx, F32({n, h_}));  // zeroed; every part adds to it
   // Shared experts.
   if (w.shared_fc1) {
@@ -373,8 +365,8 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout, int
     be_.Add(dx, dxs, dx);
   }
   // The combine's backward: each assignment's output gradient, and its probability's.
-  PTDP_ASSIGN_OR_RETURN(Tensor dy, gather(dout, sv.assignment_token, h_));
-  PTDP_ASSIGN_OR_RETURN(Tensor dprob, rows(nk, 1));
+  PTDP_ASSIGN_OR_RETURN(Tensor dy, MoeGather(dout, sv.assignment_token, h_));
+  PTDP_ASSIGN_OR_RETURN(Tensor dprob, MoeRows(nk, 1));
   std::vector<float> dprob_host(size_t(nk), 0.0f);
   if (nk > 0) {
     Tensor dp = dprob.View(Shape({nk}));
@@ -383,16 +375,18 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout, int
     be_.ScaleRows(dy, sv.prob_dev, dy);
   }
   // Out to the experts as in the forward, their backward, and back.
-  PTDP_ASSIGN_OR_RETURN(Tensor dy_send, gather(dy, sv.send_assignment, h_));
-  PTDP_ASSIGN_OR_RETURN(Tensor dy_recv, exchange(dy_send, sv.send_rows, sv.recv_rows, R_ep));
+  PTDP_ASSIGN_OR_RETURN(Tensor dy_send, MoeGather(dy, sv.send_assignment, h_));
+  PTDP_ASSIGN_OR_RETURN(Tensor dy_recv,
+                        MoeExchange(dy_send, sv.send_rows, sv.recv_rows, R_ep,
+                                    "MoE all-to-all (backward)"));
   Tensor dy_gathered = dy_recv;
   if (etp > 1) {
-    PTDP_ASSIGN_OR_RETURN(dy_gathered, rows(R, h_));
+    PTDP_ASSIGN_OR_RETURN(dy_gathered, MoeRows(R, h_));
     PTDP_RETURN_IF_ERROR(AllGatherRows(*etp_comm_, dy_recv, sv.etp_rows, h_, dy_gathered)
                              .Prefixed("MoE expert-TP all-gather (backward)"));
   }
-  PTDP_ASSIGN_OR_RETURN(Tensor dye, gather(dy_gathered, sv.expert_order, h_));
-  PTDP_ASSIGN_OR_RETURN(Tensor dxe, rows(R, h_));
+  PTDP_ASSIGN_OR_RETURN(Tensor dye, MoeGather(dy_gathered, sv.expert_order, h_));
+  PTDP_ASSIGN_OR_RETURN(Tensor dxe, MoeRows(R, h_));
   int64_t row0 = 0;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t r = sv.expert_rows[size_t(g)];
@@ -412,15 +406,17 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout, int
     be_.Matmul(da, false, fc1.value, false, dxg);
     row0 += r;
   }
-  PTDP_ASSIGN_OR_RETURN(Tensor dx_gathered, gather(dxe, sv.gathered_order, h_));
+  PTDP_ASSIGN_OR_RETURN(Tensor dx_gathered, MoeGather(dxe, sv.gathered_order, h_));
   Tensor dx_recv = dx_gathered;
   if (etp > 1) {
-    PTDP_ASSIGN_OR_RETURN(dx_recv, rows(R_ep, h_));
+    PTDP_ASSIGN_OR_RETURN(dx_recv, MoeRows(R_ep, h_));
     PTDP_RETURN_IF_ERROR(ReduceScatterRows(*etp_comm_, dx_gathered, sv.etp_rows, h_, dx_recv)
                              .Prefixed("MoE expert-TP reduce-scatter (backward)"));
   }
-  PTDP_ASSIGN_OR_RETURN(Tensor dx_send, exchange(dx_recv, sv.recv_rows, sv.send_rows, nk));
-  PTDP_ASSIGN_OR_RETURN(Tensor dx_a, gather(dx_send, sv.send_of, h_));
+  PTDP_ASSIGN_OR_RETURN(Tensor dx_send,
+                        MoeExchange(dx_recv, sv.recv_rows, sv.send_rows, nk,
+                                    "MoE all-to-all (backward)"));
+  PTDP_ASSIGN_OR_RETURN(Tensor dx_a, MoeGather(dx_send, sv.send_of, h_));
   if (nk > 0) be_.EmbeddingBackward(dx_a, sv.assignment_token, 0, dx);
   // The router: the top-k probabilities' backward (and the auxiliary loss's), then its GEMMs.
   const bool sigmoid = m.moe_router == MoeRouter::kSigmoid;

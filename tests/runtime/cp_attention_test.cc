@@ -92,7 +92,8 @@ TEST_P(CpAttentionRing, BlocksComposeToTheWholeSequence) {
   const std::vector<float> qkv = RandomFloats(size_t(S * b * 3 * A), 31, -2, 2);
   const std::vector<float> dout = RandomFloats(size_t(S * b * A), 32);
   // Reference: the whole sequence on one rank.
-  Tensor in = F({S, b, 3 * A}, qkv), out = F({S, b, A}), saved = F(be.AttentionSavedShape(b, S, k.nh));
+  Tensor in = F({S, b, 3 * A}, qkv), out = F({S, b, A});
+  Tensor saved = F(be.AttentionSavedShape(b, S, k.nh));
   be.AttentionForward(in, k.nh, TokenOrder::kSeqFirst, out, saved);
   Tensor g = F({S, b, A}, dout), dqkv = F({S, b, 3 * A});
   be.AttentionBackward(g, in, saved, k.nh, TokenOrder::kSeqFirst, dqkv);

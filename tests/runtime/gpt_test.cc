@@ -133,6 +133,34 @@ const Reference& SingleRank() {
   return ref;
 }
 
+// Central differences on the 3 largest-|grad| elements of parameter `name` of chunk c:
+// |fd - grad| <= abs_tol + rel_tol |grad|, each |grad| above min_grad (else it checks nothing).
+void ExpectFiniteDifferences(GptChunk& c, Backend& be, const Batch& b, const char* name,
+                             double eps, double abs_tol, double rel_tol, double min_grad) {
+  ChunkParam* p = c.Find(name);
+  ASSERT_NE(p, nullptr) << name;
+  std::vector<float> w = Host(be, p->value), g = Host(be, p->grad);
+  std::vector<size_t> idx(g.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(),
+                    [&](size_t x, size_t y) { return std::fabs(g[x]) > std::fabs(g[y]); });
+  for (int k = 0; k < 3; ++k) {
+    const size_t i = idx[size_t(k)];
+    const float keep = w[i];
+    w[i] = float(keep + eps);
+    ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
+    const double plus = Loss(c, be, b);
+    w[i] = float(keep - eps);
+    ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
+    const double minus = Loss(c, be, b);
+    w[i] = keep;
+    ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
+    const double fd = (plus - minus) / (2 * eps);
+    EXPECT_NEAR(fd, g[i], abs_tol + rel_tol * std::fabs(g[i])) << name << "[" << i << "]";
+    EXPECT_GT(std::fabs(g[i]), min_grad) << name << ": a vanishing gradient checks nothing";
+  }
+}
+
 TEST(GptChunk, LossAtInitIsNearLogVocab) {
   // Weights ~N(0, 0.02^2) give logits of std ~0.02 * sqrt(h) ~ 0.08 over 40 real entries: the
   // softmax is nearly uniform, loss ~ log 40 = 3.689 (+ about var/2 ~ 0.003).
@@ -159,31 +187,7 @@ TEST(GptChunk, GradientsMatchFiniteDifferences) {
                          "layers.0.attn.proj.weight", "layers.1.mlp.fc1.weight",
                          "layers.0.mlp.fc2.weight",  "layers.1.ln1.weight",
                          "layers.0.ln2.bias",        "final_ln.weight"};
-  const double eps = 1e-2;
-  for (const char* name : names) {
-    ChunkParam* p = c->Find(name);
-    ASSERT_NE(p, nullptr) << name;
-    std::vector<float> w = Host(be, p->value), g = Host(be, p->grad);
-    std::vector<size_t> idx(g.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-    std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(),
-                      [&](size_t x, size_t y) { return std::fabs(g[x]) > std::fabs(g[y]); });
-    for (int k = 0; k < 3; ++k) {
-      const size_t i = idx[size_t(k)];
-      const float keep = w[i];
-      w[i] = float(keep + eps);
-      ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
-      const double plus = Loss(*c, be, b);
-      w[i] = float(keep - eps);
-      ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
-      const double minus = Loss(*c, be, b);
-      w[i] = keep;
-      ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
-      const double fd = (plus - minus) / (2 * eps);
-      EXPECT_NEAR(fd, g[i], 5e-5 + 2e-2 * std::fabs(g[i])) << name << "[" << i << "]";
-      EXPECT_GT(std::fabs(g[i]), 1e-4) << name << ": a vanishing gradient checks nothing";
-    }
-  }
+  for (const char* name : names) ExpectFiniteDifferences(*c, be, b, name, 1e-2, 5e-5, 2e-2, 1e-4);
 }
 
 // The MoE MLP (runtime/moe.cc) on layer 1 of the tiny GPT: 4 experts of 32, top-2, a shared
@@ -229,31 +233,7 @@ TEST(GptChunk, MoeGradientsMatchFiniteDifferences) {
                            "layers.1.moe.experts.3.fc2.weight", "layers.1.moe.shared.fc1.weight",
                            "layers.1.moe.shared.fc2.weight", "layers.1.ln2.weight",
                            "layers.0.mlp.fc1.weight"};
-    const double eps = 3e-3;
-    for (const char* name : names) {
-      ChunkParam* p = c->Find(name);
-      ASSERT_NE(p, nullptr) << name;
-      std::vector<float> w = Host(be, p->value), g = Host(be, p->grad);
-      std::vector<size_t> idx(g.size());
-      for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-      std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(),
-                        [&](size_t x, size_t y) { return std::fabs(g[x]) > std::fabs(g[y]); });
-      for (int k = 0; k < 3; ++k) {
-        const size_t i = idx[size_t(k)];
-        const float keep = w[i];
-        w[i] = float(keep + eps);
-        ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
-        const double plus = Loss(*c, be, b);
-        w[i] = float(keep - eps);
-        ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
-        const double minus = Loss(*c, be, b);
-        w[i] = keep;
-        ASSERT_TRUE(be.CopyFromHost(w.data(), p->value).ok());
-        const double fd = (plus - minus) / (2 * eps);
-        EXPECT_NEAR(fd, g[i], 1e-4 + 3e-2 * std::fabs(g[i])) << name << "[" << i << "]";
-        EXPECT_GT(std::fabs(g[i]), 3e-4) << name << ": a vanishing gradient checks nothing";
-      }
-    }
+    for (const char* name : names) ExpectFiniteDifferences(*c, be, b, name, 3e-3, 1e-4, 3e-2, 3e-4);
   }
 }
 
