@@ -594,6 +594,8 @@ TEST(MoeModelTest, YamlRoundTripsAndRulesNameTheKey) {
       {"num_experts: 8\nmoe_topk: 2\nmoe_ffn_hidden: 64\nmoe_dense_layers_first: 99\n",
        "moe_dense_layers_first"},
       {"moe_router: relu\n", "moe_router"},
+      {"num_experts: 8\nmoe_topk: 2\nmoe_ffn_hidden: 64\nmoe_aux_loss_coeff: -0.1\n",
+       "moe_aux_loss_coeff"},
   };
   for (const Bad& b : bad) {
     SCOPED_TRACE(b.extra);
