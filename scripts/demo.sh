@@ -2,6 +2,7 @@
 # The main job on the bundled example: plan a layout, simulate the chosen plan step by step
 # (Perfetto trace), write the HTML report; then close the loop on this machine: calibrate it,
 # plan gpt-tiny on the calibrated cluster, train the plan and the other layouts that fit 2 cores
+# (cp 2, tp 2 with selective recompute and gpt-tiny-moe at ep 2 among them)
 # on the CPU runtime, compare each with its prediction, and report predicted against measured.
 set -euo pipefail
 # Shipped configs are named (dgx-a100, gpt3-175b): the binary finds them beside itself.
@@ -34,11 +35,20 @@ echo
 "$ptdp" compare "$out/gpt-tiny.plan.yaml" "$out/gpt-tiny.measured.json"
 echo
 echo "== 3b. the other layouts that fit 2 cores, each trained and compared"
-for layout in "1x1x1:--gpus 1" "tp2:--gpus 2 --tp 2" "pp2:--gpus 2 --pp 2" "dp2:--gpus 2 --dp 2"; do
+# name:model:flags (context parallelism, recompute and MoE with expert parallelism included)
+for layout in "1x1x1:gpt-tiny:--gpus 1" "tp2:gpt-tiny:--gpus 2 --tp 2" \
+              "pp2:gpt-tiny:--gpus 2 --pp 2" "dp2:gpt-tiny:--gpus 2 --dp 2" \
+              "cp2:gpt-tiny:--gpus 2 --cp 2" \
+              "tp2-selective:gpt-tiny:--gpus 2 --tp 2 --recompute selective" \
+              "ep2:gpt-tiny-moe:--gpus 2 --ep 2"; do
   name="${layout%%:*}"
+  rest="${layout#*:}"
+  model="${rest%%:*}"
+  flags="${rest#*:}"
+  case "$flags" in *--recompute*) ;; *) flags="$flags --recompute none" ;; esac
   # shellcheck disable=SC2086  # the flags are words
-  "$ptdp" plan --cluster "$cal" --model gpt-tiny --global-batch 8 \
-    ${layout#*:} --recompute none --top 1 --out "$out/gpt-tiny-$name.plan.yaml" > /dev/null
+  "$ptdp" plan --cluster "$cal" --model "$model" --global-batch 8 \
+    $flags --top 1 --out "$out/gpt-tiny-$name.plan.yaml" > /dev/null
   "$ptdp" train "$out/gpt-tiny-$name.plan.yaml" --steps 12 --timing-warmup 2 \
     --out "$out/gpt-tiny-$name.measured.json" > /dev/null
   "$ptdp" compare "$out/gpt-tiny-$name.plan.yaml" "$out/gpt-tiny-$name.measured.json" |
