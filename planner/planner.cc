@@ -263,7 +263,7 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
     // crosses (NeMo's long-sequence recipes run cp 2-16 across nodes). Keeping TP x CP inside
     // made the pick at 32K tokens 20% slower than a forced cp 4 (tests/planner/
     // pipeline_search_test.cc).
-    for (int cp : s.cp.Or(s.runtime_layouts ? std::vector<int>{1} : Divisors(s.world / tp))) {
+    for (int cp : s.cp.Or(Divisors(s.world / tp))) {
       if ((s.world / tp) % cp) continue;
       const int rest = s.world / tp / cp;
       for (int pp : s.pp.Or(Divisors(rest))) {

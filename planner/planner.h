@@ -77,9 +77,9 @@ struct SearchSpace {
   bool tp_comm_overlap = false;
   bool overlap_p2p = true;                // --overlap-p2p-communication
   SplitSearch split_search = SplitSearch::kAuto;
-  // Only layouts ptdp's own runtime trains (cp 1; every pipeline split since issue 16) unless
-  // the user fixes cp: set for clusters of CPU rank slots and calibrated (measured) clusters,
-  // whose plans are for `ptdp train`.
+  // Set for clusters of CPU rank slots and calibrated (measured) clusters, whose plans are for
+  // `ptdp train`: the runtime trains every layout the search makes (CP, MoE, uneven splits and
+  // recompute since issue 16) but not Megatron-FSDP's gradient sharding, which is not tried.
   bool runtime_layouts = false;
   // The user's split (first/last counts, accounting, layout string) when kFixed: its fields
   // first_stage_layers .. pipeline_layout are copied into every layout.
