@@ -558,8 +558,7 @@ void RuntimeMoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, Laye
 }
 
 // Its backward (runtime/moe.cc MoeBackward), then the norm's.
-void RuntimeMoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* b) {
-  (void)M;
+void RuntimeMoeBackward(const OpShape& s, const Dims& x, LayerOpList* b) {
   const double nk = x.Tl * x.topk, Rep = nk * s.expert_load, R = Rep * s.etp, G = x.G;
   Alloc(b, s, x.Tl * x.h * x.e);
   Memory(b, "residual_grad.copy", MemoryKernel::kCopy, x.Tl, x.h, 2 * x.Tl * x.h * x.e, !s.sp);
@@ -678,7 +677,7 @@ void MoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList
 }
 
 void MoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* b) {
-  if (s.runtime) return RuntimeMoeBackward(M, s, x, b);
+  if (s.runtime) return RuntimeMoeBackward(s, x, b);
   BiasDropoutAddBackward(M, s, x, /*first=*/true, "bias_dropout_add2.backward", "", b);
   if (x.Fs > 0) {
     RowParallelBackward(s, x, "shared.fc2.all_gather.backward", "shared.fc2.dgrad",

@@ -175,10 +175,12 @@ Status GptChunk::Init() {
   final_b_ = Find("final_ln.bias");
   for (int l = cfg_.first_layer; l < last; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    LayerRefs w{Find(p + "ln1.weight"),     Find(p + "ln1.bias"),       Find(p + "attn.qkv.weight"),
-                Find(p + "attn.qkv.bias"),  Find(p + "attn.proj.weight"), Find(p + "attn.proj.bias"),
-                Find(p + "ln2.weight"),     Find(p + "ln2.bias"),       Find(p + "mlp.fc1.weight"),
-                Find(p + "mlp.fc1.bias"),   Find(p + "mlp.fc2.weight"), Find(p + "mlp.fc2.bias")};
+    LayerRefs w{Find(p + "ln1.weight"),      Find(p + "ln1.bias"),
+                Find(p + "attn.qkv.weight"), Find(p + "attn.qkv.bias"),
+                Find(p + "attn.proj.weight"), Find(p + "attn.proj.bias"),
+                Find(p + "ln2.weight"),      Find(p + "ln2.bias"),
+                Find(p + "mlp.fc1.weight"),  Find(p + "mlp.fc1.bias"),
+                Find(p + "mlp.fc2.weight"),  Find(p + "mlp.fc2.bias")};
     if (m.is_moe_layer(l)) {
       w.moe = true;
       w.router = Find(p + "moe.router.weight");
@@ -254,11 +256,7 @@ int64_t GptChunk::GlobalPosition(int64_t u) const {
 }
 
 SeqBlock GptChunk::CpBlock(int cp_rank) const {
-  SeqBlock blk;
-  blk.len = seq_ / (2 * cfg_.cp);
-  blk.first0 = cp_rank * blk.len;
-  blk.first1 = (2 * cfg_.cp - 1 - cp_rank) * blk.len;
-  return blk;
+  return LoadBalancedChunks(seq_, cfg_.cp, cp_rank);
 }
 
 // This rank's position ids (sl*b) i32: row t*b + bi of the local sequence holds t's global
@@ -370,26 +368,21 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
   be_.LayerNormForward(sv.x2, w.ln2_w->value, w.ln2_b->value, kLnEps, ln2, sv.ln2_mean,
                        sv.ln2_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.ln2_full, GatherSeq(ln2));
+  Tensor out;  // (sl*b, h) the MLP's output
   if (w.moe) {
     sv.moe = std::make_shared<MoeSaved>();
-    PTDP_ASSIGN_OR_RETURN(Tensor moe_out, MoeForward(w, ln2, sv.ln2_full, b, *sv.moe));
-    be_.Add(moe_out, sv.x2, moe_out);
-    if (cfg_.recompute == Recompute::kFull && !recomputing) {
-      Tensor input = sv.x;
-      sv = LayerSaved();
-      sv.x = input;
-    }
-    return moe_out;
+    PTDP_ASSIGN_OR_RETURN(out, MoeForward(w, ln2, sv.ln2_full, *sv.moe));
+  } else {
+    PTDP_ASSIGN_OR_RETURN(sv.fc1, F32({n, ffn_}));
+    be_.Matmul(sv.ln2_full, false, w.fc1_w->value, true, sv.fc1);
+    be_.AddBias(sv.fc1, w.fc1_b->value);
+    PTDP_ASSIGN_OR_RETURN(sv.gelu, F32({n, ffn_}));
+    be_.GeluForward(sv.fc1, sv.gelu);
+    PTDP_ASSIGN_OR_RETURN(Tensor fc2, F32({n, h_}));
+    be_.Matmul(sv.gelu, false, w.fc2_w->value, true, fc2);
+    PTDP_ASSIGN_OR_RETURN(out, ReduceSeq(fc2));
+    be_.AddBias(out, w.fc2_b->value);
   }
-  PTDP_ASSIGN_OR_RETURN(sv.fc1, F32({n, ffn_}));
-  be_.Matmul(sv.ln2_full, false, w.fc1_w->value, true, sv.fc1);
-  be_.AddBias(sv.fc1, w.fc1_b->value);
-  PTDP_ASSIGN_OR_RETURN(sv.gelu, F32({n, ffn_}));
-  be_.GeluForward(sv.fc1, sv.gelu);
-  PTDP_ASSIGN_OR_RETURN(Tensor fc2, F32({n, h_}));
-  be_.Matmul(sv.gelu, false, w.fc2_w->value, true, fc2);
-  PTDP_ASSIGN_OR_RETURN(Tensor out, ReduceSeq(fc2));
-  be_.AddBias(out, w.fc2_b->value);
   be_.Add(out, sv.x2, out);
   if (cfg_.recompute == Recompute::kFull && !recomputing) {  // keep the input; rerun later
     Tensor input = sv.x;
@@ -583,7 +576,7 @@ Result<Tensor> GptChunk::LayerBackward(const LayerRefs& w, const Tensor& dout, i
   be_.Copy(dout, dx);
   // MLP.
   if (w.moe) {
-    PTDP_ASSIGN_OR_RETURN(Tensor dln2, MoeBackward(w, dout, b, *sv.moe));
+    PTDP_ASSIGN_OR_RETURN(Tensor dln2, MoeBackward(w, dout, *sv.moe));
     be_.LayerNormBackward(dln2, sv.x2, w.ln2_w->value, sv.ln2_mean, sv.ln2_rstd, dx,
                           w.ln2_w->grad, w.ln2_b->grad);
     return AttentionBackward(w, b, sv, dx);

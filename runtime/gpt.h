@@ -44,6 +44,16 @@
 
 namespace ptdp::rt {
 
+// Megatron's causal load balancing for context parallelism: a sequence of `seq` tokens is cut
+// into 2c chunks and CP rank r of c holds chunks r and 2c-1-r (as its rows, in that order).
+inline SeqBlock LoadBalancedChunks(int64_t seq, int cp, int cp_rank) {
+  SeqBlock blk;
+  blk.len = seq / (2 * cp);
+  blk.first0 = cp_rank * blk.len;
+  blk.first1 = (2 * cp - 1 - cp_rank) * blk.len;
+  return blk;
+}
+
 struct GptChunkConfig {
   ModelSpec model;                 // GPT shape: gelu, layernorm, learned positions, tied, bias
   int first_layer = 0;             // first transformer layer of the model held here
@@ -191,11 +201,10 @@ class GptChunk {
   // An MoE layer's MLP (runtime/moe.cc): router, dispatch over EP (and expert TP), the local
   // experts, combine, shared experts. x: this rank's (sl*b, h) LN2 output, x_full: it gathered
   // along s with SP (x itself without); returns the (sl*b, h) MLP output.
-  Result<Tensor> MoeForward(const LayerRefs& w, const Tensor& x, const Tensor& x_full, int64_t b,
+  Result<Tensor> MoeForward(const LayerRefs& w, const Tensor& x, const Tensor& x_full,
                             MoeSaved& sv);
   // Its backward: dout (sl*b, h) -> the gradient of x (sl*b, h); adds the parameters' grads.
-  Result<Tensor> MoeBackward(const LayerRefs& w, const Tensor& dout, int64_t b,
-                             const MoeSaved& sv);
+  Result<Tensor> MoeBackward(const LayerRefs& w, const Tensor& dout, const MoeSaved& sv);
   // Rows of `rows_of` (one block per rank of `comm`, counts[q] rows of width w each) gathered
   // to every rank: out holds every rank's block in group order.
   Status AllGatherRows(Communicator& comm, const Tensor& mine, const std::vector<int64_t>& counts,
@@ -212,6 +221,10 @@ class GptChunk {
   Result<Tensor> MoeExchange(const Tensor& in, const std::vector<int64_t>& send,
                              const std::vector<int64_t>& recv, int64_t out_rows,
                              const char* what);
+  // With expert TP: every ETP rank's received rows gathered (sv.etp_rows each), and the
+  // inverse, this rank's rows summed over the ETP ranks' partials; the input itself at etp 1.
+  Result<Tensor> MoeEtpGather(const Tensor& recv, const MoeSaved& sv, const char* what);
+  Result<Tensor> MoeEtpReduce(const Tensor& gathered, const MoeSaved& sv, const char* what);
 
   GptChunkConfig cfg_;
   Backend& be_;

@@ -16,7 +16,7 @@ struct GptChunk::LayerRefs {
   // weights, fc1 (Fe, h) and fc2 (h, Fe) with Fe = f_e / etp, in expert order.
   bool moe = false;
   ChunkParam *router = nullptr, *shared_fc1 = nullptr, *shared_fc2 = nullptr;
-  std::vector<ChunkParam*> expert_fc1, expert_fc2;
+  std::vector<ChunkParam*> expert_fc1 = {}, expert_fc2 = {};
 };
 
 // One MoE layer's forward state. Letters: n = sl*b local tokens, k top-k, E experts, G = E/ep

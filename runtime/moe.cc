@@ -133,8 +133,26 @@ Result<Tensor> GptChunk::MoeExchange(const Tensor& in, const std::vector<int64_t
   return out;
 }
 
+Result<Tensor> GptChunk::MoeEtpGather(const Tensor& recv, const MoeSaved& sv, const char* what) {
+  if (cfg_.etp == 1) return recv;
+  const int64_t R = std::accumulate(sv.etp_rows.begin(), sv.etp_rows.end(), int64_t(0));
+  PTDP_ASSIGN_OR_RETURN(Tensor gathered, MoeRows(R, h_));
+  PTDP_RETURN_IF_ERROR(
+      AllGatherRows(*etp_comm_, recv, sv.etp_rows, h_, gathered).Prefixed(what));
+  return gathered;
+}
+
+Result<Tensor> GptChunk::MoeEtpReduce(const Tensor& gathered, const MoeSaved& sv,
+                                      const char* what) {
+  if (cfg_.etp == 1) return gathered;
+  PTDP_ASSIGN_OR_RETURN(Tensor recv, MoeRows(sv.etp_rows[size_t(etp_comm_->rank())], h_));
+  PTDP_RETURN_IF_ERROR(
+      ReduceScatterRows(*etp_comm_, gathered, sv.etp_rows, h_, recv).Prefixed(what));
+  return recv;
+}
+
 Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const Tensor& x_full,
-                                    int64_t b, MoeSaved& sv) {
+                                    MoeSaved& sv) {
   const ModelSpec& m = cfg_.model;
   const int64_t n = Rows(x), E = m.num_experts, k = m.moe_topk, G = E / cfg_.ep;
   const int64_t fe = m.moe_ffn_hidden / cfg_.etp, nk = n * k;
@@ -286,12 +304,7 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
   PTDP_ASSIGN_OR_RETURN(Tensor x_recv,
                         MoeExchange(x_send, sv.send_rows, sv.recv_rows, R_ep,
                                     "MoE all-to-all"));
-  Tensor x_gathered = x_recv;
-  if (etp > 1) {
-    PTDP_ASSIGN_OR_RETURN(x_gathered, MoeRows(R, h_));
-    PTDP_RETURN_IF_ERROR(AllGatherRows(*etp_comm_, x_recv, sv.etp_rows, h_, x_gathered)
-                             .Prefixed("MoE expert-TP all-gather"));
-  }
+  PTDP_ASSIGN_OR_RETURN(Tensor x_gathered, MoeEtpGather(x_recv, sv, "MoE expert-TP all-gather"));
   PTDP_ASSIGN_OR_RETURN(sv.xe, MoeGather(x_gathered, sv.expert_order, h_));
   PTDP_ASSIGN_OR_RETURN(sv.ze, MoeRows(R, fe));
   PTDP_ASSIGN_OR_RETURN(sv.ae, MoeRows(R, fe));
@@ -310,12 +323,8 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
   }
   // Back: partial sums over ETP, over EP, to assignment order, weighted, added per token.
   PTDP_ASSIGN_OR_RETURN(Tensor y_gathered, MoeGather(ye, sv.gathered_order, h_));
-  Tensor y_recv = y_gathered;
-  if (etp > 1) {
-    PTDP_ASSIGN_OR_RETURN(y_recv, MoeRows(R_ep, h_));
-    PTDP_RETURN_IF_ERROR(ReduceScatterRows(*etp_comm_, y_gathered, sv.etp_rows, h_, y_recv)
-                             .Prefixed("MoE expert-TP reduce-scatter"));
-  }
+  PTDP_ASSIGN_OR_RETURN(Tensor y_recv,
+                        MoeEtpReduce(y_gathered, sv, "MoE expert-TP reduce-scatter"));
   PTDP_ASSIGN_OR_RETURN(Tensor y_send,
                         MoeExchange(y_recv, sv.recv_rows, sv.send_rows, nk,
                                     "MoE all-to-all"));
@@ -337,16 +346,14 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
     PTDP_ASSIGN_OR_RETURN(Tensor shared, ReduceSeq(partial));
     be_.Add(out, shared, out);
   }
-  (void)b;
   return out;
 }
 
-Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout, int64_t b,
+Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout,
                                      const MoeSaved& sv) {
   const ModelSpec& m = cfg_.model;
   const int64_t n = Rows(sv.x), E = m.num_experts, k = m.moe_topk, G = E / cfg_.ep;
   const int64_t fe = m.moe_ffn_hidden / cfg_.etp, nk = n * k;
-  const int etp = cfg_.etp;
   const int64_t R = std::accumulate(sv.etp_rows.begin(), sv.etp_rows.end(), int64_t(0));
   const int64_t R_ep = std::accumulate(sv.recv_rows.begin(), sv.recv_rows.end(), int64_t(0));
   PTDP_ASSIGN_OR_RETURN(Tensor dx, F32({n, h_}));  // zeroed; every part adds to it
@@ -379,12 +386,8 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout, int
   PTDP_ASSIGN_OR_RETURN(Tensor dy_recv,
                         MoeExchange(dy_send, sv.send_rows, sv.recv_rows, R_ep,
                                     "MoE all-to-all (backward)"));
-  Tensor dy_gathered = dy_recv;
-  if (etp > 1) {
-    PTDP_ASSIGN_OR_RETURN(dy_gathered, MoeRows(R, h_));
-    PTDP_RETURN_IF_ERROR(AllGatherRows(*etp_comm_, dy_recv, sv.etp_rows, h_, dy_gathered)
-                             .Prefixed("MoE expert-TP all-gather (backward)"));
-  }
+  PTDP_ASSIGN_OR_RETURN(Tensor dy_gathered,
+                        MoeEtpGather(dy_recv, sv, "MoE expert-TP all-gather (backward)"));
   PTDP_ASSIGN_OR_RETURN(Tensor dye, MoeGather(dy_gathered, sv.expert_order, h_));
   PTDP_ASSIGN_OR_RETURN(Tensor dxe, MoeRows(R, h_));
   int64_t row0 = 0;
@@ -407,12 +410,8 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout, int
     row0 += r;
   }
   PTDP_ASSIGN_OR_RETURN(Tensor dx_gathered, MoeGather(dxe, sv.gathered_order, h_));
-  Tensor dx_recv = dx_gathered;
-  if (etp > 1) {
-    PTDP_ASSIGN_OR_RETURN(dx_recv, MoeRows(R_ep, h_));
-    PTDP_RETURN_IF_ERROR(ReduceScatterRows(*etp_comm_, dx_gathered, sv.etp_rows, h_, dx_recv)
-                             .Prefixed("MoE expert-TP reduce-scatter (backward)"));
-  }
+  PTDP_ASSIGN_OR_RETURN(Tensor dx_recv,
+                        MoeEtpReduce(dx_gathered, sv, "MoE expert-TP reduce-scatter (backward)"));
   PTDP_ASSIGN_OR_RETURN(Tensor dx_send,
                         MoeExchange(dx_recv, sv.recv_rows, sv.send_rows, nk,
                                     "MoE all-to-all (backward)"));
@@ -449,7 +448,6 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout, int
   PTDP_RETURN_IF_ERROR(be_.CopyFromHost(dz.data(), dlogits));
   be_.Matmul(dlogits, true, sv.x, false, w.router->grad, 1.0f, 1.0f);
   be_.Matmul(dlogits, false, w.router->value, false, dx, 1.0f, 1.0f);
-  (void)b;
   return dx;
 }
 

@@ -187,7 +187,6 @@ struct Rank {
   std::unique_ptr<TimedCommunicator> ep, etp, tpcp;
   std::unique_ptr<Communicator> edp;
   ExpertCoord expert;
-  int edp_index = 0;  // index in the expert-DP group
   std::unique_ptr<Communicator> world;  // every rank of the layout, group rank = global rank
   std::unique_ptr<TimedCommunicator> tp;
   std::vector<std::unique_ptr<GptChunk>> chunks;  // by chunk index c
@@ -195,7 +194,6 @@ struct Rank {
   std::unique_ptr<DataLoader> data;
   RankTimes times;
   double tp_seconds = 0;  // accumulated by the TP and CP decorators
-  int red_index = 0;      // index in the dense reduction group (DP x CP)
   // The dense parameters' reduction group: DP x CP, which is DP without CP.
   Communicator& Reduction() const { return dpcp ? *dpcp : *dp; }
   // Step outputs.
@@ -298,10 +296,6 @@ struct Trainer::Impl {
   // Row j < sc of this CP rank's part of a sequence: its position in the whole sequence
   // (Megatron's load balancing: chunks cp_rank and 2c-1-cp_rank of 2c).
   int CpPosition(int cp_rank, int j) const;
-  // The ranks of the dense reduction group of a rank (DP x CP).
-  std::vector<int> ReductionGroup(int rank) const {
-    return c > 1 ? grid.DpCpGroup(rank) : grid.DpGroup(rank);
-  }
   Status EvaluateRank(Rank& rk, const std::vector<int32_t>& windows, int count, double* loss);
   Status ExchangeReports(Rank& rk, const RankReport& mine);
   Status BroadcastDoubles(Rank& rk, int root, double* values, int64_t n);
@@ -411,10 +405,6 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
           &step_start, StepEventKind::kCpComm);
       PTDP_ASSIGN_OR_RETURN(rk.dpcp, comms.Group(g, grid.DpCpGroup(g), "DPCP"));
     }
-    {
-      const std::vector<int> red = ReductionGroup(g);
-      rk.red_index = int(std::find(red.begin(), red.end(), g) - red.begin());
-    }
     rk.expert = grid.Expert(g);
     if (moe) {
       auto timed = [&](std::unique_ptr<Communicator> inner) {
@@ -429,7 +419,6 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
       rk.ep = timed(std::move(epc));
       rk.etp = timed(std::move(etpc));
       rk.tpcp = timed(std::move(tpcpc));
-      rk.edp_index = rk.expert.edp;
     }
     if (rk.coord.pp == 0 || rk.coord.pp == p - 1) {
       PTDP_ASSIGN_OR_RETURN(rk.emb, comms.Group(g, grid.EmbeddingGroup(g), "EMB"));
@@ -473,18 +462,15 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
 }
 
 Status Trainer::Impl::BuildState(Rank& rk) {
-  const int R = d * c;  // the dense reduction group's size
   for (auto& chunk : rk.chunks)
     for (const ChunkParam& cp : chunk->params()) {
       ParamState ps;
       ps.param = chunk->Find(cp.spec.name);
       // Routed experts: reduced (and with dist-opt sliced) over expert DP.
-      const bool expert = cp.spec.expert >= 0;
-      const int group_size = expert ? grid.edp() : R;
-      const int index = expert ? rk.edp_index : rk.red_index;
-      const bool sliced = cfg.layout.distributed_optimizer && group_size > 1;
-      ps.group = expert ? rk.edp.get() : &rk.Reduction();
-      ps.slices = sliced ? group_size : 1;
+      ps.group = cp.spec.expert >= 0 ? rk.edp.get() : &rk.Reduction();
+      const int index = ps.group->rank();
+      const bool sliced = cfg.layout.distributed_optimizer && ps.group->size() > 1;
+      ps.slices = sliced ? ps.group->size() : 1;
       ps.slice = sliced ? index : 0;
       ps.numel = cp.value.numel();
       ps.k = (ps.numel + ps.slices - 1) / ps.slices;
@@ -507,9 +493,7 @@ Status Trainer::Impl::BuildState(Rank& rk) {
 }
 
 int Trainer::Impl::CpPosition(int cp_rank, int j) const {
-  if (c == 1) return j;
-  const int len = s / (2 * c);
-  return j < len ? cp_rank * len + j : (2 * c - 1 - cp_rank) * len + (j - len);
+  return c == 1 ? j : int(LoadBalancedChunks(s, c, cp_rank).Position(j));
 }
 
 // (b, sc) token ids of micro-batch `mb` of this rank's DP share at `step`: the inputs [:, :s],
@@ -1149,10 +1133,9 @@ Result<TrainingState> Trainer::ExportState() {
       index[kStatePrefix[which] + ps.name] = st.tensors.size();
       st.tensors.push_back({kStatePrefix[which] + ps.name, shape, std::vector<float>(size_t(n))});
     }
-  // Each whole tensor from DP replica 0's shards: TP replicas and the last stage's copy of the
-  // tied embedding hold the same values as the ones read.
-  // A shard is read from the first rank of its reduction group (DP x CP for dense parameters,
-  // expert DP for routed experts).
+  // Each whole tensor from the shards of the first rank of each reduction group (DP x CP for
+  // dense parameters, expert DP for routed experts): TP replicas and the last stage's copy of
+  // the tied embedding hold the same values as the ones read.
   for (const Rank& rk : im.ranks) {
     size_t state_index = 0;
     for (const auto& chunk : rk.chunks)
