@@ -32,9 +32,9 @@
 namespace ptdp::rt {
 namespace {
 
-// The k largest of z[0..E), largest first, ties to the lower index.
-void TopK(const float* z, int64_t E, int64_t k, int32_t* idx) {
-  std::vector<int32_t> order(static_cast<size_t>(E));
+// The k largest of z[0..E), largest first, ties to the lower index (`order`: E scratch slots).
+void TopK(const float* z, int64_t E, int64_t k, int32_t* idx, std::vector<int32_t>& order) {
+  order.resize(static_cast<size_t>(E));
   std::iota(order.begin(), order.end(), 0);
   std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
     return z[a] > z[b] || (z[a] == z[b] && a < b);
@@ -169,12 +169,13 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
   sv.prob.assign(size_t(nk), 0.0f);
   sv.score.assign(sigmoid ? size_t(nk) : 0, 0.0f);
   std::vector<int64_t> count(size_t(E), 0);
+  std::vector<int32_t> order_scratch;
+  std::vector<double> v(static_cast<size_t>(k));  // the chosen experts' scores
   for (int64_t t = 0; t < n; ++t) {
     const float* zt = z.data() + t * E;
     int32_t* idx = sv.choice.data() + t * k;
-    TopK(zt, E, k, idx);
+    TopK(zt, E, k, idx, order_scratch);
     double sum = 0;
-    std::vector<double> v(static_cast<size_t>(k));
     for (int64_t j = 0; j < k; ++j) {
       v[size_t(j)] = sigmoid ? Sigmoid(zt[idx[j]]) : std::exp(double(zt[idx[j]]) - zt[idx[0]]);
       sum += v[size_t(j)];
