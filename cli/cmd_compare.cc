@@ -97,6 +97,13 @@ int RunCompare(const CompareFlags& f) {
                   c.cluster_name.c_str());
     PrintTable(c, u);
     PrintRanks(c, u);
+    if (c.predicted_step_at_measured_load_s > 0)
+      std::printf("\nexpert load (the most loaded EP rank's routed rows / the mean): predicted "
+                  "%.2f (moe_dropless_load), measured %.2f; at the measured load the predicted "
+                  "step is %.2f %s (%s)\n",
+                  c.predicted_expert_load, c.measured_expert_load,
+                  c.predicted_step_at_measured_load_s * u.scale, u.name,
+                  Pct(ErrorPct(c.predicted_step_at_measured_load_s, c.measured_step_s)).c_str());
     std::printf("\nerrors are (predicted - measured) / measured; pp_bubble is the time blocked in "
                 "pipeline sends and receives, waiting for the peer included\n");
     std::printf("summary: %s step time %s (predicted %.2f %s, measured %.2f %s), peak memory %s\n",

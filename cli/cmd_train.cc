@@ -144,8 +144,13 @@ nlohmann::json MachineJson(const std::string& backend) {
 }
 
 nlohmann::json StepJson(const rt::StepResult& s) {
-  return {{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm}, {"lr", s.lr},
-          {"skipped", s.skipped}, {"step_time_s", s.step_time_s}, {"tokens_per_s", s.tokens_per_s}};
+  nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm},
+                      {"lr", s.lr}, {"skipped", s.skipped}, {"step_time_s", s.step_time_s},
+                      {"tokens_per_s", s.tokens_per_s}};
+  double load = 0;  // MoE: the step's largest measured expert load over the ranks
+  for (const rt::RankTimes& r : s.ranks) load = std::max(load, r.expert_load);
+  if (load > 0) j["expert_load"] = load;
+  return j;
 }
 
 // Mean per-rank times over the steps after the first (which pays for warm-up), or over all
@@ -230,6 +235,10 @@ nlohmann::json TimingJson(const std::vector<rt::StepResult>& steps, int warmup,
       for (size_t i = first; i < steps.size(); ++i) v.push_back(steps[i].ranks[r].*field);
       j[name] = Median(v);
     }
+    // MoE: the measured expert load (RankTimes::expert_load), on ranks with MoE layers.
+    std::vector<double> load;
+    for (size_t i = first; i < steps.size(); ++i) load.push_back(steps[i].ranks[r].expert_load);
+    if (Median(load) > 0) j["expert_load"] = Median(load);
     ranks.push_back(j);
   }
   return {{"warmup_steps", first}, {"timed_steps", step_times.size()},

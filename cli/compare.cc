@@ -119,7 +119,9 @@ void ReadMeasured(const json& j, const std::string& file, Comparison* c) {
     m[kOptimizer] = Num(x, "optimizer_s", at, limits::kRunSeconds);
     m[kIdle] = Num(x, "idle_s", at, limits::kRunSeconds);
     c->ranks[r].measured_memory_bytes = Num(x, "peak_memory_bytes", at, limits::kRunBytes);
-
+    if (x.contains("expert_load"))  // MoE runs (older files lack it)
+      c->measured_expert_load = std::max(c->measured_expert_load,
+                                         Num(x, "expert_load", at, limits::kRunExpertLoad));
   }
   if (j.contains("timeline") && j["timeline"].is_object()) {
     const json& t = j["timeline"];
@@ -224,6 +226,18 @@ Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_fil
     return Status::Error(what.rfind(measured_file, 0) == 0 ? what : measured_file + ": " + what);
   }
   FillPredicted(w, l, &c);
+  if (c.measured_expert_load > 0 && l.ep > 1) {
+    // The plan's assumption against the run's routing: the same prediction with the measured
+    // expert load in place of moe_dropless_load (the cluster's calibration map overrides it).
+    c.predicted_expert_load = w.cost->constants().moe_dropless_load;
+    World at_load;
+    at_load.cluster = w.cluster;
+    at_load.cluster.calibration["moe_dropless_load"] = c.measured_expert_load;
+    PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(at_load.cluster));
+    PTDP_ASSIGN_OR_RETURN(AnalyticModel cost, AnalyticModel::Create(w.model, topo));
+    PTDP_ASSIGN_OR_RETURN(const SimResult sim, SimulateStep(cost, l, SimOptions{}));
+    c.predicted_step_at_measured_load_s = sim.step_time_s;
+  }
   return c;
 }
 
@@ -248,9 +262,15 @@ json ComparisonJson(const Comparison& c) {
                      {"measured", parts(r.measured)},
                      {"predicted_memory_bytes", r.predicted_memory_bytes},
                      {"measured_memory_bytes", r.measured_memory_bytes},
-
                      {"memory_error_pct", err(r.predicted_memory_bytes, r.measured_memory_bytes)}});
+  json load = nullptr;  // MoE with ep > 1: the routing assumed and measured
+  if (c.predicted_step_at_measured_load_s > 0)
+    load = {{"predicted", c.predicted_expert_load},
+            {"measured", c.measured_expert_load},
+            {"predicted_step_time_s", c.predicted_step_at_measured_load_s},
+            {"step_time_error_pct", err(c.predicted_step_at_measured_load_s, c.measured_step_s)}};
   return {{"step_time_error_pct", err(c.predicted_step_s, c.measured_step_s)},
+          {"expert_load", load},
           {"memory_error_pct", err(c.PredictedMemoryMax(), c.MeasuredMemoryMax())},
           {"predicted_step_time_s", c.predicted_step_s},
           {"measured_step_time_s", c.measured_step_s},

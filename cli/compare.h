@@ -52,6 +52,12 @@ struct Comparison {
   Prediction prediction;                      // the simulated prediction (memory per stage)
   std::vector<std::vector<MeasuredEvent>> timeline;  // by global rank; empty when not recorded
   double timeline_step_s = 0;                 // that step's time
+  // MoE with ep > 1: the routing the prediction assumed (moe_dropless_load: the most loaded
+  // EP rank's routed rows over the mean) and the run's (the largest rank's median of
+  // measured.json's expert_load), and the predicted step time with the measured load: how
+  // much of the error is the routing rather than the cost model. 0 when not measured.
+  double predicted_expert_load = 0, measured_expert_load = 0;
+  double predicted_step_at_measured_load_s = 0;
 
   // Mean over ranks of each part.
   Parts PredictedMean() const;

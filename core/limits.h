@@ -93,6 +93,8 @@ inline constexpr Range kRunStepTime{"measured step time", 1e-9, 1e9, Dimension::
 inline constexpr Range kRunSeconds{"measured seconds", 0, 1e9, Dimension::kDuration};
 inline constexpr Range kRunBytes{"measured bytes", 0, 1152921504606846976.0, Dimension::kBytes};  // 0..1 EiB
 inline constexpr Range kRunSteps{"steps", 0, 1e9, std::nullopt};
+// The most loaded EP rank's routed rows over the mean (at most ep, the whole load on one rank).
+inline constexpr Range kRunExpertLoad{"measured expert load", 1, 1e6, std::nullopt};
 inline constexpr Range kMoeCapacityFactor{"MoE capacity factor", 0, 1000, std::nullopt, true};
 inline constexpr Range kMoeAuxLossCoeff{"MoE auxiliary loss coefficient", 0, 1, std::nullopt, true};
 inline constexpr Range kMachineCores{"machine cores", 0, double(kMaxCores), std::nullopt};

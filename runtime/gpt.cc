@@ -4,6 +4,7 @@
 
 #include <cassert>
 #include <memory>
+#include <numeric>
 #include <utility>
 
 #include "runtime/gpt_internal.h"
@@ -372,6 +373,9 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
   if (w.moe) {
     sv.moe = std::make_shared<MoeSaved>();
     PTDP_ASSIGN_OR_RETURN(out, MoeForward(w, ln2, sv.ln2_full, *sv.moe));
+    if (!recomputing)
+      expert_rows_.push_back(std::accumulate(sv.moe->expert_rows.begin(),
+                                             sv.moe->expert_rows.end(), int64_t(0)));
   } else {
     PTDP_ASSIGN_OR_RETURN(sv.fc1, F32({n, ffn_}));
     be_.Matmul(sv.ln2_full, false, w.fc1_w->value, true, sv.fc1);

@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/layout.h"
@@ -154,6 +155,11 @@ class GptChunk {
   // Micro-batches forwarded but not yet backwarded (or released).
   size_t in_flight() const { return saved_.size(); }
 
+  // The rows this rank's routed experts computed in each MoE layer forward since the last call,
+  // in call order (a full recompute's rerun not counted), and forgets them. The trainer's
+  // measured expert load (RankTimes::expert_load) comes from these.
+  std::vector<int64_t> TakeExpertRows() { return std::exchange(expert_rows_, {}); }
+
  private:
   struct LayerRefs;   // a layer's parameters
   struct LayerSaved;  // a layer's activations for backward
@@ -228,6 +234,7 @@ class GptChunk {
 
   GptChunkConfig cfg_;
   Backend& be_;
+  std::vector<int64_t> expert_rows_;  // TakeExpertRows
   Communicator& tp_comm_;
   Communicator* cp_comm_ = nullptr;
   Communicator* ep_comm_ = nullptr;

@@ -145,6 +145,35 @@ const char* At(const void* p, size_t offset_bytes) {
 }
 char* At(void* p, size_t offset_bytes) { return static_cast<char*>(p) + offset_bytes; }
 
+void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Takes `mu`, first polling try_lock for a few microseconds when `spin`. Why: a std::mutex that
+// is held puts the caller to sleep in the kernel and its holder's unlock must wake it; on the
+// dev VM that costs the waker a system call and the sleeper tens of microseconds (a halted
+// vCPU), while the sections these mutexes guard last a microsecond or two. Two ranks entering
+// the same exchange contend for its group's mutex every time (issue 16: ep2's all-to-alls took
+// 40-70 us against 25-35 us in the microbenchmark). No spinning when ranks outnumber cores.
+void LockSpinning(std::mutex& mu, bool spin) {
+  if (spin)
+    for (int i = 0; i < 4096; ++i) {
+      if (mu.try_lock()) return;
+      CpuRelax();
+    }
+  mu.lock();
+}
+// Locks the (unlocked) unique_lock's mutex as LockSpinning does.
+void RelockSpinning(std::unique_lock<std::mutex>& lk, bool spin) {
+  std::mutex* mu = lk.mutex();
+  LockSpinning(*mu, spin);
+  lk = std::unique_lock<std::mutex>(*mu, std::adopt_lock);
+}
+
 }  // namespace
 
 struct Rendezvous::State {
@@ -157,7 +186,8 @@ struct Rendezvous::State {
   std::vector<Activity> activity;  // per global rank
 
   std::string Describe(int global_rank) {
-    std::lock_guard<std::mutex> lk(mu);
+    LockSpinning(mu, spin_s > 0);
+    std::lock_guard<std::mutex> lk(mu, std::adopt_lock);
     const Activity& a = activity[size_t(global_rank)];
     if (a.group == nullptr) return "has not called any operation yet";
     std::ostringstream s;
@@ -168,11 +198,13 @@ struct Rendezvous::State {
     return s.str();
   }
   void Set(int global_rank, Activity a) {
-    std::lock_guard<std::mutex> lk(mu);
+    LockSpinning(mu, spin_s > 0);
+    std::lock_guard<std::mutex> lk(mu, std::adopt_lock);
     activity[size_t(global_rank)] = a;
   }
   void SetWaiting(int global_rank, bool waiting) {
-    std::lock_guard<std::mutex> lk(mu);
+    LockSpinning(mu, spin_s > 0);
+    std::lock_guard<std::mutex> lk(mu, std::adopt_lock);
     activity[size_t(global_rank)].waiting = waiting;
   }
 };
@@ -289,7 +321,8 @@ class RendezvousCommunicator final : public Communicator {
   // Fails the group with `message` (keeping an earlier failure's message) and wakes every rank
   // waiting on it.
   Status Fail(const std::string& message) {
-    std::lock_guard<std::mutex> lk(g_.mu);
+    LockSpinning(g_.mu, Spins());
+    std::lock_guard<std::mutex> lk(g_.mu, std::adopt_lock);
     return FailLocked(message);
   }
   Status FailLocked(const std::string& message) {
@@ -332,6 +365,7 @@ class RendezvousCommunicator final : public Communicator {
     if (pred() || Spin(lk, std::chrono::steady_clock::now() + SpinTime(), pred)) return;
     g_.cv.wait(lk, pred);
   }
+  bool Spins() const { return w_->spin_s > 0; }
   std::chrono::nanoseconds SpinTime() const {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::duration<double>(w_->spin_s));
@@ -355,17 +389,10 @@ class RendezvousCommunicator final : public Communicator {
         }
         if ((polls & 63) == 0 && std::chrono::steady_clock::now() >= end) break;
       }
-      lk.lock();
+      RelockSpinning(lk, true);
       if (pred()) return true;
     }
     return false;
-  }
-  static void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
   }
 
   std::string TimeoutText() const {
@@ -379,7 +406,8 @@ class RendezvousCommunicator final : public Communicator {
   Status Collective(const CollDesc& d, const void* in, void* out) {
     // Peers read `in` (and the root's buffer) once all arrived: it must be complete by then.
     if (Status s = plane_->Publish(); !s.ok()) return Fail(PlaneError(d.kind, s));
-    std::unique_lock<std::mutex> lk(g_.mu);
+    LockSpinning(g_.mu, Spins());
+    std::unique_lock<std::mutex> lk(g_.mu, std::adopt_lock);
     if (!g_.failure.empty()) return Refused(d.kind);
     int n = size();
     int64_t seq = ++g_.coll_seq[size_t(me_)];
@@ -412,7 +440,7 @@ class RendezvousCommunicator final : public Communicator {
     // Second barrier: nobody returns (and frees or overwrites its buffers) before all have read
     // them. No timeout: every member has arrived, so every member finishes. A member whose
     // share failed fails the group, so that no member takes a result with a hole in it.
-    lk.lock();
+    RelockSpinning(lk, Spins());
     if (!computed.ok()) FailLocked(PlaneError(d.kind, computed));
     if (++g_.computed == n) {
       for (Slot& s : g_.slots) s.arrived = false;
@@ -574,7 +602,8 @@ class RendezvousCommunicator final : public Communicator {
     if (sends)
       if (Status s = plane_->Publish(); !s.ok()) return Fail(PlaneError(OpKind::kSend, s));
     std::vector<Message> msgs(ops.size());  // fixed size: the mailboxes point into it
-    std::unique_lock<std::mutex> lk(g_.mu);
+    LockSpinning(g_.mu, Spins());
+    std::unique_lock<std::mutex> lk(g_.mu, std::adopt_lock);
     if (!g_.failure.empty() && !ops.empty())
       return Refused(ops[0].send ? OpKind::kSend : OpKind::kRecv);
     for (size_t k = 0; k < ops.size(); ++k) {
@@ -630,7 +659,7 @@ class RendezvousCommunicator final : public Communicator {
     Status copied = m->bytes > 0 ? plane_->Copy(op.t.data(), m->data, m->bytes) : Status::Ok();
     const Status finished = plane_->Finish();
     if (copied.ok()) copied = finished;
-    lk.lock();
+    RelockSpinning(lk, Spins());
     m->done = true;
     g_.Notify();
     w_->SetWaiting(global_, false);

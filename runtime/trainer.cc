@@ -1,4 +1,4 @@
-// Trainer: every rank a thread walking its core/ Schedule over GptChunks, then Megatron's
+// Trainer: every rank a (persistent) thread walking its core/ Schedule over GptChunks, then Megatron's
 // finalize-grads, global-norm clipping and AdamW; see trainer.h for the contract.
 //
 // Letters: t TP, c CP, p PP, d DP, v chunks per pipeline rank, m micro-batches, b micro-batch,
@@ -24,8 +24,10 @@
 #include <chrono>
 #include <cassert>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <numbers>
 #include <thread>
 #include <tuple>
@@ -87,6 +89,8 @@ class TimedCommunicator final : public Communicator {
     return Timed([&] { return inner_->Recv(t, peer); });
   }
   Status GroupStart() override { return inner_->GroupStart(); }
+  // The wrapped communicator, for work that is not the step's (measurements).
+  Communicator& inner() { return *inner_; }
   Status GroupEnd() override { return Timed([&] { return inner_->GroupEnd(); }); }
   Status AllToAll(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
                   const std::vector<int64_t>& recv_counts) override {
@@ -143,17 +147,18 @@ using Key = std::tuple<int, int, bool>;
 // RankTimes' figures as plain words; its event list stays with the rank's own process.
 struct TimesWords {
   double forward_s = 0, backward_s = 0, tp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0,
-         optimizer_s = 0, idle_s = 0, peak_memory_bytes = 0;
+         optimizer_s = 0, idle_s = 0, peak_memory_bytes = 0, expert_load = 0;
 };
 TimesWords ToWords(const RankTimes& t) {
   return {t.forward_s, t.backward_s, t.tp_comm_s, t.pp_wait_s,
-          t.dp_comm_s, t.optimizer_s, t.idle_s,   t.peak_memory_bytes};
+          t.dp_comm_s, t.optimizer_s, t.idle_s,   t.peak_memory_bytes, t.expert_load};
 }
 RankTimes FromWords(const TimesWords& w) {
   RankTimes t;
   t.forward_s = w.forward_s, t.backward_s = w.backward_s, t.tp_comm_s = w.tp_comm_s;
   t.pp_wait_s = w.pp_wait_s, t.dp_comm_s = w.dp_comm_s, t.optimizer_s = w.optimizer_s;
   t.idle_s = w.idle_s, t.peak_memory_bytes = w.peak_memory_bytes;
+  t.expert_load = w.expert_load;
   return t;
 }
 
@@ -163,7 +168,7 @@ struct RankReport {
   TimesWords times;
   double stop = 0;  // TrainerConfig::stop_requested() at the end of the step (0 when unset)
 };
-static_assert(sizeof(RankReport) == 12 * sizeof(double) &&
+static_assert(sizeof(RankReport) == 13 * sizeof(double) &&
                   std::is_trivially_copyable_v<RankReport>,
               "RankReport is sent as raw words");
 
@@ -202,6 +207,67 @@ struct Rank {
   double eval_loss = 0;             // after Evaluate: the job's loss
   bool eval_root_ok = false;        // the rank that computed it succeeded
   bool skipped = false;  // non-finite norm or loss under NanPolicy::kSkip: no update
+};
+
+// One persistent thread per local rank but the first, which runs on the caller's thread.
+// Starting a thread per rank for every step cost ~0.3 ms of each step on the CPU backend (the
+// ranks began their work that late; see issue 16's note), which the runtime model never sees.
+class RankThreads {
+ public:
+  explicit RankThreads(size_t n) {
+    for (size_t i = 1; i < n; ++i) threads_.emplace_back([this, i] { Work(i); });
+  }
+  ~RankThreads() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (std::thread& th : threads_) th.join();
+  }
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
+
+  // fn(i) for every i < 1 + workers, fn(0) on this thread; returns when all have returned.
+  void Run(const std::function<void(size_t)>& fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = &fn;
+      pending_ = threads_.size();
+      ++generation_;
+    }
+    start_.notify_all();
+    fn(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    task_ = nullptr;
+  }
+
+ private:
+  void Work(size_t i) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(size_t)>* task = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        task = task_;
+      }
+      (*task)(i);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable start_, done_;
+  const std::function<void(size_t)>* task_ = nullptr;
+  uint64_t generation_ = 0;
+  size_t pending_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace
@@ -264,6 +330,7 @@ struct Trainer::Impl {
     return ps.expert >= 0 ? grid.Expert(rank).etp : grid.Coord(rank).tp;
   }
   std::vector<Rank> ranks;
+  std::unique_ptr<RankThreads> threads;  // one per local rank, made by Build
   int64_t steps = 0;
   Clock::time_point step_start;  // origin of the step's timeline events
 
@@ -292,6 +359,7 @@ struct Trainer::Impl {
   Status ReduceGradients(Rank& rk);
   Status ReduceEmbedding(Rank& rk);
   Status OptimizerStep(Rank& rk);
+  Status MeasureExpertLoad(Rank& rk);
   Result<Tensor> Tokens(Rank& rk, int64_t step, int mb, bool targets);
   // Row j < sc of this CP rank's part of a sequence: its position in the whole sequence
   // (Megatron's load balancing: chunks cp_rank and 2c-1-cp_rank of 2c).
@@ -310,19 +378,17 @@ struct Trainer::Impl {
 
 namespace {
 
-// Runs fn(rank) on one thread per rank. On failure returns the failure that names the silent
-// rank when one stopped answering (runtime/failures.h), prefixed with its rank.
-Status OnEveryRank(std::vector<Rank>& ranks, const std::function<Status(Rank&)>& fn) {
+// Runs fn(rank) for every local rank, each on its own thread of `threads`. On failure returns
+// the failure that names the silent rank when one stopped answering (runtime/failures.h),
+// prefixed with its rank.
+Status OnEveryRank(RankThreads& threads, std::vector<Rank>& ranks,
+                   const std::function<Status(Rank&)>& fn) {
   std::vector<Status> status(ranks.size());
   std::vector<Clock::time_point> done(ranks.size());
-  std::vector<std::thread> threads;
-  threads.reserve(ranks.size());
-  for (size_t i = 0; i < ranks.size(); ++i)
-    threads.emplace_back([&, i] {
-      status[i] = fn(ranks[i]);
-      done[i] = Clock::now();
-    });
-  for (std::thread& th : threads) th.join();
+  threads.Run([&](size_t i) {
+    status[i] = fn(ranks[i]);
+    done[i] = Clock::now();
+  });
   // By global rank (ranks of other processes count as OK here), for the root-cause search.
   size_t n = 0;
   for (const Rank& rk : ranks) n = std::max(n, size_t(rk.global) + 1);
@@ -384,6 +450,7 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
   const std::vector<GroupSet> sets = GroupSets();
   PTDP_RETURN_IF_ERROR(comms.Prepare(sets).Prefixed("preparing the communicators"));
   ranks.resize(local.size());
+  threads = std::make_unique<RankThreads>(ranks.size());
   for (size_t i = 0; i < local.size(); ++i) {
     const int g = local[i];
     Rank& rk = ranks[i];
@@ -728,6 +795,41 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
   return Status::Ok();
 }
 
+// RankTimes::expert_load of this step: the EP group's routed-expert rows of each MoE layer
+// forward (GptChunk::TakeExpertRows; the same calls in the same order on every rank of the group,
+// which shares the pipeline rank), gathered over EP without timing (it is a measurement, not
+// the step's work), then sum over the calls of the largest rank's rows over the sum of the
+// mean: each exchange waits for the most loaded rank, the cost model's expert load
+// (moe_dropless_load). 1 at ep 1; 0 on a rank without MoE layers.
+Status Trainer::Impl::MeasureExpertLoad(Rank& rk) {
+  std::vector<float> rows;
+  for (auto& chunk : rk.chunks)
+    for (int64_t r : chunk->TakeExpertRows()) rows.push_back(float(r));
+  rk.times.expert_load = rows.empty() ? 0.0 : 1.0;
+  if (rows.empty() || ep == 1) return Status::Ok();
+  const int64_t n = int64_t(rows.size());
+  Backend& be = *rk.backend;
+  PTDP_ASSIGN_OR_RETURN(Tensor mine, be.Alloc({n}, DType::kF32));
+  PTDP_ASSIGN_OR_RETURN(Tensor all, be.Alloc({n * ep}, DType::kF32));
+  PTDP_RETURN_IF_ERROR(be.CopyFromHost(rows.data(), mine));
+  PTDP_RETURN_IF_ERROR(rk.ep->inner().AllGather(mine, all).Prefixed("expert load"));
+  std::vector<float> host(size_t(n * ep));
+  PTDP_RETURN_IF_ERROR(be.CopyToHost(all, host.data()));
+  double most = 0, mean = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double top = 0, sum = 0;
+    for (int r = 0; r < ep; ++r) {
+      const double x = host[size_t(r * n + i)];
+      top = std::max(top, x);
+      sum += x;
+    }
+    most += top;
+    mean += sum / ep;
+  }
+  if (mean > 0) rk.times.expert_load = most / mean;
+  return Status::Ok();
+}
+
 Status Trainer::Impl::RunStep(Rank& rk) {
   const Clock::time_point t0 = Clock::now();
   rk.times = RankTimes{};
@@ -736,7 +838,10 @@ Status Trainer::Impl::RunStep(Rank& rk) {
   rk.grad_norm = 0;
   rk.skipped = false;
   rk.backend->ResetPeak();
-  for (auto& chunk : rk.chunks) chunk->ZeroGrads();
+  for (auto& chunk : rk.chunks) {
+    chunk->ZeroGrads();
+    (void)chunk->TakeExpertRows();  // an evaluation's forwards are not this step's
+  }
   PTDP_RETURN_IF_ERROR(RunOps(rk));
   // The reported loss: mean over the global batch (the last stage holds sum_j loss_j / m, the
   // CP ranks each their tokens' share: summed over DP x CP, then / d).
@@ -752,6 +857,7 @@ Status Trainer::Impl::RunStep(Rank& rk) {
     rk.times.dp_comm_s += Since(l0);
     Record(rk, StepEventKind::kDpComm, -1, -1, l0, Clock::now());
   }
+  PTDP_RETURN_IF_ERROR(MeasureExpertLoad(rk));
   PTDP_RETURN_IF_ERROR(rk.backend->Synchronize());
   rk.times.tp_comm_s = rk.tp_seconds;
   rk.times.peak_memory_bytes = double(rk.backend->PeakBytes());
@@ -866,7 +972,7 @@ Result<StepResult> Trainer::Step() {
   im.step_start = t0;
   const std::string where = "step " + Str(im.steps);
   // A rank that failed still reports (ok = 0), so that the other processes learn of it.
-  PTDP_RETURN_IF_ERROR(OnEveryRank(im.ranks, [&](Rank& rk) {
+  PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {
                          const Status st = im.RunStep(rk);
                          const double stop = im.cfg.stop_requested ? im.cfg.stop_requested() : 0;
                          const Status ex = im.ExchangeReports(
@@ -912,7 +1018,7 @@ Result<double> Trainer::Evaluate(const std::vector<int32_t>& windows, int count)
                          " tokens need " + Str(int64_t(count) * (im.s + 1)) + " tokens, got " +
                          Str(int64_t(windows.size())));
   const int root = im.grid.Rank({0, 0, im.p - 1});
-  PTDP_RETURN_IF_ERROR(OnEveryRank(im.ranks, [&](Rank& rk) {
+  PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {
     double loss = 0;
     // MoE: the expert groups cross DP replicas, so every replica runs the same windows.
     const Status st = rk.coord.dp == 0 || im.moe ? im.EvaluateRank(rk, windows, count, &loss)
@@ -935,7 +1041,7 @@ Result<std::map<std::string, std::vector<float>>> Trainer::GatherParameters() {
   const std::vector<ShardSource> sources = im.ShardSources();
   std::map<std::string, std::vector<float>> out;
   const int collector = im.ranks[0].global;  // the local rank that fills `out`
-  PTDP_RETURN_IF_ERROR(OnEveryRank(im.ranks, [&](Rank& rk) {
+  PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {
     return im.GatherShards(rk, sources, rk.global == collector ? &out : nullptr);
   }).Prefixed("gather parameters"));
   return out;

@@ -106,6 +106,10 @@ struct RankTimes {
   double optimizer_s = 0;    // grad norm, clipping, AdamW
   double idle_s = 0;         // step time minus all the above
   double peak_memory_bytes = 0;  // the rank's backend peak during the step
+  // MoE: over the step's MoE layer forwards, the EP group's most loaded rank's routed rows
+  // over the mean (the cost model's expert load, moe_dropless_load): 1 at ep 1, 0 on a rank
+  // without MoE layers (and for dense models).
+  double expert_load = 0;
   std::vector<StepEvent> events;  // in start order, when TrainerConfig::record_timeline
 };
 

@@ -96,6 +96,42 @@ TEST(Compare, MaxErrorSetsTheExitCode) {
   EXPECT_NE(r.out.find("is above --max-error 0%"), std::string::npos) << r.out;
 }
 
+// MoE at ep 2: measured.json carries the run's expert load (the most loaded EP rank's routed
+// rows over the mean) and compare predicts the step again at that load: the same time when the
+// measured load is the one the prediction assumed, a longer one at a heavier load.
+TEST(Compare, MoeReportsTheMeasuredExpertLoad) {
+  const std::string moe = kSrc + "/configs/models/gpt-tiny-moe.yaml";
+  const std::string plan = Tmp("ep2.plan.yaml"), measured = Tmp("ep2.measured.json");
+  CmdResult r = Ptdp("plan --cluster " + kCpu + " --model " + moe +
+                     " --gpus 2 --ep 2 --global-batch 8 --refine 0 --out " + plan);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = Ptdp("train " + plan + " --steps 3 --out " + measured);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = Ptdp("compare " + plan + " " + measured + " --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j["expert_load"].is_object()) << r.out;
+  const double assumed = j["expert_load"]["predicted"], predicted = j["predicted_step_time_s"];
+  EXPECT_GE(j["expert_load"]["measured"].get<double>(), 1.0);
+  EXPECT_GT(assumed, 1.0);
+  // measured.json with the load set by hand.
+  auto with_load = [&](double load) {
+    std::ifstream in(measured);
+    auto m = nlohmann::json::parse(in);
+    for (auto& rank : m["timing"]["ranks"]) rank["expert_load"] = load;
+    const std::string path = Tmp("ep2-load.measured.json");
+    std::ofstream(path) << m.dump();
+    const CmdResult c = Ptdp("compare " + plan + " " + path + " --json", false);
+    EXPECT_EQ(c.code, 0) << c.out;
+    return nlohmann::json::parse(c.out)["expert_load"]["predicted_step_time_s"].get<double>();
+  };
+  EXPECT_NEAR(with_load(assumed), predicted, 1e-12 * predicted);
+  EXPECT_GT(with_load(2.0), predicted * 1.01);
+  r = Ptdp("compare " + plan + " " + measured);
+  EXPECT_NE(r.out.find("expert load (the most loaded EP rank's routed rows / the mean)"),
+            std::string::npos) << r.out;
+}
+
 TEST(Compare, ErrorsNameTheFile) {
   CmdResult r = Ptdp("compare " + Pp2().plan + " /nonexistent/measured.json");
   EXPECT_EQ(r.code, 1);

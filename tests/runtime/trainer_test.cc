@@ -303,6 +303,35 @@ TEST(Trainer, MoeLayoutsEqualSingleRank) {
   }
 }
 
+// RankTimes::expert_load: the EP group's most loaded rank's routed rows over the mean, summed
+// over the step's MoE forwards. At ep 2 each rank holds half the experts: at least 1 (the
+// mean), at most 2 (every row on one rank), the same on both ranks of the group (computed from
+// the same gathered counts), and not exactly 1 on this routing (the router at init is not
+// balanced to the row). At ep 1 every rank computes all its rows: exactly 1. Dense: 0.
+TEST(Trainer, MeasuresTheExpertLoad) {
+  auto run = [](int ep, bool moe) {
+    Spec sp;
+    sp.dp = 2, sp.ep = ep;
+    TrainerConfig cfg = Config(testing::TinyLayout(sp));
+    if (moe) cfg.model = testing::TinyMoe();
+    return Train(cfg, 2);
+  };
+  const TrainRun ep2 = run(2, true), ep1 = run(1, true), dense = run(1, false);
+  ASSERT_EQ(ep2.steps.size(), 2u);
+  ASSERT_EQ(ep1.steps.size(), 2u);
+  ASSERT_EQ(dense.steps.size(), 2u);
+  for (const StepResult& s : ep2.steps) {
+    ASSERT_EQ(s.ranks.size(), 2u);
+    EXPECT_GT(s.ranks[0].expert_load, 1.0);
+    EXPECT_LE(s.ranks[0].expert_load, 2.0);
+    EXPECT_EQ(s.ranks[0].expert_load, s.ranks[1].expert_load);
+  }
+  for (const StepResult& s : ep1.steps)
+    for (const RankTimes& r : s.ranks) EXPECT_EQ(r.expert_load, 1.0);
+  for (const StepResult& s : dense.steps)
+    for (const RankTimes& r : s.ranks) EXPECT_EQ(r.expert_load, 0.0);
+}
+
 TEST(Trainer, LossFallsOnTheCorpus) {
   // 20 steps at lr 3e-3 from the uniform start (loss ~ log 256 = 5.55): byte frequencies alone
   // bring a byte model under ~3.5, so a drop of more than 1.0 nats is a conservative bar.
