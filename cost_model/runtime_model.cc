@@ -439,10 +439,11 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
     dense += double(n - k) / l.vp;
     moe += double(k) / l.vp;
   }
+  const double restored = std::max(RecomputedBytes(l), moe > 0 ? RecomputedBytes(l, true) : 0.0);
+  const double working = std::max(BackwardWorkingSet(l), moe > 0 ? MoeWorkingSet(l) : 0.0);
   double act = in_flight * (dense * LayerActivationBytes(l) +
                             (moe > 0 ? moe * LayerActivationBytes(l, true) : 0)) +
-               std::max(RecomputedBytes(l), moe > 0 ? RecomputedBytes(l, true) : 0.0) +
-               std::max(BackwardWorkingSet(l), moe > 0 ? MoeWorkingSet(l) : 0.0);
+               restored + working;
   double cached = 0;
   if (r == 0) {  // sequence-first token ids per micro-batch in flight; the cached position ids
     act += in_flight / l.vp * x.T * 4;
@@ -454,8 +455,14 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
     // interleaving, whose last virtual stage runs each backward right after its forward.
     const double out_in_flight =
         l.schedule == ScheduleKind::kGPipe ? double(l.num_microbatches()) : 1.0;
-    const double out = x.Tl * x.h + x.T * x.h + 2 * x.Tl + x.T * x.Vl + 3 * x.T;
-    act += out_in_flight * out * e;
+    const double out = (x.Tl * x.h + x.T * x.h + 2 * x.Tl + x.T * x.Vl + 3 * x.T) * e;
+    // A micro-batch's output tensors go with its loss backward (runtime/gpt.cc Backward), whose
+    // own gradients (the gathered final-LN gradient T h, with SP its scattered part, and the
+    // layers' incoming Tl h) come and go before the layers' backward holds its working set and
+    // a recomputed layer: the peak holds the larger of the two phases, besides the other
+    // micro-batches' outputs (GPipe).
+    const double loss_backward = out + (x.T * x.h + x.Tl * x.h + (x.sp ? x.Tl * x.h : 0)) * e;
+    act += (out_in_flight - 1) * out + std::max(0.0, loss_backward - restored - working);
     cached += x.Vl * e;  // the padded-vocabulary mask
   }
   // A stage below the last holds one more (Tl, h) tensor at its peak: the received gradient

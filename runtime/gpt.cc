@@ -538,6 +538,9 @@ Result<Tensor> GptChunk::Backward(int slot, const Tensor& grad_output) {
   Tensor dx;  // (sl*b, h)
   if (cfg_.has_output) {
     PTDP_ASSIGN_OR_RETURN(dx, OutputBackward(*sv));
+    // Its saved tensors go now, as autograd frees them, before a layer is recomputed.
+    sv->final_x = sv->lnf_mean = sv->lnf_rstd = sv->lnf_full = Tensor();
+    sv->logits = sv->targets = sv->row_max = sv->sum_exp = Tensor();
   } else {
     assert(grad_output.numel() == sl_ * sv->b * h_);
     dx = grad_output.View({sl_ * sv->b, h_});
