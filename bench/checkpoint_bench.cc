@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/shipped.h"
 #include "runtime/checkpoint.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
@@ -31,7 +32,7 @@ using namespace ptdp;
 
 const rt::TokenCorpus& Corpus() {
   static rt::TokenCorpus c = [] {
-    auto r = rt::LoadCorpus(std::string(PTDP_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", 0.1, 2049);
+    auto r = rt::LoadCorpus(bench::Shipped("data/tinyshakespeare/input.txt"), 0.1, 2049);
     if (!r.ok()) { std::fprintf(stderr, "checkpoint_bench: %s\n", r.status().message().c_str()); std::exit(1); }
     return *r;
   }();
@@ -51,7 +52,7 @@ Bench& Get(const std::string& model_file) {
   auto& b = all[model_file];
   if (b) return *b;
   b = std::make_unique<Bench>();
-  auto m = LoadModelFile(std::string(PTDP_SOURCE_DIR) + "/configs/models/" + model_file);
+  auto m = LoadModelFile(bench::Shipped("configs/models/" + model_file));
   if (!m.ok()) { std::fprintf(stderr, "checkpoint_bench: %s\n", m.status().message().c_str()); std::exit(1); }
   b->cfg.model = *m;
   b->cfg.layout.global_batch = 1;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "bench/shipped.h"
 #include "core/model.h"
 #include "cost_model/analytic.h"
 #include "topology/cluster.h"
@@ -21,9 +22,8 @@ struct Fixture {
   // configs/clusters/<cluster_file> resized to `nodes`, configs/models/<model_file>; exits on
   // a load error (a benchmark has no one to return it to).
   Fixture(const std::string& cluster_file, const std::string& model_file, int nodes) {
-    const std::string src = PTDP_SOURCE_DIR;
-    auto c = LoadClusterFile(src + "/configs/clusters/" + cluster_file);
-    auto m = LoadModelFile(src + "/configs/models/" + model_file);
+    auto c = LoadClusterFile(bench::Shipped("configs/clusters/" + cluster_file));
+    auto m = LoadModelFile(bench::Shipped("configs/models/" + model_file));
     if (!c.ok() || !m.ok()) {
       std::fprintf(stderr, "bench: %s %s\n", c.status().message().c_str(),
                    m.status().message().c_str());

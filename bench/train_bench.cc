@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "bench/shipped.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
 #include "runtime/data.h"
@@ -19,7 +20,7 @@ using namespace ptdp;
 
 const rt::TokenCorpus& Corpus() {
   static rt::TokenCorpus c = [] {
-    auto r = rt::LoadCorpus(std::string(PTDP_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", 0.1, 129);
+    auto r = rt::LoadCorpus(bench::Shipped("data/tinyshakespeare/input.txt"), 0.1, 129);
     if (!r.ok()) { std::fprintf(stderr, "train_bench: %s\n", r.status().message().c_str()); std::exit(1); }
     return *r;
   }();

@@ -1,124 +1,210 @@
 #!/usr/bin/env bash
-# The GPU check: one script for a machine with an NVIDIA GPU (issues 5 and 6). It builds ptdp with
-# the CUDA backend, runs the GPU tests and the GEMM/collective benchmarks, trains three layouts of
-# GPT-2 medium (350M) for a few dozen steps, compares each with its prediction, calibrates the GPU
-# (`ptdp calibrate --backend cuda --quick`) and compares the same layouts with the calibrated
-# cluster's predictions, and leaves everything under OUT_DIR: summary.txt (the figures) and
-# gpu-check.tar.gz (every log, measured.json and the calibrated cluster). It aims to finish
-# within 8 minutes on one H200.
+# The GPU check, for a lent machine with one NVIDIA GPU (issue 17): at most ~8 minutes end to
+# end, everything it prints streamed to $OUT/all.log as it happens, and three files back:
 #
-#   scripts/gpu-check.sh OUT_DIR [STEPS]          # STEPS per layout, default 30
+#   $OUT/all.log          every command and its output, in order
+#   $OUT/summary.txt      the figures: toolkit and driver, tests, GEMM rates, MFU, losses, errors
+#   $OUT/results.tar.gz   plans, measured.json files, the calibrated cluster, ptdp info
 #
-# Machines that reach no package registry: run scripts/gpu-deps.sh where one is reachable and
-# bring .gpu-deps/ along; its Debian packages are unpacked here for whatever is missing.
+# Stages, in order of value, each with a time limit cut to what is left of the budget (a stage
+# that would not fit is skipped and says so): the device's toolkit and driver; the binaries
+# (carried from the dev machine, .gpu-carry/ by scripts/gpu-carry.sh, else built here);
+# the GPU unit tests (every kernel against the CPU backend); the GEMM benchmark; GPT-2 medium
+# 1x1x1 at micro-batch 8 and 16 (MFU); tp 2 and pp 2 on the one GPU (DeviceWorld) against the
+# 1x1x1 losses; `calibrate --backend cuda --quick` and `compare` on the calibrated cluster.
+#
+#   device run, carry [".gpu-carry", ".gpu-deps"], command: bash scripts/gpu-check.sh
+#   scripts/gpu-check.sh [OUT_DIR]     # default $OUT; GPU_CHECK_BUDGET_S (default 450) seconds
+#
+# Nothing is unpacked into / (the device machine's notes warn against it): the build fallback
+# unpacks .gpu-deps/*.deb (scripts/gpu-deps.sh) into .gpu-deps/root and points CMake there.
 set -uo pipefail
-out="${1:?usage: scripts/gpu-check.sh OUT_DIR [STEPS]}"
-steps="${2:-30}"
-cd "$(dirname "$0")/.."
-mkdir -p "$out/logs"
-logs="$out/logs"
-summary="$out/summary.txt"
+cd "$(dirname "$0")/.." || exit 1
+out="${1:-${OUT:-}}"
+if [ -z "$out" ]; then
+  echo "usage: scripts/gpu-check.sh OUT_DIR (or set OUT)" >&2
+  exit 2
+fi
+mkdir -p "$out"
+: > "$out/all.log"
+exec 3>&1 4>&2
+exec > >(tee -a "$out/all.log") 2>&1
+tee_pid=$!
+budget=${GPU_CHECK_BUDGET_S:-450}
 t0=$(date +%s)
+work=$(mktemp -d /tmp/gpu-check.XXXXXX)
+summary="$out/summary.txt"
 : > "$summary"
-say() { echo "$*" | tee -a "$summary"; }
-elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
-# stage NAME TIMEOUT_S CMD...: runs CMD with a time limit, its output in logs/NAME.log.
+say() { echo "$*"; echo "$*" >> "$summary"; }
+elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+finish() {
+  say "[$(elapsed)] done; files: all.log, summary.txt, results.tar.gz"
+  tar -czf "$out/results.tar.gz" -C "$work" . 2> /dev/null
+  rm -rf "$work"
+  exec 1>&3 2>&4
+  wait "$tee_pid" 2> /dev/null
+}
+trap finish EXIT
+# stage NAME LIMIT_S CMD...: CMD under a limit cut to the budget left (skipped below 20 s).
 stage() {
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" "$@" > "$logs/$name.log" 2>&1
-  local rc=$?
-  say "[$(elapsed)] $name: exit $rc"
+  local name=$1 limit=$2 l rc
+  shift 2
+  l=$(left)
+  if (( l < 20 )); then
+    say "[$(elapsed)] $name: skipped, ${l}s of the ${budget}s budget left"
+    return 99
+  fi
+  (( limit > l - 10 )) && limit=$(( l - 10 ))
+  echo "=== [$(elapsed)] $name (limit ${limit}s): $*"
+  timeout -k 5 "$limit" "$@"
+  rc=$?
+  if (( rc == 124 || rc == 137 )); then
+    say "[$(elapsed)] $name: timed out after ${limit}s"
+  else
+    say "[$(elapsed)] $name: exit $rc"
+  fi
   return $rc
 }
+json() {  # json FILE PYTHON-EXPRESSION-OF-j: prints it, or "?"
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1" 2> /dev/null || echo "?"
+}
 
-say "== ptdp GPU check, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader \
-  2>&1 | tee -a "$summary" || { say "nvidia-smi failed: no GPU here"; exit 1; }
-nvcc --version | tail -2 >> "$summary" 2>&1
-
-# Build dependencies the image lacks, from .gpu-deps/*.deb (scripts/gpu-deps.sh).
-if ! [ -f /usr/include/yaml-cpp/yaml.h ] && ls .gpu-deps/*.deb > /dev/null 2>&1; then
-  for f in .gpu-deps/*.deb; do dpkg -x "$f" /; done
-  ldconfig 2>/dev/null || true
-  say "unpacked $(ls .gpu-deps/*.deb | wc -l) packages from .gpu-deps/"
+# ---- 1. the device: GPU, driver, toolkit, the CUDA libraries the binaries load
+say "== ptdp GPU check $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2> /dev/null || echo '?')"
+if ! nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader \
+     > "$work/gpu.txt" 2>&1; then
+  say "no usable GPU: $(cat "$work/gpu.txt")"
+  exit 1
 fi
-# NCCL: the toolkit's, else the one pip ships (nvidia-nccl-cu13) with PyTorch.
-if ! ls /usr/local/cuda/include/nccl.h > /dev/null 2>&1 && [ -z "${NCCL_HOME:-}" ]; then
-  NCCL_HOME=$(python3 -c 'import nvidia.nccl as n, os; print(os.path.dirname(n.__file__))' 2>/dev/null) || true
-  if [ -n "$NCCL_HOME" ]; then
-    export NCCL_HOME
-    [ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
-    export LD_LIBRARY_PATH="$NCCL_HOME/lib:${LD_LIBRARY_PATH:-}"
-    say "NCCL from $NCCL_HOME"
-  fi
-fi
-
-arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')
-gen=""; command -v ninja > /dev/null && gen="-G Ninja"
-stage configure 120 cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DPTDP_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPTDP_NATIVE=ON || { tar -czf "$out/gpu-check.tar.gz" -C "$out" logs; exit 1; }
-stage build 300 cmake --build build-gpu -j "$(nproc)" || { tar -czf "$out/gpu-check.tar.gz" -C "$out" logs; exit 1; }
-ptdp=build-gpu/ptdp
-"$ptdp" info | tee -a "$summary"
-
-# GPU tests (kernels against the CPU backend, the model, communicators, layouts), then the rest.
-stage gpu-tests 300 ctest --test-dir build-gpu -R 'cuda|Cuda|Device|Nccl' --output-on-failure -j 4
-grep -E "tests passed|tests failed|Skipped|\*\*\*Failed" "$logs/gpu-tests.log" | tail -5 >> "$summary"
-stage gemm-bench 90 build-gpu/bench/gemm_bench --benchmark_min_time=0.2
-grep -E "TFLOP|peak" "$logs/gemm-bench.log" | head -20 >> "$summary"
-if [ -x build-gpu/bench/comm_bench ]; then
-  stage comm-bench 90 build-gpu/bench/comm_bench --benchmark_min_time=0.1
-  grep -E "busbw" "$logs/comm-bench.log" | tail -12 >> "$summary"
-fi
-
-# Three layouts of GPT-2 medium on this machine's GPUs: 1x1x1 (the MFU target), tp 2 and pp 2.
-# With one GPU the 2-rank layouts run as 2 ranks on it (the device communicator).
-model=configs/models/gpt2-medium.yaml
-cluster=configs/clusters/dgx-h200.yaml
-layouts=("1x1x1:1:--tp 1 --pp 1 --micro-batch 8" "tp2:2:--tp 2 --pp 1 --micro-batch 8"
-         "pp2:2:--tp 1 --pp 2 --micro-batch 4")
-for spec in "${layouts[@]}"; do
-  name=${spec%%:*}; rest=${spec#*:}; gpus=${rest%%:*}; flags=${rest#*:}
-  # shellcheck disable=SC2086
-  stage "plan-$name" 30 "$ptdp" plan --cluster "$cluster" --model "$model" --gpus "$gpus" \
-    --global-batch 16 $flags --top 1 --out "$logs/$name.plan.yaml" || continue
-  stage "train-$name" 150 "$ptdp" train "$logs/$name.plan.yaml" --backend cuda --steps "$steps" \
-    --out "$logs/$name.measured.json"
-  grep -E "^step +$steps/|validation|MFU|TFLOP" "$logs/train-$name.log" | sed "s/^/  $name: /" >> "$summary"
-  if "$ptdp" compare --help > /dev/null 2>&1; then
-    stage "compare-$name" 30 "$ptdp" compare "$logs/$name.plan.yaml" "$logs/$name.measured.json"
-    tail -3 "$logs/compare-$name.log" | sed "s/^/  $name: /" >> "$summary"
+say "gpu: $(head -1 "$work/gpu.txt")"
+say "toolkit: $(nvcc --version 2> /dev/null | tail -1 || echo 'no nvcc')"
+libpath=()
+[ -d .gpu-carry/lib ] && libpath+=("$PWD/.gpu-carry/lib")
+# NCCL and cuBLAS: the system's, else the wheels beside PyTorch (nvidia-nccl-cu13, nvidia-cublas).
+for pkg in nccl:libnccl.so.2 cublas:libcublas.so.13 cuda_runtime:libcudart.so.13; do
+  mod=${pkg%%:*} lib=${pkg#*:}
+  if ! ldconfig -p 2> /dev/null | grep -q "$lib" && ! [ -e "/usr/local/cuda/lib64/$lib" ]; then
+    dir=$(python3 -c "import nvidia.$mod as m; print(m.__path__[0] + '/lib')" 2> /dev/null) || dir=""
+    if [ -n "$dir" ] && [ -e "$dir/$lib" ]; then
+      libpath+=("$dir")
+      say "$lib: from $dir"
+    else
+      say "$lib: not found"
+    fi
   fi
 done
+[ -d /usr/local/cuda/lib64 ] && libpath+=(/usr/local/cuda/lib64)
+LD_LIBRARY_PATH="$(IFS=:; echo "${libpath[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
 
-# Calibration (issue 6): this GPU's primitives measured through the runtime (every op on GPU 0,
-# bf16 GEMMs; collectives placed as `ptdp train` places the ranks here: DeviceWorld with one GPU,
-# NCCL with more), then the same layouts planned on the calibrated cluster and compared with
-# their runs above. A calibrated plan of the same layout is compared with the run above (the
-# same thing measured: no second training); one whose layout differs is trained first.
-cal="$logs/calibrated.yaml"
-if stage calibrate 180 "$ptdp" calibrate --backend cuda --quick --out "$cal"; then
-  grep -E "^measured in|\^3|best|bandwidth|ranks  all-reduce" "$logs/calibrate.log" \
-    | sed "s/^/  calibrate: /" >> "$summary"
-  for spec in "${layouts[@]}"; do
-    name=${spec%%:*}; rest=${spec#*:}; gpus=${rest%%:*}; flags=${rest#*:}
-    plan="$logs/cal-$name.plan.yaml"
-    # shellcheck disable=SC2086
-    stage "cal-plan-$name" 30 "$ptdp" plan --cluster "$cal" --model "$model" --gpus "$gpus" \
-      --global-batch 16 $flags --top 1 --out "$plan" || continue
-    measured="$logs/$name.measured.json"
-    if ! stage "cal-compare-$name" 30 "$ptdp" compare "$plan" "$measured" &&
-       { ! [ -f "$measured" ] || grep -q "is not the plan's" "$logs/cal-compare-$name.log"; }; then
-      say "  calibrated $name: not the layout trained above (or no run of it): training it"
-      measured="$logs/cal-$name.measured.json"
-      stage "cal-train-$name" 150 "$ptdp" train "$plan" --backend cuda --steps "$steps" \
-        --out "$measured" || continue
-      stage "cal-compare-$name" 30 "$ptdp" compare "$plan" "$measured"
+# ---- 2. the binaries: carried, else built here
+usable() {  # usable DIR: its ptdp loads the CUDA module and sees a GPU
+  [ -x "$1/ptdp" ] || return 1
+  "$1/ptdp" info --json > "$work/info.json" 2> "$work/info.err" || return 1
+  [ "$(json "$work/info.json" "'cuda' in j['backends']")" = True ]
+}
+bin=""
+tests=()
+if [ -d .gpu-carry/build ]; then
+  say "carried: $(head -2 .gpu-carry/MANIFEST 2> /dev/null | tr '\n' ' ')"
+  if usable .gpu-carry/build; then
+    bin=.gpu-carry/build
+    tests=(.gpu-carry/build/tests/*)
+  else
+    why="$(json "$work/info.json" "j.get('why_no_gpu')") $(head -c 300 "$work/info.err")"
+    say "the carried binaries do not run here: $why"
+    ldd .gpu-carry/build/lib/ptdp/libptdp_cuda.so | grep "not found" | head -5
+    # A binary that loads but finds no usable GPU would not do better built here.
+    if ! grep -qE "GLIBC|not found|cannot open|undefined symbol|version .GLIBCXX|No such file" \
+         <<< "$why"; then
+      say "the CUDA module loaded, so the GPU or driver is the problem: stopping"
+      exit 1
     fi
-    grep -E "^ptdp compare|^step time|^peak memory" "$logs/cal-compare-$name.log" \
+  fi
+fi
+if [ -z "$bin" ]; then
+  if ! [ -f /usr/include/yaml-cpp/yaml.h ] && ls .gpu-deps/*.deb > /dev/null 2>&1; then
+    mkdir -p .gpu-deps/root
+    for f in .gpu-deps/*.deb; do dpkg -x "$f" .gpu-deps/root; done
+    deps=$PWD/.gpu-deps/root
+    export CMAKE_PREFIX_PATH="$deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+    export CPATH="$deps/usr/include${CPATH:+:$CPATH}"
+    export LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH"
+    say "build dependencies: $(find .gpu-deps -maxdepth 1 -name '*.deb' | wc -l) packages unpacked into .gpu-deps/root"
+  fi
+  gen=""; command -v ninja > /dev/null && gen="-G Ninja"
+  # shellcheck disable=SC2086  # gen is one or two words
+  stage configure 60 cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DPTDP_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON || exit 1
+  stage build 240 cmake --build build-gpu -j "$(nproc)" --target ptdp ptdp_cuda ptdp_share \
+    cuda_check_test cuda_backend_test cuda_gpt_test device_world_test nccl_world_test \
+    cuda_trainer_test calibrate_cuda_test gemm_bench comm_bench || exit 1
+  usable build-gpu || { say "built, but: $(json "$work/info.json" "j.get('why_no_gpu')")"; exit 1; }
+  bin=build-gpu
+  tests=(build-gpu/tests/runtime/cuda/*_test build-gpu/tests/cli/calibrate_cuda_test)
+fi
+ptdp=$bin/ptdp
+say "ptdp: $bin; $("$ptdp" info | grep -E '^(cuda|nccl)' | tr -s ' ' | tr '\n' ';')"
+
+# ---- 3. the GPU unit tests: every kernel against the CPU backend, the model, communicators
+for t in "${tests[@]}"; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  stage "test $name" 90 "$t" --gtest_brief=1 > "$work/$name.log" 2>&1
+  cat "$work/$name.log"
+  say "  $name: $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ test' "$work/$name.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \] [A-Za-z]' "$work/$name.log" | head -8 | sed 's/^/    /' >> "$summary"
+done
+
+# ---- 4. GEMM (cuBLAS, the shapes the model runs) and communicators
+if stage gemm-bench 45 "$bin/bench/gemm_bench" --benchmark_min_time=0.1 > "$work/gemm.log" 2>&1; then :; fi
+cat "$work/gemm.log"
+grep -E "TFLOP|peak" "$work/gemm.log" | head -12 | sed 's/^/  /' >> "$summary"
+say "  attention: no fused-attention benchmark yet (issue 17 builds it)"
+
+# ---- 5. GPT-2 medium on the GPU: 1x1x1 at micro-batch 8 and 16 (MFU), tp 2 and pp 2 on one GPU
+model=configs/models/gpt2-medium.yaml
+cluster=configs/clusters/dgx-h200.yaml
+steps=${GPU_CHECK_STEPS:-20}
+train() {  # train NAME GPUS "PLAN FLAGS" [TRAIN FLAGS...]
+  local name=$1 gpus=$2 flags=$3
+  shift 3
+  # shellcheck disable=SC2086  # flags are words
+  stage "plan $name" 30 "$ptdp" plan --cluster "$cluster" --model "$model" --gpus "$gpus" \
+    --global-batch 16 --recompute none $flags --top 1 --out "$work/$name.plan.yaml" \
+    > "$work/plan-$name.log" 2>&1 || { cat "$work/plan-$name.log"; return 1; }
+  stage "train $name" 75 "$ptdp" train "$work/$name.plan.yaml" --backend cuda --steps "$steps" \
+    --timing-warmup 3 --out "$work/$name.measured.json" "$@"
+  local m=$work/$name.measured.json
+  [ -f "$m" ] || return 1
+  say "  $name: step $(json "$m" "'%.1f ms' % (1e3 * j['summary']['median_step_time_s'])"), $(json "$m" "'%.0f tokens/s' % j['summary']['tokens_per_s']"), MFU $(json "$m" "'%.1f%%' % (100 * j['summary']['mfu'])"), peak $(json "$m" "'%.1f GiB' % (max(r['peak_memory_bytes'] for r in j['timing']['ranks']) / 2**30)"), loss $(json "$m" "'%.4f -> %.4f' % (j['steps'][0]['loss'], j['steps'][-1]['loss'])")"
+}
+train 1x1x1-mb8 1 "--tp 1 --pp 1 --micro-batch 8"
+train 1x1x1-mb16 1 "--tp 1 --pp 1 --micro-batch 16"
+train tp2 2 "--tp 2 --pp 1 --micro-batch 8" --one-gpu
+train pp2 2 "--tp 1 --pp 2 --micro-batch 8" --one-gpu
+ref=$work/1x1x1-mb8.measured.json
+for name in tp2 pp2; do
+  m=$work/$name.measured.json
+  if ! [ -f "$ref" ] || ! [ -f "$m" ]; then continue; fi
+  say "  $name against 1x1x1 (the same 16 sequences a step): largest loss difference $(python3 -c "
+import json, sys
+a = [s['loss'] for s in json.load(open(sys.argv[1]))['steps']]
+b = [s['loss'] for s in json.load(open(sys.argv[2]))['steps']]
+print('%.2e over %d steps' % (max(abs(x - y) for x, y in zip(a, b)), min(len(a), len(b))))" "$ref" "$m" 2>&1)"
+done
+
+# ---- 6. calibrate this GPU, then compare the runs above with the calibrated cluster's model
+cal=$work/calibrated.yaml
+if stage calibrate 120 "$ptdp" calibrate --backend cuda --quick --out "$cal"; then
+  for name in 1x1x1-mb8 1x1x1-mb16 tp2 pp2; do
+    [ -f "$work/$name.measured.json" ] || continue
+    "$ptdp" compare "$work/$name.plan.yaml" "$work/$name.measured.json" --cluster "$cal" \
+      > "$work/compare-$name.log" 2>&1
+    cat "$work/compare-$name.log"
+    grep -E "^summary|^  (compute|tp_comm|pp_bubble|optimizer) " "$work/compare-$name.log" \
       | sed "s/^/  calibrated $name: /" >> "$summary"
   done
 fi
-
-say "[$(elapsed)] done"
-tar -czf "$out/gpu-check.tar.gz" -C "$out" logs && rm -rf "$logs"

@@ -2,7 +2,8 @@
 # Run HERE (a Debian machine with network) before a GPU check: downloads, without installing, the
 # Debian packages ptdp builds with into .gpu-deps/ (git-ignored, ~14 MB), because the lent GPU
 # machine reaches no package registry. Pass `carry: [".gpu-deps"]` to the device run;
-# scripts/gpu-check.sh unpacks whatever of them that machine lacks.
+# scripts/gpu-check.sh unpacks them into .gpu-deps/root (never into /) when it has to build
+# there, i.e. when the binaries carried from here (scripts/gpu-carry.sh) do not load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .gpu-deps

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "tests/fakes/shell.h"
 
@@ -148,6 +150,27 @@ TEST(Standalone, InstalledBinaryFindsItsFiles) {
   // Training reads the installed corpus by default.
   const CmdResult t = Shell("cd '" + dir + "' && '" + bin + "' train p.yaml --steps 1");
   EXPECT_EQ(t.code, 0) << t.out;
+}
+
+// A build carried to another machine (the GPU check carries the CUDA build to a lent GPU) works
+// there: no binary that ships or benchmarks holds this checkout's path (configs and data are
+// found from the binary's own path; __FILE__ is mapped relative to the source tree).
+TEST(Standalone, BinariesHoldNoPathOfTheCheckout) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> binaries = {kBin};
+  for (const char* dir : {"/bench", "/lib/ptdp"}) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(kBuild + dir, ec))
+      if (e.is_regular_file()) binaries.push_back(e.path());
+  }
+  const std::string needle = kSrc + "/";
+  for (const fs::path& b : binaries) {
+    std::ifstream in(b, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (b != fs::path(kBin) && bytes.rfind("\x7f" "ELF", 0) != 0) continue;  // binaries only
+    ASSERT_FALSE(bytes.empty()) << b;
+    EXPECT_EQ(bytes.find(needle), std::string::npos) << b << " holds " << needle;
+  }
 }
 
 TEST(Standalone, DirectoriesAreNamedAsSuch) {
