@@ -270,10 +270,6 @@ nlohmann::json TimelineJson(const std::vector<rt::StepResult>& steps, int warmup
   return {{"step", s.step}, {"step_time_s", s.step_time_s}, {"ranks", ranks}};
 }
 
-constexpr const char* kNoMultiProcessCheckpoints =
-    "--checkpoint-dir: checkpoints need every rank in one process; runs over several processes "
-    "cannot save or resume them yet";
-
 // The one line a run stopped by `signo` ends with (on stderr, as errors are).
 std::string StoppedLine(int signo, bool here, int64_t done, int steps, const std::string& saved) {
   std::string line = std::string("ptdp: ") + SignalName(signo) + (here ? "" : " (in another process)");
@@ -300,7 +296,6 @@ int RunTrain(const TrainFlags& f) {
                 "most 604800 (7 days)");
   }
   if (Status st = CheckCheckpointFlags(f.ckpt); !st.ok()) return Fail(st.message());
-  if (!f.ckpt.dir.empty() && f.backend == "cuda" && UnderMpi()) return Fail(kNoMultiProcessCheckpoints);
   if (!f.out.empty())
     if (Status st = CheckWritableFile("--out", f.out); !st.ok()) return Fail(st.message());
   auto plan = LoadPlanFile(f.plan_file);
@@ -332,7 +327,17 @@ int RunTrain(const TrainFlags& f) {
   if (Status st = rt::ValidateOptimizer(cfg.optimizer, "--lr/--warmup"); !st.ok()) return Fail(st.message());
   cfg.on_nan = f.ckpt.on_nan == "skip" ? rt::NanPolicy::kSkip : rt::NanPolicy::kStop;
   cfg.stop_requested = [] { return g_stop_signal.load(std::memory_order_relaxed); };
-  auto folder = PrepareCheckpoints(f.ckpt);  // holds the folder's lock until we return
+  LaunchOptions lo;
+  lo.backend = f.backend;
+  lo.timeout_s = f.timeout_s;
+  lo.one_gpu = f.one_gpu;
+  auto launch = MakeLaunch(l, lo);
+  if (!launch.ok()) return Fail(f.plan_file + ": " + launch.status().message());
+  cfg.local_ranks = launch->local_ranks;
+  // Over several processes (mpirun, srun) process 0 owns the folder (its lock, cleaning and
+  // writing); every process reads the checkpoint it resumes from and exports the state with
+  // the others when one is saved (a collective).
+  auto folder = PrepareCheckpoints(f.ckpt, launch->main_process);  // holds the lock until we return
   if (!folder.ok()) return Fail(folder.status().message());
   std::optional<ResumePoint>* resume = &folder->resume;
   if (*resume) {
@@ -341,14 +346,6 @@ int RunTrain(const TrainFlags& f) {
       return Fail((*resume)->path + " is at step " + std::to_string((*resume)->ckpt.state.step) +
                   " already: --steps " + std::to_string(f.steps) + " counts from step 0");
   }
-  LaunchOptions lo;
-  lo.backend = f.backend;
-  lo.timeout_s = f.timeout_s;
-  lo.one_gpu = f.one_gpu;
-  auto launch = MakeLaunch(l, lo);
-  if (!launch.ok()) return Fail(f.plan_file + ": " + launch.status().message());
-  cfg.local_ranks = launch->local_ranks;
-  if (!launch->local_ranks.empty() && (!f.ckpt.dir.empty())) return Fail(kNoMultiProcessCheckpoints);
   auto trainer = rt::Trainer::Create(cfg, launch->backends, *launch->comms);
   if (!trainer.ok()) return Fail(f.plan_file + ": " + trainer.status().message());
   // Under mpirun every process holds the same results; process 0 prints and writes files.
@@ -400,7 +397,8 @@ int RunTrain(const TrainFlags& f) {
     const bool last = i + 1 == f.steps;
     if (!f.ckpt.dir.empty() &&
         (last || stopped_by || (f.ckpt.save_every > 0 && (i + 1) % f.ckpt.save_every == 0))) {
-      if (Status st = SaveCheckpoint(f.ckpt, **trainer, cfg); !st.ok()) return Fail(st.message());
+      if (Status st = SaveCheckpoint(f.ckpt, **trainer, cfg, launch->main_process); !st.ok())
+        return Fail(st.message());
       saved = f.ckpt.dir + "/" + rt::CheckpointFileName((*trainer)->steps_done());
     }
   }

@@ -77,17 +77,21 @@ Result<rt::OptimizerConfig> OptimizerFromSettings(const std::map<std::string, do
   return o;
 }
 
-Result<CheckpointFolder> PrepareCheckpoints(const CheckpointFlags& f) {
+Result<CheckpointFolder> PrepareCheckpoints(const CheckpointFlags& f, bool owner) {
   CheckpointFolder folder;
   if (f.dir.empty()) return folder;
-  PTDP_RETURN_IF_ERROR(CheckWritableFolder("--checkpoint-dir", f.dir));
-  auto lock = rt::CheckpointFolderLock::Acquire(f.dir);
-  if (!lock.ok()) return Status::Error("--checkpoint-dir " + lock.status().message());
-  folder.lock = std::move(lock).value();
-  PTDP_ASSIGN_OR_RETURN(std::vector<std::string> removed, rt::RemoveIncompleteCheckpoints(f.dir));
-  for (const std::string& r : removed)
-    std::printf("removed %s: a checkpoint write that never finished\n", r.c_str());
+  if (owner) {
+    PTDP_RETURN_IF_ERROR(CheckWritableFolder("--checkpoint-dir", f.dir));
+    auto lock = rt::CheckpointFolderLock::Acquire(f.dir);
+    if (!lock.ok()) return Status::Error("--checkpoint-dir " + lock.status().message());
+    folder.lock = std::move(lock).value();
+    PTDP_ASSIGN_OR_RETURN(std::vector<std::string> removed, rt::RemoveIncompleteCheckpoints(f.dir));
+    for (const std::string& r : removed)
+      std::printf("removed %s: a checkpoint write that never finished\n", r.c_str());
+  }
   if (!f.resume) return folder;
+  std::error_code exists_ec;
+  if (!owner && !std::filesystem::exists(f.dir, exists_ec)) return folder;  // the owner makes it
   PTDP_ASSIGN_OR_RETURN(std::vector<std::string> all, rt::ListCheckpoints(f.dir));
   if (all.empty()) {
     std::printf("no checkpoint in %s: starting from step 0\n", f.dir.c_str());
@@ -134,7 +138,8 @@ Status ApplyCheckpoint(const ResumePoint& from, rt::TrainerConfig* cfg) {
   return Status::Ok();
 }
 
-Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::TrainerConfig& cfg) {
+Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::TrainerConfig& cfg,
+                      bool write) {
   const Clock::time_point t0 = Clock::now();
   rt::Checkpoint c;
   c.model = cfg.model;
@@ -142,7 +147,8 @@ Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::
   c.global_batch = cfg.layout.global_batch;
   c.layout = cfg.layout.ShortName();
   c.optimizer = OptimizerSettings(cfg.optimizer);
-  PTDP_ASSIGN_OR_RETURN(c.state, trainer.ExportState());
+  PTDP_ASSIGN_OR_RETURN(c.state, trainer.ExportState());  // every process: a collective
+  if (!write) return Status::Ok();
   const std::string path = f.dir + "/" + rt::CheckpointFileName(c.state.step);
   rt::PartialWriteHook hook;
   const char* pause = std::getenv("PTDP_TEST_PAUSE_CHECKPOINT_WRITE");

@@ -37,7 +37,8 @@ Result<rt::OptimizerConfig> OptimizerFromSettings(const std::map<std::string, do
 // removes the temporary files of writes that never finished (printing them) and, with
 // --resume, reads the newest checkpoint (resume is nullopt when the folder has none). A
 // damaged newest checkpoint is an error naming it (older ones are not tried silently).
-// Without --checkpoint-dir: no lock, no resume.
+// Without --checkpoint-dir: no lock, no resume. A run over several processes: process 0 is the
+// folder's `owner` (all of the above); the others only read the newest checkpoint with --resume.
 struct ResumePoint {
   std::string path;
   rt::Checkpoint ckpt;
@@ -46,7 +47,7 @@ struct CheckpointFolder {
   std::unique_ptr<rt::CheckpointFolderLock> lock;  // hold it until the run ends
   std::optional<ResumePoint> resume;
 };
-Result<CheckpointFolder> PrepareCheckpoints(const CheckpointFlags& f);
+Result<CheckpointFolder> PrepareCheckpoints(const CheckpointFlags& f, bool owner = true);
 
 // Takes the checkpoint's seed and optimizer settings into `cfg` (printing those that differ
 // from the flags), after checking that its model and global batch are the plan's.
@@ -56,7 +57,9 @@ Status ApplyCheckpoint(const ResumePoint& from, rt::TrainerConfig* cfg);
 // size and time, and deletes all but the newest --keep. Test hook: with the environment
 // variable PTDP_TEST_PAUSE_CHECKPOINT_WRITE=<steps>, the write of that checkpoint pauses for
 // 10 minutes halfway through the data, after printing "checkpoint write paused: <tmp path>" on
-// stderr (tests kill -9 the process there).
-Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::TrainerConfig& cfg);
+// stderr (tests kill -9 the process there). Over several processes every process calls it (the
+// state is exported over WORLD, Trainer::ExportState) and only process 0 `write`s.
+Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::TrainerConfig& cfg,
+                      bool write = true);
 
 }  // namespace ptdp::cli

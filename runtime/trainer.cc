@@ -143,7 +143,7 @@ struct ParamState {
 using Key = std::tuple<int, int, bool>;
 
 // What a rank reports after a step, exchanged over the WORLD group so that every process holds
-// every rank's: 12 doubles, sent bit for bit as 24 i32 (a gather copies any dtype exactly).
+// every rank's: 13 doubles, sent bit for bit as 26 i32 (a gather copies any dtype exactly).
 // RankTimes' figures as plain words; its event list stays with the rank's own process.
 struct TimesWords {
   double forward_s = 0, backward_s = 0, tp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0,
@@ -371,9 +371,9 @@ struct Trainer::Impl {
   Status GatherShards(Rank& rk, const std::vector<ShardSource>& sources,
                       std::map<std::string, std::vector<float>>* out);
   // Checkpoint state (bottom of this file).
-  Result<std::vector<float>> LocalShard(int holder, size_t state_index, int which);
+  Status ExportRank(Rank& rk, const std::map<std::string, size_t>& index, TrainingState& st);
+  Status SumStateOverWorld(Rank& rk, TrainingState& st);
   Status ImportRank(Rank& rk, const std::map<std::string, const NamedTensor*>& by_name);
-  Status RequireAllRanksLocal(const char* what) const;
 };
 
 namespace {
@@ -1177,29 +1177,6 @@ void ForEachShardElement(const ParamSpec& ps, int t, int tp_rank, F f) {
 
 }  // namespace
 
-// The flattened local shard of ranks[holder].state[state_index] (the same index on every rank
-// of its reduction group): its value from the holder (the group's first rank), or its moment
-// assembled from the group's slices.
-Result<std::vector<float>> Trainer::Impl::LocalShard(int holder, size_t state_index, int which) {
-  const std::vector<int>& group = ranks[size_t(holder)].state[state_index].group->ranks();
-  const Rank& first = ranks[size_t(group[0])];
-  const ParamState& ps0 = first.state[state_index];
-  std::vector<float> local(size_t(ps0.numel), 0.0f);
-  if (which == 0) {
-    PTDP_RETURN_IF_ERROR(first.backend->CopyToHost(ps0.param->value, local.data()));
-    return local;
-  }
-  for (int j = 0; j < ps0.slices; ++j) {
-    const Rank& rk = ranks[size_t(group[size_t(j)])];
-    const ParamState& ps = rk.state[state_index];
-    if (ps.owned == 0) continue;
-    const Tensor& moment = which == 1 ? ps.m : ps.v;
-    PTDP_RETURN_IF_ERROR(
-        rk.backend->CopyToHost(moment.View(Shape({ps.owned})), local.data() + ps.slice * ps.k));
-  }
-  return local;
-}
-
 Status Trainer::Impl::ImportRank(Rank& rk,
                                  const std::map<std::string, const NamedTensor*>& by_name) {
   for (ParamState& ps : rk.state) {
@@ -1222,9 +1199,100 @@ Status Trainer::Impl::ImportRank(Rank& rk,
   return Status::Ok();
 }
 
+// What rank rk holds of the whole state, written into `st` (zero-signed elsewhere: -0.0):
+// every element of every tensor is written by exactly one rank of the job. A parameter's value
+// by the first rank of its reduction group (DP x CP, expert DP for a routed expert), tp rank 0
+// for a replicated one, the first stage's copy of the tied embedding; each AdamW moment element
+// by the rank whose slice holds it (the distributed optimizer's slices over the group; without
+// it, the group's first rank).
+Status Trainer::Impl::ExportRank(Rank& rk, const std::map<std::string, size_t>& index,
+                                 TrainingState& st) {
+  size_t state_index = 0;
+  for (const auto& chunk : rk.chunks)
+    for (const ChunkParam& cp : chunk->params()) {
+      const ParamSpec& ps = cp.spec;
+      const ParamState& state = rk.state[state_index++];
+      if (ps.name == "embedding.word" && !chunk->config().has_embedding) continue;
+      if (ps.shard == ShardKind::kReplicated && rk.coord.tp != 0) continue;
+      const int j = state.group->rank();
+      for (int which = 0; which < 3; ++which) {
+        int64_t begin = 0, end = state.numel;  // the local shard's elements this rank writes
+        if (which == 0 && j != 0) continue;
+        if (which > 0) {
+          if (j >= state.slices || state.owned == 0) continue;
+          begin = state.slice * state.k;
+          end = begin + state.owned;
+        }
+        std::vector<float> local(size_t(state.numel), 0.0f);
+        if (which == 0) {
+          PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(state.param->value, local.data()));
+        } else {
+          const Tensor& moment = which == 1 ? state.m : state.v;
+          PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(moment.View(Shape({state.owned})),
+                                                      local.data() + begin));
+        }
+        std::vector<float>& whole = st.tensors[index.at(kStatePrefix[which] + ps.name)].data;
+        ForEachShardElement(ps, Degree(ps), ShardOf(ps, rk.global), [&](int64_t l, int64_t g) {
+          if (l >= begin && l < end) whole[size_t(g)] = local[size_t(l)];
+        });
+      }
+    }
+  return Status::Ok();
+}
+
+// With ranks in other processes: every process's part of `st` summed over WORLD, in slices of
+// kSliceFloats. Every element is written by one rank and is -0.0 elsewhere, and x + (-0.0) is x
+// for every x (+0.0 and -0.0 included), so the sum is each element bit for bit, in any order.
+// The process's first rank sends what its ranks wrote; the others send -0.0.
+Status Trainer::Impl::SumStateOverWorld(Rank& rk, TrainingState& st) {
+  constexpr int64_t kSliceFloats = int64_t(1) << 24;  // 64 MiB a reduction
+  const bool sender = &rk == &ranks.front();
+  std::vector<float*> data;
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  for (NamedTensor& nt : st.tensors) {
+    data.push_back(nt.data.data());
+    sizes.push_back(int64_t(nt.data.size()));
+    total += int64_t(nt.data.size());
+  }
+  std::vector<float> host;
+  size_t t = 0;       // the tensor and the offset in it where the next slice starts
+  int64_t at = 0;
+  for (int64_t done = 0; done < total;) {
+    const int64_t n = std::min(kSliceFloats, total - done);
+    host.assign(size_t(n), -0.0f);
+    // The slice's pieces: tensor t from `at`, then the next ones (only the sender copies).
+    size_t tt = t;
+    int64_t aa = at;
+    for (int64_t k = 0; k < n;) {
+      const int64_t take = std::min(n - k, sizes[tt] - aa);
+      if (sender) std::copy(data[tt] + aa, data[tt] + aa + take, host.begin() + k);
+      k += take;
+      aa += take;
+      if (aa == sizes[tt]) ++tt, aa = 0;
+    }
+    PTDP_ASSIGN_OR_RETURN(Tensor dev, rk.backend->Alloc({n}, DType::kF32));
+    PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(host.data(), dev));
+    PTDP_RETURN_IF_ERROR(rk.world->AllReduce(dev, ReduceOp::kSum).Prefixed("training state"));
+    if (sender) {
+      PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(dev, host.data()));
+      for (int64_t k = 0; k < n;) {
+        const int64_t take = std::min(n - k, sizes[t] - at);
+        std::copy(host.begin() + k, host.begin() + k + take, data[t] + at);
+        k += take;
+        at += take;
+        if (at == sizes[t]) ++t, at = 0;
+      }
+    } else {
+      t = tt, at = aa;
+    }
+    done += n;
+  }
+  return Status::Ok();
+}
+
 Result<TrainingState> Trainer::ExportState() {
   Impl& im = *impl_;
-  PTDP_RETURN_IF_ERROR(im.RequireAllRanksLocal("exporting the training state"));
   TrainingState st;
   st.step = im.steps;
   st.optimizer_steps = im.optimizer_steps;
@@ -1237,34 +1305,22 @@ Result<TrainingState> Trainer::ExportState() {
       int64_t n = 1;
       for (int64_t x : shape) n *= x;
       index[kStatePrefix[which] + ps.name] = st.tensors.size();
-      st.tensors.push_back({kStatePrefix[which] + ps.name, shape, std::vector<float>(size_t(n))});
+      st.tensors.push_back(
+          {kStatePrefix[which] + ps.name, shape, std::vector<float>(size_t(n), -0.0f)});
     }
-  // Each whole tensor from the shards of the first rank of each reduction group (DP x CP for
-  // dense parameters, expert DP for routed experts): TP replicas and the last stage's copy of
-  // the tied embedding hold the same values as the ones read.
-  for (const Rank& rk : im.ranks) {
-    size_t state_index = 0;
-    for (const auto& chunk : rk.chunks)
-      for (const ChunkParam& cp : chunk->params()) {
-        const ParamSpec& ps = cp.spec;
-        const size_t here = state_index++;
-        if (rk.state[here].group->rank() != 0) continue;
-        if (ps.name == "embedding.word" && !chunk->config().has_embedding) continue;
-        if (ps.shard == ShardKind::kReplicated && rk.coord.tp != 0) continue;
-        for (int which = 0; which < 3; ++which) {
-          PTDP_ASSIGN_OR_RETURN(std::vector<float> local, im.LocalShard(rk.global, here, which));
-          std::vector<float>& whole = st.tensors[index.at(kStatePrefix[which] + ps.name)].data;
-          ForEachShardElement(ps, im.Degree(ps), im.ShardOf(ps, rk.global),
-                              [&](int64_t l, int64_t g) { whole[size_t(g)] = local[size_t(l)]; });
-        }
-      }
-  }
+  // The ranks write disjoint elements of the same vectors, each from its own thread.
+  PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {
+    return im.ExportRank(rk, index, st);
+  }).Prefixed("exporting the training state"));
+  if (int(im.ranks.size()) < im.grid.world())
+    PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {
+      return im.SumStateOverWorld(rk, st);
+    }).Prefixed("exporting the training state"));
   return st;
 }
 
 Status Trainer::ImportState(const TrainingState& st) {
   Impl& im = *impl_;
-  PTDP_RETURN_IF_ERROR(im.RequireAllRanksLocal("importing a training state"));
   const int64_t B = im.cfg.layout.global_batch;
   if (st.step < 0 || st.optimizer_steps < 0 || st.optimizer_steps > st.step)
     return Status::Error("training state: step " + Str(st.step) + " and optimizer steps " +
@@ -1293,14 +1349,6 @@ Status Trainer::ImportState(const TrainingState& st) {
   im.steps = st.step;
   im.optimizer_steps = st.optimizer_steps;
   return Status::Ok();
-}
-
-// The checkpoint code reads every rank's shards by global rank (im.ranks[g]): all in this process.
-Status Trainer::Impl::RequireAllRanksLocal(const char* what) const {
-  if (int(ranks.size()) == grid.world()) return Status::Ok();
-  return Status::Error(std::string(what) + " needs every rank in this process (" +
-                       Str(int64_t(ranks.size())) + " of " + Str(grid.world()) +
-                       " here): not supported over several processes yet");
 }
 
 }  // namespace ptdp::rt

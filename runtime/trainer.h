@@ -164,11 +164,14 @@ class Trainer {
   int64_t optimizer_steps() const;
 
   // The whole training state, gathered from the ranks (parameters from DP replica 0, moments
-  // from every DP rank that owns a slice). Fails only when a backend copy fails.
+  // from every DP rank that owns a slice). With ranks in several processes (local_ranks) it is
+  // a collective over WORLD, called on every Trainer of the job like Step, and each returns the
+  // whole state, bit for bit. Fails only when a backend copy or the collective fails.
   Result<TrainingState> ExportState();
   // Loads a state exported by a trainer of the same model in any layout (with the same global
-  // batch): shards every tensor into this layout and sets the counters, so the next Step()
-  // continues that run. Fails, changing nothing, naming the tensor that is missing or has the
+  // batch): shards every tensor into this layout's local ranks and sets the counters, so the
+  // next Step() continues that run; over several processes each passes the same state (no
+  // communication). Fails, changing nothing, naming the tensor that is missing or has the
   // wrong shape, or when the data position does not match this global batch.
   Status ImportState(const TrainingState& state);
 

@@ -3,8 +3,11 @@
 // processes sharing an NCCL world would be. Their step losses, grad norms, every rank's times
 // count, evaluation loss and gathered parameters must equal, bit for bit, those of one Trainer
 // driving every rank: the same arithmetic on the same ranks, the results exchanged through the
-// communicators' WORLD group.
+// communicators' WORLD group. The exported training state (checkpoints) too, and a state
+// exported by one split job resumes in another split, bit for bit.
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include <atomic>
 #include <cstdint>
@@ -28,8 +31,9 @@ constexpr int kSteps = 3;
 constexpr double kTimeoutS = 30.0;
 
 // The trainer tests' tiny GPT (L 4, h 32, 4 heads, s 16, bytes), 8 sequences per step.
-TrainerConfig Config(int tp, int pp, int dp) {
+TrainerConfig Config(int tp, int pp, int dp, bool dopt = false) {
   TrainerConfig c;
+  c.layout.distributed_optimizer = dopt;
   c.model = testing::TinyGpt(4);
   c.layout.tp = tp;
   c.layout.pp = pp;
@@ -46,7 +50,24 @@ struct JobRun {
   std::vector<StepResult> steps;
   double eval_loss = 0;
   std::map<std::string, std::vector<float>> params;
+  TrainingState state;  // ExportState after the steps
 };
+
+// Bit for bit (memcmp: -0.0 is not +0.0 here), every tensor and counter.
+void ExpectSameState(const TrainingState& got, const TrainingState& want, const std::string& what) {
+  EXPECT_EQ(got.step, want.step) << what;
+  EXPECT_EQ(got.optimizer_steps, want.optimizer_steps) << what;
+  EXPECT_EQ(got.consumed_samples, want.consumed_samples) << what;
+  ASSERT_EQ(got.tensors.size(), want.tensors.size()) << what;
+  for (size_t i = 0; i < want.tensors.size(); ++i) {
+    const NamedTensor &a = got.tensors[i], &b = want.tensors[i];
+    EXPECT_EQ(a.name, b.name) << what;
+    EXPECT_EQ(a.shape, b.shape) << what << " " << b.name;
+    ASSERT_EQ(a.data.size(), b.data.size()) << what << " " << b.name;
+    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), b.data.size() * sizeof(float)), 0)
+        << what << ": " << b.name << " differs";
+  }
+}
 
 // Steps, evaluates and gathers on `trainer` (a Trainer of a job that others may share).
 JobRun Drive(Trainer& trainer) {
@@ -64,6 +85,9 @@ JobRun Drive(Trainer& trainer) {
   auto p = trainer.GatherParameters();
   EXPECT_TRUE(p.ok()) << p.status().message();
   if (p.ok()) run.params = *p;
+  auto st = trainer.ExportState();  // a collective when the job spans several Trainers
+  EXPECT_TRUE(st.ok()) << st.status().message();
+  if (st.ok()) run.state = *st;
   return run;
 }
 
@@ -100,12 +124,14 @@ void ExpectIdentical(const JobRun& got, const JobRun& want, const std::string& w
   }
   EXPECT_EQ(got.eval_loss, want.eval_loss) << what;
   EXPECT_EQ(got.params, want.params) << what;  // bit for bit, every element
+  ExpectSameState(got.state, want.state, what);
 }
 
 struct SplitCase {
   const char* name;
   int tp, pp, dp;
   std::vector<std::vector<int>> parts;  // the ranks of each Trainer
+  bool dopt = false;                    // the distributed optimizer (moments in slices)
 };
 
 class TrainerSplit : public ::testing::TestWithParam<SplitCase> {};
@@ -118,12 +144,13 @@ INSTANTIATE_TEST_SUITE_P(
         SplitCase{"tp2_pp2_across_stages", 2, 2, 1, {{0, 3}, {1, 2}}},
         // RankGrid(tp 1, dp 2, pp 2): replica 0 = ranks 0, 2; replica 1 = ranks 1, 3.
         SplitCase{"dp2_pp2_by_stage", 1, 2, 2, {{0, 1}, {2, 3}}},
-        SplitCase{"dp2_pp2_three_trainers", 1, 2, 2, {{3}, {0, 2}, {1}}}),
+        SplitCase{"dp2_pp2_three_trainers", 1, 2, 2, {{3}, {0, 2}, {1}}},
+        SplitCase{"dp2_pp2_dopt_by_replica", 1, 2, 2, {{0, 2}, {1, 3}}, true}),
     [](const ::testing::TestParamInfo<SplitCase>& i) { return std::string(i.param.name); });
 
 TEST_P(TrainerSplit, EqualsOneTrainerDrivingEveryRankBitForBit) {
   const SplitCase& c = GetParam();
-  const TrainerConfig cfg = Config(c.tp, c.pp, c.dp);
+  const TrainerConfig cfg = Config(c.tp, c.pp, c.dp, c.dopt);
   const std::vector<JobRun> whole = TrainSplit(cfg, {{}});  // empty: every rank
   ASSERT_EQ(whole.size(), 1u);
   ASSERT_EQ(whole[0].steps.size(), size_t(kSteps));
@@ -132,6 +159,74 @@ TEST_P(TrainerSplit, EqualsOneTrainerDrivingEveryRankBitForBit) {
   ASSERT_EQ(parts.size(), c.parts.size());
   for (size_t i = 0; i < parts.size(); ++i)
     ExpectIdentical(parts[i], whole[0], "trainer " + std::to_string(i));
+}
+
+// A checkpoint of a job over several processes: each Trainer of a split job exports the whole
+// state (a collective); a job split another way imports it in every Trainer and continues. Its
+// next step equals, bit for bit, that of one Trainer that never stopped.
+TEST(TrainerSplit, ResumesAStateExportedOverSeveralTrainersBitForBit) {
+  const TrainerConfig cfg = Config(1, 2, 2, /*dopt=*/true);
+  // Every Trainer of a job, each on its own thread: fn(i, trainer i).
+  auto job = [&](const std::vector<std::vector<int>>& parts,
+                 const std::function<void(size_t, Trainer&)>& fn) {
+    ThreadWorld world(cfg.layout.world(), kTimeoutS);
+    std::vector<std::unique_ptr<Trainer>> trainers;
+    for (const std::vector<int>& part : parts) {
+      TrainerConfig c = cfg;
+      c.local_ranks = part;
+      auto t = Trainer::Create(c, testing::CpuBackends(), world);
+      ASSERT_TRUE(t.ok()) << t.status().message();
+      trainers.push_back(std::move(t).value());
+    }
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < trainers.size(); ++i)
+      threads.emplace_back([&, i] { fn(i, *trainers[i]); });
+    for (std::thread& th : threads) th.join();
+  };
+  auto steps = [](Trainer& t, int n, std::vector<double>* losses) {
+    for (int i = 0; i < n; ++i) {
+      auto r = t.Step();
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      losses->push_back(r->loss);
+    }
+  };
+  // The reference: one Trainer, 3 steps.
+  std::vector<double> ref_losses;
+  TrainingState ref;
+  job({{}}, [&](size_t, Trainer& t) {
+    steps(t, 3, &ref_losses);
+    auto st = t.ExportState();
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    ref = *st;
+  });
+  // Two steps split by pipeline stage, exported by both Trainers.
+  std::vector<TrainingState> saved(2);
+  std::vector<std::vector<double>> losses(2);
+  job({{0, 1}, {2, 3}}, [&](size_t i, Trainer& t) {
+    steps(t, 2, &losses[i]);
+    auto st = t.ExportState();
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    saved[i] = *st;
+  });
+  ExpectSameState(saved[1], saved[0], "the two Trainers' exports");
+  // Resumed in a job split by DP replica (ranks 0, 2 and 1, 3) plus one more step.
+  std::vector<TrainingState> resumed(2);
+  std::vector<std::vector<double>> more(2);
+  job({{0, 2}, {1, 3}}, [&](size_t i, Trainer& t) {
+    ASSERT_TRUE(t.ImportState(saved[0]).ok());
+    steps(t, 1, &more[i]);
+    auto st = t.ExportState();
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    resumed[i] = *st;
+  });
+  ASSERT_EQ(ref_losses.size(), 3u);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ(losses[i].size(), 2u);
+    EXPECT_EQ(losses[i][1], ref_losses[1]);
+    ASSERT_EQ(more[i].size(), 1u);
+    EXPECT_EQ(more[i][0], ref_losses[2]) << "trainer " << i;
+    ExpectSameState(resumed[i], ref, "resumed trainer " + std::to_string(i));
+  }
 }
 
 TEST(TrainerSplit, RefusesLocalRanksOutsideTheLayoutOrTwice) {
