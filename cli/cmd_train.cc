@@ -320,6 +320,9 @@ int RunTrain(const TrainFlags& f) {
   cfg.seed = f.seed;
   cfg.train_tokens = &corpus->train;
   cfg.record_timeline = !f.out.empty();
+  // Megatron's --bf16 semantics on the CPU (runtime/bf16_backend.h); the CUDA backend keeps its
+  // fp32 activations with bf16 GEMMs until its native bf16 path reproduces these rounding points.
+  cfg.bf16 = f.backend == "cpu" && l.precision == Precision::kBf16;
   cfg.optimizer.lr = f.lr;
   cfg.optimizer.min_lr = f.lr / 10;
   cfg.optimizer.warmup_steps = f.warmup;
@@ -364,6 +367,11 @@ int RunTrain(const TrainFlags& f) {
     std::printf("(CUDA: %s GEMMs on tensor cores with fp32 accumulation; fp32 master weights, "
                 "optimizer state and activations)\n",
                 l.precision == Precision::kFp32 ? "fp32" : "bf16");
+  else if (l.precision == Precision::kBf16)
+    std::printf("(CPU: bf16 mixed precision emulated: activations rounded to bf16 where a bf16 "
+                "run stores them, bf16 weights from fp32 main weights, fp32 gradients and "
+                "optimizer state; compare's model of the runtime counts neither the main "
+                "weights' memory nor the rounding passes)\n");
   else if (l.precision != Precision::kFp32)
     std::printf("(the CPU backend computes in fp32; the plan's %s changes memory and time on "
                 "GPUs, not the results)\n",

@@ -215,6 +215,10 @@ class Backend {
   virtual void RowDot(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   // dst = src, any dtype (the same in both), shapes may differ (a reshaping copy).
   virtual void Copy(const Tensor& src, Tensor& dst) = 0;
+  // x (fp32) = x rounded to the nearest bfloat16, ties to even, in place: what storing it in
+  // bf16 keeps (CUDA's __float2bfloat16_rn; Inf stays Inf, NaN stays NaN, values past the
+  // largest bf16 become Inf). The mixed-precision emulation's rounding point (bf16_backend.h).
+  virtual void RoundToBf16(Tensor& x) = 0;
   // out (a 1-element tensor) adds sum(x^2): one call per gradient tensor, then the all-reduce
   // over TP/PP (and DP shards) and a sqrt give the global gradient norm.
   virtual void SumSquares(const Tensor& x, Tensor& out) = 0;

@@ -36,6 +36,7 @@
 
 #include "core/rank_grid.h"
 #include "core/schedule.h"
+#include "runtime/bf16_backend.h"
 #include "runtime/data.h"
 #include "runtime/failures.h"
 #include "runtime/gpt.h"
@@ -131,6 +132,8 @@ struct ParamState {
   int64_t k = 0;          // slice length (numel without the distributed optimizer)
   int64_t owned = 0;      // elements of the slice inside the parameter
   Tensor m, v;            // (owned) AdamW moments
+  Tensor main;            // TrainerConfig::bf16: (owned) the fp32 main weights; value holds
+                          // their bf16 rounding
   Tensor grad_slice;      // dist-opt: (k) this rank's reduce-scattered grad; else the grad
   bool decay = false;     // weight decay: 2-D weights but the position table
   // Counted in the global gradient norm by exactly one rank of the job: not a TP replica (tp
@@ -459,6 +462,7 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
     const std::string where = "rank " + Str(g);
     rk.backend = backends(g);
     if (!rk.backend) return Status::Error(where + ": the backend factory gave no backend");
+    if (cfg.bf16) rk.backend = std::make_unique<Bf16Backend>(std::move(rk.backend));
     PTDP_ASSIGN_OR_RETURN(auto tp, comms.Group(g, grid.TpGroup(g), "TP"));
     rk.tp = std::make_unique<TimedCommunicator>(
         std::move(tp), &rk.tp_seconds, cfg.record_timeline ? &rk.times.events : nullptr,
@@ -549,6 +553,15 @@ Status Trainer::Impl::BuildState(Rank& rk) {
                           (sliced || index == 0);
       PTDP_ASSIGN_OR_RETURN(ps.m, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
       PTDP_ASSIGN_OR_RETURN(ps.v, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
+      if (cfg.bf16) {  // main = the initial fp32 weights (this rank's slice), value = bf16(them)
+        PTDP_ASSIGN_OR_RETURN(ps.main, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
+        if (ps.owned > 0) {
+          Tensor main = ps.main.View(Shape({ps.owned}));
+          rk.backend->Copy(ps.param->value.View(Shape({ps.owned}), ps.slice * ps.k), main);
+        }
+        Tensor all = ps.param->value.View(Shape({ps.numel}));
+        rk.backend->RoundToBf16(all);
+      }
       if (ps.slices > 1) {
         PTDP_ASSIGN_OR_RETURN(ps.grad_slice, rk.backend->Alloc({ps.k}, DType::kF32));
       } else {
@@ -770,7 +783,14 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
     ac.weight_decay = ps.decay ? float(oc.weight_decay) : 0.0f;
     Tensor value = ps.param->value.View(Shape({ps.owned}), ps.slice * ps.k);
     Tensor grad = ps.grad_slice.View(Shape({ps.owned}));
-    be.AdamW(value, grad, ps.m, ps.v, ac);
+    if (cfg.bf16) {  // AdamW on the fp32 main weights; the model's copy is their bf16 rounding
+      Tensor main = ps.main.View(Shape({ps.owned}));
+      be.AdamW(main, grad, ps.m, ps.v, ac);
+      be.Copy(main, value);
+      be.RoundToBf16(value);
+    } else {
+      be.AdamW(value, grad, ps.m, ps.v, ac);
+    }
   }
   rk.times.optimizer_s += Since(t0) - (rk.tp_seconds - tp0);
   Record(rk, StepEventKind::kOptimizer, -1, -1, t0, Clock::now());
@@ -1188,10 +1208,11 @@ Status Trainer::Impl::ImportRank(Rank& rk,
                           [&](int64_t l, int64_t g) { local[size_t(l)] = whole[size_t(g)]; });
       if (which == 0) {
         PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(local.data(), ps.param->value));
-        continue;
+        if (!cfg.bf16) continue;
+        rk.backend->RoundToBf16(ps.param->value);  // the model's copy; main keeps the fp32
       }
       if (ps.owned == 0) continue;
-      Tensor dst = (which == 1 ? ps.m : ps.v).View(Shape({ps.owned}));
+      Tensor dst = (which == 0 ? ps.main : which == 1 ? ps.m : ps.v).View(Shape({ps.owned}));
       PTDP_RETURN_IF_ERROR(
           rk.backend->CopyFromHost(local.data() + ps.slice * ps.k, dst));
     }
@@ -1204,7 +1225,8 @@ Status Trainer::Impl::ImportRank(Rank& rk,
 // by the first rank of its reduction group (DP x CP, expert DP for a routed expert), tp rank 0
 // for a replicated one, the first stage's copy of the tied embedding; each AdamW moment element
 // by the rank whose slice holds it (the distributed optimizer's slices over the group; without
-// it, the group's first rank).
+// it, the group's first rank). With TrainerConfig::bf16 the parameters are the fp32 main
+// weights, held (and written) like the moments.
 Status Trainer::Impl::ExportRank(Rank& rk, const std::map<std::string, size_t>& index,
                                  TrainingState& st) {
   size_t state_index = 0;
@@ -1217,17 +1239,18 @@ Status Trainer::Impl::ExportRank(Rank& rk, const std::map<std::string, size_t>& 
       const int j = state.group->rank();
       for (int which = 0; which < 3; ++which) {
         int64_t begin = 0, end = state.numel;  // the local shard's elements this rank writes
-        if (which == 0 && j != 0) continue;
-        if (which > 0) {
+        const bool sliced_state = which > 0 || cfg.bf16;  // moments, bf16's main weights
+        if (!sliced_state && j != 0) continue;
+        if (sliced_state) {
           if (j >= state.slices || state.owned == 0) continue;
           begin = state.slice * state.k;
           end = begin + state.owned;
         }
         std::vector<float> local(size_t(state.numel), 0.0f);
-        if (which == 0) {
+        if (which == 0 && !cfg.bf16) {
           PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(state.param->value, local.data()));
         } else {
-          const Tensor& moment = which == 1 ? state.m : state.v;
+          const Tensor& moment = which == 0 ? state.main : which == 1 ? state.m : state.v;
           PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(moment.View(Shape({state.owned})),
                                                       local.data() + begin));
         }

@@ -4,6 +4,8 @@
 // split a row differently within fp32 rounding of each other).
 #include "runtime/cpu/cpu_backend.h"
 
+#include "runtime/bf16.h"
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -793,6 +795,11 @@ void CpuBackend::Scale(float alpha, Tensor& x) {
 void CpuBackend::Fill(float value, Tensor& x) {
   float* p = MutF32(x);
   std::fill(p, p + x.numel(), value);
+}
+
+void CpuBackend::RoundToBf16(Tensor& x) {
+  float* p = MutF32(x);
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] = Bf16Round(p[i]);
 }
 
 void CpuBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {

@@ -124,6 +124,7 @@ class CpuBackend final : public Backend {
   void Scale(float alpha, Tensor& x) override;
   void Fill(float value, Tensor& x) override;
   void ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) override;
+  void RoundToBf16(Tensor& x) override;
   void RowDot(const Tensor& a, const Tensor& b, Tensor& out) override;
   void Copy(const Tensor& src, Tensor& dst) override;
   void SumSquares(const Tensor& x, Tensor& out) override;

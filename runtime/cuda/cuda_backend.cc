@@ -600,6 +600,11 @@ void CudaBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv,
       MutF32(dqkv), MutF32(dkv), impl_->stream)));
 }
 
+void CudaBackend::RoundToBf16(Tensor& x) {
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(kernels::RoundToBf16(MutF32(x), x.numel(), impl_->stream)));
+}
+
 void CudaBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {
   assert(scale.numel() == Rows(x) && out.numel() == x.numel());
   if (!impl_->Begin()) return;

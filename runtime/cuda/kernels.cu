@@ -9,6 +9,8 @@
 // of rows (gridDim.y = chunks <= 65535, see SplitRows), then one thread per column.
 #include "runtime/cuda/kernels.cuh"
 
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -286,6 +288,13 @@ __global__ void CausalSoftmaxBackwardKernel(const float* p, float* dp, int64_t r
     dot = WarpSum(dot);
     for (int64_t u = lane; u < s; u += kWarp) dr[u] = u <= t ? pr[u] * (dr[u] - dot) * scale : 0.0f;
   }
+}
+
+// ---- bf16 rounding (the mixed-precision emulation's storage points) -----------------------------
+
+__global__ void RoundToBf16Kernel(float* x, int64_t n) {
+  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount())
+    x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
 }
 
 // ---- MoE combine -------------------------------------------------------------------------------
@@ -666,6 +675,12 @@ cudaError_t CausalSoftmaxBackward(const float* p, float* dp, int64_t l, int64_t 
                                   cudaStream_t st) {
   if (l == 0 || s == 0) return cudaSuccess;
   CausalSoftmaxBackwardKernel<<<RowBlocks(l * s), kThreads, 0, st>>>(p, dp, l * s, s, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t RoundToBf16(float* x, int64_t n, cudaStream_t st) {
+  if (n == 0) return cudaSuccess;
+  RoundToBf16Kernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(x, n);
   return cudaGetLastError();
 }
 

@@ -130,6 +130,8 @@ cudaError_t Fill(float value, float* x, int64_t n, cudaStream_t st);
 // row, in double as the CPU backend).
 cudaError_t ScaleRows(const float* x, const float* scale, int64_t n, int64_t c, float* out,
                       cudaStream_t st);
+// x[i] = bf16(x[i]) (round to nearest even) back in fp32, in place.
+cudaError_t RoundToBf16(float* x, int64_t n, cudaStream_t st);
 cudaError_t RowDot(const float* a, const float* b, int64_t n, int64_t c, float* out,
                    cudaStream_t st);
 

@@ -657,6 +657,34 @@ TEST_F(CudaTest, ScaleRowsAndRowDotAgainstCpu) {
   ExpectNear(dot, 1e-6, 1e-6, "RowDot");  // both in double, summed in another order
 }
 
+// The bf16 emulation's rounding point (issue 17): CUDA's __float2bfloat16_rn against the host's
+// Bf16Round, bit for bit, on random values and on ties, carries, Inf, NaN, -0.0 and overflow.
+TEST_F(CudaTest, RoundToBf16MatchesTheCpuBitForBit) {
+  std::vector<float> v = Random(100003, 77);
+  for (float& x : v) x *= 1000.0f;
+  const float ulp = std::ldexp(1.0f, -7);
+  for (float x : {1.0f + ulp / 2, 1.0f + 1.5f * ulp, 2.0f - ulp / 4, -0.0f, 0.0f, 1e-40f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::max(), std::numeric_limits<float>::quiet_NaN()})
+    v.push_back(x);
+  Both x = F({int64_t(v.size())}, v);
+  cpu.RoundToBf16(x.c);
+  gpu->RoundToBf16(x.g);
+  std::vector<float> c(v.size()), g = GpuHost(x.g);
+  ASSERT_TRUE(cpu.CopyToHost(x.c, c.data()).ok());
+  ASSERT_EQ(g.size(), c.size());
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (std::isnan(c[i])) {
+      EXPECT_TRUE(std::isnan(g[i])) << i;
+      continue;
+    }
+    uint32_t a, b;
+    std::memcpy(&a, &c[i], 4);
+    std::memcpy(&b, &g[i], 4);
+    EXPECT_EQ(a, b) << "element " << i << " (" << v[i] << ")";
+  }
+}
+
 TEST_F(CudaTest, CopyReshapesAnyDtype) {
   Both ids = I({2, 3}, {1, 2, 3, 4, 5, 6});
   Tensor flat = *gpu->Alloc(Shape{6}, DType::kI32);

@@ -1,0 +1,25 @@
+// bfloat16 rounding on the host: the value a float keeps when stored as bf16 (its top 16 bits
+// after rounding to nearest, ties to even), back as a float. The same as CUDA's
+// __float2bfloat16_rn followed by __bfloat162float: Inf stays Inf, NaN stays a (quiet) NaN,
+// finite values past the largest bf16 (3.3895e38) round to Inf, -0.0 stays -0.0.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace ptdp::rt {
+
+inline float Bf16Round(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u) {
+    if ((u & 0x007fffffu) != 0) u |= 0x00400000u;  // NaN: quiet, so truncation keeps it NaN
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);  // to nearest, ties to even (a carry may reach Inf)
+  }
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+}  // namespace ptdp::rt
