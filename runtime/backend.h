@@ -79,6 +79,16 @@ class Backend {
   // Waits for every op called so far; returns the first failure recorded since the last call.
   virtual Status Synchronize() = 0;
 
+  // Device-time marks, for timing phases of asynchronous work (the trainer's RankTimes and
+  // timeline): Mark() records the point this backend's work has reached in its order of
+  // execution (CUDA: an event recorded on its stream; CPU, whose work is done when a call
+  // returns: the host clock) and returns its number, counted from 0 after each ClearMarks().
+  // MarkSeconds(a, b): the seconds from mark a to mark b, waiting for b to complete (0 after
+  // a failure, which the next Synchronize reports).
+  virtual int Mark() = 0;
+  virtual double MarkSeconds(int a, int b) = 0;
+  virtual void ClearMarks() = 0;
+
   // ---- host transfer (dst/src hold numel() elements; the tensor's dtype must match) ----------
   virtual Status CopyFromHost(const float* src, Tensor& dst) = 0;
   virtual Status CopyFromHost(const int32_t* src, Tensor& dst) = 0;

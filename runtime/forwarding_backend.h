@@ -19,6 +19,9 @@ class ForwardingBackend : public Backend {
   size_t PeakBytes() const override { return in_->PeakBytes(); }
   void ResetPeak() override { in_->ResetPeak(); }
   Status Synchronize() override { return in_->Synchronize(); }
+  int Mark() override { return in_->Mark(); }
+  double MarkSeconds(int a, int b) override { return in_->MarkSeconds(a, b); }
+  void ClearMarks() override { in_->ClearMarks(); }
   Status CopyFromHost(const float* src, Tensor& dst) override { return in_->CopyFromHost(src, dst); }
   Status CopyFromHost(const int32_t* src, Tensor& dst) override { return in_->CopyFromHost(src, dst); }
   Status CopyToHost(const Tensor& src, float* dst) override { return in_->CopyToHost(src, dst); }

@@ -53,19 +53,82 @@ double Since(Clock::time_point t0) {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// A Communicator that forwards to another and adds the seconds spent in it to *seconds (the
-// TP communicator handed to the chunks: TP time is measured inside forward and backward), and,
-// when `events` is given, records each call as a kTpComm event relative to *step_start.
+// A rank's phase timing over its backend's marks (Backend::Mark): each timed region of a step
+// is an interval between two marks, resolved to seconds once the step's work is done, so that
+// on an asynchronous backend (CUDA: events on the rank's stream) each phase is the device's time
+// rather than the host's enqueueing, and on the CPU the host clock as before. A region's own
+// time excludes the regions nested directly inside it (a forward's TP collectives).
+class PhaseClock {
+ public:
+  struct Open {
+    int mark = -1;      // -1: the clock is not running (Evaluate, GatherParameters)
+    size_t inner = 0;   // the intervals recorded before this region began
+  };
+  // Starts a step on `be`: marks from 0, the step's origin first.
+  void Begin(Backend& be) {
+    be_ = &be;
+    be.ClearMarks();
+    origin_ = be.Mark();
+    intervals_.clear();
+    depth_ = 0;
+  }
+  Open Start() {
+    if (be_ == nullptr) return {};
+    ++depth_;
+    return {be_->Mark(), intervals_.size()};
+  }
+  // Ends the region opened by `o`: its time goes to `field` of RankTimes (and the timeline).
+  void Stop(const Open& o, StepEventKind kind, int microbatch, int chunk,
+            double RankTimes::*field) {
+    if (be_ == nullptr || o.mark < 0) return;
+    --depth_;
+    intervals_.push_back({kind, microbatch, chunk, o.mark, be_->Mark(), field, o.inner, depth_});
+  }
+  // After the step's work completed: adds each region's own seconds to its field of `t`, the
+  // events to t->events when `timeline`, and returns the seconds from the origin to now.
+  double Resolve(RankTimes* t, bool timeline) {
+    if (be_ == nullptr) return 0;
+    std::vector<double> secs(intervals_.size());
+    for (size_t i = 0; i < intervals_.size(); ++i)
+      secs[i] = be_->MarkSeconds(intervals_[i].a, intervals_[i].b);
+    for (size_t i = 0; i < intervals_.size(); ++i) {
+      const Interval& v = intervals_[i];
+      double own = secs[i];
+      for (size_t j = v.inner; j < i; ++j)
+        if (intervals_[j].depth == v.depth + 1) own -= secs[j];
+      t->*(v.field) += std::max(0.0, own);
+      if (timeline)
+        t->events.push_back({v.kind, v.microbatch, v.chunk, be_->MarkSeconds(origin_, v.a),
+                             be_->MarkSeconds(origin_, v.b)});
+    }
+    const double total = be_->MarkSeconds(origin_, be_->Mark());
+    be_ = nullptr;  // until the next step
+    return total;
+  }
+
+ private:
+  struct Interval {
+    StepEventKind kind;
+    int microbatch, chunk;
+    int a, b;                   // marks
+    double RankTimes::*field;
+    size_t inner;               // intervals [inner, this one) were recorded inside it
+    int depth;                  // regions open around it
+  };
+  Backend* be_ = nullptr;
+  int origin_ = 0;
+  int depth_ = 0;
+  std::vector<Interval> intervals_;
+};
+
+// A Communicator that forwards to another and times each call on the rank's PhaseClock as TP
+// time (RankTimes::tp_comm_s; the TP communicator handed to the chunks: TP time is measured
+// inside forward and backward), an event of `kind` on the timeline.
 class TimedCommunicator final : public Communicator {
  public:
-  TimedCommunicator(std::unique_ptr<Communicator> inner, double* seconds,
-                    std::vector<StepEvent>* events, const Clock::time_point* step_start,
+  TimedCommunicator(std::unique_ptr<Communicator> inner, PhaseClock* clock,
                     StepEventKind kind = StepEventKind::kTpComm)
-      : inner_(std::move(inner)),
-        seconds_(seconds),
-        events_(events),
-        step_start_(step_start),
-        kind_(kind) {}
+      : inner_(std::move(inner)), clock_(clock), kind_(kind) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const std::vector<int>& ranks() const override { return inner_->ranks(); }
@@ -101,20 +164,13 @@ class TimedCommunicator final : public Communicator {
  private:
   template <typename F>
   Status Timed(F f) {
-    const Clock::time_point t0 = Clock::now();
+    const PhaseClock::Open o = clock_->Start();
     Status st = f();
-    const Clock::time_point t1 = Clock::now();
-    *seconds_ += std::chrono::duration<double>(t1 - t0).count();
-    if (events_)
-      events_->push_back({kind_, -1, -1,
-                          std::chrono::duration<double>(t0 - *step_start_).count(),
-                          std::chrono::duration<double>(t1 - *step_start_).count()});
+    clock_->Stop(o, kind_, -1, -1, &RankTimes::tp_comm_s);
     return st;
   }
   std::unique_ptr<Communicator> inner_;
-  double* seconds_;
-  std::vector<StepEvent>* events_;        // nullptr: not recording
-  const Clock::time_point* step_start_;
+  PhaseClock* clock_;
   StepEventKind kind_;
 };
 
@@ -201,7 +257,7 @@ struct Rank {
   std::vector<ParamState> state;
   std::unique_ptr<DataLoader> data;
   RankTimes times;
-  double tp_seconds = 0;  // accumulated by the TP and CP decorators
+  PhaseClock clock;  // this step's timed regions (the timed communicators' too)
   // The dense parameters' reduction group: DP x CP, which is DP without CP.
   Communicator& Reduction() const { return dpcp ? *dpcp : *dp; }
   // Step outputs.
@@ -335,16 +391,6 @@ struct Trainer::Impl {
   std::vector<Rank> ranks;
   std::unique_ptr<RankThreads> threads;  // one per local rank, made by Build
   int64_t steps = 0;
-  Clock::time_point step_start;  // origin of the step's timeline events
-
-  // Appends an event [t0, t1) to the rank's timeline when recording.
-  void Record(Rank& rk, StepEventKind kind, int microbatch, int chunk, Clock::time_point t0,
-              Clock::time_point t1) const {
-    if (!cfg.record_timeline) return;
-    rk.times.events.push_back({kind, microbatch, chunk,
-                               std::chrono::duration<double>(t0 - step_start).count(),
-                               std::chrono::duration<double>(t1 - step_start).count()});
-  }
   int64_t optimizer_steps = 0;  // AdamW updates applied: the LR schedule's and Adam's step
 
   int Stage(int r, int c) const { return c * p + r; }
@@ -464,24 +510,20 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
     if (!rk.backend) return Status::Error(where + ": the backend factory gave no backend");
     if (cfg.bf16) rk.backend = std::make_unique<Bf16Backend>(std::move(rk.backend));
     PTDP_ASSIGN_OR_RETURN(auto tp, comms.Group(g, grid.TpGroup(g), "TP"));
-    rk.tp = std::make_unique<TimedCommunicator>(
-        std::move(tp), &rk.tp_seconds, cfg.record_timeline ? &rk.times.events : nullptr,
-        &step_start);
+    rk.tp = std::make_unique<TimedCommunicator>(std::move(tp), &rk.clock);
     PTDP_ASSIGN_OR_RETURN(rk.pp, comms.Group(g, grid.PpGroup(g), "PP"));
     PTDP_ASSIGN_OR_RETURN(rk.dp, comms.Group(g, grid.DpGroup(g), "DP"));
     if (c > 1) {
       PTDP_ASSIGN_OR_RETURN(auto cpc, comms.Group(g, grid.CpGroup(g), "CP"));
-      rk.cp = std::make_unique<TimedCommunicator>(
-          std::move(cpc), &rk.tp_seconds, cfg.record_timeline ? &rk.times.events : nullptr,
-          &step_start, StepEventKind::kCpComm);
+      rk.cp = std::make_unique<TimedCommunicator>(std::move(cpc), &rk.clock,
+                                                  StepEventKind::kCpComm);
       PTDP_ASSIGN_OR_RETURN(rk.dpcp, comms.Group(g, grid.DpCpGroup(g), "DPCP"));
     }
     rk.expert = grid.Expert(g);
     if (moe) {
       auto timed = [&](std::unique_ptr<Communicator> inner) {
-        return std::make_unique<TimedCommunicator>(
-            std::move(inner), &rk.tp_seconds, cfg.record_timeline ? &rk.times.events : nullptr,
-            &step_start, StepEventKind::kEpComm);
+        return std::make_unique<TimedCommunicator>(std::move(inner), &rk.clock,
+                                                   StepEventKind::kEpComm);
       };
       PTDP_ASSIGN_OR_RETURN(auto epc, comms.Group(g, grid.EpGroup(g), "EP"));
       PTDP_ASSIGN_OR_RETURN(auto etpc, comms.Group(g, grid.EtpGroup(g), "ETP"));
@@ -594,7 +636,7 @@ Result<Tensor> Trainer::Impl::Tokens(Rank& rk, int64_t step, int mb, bool target
 Status Trainer::Impl::RunGroup(Rank& rk, const std::vector<ScheduleOp>& ops, size_t begin,
                                size_t end, std::map<Key, Tensor>& received,
                                std::map<Key, Tensor>& to_send) {
-  const Clock::time_point t0 = Clock::now();
+  const PhaseClock::Open t0 = rk.clock.Start();
   PTDP_RETURN_IF_ERROR(rk.pp->GroupStart());
   std::vector<Key> sent;
   Status st;
@@ -622,8 +664,8 @@ Status Trainer::Impl::RunGroup(Rank& rk, const std::vector<ScheduleOp>& ops, siz
   }
   Status end_st = rk.pp->GroupEnd();
   for (const Key& k : sent) to_send.erase(k);
-  rk.times.pp_wait_s += Since(t0);
-  Record(rk, StepEventKind::kP2p, ops[begin].microbatch, ops[begin].chunk, t0, Clock::now());
+  rk.clock.Stop(t0, StepEventKind::kP2p, ops[begin].microbatch, ops[begin].chunk,
+                &RankTimes::pp_wait_s);
   PTDP_RETURN_IF_ERROR(st);
   return end_st;
 }
@@ -646,8 +688,8 @@ Status Trainer::Impl::RunOps(Rank& rk) {
     const std::string what = std::string(ToString(op.kind)) + " of micro-batch " +
                              Str(op.microbatch) + " chunk " + Str(op.chunk);
     GptChunk* chunk = op.chunk >= 0 ? rk.chunks[size_t(op.chunk)].get() : nullptr;
-    const double tp0 = rk.tp_seconds;
-    const Clock::time_point t0 = Clock::now();
+    const bool compute = op.kind == OpKind::kForward || op.kind == OpKind::kBackward;
+    const PhaseClock::Open t0 = compute ? rk.clock.Start() : PhaseClock::Open{};
     if (op.kind == OpKind::kForward) {
       Tensor input, targets;
       if (FirstStage(r, op.chunk)) {
@@ -670,8 +712,7 @@ Status Trainer::Impl::RunOps(Rank& rk) {
       } else {
         to_send[{op.microbatch, op.chunk, false}] = std::move(out).value();
       }
-      rk.times.forward_s += Since(t0) - (rk.tp_seconds - tp0);
-      Record(rk, StepEventKind::kForward, op.microbatch, op.chunk, t0, Clock::now());
+      rk.clock.Stop(t0, StepEventKind::kForward, op.microbatch, op.chunk, &RankTimes::forward_s);
     } else if (op.kind == OpKind::kBackward) {
       Tensor grad_out;
       if (!LastStage(r, op.chunk)) {
@@ -683,8 +724,7 @@ Status Trainer::Impl::RunOps(Rank& rk) {
       auto dx = chunk->Backward(op.microbatch, grad_out);
       if (!dx.ok()) return dx.status().Prefixed(what);
       if (!FirstStage(r, op.chunk)) to_send[{op.microbatch, op.chunk, true}] = std::move(dx).value();
-      rk.times.backward_s += Since(t0) - (rk.tp_seconds - tp0);
-      Record(rk, StepEventKind::kBackward, op.microbatch, op.chunk, t0, Clock::now());
+      rk.clock.Stop(t0, StepEventKind::kBackward, op.microbatch, op.chunk, &RankTimes::backward_s);
     } else if (op.kind == OpKind::kReduceGradients) {
       PTDP_RETURN_IF_ERROR(ReduceGradients(rk).Prefixed("reduce gradients"));
     } else if (op.kind == OpKind::kReduceEmbedding) {
@@ -706,7 +746,7 @@ Status Trainer::Impl::RunOps(Rank& rk) {
 // DP replicas' are means, so they are averaged.
 Status Trainer::Impl::ReduceGradients(Rank& rk) {
   for (auto& chunk : rk.chunks) PTDP_RETURN_IF_ERROR(chunk->FinalizeTpGrads());
-  const Clock::time_point t0 = Clock::now();
+  const PhaseClock::Open t0 = rk.clock.Start();
   Backend& be = *rk.backend;
   const float inv_d = 1.0f / float(d);
   for (ParamState& ps : rk.state) {
@@ -726,27 +766,25 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
     PTDP_RETURN_IF_ERROR(ps.group->ReduceScatter(padded, ps.grad_slice, ReduceOp::kSum));
     be.Scale(inv_d, ps.grad_slice);
   }
-  rk.times.dp_comm_s += Since(t0);
-  Record(rk, StepEventKind::kDpComm, -1, -1, t0, Clock::now());
+  rk.clock.Stop(t0, StepEventKind::kDpComm, -1, -1, &RankTimes::dp_comm_s);
   return Status::Ok();
 }
 
 // The tied word embedding: first and last stage each hold a copy; sum their grads (or slices).
 Status Trainer::Impl::ReduceEmbedding(Rank& rk) {
   if (p == 1 || !rk.emb) return Status::Ok();
-  const Clock::time_point t0 = Clock::now();
+  const PhaseClock::Open t0 = rk.clock.Start();
   for (ParamState& ps : rk.state)
     if (ps.param->spec.name == "embedding.word")
       PTDP_RETURN_IF_ERROR(rk.emb->AllReduce(ps.grad_slice, ReduceOp::kSum));
-  rk.times.dp_comm_s += Since(t0);
-  Record(rk, StepEventKind::kEmbedding, -1, -1, t0, Clock::now());
+  rk.clock.Stop(t0, StepEventKind::kEmbedding, -1, -1, &RankTimes::dp_comm_s);
   return Status::Ok();
 }
 
 // Global grad norm (each element counted by one rank of the job, then one WORLD all-reduce),
 // clipping, AdamW on what this rank owns, and the dist-opt all-gather of the updated slices.
 Status Trainer::Impl::OptimizerStep(Rank& rk) {
-  const Clock::time_point t0 = Clock::now();
+  const PhaseClock::Open t0 = rk.clock.Start();
   Backend& be = *rk.backend;
   // sq[0]: squares of the grads that count in the norm; sq[1]: squares of the others (TP
   // replicas, the tied copy) plus a NaN if this rank's loss is not finite, so that a NaN or Inf
@@ -757,13 +795,12 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
     if (ps.owned > 0)
       be.SumSquares(ps.grad_slice.View(Shape({ps.owned})), ps.counts_in_norm ? sq_norm : sq_rest);
   if (!std::isfinite(rk.loss)) be.Fill(std::numeric_limits<float>::quiet_NaN(), sq_rest);
-  const double tp0 = rk.tp_seconds;
   if (grid.world() > 1) PTDP_RETURN_IF_ERROR(rk.world->AllReduce(sq, ReduceOp::kSum));
   float sq_host[2] = {0, 0};
   PTDP_RETURN_IF_ERROR(be.CopyToHost(sq, sq_host));
   rk.grad_norm = std::sqrt(double(sq_host[0]));
   if (!std::isfinite(sq_host[0] + sq_host[1])) {
-    rk.times.optimizer_s += Since(t0) - (rk.tp_seconds - tp0);
+    rk.clock.Stop(t0, StepEventKind::kOptimizer, -1, -1, &RankTimes::optimizer_s);
     if (cfg.on_nan == NanPolicy::kStop)
       return Status::Error("gradient norm " + std::to_string(rk.grad_norm) + " (or the loss) is "
                            "not finite: stopped before updating any parameter");
@@ -792,12 +829,11 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
       be.AdamW(value, grad, ps.m, ps.v, ac);
     }
   }
-  rk.times.optimizer_s += Since(t0) - (rk.tp_seconds - tp0);
-  Record(rk, StepEventKind::kOptimizer, -1, -1, t0, Clock::now());
+  rk.clock.Stop(t0, StepEventKind::kOptimizer, -1, -1, &RankTimes::optimizer_s);
   bool sliced = false;
   for (const ParamState& ps : rk.state) sliced = sliced || ps.slices > 1;
   if (!sliced) return Status::Ok();
-  const Clock::time_point g0 = Clock::now();
+  const PhaseClock::Open g0 = rk.clock.Start();
   for (ParamState& ps : rk.state) {
     if (ps.slices == 1) continue;
     PTDP_ASSIGN_OR_RETURN(Tensor full, be.Alloc({ps.slices * ps.k}, DType::kF32));
@@ -810,8 +846,7 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
     Tensor dst = ps.param->value.View(Shape({ps.numel}));
     be.Copy(full.View(Shape({ps.numel})), dst);
   }
-  rk.times.dp_comm_s += Since(g0);
-  Record(rk, StepEventKind::kDpComm, -1, -1, g0, Clock::now());
+  rk.clock.Stop(g0, StepEventKind::kDpComm, -1, -1, &RankTimes::dp_comm_s);
   return Status::Ok();
 }
 
@@ -851,9 +886,8 @@ Status Trainer::Impl::MeasureExpertLoad(Rank& rk) {
 }
 
 Status Trainer::Impl::RunStep(Rank& rk) {
-  const Clock::time_point t0 = Clock::now();
   rk.times = RankTimes{};
-  rk.tp_seconds = 0;
+  rk.clock.Begin(*rk.backend);
   rk.loss = 0;
   rk.grad_norm = 0;
   rk.skipped = false;
@@ -866,7 +900,7 @@ Status Trainer::Impl::RunStep(Rank& rk) {
   // The reported loss: mean over the global batch (the last stage holds sum_j loss_j / m, the
   // CP ranks each their tokens' share: summed over DP x CP, then / d).
   if (rk.coord.pp == p - 1 && d * c > 1) {
-    const Clock::time_point l0 = Clock::now();
+    const PhaseClock::Open l0 = rk.clock.Start();
     PTDP_ASSIGN_OR_RETURN(Tensor loss, rk.backend->Alloc({1}, DType::kF32));
     const float host = float(rk.loss);
     PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(&host, loss));
@@ -874,14 +908,12 @@ Status Trainer::Impl::RunStep(Rank& rk) {
     float sum = 0;
     PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(loss, &sum));
     rk.loss = double(sum) / d;
-    rk.times.dp_comm_s += Since(l0);
-    Record(rk, StepEventKind::kDpComm, -1, -1, l0, Clock::now());
+    rk.clock.Stop(l0, StepEventKind::kDpComm, -1, -1, &RankTimes::dp_comm_s);
   }
   PTDP_RETURN_IF_ERROR(MeasureExpertLoad(rk));
   PTDP_RETURN_IF_ERROR(rk.backend->Synchronize());
-  rk.times.tp_comm_s = rk.tp_seconds;
+  const double total = rk.clock.Resolve(&rk.times, cfg.record_timeline);
   rk.times.peak_memory_bytes = double(rk.backend->PeakBytes());
-  const double total = Since(t0);
   const RankTimes& x = rk.times;
   rk.times.idle_s = std::max(0.0, total - (x.forward_s + x.backward_s + x.tp_comm_s + x.pp_wait_s +
                                            x.dp_comm_s + x.optimizer_s));
@@ -989,7 +1021,6 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
 Result<StepResult> Trainer::Step() {
   Impl& im = *impl_;
   const Clock::time_point t0 = Clock::now();
-  im.step_start = t0;
   const std::string where = "step " + Str(im.steps);
   // A rank that failed still reports (ok = 0), so that the other processes learn of it.
   PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -66,6 +67,14 @@ class CpuBackend final : public Backend {
   size_t PeakBytes() const override;
   void ResetPeak() override;
   Status Synchronize() override { return Status::Ok(); }
+  int Mark() override {
+    marks_.push_back(std::chrono::steady_clock::now());
+    return int(marks_.size()) - 1;
+  }
+  double MarkSeconds(int a, int b) override {
+    return std::chrono::duration<double>(marks_.at(size_t(b)) - marks_.at(size_t(a))).count();
+  }
+  void ClearMarks() override { marks_.clear(); }
 
   Status CopyFromHost(const float* src, Tensor& dst) override;
   Status CopyFromHost(const int32_t* src, Tensor& dst) override;
@@ -134,6 +143,7 @@ class CpuBackend final : public Backend {
              const AdamWConfig& cfg) override;
 
  private:
+  std::vector<std::chrono::steady_clock::time_point> marks_;  // Mark()
   // Shared with every tensor's release, so that tensors may outlive the backend.
   struct Counters {
     std::atomic<size_t> current{0};

@@ -102,6 +102,8 @@ struct CudaBackend::Impl {
   std::shared_ptr<SharedState> shared = std::make_shared<SharedState>();
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
+  std::vector<cudaEvent_t> events;  // Mark(): created once, reused after ClearMarks
+  size_t marks = 0;                 // events[0, marks) recorded since ClearMarks
   void* workspace = nullptr;
 
   explicit Impl(const CudaBackendOptions& o) : options(o), name(Label(o.device)) {
@@ -124,8 +126,10 @@ struct CudaBackend::Impl {
     (void)cudaGetLastError();
     return true;
   }
-  void Check(const Status& s) {
+  // Records a failure (the next Synchronize returns it); true when s is OK.
+  bool Check(const Status& s) {
     if (!s.ok()) shared->Record(s);
+    return s.ok();
   }
   Result<Tensor> Alloc(const Shape& shape, DType dtype, bool zero);
   // Scratch of an op (not zeroed; counted like tensors); a failure is recorded.
@@ -213,6 +217,7 @@ CudaBackend::Impl::~Impl() {
     shared->stream = nullptr;  // tensors released from now on are freed synchronously
   }
   if (cublas != nullptr) (void)cublasDestroy(cublas);
+  for (cudaEvent_t e : events) (void)cudaEventDestroy(e);
   if (workspace != nullptr) (void)cudaFree(workspace);
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
   (void)cudaGetLastError();
@@ -300,6 +305,43 @@ Status CudaBackend::Synchronize() {
   }
   return impl_->shared->Take();
 }
+
+// ---- device-time marks (events on the stream) -------------------------------------------------
+
+int CudaBackend::Mark() {
+  Impl& im = *impl_;
+  const int index = int(im.marks);
+  if (!im.Begin()) {
+    ++im.marks;
+    return index;
+  }
+  if (im.marks == im.events.size()) {
+    cudaEvent_t e = nullptr;
+    if (!im.Check(PTDP_CUDA_STATUS(cudaEventCreate(&e)))) {
+      ++im.marks;
+      return index;
+    }
+    im.events.push_back(e);
+  }
+  im.Check(PTDP_CUDA_STATUS(cudaEventRecord(im.events[im.marks], im.stream)));
+  ++im.marks;
+  return index;
+}
+
+double CudaBackend::MarkSeconds(int a, int b) {
+  Impl& im = *impl_;
+  if (a < 0 || b < 0 || size_t(std::max(a, b)) >= std::min(im.marks, im.events.size()))
+    return 0.0;
+  if (!im.Begin()) return 0.0;
+  float ms = 0.0f;
+  if (!im.Check(PTDP_CUDA_STATUS(cudaEventSynchronize(im.events[size_t(b)])))) return 0.0;
+  if (!im.Check(PTDP_CUDA_STATUS(
+          cudaEventElapsedTime(&ms, im.events[size_t(a)], im.events[size_t(b)]))))
+    return 0.0;
+  return double(ms) * 1e-3;
+}
+
+void CudaBackend::ClearMarks() { impl_->marks = 0; }
 
 // ---- host transfer ----------------------------------------------------------------------------
 

@@ -73,6 +73,9 @@ class CudaBackend final : public Backend {
   size_t PeakBytes() const override;
   void ResetPeak() override;
   Status Synchronize() override;
+  int Mark() override;
+  double MarkSeconds(int a, int b) override;
+  void ClearMarks() override;
 
   Status CopyFromHost(const float* src, Tensor& dst) override;
   Status CopyFromHost(const int32_t* src, Tensor& dst) override;
