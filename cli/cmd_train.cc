@@ -50,6 +50,7 @@ struct TrainFlags {
   int max_ranks = 64;
   double timeout_s = 120;
   bool one_gpu = false;
+  bool emulate_bf16 = false;  // --emulate-bf16
   int timing_warmup = 1;  // steps left out of the timing medians
   CheckpointFlags ckpt;
 };
@@ -322,7 +323,10 @@ int RunTrain(const TrainFlags& f) {
   cfg.record_timeline = !f.out.empty();
   // Megatron's --bf16 semantics on the CPU (runtime/bf16_backend.h); the CUDA backend keeps its
   // fp32 activations with bf16 GEMMs until its native bf16 path reproduces these rounding points.
-  cfg.bf16 = f.backend == "cpu" && l.precision == Precision::kBf16;
+  if (f.emulate_bf16 && l.precision != Precision::kBf16)
+    return Fail("--emulate-bf16: " + f.plan_file + " has precision " + ToString(l.precision) +
+                ", not bf16");
+  cfg.bf16 = l.precision == Precision::kBf16 && (f.backend == "cpu" || f.emulate_bf16);
   cfg.optimizer.lr = f.lr;
   cfg.optimizer.min_lr = f.lr / 10;
   cfg.optimizer.warmup_steps = f.warmup;
@@ -363,7 +367,10 @@ int RunTrain(const TrainFlags& f) {
               plan->model.name.c_str(), l.ShortName().c_str(), l.Knobs().c_str(),
               ToString(l.schedule), launch->where.c_str(), static_cast<long long>(l.global_batch),
               static_cast<long long>(plan->model.seq_len), f.steps);
-  if (f.backend == "cuda")
+  if (f.backend == "cuda" && cfg.bf16)
+    std::printf("(CUDA: bf16 mixed precision emulated as on the CPU: activations rounded to "
+                "bf16 where a bf16 run stores them, bf16 weights from fp32 main weights)\n");
+  else if (f.backend == "cuda")
     std::printf("(CUDA: %s GEMMs on tensor cores with fp32 accumulation; fp32 master weights, "
                 "optimizer state and activations)\n",
                 l.precision == Precision::kFp32 ? "fp32" : "bf16");
@@ -493,6 +500,10 @@ Runner SetupTrain(CLI::App* sub) {
   sub->add_option("--timeout", f->timeout_s,
                   "seconds a rank may wait in a collective (default 120; above 0, at most 604800)");
   sub->add_flag("--one-gpu", f->one_gpu, "cuda: run every rank on GPU 0 (device copies), even with more GPUs");
+  sub->add_flag("--emulate-bf16", f->emulate_bf16,
+                "cuda, bf16 plans: round to bf16 where the CPU's bf16 emulation does (fp32 main "
+                "weights, bf16 activations), to check the GPU against the CPU; the default "
+                "keeps fp32 activations with bf16 GEMMs (the CPU always emulates)");
   sub->add_option("--timing-warmup", f->timing_warmup,
                   "steps left out of measured.json's timing medians (default 1)");
   AddCheckpointFlags(sub, &f->ckpt);
