@@ -108,6 +108,11 @@ bin=""
 tests=()
 if [ -d .gpu-carry/build ]; then
   say "carried: $(head -2 .gpu-carry/MANIFEST 2> /dev/null | tr '\n' ' ')"
+  built_from=$(awk 'NR == 1 {print $2}' .gpu-carry/MANIFEST 2> /dev/null)
+  here=$(git rev-parse --short HEAD 2> /dev/null || echo '?')
+  if [ "$built_from" != "$here" ]; then
+    say "warning: the carried binaries were built from $built_from, this checkout is $here"
+  fi
   if usable .gpu-carry/build; then
     bin=.gpu-carry/build
     tests=(.gpu-carry/build/tests/*)
