@@ -1,5 +1,5 @@
-// Trainer: every rank a (persistent) thread walking its core/ Schedule over GptChunks, then Megatron's
-// finalize-grads, global-norm clipping and AdamW; see trainer.h for the contract.
+// Trainer: every rank a persistent thread walking its core/ Schedule over GptChunks, then
+// Megatron's finalize-grads, global-norm clipping and AdamW; see trainer.h for the contract.
 //
 // Letters: t TP, c CP, p PP, d DP, v chunks per pipeline rank, m micro-batches, b micro-batch,
 // s sequence, sc = s/c the positions a CP rank holds, sl = sc/t with SP else sc, h hidden,
@@ -653,7 +653,7 @@ Status Trainer::Impl::RunGroup(Rank& rk, const std::vector<ScheduleOp>& ops, siz
         st = rk.pp->Send(it->second, op.peer);
       sent.push_back(key);
     } else {
-      auto x = rk.backend->Alloc({sl, b, h}, DType::kF32);
+      auto x = rk.backend->AllocUninit({sl, b, h}, DType::kF32);  // Recv overwrites it
       if (!x.ok()) {
         st = x.status();
       } else {
@@ -836,7 +836,7 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
   const PhaseClock::Open g0 = rk.clock.Start();
   for (ParamState& ps : rk.state) {
     if (ps.slices == 1) continue;
-    PTDP_ASSIGN_OR_RETURN(Tensor full, be.Alloc({ps.slices * ps.k}, DType::kF32));
+    PTDP_ASSIGN_OR_RETURN(Tensor full, be.AllocUninit({ps.slices * ps.k}, DType::kF32));
     Tensor mine = full.View(Shape({ps.k}), ps.slice * ps.k);
     if (ps.owned > 0) {
       Tensor dst = full.View(Shape({ps.owned}), ps.slice * ps.k);
@@ -1301,46 +1301,42 @@ Status Trainer::Impl::ExportRank(Rank& rk, const std::map<std::string, size_t>& 
 Status Trainer::Impl::SumStateOverWorld(Rank& rk, TrainingState& st) {
   constexpr int64_t kSliceFloats = int64_t(1) << 24;  // 64 MiB a reduction
   const bool sender = &rk == &ranks.front();
-  std::vector<float*> data;
-  std::vector<int64_t> sizes;
   int64_t total = 0;
-  for (NamedTensor& nt : st.tensors) {
-    data.push_back(nt.data.data());
-    sizes.push_back(int64_t(nt.data.size()));
-    total += int64_t(nt.data.size());
-  }
-  std::vector<float> host;
-  size_t t = 0;       // the tensor and the offset in it where the next slice starts
+  for (const NamedTensor& nt : st.tensors) total += int64_t(nt.data.size());
+  // fn(p, len, k): the slice's next n elements, the tensors laid end to end, in pieces of len
+  // elements at p that start at element k of the slice.
+  size_t t = 0;  // where the next slice starts: tensor t, element `at` of it
   int64_t at = 0;
-  for (int64_t done = 0; done < total;) {
+  auto each_piece = [&](int64_t n, const std::function<void(float*, int64_t, int64_t)>& fn) {
+    for (int64_t k = 0; k < n;) {
+      std::vector<float>& data = st.tensors[t].data;
+      const int64_t take = std::min(n - k, int64_t(data.size()) - at);
+      fn(data.data() + at, take, k);
+      k += take;
+      at += take;
+      if (at == int64_t(data.size())) ++t, at = 0;
+    }
+  };
+  std::vector<float> host;
+  for (int64_t done = 0; done < total; done += kSliceFloats) {
     const int64_t n = std::min(kSliceFloats, total - done);
     host.assign(size_t(n), -0.0f);
-    // The slice's pieces: tensor t from `at`, then the next ones (only the sender copies).
-    size_t tt = t;
-    int64_t aa = at;
-    for (int64_t k = 0; k < n;) {
-      const int64_t take = std::min(n - k, sizes[tt] - aa);
-      if (sender) std::copy(data[tt] + aa, data[tt] + aa + take, host.begin() + k);
-      k += take;
-      aa += take;
-      if (aa == sizes[tt]) ++tt, aa = 0;
+    const size_t t0 = t;
+    const int64_t at0 = at;
+    if (sender) {
+      each_piece(n, [&](float* p, int64_t len, int64_t k) {
+        std::copy(p, p + len, host.begin() + k);
+      });
     }
     PTDP_ASSIGN_OR_RETURN(Tensor dev, rk.backend->Alloc({n}, DType::kF32));
     PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(host.data(), dev));
     PTDP_RETURN_IF_ERROR(rk.world->AllReduce(dev, ReduceOp::kSum).Prefixed("training state"));
-    if (sender) {
-      PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(dev, host.data()));
-      for (int64_t k = 0; k < n;) {
-        const int64_t take = std::min(n - k, sizes[t] - at);
-        std::copy(host.begin() + k, host.begin() + k + take, data[t] + at);
-        k += take;
-        at += take;
-        if (at == sizes[t]) ++t, at = 0;
-      }
-    } else {
-      t = tt, at = aa;
-    }
-    done += n;
+    if (!sender) continue;
+    PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(dev, host.data()));
+    t = t0, at = at0;  // the same pieces again, now written back
+    each_piece(n, [&](float* p, int64_t len, int64_t k) {
+      std::copy(host.begin() + k, host.begin() + k + len, p);
+    });
   }
   return Status::Ok();
 }
