@@ -69,6 +69,12 @@ class Backend {
   // the last handle to it goes. Fails (naming the shape and bytes) when the memory cannot be
   // had: host or device memory exhausted, or a capacity the backend was given exceeded.
   virtual Result<Tensor> Alloc(const Shape& shape, DType dtype) = 0;
+  // The same without the zero-fill: the contents are unspecified until written (CPU with
+  // CpuBackendOptions::poison_uninit: NaN in every float, so a read before a write shows).
+  // For an op's output that the op overwrites whole; an accumulator ("adds to") needs Alloc.
+  // The fill is what llm.c and PyTorch's caching allocator skip: memset was ~6% of a CPU MoE
+  // step, and one device pass over every activation on a GPU.
+  virtual Result<Tensor> AllocUninit(const Shape& shape, DType dtype) = 0;
   // Bytes of live tensors allocated here (as requested: numel * dtype bytes).
   virtual size_t CurrentBytes() const = 0;
   // The most CurrentBytes() has been since construction or the last ResetPeak().

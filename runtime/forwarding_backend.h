@@ -15,6 +15,9 @@ class ForwardingBackend : public Backend {
   explicit ForwardingBackend(std::unique_ptr<Backend> inner) : in_(std::move(inner)) {}
   const char* Name() const override { return in_->Name(); }
   Result<Tensor> Alloc(const Shape& shape, DType dtype) override { return in_->Alloc(shape, dtype); }
+  Result<Tensor> AllocUninit(const Shape& shape, DType dtype) override {
+    return in_->AllocUninit(shape, dtype);
+  }
   size_t CurrentBytes() const override { return in_->CurrentBytes(); }
   size_t PeakBytes() const override { return in_->PeakBytes(); }
   void ResetPeak() override { in_->ResetPeak(); }

@@ -227,6 +227,7 @@ void GptChunk::Release(int slot) { saved_.erase(slot); }
 // ---- helpers -------------------------------------------------------------------------------
 
 Result<Tensor> GptChunk::F32(const Shape& shape) { return be_.Alloc(shape, DType::kF32); }
+Result<Tensor> GptChunk::Out(const Shape& shape) { return be_.AllocUninit(shape, DType::kF32); }
 
 Result<Tensor> GptChunk::I32(const std::vector<int32_t>& host) {
   PTDP_ASSIGN_OR_RETURN(Tensor t, be_.Alloc({std::max<int64_t>(int64_t(host.size()), 1)},
@@ -277,7 +278,7 @@ Result<Tensor> GptChunk::PositionIds(int64_t b) {
 
 Result<Tensor> GptChunk::GatherSeq(const Tensor& x) {
   if (!cfg_.sequence_parallel || cfg_.tp == 1) return x;
-  PTDP_ASSIGN_OR_RETURN(Tensor full, F32({x.shape()[0] * cfg_.tp, x.shape()[1]}));
+  PTDP_ASSIGN_OR_RETURN(Tensor full, Out({x.shape()[0] * cfg_.tp, x.shape()[1]}));
   PTDP_RETURN_IF_ERROR(tp_comm_.AllGather(x, full));
   return full;
 }
@@ -288,7 +289,7 @@ Result<Tensor> GptChunk::ReduceSeq(Tensor& partial) {
     PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(partial, ReduceOp::kSum));
     return partial;
   }
-  PTDP_ASSIGN_OR_RETURN(Tensor local, F32({partial.shape()[0] / cfg_.tp, partial.shape()[1]}));
+  PTDP_ASSIGN_OR_RETURN(Tensor local, Out({partial.shape()[0] / cfg_.tp, partial.shape()[1]}));
   PTDP_RETURN_IF_ERROR(tp_comm_.ReduceScatter(partial, local, ReduceOp::kSum));
   return local;
 }
@@ -309,7 +310,7 @@ Result<Tensor> GptChunk::Forward(int slot, const Tensor& input, const Tensor& ta
   } else {
     assert(input.dtype() == DType::kF32 && input.numel() % (sl_ * h_) == 0);
     sv->b = input.numel() / (sl_ * h_);
-    PTDP_ASSIGN_OR_RETURN(x, F32({sl_ * sv->b, h_}));
+    PTDP_ASSIGN_OR_RETURN(x, Out({sl_ * sv->b, h_}));
     be_.Copy(input, x);
   }
   sv->layers.resize(layers_.size());
@@ -328,11 +329,11 @@ Result<Tensor> GptChunk::Forward(int slot, const Tensor& input, const Tensor& ta
 Result<Tensor> GptChunk::EmbedForward(const Tensor& tokens, Saved& sv) {
   const int64_t b = sv.b, n = s_ * b;
   PTDP_ASSIGN_OR_RETURN(sv.tokens, SeqFirstIds(tokens));
-  PTDP_ASSIGN_OR_RETURN(Tensor partial, F32({n, h_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor partial, Out({n, h_}));
   be_.EmbeddingForward(sv.tokens, word_->value, vocab_start_, partial);
   PTDP_ASSIGN_OR_RETURN(Tensor x, ReduceSeq(partial));  // (sl*b, h)
   PTDP_ASSIGN_OR_RETURN(sv.positions, PositionIds(b));
-  PTDP_ASSIGN_OR_RETURN(Tensor pos, F32({sl_ * b, h_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor pos, Out({sl_ * b, h_}));
   be_.EmbeddingForward(sv.positions, position_->value, 0, pos);
   be_.Add(x, pos, x);
   return x;
@@ -343,16 +344,16 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
   const int64_t nl = sl_ * b, n = s_ * b;
   sv.x = x;
   // Attention: x2 = x + proj(attn(qkv(LN1(x)))).
-  PTDP_ASSIGN_OR_RETURN(Tensor ln1, F32({nl, h_}));
-  PTDP_ASSIGN_OR_RETURN(sv.ln1_mean, F32({nl}));
-  PTDP_ASSIGN_OR_RETURN(sv.ln1_rstd, F32({nl}));
+  PTDP_ASSIGN_OR_RETURN(Tensor ln1, Out({nl, h_}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln1_mean, Out({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln1_rstd, Out({nl}));
   be_.LayerNormForward(x, w.ln1_w->value, w.ln1_b->value, kLnEps, ln1, sv.ln1_mean, sv.ln1_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.ln1_full, GatherSeq(ln1));
-  PTDP_ASSIGN_OR_RETURN(sv.qkv, F32({n, 3 * attn_}));
+  PTDP_ASSIGN_OR_RETURN(sv.qkv, Out({n, 3 * attn_}));
   be_.Matmul(sv.ln1_full, false, w.qkv_w->value, true, sv.qkv);
   be_.AddBias(sv.qkv, w.qkv_b->value);
   PTDP_RETURN_IF_ERROR(AttentionCore(sv, b));
-  PTDP_ASSIGN_OR_RETURN(Tensor proj, F32({n, h_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor proj, Out({n, h_}));
   be_.Matmul(sv.att, false, w.proj_w->value, true, proj);
   if (cfg_.recompute == Recompute::kSelective && !recomputing) {  // redone from sv.qkv
     sv.att_saved = Tensor();
@@ -363,9 +364,9 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
   be_.AddBias(sv.x2, w.proj_b->value);
   be_.Add(sv.x2, x, sv.x2);
   // MLP: out = x2 + fc2(gelu(fc1(LN2(x2)))).
-  PTDP_ASSIGN_OR_RETURN(Tensor ln2, F32({nl, h_}));
-  PTDP_ASSIGN_OR_RETURN(sv.ln2_mean, F32({nl}));
-  PTDP_ASSIGN_OR_RETURN(sv.ln2_rstd, F32({nl}));
+  PTDP_ASSIGN_OR_RETURN(Tensor ln2, Out({nl, h_}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln2_mean, Out({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln2_rstd, Out({nl}));
   be_.LayerNormForward(sv.x2, w.ln2_w->value, w.ln2_b->value, kLnEps, ln2, sv.ln2_mean,
                        sv.ln2_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.ln2_full, GatherSeq(ln2));
@@ -377,12 +378,12 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
       expert_rows_.push_back(std::accumulate(sv.moe->expert_rows.begin(),
                                              sv.moe->expert_rows.end(), int64_t(0)));
   } else {
-    PTDP_ASSIGN_OR_RETURN(sv.fc1, F32({n, ffn_}));
+    PTDP_ASSIGN_OR_RETURN(sv.fc1, Out({n, ffn_}));
     be_.Matmul(sv.ln2_full, false, w.fc1_w->value, true, sv.fc1);
     be_.AddBias(sv.fc1, w.fc1_b->value);
-    PTDP_ASSIGN_OR_RETURN(sv.gelu, F32({n, ffn_}));
+    PTDP_ASSIGN_OR_RETURN(sv.gelu, Out({n, ffn_}));
     be_.GeluForward(sv.fc1, sv.gelu);
-    PTDP_ASSIGN_OR_RETURN(Tensor fc2, F32({n, h_}));
+    PTDP_ASSIGN_OR_RETURN(Tensor fc2, Out({n, h_}));
     be_.Matmul(sv.gelu, false, w.fc2_w->value, true, fc2);
     PTDP_ASSIGN_OR_RETURN(out, ReduceSeq(fc2));
     be_.AddBias(out, w.fc2_b->value);
@@ -426,18 +427,18 @@ Status GptChunk::RingExchange(const std::vector<const Tensor*>& out,
 
 Status GptChunk::AttentionCore(LayerSaved& sv, int64_t b) {
   const int64_t n = s_ * b;
-  PTDP_ASSIGN_OR_RETURN(sv.att, F32({n, attn_}));
+  PTDP_ASSIGN_OR_RETURN(sv.att, Out({n, attn_}));
   Tensor att3 = sv.att.View({s_, b, attn_});
   const Tensor qkv3 = sv.qkv.View({s_, b, 3 * attn_});
   if (cfg_.cp == 1) {
-    PTDP_ASSIGN_OR_RETURN(sv.att_saved, F32(be_.AttentionSavedShape(b, s_, nh_)));
+    PTDP_ASSIGN_OR_RETURN(sv.att_saved, Out(be_.AttentionSavedShape(b, s_, nh_)));
     be_.AttentionForward(qkv3, nh_, TokenOrder::kSeqFirst, att3, sv.att_saved);
     return Status::Ok();
   }
   // Ring: step i merges the K/V block of CP rank (me - i) mod c, then passes it on.
   const int c = cfg_.cp;
-  PTDP_ASSIGN_OR_RETURN(sv.lse, F32({b, nh_, s_}));
-  PTDP_ASSIGN_OR_RETURN(Tensor kv, F32({n, 2 * attn_}));
+  PTDP_ASSIGN_OR_RETURN(sv.lse, Out({b, nh_, s_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor kv, Out({n, 2 * attn_}));
   be_.CopyColumns(sv.qkv, attn_, kv, 0, 2 * attn_);
   const SeqBlock mine = CpBlock(cfg_.cp_rank);
   for (int i = 0; i < c; ++i) {
@@ -445,7 +446,7 @@ Status GptChunk::AttentionCore(LayerSaved& sv, int64_t b) {
     be_.AttentionBlockForward(qkv3, mine, kv.View({s_, b, 2 * attn_}), CpBlock(owner), nh_,
                               i == 0, att3, sv.lse);
     if (i + 1 == c) break;
-    PTDP_ASSIGN_OR_RETURN(Tensor next, F32({n, 2 * attn_}));
+    PTDP_ASSIGN_OR_RETURN(Tensor next, Out({n, 2 * attn_}));
     PTDP_RETURN_IF_ERROR(RingExchange({&kv}, {&next}).Prefixed("CP ring (attention forward)"));
     kv = next;
   }
@@ -455,7 +456,8 @@ Status GptChunk::AttentionCore(LayerSaved& sv, int64_t b) {
 Result<Tensor> GptChunk::AttentionCoreBackward(const Tensor& datt, const LayerSaved& sv,
                                                int64_t b) {
   const int64_t n = s_ * b;
-  PTDP_ASSIGN_OR_RETURN(Tensor dqkv, F32({n, 3 * attn_}));  // zeroed: the blocks add to it
+  // Overwritten by the whole-sequence backward; the CP blocks add to it (zeroed).
+  PTDP_ASSIGN_OR_RETURN(Tensor dqkv, cfg_.cp == 1 ? Out({n, 3 * attn_}) : F32({n, 3 * attn_}));
   Tensor dqkv3 = dqkv.View({s_, b, 3 * attn_});
   const Tensor qkv3 = sv.qkv.View({s_, b, 3 * attn_});
   const Tensor datt3 = datt.View({s_, b, attn_});
@@ -467,7 +469,7 @@ Result<Tensor> GptChunk::AttentionCoreBackward(const Tensor& datt, const LayerSa
   // the accumulator at rank r belongs to rank r + 1: one more hop brings each home.
   const int c = cfg_.cp;
   const Tensor att3 = sv.att.View({s_, b, attn_});
-  PTDP_ASSIGN_OR_RETURN(Tensor kv, F32({n, 2 * attn_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor kv, Out({n, 2 * attn_}));
   be_.CopyColumns(sv.qkv, attn_, kv, 0, 2 * attn_);
   PTDP_ASSIGN_OR_RETURN(Tensor dkv, F32({n, 2 * attn_}));
   const SeqBlock mine = CpBlock(cfg_.cp_rank);
@@ -476,14 +478,14 @@ Result<Tensor> GptChunk::AttentionCoreBackward(const Tensor& datt, const LayerSa
     Tensor dkv3 = dkv.View({s_, b, 2 * attn_});
     be_.AttentionBlockBackward(datt3, qkv3, mine, kv.View({s_, b, 2 * attn_}), CpBlock(owner),
                                att3, sv.lse, nh_, dqkv3, dkv3);
-    PTDP_ASSIGN_OR_RETURN(Tensor next_dkv, F32({n, 2 * attn_}));
+    PTDP_ASSIGN_OR_RETURN(Tensor next_dkv, Out({n, 2 * attn_}));
     if (i + 1 == c) {
       PTDP_RETURN_IF_ERROR(
           RingExchange({&dkv}, {&next_dkv}).Prefixed("CP ring (dK/dV home)"));
       dkv = next_dkv;
       break;
     }
-    PTDP_ASSIGN_OR_RETURN(Tensor next_kv, F32({n, 2 * attn_}));
+    PTDP_ASSIGN_OR_RETURN(Tensor next_kv, Out({n, 2 * attn_}));
     PTDP_RETURN_IF_ERROR(RingExchange({&kv, &dkv}, {&next_kv, &next_dkv})
                              .Prefixed("CP ring (attention backward)"));
     kv = next_kv;
@@ -498,27 +500,27 @@ Result<Tensor> GptChunk::OutputForward(const Tensor& x, const Tensor& targets, f
                                        Saved& sv) {
   const int64_t nl = sl_ * sv.b, n = s_ * sv.b;
   sv.final_x = x;
-  PTDP_ASSIGN_OR_RETURN(Tensor lnf, F32({nl, h_}));
-  PTDP_ASSIGN_OR_RETURN(sv.lnf_mean, F32({nl}));
-  PTDP_ASSIGN_OR_RETURN(sv.lnf_rstd, F32({nl}));
+  PTDP_ASSIGN_OR_RETURN(Tensor lnf, Out({nl, h_}));
+  PTDP_ASSIGN_OR_RETURN(sv.lnf_mean, Out({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.lnf_rstd, Out({nl}));
   be_.LayerNormForward(x, final_w_->value, final_b_->value, kLnEps, lnf, sv.lnf_mean,
                        sv.lnf_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.lnf_full, GatherSeq(lnf));
-  PTDP_ASSIGN_OR_RETURN(sv.logits, F32({n, vocab_local_}));
+  PTDP_ASSIGN_OR_RETURN(sv.logits, Out({n, vocab_local_}));
   be_.Matmul(sv.lnf_full, false, word_->value, true, sv.logits);
   be_.AddBias(sv.logits, vocab_mask_);
   PTDP_ASSIGN_OR_RETURN(sv.targets, SeqFirstIds(targets));
   const bool reduce = cfg_.tp > 1;
-  PTDP_ASSIGN_OR_RETURN(sv.row_max, F32({n}));
+  PTDP_ASSIGN_OR_RETURN(sv.row_max, Out({n}));
   be_.CrossEntropyMax(sv.logits, sv.row_max);
   if (reduce) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(sv.row_max, ReduceOp::kMax));
-  PTDP_ASSIGN_OR_RETURN(sv.sum_exp, F32({n}));
+  PTDP_ASSIGN_OR_RETURN(sv.sum_exp, Out({n}));
   be_.CrossEntropySumExp(sv.logits, sv.row_max, sv.sum_exp);
   if (reduce) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(sv.sum_exp, ReduceOp::kSum));
-  PTDP_ASSIGN_OR_RETURN(Tensor target_logit, F32({n}));
+  PTDP_ASSIGN_OR_RETURN(Tensor target_logit, Out({n}));
   be_.CrossEntropyTarget(sv.logits, sv.targets, vocab_start_, target_logit);
   if (reduce) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(target_logit, ReduceOp::kSum));
-  PTDP_ASSIGN_OR_RETURN(Tensor rows, F32({n}));
+  PTDP_ASSIGN_OR_RETURN(Tensor rows, Out({n}));
   be_.CrossEntropyLoss(sv.row_max, sv.sum_exp, target_logit, rows);
   PTDP_ASSIGN_OR_RETURN(Tensor loss, F32({1}));
   be_.Sum(rows, loss);
@@ -565,7 +567,7 @@ Result<Tensor> GptChunk::OutputBackward(const Saved& sv) {
   be_.CrossEntropyBackward(sv.logits, sv.targets, vocab_start_, sv.row_max, sv.sum_exp,
                            sv.row_scale, dlogits);
   be_.Matmul(dlogits, true, sv.lnf_full, false, word_->grad, 1.0f, 1.0f);
-  PTDP_ASSIGN_OR_RETURN(Tensor dlnf_full, F32({n, h_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor dlnf_full, Out({n, h_}));
   be_.Matmul(dlogits, false, word_->value, false, dlnf_full);
   PTDP_ASSIGN_OR_RETURN(Tensor dlnf, ReduceSeq(dlnf_full));  // f backward (SP: reduce-scatter)
   PTDP_ASSIGN_OR_RETURN(Tensor dx, F32({nl, h_}));           // zeroed; LN backward adds
@@ -579,7 +581,7 @@ Result<Tensor> GptChunk::LayerBackward(const LayerRefs& w, const Tensor& dout, i
                                        const LayerSaved& sv) {
   const int64_t nl = sl_ * b, n = s_ * b;
   // The residual passes dout to x2 (and on to x): dx accumulates in one buffer.
-  PTDP_ASSIGN_OR_RETURN(Tensor dx, F32({nl, h_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor dx, Out({nl, h_}));
   be_.Copy(dout, dx);
   // MLP.
   if (w.moe) {
@@ -591,12 +593,12 @@ Result<Tensor> GptChunk::LayerBackward(const LayerRefs& w, const Tensor& dout, i
   be_.BiasGrad(dout, w.fc2_b->grad);
   PTDP_ASSIGN_OR_RETURN(Tensor dfc2, GatherSeq(dout));  // g backward (SP: all-gather)
   be_.Matmul(dfc2, true, sv.gelu, false, w.fc2_w->grad, 1.0f, 1.0f);
-  PTDP_ASSIGN_OR_RETURN(Tensor dh, F32({n, ffn_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor dh, Out({n, ffn_}));
   be_.Matmul(dfc2, false, w.fc2_w->value, false, dh);
   be_.GeluBackward(dh, sv.fc1, dh);
   be_.BiasGrad(dh, w.fc1_b->grad);
   be_.Matmul(dh, true, sv.ln2_full, false, w.fc1_w->grad, 1.0f, 1.0f);
-  PTDP_ASSIGN_OR_RETURN(Tensor dln2_full, F32({n, h_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor dln2_full, Out({n, h_}));
   be_.Matmul(dh, false, w.fc1_w->value, false, dln2_full);
   PTDP_ASSIGN_OR_RETURN(Tensor dln2, ReduceSeq(dln2_full));  // f backward
   be_.LayerNormBackward(dln2, sv.x2, w.ln2_w->value, sv.ln2_mean, sv.ln2_rstd, dx,
@@ -611,12 +613,12 @@ Result<Tensor> GptChunk::AttentionBackward(const LayerRefs& w, int64_t b, const 
   be_.BiasGrad(dx, w.proj_b->grad);
   PTDP_ASSIGN_OR_RETURN(Tensor dproj, GatherSeq(dx));  // without SP this is dx itself
   be_.Matmul(dproj, true, sv.att, false, w.proj_w->grad, 1.0f, 1.0f);
-  PTDP_ASSIGN_OR_RETURN(Tensor datt, F32({n, attn_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor datt, Out({n, attn_}));
   be_.Matmul(dproj, false, w.proj_w->value, false, datt);
   PTDP_ASSIGN_OR_RETURN(Tensor dqkv, AttentionCoreBackward(datt, sv, b));
   be_.BiasGrad(dqkv, w.qkv_b->grad);
   be_.Matmul(dqkv, true, sv.ln1_full, false, w.qkv_w->grad, 1.0f, 1.0f);
-  PTDP_ASSIGN_OR_RETURN(Tensor dln1_full, F32({n, h_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor dln1_full, Out({n, h_}));
   be_.Matmul(dqkv, false, w.qkv_w->value, false, dln1_full);
   PTDP_ASSIGN_OR_RETURN(Tensor dln1, ReduceSeq(dln1_full));  // f backward
   be_.LayerNormBackward(dln1, sv.x, w.ln1_w->value, sv.ln1_mean, sv.ln1_rstd, dx,

@@ -180,7 +180,10 @@ class GptChunk {
   // `in` from the previous one (posted together).
   Status RingExchange(const std::vector<const Tensor*>& out, const std::vector<Tensor*>& in);
 
+  // A zeroed fp32 tensor (for an accumulator: an op that adds to it), and one with unspecified
+  // contents (Backend::AllocUninit) for an op's output that the op overwrites whole.
   Result<Tensor> F32(const Shape& shape);
+  Result<Tensor> Out(const Shape& shape);
   Result<Tensor> SeqFirstIds(const Tensor& ids_bs);
   Result<Tensor> PositionIds(int64_t b);
   // SP: all-gather along s of (sl*b, C) -> (s*b, C); otherwise `x` itself (f forward).
@@ -220,7 +223,8 @@ class GptChunk {
   Status ReduceScatterRows(Communicator& comm, const Tensor& all,
                            const std::vector<int64_t>& counts, int64_t w, Tensor& out);
   Result<Tensor> I32(const std::vector<int32_t>& host);
-  // MoE helpers: a (rows, cols) fp32 tensor (rows may be 0); rows idx[i] of src; the EP
+  // MoE helpers: a (rows, cols) fp32 output (rows may be 0; unspecified until written, as
+  // Out); rows idx[i] of src; the EP
   // all-to-all of (rows, h) blocks with per-rank row counts (the input itself at ep 1).
   Result<Tensor> MoeRows(int64_t rows, int64_t cols);
   Result<Tensor> MoeGather(const Tensor& src, const Tensor& idx, int64_t cols);

@@ -91,7 +91,7 @@ Status GptChunk::ReduceScatterRows(Communicator& comm, const Tensor& all,
   if (n > 1) {
     for (int q = 0; q < n; ++q) {
       if (q == me || own == 0) continue;
-      PTDP_ASSIGN_OR_RETURN(parts[size_t(q)], F32({own}));
+      PTDP_ASSIGN_OR_RETURN(parts[size_t(q)], Out({own}));
     }
     PTDP_RETURN_IF_ERROR(comm.GroupStart());
     Status st;
@@ -112,7 +112,7 @@ Status GptChunk::ReduceScatterRows(Communicator& comm, const Tensor& all,
 }
 
 Result<Tensor> GptChunk::MoeRows(int64_t rows, int64_t cols) {
-  PTDP_ASSIGN_OR_RETURN(Tensor t, F32({std::max<int64_t>(rows, 1), cols}));
+  PTDP_ASSIGN_OR_RETURN(Tensor t, Out({std::max<int64_t>(rows, 1), cols}));
   return t.View(Shape({rows, cols}));
 }
 
@@ -160,7 +160,7 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
   sv.x = x;
   sv.aux_scale = loss_scale_;
   // Router (fp32, as Megatron's --moe-router-dtype fp32), top-k on the host.
-  PTDP_ASSIGN_OR_RETURN(Tensor logits, F32({n, E}));
+  PTDP_ASSIGN_OR_RETURN(Tensor logits, Out({n, E}));
   be_.Matmul(x, false, w.router->value, true, logits);
   std::vector<float> z(size_t(n * E));
   PTDP_RETURN_IF_ERROR(be_.CopyToHost(logits, z.data()));
@@ -193,7 +193,7 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
     std::vector<float> cnt(count.begin(), count.end());
     int group = 1;
     if (tokens_comm_ && tokens_comm_->size() > 1) {
-      PTDP_ASSIGN_OR_RETURN(Tensor c, F32({E}));
+      PTDP_ASSIGN_OR_RETURN(Tensor c, Out({E}));
       PTDP_RETURN_IF_ERROR(be_.CopyFromHost(cnt.data(), c));
       PTDP_RETURN_IF_ERROR(tokens_comm_->AllReduce(c, ReduceOp::kSum).Prefixed("MoE aux loss"));
       PTDP_RETURN_IF_ERROR(be_.CopyToHost(c, cnt.data()));
@@ -338,11 +338,11 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
   if (w.shared_fc1) {
     const int64_t nf = Rows(x_full), fs = w.shared_fc1->value.shape()[0];
     sv.x_full = x_full;
-    PTDP_ASSIGN_OR_RETURN(sv.shared_z, F32({nf, fs}));
-    PTDP_ASSIGN_OR_RETURN(sv.shared_a, F32({nf, fs}));
+    PTDP_ASSIGN_OR_RETURN(sv.shared_z, Out({nf, fs}));
+    PTDP_ASSIGN_OR_RETURN(sv.shared_a, Out({nf, fs}));
     be_.Matmul(x_full, false, w.shared_fc1->value, true, sv.shared_z);
     be_.GeluForward(sv.shared_z, sv.shared_a);
-    PTDP_ASSIGN_OR_RETURN(Tensor partial, F32({nf, h_}));
+    PTDP_ASSIGN_OR_RETURN(Tensor partial, Out({nf, h_}));
     be_.Matmul(sv.shared_a, false, w.shared_fc2->value, true, partial);
     PTDP_ASSIGN_OR_RETURN(Tensor shared, ReduceSeq(partial));
     be_.Add(out, shared, out);
@@ -363,11 +363,11 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout,
     const int64_t nf = Rows(sv.x_full), fs = w.shared_fc1->value.shape()[0];
     PTDP_ASSIGN_OR_RETURN(Tensor dfull, GatherSeq(dout));
     be_.Matmul(dfull, true, sv.shared_a, false, w.shared_fc2->grad, 1.0f, 1.0f);
-    PTDP_ASSIGN_OR_RETURN(Tensor da, F32({nf, fs}));
+    PTDP_ASSIGN_OR_RETURN(Tensor da, Out({nf, fs}));
     be_.Matmul(dfull, false, w.shared_fc2->value, false, da);
     be_.GeluBackward(da, sv.shared_z, da);
     be_.Matmul(da, true, sv.x_full, false, w.shared_fc1->grad, 1.0f, 1.0f);
-    PTDP_ASSIGN_OR_RETURN(Tensor dxf, F32({nf, h_}));
+    PTDP_ASSIGN_OR_RETURN(Tensor dxf, Out({nf, h_}));
     be_.Matmul(da, false, w.shared_fc1->value, false, dxf);
     PTDP_ASSIGN_OR_RETURN(Tensor dxs, ReduceSeq(dxf));
     be_.Add(dx, dxs, dx);
@@ -402,7 +402,7 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout,
     const Tensor zg = sv.ze.View(Shape({r, fe}), row0 * fe);
     const Tensor ag = sv.ae.View(Shape({r, fe}), row0 * fe);
     be_.Matmul(dyg, true, ag, false, fc2.grad, 1.0f, 1.0f);
-    PTDP_ASSIGN_OR_RETURN(Tensor da, F32({r, fe}));
+    PTDP_ASSIGN_OR_RETURN(Tensor da, Out({r, fe}));
     be_.Matmul(dyg, false, fc2.value, false, da);
     be_.GeluBackward(da, zg, da);
     be_.Matmul(da, true, xg, false, fc1.grad, 1.0f, 1.0f);
@@ -445,7 +445,7 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout,
       for (int64_t e = 0; e < E; ++e)
         dz[size_t(t * E + e)] += float(sv.aux_dlogits[size_t(t * E + e)]);
   }
-  PTDP_ASSIGN_OR_RETURN(Tensor dlogits, F32({n, E}));
+  PTDP_ASSIGN_OR_RETURN(Tensor dlogits, Out({n, E}));
   PTDP_RETURN_IF_ERROR(be_.CopyFromHost(dz.data(), dlogits));
   be_.Matmul(dlogits, true, sv.x, false, w.router->grad, 1.0f, 1.0f);
   be_.Matmul(dlogits, false, w.router->value, false, dx, 1.0f, 1.0f);

@@ -99,7 +99,7 @@ CpuBackend::CpuBackend(CpuBackendOptions options)
   assert(CpuSupports(kernels_->level));
 }
 
-Result<Tensor> CpuBackend::Alloc(const Shape& shape, DType dtype) {
+Result<Tensor> CpuBackend::Allocate(const Shape& shape, DType dtype, bool zero) {
   for (int64_t d : shape.dims) {
     if (d < 0) return Status::Error("Alloc: negative dimension in shape " + shape.ToString());
   }
@@ -137,7 +137,13 @@ Result<Tensor> CpuBackend::Alloc(const Shape& shape, DType dtype) {
     counters_->current.fetch_sub(bytes);
     return Status::Error(what + ": out of host memory for " + std::to_string(bytes) + " bytes");
   }
-  std::memset(data, 0, aligned);
+  if (zero) {
+    std::memset(data, 0, aligned);
+  } else if (options_.poison_uninit) {  // a quiet NaN as float, a huge id as i32
+    const uint32_t nan_bits = 0x7fc00000u;
+    uint32_t* w = static_cast<uint32_t*>(data);
+    std::fill(w, w + aligned / sizeof(uint32_t), nan_bits);
+  }
   size_t peak = counters_->peak.load();
   while (now > peak && !counters_->peak.compare_exchange_weak(peak, now)) {
   }

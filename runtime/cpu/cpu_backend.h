@@ -40,6 +40,10 @@ struct CpuBackendOptions {
   // on the calling rank's thread: instrumentation, e.g. checking that the runtime executes the
   // GEMMs core/layer_ops.h describes (tests/runtime/layer_ops_runtime_test.cc). Empty: nothing.
   std::function<void(int64_t m, int64_t n, int64_t k)> on_matmul;
+  // AllocUninit fills a float tensor with NaN (an i32 one with 0x7fc00000) instead of leaving
+  // it as found: the tests turn this on so that any read of an output before it is written
+  // reaches a loss or a parameter as NaN.
+  bool poison_uninit = false;
 
 #if defined(__SANITIZE_ADDRESS__)
   static constexpr size_t kDefaultCacheBytes = 0;
@@ -62,7 +66,12 @@ class CpuBackend final : public Backend {
   // The kernel level this backend runs.
   const CpuKernels& kernels() const { return *kernels_; }
 
-  Result<Tensor> Alloc(const Shape& shape, DType dtype) override;
+  Result<Tensor> Alloc(const Shape& shape, DType dtype) override {
+    return Allocate(shape, dtype, /*zero=*/true);
+  }
+  Result<Tensor> AllocUninit(const Shape& shape, DType dtype) override {
+    return Allocate(shape, dtype, /*zero=*/false);
+  }
   size_t CurrentBytes() const override;
   size_t PeakBytes() const override;
   void ResetPeak() override;
@@ -154,6 +163,8 @@ class CpuBackend final : public Backend {
     void FreeCache();  // holding mu
     ~Counters();
   };
+  // Alloc (zero) and AllocUninit (!zero).
+  Result<Tensor> Allocate(const Shape& shape, DType dtype, bool zero);
   // Runs kernels_->gemm with the packing workspace in pack_.
   void Gemm(const GemmArgs& g);
 

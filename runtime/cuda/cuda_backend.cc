@@ -291,6 +291,9 @@ Result<Tensor> CudaBackend::Impl::Alloc(const Shape& shape, DType dtype, bool ze
 Result<Tensor> CudaBackend::Alloc(const Shape& shape, DType dtype) {
   return impl_->Alloc(shape, dtype, /*zero=*/true);
 }
+Result<Tensor> CudaBackend::AllocUninit(const Shape& shape, DType dtype) {
+  return impl_->Alloc(shape, dtype, /*zero=*/false);
+}
 
 size_t CudaBackend::CurrentBytes() const { return impl_->shared->current.load(); }
 size_t CudaBackend::PeakBytes() const { return impl_->shared->peak.load(); }

@@ -69,6 +69,7 @@ class CudaBackend final : public Backend {
 
   // --- everything of backend.h, implemented in cuda_backend.cc ---
   Result<Tensor> Alloc(const Shape& shape, DType dtype) override;
+  Result<Tensor> AllocUninit(const Shape& shape, DType dtype) override;
   size_t CurrentBytes() const override;
   size_t PeakBytes() const override;
   void ResetPeak() override;

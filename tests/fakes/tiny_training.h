@@ -82,9 +82,14 @@ inline Layout TinyLayout(const TinyLayoutSpec& s) {
   return l;
 }
 
-// A CpuBackend for every rank.
+// A CpuBackend for every rank, its uninitialised outputs filled with NaN (poison_uninit): a
+// read of an output before the op writes it turns the run's losses and parameters to NaN.
 inline rt::BackendFactory CpuBackends() {
-  return [](int) { return std::unique_ptr<rt::Backend>(new rt::CpuBackend()); };
+  return [](int) {
+    rt::CpuBackendOptions o;
+    o.poison_uninit = true;
+    return std::unique_ptr<rt::Backend>(new rt::CpuBackend(o));
+  };
 }
 
 }  // namespace ptdp::testing

@@ -162,6 +162,34 @@ TEST_P(CpuBackendTest, AFreedBlockIsReusedZeroedAndCountedAgain) {
   EXPECT_NE(c.data(), first);
 }
 
+TEST_P(CpuBackendTest, AllocUninitPoisonsWhenAskedAndAllocStillZeroes) {
+  // Poisoned: every float NaN, from a fresh block and from a cached one that held 7s; Alloc of
+  // the same block afterwards is zeros again; the bytes count as Alloc's.
+  CpuBackendOptions o{0, 1 << 20};
+  o.poison_uninit = true;
+  CpuBackend be(o);
+  const void* first = nullptr;
+  {
+    Tensor a = *be.AllocUninit(Shape{1000}, DType::kF32);
+    first = a.data();
+    EXPECT_EQ(be.CurrentBytes(), 4000u);
+    const float* p = a.data_as<float>();
+    EXPECT_TRUE(std::all_of(p, p + 1000, [](float x) { return std::isnan(x); }));
+    std::fill_n(a.data_as<float>(), 1000, 7.0f);
+  }
+  {
+    Tensor b = *be.AllocUninit(Shape{1000}, DType::kF32);
+    EXPECT_EQ(b.data(), first);
+    const float* p = b.data_as<float>();
+    EXPECT_TRUE(std::all_of(p, p + 1000, [](float x) { return std::isnan(x); }));
+  }
+  Tensor c = *be.Alloc(Shape{1000}, DType::kF32);
+  EXPECT_EQ(c.data(), first);
+  const float* p = c.data_as<float>();
+  EXPECT_TRUE(std::all_of(p, p + 1000, [](float x) { return x == 0.0f; }));
+  EXPECT_FALSE(be.AllocUninit(Shape{-1}, DType::kF32).ok());
+}
+
 TEST_P(CpuBackendTest, NoCacheAndAFullCacheFreeAtOnce) {
   // With cache_bytes 4096, one freed 4000-byte block is kept and a second is not; with 0 nothing
   // is kept (and nothing leaks: the sanitizer build checks).

@@ -23,6 +23,12 @@ namespace {
 constexpr int64_t kB = 2;  // micro-batch
 constexpr uint64_t kSeed = 1234;
 constexpr double kTimeoutS = 10.0;
+// Every backend here fills its uninitialised outputs with NaN: a read before a write shows.
+CpuBackendOptions Poisoned() {
+  CpuBackendOptions o;
+  o.poison_uninit = true;
+  return o;
+}
 
 ModelSpec Tiny() {
   ModelSpec m;
@@ -117,7 +123,7 @@ struct Reference {
 const Reference& SingleRank() {
   static const Reference ref = [] {
     Reference r;
-    CpuBackend be;
+    CpuBackend be(Poisoned());
     ThreadWorld world(1, kTimeoutS);
     auto comm = Solo(world);
     auto c = MakeChunk(be, *comm, 0, 2, true, true);
@@ -176,7 +182,7 @@ TEST(GptChunk, GradientsMatchFiniteDifferences) {
   // infinitesimal for LN1 (observed up to 8e-3 relative on embedding.position; 1e-3 or less
   // elsewhere). Checked on the 3 largest-|grad| elements of each kind of parameter:
   // |fd - grad| <= 5e-5 + 2e-2 |grad|; a 5% error in one grad fails it.
-  CpuBackend be;
+  CpuBackend be(Poisoned());
   ThreadWorld world(1, kTimeoutS);
   auto comm = Solo(world);
   auto c = MakeChunk(be, *comm, 0, 2, true, true);
@@ -222,7 +228,7 @@ std::unique_ptr<GptChunk> MakeMoeChunk(Backend& be, Communicator& comm, const Mo
 TEST(GptChunk, MoeGradientsMatchFiniteDifferences) {
   for (MoeRouter router : {MoeRouter::kSoftmax, MoeRouter::kSigmoid}) {
     SCOPED_TRACE(router == MoeRouter::kSoftmax ? "softmax" : "sigmoid");
-    CpuBackend be;
+    CpuBackend be(Poisoned());
     ThreadWorld world(1, kTimeoutS);
     auto comm = Solo(world);
     auto c = MakeMoeChunk(be, *comm, TinyMoe(router, 0.0));
@@ -240,7 +246,7 @@ TEST(GptChunk, MoeGradientsMatchFiniteDifferences) {
 TEST(GptChunk, MoeAuxiliaryLossMovesOnlyTheRouter) {
   std::map<std::string, std::vector<float>> grads[2];
   for (int with = 0; with < 2; ++with) {
-    CpuBackend be;
+    CpuBackend be(Poisoned());
     ThreadWorld world(1, kTimeoutS);
     auto comm = Solo(world);
     auto c = MakeMoeChunk(be, *comm, TinyMoe(MoeRouter::kSoftmax, with ? 0.1 : 0.0));
@@ -302,7 +308,7 @@ TEST_P(GptTp, LossAndGradsEqualSingleRank) {
   std::vector<std::thread> threads;
   for (int r = 0; r < tp; ++r)
     threads.emplace_back([&, r] {
-      CpuBackend be;
+      CpuBackend be(Poisoned());
       std::vector<int> all;
       for (int q = 0; q < tp; ++q) all.push_back(q);
       auto comm = world.Group(r, all, "TP");
@@ -327,7 +333,7 @@ TEST(GptChunk, TwoStagePipelineEqualsOneChunk) {
   // Stage A: embedding + layer 0; stage B: layer 1 + final LN + output (its own copy of the
   // tied word embedding). A's and B's word grads sum to the single chunk's.
   const Reference& ref = SingleRank();
-  CpuBackend be;
+  CpuBackend be(Poisoned());
   ThreadWorld world(1, kTimeoutS);
   auto comm = Solo(world);
   auto a = MakeChunk(be, *comm, 0, 1, true, false);
@@ -364,7 +370,7 @@ TEST(GptChunk, SlotsInFlightAccumulateAndAreChecked) {
   // Two micro-batches forward, then backward in reverse order: grads are twice one step's
   // (the same batch), each loss is the reference's times its scale.
   const Reference& ref = SingleRank();
-  CpuBackend be;
+  CpuBackend be(Poisoned());
   ThreadWorld world(1, kTimeoutS);
   auto comm = Solo(world);
   auto c = MakeChunk(be, *comm, 0, 2, true, true);
