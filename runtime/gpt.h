@@ -224,8 +224,8 @@ class GptChunk {
                            const std::vector<int64_t>& counts, int64_t w, Tensor& out);
   Result<Tensor> I32(const std::vector<int32_t>& host);
   // MoE helpers: a (rows, cols) fp32 output (rows may be 0; unspecified until written, as
-  // Out); rows idx[i] of src; the EP
-  // all-to-all of (rows, h) blocks with per-rank row counts (the input itself at ep 1).
+  // Out); rows idx[i] of src; the EP all-to-all of (rows, h) blocks with per-rank row counts
+  // (the input itself at ep 1).
   Result<Tensor> MoeRows(int64_t rows, int64_t cols);
   Result<Tensor> MoeGather(const Tensor& src, const Tensor& idx, int64_t cols);
   Result<Tensor> MoeExchange(const Tensor& in, const std::vector<int64_t>& send,
