@@ -2,7 +2,9 @@
 // (configs/models), one CPU rank: save = Trainer::ExportState + WriteCheckpoint (CRC32C,
 // fsync, rename); load = ReadCheckpoint (verifying the CRC32C) + Trainer::ImportState, from
 // disk ("cold": the file's pages are dropped from the page cache first) and from the page
-// cache ("warm"). Figures go to docs/reliability.md; GB/s = file bytes / time.
+// cache ("warm"); and the same as a sharded checkpoint of the one process (SaveSharded: shard +
+// manifest + the exchanges; LoadShardedCold: the manifest and its shard read back into whole
+// tensors, + ImportState). Figures go to docs/reliability.md; GB/s = file bytes / time.
 // The 350M cases write a 4.3 GB file and need ~11 GB of memory: they run only with
 // PTDP_BENCH_CHECKPOINT_350M=1. Files go to $PTDP_BENCH_DIR (default /tmp) and are deleted.
 #include <benchmark/benchmark.h>
@@ -24,6 +26,7 @@
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
 #include "runtime/data.h"
+#include "runtime/sharded_checkpoint.h"
 #include "runtime/trainer.h"
 
 namespace {
@@ -45,6 +48,7 @@ struct Bench {
   std::unique_ptr<rt::ThreadWorld> world;
   std::unique_ptr<rt::Trainer> trainer;
   std::string path;
+  std::string sharded;  // the manifest SaveSharded wrote
 };
 
 Bench& Get(const std::string& model_file) {
@@ -90,9 +94,25 @@ Status Save(Bench& b, Split* split) {
   return st;
 }
 
+// The same state as a sharded checkpoint of the one process (runtime/sharded_checkpoint.h):
+// ExportShard + the shard file, the manifest, and the two exchanges over WORLD.
+Status SaveSharded(Bench& b, Split* split) {
+  rt::Checkpoint c;
+  c.model = b.cfg.model;
+  c.global_batch = b.cfg.layout.global_batch;
+  c.layout = b.cfg.layout.ShortName();
+  const Clock::time_point t0 = Clock::now();
+  const std::string dir = std::filesystem::path(b.path).parent_path().string();
+  PTDP_ASSIGN_OR_RETURN(rt::SavedCheckpoint saved,
+                        rt::SaveShardedCheckpoint(*b.trainer, c, {dir, true, 0, nullptr}));
+  split->file_s += Since(t0);
+  b.sharded = saved.path;
+  return Status::Ok();
+}
+
 Status Load(Bench& b, Split* split) {
   Clock::time_point t0 = Clock::now();
-  PTDP_ASSIGN_OR_RETURN(rt::Checkpoint c, rt::ReadCheckpoint(b.path));
+  PTDP_ASSIGN_OR_RETURN(rt::Checkpoint c, rt::ReadCheckpoint(b.sharded.empty() ? b.path : b.sharded));
   split->file_s += Since(t0);
   t0 = Clock::now();
   Status st = b.trainer->ImportState(c.state);
@@ -126,17 +146,56 @@ void BM_Save(benchmark::State& state, const std::string& model_file) {
   SetBytes(state, b, split);
 }
 
-void BM_Load(benchmark::State& state, const std::string& model_file, bool cold) {
+// The sharded checkpoint's files: the manifest and the shards beside it.
+std::vector<std::string> ShardedFiles(const Bench& b) {
+  std::vector<std::string> files = {b.sharded};
+  const std::string stem = std::filesystem::path(b.sharded).stem().string();  // step-NNNNNNNN
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(b.sharded).parent_path()))
+    if (e.path().filename().string().rfind(stem + ".rank", 0) == 0) files.push_back(e.path().string());
+  return files;
+}
+
+void BM_SaveSharded(benchmark::State& state, const std::string& model_file) {
+  Bench& b = Get(model_file);
+  Split split;
+  for (auto _ : state)
+    if (Status st = SaveSharded(b, &split); !st.ok()) { state.SkipWithError(st.message().c_str()); return; }
+  double bytes = 0;
+  for (const std::string& f : ShardedFiles(b)) bytes += double(std::filesystem::file_size(f));
+  state.counters["file_MB"] = bytes / 1e6;
+  state.counters["GB/s"] = benchmark::Counter(bytes * double(state.iterations()) / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+
+void BM_Load(benchmark::State& state, const std::string& model_file, bool cold, bool sharded) {
   Bench& b = Get(model_file);
   Split unused, split;
-  if (Status st = Save(b, &unused); !st.ok()) { state.SkipWithError(st.message().c_str()); return; }
+  b.sharded.clear();
+  Status saved = sharded ? SaveSharded(b, &unused) : Save(b, &unused);
+  if (!saved.ok()) { state.SkipWithError(saved.message().c_str()); return; }
   for (auto _ : state) {
     if (cold) {
       state.PauseTiming();
-      DropCache(b.path);
+      if (sharded)
+        for (const std::string& f : ShardedFiles(b)) DropCache(f);
+      else
+        DropCache(b.path);
       state.ResumeTiming();
     }
     if (Status st = Load(b, &split); !st.ok()) { state.SkipWithError(st.message().c_str()); return; }
+  }
+  if (sharded) {
+    const double n = double(std::max<int64_t>(state.iterations(), 1));
+    double bytes = 0;
+    for (const std::string& f : ShardedFiles(b)) bytes += double(std::filesystem::file_size(f));
+    state.counters["file_MB"] = bytes / 1e6;
+    state.counters["trainer_s"] = split.trainer_s / n;
+    state.counters["file_s"] = split.file_s / n;
+    state.counters["GB/s"] = benchmark::Counter(bytes * double(state.iterations()) / 1e9,
+                                                benchmark::Counter::kIsRate);
+    for (const std::string& f : ShardedFiles(b)) std::filesystem::remove(f);
+    b.sharded.clear();
+    return;
   }
   SetBytes(state, b, split);
   std::filesystem::remove(b.path);
@@ -151,9 +210,11 @@ int main(int argc, char** argv) {
   for (const std::string& m : models) {
     const std::string name = m.substr(0, m.size() - 5);
     auto* save = benchmark::RegisterBenchmark(("BM_CheckpointSave/" + name).c_str(), BM_Save, m);
-    auto* cold = benchmark::RegisterBenchmark(("BM_CheckpointLoadCold/" + name).c_str(), BM_Load, m, true);
-    auto* warm = benchmark::RegisterBenchmark(("BM_CheckpointLoadWarm/" + name).c_str(), BM_Load, m, false);
-    for (auto* b : {save, cold, warm}) {
+    auto* cold = benchmark::RegisterBenchmark(("BM_CheckpointLoadCold/" + name).c_str(), BM_Load, m, true, false);
+    auto* warm = benchmark::RegisterBenchmark(("BM_CheckpointLoadWarm/" + name).c_str(), BM_Load, m, false, false);
+    auto* ssave = benchmark::RegisterBenchmark(("BM_CheckpointSaveSharded/" + name).c_str(), BM_SaveSharded, m);
+    auto* scold = benchmark::RegisterBenchmark(("BM_CheckpointLoadShardedCold/" + name).c_str(), BM_Load, m, true, true);
+    for (auto* b : {save, cold, warm, ssave, scold}) {
       b->UseRealTime()->Unit(benchmark::kMillisecond);
       if (name != "gpt-tiny") b->Iterations(3);
     }

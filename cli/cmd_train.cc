@@ -341,9 +341,12 @@ int RunTrain(const TrainFlags& f) {
   auto launch = MakeLaunch(l, lo);
   if (!launch.ok()) return Fail(f.plan_file + ": " + launch.status().message());
   cfg.local_ranks = launch->local_ranks;
-  // Over several processes (mpirun, srun) process 0 owns the folder (its lock, cleaning and
-  // writing); every process reads the checkpoint it resumes from and exports the state with
-  // the others when one is saved (a collective).
+  CheckpointFlags ckpt = f.ckpt;
+  ResolveCheckpointFormat(&ckpt, !launch->local_ranks.empty() &&
+                                     int(launch->local_ranks.size()) < l.world());
+  // Over several processes (mpirun, srun) process 0 owns the folder (its lock, cleaning, the
+  // manifest or whole file); every process reads the checkpoint it resumes from, and saving is
+  // a collective (each process writes its own shard by default: --ckpt-format sharded).
   auto folder = PrepareCheckpoints(f.ckpt, launch->main_process);  // holds the lock until we return
   if (!folder.ok()) return Fail(folder.status().message());
   std::optional<ResumePoint>* resume = &folder->resume;
@@ -412,7 +415,7 @@ int RunTrain(const TrainFlags& f) {
     const bool last = i + 1 == f.steps;
     if (!f.ckpt.dir.empty() &&
         (last || stopped_by || (f.ckpt.save_every > 0 && (i + 1) % f.ckpt.save_every == 0))) {
-      if (Status st = SaveCheckpoint(f.ckpt, **trainer, cfg, launch->main_process); !st.ok())
+      if (Status st = SaveCheckpoint(ckpt, **trainer, cfg, launch->main_process); !st.ok())
         return Fail(st.message());
       saved = f.ckpt.dir + "/" + rt::CheckpointFileName((*trainer)->steps_done());
     }

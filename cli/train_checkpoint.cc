@@ -1,6 +1,7 @@
 // `ptdp train` checkpoint flags, resume and save; see train_checkpoint.h.
 #include "cli/train_checkpoint.h"
 
+#include <cassert>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <thread>
 
 #include "cli/common.h"
+#include "runtime/sharded_checkpoint.h"
 
 namespace ptdp::cli {
 namespace {
@@ -29,6 +31,11 @@ void AddCheckpointFlags(CLI::App* app, CheckpointFlags* f) {
   app->add_flag("--resume", f->resume,
                 "continue from the newest checkpoint in --checkpoint-dir (any layout may have "
                 "written it); starts from step 0 when there is none");
+  app->add_option("--ckpt-format", f->format,
+                  "whole: one file of whole tensors (process 0 writes it); sharded: each process "
+                  "writes its own ranks' shard plus a manifest, like Megatron's --ckpt-format "
+                  "torch_dist; auto (default): whole in one process, sharded over several. Any "
+                  "layout resumes either");
   app->add_option("--on-nan", f->on_nan,
                   "a NaN/Inf loss or gradient: stop (default, before any update) or skip the "
                   "step's update on every rank");
@@ -41,7 +48,13 @@ Status CheckCheckpointFlags(const CheckpointFlags& f) {
     return Status::Error(std::string(f.resume ? "--resume" : "--save-every") + " needs --checkpoint-dir");
   if (f.on_nan != "stop" && f.on_nan != "skip")
     return Status::Error("--on-nan '" + f.on_nan + "': expected stop or skip");
+  if (f.format != "auto" && f.format != "whole" && f.format != "sharded")
+    return Status::Error("--ckpt-format '" + f.format + "': expected whole, sharded or auto");
   return Status::Ok();
+}
+
+void ResolveCheckpointFormat(CheckpointFlags* f, bool several_processes) {
+  if (f->format == "auto") f->format = several_processes ? "sharded" : "whole";
 }
 
 std::map<std::string, double> OptimizerSettings(const rt::OptimizerConfig& o) {
@@ -102,11 +115,11 @@ Result<CheckpointFolder> PrepareCheckpoints(const CheckpointFlags& f, bool owner
   if (!ckpt.ok())
     return Status::Error(ckpt.status().message() +
                          " (cannot resume; move the file away to resume from an older checkpoint)");
-  std::error_code ec;
-  const uintmax_t bytes = std::filesystem::file_size(all.back(), ec);
-  std::printf("loaded %s: step %lld, written by %s (%.1f MB in %.2f s)\n", all.back().c_str(),
-              static_cast<long long>(ckpt->state.step), ckpt->layout.c_str(),
-              ec ? 0.0 : double(bytes) / 1e6, Since(t0));
+  const std::string shards =
+      ckpt->read_shards > 0 ? " and " + std::to_string(ckpt->read_shards) + " shards" : "";
+  std::printf("loaded %s%s: step %lld, written by %s (%.1f MB in %.2f s)\n", all.back().c_str(),
+              shards.c_str(), static_cast<long long>(ckpt->state.step), ckpt->layout.c_str(),
+              double(ckpt->read_bytes) / 1e6, Since(t0));
   folder.resume = ResumePoint{all.back(), std::move(ckpt).value()};
   return folder;
 }
@@ -139,7 +152,7 @@ Status ApplyCheckpoint(const ResumePoint& from, rt::TrainerConfig* cfg) {
 }
 
 Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::TrainerConfig& cfg,
-                      bool write) {
+                      bool owner) {
   const Clock::time_point t0 = Clock::now();
   rt::Checkpoint c;
   c.model = cfg.model;
@@ -147,23 +160,41 @@ Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::
   c.global_batch = cfg.layout.global_batch;
   c.layout = cfg.layout.ShortName();
   c.optimizer = OptimizerSettings(cfg.optimizer);
-  PTDP_ASSIGN_OR_RETURN(c.state, trainer.ExportState());  // every process: a collective
-  if (!write) return Status::Ok();
-  const std::string path = f.dir + "/" + rt::CheckpointFileName(c.state.step);
+  const int64_t step = trainer.steps_done();
+  const std::string path = f.dir + "/" + rt::CheckpointFileName(step);
   rt::PartialWriteHook hook;
   const char* pause = std::getenv("PTDP_TEST_PAUSE_CHECKPOINT_WRITE");
-  if (pause && std::to_string(c.state.step) == pause)
+  if (pause && std::to_string(step) == pause)
     hook = [](const std::string& tmp) {
       std::fprintf(stderr, "checkpoint write paused: %s\n", tmp.c_str());
       std::fflush(stderr);
       std::this_thread::sleep_for(std::chrono::minutes(10));
     };
-  PTDP_RETURN_IF_ERROR(rt::WriteCheckpoint(path, c, hook));
-  std::error_code ec;
-  const uintmax_t bytes = std::filesystem::file_size(path, ec);
-  const double mb = ec ? 0.0 : double(bytes) / 1e6;
-  PTDP_ASSIGN_OR_RETURN(std::vector<std::string> pruned, rt::PruneCheckpoints(f.dir, f.keep));
-  std::printf("saved %s (%.1f MB in %.2f s)%s\n", path.c_str(), mb, Since(t0),
+  double mb = 0;
+  std::string shards;
+  std::vector<std::string> pruned;
+  if (f.format == "sharded") {
+    PTDP_ASSIGN_OR_RETURN(rt::SavedCheckpoint saved,
+                          rt::SaveShardedCheckpoint(trainer, c, {f.dir, owner, f.keep, hook}));
+    mb = double(saved.bytes) / 1e6;
+    shards = ", " + std::to_string(saved.shards) + (saved.shards == 1 ? " shard" : " shards");
+    pruned = saved.pruned;
+  } else {
+    assert(f.format == "whole");
+    PTDP_ASSIGN_OR_RETURN(c.state, trainer.ExportState());  // every process: a collective
+    Status st = owner ? rt::WriteCheckpoint(path, c, hook) : Status::Ok();
+    if (owner && st.ok()) {
+      auto p = rt::PruneCheckpoints(f.dir, f.keep);
+      st = p.status();
+      if (p.ok()) pruned = *p;
+    }
+    PTDP_RETURN_IF_ERROR(rt::AgreeAcrossProcesses(
+        trainer, st, "saving checkpoint step " + std::to_string(step)));
+    std::error_code ec;
+    const uintmax_t bytes = std::filesystem::file_size(path, ec);
+    mb = ec ? 0.0 : double(bytes) / 1e6;
+  }
+  std::printf("saved %s (%.1f MB%s in %.2f s)%s\n", path.c_str(), mb, shards.c_str(), Since(t0),
               pruned.empty() ? "" : (", deleted " + std::to_string(pruned.size()) + " older").c_str());
   std::fflush(stdout);
   return Status::Ok();

@@ -22,10 +22,18 @@ struct CheckpointFlags {
   int keep = 3;         // --keep K: the newest K checkpoints stay, older ones are deleted
   bool resume = false;  // --resume: continue from the newest checkpoint in dir (if any)
   std::string on_nan = "stop";  // --on-nan skip|stop
+  // --ckpt-format whole|sharded|auto: one file of whole tensors, or a shard per process plus a
+  // manifest (runtime/sharded_checkpoint.h); auto (the default): whole for a run in one
+  // process, sharded over several. ResolveCheckpointFormat turns auto into one of the two.
+  std::string format = "auto";
 };
 void AddCheckpointFlags(CLI::App* app, CheckpointFlags* f);
 // Range checks of the flags (the message names the flag).
 Status CheckCheckpointFlags(const CheckpointFlags& f);
+
+// f->format once the launch is known: auto becomes sharded when this process drives only some
+// of the ranks (mpirun, srun), else whole.
+void ResolveCheckpointFormat(CheckpointFlags* f, bool several_processes);
 
 // The optimizer settings as a checkpoint stores them, by name; and back.
 std::map<std::string, double> OptimizerSettings(const rt::OptimizerConfig& o);
@@ -53,13 +61,17 @@ Result<CheckpointFolder> PrepareCheckpoints(const CheckpointFlags& f, bool owner
 // from the flags), after checking that its model and global batch are the plan's.
 Status ApplyCheckpoint(const ResumePoint& from, rt::TrainerConfig* cfg);
 
-// Writes the trainer's state as <dir>/step-NNNNNNNN.ckpt (NNNNNNNN = steps done), prints the
-// size and time, and deletes all but the newest --keep. Test hook: with the environment
-// variable PTDP_TEST_PAUSE_CHECKPOINT_WRITE=<steps>, the write of that checkpoint pauses for
-// 10 minutes halfway through the data, after printing "checkpoint write paused: <tmp path>" on
-// stderr (tests kill -9 the process there). Over several processes every process calls it (the
-// state is exported over WORLD, Trainer::ExportState) and only process 0 `write`s.
+// Writes the trainer's state as <dir>/step-NNNNNNNN.ckpt (NNNNNNNN = steps done; with
+// --ckpt-format sharded that is the manifest, and each process writes its own
+// step-NNNNNNNN.rankRRRRR.shard), prints the size and time, and deletes all but the newest
+// --keep. Test hook: with the environment variable PTDP_TEST_PAUSE_CHECKPOINT_WRITE=<steps>, the
+// write of that checkpoint (or shard) pauses for 10 minutes halfway through the data, after
+// printing "checkpoint write paused: <tmp path>" on stderr (tests kill -9 the process there).
+// Over several processes every process calls it (both formats communicate over WORLD) and
+// process 0, the `owner`, writes the whole file or the manifest; every process returns the
+// same success or failure (a failed write anywhere stops every process, none waits alone).
+// f.format must be resolved (not auto).
 Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::TrainerConfig& cfg,
-                      bool write = true);
+                      bool owner = true);
 
 }  // namespace ptdp::cli

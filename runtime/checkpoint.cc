@@ -18,6 +18,7 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <unordered_set>
 
@@ -37,7 +38,8 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'T', 'D', 'P', 'C', 'K', 'P', 'T'};
 constexpr char kEnd[4] = {'E', 'N', 'D', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 1;         // whole-tensor files
+constexpr uint32_t kShardedVersion = 2;  // manifests and shards
 constexpr uint64_t kHeaderBytes = 48;
 constexpr uint64_t kTrailerBytes = 8;
 constexpr uint64_t kAlign = 64;
@@ -106,11 +108,12 @@ std::vector<uint64_t> Offsets(const Checkpoint& c, uint64_t* end) {
   return off;
 }
 
-std::string MetadataYaml(const Checkpoint& c, const std::vector<uint64_t>& offsets) {
+// The keys a whole file and a manifest share, up to the tensor table.
+std::string CommonMetadataYaml(const Checkpoint& c, uint32_t version) {
   std::ostringstream o;
   o << "# ptdp checkpoint metadata; the byte layout is described in runtime/checkpoint.h\n"
     << "format: ptdp-checkpoint\n"
-    << "version: " << kVersion << "\n"
+    << "version: " << version << "\n"
     << "step: " << c.state.step << "              # training steps completed\n"
     << "optimizer_steps: " << c.state.optimizer_steps << "   # AdamW updates applied\n"
     << "seed: " << c.seed << "\n"
@@ -122,16 +125,25 @@ std::string MetadataYaml(const Checkpoint& c, const std::vector<uint64_t>& offse
     << ModelToYaml(c.model, "  ") << "optimizer:\n";
   for (const auto& [k, v] : c.optimizer) o << "  " << YamlQuote(k) << ": " << Exact(v) << "\n";
   if (c.optimizer.empty()) o << "  {}\n";
-  o << "tensors:\n";
-  for (size_t i = 0; i < c.state.tensors.size(); ++i) {
-    const NamedTensor& t = c.state.tensors[i];
-    o << "  - {name: " << YamlQuote(t.name) << ", shape: [";
-    for (size_t k = 0; k < t.shape.size(); ++k) o << (k ? ", " : "") << t.shape[k];
-    o << "], offset: " << offsets[i] << "}\n";
-  }
   return o.str();
 }
 
+std::string ShapeYaml(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t k = 0; k < shape.size(); ++k) s += (k ? ", " : "") + std::to_string(shape[k]);
+  return s + "]";
+}
+
+std::string MetadataYaml(const Checkpoint& c, const std::vector<uint64_t>& offsets) {
+  std::ostringstream o;
+  o << CommonMetadataYaml(c, kVersion) << "tensors:\n";
+  for (size_t i = 0; i < c.state.tensors.size(); ++i) {
+    const NamedTensor& t = c.state.tensors[i];
+    o << "  - {name: " << YamlQuote(t.name) << ", shape: " << ShapeYaml(t.shape)
+      << ", offset: " << offsets[i] << "}\n";
+  }
+  return o.str();
+}
 
 // Writes all of [data, data + bytes) to fd, continuing the CRC.
 Status WriteAll(int fd, const void* data, size_t bytes, uint32_t* crc, const std::string& path) {
@@ -190,20 +202,40 @@ class Fd {
   int Close() { const int r = ::close(fd_); fd_ = -1; return r; }
   // Gives the descriptor up: it stays open.
   void Release() { fd_ = -1; }
+  // Closes the one held (if any) and holds `fd`.
+  void Reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
 
  private:
   int fd_;
 };
 
-Status WriteFile(const std::string& tmp, const Checkpoint& c, const PartialWriteHook& hook) {
-  uint64_t data_bytes = 0;
-  const std::vector<uint64_t> offsets = Offsets(c, &data_bytes);
-  const std::string meta = MetadataYaml(c, offsets);
+// One stretch of a file's data section: `bytes` bytes at `offset` (relative to the data start).
+struct Section {
+  uint64_t offset = 0;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// What a finished file is: its size and the CRC32C its trailer holds.
+struct Written {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+// Writes the header, `meta`, the sections (increasing offsets, zero padding between them) up to
+// `data_bytes`, and the trailer to `tmp`, fsync'ed. The hook runs once about halfway through
+// the data.
+Result<Written> WriteContainer(const std::string& tmp, uint32_t version, const std::string& meta,
+                               const std::vector<Section>& sections, uint64_t data_bytes,
+                               const PartialWriteHook& hook) {
   const uint64_t data_offset = AlignUp(kHeaderBytes + meta.size());
   const uint64_t file_bytes = data_offset + data_bytes + kTrailerBytes;
 
   std::string head(kMagic, sizeof kMagic);
-  PutU32(head, kVersion);
+  PutU32(head, version);
   PutU32(head, 0);
   PutU64(head, file_bytes);
   PutU64(head, meta.size());
@@ -219,21 +251,25 @@ Status WriteFile(const std::string& tmp, const Checkpoint& c, const PartialWrite
   }
   uint32_t crc = 0;
   PTDP_RETURN_IF_ERROR(WriteAll(fd.get(), head.data(), head.size(), &crc, tmp));
-  const char zeros[kAlign] = {};
+  const std::vector<char> zeros(kAlign, 0);
+  auto pad = [&](uint64_t n) -> Status {
+    for (; n > 0; n -= std::min<uint64_t>(n, kAlign))
+      PTDP_RETURN_IF_ERROR(WriteAll(fd.get(), zeros.data(), size_t(std::min<uint64_t>(n, kAlign)), &crc, tmp));
+    return Status::Ok();
+  };
   uint64_t at = 0;
   bool hooked = !hook;
-  for (size_t i = 0; i < c.state.tensors.size(); ++i) {
-    const NamedTensor& t = c.state.tensors[i];
-    assert(int64_t(t.data.size()) == Numel(t.shape));
-    PTDP_RETURN_IF_ERROR(WriteAll(fd.get(), zeros, size_t(offsets[i] - at), &crc, tmp));
-    const size_t bytes = t.data.size() * sizeof(float);
-    PTDP_RETURN_IF_ERROR(WriteAll(fd.get(), t.data.data(), bytes, &crc, tmp));
-    at = offsets[i] + bytes;
+  for (const Section& sec : sections) {
+    assert(sec.offset >= at && sec.offset + sec.bytes <= data_bytes);
+    PTDP_RETURN_IF_ERROR(pad(sec.offset - at));
+    PTDP_RETURN_IF_ERROR(WriteAll(fd.get(), sec.data, sec.bytes, &crc, tmp));
+    at = sec.offset + sec.bytes;
     if (!hooked && at * 2 >= data_bytes) {
       hooked = true;
       hook(tmp);
     }
   }
+  PTDP_RETURN_IF_ERROR(pad(data_bytes - at));
   std::string tail;
   PutU32(tail, crc);
   tail.append(kEnd, sizeof kEnd);
@@ -246,7 +282,21 @@ Status WriteFile(const std::string& tmp, const Checkpoint& c, const PartialWrite
     const int err = errno;
     return SysError(tmp + ": close failed", err);
   }
-  return Status::Ok();
+  return Written{file_bytes, crc};
+}
+
+// WriteContainer into "<path>.tmp", renamed over `path` (the temporary removed on failure).
+Result<Written> WriteAtomically(const std::string& path, uint32_t version, const std::string& meta,
+                                const std::vector<Section>& sections, uint64_t data_bytes,
+                                const PartialWriteHook& hook) {
+  const std::string tmp = path + ".tmp";
+  Result<Written> w = WriteContainer(tmp, version, meta, sections, data_bytes, hook);
+  if (!w.ok()) {
+    ::unlink(tmp.c_str());
+    return w.status();
+  }
+  PTDP_RETURN_IF_ERROR(RenameIntoPlace(tmp, path));
+  return w;
 }
 
 // fsync of the folder holding `path`, so that a rename in it survives a power loss.
@@ -274,15 +324,36 @@ bool ParseDouble(const std::string& s, double* out) {
   return true;
 }
 
-// One entry of the tensor table.
+// One entry of the tensor table (a manifest's has no offset).
 struct TableEntry {
   std::string name;
   std::vector<int64_t> shape;
   uint64_t offset = 0;
 };
 
+// A tensor's size may be at most 2^40 elements (4 TiB of fp32): far above any model's tensor,
+// and its bytes cannot overflow a u64.
+constexpr uint64_t kMaxElements = uint64_t(1) << 40;
+
+// The shape at `node` (a list of at most 8 sizes, product <= kMaxElements) into *shape and its
+// element count into *numel; false when it is not one.
+bool ParseShape(const YAML::Node& node, std::vector<int64_t>* shape, uint64_t* numel) {
+  if (!node.IsSequence() || node.size() > 8) return false;
+  shape->clear();
+  *numel = 1;
+  for (size_t k = 0; k < node.size(); ++k) {
+    uint64_t d = 0;
+    if (!node[k].IsScalar() || !ParseU64(node[k].Scalar(), &d) || d > kMaxElements) return false;
+    shape->push_back(int64_t(d));
+    *numel = d == 0 ? 0 : (*numel > kMaxElements / d ? kMaxElements + 1 : *numel * d);
+  }
+  return *numel <= kMaxElements;
+}
+
+// The tensor table: with offsets (a whole file), each tensor's data must fit the data section
+// in order; without (a manifest), there is no data.
 Status ReadTable(const YAML::Node& list, const std::string& file, uint64_t data_bytes,
-                 std::vector<TableEntry>* out) {
+                 bool with_offsets, std::vector<TableEntry>* out) {
   if (!list.IsDefined() || list.IsNull()) return Status::Ok();
   if (!list.IsSequence()) return Status::Error(file + ": metadata key 'tensors' must be a list");
   uint64_t end = 0;  // where the previous tensor's data ends
@@ -294,27 +365,23 @@ Status ReadTable(const YAML::Node& list, const std::string& file, uint64_t data_
     TableEntry e;
     e.name = r.String("name");
     const YAML::Node shape = r.Child("shape");
-    const int64_t offset = r.NonNegativeInt("offset", -1);
+    const int64_t offset = with_offsets ? r.NonNegativeInt("offset", -1) : 0;
     PTDP_RETURN_IF_ERROR(r.Finish());
     if (offset < 0) return Status::Error(file + ": " + where + ": missing offset");
     e.offset = uint64_t(offset);
-    if (!shape.IsSequence() || shape.size() > 8)
-      return Status::Error(file + ": " + where + " (" + e.name + "): shape must be a list of at most 8 sizes");
-    uint64_t numel = 1;
-    for (size_t k = 0; k < shape.size(); ++k) {
-      uint64_t d = 0;
-      if (!shape[k].IsScalar() || !ParseU64(shape[k].Scalar(), &d) || d > data_bytes)
-        return Status::Error(file + ": " + where + " (" + e.name + "): bad size in shape");
-      e.shape.push_back(int64_t(d));
-      numel = d == 0 ? 0 : (numel > data_bytes / d ? data_bytes + 1 : numel * d);
+    uint64_t numel = 0;
+    if (!ParseShape(shape, &e.shape, &numel))
+      return Status::Error(file + ": " + where + " (" + e.name + "): shape must be a list of at "
+                           "most 8 sizes of at most 2^40 elements in all");
+    if (with_offsets) {
+      const uint64_t bytes = numel * sizeof(float);
+      if (e.offset < end || e.offset % kAlign != 0 || e.offset > data_bytes ||
+          bytes > data_bytes - e.offset)
+        return Status::Error(file + ": " + where + " (" + e.name + "): offset " +
+                             std::to_string(e.offset) + " and size do not fit the data section of " +
+                             std::to_string(data_bytes) + " bytes in order");
+      end = e.offset + bytes;
     }
-    const uint64_t bytes = numel > data_bytes ? data_bytes + 1 : numel * sizeof(float);
-    if (e.offset < end || e.offset % kAlign != 0 || e.offset > data_bytes ||
-        bytes > data_bytes - e.offset)
-      return Status::Error(file + ": " + where + " (" + e.name + "): offset " +
-                           std::to_string(e.offset) + " and size do not fit the data section of " +
-                           std::to_string(data_bytes) + " bytes in order");
-    end = e.offset + bytes;
     if (!names.insert(e.name).second)  // a hash set: a pairwise check is quadratic
       return Status::Error(file + ": tensor '" + e.name + "' appears twice");
     out->push_back(std::move(e));
@@ -322,10 +389,56 @@ Status ReadTable(const YAML::Node& list, const std::string& file, uint64_t data_
   return Status::Ok();
 }
 
-// Parses the metadata into `c` (tensors named and shaped, data not yet read) and the table.
-Status ParseMetadata(const std::string& text, const std::string& file, uint64_t data_bytes,
-                     Checkpoint* c, std::vector<TableEntry>* table) {
+// A manifest's own keys.
+struct Manifest {
+  int world = 0;
+  std::vector<ShardRecord> shards;  // by first rank
+};
+
+Status ReadShardTable(const YAML::Node& list, const std::string& file, int64_t step, int world,
+                      std::vector<ShardRecord>* out) {
+  if (!list.IsSequence() || list.size() == 0)
+    return Status::Error(file + ": metadata key 'shards' must be a list of shard files");
+  size_t i = 0;
+  for (auto item = list.begin(); item != list.end(); ++item, ++i) {
+    const std::string where = "shards[" + std::to_string(i) + "]";
+    YamlReader r(*item, file, where);
+    ShardRecord rec;
+    rec.file = r.String("file");
+    rec.first_rank = r.NonNegativeIntAtMost("first_rank", world - 1, -1);
+    const int64_t bytes = r.NonNegativeInt("bytes", -1);
+    const std::string crc = r.String("crc32c");
+    PTDP_RETURN_IF_ERROR(r.Finish());
+    if (rec.first_rank < 0 || bytes < 0)
+      return Status::Error(file + ": " + where + ": needs first_rank and bytes");
+    rec.bytes = uint64_t(bytes);
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(crc.c_str(), &end, 16);
+    if (crc.size() != 10 || crc.rfind("0x", 0) != 0 || *end != '\0' || v > 0xffffffffUL)
+      return Status::Error(file + ": " + where + ": crc32c '" + crc + "' is not 0x and 8 hex digits");
+    rec.crc32c = uint32_t(v);
+    if (rec.file != ShardFileName(step, rec.first_rank))
+      return Status::Error(file + ": " + where + ": file '" + rec.file + "' is not " +
+                           ShardFileName(step, rec.first_rank) + ", the name of step " +
+                           std::to_string(step) + "'s shard from rank " +
+                           std::to_string(rec.first_rank));
+    if (!out->empty() && out->back().first_rank >= rec.first_rank)
+      return Status::Error(file + ": " + where + ": shards must be listed by increasing first_rank");
+    out->push_back(std::move(rec));
+  }
+  return Status::Ok();
+}
+
+// Parses the metadata of a whole file (version 1) or a manifest (version 2) into `c` (tensors
+// named and shaped, data not yet read), the table and, for a manifest, *manifest.
+Status ParseMetadata(const std::string& text, const std::string& file, uint32_t file_version,
+                     uint64_t data_bytes, Checkpoint* c, std::vector<TableEntry>* table,
+                     Manifest* manifest) {
   PTDP_ASSIGN_OR_RETURN(YAML::Node root, ParseYamlText(text, file + " (metadata)"));
+  if (root.IsMap() && root["format"] && root["format"].IsScalar() &&
+      root["format"].Scalar() == "ptdp-checkpoint-shard")
+    return Status::Error(file + ": is one shard of a sharded checkpoint: read the checkpoint "
+                         "through its manifest, step-NNNNNNNN.ckpt in the same folder");
   YamlReader r(root, file, "");
   const std::string format = r.String("format");
   const int64_t version = r.PositiveInt("version");
@@ -338,8 +451,15 @@ Status ParseMetadata(const std::string& text, const std::string& file, uint64_t 
   const YAML::Node model = r.Child("model");
   const YAML::Node optimizer = r.Child("optimizer");
   const YAML::Node tensors = r.Child("tensors");
+  const bool sharded = file_version == kShardedVersion;
+  YAML::Node shards;
+  if (sharded) {
+    manifest->world = r.PositiveIntAtMost("world", 1 << 24);
+    shards = r.Child("shards");
+  }
   if (format != "ptdp-checkpoint") r.Fail("format", "'" + format + "' is not ptdp-checkpoint");
-  if (version != kVersion) r.Fail("version", std::to_string(version) + " is not 1");
+  if (version != int64_t(file_version))
+    r.Fail("version", std::to_string(version) + " is not the header's " + std::to_string(file_version));
   if (c->state.step < 0 || c->state.optimizer_steps < 0 || c->state.consumed_samples < 0)
     r.Fail("step", "step, optimizer_steps and consumed_samples are required");
   if (!ParseU64(seed, &c->seed)) r.Fail("seed", "'" + seed + "' is not an unsigned integer");
@@ -355,7 +475,98 @@ Status ParseMetadata(const std::string& text, const std::string& file, uint64_t 
       c->optimizer[it->first.Scalar()] = v;
     }
   }
-  return ReadTable(tensors, file, data_bytes, table);
+  if (sharded)
+    PTDP_RETURN_IF_ERROR(
+        ReadShardTable(shards, file, c->state.step, manifest->world, &manifest->shards));
+  return ReadTable(tensors, file, data_bytes, /*with_offsets=*/!sharded, table);
+}
+
+// One entry of a shard's piece table.
+struct PieceEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t numel = 0;                        // of the whole tensor
+  uint64_t runs = 0, runs_offset = 0;        // the run table: runs x 16 bytes
+  uint64_t elements = 0, offset = 0;         // the data: elements x 4 bytes
+};
+
+// What a shard's metadata says.
+struct ShardMeta {
+  int64_t step = -1, optimizer_steps = -1, consumed_samples = -1;
+  int world = 0;
+  std::vector<int> ranks;
+  std::vector<PieceEntry> pieces;
+};
+
+static_assert(sizeof(ElementRun) == 16, "a run table entry is two u64");
+
+Status ParseShardMetadata(const std::string& text, const std::string& file, uint64_t data_bytes,
+                          ShardMeta* m) {
+  PTDP_ASSIGN_OR_RETURN(YAML::Node root, ParseYamlText(text, file + " (metadata)"));
+  YamlReader r(root, file, "");
+  const std::string format = r.String("format");
+  const int64_t version = r.PositiveInt("version");
+  m->step = r.NonNegativeInt("step", -1);
+  m->optimizer_steps = r.NonNegativeInt("optimizer_steps", -1);
+  m->consumed_samples = r.NonNegativeInt("consumed_samples", -1);
+  m->world = r.PositiveIntAtMost("world", 1 << 24);
+  const YAML::Node ranks = r.Child("ranks");
+  const YAML::Node pieces = r.Child("pieces");
+  if (format != "ptdp-checkpoint-shard")
+    r.Fail("format", "'" + format + "' is not ptdp-checkpoint-shard");
+  if (version != kShardedVersion) r.Fail("version", std::to_string(version) + " is not 2");
+  if (m->step < 0 || m->optimizer_steps < 0 || m->consumed_samples < 0)
+    r.Fail("step", "step, optimizer_steps and consumed_samples are required");
+  PTDP_RETURN_IF_ERROR(r.Finish());
+  if (!ranks.IsSequence() || ranks.size() == 0)
+    return Status::Error(file + ": metadata key 'ranks' must be a list of global ranks");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    uint64_t g = 0;
+    if (!ranks[i].IsScalar() || !ParseU64(ranks[i].Scalar(), &g) || g >= uint64_t(m->world) ||
+        (!m->ranks.empty() && int64_t(g) <= m->ranks.back()))
+      return Status::Error(file + ": ranks[" + std::to_string(i) + "] must be increasing global "
+                           "ranks below the world of " + std::to_string(m->world));
+    m->ranks.push_back(int(g));
+  }
+  if (!pieces.IsDefined() || pieces.IsNull()) return Status::Ok();  // a rank may hold nothing
+  if (!pieces.IsSequence()) return Status::Error(file + ": metadata key 'pieces' must be a list");
+  uint64_t end = 0;  // where the previous section ends
+  size_t i = 0;
+  for (auto item = pieces.begin(); item != pieces.end(); ++item, ++i) {
+    const std::string where = "pieces[" + std::to_string(i) + "]";
+    YamlReader pr(*item, file, where);
+    PieceEntry e;
+    e.name = pr.String("name");
+    const YAML::Node shape = pr.Child("shape");
+    const int64_t runs = pr.NonNegativeInt("runs", -1), runs_offset = pr.NonNegativeInt("runs_offset", -1);
+    const int64_t elements = pr.NonNegativeInt("elements", -1), offset = pr.NonNegativeInt("offset", -1);
+    PTDP_RETURN_IF_ERROR(pr.Finish());
+    if (runs < 0 || runs_offset < 0 || elements < 0 || offset < 0)
+      return Status::Error(file + ": " + where + ": needs runs, runs_offset, elements and offset");
+    if (!ParseShape(shape, &e.shape, &e.numel))
+      return Status::Error(file + ": " + where + " (" + e.name + "): shape must be a list of at "
+                           "most 8 sizes of at most 2^40 elements in all");
+    e.runs = uint64_t(runs), e.runs_offset = uint64_t(runs_offset);
+    e.elements = uint64_t(elements), e.offset = uint64_t(offset);
+    // Two sections in order, each 64-aligned and inside the data: no size can overflow, since
+    // each count is first bounded by the data bytes.
+    const bool fits = e.runs <= data_bytes / sizeof(ElementRun) && e.elements <= e.numel &&
+                      e.runs <= e.elements && e.runs_offset % kAlign == 0 &&
+                      e.offset % kAlign == 0 && e.runs_offset >= end &&
+                      e.runs_offset <= data_bytes &&
+                      e.runs * sizeof(ElementRun) <= data_bytes - e.runs_offset &&
+                      e.offset >= e.runs_offset + e.runs * sizeof(ElementRun) &&
+                      e.offset <= data_bytes && e.elements * sizeof(float) <= data_bytes - e.offset;
+    if (!fits)
+      return Status::Error(file + ": " + where + " (" + e.name + "): " + std::to_string(e.runs) +
+                           " runs at " + std::to_string(e.runs_offset) + " and " +
+                           std::to_string(e.elements) + " elements at " + std::to_string(e.offset) +
+                           " do not fit the data section of " + std::to_string(data_bytes) +
+                           " bytes in order");
+    end = e.offset + e.elements * sizeof(float);
+    m->pieces.push_back(std::move(e));
+  }
+  return Status::Ok();
 }
 
 #if defined(__x86_64__)
@@ -412,13 +623,81 @@ std::string CheckpointMetadataYaml(const Checkpoint& ckpt) {
 
 Status WriteCheckpoint(const std::string& path, const Checkpoint& ckpt,
                        const PartialWriteHook& hook) {
-  const std::string tmp = path + ".tmp";
-  Status st = WriteFile(tmp, ckpt, hook);
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
+  uint64_t data_bytes = 0;
+  const std::vector<uint64_t> offsets = Offsets(ckpt, &data_bytes);
+  std::vector<Section> sections;
+  for (size_t i = 0; i < ckpt.state.tensors.size(); ++i) {
+    const NamedTensor& t = ckpt.state.tensors[i];
+    assert(int64_t(t.data.size()) == Numel(t.shape));
+    sections.push_back({offsets[i], t.data.data(), t.data.size() * sizeof(float)});
   }
-  return RenameIntoPlace(tmp, path);
+  return WriteAtomically(path, kVersion, MetadataYaml(ckpt, offsets), sections, data_bytes, hook)
+      .status();
+}
+
+std::string ShardFileName(int64_t step, int first_rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "step-%08lld.rank%05d.shard", static_cast<long long>(step),
+                first_rank);
+  return buf;
+}
+
+Result<ShardRecord> WriteCheckpointShard(const std::string& path, const StateShard& shard,
+                                         const PartialWriteHook& hook) {
+  assert(!shard.ranks.empty());
+  std::ostringstream o;
+  o << "# ptdp checkpoint shard: one process's ranks' part of the training state; the byte "
+       "layout is described in runtime/checkpoint.h\n"
+    << "format: ptdp-checkpoint-shard\n"
+    << "version: " << kShardedVersion << "\n"
+    << "step: " << shard.step << "\n"
+    << "optimizer_steps: " << shard.optimizer_steps << "\n"
+    << "consumed_samples: " << shard.consumed_samples << "\n"
+    << "world: " << shard.world << "\n"
+    << "ranks: [";
+  for (size_t i = 0; i < shard.ranks.size(); ++i) o << (i ? ", " : "") << shard.ranks[i];
+  o << "]\n" << (shard.pieces.empty() ? "pieces: []\n" : "pieces:\n");
+  std::vector<Section> sections;
+  uint64_t at = 0;
+  for (const TensorPiece& p : shard.pieces) {
+    int64_t count = 0;
+    for (const ElementRun& run : p.runs) count += run.length;
+    assert(count == int64_t(p.data.size()));
+    (void)count;
+    const uint64_t runs_offset = AlignUp(at);
+    const uint64_t offset = AlignUp(runs_offset + p.runs.size() * sizeof(ElementRun));
+    sections.push_back({runs_offset, p.runs.data(), p.runs.size() * sizeof(ElementRun)});
+    sections.push_back({offset, p.data.data(), p.data.size() * sizeof(float)});
+    at = offset + p.data.size() * sizeof(float);
+    o << "  - {name: " << YamlQuote(p.name) << ", shape: " << ShapeYaml(p.shape)
+      << ", runs: " << p.runs.size() << ", runs_offset: " << runs_offset
+      << ", elements: " << p.data.size() << ", offset: " << offset << "}\n";
+  }
+  PTDP_ASSIGN_OR_RETURN(Written w,
+                        WriteAtomically(path, kShardedVersion, o.str(), sections, at, hook));
+  ShardRecord rec;
+  rec.file = std::filesystem::path(path).filename().string();
+  rec.first_rank = shard.ranks.front();
+  rec.bytes = w.bytes;
+  rec.crc32c = w.crc32c;
+  return rec;
+}
+
+Status WriteCheckpointManifest(const std::string& path, const Checkpoint& ckpt, int world,
+                               std::vector<ShardRecord> shards) {
+  std::sort(shards.begin(), shards.end(),
+            [](const ShardRecord& a, const ShardRecord& b) { return a.first_rank < b.first_rank; });
+  std::ostringstream o;
+  o << CommonMetadataYaml(ckpt, kShardedVersion) << "world: " << world << "\n"
+    << "# every shard with its size and CRC32C: a checkpoint is whole when all of them are\n"
+    << "shards:\n";
+  for (const ShardRecord& r : shards)
+    o << "  - {file: " << YamlQuote(r.file) << ", first_rank: " << r.first_rank
+      << ", bytes: " << r.bytes << ", crc32c: " << YamlQuote(Hex(r.crc32c)) << "}\n";
+  o << (ckpt.state.tensors.empty() ? "tensors: []\n" : "tensors:\n");
+  for (const NamedTensor& t : ckpt.state.tensors)
+    o << "  - {name: " << YamlQuote(t.name) << ", shape: " << ShapeYaml(t.shape) << "}\n";
+  return WriteAtomically(path, kShardedVersion, o.str(), {}, 0, nullptr).status();
 }
 
 namespace {
@@ -426,14 +705,40 @@ namespace {
 // tensors (parameter, m, v) per weight. 64 MiB holds ~800k tensors, far above any model (a
 // 1,000-layer model has ~50k); a larger value is a damaged or crafted header.
 constexpr uint64_t kMaxMetadataBytes = 64 * kMiB;
-}  // namespace
 
-Result<Checkpoint> ReadCheckpoint(const std::string& path) {
+// Reads one file of any kind: Open checks everything that can be checked before a byte is
+// interpreted (the header, the sizes, the trailer and the CRC32C of the whole file) and reads
+// the metadata; Read then gives data sections in increasing offset order and Finish checks that
+// the second pass over the bytes has the same CRC32C (a file changed while it was read).
+class ContainerReader {
+ public:
+  Status Open(const std::string& path);
+  uint32_t version() const { return version_; }
+  const std::string& metadata() const { return meta_; }
+  uint64_t data_bytes() const { return data_bytes_; }
+  uint64_t file_bytes() const { return file_bytes_; }
+  uint32_t stored_crc() const { return stored_; }
+  // `bytes` bytes at `offset` of the data section into dst; offset >= the end of the last read.
+  Status Read(uint64_t offset, void* dst, size_t bytes);
+  Status Finish();
+
+ private:
+  std::string path_;
+  Fd fd_{-1};
+  uint32_t version_ = 0, stored_ = 0, crc_ = 0;
+  uint64_t file_bytes_ = 0, data_bytes_ = 0;
+  uint64_t at_ = 0;  // the data read so far
+  std::string meta_;
+};
+
+Status ContainerReader::Open(const std::string& path) {
+  path_ = path;
   // O_NONBLOCK: a FIFO named like a checkpoint would block the open until a writer came.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-  if (fd.get() < 0) return Status::Error(path + ": cannot open checkpoint: " + Errno());
+  fd_.Reset(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  const int fd = fd_.get();
+  if (fd < 0) return Status::Error(path + ": cannot open checkpoint: " + Errno());
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Status::Error(path + ": cannot stat: " + Errno());
+  if (::fstat(fd, &st) != 0) return Status::Error(path + ": cannot stat: " + Errno());
   if (!S_ISREG(st.st_mode))
     return Status::Error(path + ": is not a regular file (a " +
                          (S_ISDIR(st.st_mode) ? "directory" : "FIFO, socket or device") +
@@ -444,28 +749,31 @@ Result<Checkpoint> ReadCheckpoint(const std::string& path) {
                          " bytes, less than the " + std::to_string(kHeaderBytes + kTrailerBytes) +
                          "-byte minimum");
   char head[kHeaderBytes];
-  PTDP_RETURN_IF_ERROR(ReadAll(fd.get(), head, sizeof head, nullptr, path));
+  PTDP_RETURN_IF_ERROR(ReadAll(fd, head, sizeof head, nullptr, path));
   if (std::memcmp(head, kMagic, sizeof kMagic) != 0)
     return Status::Error(path + ": not a ptdp checkpoint (no PTDPCKPT magic)");
-  const uint32_t version = GetU32(head + 8);
-  if (version != kVersion)
-    return Status::Error(path + ": checkpoint format version " + std::to_string(version) +
-                         ", this ptdp reads version " + std::to_string(kVersion));
-  const uint64_t file_bytes = GetU64(head + 16), meta_bytes = GetU64(head + 24);
-  const uint64_t data_offset = GetU64(head + 32), data_bytes = GetU64(head + 40);
-  if (size < file_bytes)
+  version_ = GetU32(head + 8);
+  if (version_ != kVersion && version_ != kShardedVersion)
+    return Status::Error(path + ": checkpoint format version " + std::to_string(version_) +
+                         ", this ptdp reads versions " + std::to_string(kVersion) + " and " +
+                         std::to_string(kShardedVersion));
+  file_bytes_ = GetU64(head + 16);
+  const uint64_t meta_bytes = GetU64(head + 24);
+  const uint64_t data_offset = GetU64(head + 32);
+  data_bytes_ = GetU64(head + 40);
+  if (size < file_bytes_)
     return Status::Error(path + ": truncated: " + std::to_string(size) + " bytes of the " +
-                         std::to_string(file_bytes) + " its header records");
-  if (size > file_bytes)
+                         std::to_string(file_bytes_) + " its header records");
+  if (size > file_bytes_)
     return Status::Error(path + ": " + std::to_string(size) + " bytes, more than the " +
-                         std::to_string(file_bytes) + " its header records (appended to?)");
-  if (meta_bytes > file_bytes || data_offset != AlignUp(kHeaderBytes + meta_bytes) ||
-      data_offset > file_bytes - kTrailerBytes ||
-      data_bytes != file_bytes - kTrailerBytes - data_offset)
+                         std::to_string(file_bytes_) + " its header records (appended to?)");
+  if (meta_bytes > file_bytes_ || data_offset != AlignUp(kHeaderBytes + meta_bytes) ||
+      data_offset > file_bytes_ - kTrailerBytes ||
+      data_bytes_ != file_bytes_ - kTrailerBytes - data_offset)
     return Status::Error(path + ": corrupt header: metadata " + std::to_string(meta_bytes) +
                          " bytes, data at " + std::to_string(data_offset) + " for " +
-                         std::to_string(data_bytes) + " bytes do not add up to " +
-                         std::to_string(file_bytes));
+                         std::to_string(data_bytes_) + " bytes do not add up to " +
+                         std::to_string(file_bytes_));
   if (meta_bytes > kMaxMetadataBytes)
     return Status::Error(path + ": corrupt header: " + ByteSize(meta_bytes) +
                          " of metadata, more than the " + ByteSize(kMaxMetadataBytes) +
@@ -474,47 +782,201 @@ Result<Checkpoint> ReadCheckpoint(const std::string& path) {
   // Pass 1: the CRC32C of every byte, before any of them is interpreted: a damaged or crafted
   // metadata block costs a read, never a parse (a 7 MB crafted table took 22 s and 839 MB to
   // be refused when it was parsed first).
-  const auto crc_of_file = [&](uint32_t* stored) -> Status {
-    if (::lseek(fd.get(), 0, SEEK_SET) != 0) return Status::Error(path + ": cannot seek: " + Errno());
-    uint32_t crc = 0;
-    PTDP_RETURN_IF_ERROR(SkipAll(fd.get(), file_bytes - kTrailerBytes, &crc, path));
-    char tail[kTrailerBytes];
-    PTDP_RETURN_IF_ERROR(ReadAll(fd.get(), tail, sizeof tail, nullptr, path));
-    if (std::memcmp(tail + 4, kEnd, sizeof kEnd) != 0)
-      return Status::Error(path + ": corrupt trailer (no END1 mark): damaged or not written by ptdp");
-    *stored = GetU32(tail);
-    if (*stored != crc)
-      return Status::Error(path + ": checksum mismatch: stored CRC32C " + Hex(*stored) +
-                           ", computed " + Hex(crc) + ": the file was altered or damaged");
-    return Status::Ok();
-  };
-  uint32_t stored = 0;
-  PTDP_RETURN_IF_ERROR(crc_of_file(&stored));
-
-  // Pass 2: parse the metadata and read the tensors, computing the CRC again over the same
-  // bytes, so that a file changed between the passes is refused too.
-  if (::lseek(fd.get(), 0, SEEK_SET) != 0) return Status::Error(path + ": cannot seek: " + Errno());
+  if (::lseek(fd, 0, SEEK_SET) != 0) return Status::Error(path + ": cannot seek: " + Errno());
   uint32_t crc = 0;
-  PTDP_RETURN_IF_ERROR(ReadAll(fd.get(), head, sizeof head, &crc, path));
-  std::string meta(size_t(data_offset - kHeaderBytes), '\0');
-  PTDP_RETURN_IF_ERROR(ReadAll(fd.get(), meta.data(), meta.size(), &crc, path));
-  meta.resize(size_t(meta_bytes));
+  PTDP_RETURN_IF_ERROR(SkipAll(fd, file_bytes_ - kTrailerBytes, &crc, path));
+  char tail[kTrailerBytes];
+  PTDP_RETURN_IF_ERROR(ReadAll(fd, tail, sizeof tail, nullptr, path));
+  if (std::memcmp(tail + 4, kEnd, sizeof kEnd) != 0)
+    return Status::Error(path + ": corrupt trailer (no END1 mark): damaged or not written by ptdp");
+  stored_ = GetU32(tail);
+  if (stored_ != crc)
+    return Status::Error(path + ": checksum mismatch: stored CRC32C " + Hex(stored_) +
+                         ", computed " + Hex(crc) + ": the file was altered or damaged");
+
+  // Pass 2 starts: the header and metadata again, with the CRC computed once more.
+  if (::lseek(fd, 0, SEEK_SET) != 0) return Status::Error(path + ": cannot seek: " + Errno());
+  PTDP_RETURN_IF_ERROR(ReadAll(fd, head, sizeof head, &crc_, path));
+  meta_.assign(size_t(data_offset - kHeaderBytes), '\0');
+  PTDP_RETURN_IF_ERROR(ReadAll(fd, meta_.data(), meta_.size(), &crc_, path));
+  meta_.resize(size_t(meta_bytes));
+  return Status::Ok();
+}
+
+Status ContainerReader::Read(uint64_t offset, void* dst, size_t bytes) {
+  assert(offset >= at_ && offset + bytes <= data_bytes_);
+  PTDP_RETURN_IF_ERROR(SkipAll(fd_.get(), offset - at_, &crc_, path_));
+  PTDP_RETURN_IF_ERROR(ReadAll(fd_.get(), dst, bytes, &crc_, path_));
+  at_ = offset + bytes;
+  return Status::Ok();
+}
+
+Status ContainerReader::Finish() {
+  PTDP_RETURN_IF_ERROR(SkipAll(fd_.get(), data_bytes_ - at_, &crc_, path_));
+  at_ = data_bytes_;
+  if (crc_ != stored_)
+    return Status::Error(path_ + ": changed while it was read (CRC32C " + Hex(crc_) +
+                         " on the second pass, " + Hex(stored_) + " stored)");
+  return Status::Ok();
+}
+
+// "[a, b)" of a tensor's flat elements, for messages.
+std::string Range(int64_t a, int64_t b) {
+  return "elements " + std::to_string(a) + ".." + std::to_string(b - 1);
+}
+
+// Reads the shards a manifest lists into whole tensors: `c` has the manifest's counters and
+// `table` its tensors; fills c->state.tensors.
+Status AssembleShards(const std::string& manifest_path, const Manifest& m,
+                      const std::vector<TableEntry>& table, Checkpoint* c) {
+  const std::string dir = FolderOf(manifest_path);
+  const std::string& mp = manifest_path;
+  // Sizes first: every shard must be there with the recorded size, and together they must be
+  // able to hold every element once (4 bytes each) before any tensor is allocated: a crafted
+  // manifest cannot make the reader allocate more than the shards hold.
+  uint64_t shard_bytes = 0, numel = 0;
+  for (const ShardRecord& rec : m.shards) {
+    const std::string path = dir + "/" + rec.file;
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(path, ec);
+    if (ec)
+      return Status::Error(path + ": a shard of checkpoint " + mp + " is missing or unreadable (" +
+                           ec.message() + ")");
+    if (uint64_t(size) != rec.bytes)
+      return Status::Error(path + ": " + std::to_string(size) + " bytes, the manifest " + mp +
+                           " records " + std::to_string(rec.bytes) +
+                           ": a shard of another run or another save of this step");
+    shard_bytes += rec.bytes;
+  }
+  for (const TableEntry& e : table) numel += uint64_t(Numel(e.shape));
+  if (numel > shard_bytes / sizeof(float))
+    return Status::Error(mp + ": its tensors have " + std::to_string(numel) +
+                         " elements, more than its shards' " + ByteSize(shard_bytes) + " can hold");
+  std::map<std::string, size_t> index;
+  for (const TableEntry& e : table) {
+    index[e.name] = c->state.tensors.size();
+    c->state.tensors.push_back({e.name, e.shape, std::vector<float>(size_t(Numel(e.shape)), 0.0f)});
+  }
+  std::vector<std::vector<ElementRun>> covered(table.size());  // every shard's runs, by tensor
+  std::vector<int> holder(size_t(m.world), -1);                // the shard of each rank
+  std::vector<float> buf;
+  for (size_t si = 0; si < m.shards.size(); ++si) {
+    const ShardRecord& rec = m.shards[si];
+    const std::string path = dir + "/" + rec.file;
+    ContainerReader r;
+    PTDP_RETURN_IF_ERROR(r.Open(path));
+    if (r.file_bytes() != rec.bytes || r.stored_crc() != rec.crc32c)
+      return Status::Error(path + ": CRC32C " + Hex(r.stored_crc()) + ", the manifest " + mp +
+                           " records " + Hex(rec.crc32c) +
+                           ": a shard of another run or another save of this step");
+    if (r.version() != kShardedVersion)
+      return Status::Error(path + ": a whole-tensor file, not a shard of " + mp);
+    ShardMeta sm;
+    PTDP_RETURN_IF_ERROR(ParseShardMetadata(r.metadata(), path, r.data_bytes(), &sm));
+    if (sm.step != c->state.step || sm.optimizer_steps != c->state.optimizer_steps ||
+        sm.consumed_samples != c->state.consumed_samples || sm.world != m.world)
+      return Status::Error(path + ": step " + std::to_string(sm.step) + " of a world of " +
+                           std::to_string(sm.world) + " ranks, but the manifest " + mp +
+                           " is step " + std::to_string(c->state.step) + " of " +
+                           std::to_string(m.world) + " (or their counters differ)");
+    if (sm.ranks.front() != rec.first_rank)
+      return Status::Error(path + ": its first rank is " + std::to_string(sm.ranks.front()) +
+                           ", the manifest " + mp + " records " + std::to_string(rec.first_rank));
+    for (int g : sm.ranks) {
+      if (holder[size_t(g)] >= 0)
+        return Status::Error(path + ": rank " + std::to_string(g) + " is also in " +
+                             m.shards[size_t(holder[size_t(g)])].file);
+      holder[size_t(g)] = int(si);
+    }
+    for (const PieceEntry& e : sm.pieces) {
+      auto it = index.find(e.name);
+      if (it == index.end())
+        return Status::Error(path + ": tensor '" + e.name + "' is not in the manifest " + mp);
+      NamedTensor& t = c->state.tensors[it->second];
+      if (e.shape != t.shape)
+        return Status::Error(path + ": tensor '" + e.name + "' has shape " + ShapeYaml(e.shape) +
+                             ", the manifest " + mp + " says " + ShapeYaml(t.shape));
+      std::vector<ElementRun> runs(size_t(e.runs));
+      PTDP_RETURN_IF_ERROR(r.Read(e.runs_offset, runs.data(), runs.size() * sizeof(ElementRun)));
+      uint64_t count = 0;
+      int64_t end = 0;
+      for (const ElementRun& run : runs) {
+        if (run.length <= 0 || run.start < end || uint64_t(run.start) > e.numel ||
+            uint64_t(run.length) > e.numel - uint64_t(run.start))
+          return Status::Error(path + ": tensor '" + e.name + "': run (" +
+                               std::to_string(run.start) + ", " + std::to_string(run.length) +
+                               ") is empty, out of order or outside its " +
+                               std::to_string(e.numel) + " elements");
+        end = run.start + run.length;
+        count += uint64_t(run.length);
+      }
+      if (count != e.elements)
+        return Status::Error(path + ": tensor '" + e.name + "': its runs hold " +
+                             std::to_string(count) + " elements, the piece records " +
+                             std::to_string(e.elements));
+      buf.resize(size_t(e.elements));
+      PTDP_RETURN_IF_ERROR(r.Read(e.offset, buf.data(), buf.size() * sizeof(float)));
+      size_t k = 0;
+      for (const ElementRun& run : runs) {
+        std::copy(buf.begin() + ptrdiff_t(k), buf.begin() + ptrdiff_t(k + size_t(run.length)),
+                  t.data.begin() + ptrdiff_t(run.start));
+        k += size_t(run.length);
+      }
+      std::vector<ElementRun>& cov = covered[it->second];
+      cov.insert(cov.end(), runs.begin(), runs.end());
+    }
+    PTDP_RETURN_IF_ERROR(r.Finish());
+    c->read_bytes += r.file_bytes();
+  }
+  for (int g = 0; g < m.world; ++g)
+    if (holder[size_t(g)] < 0)
+      return Status::Error(mp + ": rank " + std::to_string(g) + " of " + std::to_string(m.world) +
+                           " is in none of its " + std::to_string(m.shards.size()) + " shards");
+  // Every element of every tensor exactly once.
+  for (size_t ti = 0; ti < table.size(); ++ti) {
+    std::vector<ElementRun>& cov = covered[ti];
+    std::sort(cov.begin(), cov.end(),
+              [](const ElementRun& a, const ElementRun& b) { return a.start < b.start; });
+    int64_t end = 0;
+    const int64_t n = Numel(table[ti].shape);
+    for (const ElementRun& run : cov) {
+      if (run.start < end)
+        return Status::Error(mp + ": tensor '" + table[ti].name + "': " +
+                             Range(run.start, std::min(end, run.start + run.length)) +
+                             " are in two shards");
+      if (run.start > end)
+        return Status::Error(mp + ": tensor '" + table[ti].name + "': " + Range(end, run.start) +
+                             " are in no shard");
+      end = run.start + run.length;
+    }
+    if (end < n)
+      return Status::Error(mp + ": tensor '" + table[ti].name + "': " + Range(end, n) +
+                           " are in no shard");
+  }
+  c->read_shards = int(m.shards.size());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Checkpoint> ReadCheckpoint(const std::string& path) {
+  ContainerReader r;
+  PTDP_RETURN_IF_ERROR(r.Open(path));
   Checkpoint c;
   std::vector<TableEntry> table;
-  PTDP_RETURN_IF_ERROR(ParseMetadata(meta, path, data_bytes, &c, &table));
-  uint64_t at = 0;
-  for (const TableEntry& e : table) {
-    PTDP_RETURN_IF_ERROR(SkipAll(fd.get(), e.offset - at, &crc, path));
-    NamedTensor t{e.name, e.shape, std::vector<float>(size_t(Numel(e.shape)))};
-    const size_t bytes = t.data.size() * sizeof(float);
-    PTDP_RETURN_IF_ERROR(ReadAll(fd.get(), t.data.data(), bytes, &crc, path));
-    at = e.offset + bytes;
-    c.state.tensors.push_back(std::move(t));
-  }
-  PTDP_RETURN_IF_ERROR(SkipAll(fd.get(), data_bytes - at, &crc, path));
-  if (crc != stored)
-    return Status::Error(path + ": changed while it was read (CRC32C " + Hex(crc) +
-                         " on the second pass, " + Hex(stored) + " stored)");
+  Manifest manifest;
+  PTDP_RETURN_IF_ERROR(
+      ParseMetadata(r.metadata(), path, r.version(), r.data_bytes(), &c, &table, &manifest));
+  if (r.version() == kVersion)
+    for (const TableEntry& e : table) {
+      NamedTensor t{e.name, e.shape, std::vector<float>(size_t(Numel(e.shape)))};
+      PTDP_RETURN_IF_ERROR(r.Read(e.offset, t.data.data(), t.data.size() * sizeof(float)));
+      c.state.tensors.push_back(std::move(t));
+    }
+  PTDP_RETURN_IF_ERROR(r.Finish());
+  c.read_bytes = r.file_bytes();
+  if (r.version() == kShardedVersion)
+    PTDP_RETURN_IF_ERROR(AssembleShards(path, manifest, table, &c));
   return c;
 }
 
@@ -538,6 +1000,19 @@ int64_t StepOfName(const std::string& name) {
   uint64_t v = 0;
   if (!ParseU64(digits, &v) || v > uint64_t(std::numeric_limits<int64_t>::max())) return -1;
   return int64_t(v);
+}
+
+// The step of a "step-<digits>.rank<digits>.shard" name, or -1.
+int64_t ShardStepOfName(const std::string& name) {
+  const std::string suf = ".shard";
+  const size_t dot = name.find(".rank");
+  if (dot == std::string::npos || name.size() <= dot + 5 + suf.size() ||
+      name.compare(name.size() - suf.size(), suf.size(), suf) != 0)
+    return -1;
+  const std::string rank = name.substr(dot + 5, name.size() - suf.size() - dot - 5);
+  uint64_t r = 0;
+  if (!ParseU64(rank, &r)) return -1;
+  return StepOfName(name.substr(0, dot) + ".ckpt");
 }
 
 Result<std::vector<std::filesystem::path>> Entries(const std::string& dir) {
@@ -567,17 +1042,47 @@ Result<std::vector<std::string>> ListCheckpoints(const std::string& dir) {
   return out;
 }
 
+namespace {
+
+// Removes `p` if it is there; adds its name to *removed when it was.
+Status RemoveIfThere(const std::filesystem::path& p, const char* what,
+                     std::vector<std::string>* removed) {
+  std::error_code ec;
+  const bool was_there = std::filesystem::remove(p, ec);
+  if (ec) return Status::Error(p.string() + ": cannot delete " + what + ": " + ec.message());
+  if (was_there) removed->push_back(p.string());  // else gone since the listing: nothing to do
+  return Status::Ok();
+}
+
+// The shard files of `step` in `dir`.
+Result<std::vector<std::filesystem::path>> ShardsOfStep(const std::string& dir, int64_t step) {
+  PTDP_ASSIGN_OR_RETURN(auto entries, Entries(dir));
+  std::vector<std::filesystem::path> out;
+  for (const auto& p : entries)
+    if (ShardStepOfName(p.filename().string()) == step) out.push_back(p);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
 Result<std::vector<std::string>> RemoveIncompleteCheckpoints(const std::string& dir) {
   PTDP_ASSIGN_OR_RETURN(auto entries, Entries(dir));
+  std::unordered_set<int64_t> complete;  // steps with a checkpoint file
+  for (const auto& p : entries) {
+    const int64_t step = StepOfName(p.filename().string());
+    if (step >= 0) complete.insert(step);
+  }
   std::vector<std::string> removed;
   for (const auto& p : entries) {
     const std::string name = p.filename().string();
-    if (name.size() <= 4 || name.compare(name.size() - 4, 4, ".tmp") != 0) continue;
-    if (StepOfName(name.substr(0, name.size() - 4)) < 0) continue;
-    std::error_code ec;
-    const bool was_there = std::filesystem::remove(p, ec);
-    if (ec) return Status::Error(p.string() + ": cannot remove an incomplete checkpoint: " + ec.message());
-    if (was_there) removed.push_back(p.string());  // else gone since the listing: nothing to do
+    const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+    const std::string base = tmp ? name.substr(0, name.size() - 4) : name;
+    const int64_t shard_step = ShardStepOfName(base);
+    if (tmp && (StepOfName(base) >= 0 || shard_step >= 0))
+      PTDP_RETURN_IF_ERROR(RemoveIfThere(p, "an incomplete checkpoint", &removed));
+    else if (!tmp && shard_step >= 0 && !complete.count(shard_step))
+      PTDP_RETURN_IF_ERROR(RemoveIfThere(p, "a shard without a manifest", &removed));
   }
   std::sort(removed.begin(), removed.end());
   return removed;
@@ -586,17 +1091,25 @@ Result<std::vector<std::string>> RemoveIncompleteCheckpoints(const std::string& 
 Result<std::vector<std::string>> PruneCheckpoints(const std::string& dir, int keep) {
   assert(keep >= 1);
   PTDP_ASSIGN_OR_RETURN(std::vector<std::string> all, ListCheckpoints(dir));
-  std::vector<std::string> removed;
+  std::vector<std::string> removed, shards;
   for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
-    std::error_code ec;
-    const bool was_there = std::filesystem::remove(all[i], ec);
-    if (ec) return Status::Error(all[i] + ": cannot delete an old checkpoint: " + ec.message());
-    if (was_there) removed.push_back(all[i]);  // else gone since the listing: nothing to do
+    PTDP_RETURN_IF_ERROR(RemoveIfThere(all[i], "an old checkpoint", &removed));
+    const int64_t step = StepOfName(std::filesystem::path(all[i]).filename().string());
+    PTDP_ASSIGN_OR_RETURN(auto of_step, ShardsOfStep(dir, step));
+    for (const auto& p : of_step) PTDP_RETURN_IF_ERROR(RemoveIfThere(p, "an old shard", &shards));
   }
   return removed;
 }
 
-// ---- the folder's lock
+Result<std::vector<std::string>> RemoveStaleShards(const std::string& dir, int64_t step,
+                                                   const std::vector<std::string>& keep) {
+  PTDP_ASSIGN_OR_RETURN(auto of_step, ShardsOfStep(dir, step));
+  std::vector<std::string> removed;
+  for (const auto& p : of_step)
+    if (std::find(keep.begin(), keep.end(), p.filename().string()) == keep.end())
+      PTDP_RETURN_IF_ERROR(RemoveIfThere(p, "a stale shard", &removed));
+  return removed;
+}
 
 namespace {
 

@@ -420,7 +420,13 @@ struct Trainer::Impl {
   Status GatherShards(Rank& rk, const std::vector<ShardSource>& sources,
                       std::map<std::string, std::vector<float>>* out);
   // Checkpoint state (bottom of this file).
-  Status ExportRank(Rank& rk, const std::map<std::string, size_t>& index, TrainingState& st);
+  // What ExportRank hands over, once per tensor of a parameter that rank rk writes: the
+  // tensor's name, the parameter, the shard index (ShardOf), the rank's local copy of the tensor
+  // (LocalShape, flat) and the local elements [begin, end) it is the writer of.
+  using StateSink = std::function<void(const std::string& name, const ParamSpec& ps, int shard,
+                                       const std::vector<float>& local, int64_t begin,
+                                       int64_t end)>;
+  Status ExportRank(Rank& rk, const StateSink& put);
   Status SumStateOverWorld(Rank& rk, TrainingState& st);
   Status ImportRank(Rank& rk, const std::map<std::string, const NamedTensor*>& by_name);
 };
@@ -1258,8 +1264,7 @@ Status Trainer::Impl::ImportRank(Rank& rk,
 // by the rank whose slice holds it (the distributed optimizer's slices over the group; without
 // it, the group's first rank). With TrainerConfig::bf16 the parameters are the fp32 main
 // weights, held (and written) like the moments.
-Status Trainer::Impl::ExportRank(Rank& rk, const std::map<std::string, size_t>& index,
-                                 TrainingState& st) {
+Status Trainer::Impl::ExportRank(Rank& rk, const StateSink& put) {
   size_t state_index = 0;
   for (const auto& chunk : rk.chunks)
     for (const ChunkParam& cp : chunk->params()) {
@@ -1285,10 +1290,7 @@ Status Trainer::Impl::ExportRank(Rank& rk, const std::map<std::string, size_t>& 
           PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(moment.View(Shape({state.owned})),
                                                       local.data() + begin));
         }
-        std::vector<float>& whole = st.tensors[index.at(kStatePrefix[which] + ps.name)].data;
-        ForEachShardElement(ps, Degree(ps), ShardOf(ps, rk.global), [&](int64_t l, int64_t g) {
-          if (l >= begin && l < end) whole[size_t(g)] = local[size_t(l)];
-        });
+        put(kStatePrefix[which] + ps.name, ps, ShardOf(ps, rk.global), local, begin, end);
       }
     }
   return Status::Ok();
@@ -1360,13 +1362,82 @@ Result<TrainingState> Trainer::ExportState() {
     }
   // The ranks write disjoint elements of the same vectors, each from its own thread.
   PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {
-    return im.ExportRank(rk, index, st);
+    return im.ExportRank(rk, [&](const std::string& name, const ParamSpec& ps, int shard,
+                                 const std::vector<float>& local, int64_t begin, int64_t end) {
+      std::vector<float>& whole = st.tensors[index.at(name)].data;
+      ForEachShardElement(ps, im.Degree(ps), shard, [&](int64_t l, int64_t g) {
+        if (l >= begin && l < end) whole[size_t(g)] = local[size_t(l)];
+      });
+    });
   }).Prefixed("exporting the training state"));
   if (int(im.ranks.size()) < im.grid.world())
     PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {
       return im.SumStateOverWorld(rk, st);
     }).Prefixed("exporting the training state"));
   return st;
+}
+
+Result<StateShard> Trainer::ExportShard() {
+  Impl& im = *impl_;
+  StateShard sh;
+  sh.step = im.steps;
+  sh.optimizer_steps = im.optimizer_steps;
+  sh.consumed_samples = im.steps * im.cfg.layout.global_batch;
+  sh.world = im.grid.world();
+  const std::vector<ParamSpec> specs = GptParams(im.cfg.model, im.t);
+  for (int which = 0; which < 3; ++which)
+    for (const ParamSpec& ps : specs) sh.tensors.push_back({kStatePrefix[which] + ps.name, WholeShape(ps), {}});
+  // Each rank's pieces from its own thread, then in rank order.
+  std::vector<std::vector<TensorPiece>> by_rank(im.ranks.size());
+  PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {
+    std::vector<TensorPiece>& out = by_rank[size_t(&rk - im.ranks.data())];
+    return im.ExportRank(rk, [&](const std::string& name, const ParamSpec& ps, int shard,
+                                 const std::vector<float>& local, int64_t begin, int64_t end) {
+      TensorPiece p{name, WholeShape(ps), {}, {}};
+      // Local order is whole order (ForEachShardElement is increasing in both), so the
+      // elements fall into runs of consecutive whole indices.
+      ForEachShardElement(ps, im.Degree(ps), shard, [&](int64_t l, int64_t g) {
+        if (l < begin || l >= end) return;
+        if (p.runs.empty() || p.runs.back().start + p.runs.back().length != g)
+          p.runs.push_back({g, 0});
+        ++p.runs.back().length;
+        p.data.push_back(local[size_t(l)]);
+      });
+      if (!p.runs.empty()) out.push_back(std::move(p));
+    });
+  }).Prefixed("exporting the training state"));
+  std::vector<size_t> order(im.ranks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return im.ranks[a].global < im.ranks[b].global; });
+  for (size_t i : order) {
+    sh.ranks.push_back(im.ranks[i].global);
+    for (TensorPiece& p : by_rank[i]) sh.pieces.push_back(std::move(p));
+  }
+  return sh;
+}
+
+Result<std::vector<std::vector<int64_t>>> Trainer::AllGatherWords(const std::vector<int64_t>& words) {
+  Impl& im = *impl_;
+  const int64_t n = int64_t(words.size());
+  const int world = im.grid.world();
+  std::vector<int64_t> all(size_t(n) * size_t(world));
+  PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) -> Status {
+    Backend& be = *rk.backend;
+    std::vector<int32_t> mine(size_t(2 * n)), got(size_t(2 * n * world));
+    std::memcpy(mine.data(), words.data(), size_t(n) * sizeof(int64_t));
+    PTDP_ASSIGN_OR_RETURN(Tensor in, be.Alloc({2 * n}, DType::kI32));
+    PTDP_ASSIGN_OR_RETURN(Tensor out, be.Alloc({2 * n * world}, DType::kI32));
+    PTDP_RETURN_IF_ERROR(be.CopyFromHost(mine.data(), in));
+    PTDP_RETURN_IF_ERROR(rk.world->AllGather(in, out));
+    PTDP_RETURN_IF_ERROR(be.CopyToHost(out, got.data()));
+    if (&rk == &im.ranks.front()) std::memcpy(all.data(), got.data(), got.size() * sizeof(int32_t));
+    return Status::Ok();
+  }).Prefixed("exchanging words over WORLD"));
+  std::vector<std::vector<int64_t>> by_rank(static_cast<size_t>(world));
+  for (int g = 0; g < world; ++g)
+    by_rank[size_t(g)].assign(all.begin() + ptrdiff_t(g * n), all.begin() + ptrdiff_t((g + 1) * n));
+  return by_rank;
 }
 
 Status Trainer::ImportState(const TrainingState& st) {

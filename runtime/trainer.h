@@ -175,6 +175,15 @@ class Trainer {
   // a collective over WORLD, called on every Trainer of the job like Step, and each returns the
   // whole state, bit for bit. Fails only when a backend copy or the collective fails.
   Result<TrainingState> ExportState();
+  // What this Trainer's ranks hold of the training state (local, no communication): each
+  // element of the whole state is in exactly one Trainer's shard of the job, so the shards of
+  // all Trainers together are ExportState's tensors, bit for bit (a sharded checkpoint:
+  // runtime/sharded_checkpoint.h). Fails only when a backend copy fails.
+  Result<StateShard> ExportShard();
+  // A collective over WORLD, called on every Trainer of the job like Step: each Trainer passes
+  // `words` (the same count on every Trainer, for all its ranks) and gets every rank's, by
+  // global rank. For the job's small agreements (did every process write its shard?).
+  Result<std::vector<std::vector<int64_t>>> AllGatherWords(const std::vector<int64_t>& words);
   // Loads a state exported by a trainer of the same model in any layout (with the same global
   // batch): shards every tensor into this layout's local ranks and sets the counters, so the
   // next Step() continues that run; over several processes each passes the same state (no

@@ -243,6 +243,37 @@ TEST(TrainCheckpoint, ResumesIntoAnotherLayoutWithinFp32Tolerance) {
     EXPECT_NEAR(got.loss[i], Whole().loss[4 + i], 1e-5 * Whole().loss[4 + i]) << got.step[i];
 }
 
+// --ckpt-format sharded in one process: a shard (all four ranks) plus the manifest per save;
+// pruning takes the shards with the manifests; --resume from step 4's manifest continues with
+// the uninterrupted (whole-file) run's losses bit for bit.
+TEST(TrainCheckpoint, ShardedFormatResumesBitForBit) {
+  const std::string dir = FreshDir("sharded");
+  CmdResult r = Ptdp(TrainArgs(Plan(), dir, dir + "/first.json") + " --ckpt-format sharded");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("saved " + dir + "/step-00000004.ckpt ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", 1 shard in "), std::string::npos) << r.out;
+  EXPECT_EQ(Names(dir), (std::vector<std::string>{
+                            "first.json", "step-00000004.ckpt", "step-00000004.rank00000.shard",
+                            "step-00000008.ckpt", "step-00000008.rank00000.shard",
+                            "step-00000012.ckpt", "step-00000012.rank00000.shard"}));
+  EXPECT_EQ(ReadLosses(dir + "/first.json").loss, Whole().loss);
+  // As if the run had died after step 5: step 8's manifest never came (its shard stays, an
+  // orphan the next run removes), step 12 never happened.
+  fs::remove(dir + "/step-00000008.ckpt");
+  fs::remove(dir + "/step-00000012.ckpt");
+  fs::remove(dir + "/step-00000012.rank00000.shard");
+  r = Ptdp(TrainArgs(Plan(), dir, dir + "/resumed.json") + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("removed " + dir + "/step-00000008.rank00000.shard"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("loaded " + dir + "/step-00000004.ckpt and 1 shards: step 4"),
+            std::string::npos) << r.out;
+  ExpectContinues(ReadLosses(dir + "/resumed.json"), 4);
+  r = Ptdp("train " + Plan() + " --steps 1 --ckpt-format torch_dist");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--ckpt-format 'torch_dist': expected whole, sharded or auto"),
+            std::string::npos) << r.out;
+}
+
 TEST(TrainCheckpoint, RefusesWhatCannotContinue) {
   const std::string dir = FreshDir("refuse");
   CmdResult r = Ptdp("train " + Plan() + " --steps 2 --checkpoint-dir " + dir);

@@ -180,7 +180,7 @@ TEST(Checkpoint, RefusesDamagedFilesNamingThem) {
   std::string bad_magic = bytes;
   bad_magic[0] = 'X';
   std::string bad_version = bytes;
-  bad_version[8] = 2;
+  bad_version[8] = 3;  // 1 and 2 are both read (whole files; sharded manifests and shards)
   const std::vector<Case> cases = {
       {"truncated_half", bytes.substr(0, bytes.size() / 2), "truncated"},
       {"truncated_trailer", bytes.substr(0, bytes.size() - 1), "truncated"},
@@ -191,7 +191,7 @@ TEST(Checkpoint, RefusesDamagedFilesNamingThem) {
       {"meta_byte", flipped_meta, "checksum mismatch"},
       {"crc", flipped_crc, "checksum mismatch"},
       {"magic", bad_magic, "not a ptdp checkpoint"},
-      {"version", bad_version, "format version 2"},
+      {"version", bad_version, "format version 3, this ptdp reads versions 1 and 2"},
   };
   for (const Case& c : cases) {
     const std::string path = dir + "/" + c.name + ".ckpt";

@@ -22,6 +22,7 @@
 #include "runtime/cpu/thread_communicator.h"
 #include "runtime/data.h"
 #include "runtime/trainer.h"
+#include "tests/fakes/split_job.h"
 #include "tests/fakes/tiny_training.h"
 
 namespace ptdp::rt {
@@ -166,30 +167,11 @@ TEST_P(TrainerSplit, EqualsOneTrainerDrivingEveryRankBitForBit) {
 // next step equals, bit for bit, that of one Trainer that never stopped.
 TEST(TrainerSplit, ResumesAStateExportedOverSeveralTrainersBitForBit) {
   const TrainerConfig cfg = Config(1, 2, 2, /*dopt=*/true);
-  // Every Trainer of a job, each on its own thread: fn(i, trainer i).
   auto job = [&](const std::vector<std::vector<int>>& parts,
                  const std::function<void(size_t, Trainer&)>& fn) {
-    ThreadWorld world(cfg.layout.world(), kTimeoutS);
-    std::vector<std::unique_ptr<Trainer>> trainers;
-    for (const std::vector<int>& part : parts) {
-      TrainerConfig c = cfg;
-      c.local_ranks = part;
-      auto t = Trainer::Create(c, testing::CpuBackends(), world);
-      ASSERT_TRUE(t.ok()) << t.status().message();
-      trainers.push_back(std::move(t).value());
-    }
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < trainers.size(); ++i)
-      threads.emplace_back([&, i] { fn(i, *trainers[i]); });
-    for (std::thread& th : threads) th.join();
+    testing::SplitJob(cfg, parts, fn, kTimeoutS);
   };
-  auto steps = [](Trainer& t, int n, std::vector<double>* losses) {
-    for (int i = 0; i < n; ++i) {
-      auto r = t.Step();
-      ASSERT_TRUE(r.ok()) << r.status().message();
-      losses->push_back(r->loss);
-    }
-  };
+  auto steps = testing::StepsOf;
   // The reference: one Trainer, 3 steps.
   std::vector<double> ref_losses;
   TrainingState ref;
