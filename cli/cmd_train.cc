@@ -361,6 +361,7 @@ int RunTrain(const TrainFlags& f) {
   // Under mpirun every process holds the same results; process 0 prints and writes files.
   if (!launch->main_process) std::freopen("/dev/null", "w", stdout);
   if (*resume) {
+    if (Status st = LoadShards(&**resume, **trainer); !st.ok()) return Fail(st.message());
     if (Status st = (*trainer)->ImportState((*resume)->ckpt.state); !st.ok())
       return Fail((*resume)->path + ": " + st.message());
     resume->reset();  // the tensors are in the ranks now

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include "cli/common.h"
@@ -111,17 +112,43 @@ Result<CheckpointFolder> PrepareCheckpoints(const CheckpointFlags& f, bool owner
     return folder;
   }
   const Clock::time_point t0 = Clock::now();
-  auto ckpt = rt::ReadCheckpoint(all.back());
+  auto sharded = rt::IsShardedCheckpoint(all.back());
+  if (!sharded.ok()) return sharded.status();
+  // A sharded checkpoint: only its manifest now (no tensor wanted), the tensors in LoadShards.
+  const rt::TensorFilter nothing = [](const std::string&) { return false; };
+  auto ckpt = rt::ReadCheckpoint(all.back(), *sharded ? nothing : rt::TensorFilter());
   if (!ckpt.ok())
     return Status::Error(ckpt.status().message() +
                          " (cannot resume; move the file away to resume from an older checkpoint)");
-  const std::string shards =
-      ckpt->read_shards > 0 ? " and " + std::to_string(ckpt->read_shards) + " shards" : "";
-  std::printf("loaded %s%s: step %lld, written by %s (%.1f MB in %.2f s)\n", all.back().c_str(),
-              shards.c_str(), static_cast<long long>(ckpt->state.step), ckpt->layout.c_str(),
-              double(ckpt->read_bytes) / 1e6, Since(t0));
-  folder.resume = ResumePoint{all.back(), std::move(ckpt).value()};
+  if (*sharded)
+    std::printf("found %s: step %lld, written by %s, in %d shard%s\n", all.back().c_str(),
+                static_cast<long long>(ckpt->state.step), ckpt->layout.c_str(), ckpt->shards,
+                ckpt->shards == 1 ? "" : "s");
+  else
+    std::printf("loaded %s: step %lld, written by %s (%.1f MB in %.2f s)\n", all.back().c_str(),
+                static_cast<long long>(ckpt->state.step), ckpt->layout.c_str(),
+                double(ckpt->read_bytes) / 1e6, Since(t0));
+  folder.resume = ResumePoint{all.back(), std::move(ckpt).value(), *sharded};
   return folder;
+}
+
+Status LoadShards(ResumePoint* from, const rt::Trainer& trainer) {
+  if (!from->tensors_pending) return Status::Ok();
+  const Clock::time_point t0 = Clock::now();
+  const std::set<std::string> needed = trainer.LocalStateTensors();
+  auto ckpt = rt::ReadCheckpoint(
+      from->path, [&](const std::string& name) { return needed.count(name) > 0; });
+  if (!ckpt.ok())
+    return Status::Error(ckpt.status().message() +
+                         " (cannot resume; move the file away to resume from an older checkpoint)");
+  if (ckpt->state.step != from->ckpt.state.step)  // the folder is locked: cannot happen
+    return Status::Error(from->path + ": changed while this run resumed from it");
+  std::printf("loaded %s: %d of its %d shards, the tensors of this process's ranks (%.1f MB in "
+              "%.2f s)\n", from->path.c_str(), ckpt->read_shards, ckpt->shards,
+              double(ckpt->read_bytes) / 1e6, Since(t0));
+  from->ckpt.state.tensors = std::move(ckpt->state.tensors);
+  from->tensors_pending = false;
+  return Status::Ok();
 }
 
 Status ApplyCheckpoint(const ResumePoint& from, rt::TrainerConfig* cfg) {

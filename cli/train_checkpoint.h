@@ -47,15 +47,23 @@ Result<rt::OptimizerConfig> OptimizerFromSettings(const std::map<std::string, do
 // damaged newest checkpoint is an error naming it (older ones are not tried silently).
 // Without --checkpoint-dir: no lock, no resume. A run over several processes: process 0 is the
 // folder's `owner` (all of the above); the others only read the newest checkpoint with --resume.
+// A sharded checkpoint is read in two parts: its manifest here (the model, counters, seed and
+// settings; no tensors), and the tensors this process's ranks need by LoadShards once the
+// trainer exists, so that each process reads its own part of the state, not all of it.
 struct ResumePoint {
   std::string path;
   rt::Checkpoint ckpt;
+  bool tensors_pending = false;  // a sharded checkpoint: call LoadShards before ImportState
 };
 struct CheckpointFolder {
   std::unique_ptr<rt::CheckpointFolderLock> lock;  // hold it until the run ends
   std::optional<ResumePoint> resume;
 };
 Result<CheckpointFolder> PrepareCheckpoints(const CheckpointFlags& f, bool owner = true);
+
+// The tensors of a sharded resume point that `trainer`'s ranks need, read into from->ckpt
+// (printing what was read); a no-op for a whole file.
+Status LoadShards(ResumePoint* from, const rt::Trainer& trainer);
 
 // Takes the checkpoint's seed and optimizer settings into `cfg` (printing those that differ
 // from the flags), after checking that its model and global batch are the plan's.

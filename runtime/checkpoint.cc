@@ -134,6 +134,14 @@ std::string ShapeYaml(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+std::string RangesYaml(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  std::string s = "[";
+  for (size_t k = 0; k < ranges.size(); ++k)
+    s += (k ? ", [" : "[") + std::to_string(ranges[k].first) + ", " +
+         std::to_string(ranges[k].second) + "]";
+  return s + "]";
+}
+
 std::string MetadataYaml(const Checkpoint& c, const std::vector<uint64_t>& offsets) {
   std::ostringstream o;
   o << CommonMetadataYaml(c, kVersion) << "tensors:\n";
@@ -408,7 +416,21 @@ Status ReadShardTable(const YAML::Node& list, const std::string& file, int64_t s
     rec.first_rank = r.NonNegativeIntAtMost("first_rank", world - 1, -1);
     const int64_t bytes = r.NonNegativeInt("bytes", -1);
     const std::string crc = r.String("crc32c");
+    const YAML::Node ranges = r.Child("tensors");
     PTDP_RETURN_IF_ERROR(r.Finish());
+    if (!ranges.IsSequence())
+      return Status::Error(file + ": " + where + ": tensors must be a list of [first, last) index ranges");
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      uint64_t a = 0, b = 0;
+      const YAML::Node& ab = ranges[k];
+      const int64_t prev = rec.tensors.empty() ? 0 : rec.tensors.back().second;
+      if (!ab.IsSequence() || ab.size() != 2 || !ab[0].IsScalar() || !ab[1].IsScalar() ||
+          !ParseU64(ab[0].Scalar(), &a) || !ParseU64(ab[1].Scalar(), &b) || a >= b ||
+          int64_t(a) < prev || b > kMaxElements)
+        return Status::Error(file + ": " + where + ": tensors[" + std::to_string(k) +
+                             "] is not an increasing [first, last) index range");
+      rec.tensors.emplace_back(int64_t(a), int64_t(b));
+    }
     if (rec.first_rank < 0 || bytes < 0)
       return Status::Error(file + ": " + where + ": needs first_rank and bytes");
     rec.bytes = uint64_t(bytes);
@@ -478,7 +500,14 @@ Status ParseMetadata(const std::string& text, const std::string& file, uint32_t 
   if (sharded)
     PTDP_RETURN_IF_ERROR(
         ReadShardTable(shards, file, c->state.step, manifest->world, &manifest->shards));
-  return ReadTable(tensors, file, data_bytes, /*with_offsets=*/!sharded, table);
+  PTDP_RETURN_IF_ERROR(ReadTable(tensors, file, data_bytes, /*with_offsets=*/!sharded, table));
+  if (sharded)
+    for (const ShardRecord& rec : manifest->shards)
+      if (!rec.tensors.empty() && rec.tensors.back().second > int64_t(table->size()))
+        return Status::Error(file + ": shard " + rec.file + ": tensor index " +
+                             std::to_string(rec.tensors.back().second - 1) + " is beyond the " +
+                             std::to_string(table->size()) + " tensors of the table");
+  return Status::Ok();
 }
 
 // One entry of a shard's piece table.
@@ -642,6 +671,26 @@ std::string ShardFileName(int64_t step, int first_rank) {
   return buf;
 }
 
+std::vector<std::pair<int64_t, int64_t>> TensorRanges(const StateShard& shard) {
+  std::map<std::string, int64_t> index;
+  for (size_t i = 0; i < shard.tensors.size(); ++i) index[shard.tensors[i].name] = int64_t(i);
+  std::vector<int64_t> held;
+  for (const TensorPiece& p : shard.pieces) {
+    auto it = index.find(p.name);
+    assert(it != index.end());
+    held.push_back(it->second);
+  }
+  std::sort(held.begin(), held.end());
+  held.erase(std::unique(held.begin(), held.end()), held.end());
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int64_t i : held)
+    if (!ranges.empty() && ranges.back().second == i)
+      ++ranges.back().second;
+    else
+      ranges.emplace_back(i, i + 1);
+  return ranges;
+}
+
 Result<ShardRecord> WriteCheckpointShard(const std::string& path, const StateShard& shard,
                                          const PartialWriteHook& hook) {
   assert(!shard.ranks.empty());
@@ -680,6 +729,7 @@ Result<ShardRecord> WriteCheckpointShard(const std::string& path, const StateSha
   rec.first_rank = shard.ranks.front();
   rec.bytes = w.bytes;
   rec.crc32c = w.crc32c;
+  rec.tensors = TensorRanges(shard);
   return rec;
 }
 
@@ -693,7 +743,8 @@ Status WriteCheckpointManifest(const std::string& path, const Checkpoint& ckpt, 
     << "shards:\n";
   for (const ShardRecord& r : shards)
     o << "  - {file: " << YamlQuote(r.file) << ", first_rank: " << r.first_rank
-      << ", bytes: " << r.bytes << ", crc32c: " << YamlQuote(Hex(r.crc32c)) << "}\n";
+      << ", bytes: " << r.bytes << ", crc32c: " << YamlQuote(Hex(r.crc32c)) << ", tensors: "
+      << RangesYaml(r.tensors) << "}\n";
   o << (ckpt.state.tensors.empty() ? "tensors: []\n" : "tensors:\n");
   for (const NamedTensor& t : ckpt.state.tensors)
     o << "  - {name: " << YamlQuote(t.name) << ", shape: " << ShapeYaml(t.shape) << "}\n";
@@ -825,43 +876,66 @@ std::string Range(int64_t a, int64_t b) {
   return "elements " + std::to_string(a) + ".." + std::to_string(b - 1);
 }
 
+// Whether `ranges` ([first, last), increasing) holds index i.
+bool InRanges(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t i) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), i,
+                             [](int64_t x, const std::pair<int64_t, int64_t>& r) { return x < r.second; });
+  return it != ranges.end() && it->first <= i;
+}
+
 // Reads the shards a manifest lists into whole tensors: `c` has the manifest's counters and
-// `table` its tensors; fills c->state.tensors.
+// `table` its tensors; fills c->state.tensors with the wanted ones (all without a filter),
+// opening only the shards that hold pieces of them.
 Status AssembleShards(const std::string& manifest_path, const Manifest& m,
-                      const std::vector<TableEntry>& table, Checkpoint* c) {
+                      const std::vector<TableEntry>& table, const TensorFilter& wanted,
+                      Checkpoint* c) {
   const std::string dir = FolderOf(manifest_path);
   const std::string& mp = manifest_path;
-  // Sizes first: every shard must be there with the recorded size, and together they must be
-  // able to hold every element once (4 bytes each) before any tensor is allocated: a crafted
-  // manifest cannot make the reader allocate more than the shards hold.
-  uint64_t shard_bytes = 0, numel = 0;
+  std::vector<bool> want(table.size());
+  for (size_t i = 0; i < table.size(); ++i) want[i] = !wanted || wanted(table[i].name);
+  std::vector<const ShardRecord*> read;  // the shards to open
   for (const ShardRecord& rec : m.shards) {
-    const std::string path = dir + "/" + rec.file;
+    bool needed = !wanted;
+    for (const auto& [first, last] : rec.tensors)
+      for (int64_t i = first; i < last && !needed; ++i) needed = want[size_t(i)];
+    if (needed) read.push_back(&rec);
+  }
+  // Sizes first: every shard read must be there with the recorded size, and together they must
+  // be able to hold every wanted element once (4 bytes each) before any tensor is allocated: a
+  // crafted manifest cannot make the reader allocate more than the shards hold.
+  uint64_t shard_bytes = 0, numel = 0;
+  for (const ShardRecord* rec : read) {
+    const std::string path = dir + "/" + rec->file;
     std::error_code ec;
     const uintmax_t size = std::filesystem::file_size(path, ec);
     if (ec)
       return Status::Error(path + ": a shard of checkpoint " + mp + " is missing or unreadable (" +
                            ec.message() + ")");
-    if (uint64_t(size) != rec.bytes)
+    if (uint64_t(size) != rec->bytes)
       return Status::Error(path + ": " + std::to_string(size) + " bytes, the manifest " + mp +
-                           " records " + std::to_string(rec.bytes) +
+                           " records " + std::to_string(rec->bytes) +
                            ": a shard of another run or another save of this step");
-    shard_bytes += rec.bytes;
+    shard_bytes += rec->bytes;
   }
-  for (const TableEntry& e : table) numel += uint64_t(Numel(e.shape));
+  for (size_t i = 0; i < table.size(); ++i)
+    if (want[i]) numel += uint64_t(Numel(table[i].shape));
   if (numel > shard_bytes / sizeof(float))
     return Status::Error(mp + ": its tensors have " + std::to_string(numel) +
                          " elements, more than its shards' " + ByteSize(shard_bytes) + " can hold");
-  std::map<std::string, size_t> index;
-  for (const TableEntry& e : table) {
-    index[e.name] = c->state.tensors.size();
-    c->state.tensors.push_back({e.name, e.shape, std::vector<float>(size_t(Numel(e.shape)), 0.0f)});
+  std::map<std::string, size_t> index;  // table index by name
+  std::vector<size_t> slot(table.size(), SIZE_MAX);  // table index -> c->state.tensors
+  for (size_t i = 0; i < table.size(); ++i) {
+    index[table[i].name] = i;
+    if (!want[i]) continue;
+    slot[i] = c->state.tensors.size();
+    c->state.tensors.push_back({table[i].name, table[i].shape,
+                                std::vector<float>(size_t(Numel(table[i].shape)), 0.0f)});
   }
   std::vector<std::vector<ElementRun>> covered(table.size());  // every shard's runs, by tensor
   std::vector<int> holder(size_t(m.world), -1);                // the shard of each rank
   std::vector<float> buf;
-  for (size_t si = 0; si < m.shards.size(); ++si) {
-    const ShardRecord& rec = m.shards[si];
+  for (size_t si = 0; si < read.size(); ++si) {
+    const ShardRecord& rec = *read[si];
     const std::string path = dir + "/" + rec.file;
     ContainerReader r;
     PTDP_RETURN_IF_ERROR(r.Open(path));
@@ -885,17 +959,22 @@ Status AssembleShards(const std::string& manifest_path, const Manifest& m,
     for (int g : sm.ranks) {
       if (holder[size_t(g)] >= 0)
         return Status::Error(path + ": rank " + std::to_string(g) + " is also in " +
-                             m.shards[size_t(holder[size_t(g)])].file);
+                             read[size_t(holder[size_t(g)])]->file);
       holder[size_t(g)] = int(si);
     }
     for (const PieceEntry& e : sm.pieces) {
       auto it = index.find(e.name);
       if (it == index.end())
         return Status::Error(path + ": tensor '" + e.name + "' is not in the manifest " + mp);
-      NamedTensor& t = c->state.tensors[it->second];
-      if (e.shape != t.shape)
+      const size_t ti = it->second;
+      if (!InRanges(rec.tensors, int64_t(ti)))
+        return Status::Error(path + ": has a piece of tensor '" + e.name + "', which the manifest " +
+                             mp + " does not list for this shard");
+      if (e.shape != table[ti].shape)
         return Status::Error(path + ": tensor '" + e.name + "' has shape " + ShapeYaml(e.shape) +
-                             ", the manifest " + mp + " says " + ShapeYaml(t.shape));
+                             ", the manifest " + mp + " says " + ShapeYaml(table[ti].shape));
+      if (!want[ti]) continue;  // its bytes are still read, for the CRC, by Finish
+      NamedTensor& t = c->state.tensors[slot[ti]];
       std::vector<ElementRun> runs(size_t(e.runs));
       PTDP_RETURN_IF_ERROR(r.Read(e.runs_offset, runs.data(), runs.size() * sizeof(ElementRun)));
       uint64_t count = 0;
@@ -922,18 +1001,20 @@ Status AssembleShards(const std::string& manifest_path, const Manifest& m,
                   t.data.begin() + ptrdiff_t(run.start));
         k += size_t(run.length);
       }
-      std::vector<ElementRun>& cov = covered[it->second];
+      std::vector<ElementRun>& cov = covered[ti];
       cov.insert(cov.end(), runs.begin(), runs.end());
     }
     PTDP_RETURN_IF_ERROR(r.Finish());
     c->read_bytes += r.file_bytes();
   }
-  for (int g = 0; g < m.world; ++g)
-    if (holder[size_t(g)] < 0)
-      return Status::Error(mp + ": rank " + std::to_string(g) + " of " + std::to_string(m.world) +
-                           " is in none of its " + std::to_string(m.shards.size()) + " shards");
-  // Every element of every tensor exactly once.
+  if (!wanted)  // with a filter only some shards were opened
+    for (int g = 0; g < m.world; ++g)
+      if (holder[size_t(g)] < 0)
+        return Status::Error(mp + ": rank " + std::to_string(g) + " of " + std::to_string(m.world) +
+                             " is in none of its " + std::to_string(m.shards.size()) + " shards");
+  // Every element of every wanted tensor exactly once.
   for (size_t ti = 0; ti < table.size(); ++ti) {
+    if (!want[ti]) continue;
     std::vector<ElementRun>& cov = covered[ti];
     std::sort(cov.begin(), cov.end(),
               [](const ElementRun& a, const ElementRun& b) { return a.start < b.start; });
@@ -953,13 +1034,14 @@ Status AssembleShards(const std::string& manifest_path, const Manifest& m,
       return Status::Error(mp + ": tensor '" + table[ti].name + "': " + Range(end, n) +
                            " are in no shard");
   }
-  c->read_shards = int(m.shards.size());
+  c->read_shards = int(read.size());
+  c->shards = int(m.shards.size());
   return Status::Ok();
 }
 
 }  // namespace
 
-Result<Checkpoint> ReadCheckpoint(const std::string& path) {
+Result<Checkpoint> ReadCheckpoint(const std::string& path, const TensorFilter& wanted) {
   ContainerReader r;
   PTDP_RETURN_IF_ERROR(r.Open(path));
   Checkpoint c;
@@ -969,6 +1051,7 @@ Result<Checkpoint> ReadCheckpoint(const std::string& path) {
       ParseMetadata(r.metadata(), path, r.version(), r.data_bytes(), &c, &table, &manifest));
   if (r.version() == kVersion)
     for (const TableEntry& e : table) {
+      if (wanted && !wanted(e.name)) continue;  // read for the CRC only, by Finish
       NamedTensor t{e.name, e.shape, std::vector<float>(size_t(Numel(e.shape)))};
       PTDP_RETURN_IF_ERROR(r.Read(e.offset, t.data.data(), t.data.size() * sizeof(float)));
       c.state.tensors.push_back(std::move(t));
@@ -976,8 +1059,18 @@ Result<Checkpoint> ReadCheckpoint(const std::string& path) {
   PTDP_RETURN_IF_ERROR(r.Finish());
   c.read_bytes = r.file_bytes();
   if (r.version() == kShardedVersion)
-    PTDP_RETURN_IF_ERROR(AssembleShards(path, manifest, table, &c));
+    PTDP_RETURN_IF_ERROR(AssembleShards(path, manifest, table, wanted, &c));
   return c;
+}
+
+Result<bool> IsShardedCheckpoint(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) return Status::Error(path + ": cannot open checkpoint: " + Errno());
+  char head[12];
+  const ssize_t n = ::pread(fd.get(), head, sizeof head, 0);
+  if (n != ssize_t(sizeof head) || std::memcmp(head, kMagic, sizeof kMagic) != 0)
+    return false;  // not a checkpoint at all: ReadCheckpoint says why
+  return GetU32(head + 8) == kShardedVersion;
 }
 
 // ---- the checkpoint folder

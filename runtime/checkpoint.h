@@ -27,8 +27,9 @@
 //                  seed, and the tensor table (name, shape, offset); data: each tensor, fp32
 //                  row-major.
 //   manifest (v2)  format: ptdp-checkpoint; the same keys, the tensor table without offsets,
-//                  world (ranks), and `shards`: each shard file's name, first rank, bytes and
-//                  CRC32C; no data. Written by process 0 after every shard is in place: a
+//                  world (ranks), and `shards`: each shard file's name, first rank, bytes,
+//                  CRC32C and the tensors it has pieces of (index ranges into the table); no
+//                  data. Written by process 0 after every shard is in place: a
 //                  checkpoint exists when its manifest does.
 //   shard (v2)     format: ptdp-checkpoint-shard; step, counters, world, the global ranks whose
 //                  state it holds, and `pieces`: tensor name, whole shape, runs, elements and two
@@ -50,6 +51,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/model.h"
@@ -118,10 +120,11 @@ struct Checkpoint {
   std::string layout;            // the layout that wrote it (informational: any layout loads it)
   std::map<std::string, double> optimizer;  // optimizer settings by name (lr, warmup_steps, ...)
   TrainingState state;
-  // Set by ReadCheckpoint, not written: the bytes read (a manifest and its shards together) and
-  // the shard files assembled (0: a whole-tensor file).
+  // Set by ReadCheckpoint, not written: the bytes read (a manifest and its shards together),
+  // the shard files read, and the shard files the manifest lists (both 0: a whole-tensor file).
   uint64_t read_bytes = 0;
   int read_shards = 0;
+  int shards = 0;
 };
 
 // Test hook: called once while writing, after about half the tensor data is in the temporary
@@ -134,6 +137,9 @@ using PartialWriteHook = std::function<void(const std::string& tmp_path)>;
 Status WriteCheckpoint(const std::string& path, const Checkpoint& ckpt,
                        const PartialWriteHook& hook = nullptr);
 
+// Which tensors a reader wants, by name (nullptr: all).
+using TensorFilter = std::function<bool(const std::string& name)>;
+
 // Reads and verifies a checkpoint: a whole-tensor file, or a manifest with its shard files
 // (read from the manifest's folder and assembled into whole tensors). Fails with "<path>: <what
 // is wrong>" on a missing or unreadable file, a truncated one, a wrong magic or version, a
@@ -141,7 +147,15 @@ Status WriteCheckpoint(const std::string& path, const Checkpoint& ckpt,
 // shard, one whose size or CRC32C is not the manifest's (replaced by another run's), one of
 // another step or world, ranks in no shard or in two, and elements of a tensor in no shard or
 // in two (naming the tensor and the range).
-Result<Checkpoint> ReadCheckpoint(const std::string& path);
+// With `wanted`, state.tensors holds only the tensors it accepts (in table order) and only the
+// shards holding pieces of them are opened (the manifest records which tensors each shard
+// has): a process of a large job reads its own ranks' part, not the whole state. Every file it
+// opens is still verified whole; the rank check then covers the shards read.
+Result<Checkpoint> ReadCheckpoint(const std::string& path, const TensorFilter& wanted = nullptr);
+
+// Whether `path` is the manifest of a sharded checkpoint (its header's version is 2), from its
+// first 12 bytes; ReadCheckpoint verifies the rest. Fails when it cannot be read.
+Result<bool> IsShardedCheckpoint(const std::string& path);
 
 // ---- Sharded checkpoints.
 
@@ -151,7 +165,15 @@ struct ShardRecord {
   int first_rank = 0;   // the shard's first global rank
   uint64_t bytes = 0;   // file size
   uint32_t crc32c = 0;  // the CRC32C its trailer holds
+  // The tensors it has pieces of, as ranges [first, last) of indices into the manifest's tensor
+  // table (the checkpoint's state.tensors order), increasing: what a reader with a filter uses
+  // to open only the shards it needs.
+  std::vector<std::pair<int64_t, int64_t>> tensors;
 };
+
+// The ranges of ShardRecord::tensors for a shard's pieces, against its table (every piece's
+// tensor must be in shard.tensors).
+std::vector<std::pair<int64_t, int64_t>> TensorRanges(const StateShard& shard);
 
 // "step-%08lld.rank%05d.shard": the shard of the process whose first rank is `first_rank`.
 std::string ShardFileName(int64_t step, int first_rank);

@@ -1,6 +1,7 @@
 // Sharded checkpoints of a job over several processes; see sharded_checkpoint.h.
 #include "runtime/sharded_checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -30,9 +31,19 @@ Result<SavedCheckpoint> SaveShardedCheckpoint(Trainer& trainer, const Checkpoint
     mine = w.status();
     if (w.ok()) rec = *w;
   }
-  // 2. Every process's record: whether it wrote, its first rank, size and CRC.
-  PTDP_ASSIGN_OR_RETURN(auto all, trainer.AllGatherWords({mine.ok() ? 1 : 0, rec.first_rank,
-                                                          int64_t(rec.bytes), int64_t(rec.crc32c)}));
+  // 2. Every process's record: whether it wrote, its first rank, size, CRC and the count of
+  // its tensor ranges; then the ranges, padded to the longest list.
+  PTDP_ASSIGN_OR_RETURN(
+      auto all, trainer.AllGatherWords({mine.ok() ? 1 : 0, rec.first_rank, int64_t(rec.bytes),
+                                        int64_t(rec.crc32c), int64_t(rec.tensors.size())}));
+  int64_t longest = 0;
+  for (const std::vector<int64_t>& w : all) longest = std::max(longest, w[4]);
+  std::vector<int64_t> mine_ranges(size_t(2 * longest), 0);
+  for (size_t k = 0; k < rec.tensors.size(); ++k) {
+    mine_ranges[2 * k] = rec.tensors[k].first;
+    mine_ranges[2 * k + 1] = rec.tensors[k].second;
+  }
+  PTDP_ASSIGN_OR_RETURN(auto ranges, trainer.AllGatherWords(mine_ranges));
   if (!mine.ok()) return mine;
   std::map<int, ShardRecord> records;  // by first rank: every rank of a process sends the same
   for (size_t g = 0; g < all.size(); ++g) {
@@ -40,7 +51,13 @@ Result<SavedCheckpoint> SaveShardedCheckpoint(Trainer& trainer, const Checkpoint
     if (w[0] != 1)
       return Status::Error(what + ": the process of rank " + std::to_string(g) +
                            " could not write its shard (its own output says why)");
-    ShardRecord r{ShardFileName(step, int(w[1])), int(w[1]), uint64_t(w[2]), uint32_t(w[3])};
+    ShardRecord r;
+    r.first_rank = int(w[1]);
+    r.file = ShardFileName(step, r.first_rank);
+    r.bytes = uint64_t(w[2]);
+    r.crc32c = uint32_t(w[3]);
+    for (int64_t k = 0; k < w[4]; ++k)
+      r.tensors.emplace_back(ranges[g][size_t(2 * k)], ranges[g][size_t(2 * k + 1)]);
     records[r.first_rank] = r;
   }
   SavedCheckpoint saved;

@@ -4,11 +4,11 @@
 // runtime/checkpoint.h's shards and manifest; ReadCheckpoint reads them back as whole tensors,
 // so any layout and any split into processes resumes them.
 //
-//   every process:  ExportShard -> write step-N.rankRRRRR.shard (atomic) --+
-//                                                                         | AllGatherWords:
-//   process 0:      every shard written? write step-N.ckpt (the manifest) <-+ sizes, CRCs, ok
-//                   delete stale shards of step N, prune old checkpoints --+
-//   every process:  did process 0 succeed? <--------------------------------+ AllGatherWords
+//   every process:  ExportShard, write step-N.rankRRRRR.shard (atomic)
+//        | AllGatherWords: written?, size, CRC32C, the tensors it holds
+//   process 0:      write step-N.ckpt (the manifest), delete stale shards of step N, prune
+//        | AllGatherWords: did process 0 succeed?
+//   every process:  the same result
 //
 // Every process returns the same success or failure: a process whose write failed reports its
 // own error, the others name it, so that no process goes on to the next step alone and waits

@@ -1440,6 +1440,14 @@ Result<std::vector<std::vector<int64_t>>> Trainer::AllGatherWords(const std::vec
   return by_rank;
 }
 
+std::set<std::string> Trainer::LocalStateTensors() const {
+  std::set<std::string> names;
+  for (const Rank& rk : impl_->ranks)
+    for (const ParamState& ps : rk.state)
+      for (const char* prefix : kStatePrefix) names.insert(prefix + ps.param->spec.name);
+  return names;
+}
+
 Status Trainer::ImportState(const TrainingState& st) {
   Impl& im = *impl_;
   const int64_t B = im.cfg.layout.global_batch;
@@ -1452,10 +1460,12 @@ Status Trainer::ImportState(const TrainingState& st) {
                          " (resuming needs the same global batch)");
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& nt : st.tensors) by_name[nt.name] = &nt;
+  const std::set<std::string> needed = LocalStateTensors();
   for (const ParamSpec& ps : GptParams(im.cfg.model, im.t))
     for (const char* prefix : kStatePrefix) {
       const std::string name = prefix + ps.name;
       auto it = by_name.find(name);
+      if (it == by_name.end() && !needed.count(name)) continue;  // another process's
       if (it == by_name.end())
         return Status::Error("training state: no tensor '" + name + "'");
       const std::vector<int64_t> want = WholeShape(ps);

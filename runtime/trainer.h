@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -184,11 +185,15 @@ class Trainer {
   // `words` (the same count on every Trainer, for all its ranks) and gets every rank's, by
   // global rank. For the job's small agreements (did every process write its shard?).
   Result<std::vector<std::vector<int64_t>>> AllGatherWords(const std::vector<int64_t>& words);
+  // The tensors of the whole state ("param/...", "adam_m/...", "adam_v/...") that this
+  // Trainer's ranks hold a part of: what ImportState needs (ReadCheckpoint's filter).
+  std::set<std::string> LocalStateTensors() const;
   // Loads a state exported by a trainer of the same model in any layout (with the same global
   // batch): shards every tensor into this layout's local ranks and sets the counters, so the
-  // next Step() continues that run; over several processes each passes the same state (no
-  // communication). Fails, changing nothing, naming the tensor that is missing or has the
-  // wrong shape, or when the data position does not match this global batch.
+  // next Step() continues that run; over several processes each passes the same state, or at
+  // least the tensors of LocalStateTensors (no communication). Fails, changing nothing, naming
+  // the tensor that is missing or has the wrong shape, or when the data position does not
+  // match this global batch.
   Status ImportState(const TrainingState& state);
 
  private:

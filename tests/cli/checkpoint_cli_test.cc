@@ -265,7 +265,10 @@ TEST(TrainCheckpoint, ShardedFormatResumesBitForBit) {
   r = Ptdp(TrainArgs(Plan(), dir, dir + "/resumed.json") + " --resume");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("removed " + dir + "/step-00000008.rank00000.shard"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("loaded " + dir + "/step-00000004.ckpt and 1 shards: step 4"),
+  EXPECT_NE(r.out.find("found " + dir + "/step-00000004.ckpt: step 4, written by tp2 pp2"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", in 1 shard\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("loaded " + dir + "/step-00000004.ckpt: 1 of its 1 shards"),
             std::string::npos) << r.out;
   ExpectContinues(ReadLosses(dir + "/resumed.json"), 4);
   r = Ptdp("train " + Plan() + " --steps 1 --ckpt-format torch_dist");

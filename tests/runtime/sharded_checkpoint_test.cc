@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,42 @@ TEST_P(ShardedCheckpoint, SplitJobSavesAndResumesBitForBit) {
   }
 }
 
+// Each process reads only the shards its ranks need (ReadCheckpoint's filter from
+// LocalStateTensors): in a pp 4 job with a Trainer per stage, stage 1 and 2 read their own
+// shard alone, stage 3 also stage 0's (it holds a copy of the tied word embedding); each then
+// imports what it read and the next step equals an uninterrupted run's.
+TEST(ShardedCheckpointFilter, EachProcessReadsOnlyTheShardsItsRanksNeed) {
+  const TrainerConfig cfg = Config({"pp4", {.pp = 4}, {}});
+  std::vector<double> ref;
+  SplitJob(cfg, {{}}, [&](size_t, Trainer& t) { StepsOf(t, 3, &ref); });
+  ASSERT_EQ(ref.size(), 3u);
+  const std::string dir = FreshDir("filter");
+  const std::vector<std::vector<int>> parts = {{0}, {1}, {2}, {3}};
+  SplitJob(cfg, parts, [&](size_t i, Trainer& t) {
+    std::vector<double> losses;
+    StepsOf(t, 2, &losses);
+    auto s = SaveShardedCheckpoint(t, Info(cfg), {dir, i == 0, 3, nullptr});
+    ASSERT_TRUE(s.ok()) << s.status().message();
+  });
+  std::vector<int> read(parts.size(), -1);
+  std::vector<double> next(parts.size(), 0);
+  SplitJob(cfg, parts, [&](size_t i, Trainer& t) {
+    const std::set<std::string> needed = t.LocalStateTensors();
+    auto c = ReadCheckpoint(dir + "/step-00000002.ckpt",
+                            [&](const std::string& n) { return needed.count(n) > 0; });
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    read[i] = c->read_shards;
+    EXPECT_EQ(c->shards, 4);
+    EXPECT_EQ(c->state.tensors.size(), needed.size());
+    ASSERT_TRUE(t.ImportState(c->state).ok());
+    std::vector<double> losses;
+    StepsOf(t, 1, &losses);
+    next[i] = losses[0];
+  });
+  EXPECT_EQ(read, (std::vector<int>{1, 1, 1, 2}));
+  for (size_t i = 0; i < parts.size(); ++i) EXPECT_EQ(next[i], ref[2]) << "trainer " << i;
+}
+
 // A sharded checkpoint of tp 2 x pp 2 loads into dp 2 x pp 2 with the distributed optimizer
 // (resharding): exported again there, it is the checkpoint's state bit for bit.
 TEST(ShardedCheckpointReshard, LoadsIntoAnotherLayoutLosslessly) {
@@ -235,6 +272,7 @@ StateShard Shard(int rank, std::vector<ElementRun> runs, int world = 2, int64_t 
   s.consumed_samples = step * 8;
   s.world = world;
   s.ranks = {rank};
+  s.tensors = {{"t", {4, 3}, {}}};
   TensorPiece p{"t", {4, 3}, runs, {}};
   for (const ElementRun& r : runs)
     for (int64_t e = r.start; e < r.start + r.length; ++e) p.data.push_back(100.0f + float(e));
@@ -280,6 +318,43 @@ TEST(ShardedCheckpointFiles, AssemblesHandMadeShards) {
   auto alone = ReadCheckpoint(h.dir + "/" + ShardFileName(5, 0));
   ASSERT_FALSE(alone.ok());
   EXPECT_NE(alone.status().message().find("is one shard of a sharded checkpoint"), std::string::npos);
+}
+
+// With a filter, a shard holding none of the wanted tensors is not opened: rank 1's shard of
+// tensor "b" may even be gone when only "a" is wanted.
+TEST(ShardedCheckpointFiles, AFilterOpensOnlyTheShardsItNeeds) {
+  const std::string dir = FreshDir("filter_files");
+  std::vector<ShardRecord> records;
+  for (int rank : {0, 1}) {
+    StateShard s = Shard(rank, {{0, 12}});
+    s.tensors = {{"a", {4, 3}, {}}, {"b", {4, 3}, {}}};
+    s.pieces[0].name = rank == 0 ? "a" : "b";
+    auto rec = WriteCheckpointShard(dir + "/" + ShardFileName(5, rank), s);
+    ASSERT_TRUE(rec.ok()) << rec.status().message();
+    EXPECT_EQ(rec->tensors, (std::vector<std::pair<int64_t, int64_t>>{{rank, rank + 1}}));
+    records.push_back(*rec);
+  }
+  Checkpoint c = Info(Config({"x", {}, {}}));
+  c.state.step = 5;
+  c.state.optimizer_steps = 5;
+  c.state.consumed_samples = 40;
+  c.state.tensors = {{"a", {4, 3}, {}}, {"b", {4, 3}, {}}};
+  ASSERT_TRUE(WriteCheckpointManifest(dir + "/step-00000005.ckpt", c, 2, records).ok());
+  auto all = ReadCheckpoint(dir + "/step-00000005.ckpt");
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  EXPECT_EQ(all->read_shards, 2);
+  std::filesystem::remove(dir + "/" + ShardFileName(5, 1));
+  auto a = ReadCheckpoint(dir + "/step-00000005.ckpt", [](const std::string& n) { return n == "a"; });
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  ASSERT_EQ(a->state.tensors.size(), 1u);
+  EXPECT_EQ(a->state.tensors[0].name, "a");
+  EXPECT_EQ(a->state.tensors[0].data[11], 111.0f);
+  EXPECT_EQ(a->read_shards, 1);
+  EXPECT_EQ(a->shards, 2);
+  auto b = ReadCheckpoint(dir + "/step-00000005.ckpt", [](const std::string& n) { return n == "b"; });
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find(ShardFileName(5, 1) + ": a shard of checkpoint"),
+            std::string::npos) << b.status().message();
 }
 
 TEST(ShardedCheckpointFiles, RefusesMissingForeignAndOverlappingShardsNamingThem) {
