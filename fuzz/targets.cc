@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/common.h"
+#include "cli/paths.h"
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/yaml_reader.h"
@@ -74,10 +75,18 @@ void CheckPlannerEstimates(const ModelSpec& model, const ClusterSpec& cluster,
   if (!plan->top.empty()) CheckLayoutEstimates(*cost, plan->top.front().layout);
 }
 
+// A shipped config by name (share/ptdp/configs beside the binary, as `ptdp` finds them: no
+// path of the checkout is compiled in).
+std::string ShippedConfig(const std::string& kind, const std::string& name) {
+  auto p = cli::ResolveConfig(kind, name);
+  if (!p.ok()) Broken(p.status().message());
+  return *p;
+}
+
 // The shipped gpt-tiny (8 layers, 4 heads: tp 1-4, pp 1-8, interleaving) for fuzzed clusters.
 const ModelSpec& TinyModel() {
   static const ModelSpec m = [] {
-    auto r = LoadModelFile(std::string(PTDP_SOURCE_DIR) + "/configs/models/gpt-tiny.yaml");
+    auto r = LoadModelFile(ShippedConfig("models", "gpt-tiny"));
     if (!r.ok()) Broken("configs/models/gpt-tiny.yaml: " + r.status().message());
     return *r;
   }();
@@ -94,7 +103,7 @@ const std::vector<ShippedCluster>& ModelClusters() {
   static const std::vector<ShippedCluster> clusters = [] {
     std::vector<ShippedCluster> v;
     for (const auto& [name, nodes] : {std::pair{"local-cpu", 1}, std::pair{"dgx-a100", 2}}) {
-      auto c = LoadClusterFile(std::string(PTDP_SOURCE_DIR) + "/configs/clusters/" + name + ".yaml");
+      auto c = LoadClusterFile(ShippedConfig("clusters", name));
       if (!c.ok()) Broken(std::string(name) + ": " + c.status().message());
       c->nodes = nodes;
       auto t = Topology::Build(*c);
@@ -162,7 +171,8 @@ Status FuzzHfConfig(const std::string& text) {
 }
 
 Status FuzzLayoutFlags(const std::string& text) {
-  static const std::string src = PTDP_SOURCE_DIR;
+  static const std::string cluster = ShippedConfig("clusters", "dgx-a100");
+  static const std::string model = ShippedConfig("models", "gpt3-13b");
   if (text.size() > 4096) return Status::Error("a command line, not a file");
   std::vector<std::string> args;
   std::string cur;
@@ -186,9 +196,7 @@ Status FuzzLayoutFlags(const std::string& text) {
   }
   // Bigger worlds are valid but only cost time to build (the graph has a node per GPU).
   if (f.nodes && (*f.nodes < 0 || *f.nodes > 64)) return Status::Error("--nodes beyond 64");
-  PTDP_ASSIGN_OR_RETURN(cli::World w, cli::LoadWorld(src + "/configs/clusters/dgx-a100.yaml",
-                                                     src + "/configs/models/gpt3-13b.yaml",
-                                                     f.nodes, f.gpus, f.seq_len));
+  PTDP_ASSIGN_OR_RETURN(cli::World w, cli::LoadWorld(cluster, model, f.nodes, f.gpus, f.seq_len));
   auto layout = cli::LayoutFromFlags(f, w);
   if (layout.ok() && f.dp.empty() && layout->world() != w.gpus)
     Broken("LayoutFromFlags gave " + std::to_string(layout->world()) + " ranks for " +

@@ -199,9 +199,10 @@ void ExpectRunnable(const Script& s, int world) {
   const int pp = std::stoi(s.Value("--pipeline-model-parallel-size"));
   const int cp = s.Has("--context-parallel-size") ? std::stoi(s.Value("--context-parallel-size")) : 1;
   EXPECT_EQ(world % (tp * pp * cp), 0);
-  if (s.nnodes > 1)
+  if (s.nnodes > 1) {  // braces: EXPECT_* expands to an if/else
     for (const char* t : {"--node_rank=${NODE_RANK}", "--master_addr=${MASTER_ADDR}"})
       EXPECT_NE(std::find(s.torchrun.begin(), s.torchrun.end(), t), s.torchrun.end()) << t;
+  }
   // The placeholders: the ones every run needs, each named in the header and checked before
   // torchrun starts.
   for (const char* flag : {"--tokenizer-model", "--data-path", "--lr", "--min-lr"})
@@ -216,15 +217,18 @@ void ExpectRunnable(const Script& s, int world) {
     for (const std::string& c : s.comments) named = named || c.rfind("#   " + name + " ", 0) == 0;
     for (const std::string& c : s.checks) checked = checked || c.find("${" + name + ":?") != std::string::npos;
     EXPECT_TRUE(named) << name << " is not explained in the header";
-    if ((*it)[2].length() == 0) EXPECT_TRUE(checked) << name << " is not checked";
+    if ((*it)[2].length() == 0) {  // braces: EXPECT_* expands to an if/else
+      EXPECT_TRUE(checked) << name << " is not checked";
+    }
   }
   // Value formats Megatron parses.
   if (s.Has("--moe-layer-freq")) {
     const std::vector<int> pattern = PatternEval(Unquote(s.Value("--moe-layer-freq"))).Run();
     EXPECT_EQ(int64_t(pattern.size()), std::stoll(s.Value("--num-layers")));
   }
-  if (s.Has("--rotary-base")) EXPECT_EQ(s.Value("--rotary-base").find_first_not_of("0123456789"),
-                                        std::string::npos);  // type=int
+  if (s.Has("--rotary-base")) {  // type=int
+    EXPECT_EQ(s.Value("--rotary-base").find_first_not_of("0123456789"), std::string::npos);
+  }
   EXPECT_FALSE(s.Has("--multi-latent-attention") && s.Has("--group-query-attention"));
 }
 
