@@ -27,6 +27,7 @@ Runner SetupTrain(CLI::App* sub);
 Runner SetupInfo(CLI::App* sub);
 Runner SetupCalibrate(CLI::App* sub);
 Runner SetupCompare(CLI::App* sub);
+Runner SetupCheckpoint(CLI::App* sub);
 
 // Prints "ptdp: <message>" on stderr and returns 1.
 int Fail(const std::string& message);

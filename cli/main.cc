@@ -50,6 +50,9 @@ const Command kCommands[] = {
      "ptdp calibrate --backend cpu --out calibrated.yaml", SetupCalibrate},
     {"compare", "predicted against measured: step time, breakdown and memory per rank",
      "ptdp compare plan.yaml measured.json --max-error 10", SetupCompare},
+    {"checkpoint", "verify a checkpoint (whole or sharded), say what it holds, convert it",
+     "ptdp checkpoint ckpts/\n"
+     "ptdp checkpoint ckpts/step-00000100.ckpt --to whole-step-100.ckpt", SetupCheckpoint},
     {"info", "what this binary can run: backends, CUDA/NCCL/MPI, visible GPUs",
      "ptdp info --json", SetupInfo},
 };

@@ -277,6 +277,45 @@ TEST(TrainCheckpoint, ShardedFormatResumesBitForBit) {
             std::string::npos) << r.out;
 }
 
+// `ptdp checkpoint`: verifies the newest checkpoint of a folder and says what it holds;
+// --to converts a sharded checkpoint into one whole file, from which a run resumes with the
+// same losses; one altered byte of a shard: exit 1 naming the shard.
+TEST(CheckpointCommand, VerifiesDescribesConvertsAndRefusesDamage) {
+  const std::string dir = FreshDir("command");
+  CmdResult r = Ptdp(TrainArgs(Plan(), dir, dir + "/first.json") + " --ckpt-format sharded");
+  ASSERT_EQ(r.code, 0) << r.out;
+  fs::remove(dir + "/step-00000008.ckpt");  // keep step 4 newest: the resume below continues
+  fs::remove(dir + "/step-00000012.ckpt");
+  r = Ptdp("checkpoint " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(dir + "/step-00000004.ckpt: verified (sharded: the manifest and 1 shard"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step 4 (4 optimizer updates, 32 samples consumed)"), std::string::npos) << r.out;
+  const std::string whole = FreshDir("command_whole");
+  r = Ptdp("checkpoint " + dir + "/step-00000004.ckpt --json --to " + whole + "/step-00000004.ckpt");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["format"], "sharded");
+  EXPECT_EQ(j["step"], 4);
+  EXPECT_EQ(j["verified"], true);
+  r = Ptdp("checkpoint " + whole + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["format"], "whole");
+  r = Ptdp(TrainArgs(Plan(), whole, whole + "/resumed.json") + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  ExpectContinues(ReadLosses(whole + "/resumed.json"), 4);
+  // One byte of the shard's data altered.
+  const std::string shard = dir + "/step-00000004.rank00000.shard";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    f.put('\x7f');
+  }
+  r = Ptdp("checkpoint " + dir);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(shard + ": checksum mismatch"), std::string::npos) << r.out;
+}
+
 TEST(TrainCheckpoint, RefusesWhatCannotContinue) {
   const std::string dir = FreshDir("refuse");
   CmdResult r = Ptdp("train " + Plan() + " --steps 2 --checkpoint-dir " + dir);

@@ -35,7 +35,7 @@ using ptdp::testing::ExpectOneLineError;
 
 TEST(Cli, HelpHasAnExampleForEveryCommand) {
   for (const char* cmd : {"plan", "simulate", "topo", "validate", "schedule", "report", "train", "info",
-                          "calibrate", "compare"}) {
+                          "calibrate", "compare", "checkpoint"}) {
     const CmdResult r = Ptdp(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     const size_t at = r.out.find("\nExample");  // "Example:" or "Examples:"
@@ -324,7 +324,9 @@ TEST(Cli, SimulateOpsListsTheKernels) {
     if (list["list"] == "layer forward") fwd = list["time_s"].get<double>();
     for (const auto& op : list["ops"]) {
       gemms += op["kind"] == "gemm";
-      if (op["kind"] == "comm") EXPECT_LE(op["exposed_s"].get<double>(), op["comm_s"].get<double>() * 1.2);
+      if (op["kind"] == "comm") {
+        EXPECT_LE(op["exposed_s"].get<double>(), op["comm_s"].get<double>() * 1.2);
+      }
     }
   }
   EXPECT_EQ(gemms, 4 + 8 + 3);  // a layer's forward and backward, the logits fwd + bwd

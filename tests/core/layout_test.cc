@@ -284,7 +284,9 @@ TEST(StageLayersTest, ChunkFirstLayerIsThePrefixSum) {
         moe += ChunkMoeLayers(m, l, r, c);
       }
     // Every layer once (Megatron's last-stage count wins at pp 1 with both counts set).
-    if (std::accumulate(st.begin(), st.end(), 0) == m.layers) EXPECT_EQ(moe, 58);
+    if (std::accumulate(st.begin(), st.end(), 0) == m.layers) {
+      EXPECT_EQ(moe, 58);
+    }
   }
 }
 

@@ -534,7 +534,9 @@ TEST(MoeModelTest, PublishedTotalAndActiveCounts) {
     const ModelSpec m = MustLoad(std::string("configs/models/") + c.file + ".yaml");
     EXPECT_TRUE(m.moe());
     EXPECT_NEAR(double(m.total_params()), c.total, 0.03 * c.total);
-    if (c.active > 0) EXPECT_NEAR(double(m.active_params()), c.active, 0.03 * c.active);
+    if (c.active > 0) {
+      EXPECT_NEAR(double(m.active_params()), c.active, 0.03 * c.active);
+    }
     EXPECT_LT(m.active_params(), m.total_params());
   }
 }
