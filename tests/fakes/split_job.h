@@ -1,12 +1,15 @@
 // A job split over several Trainers, as over processes: one ThreadWorld, one Trainer per rank
 // list (TrainerConfig::local_ranks; an empty list: every rank), each driven from its own
-// thread, as processes sharing an NCCL world would be. For the multi-process tests.
+// thread, as processes sharing an NCCL world would be; and the bit-for-bit comparison of their
+// training states. For the multi-process tests.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -41,6 +44,23 @@ inline void StepsOf(rt::Trainer& t, int n, std::vector<double>* losses) {
     auto r = t.Step();
     ASSERT_TRUE(r.ok()) << r.status().message();
     losses->push_back(r->loss);
+  }
+}
+
+// Every tensor and counter bit for bit (memcmp: -0.0 is not +0.0 here).
+inline void ExpectSameState(const rt::TrainingState& got, const rt::TrainingState& want,
+                            const std::string& what) {
+  EXPECT_EQ(got.step, want.step) << what;
+  EXPECT_EQ(got.optimizer_steps, want.optimizer_steps) << what;
+  EXPECT_EQ(got.consumed_samples, want.consumed_samples) << what;
+  ASSERT_EQ(got.tensors.size(), want.tensors.size()) << what;
+  for (size_t i = 0; i < want.tensors.size(); ++i) {
+    const rt::NamedTensor &a = got.tensors[i], &b = want.tensors[i];
+    EXPECT_EQ(a.name, b.name) << what;
+    EXPECT_EQ(a.shape, b.shape) << what << " " << b.name;
+    ASSERT_EQ(a.data.size(), b.data.size()) << what << " " << b.name;
+    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), b.data.size() * sizeof(float)), 0)
+        << what << ": " << b.name << " differs";
   }
 }
 

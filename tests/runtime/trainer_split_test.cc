@@ -54,21 +54,7 @@ struct JobRun {
   TrainingState state;  // ExportState after the steps
 };
 
-// Bit for bit (memcmp: -0.0 is not +0.0 here), every tensor and counter.
-void ExpectSameState(const TrainingState& got, const TrainingState& want, const std::string& what) {
-  EXPECT_EQ(got.step, want.step) << what;
-  EXPECT_EQ(got.optimizer_steps, want.optimizer_steps) << what;
-  EXPECT_EQ(got.consumed_samples, want.consumed_samples) << what;
-  ASSERT_EQ(got.tensors.size(), want.tensors.size()) << what;
-  for (size_t i = 0; i < want.tensors.size(); ++i) {
-    const NamedTensor &a = got.tensors[i], &b = want.tensors[i];
-    EXPECT_EQ(a.name, b.name) << what;
-    EXPECT_EQ(a.shape, b.shape) << what << " " << b.name;
-    ASSERT_EQ(a.data.size(), b.data.size()) << what << " " << b.name;
-    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), b.data.size() * sizeof(float)), 0)
-        << what << ": " << b.name << " differs";
-  }
-}
+using testing::ExpectSameState;  // tests/fakes/split_job.h
 
 // Steps, evaluates and gathers on `trainer` (a Trainer of a job that others may share).
 JobRun Drive(Trainer& trainer) {
