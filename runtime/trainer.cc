@@ -196,6 +196,8 @@ struct ParamState {
   // rank 0 only), not the last stage's tied word embedding, and (without dist-opt) index 0 of
   // the reduction group.
   bool counts_in_norm = false;
+  // The sliced state of checkpoint tensor `which` (1 m, 2 v, 0 the bf16 run's main weights).
+  const Tensor& Sliced(int which) const { return which == 0 ? main : which == 1 ? m : v; }
 };
 
 // Keys of tensors waiting between p2p and compute: (micro-batch, chunk, is_gradient).
@@ -1249,7 +1251,7 @@ Status Trainer::Impl::ImportRank(Rank& rk,
         rk.backend->RoundToBf16(ps.param->value);  // the model's copy; main keeps the fp32
       }
       if (ps.owned == 0) continue;
-      Tensor dst = (which == 0 ? ps.main : which == 1 ? ps.m : ps.v).View(Shape({ps.owned}));
+      Tensor dst = ps.Sliced(which).View(Shape({ps.owned}));
       PTDP_RETURN_IF_ERROR(
           rk.backend->CopyFromHost(local.data() + ps.slice * ps.k, dst));
     }
@@ -1286,9 +1288,8 @@ Status Trainer::Impl::ExportRank(Rank& rk, const StateSink& put) {
         if (which == 0 && !cfg.bf16) {
           PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(state.param->value, local.data()));
         } else {
-          const Tensor& moment = which == 0 ? state.main : which == 1 ? state.m : state.v;
-          PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(moment.View(Shape({state.owned})),
-                                                      local.data() + begin));
+          const Tensor slice = state.Sliced(which).View(Shape({state.owned}));
+          PTDP_RETURN_IF_ERROR(rk.backend->CopyToHost(slice, local.data() + begin));
         }
         put(kStatePrefix[which] + ps.name, ps, ShardOf(ps, rk.global), local, begin, end);
       }
