@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <unistd.h>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "cost_model/hardware_table.h"
 #include "cost_model/simulator.h"
 #include "planner/planner.h"
+#include "runtime/checkpoint.h"
 #include "topology/cluster.h"
 #include "topology/topology.h"
 
@@ -209,6 +213,89 @@ Status FuzzLayoutFlags(const std::string& text) {
     if (!plan.ok()) Broken("accepted flags, planner: " + plan.status().message());
   }
   return layout.status();
+}
+
+namespace {
+
+// The part of `text` after the line `mark` up to the next "\n=== " line (or the end); "" and
+// false when there is no such line. `text` is cut at the first mark line.
+bool Cut(std::string* text, const std::string& mark, std::string* part) {
+  const std::string line = "\n=== " + mark + "\n";
+  const size_t at = text->find(line);
+  if (at == std::string::npos) return false;
+  *part = text->substr(at + line.size());
+  text->resize(at);
+  return true;
+}
+
+// Every occurrence of `from` in *s replaced by `to`.
+void ReplaceAll(std::string* s, const std::string& from, const std::string& to) {
+  for (size_t at = s->find(from); at != std::string::npos; at = s->find(from, at + to.size()))
+    s->replace(at, from.size(), to);
+}
+
+}  // namespace
+
+Status FuzzCheckpoint(const std::string& input) {
+  if (input.size() > (size_t(1) << 20)) return Status::Error("an input of at most 1 MiB");
+  static const std::string dir = [] {
+    const std::string d = (std::filesystem::temp_directory_path() /
+                           ("ptdp-fuzz-checkpoint-" + std::to_string(::getpid()))).string();
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  for (const auto& e : std::filesystem::directory_iterator(dir)) std::filesystem::remove(e.path());
+  std::string text = input, data, shard;
+  Cut(&text, "data", &data);  // the data part ends the input
+  const bool sharded = Cut(&text, "shard", &shard);
+  const std::string path = dir + "/step-00000001.ckpt";
+  if (sharded) {
+    // The shard under each plain name the manifest lists, then the manifest with its record.
+    std::vector<std::string> names;
+    if (auto root = ParseYamlText(text, "fuzz manifest"); root.ok() && root->IsMap() &&
+                                                           (*root)["shards"].IsSequence())
+      for (const auto& item : (*root)["shards"])
+        if (item.IsMap() && item["file"] && item["file"].IsScalar() && names.size() < 4) {
+          const std::string name = item["file"].Scalar();
+          if (!name.empty() && name.size() < 100 && name.find('/') == std::string::npos &&
+              name[0] != '.' && name.find('\0') == std::string::npos)
+            names.push_back(name);
+        }
+    rt::ShardRecord rec;
+    for (const std::string& name : names) {
+      auto r = rt::WriteCheckpointContainer(dir + "/" + name, 2, shard, data);
+      if (!r.ok()) Broken("cannot write the fuzz shard: " + r.status().message());
+      rec = *r;
+    }
+    char crc[16];
+    std::snprintf(crc, sizeof crc, "0x%08x", rec.crc32c);
+    ReplaceAll(&text, "BYTES", std::to_string(rec.bytes));
+    ReplaceAll(&text, "CRC", crc);
+    data.clear();
+  }
+  auto w = rt::WriteCheckpointContainer(path, sharded ? 2 : 1, text, data);
+  if (!w.ok()) Broken("cannot write the fuzz checkpoint: " + w.status().message());
+  PTDP_ASSIGN_OR_RETURN(rt::Checkpoint c, rt::ReadCheckpoint(path));
+  for (const rt::NamedTensor& t : c.state.tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    if (int64_t(t.data.size()) != n) Broken("accepted tensor '" + t.name + "' with the wrong size");
+  }
+  if (c.read_shards > c.shards) Broken("read more shards than the manifest lists");
+  // Every other tensor: the filtered read must give exactly those, with the same bits.
+  size_t k = 0;
+  auto half = rt::ReadCheckpoint(path, [&k](const std::string&) { return k++ % 2 == 0; });
+  if (!half.ok()) Broken("the whole read worked, the filtered one not: " + half.status().message());
+  if (half->state.tensors.size() != (c.state.tensors.size() + 1) / 2)
+    Broken("the filtered read kept " + std::to_string(half->state.tensors.size()) + " of " +
+           std::to_string(c.state.tensors.size()) + " tensors");
+  for (size_t i = 0; i < half->state.tensors.size(); ++i) {
+    const rt::NamedTensor &a = half->state.tensors[i], &b = c.state.tensors[2 * i];
+    if (a.name != b.name || a.data.size() != b.data.size() ||
+        std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) != 0)
+      Broken("the filtered read's '" + a.name + "' differs from the whole read's");
+  }
+  return Status::Ok();
 }
 
 }  // namespace ptdp::fuzz

@@ -33,4 +33,15 @@ Status FuzzHfConfig(const std::string& text);
 // up to 4096 pipeline slots) and an accepted search's estimates (up to 64 GPUs) are in range.
 Status FuzzLayoutFlags(const std::string& text);
 
+// Checkpoint files (runtime/checkpoint.h ReadCheckpoint): the input is a file's metadata YAML,
+// optionally followed by a line "=== shard" and a shard's metadata, and by a line "=== data"
+// and the data section's bytes (the shard's, else the file's). The target wraps each in a
+// well-formed container with the right CRC32C (so that the reader gets past it to the parsers),
+// writes the first as step-00000001.ckpt (version 2 with a shard, else 1) after replacing
+// BYTES and CRC in it by the shard's size and CRC32C, and the shard under each plain file name
+// the first's `shards` list names (up to 4), into a folder of its own, then reads it with
+// ReadCheckpoint, whole and with a filter. An accepted checkpoint's tensors hold the elements of
+// their shapes, and the filtered read is the whole read's wanted tensors.
+Status FuzzCheckpoint(const std::string& text);
+
 }  // namespace ptdp::fuzz

@@ -733,6 +733,17 @@ Result<ShardRecord> WriteCheckpointShard(const std::string& path, const StateSha
   return rec;
 }
 
+Result<ShardRecord> WriteCheckpointContainer(const std::string& path, uint32_t version,
+                                             const std::string& meta, const std::string& data) {
+  PTDP_ASSIGN_OR_RETURN(Written w, WriteAtomically(path, version, meta, {{0, data.data(), data.size()}},
+                                                   data.size(), nullptr));
+  ShardRecord rec;
+  rec.file = std::filesystem::path(path).filename().string();
+  rec.bytes = w.bytes;
+  rec.crc32c = w.crc32c;
+  return rec;
+}
+
 Status WriteCheckpointManifest(const std::string& path, const Checkpoint& ckpt, int world,
                                std::vector<ShardRecord> shards) {
   std::sort(shards.begin(), shards.end(),

@@ -184,6 +184,13 @@ std::string ShardFileName(int64_t step, int first_rank);
 Result<ShardRecord> WriteCheckpointShard(const std::string& path, const StateShard& shard,
                                          const PartialWriteHook& hook = nullptr);
 
+// Writes `meta` and `data` in the container every checkpoint file has (the header with
+// `version`, the metadata, the data section, the CRC32C trailer), atomically, whatever they
+// say, and returns its record (file name, bytes, CRC32C): for tests and the fuzz target of the
+// readers, which must refuse what does not make sense.
+Result<ShardRecord> WriteCheckpointContainer(const std::string& path, uint32_t version,
+                                             const std::string& meta, const std::string& data);
+
 // Writes the manifest of a sharded checkpoint to `path` atomically: `ckpt` without tensor data
 // (its state's tensors give the names and shapes; their data is not used), the world and the
 // shards, sorted by first rank. Call it after every shard is in place.

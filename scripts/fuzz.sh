@@ -6,7 +6,7 @@
 # if any target found a crash, a sanitizer report, a leak or an input running over 20 s.
 #
 # Usage: scripts/fuzz.sh <seconds> [target]
-#   targets: cluster model plan hf_config layout_flags (default: all, in that order)
+#   targets: cluster model plan hf_config layout_flags checkpoint (default: all, in that order)
 #   env: PTDP_FUZZ_BUILD build folder (default build-fuzz), JOBS build parallelism (nproc)
 # A finding is saved as build-fuzz/artifacts/<target>/crash-* (or timeout-*, leak-*); replay it
 # with build-fuzz/fuzz/<target>_fuzz <file>.
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 secs=${1:?usage: scripts/fuzz.sh <seconds> [target]}
 only=${2:-}
 build=${PTDP_FUZZ_BUILD:-build-fuzz}
-all=(cluster model plan hf_config layout_flags)
+all=(cluster model plan hf_config layout_flags checkpoint)
 targets=()
 for t in "${all[@]}"; do
   if [[ -z $only || $only == "$t" || $only == "${t}_fuzz" ]]; then targets+=("$t"); fi
@@ -36,6 +36,7 @@ seeds() {
     plan) echo fuzz/seeds/plan ;;
     hf_config) echo tests/data/hf ;;
     layout_flags) echo fuzz/seeds/layout_flags ;;
+    checkpoint) echo fuzz/seeds/checkpoint ;;
   esac
 }
 

@@ -31,6 +31,7 @@ Status RunTarget(const std::string& target, const std::string& text) {
   if (target == "plan") return FuzzPlan(text);
   if (target == "hf_config") return FuzzHfConfig(text);
   if (target == "layout_flags") return FuzzLayoutFlags(text);
+  if (target == "checkpoint") return FuzzCheckpoint(text);
   ADD_FAILURE() << "no target " << target;
   return Status::Ok();
 }
@@ -90,7 +91,7 @@ TEST(FuzzRegressions, EverySavedFindingIsListed) {
 TEST(FuzzTargets, AcceptTheSeeds) {
   const std::vector<std::pair<std::string, std::string>> seeds = {
       {"cluster", "configs/clusters"}, {"model", "configs/models"}, {"plan", "fuzz/seeds/plan"},
-      {"layout_flags", "fuzz/seeds/layout_flags"}};
+      {"layout_flags", "fuzz/seeds/layout_flags"}, {"checkpoint", "fuzz/seeds/checkpoint"}};
   for (const auto& [target, dir] : seeds)
     for (const auto& file : fs::directory_iterator(kSrc + "/" + dir)) {
       SCOPED_TRACE(file.path().string());
