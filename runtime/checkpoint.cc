@@ -894,6 +894,124 @@ bool InRanges(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t i)
   return it != ranges.end() && it->first <= i;
 }
 
+// What AssembleShards keeps while it reads the shards.
+struct Assembly {
+  std::vector<bool> want;                      // by table index
+  std::map<std::string, size_t> index;         // table index by name
+  std::vector<size_t> slot;                    // table index -> c->state.tensors (wanted ones)
+  std::vector<std::vector<ElementRun>> covered;  // every shard's runs, by table index
+  std::vector<int> holder;                     // the shard (index into `read`) of each rank
+  std::vector<const ShardRecord*> read;        // the shards opened
+  std::vector<float> buf;                      // a piece's elements
+};
+
+// A piece's run table, each run checked: non-empty, increasing, inside the tensor, the counts
+// adding up to the piece's elements.
+Result<std::vector<ElementRun>> ReadRuns(ContainerReader& r, const PieceEntry& e,
+                                         const std::string& path) {
+  std::vector<ElementRun> runs(size_t(e.runs));
+  PTDP_RETURN_IF_ERROR(r.Read(e.runs_offset, runs.data(), runs.size() * sizeof(ElementRun)));
+  uint64_t count = 0;
+  int64_t end = 0;
+  for (const ElementRun& run : runs) {
+    if (run.length <= 0 || run.start < end || uint64_t(run.start) > e.numel ||
+        uint64_t(run.length) > e.numel - uint64_t(run.start))
+      return Status::Error(path + ": tensor '" + e.name + "': run (" + std::to_string(run.start) +
+                           ", " + std::to_string(run.length) +
+                           ") is empty, out of order or outside its " + std::to_string(e.numel) +
+                           " elements");
+    end = run.start + run.length;
+    count += uint64_t(run.length);
+  }
+  if (count != e.elements)
+    return Status::Error(path + ": tensor '" + e.name + "': its runs hold " +
+                         std::to_string(count) + " elements, the piece records " +
+                         std::to_string(e.elements));
+  return runs;
+}
+
+// Shard a.read[si]: checked against its record and the manifest (`mp`, counters in `c`), then
+// its wanted pieces scattered into c->state.tensors.
+Status ReadShard(size_t si, const std::string& dir, const std::string& mp, const Manifest& m,
+                 const std::vector<TableEntry>& table, Assembly* a, Checkpoint* c) {
+  const ShardRecord& rec = *a->read[si];
+  const std::string path = dir + "/" + rec.file;
+  ContainerReader r;
+  PTDP_RETURN_IF_ERROR(r.Open(path));
+  if (r.file_bytes() != rec.bytes || r.stored_crc() != rec.crc32c)
+    return Status::Error(path + ": CRC32C " + Hex(r.stored_crc()) + ", the manifest " + mp +
+                         " records " + Hex(rec.crc32c) +
+                         ": a shard of another run or another save of this step");
+  if (r.version() != kShardedVersion)
+    return Status::Error(path + ": a whole-tensor file, not a shard of " + mp);
+  ShardMeta sm;
+  PTDP_RETURN_IF_ERROR(ParseShardMetadata(r.metadata(), path, r.data_bytes(), &sm));
+  if (sm.step != c->state.step || sm.optimizer_steps != c->state.optimizer_steps ||
+      sm.consumed_samples != c->state.consumed_samples || sm.world != m.world)
+    return Status::Error(path + ": step " + std::to_string(sm.step) + " of a world of " +
+                         std::to_string(sm.world) + " ranks, but the manifest " + mp +
+                         " is step " + std::to_string(c->state.step) + " of " +
+                         std::to_string(m.world) + " (or their counters differ)");
+  if (sm.ranks.front() != rec.first_rank)
+    return Status::Error(path + ": its first rank is " + std::to_string(sm.ranks.front()) +
+                         ", the manifest " + mp + " records " + std::to_string(rec.first_rank));
+  for (int g : sm.ranks) {
+    if (a->holder[size_t(g)] >= 0)
+      return Status::Error(path + ": rank " + std::to_string(g) + " is also in " +
+                           a->read[size_t(a->holder[size_t(g)])]->file);
+    a->holder[size_t(g)] = int(si);
+  }
+  for (const PieceEntry& e : sm.pieces) {
+    auto it = a->index.find(e.name);
+    if (it == a->index.end())
+      return Status::Error(path + ": tensor '" + e.name + "' is not in the manifest " + mp);
+    const size_t ti = it->second;
+    if (!InRanges(rec.tensors, int64_t(ti)))
+      return Status::Error(path + ": has a piece of tensor '" + e.name + "', which the manifest " +
+                           mp + " does not list for this shard");
+    if (e.shape != table[ti].shape)
+      return Status::Error(path + ": tensor '" + e.name + "' has shape " + ShapeYaml(e.shape) +
+                           ", the manifest " + mp + " says " + ShapeYaml(table[ti].shape));
+    if (!a->want[ti]) continue;  // its bytes are still read, for the CRC, by Finish
+    PTDP_ASSIGN_OR_RETURN(std::vector<ElementRun> runs, ReadRuns(r, e, path));
+    a->buf.resize(size_t(e.elements));
+    PTDP_RETURN_IF_ERROR(r.Read(e.offset, a->buf.data(), a->buf.size() * sizeof(float)));
+    std::vector<float>& data = c->state.tensors[a->slot[ti]].data;
+    size_t k = 0;
+    for (const ElementRun& run : runs) {
+      std::copy(a->buf.begin() + ptrdiff_t(k), a->buf.begin() + ptrdiff_t(k + size_t(run.length)),
+                data.begin() + ptrdiff_t(run.start));
+      k += size_t(run.length);
+    }
+    a->covered[ti].insert(a->covered[ti].end(), runs.begin(), runs.end());
+  }
+  PTDP_RETURN_IF_ERROR(r.Finish());
+  c->read_bytes += r.file_bytes();
+  return Status::Ok();
+}
+
+// Every element of every wanted tensor in exactly one shard read.
+Status CheckCoverage(const std::string& mp, const std::vector<TableEntry>& table, Assembly* a) {
+  for (size_t ti = 0; ti < table.size(); ++ti) {
+    if (!a->want[ti]) continue;
+    std::vector<ElementRun>& cov = a->covered[ti];
+    std::sort(cov.begin(), cov.end(),
+              [](const ElementRun& x, const ElementRun& y) { return x.start < y.start; });
+    int64_t end = 0;
+    const int64_t n = Numel(table[ti].shape);
+    const std::string what = mp + ": tensor '" + table[ti].name + "': ";
+    for (const ElementRun& run : cov) {
+      if (run.start < end)
+        return Status::Error(what + Range(run.start, std::min(end, run.start + run.length)) +
+                             " are in two shards");
+      if (run.start > end) return Status::Error(what + Range(end, run.start) + " are in no shard");
+      end = run.start + run.length;
+    }
+    if (end < n) return Status::Error(what + Range(end, n) + " are in no shard");
+  }
+  return Status::Ok();
+}
+
 // Reads the shards a manifest lists into whole tensors: `c` has the manifest's counters and
 // `table` its tensors; fills c->state.tensors with the wanted ones (all without a filter),
 // opening only the shards that hold pieces of them.
@@ -902,20 +1020,20 @@ Status AssembleShards(const std::string& manifest_path, const Manifest& m,
                       Checkpoint* c) {
   const std::string dir = FolderOf(manifest_path);
   const std::string& mp = manifest_path;
-  std::vector<bool> want(table.size());
-  for (size_t i = 0; i < table.size(); ++i) want[i] = !wanted || wanted(table[i].name);
-  std::vector<const ShardRecord*> read;  // the shards to open
+  Assembly a;
+  a.want.resize(table.size());
+  for (size_t i = 0; i < table.size(); ++i) a.want[i] = !wanted || wanted(table[i].name);
   for (const ShardRecord& rec : m.shards) {
     bool needed = !wanted;
     for (const auto& [first, last] : rec.tensors)
-      for (int64_t i = first; i < last && !needed; ++i) needed = want[size_t(i)];
-    if (needed) read.push_back(&rec);
+      for (int64_t i = first; i < last && !needed; ++i) needed = a.want[size_t(i)];
+    if (needed) a.read.push_back(&rec);
   }
   // Sizes first: every shard read must be there with the recorded size, and together they must
   // be able to hold every wanted element once (4 bytes each) before any tensor is allocated: a
   // crafted manifest cannot make the reader allocate more than the shards hold.
   uint64_t shard_bytes = 0, numel = 0;
-  for (const ShardRecord* rec : read) {
+  for (const ShardRecord* rec : a.read) {
     const std::string path = dir + "/" + rec->file;
     std::error_code ec;
     const uintmax_t size = std::filesystem::file_size(path, ec);
@@ -929,123 +1047,29 @@ Status AssembleShards(const std::string& manifest_path, const Manifest& m,
     shard_bytes += rec->bytes;
   }
   for (size_t i = 0; i < table.size(); ++i)
-    if (want[i]) numel += uint64_t(Numel(table[i].shape));
+    if (a.want[i]) numel += uint64_t(Numel(table[i].shape));
   if (numel > shard_bytes / sizeof(float))
     return Status::Error(mp + ": its tensors have " + std::to_string(numel) +
                          " elements, more than its shards' " + ByteSize(shard_bytes) + " can hold");
-  std::map<std::string, size_t> index;  // table index by name
-  std::vector<size_t> slot(table.size(), SIZE_MAX);  // table index -> c->state.tensors
+  a.slot.assign(table.size(), SIZE_MAX);
   for (size_t i = 0; i < table.size(); ++i) {
-    index[table[i].name] = i;
-    if (!want[i]) continue;
-    slot[i] = c->state.tensors.size();
+    a.index[table[i].name] = i;
+    if (!a.want[i]) continue;
+    a.slot[i] = c->state.tensors.size();
     c->state.tensors.push_back({table[i].name, table[i].shape,
                                 std::vector<float>(size_t(Numel(table[i].shape)), 0.0f)});
   }
-  std::vector<std::vector<ElementRun>> covered(table.size());  // every shard's runs, by tensor
-  std::vector<int> holder(size_t(m.world), -1);                // the shard of each rank
-  std::vector<float> buf;
-  for (size_t si = 0; si < read.size(); ++si) {
-    const ShardRecord& rec = *read[si];
-    const std::string path = dir + "/" + rec.file;
-    ContainerReader r;
-    PTDP_RETURN_IF_ERROR(r.Open(path));
-    if (r.file_bytes() != rec.bytes || r.stored_crc() != rec.crc32c)
-      return Status::Error(path + ": CRC32C " + Hex(r.stored_crc()) + ", the manifest " + mp +
-                           " records " + Hex(rec.crc32c) +
-                           ": a shard of another run or another save of this step");
-    if (r.version() != kShardedVersion)
-      return Status::Error(path + ": a whole-tensor file, not a shard of " + mp);
-    ShardMeta sm;
-    PTDP_RETURN_IF_ERROR(ParseShardMetadata(r.metadata(), path, r.data_bytes(), &sm));
-    if (sm.step != c->state.step || sm.optimizer_steps != c->state.optimizer_steps ||
-        sm.consumed_samples != c->state.consumed_samples || sm.world != m.world)
-      return Status::Error(path + ": step " + std::to_string(sm.step) + " of a world of " +
-                           std::to_string(sm.world) + " ranks, but the manifest " + mp +
-                           " is step " + std::to_string(c->state.step) + " of " +
-                           std::to_string(m.world) + " (or their counters differ)");
-    if (sm.ranks.front() != rec.first_rank)
-      return Status::Error(path + ": its first rank is " + std::to_string(sm.ranks.front()) +
-                           ", the manifest " + mp + " records " + std::to_string(rec.first_rank));
-    for (int g : sm.ranks) {
-      if (holder[size_t(g)] >= 0)
-        return Status::Error(path + ": rank " + std::to_string(g) + " is also in " +
-                             read[size_t(holder[size_t(g)])]->file);
-      holder[size_t(g)] = int(si);
-    }
-    for (const PieceEntry& e : sm.pieces) {
-      auto it = index.find(e.name);
-      if (it == index.end())
-        return Status::Error(path + ": tensor '" + e.name + "' is not in the manifest " + mp);
-      const size_t ti = it->second;
-      if (!InRanges(rec.tensors, int64_t(ti)))
-        return Status::Error(path + ": has a piece of tensor '" + e.name + "', which the manifest " +
-                             mp + " does not list for this shard");
-      if (e.shape != table[ti].shape)
-        return Status::Error(path + ": tensor '" + e.name + "' has shape " + ShapeYaml(e.shape) +
-                             ", the manifest " + mp + " says " + ShapeYaml(table[ti].shape));
-      if (!want[ti]) continue;  // its bytes are still read, for the CRC, by Finish
-      NamedTensor& t = c->state.tensors[slot[ti]];
-      std::vector<ElementRun> runs(size_t(e.runs));
-      PTDP_RETURN_IF_ERROR(r.Read(e.runs_offset, runs.data(), runs.size() * sizeof(ElementRun)));
-      uint64_t count = 0;
-      int64_t end = 0;
-      for (const ElementRun& run : runs) {
-        if (run.length <= 0 || run.start < end || uint64_t(run.start) > e.numel ||
-            uint64_t(run.length) > e.numel - uint64_t(run.start))
-          return Status::Error(path + ": tensor '" + e.name + "': run (" +
-                               std::to_string(run.start) + ", " + std::to_string(run.length) +
-                               ") is empty, out of order or outside its " +
-                               std::to_string(e.numel) + " elements");
-        end = run.start + run.length;
-        count += uint64_t(run.length);
-      }
-      if (count != e.elements)
-        return Status::Error(path + ": tensor '" + e.name + "': its runs hold " +
-                             std::to_string(count) + " elements, the piece records " +
-                             std::to_string(e.elements));
-      buf.resize(size_t(e.elements));
-      PTDP_RETURN_IF_ERROR(r.Read(e.offset, buf.data(), buf.size() * sizeof(float)));
-      size_t k = 0;
-      for (const ElementRun& run : runs) {
-        std::copy(buf.begin() + ptrdiff_t(k), buf.begin() + ptrdiff_t(k + size_t(run.length)),
-                  t.data.begin() + ptrdiff_t(run.start));
-        k += size_t(run.length);
-      }
-      std::vector<ElementRun>& cov = covered[ti];
-      cov.insert(cov.end(), runs.begin(), runs.end());
-    }
-    PTDP_RETURN_IF_ERROR(r.Finish());
-    c->read_bytes += r.file_bytes();
-  }
+  a.covered.resize(table.size());
+  a.holder.assign(size_t(m.world), -1);
+  for (size_t si = 0; si < a.read.size(); ++si)
+    PTDP_RETURN_IF_ERROR(ReadShard(si, dir, mp, m, table, &a, c));
   if (!wanted)  // with a filter only some shards were opened
     for (int g = 0; g < m.world; ++g)
-      if (holder[size_t(g)] < 0)
+      if (a.holder[size_t(g)] < 0)
         return Status::Error(mp + ": rank " + std::to_string(g) + " of " + std::to_string(m.world) +
                              " is in none of its " + std::to_string(m.shards.size()) + " shards");
-  // Every element of every wanted tensor exactly once.
-  for (size_t ti = 0; ti < table.size(); ++ti) {
-    if (!want[ti]) continue;
-    std::vector<ElementRun>& cov = covered[ti];
-    std::sort(cov.begin(), cov.end(),
-              [](const ElementRun& a, const ElementRun& b) { return a.start < b.start; });
-    int64_t end = 0;
-    const int64_t n = Numel(table[ti].shape);
-    for (const ElementRun& run : cov) {
-      if (run.start < end)
-        return Status::Error(mp + ": tensor '" + table[ti].name + "': " +
-                             Range(run.start, std::min(end, run.start + run.length)) +
-                             " are in two shards");
-      if (run.start > end)
-        return Status::Error(mp + ": tensor '" + table[ti].name + "': " + Range(end, run.start) +
-                             " are in no shard");
-      end = run.start + run.length;
-    }
-    if (end < n)
-      return Status::Error(mp + ": tensor '" + table[ti].name + "': " + Range(end, n) +
-                           " are in no shard");
-  }
-  c->read_shards = int(read.size());
+  PTDP_RETURN_IF_ERROR(CheckCoverage(mp, table, &a));
+  c->read_shards = int(a.read.size());
   c->shards = int(m.shards.size());
   return Status::Ok();
 }
