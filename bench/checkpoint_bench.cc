@@ -103,8 +103,9 @@ Status SaveSharded(Bench& b, Split* split) {
   c.layout = b.cfg.layout.ShortName();
   const Clock::time_point t0 = Clock::now();
   const std::string dir = std::filesystem::path(b.path).parent_path().string();
-  PTDP_ASSIGN_OR_RETURN(rt::SavedCheckpoint saved,
-                        rt::SaveShardedCheckpoint(*b.trainer, c, {dir, true, 0, nullptr}));
+  rt::ShardedSave how;
+  how.dir = dir;
+  PTDP_ASSIGN_OR_RETURN(rt::SavedCheckpoint saved, rt::SaveShardedCheckpoint(*b.trainer, c, how));
   split->file_s += Since(t0);
   b.sharded = saved.path;
   return Status::Ok();

@@ -201,8 +201,12 @@ Status SaveCheckpoint(const CheckpointFlags& f, rt::Trainer& trainer, const rt::
   std::string shards;
   std::vector<std::string> pruned;
   if (f.format == "sharded") {
+    // Process 0 holds the folder's lock file; the others must see it (one shared folder).
+    const std::string lock = owner ? "" : f.dir + "/" + rt::kCheckpointLockName;
     PTDP_ASSIGN_OR_RETURN(rt::SavedCheckpoint saved,
-                          rt::SaveShardedCheckpoint(trainer, c, {f.dir, owner, f.keep, hook}));
+                          rt::SaveShardedCheckpoint(trainer, c, {.dir = f.dir, .owner = owner,
+                                                                 .keep = f.keep, .hook = hook,
+                                                                 .must_see = lock}));
     mb = double(saved.bytes) / 1e6;
     shards = ", " + std::to_string(saved.shards) + (saved.shards == 1 ? " shard" : " shards");
     pruned = saved.pruned;

@@ -24,6 +24,10 @@ Result<SavedCheckpoint> SaveShardedCheckpoint(Trainer& trainer, const Checkpoint
   // 1. This process's shard.
   Result<StateShard> shard = trainer.ExportShard();
   Status mine = shard.status();
+  std::error_code ec;
+  if (mine.ok() && !how.must_see.empty() && !std::filesystem::exists(how.must_see, ec))
+    mine = Status::Error(how.dir + ": " + how.must_see + " is not visible to this process: the "
+                         "checkpoint folder must be on a file system every process shares");
   ShardRecord rec;
   if (mine.ok()) {
     Result<ShardRecord> w = WriteCheckpointShard(
@@ -85,7 +89,6 @@ Result<SavedCheckpoint> SaveShardedCheckpoint(Trainer& trainer, const Checkpoint
       owner_st = pruned.status();
       if (pruned.ok()) saved.pruned = *pruned;
     }
-    std::error_code ec;
     const uintmax_t manifest_bytes = std::filesystem::file_size(saved.path, ec);
     if (!ec) saved.bytes += manifest_bytes;
   }

@@ -30,6 +30,10 @@ struct ShardedSave {
   bool owner = true;       // this process writes the manifest and cleans the folder
   int keep = 0;            // the owner keeps the newest `keep` checkpoints (0: deletes none)
   PartialWriteHook hook;   // this process's shard write (test hook, see WriteCheckpoint)
+  // A file this process must see before it writes (empty: none). ptdp train passes the owner's
+  // lock file to the other processes: a folder on a disk of each host's own (not one file
+  // system shared by all processes) fails here, by every process, naming the folder.
+  std::string must_see;
 };
 
 struct SavedCheckpoint {

@@ -50,6 +50,15 @@ Checkpoint Info(const TrainerConfig& cfg) {
 using testing::SplitJob;  // tests/fakes/split_job.h
 using testing::StepsOf;
 
+// How a Trainer of the tests saves: into `dir`, keeping 3.
+ShardedSave How(const std::string& dir, bool owner) {
+  ShardedSave how;
+  how.dir = dir;
+  how.owner = owner;
+  how.keep = 3;
+  return how;
+}
+
 struct SplitCase {
   const char* name;
   testing::TinyLayoutSpec layout;
@@ -107,7 +116,7 @@ TEST_P(ShardedCheckpoint, SplitJobSavesAndResumesBitForBit) {
     std::vector<double> losses;
     StepsOf(t, 2, &losses);
     EXPECT_EQ(losses[1], ref_losses[1]) << "trainer " << i;
-    saved[i] = SaveShardedCheckpoint(t, Info(cfg), {dir, /*owner=*/i == 0, 3, nullptr});
+    saved[i] = SaveShardedCheckpoint(t, Info(cfg), How(dir, i == 0));
   });
   for (size_t i = 0; i < saved.size(); ++i) {
     ASSERT_TRUE(saved[i].ok()) << "trainer " << i << ": " << saved[i].status().message();
@@ -161,7 +170,7 @@ TEST(ShardedCheckpointFilter, EachProcessReadsOnlyTheShardsItsRanksNeed) {
   SplitJob(cfg, parts, [&](size_t i, Trainer& t) {
     std::vector<double> losses;
     StepsOf(t, 2, &losses);
-    auto s = SaveShardedCheckpoint(t, Info(cfg), {dir, i == 0, 3, nullptr});
+    auto s = SaveShardedCheckpoint(t, Info(cfg), How(dir, i == 0));
     ASSERT_TRUE(s.ok()) << s.status().message();
   });
   std::vector<int> read(parts.size(), -1);
@@ -191,7 +200,7 @@ TEST(ShardedCheckpointReshard, LoadsIntoAnotherLayoutLosslessly) {
   SplitJob(a, {{0, 2}, {1, 3}}, [&](size_t i, Trainer& t) {
     std::vector<double> losses;
     StepsOf(t, 1, &losses);
-    auto s = SaveShardedCheckpoint(t, Info(a), {dir, i == 0, 3, nullptr});
+    auto s = SaveShardedCheckpoint(t, Info(a), How(dir, i == 0));
     ASSERT_TRUE(s.ok()) << s.status().message();
   });
   auto back = ReadCheckpoint(dir + "/step-00000001.ckpt");
@@ -205,9 +214,10 @@ TEST(ShardedCheckpointReshard, LoadsIntoAnotherLayoutLosslessly) {
   });
 }
 
-// A process that cannot write its shard (here: its folder does not exist) makes every process
-// of the job fail, the others naming its rank; a manifest that cannot be written (a folder in
-// its place) does the same from process 0. Nothing waits for the communicator's timeout.
+// A process that cannot write its shard (here: its folder does not exist, or it does not see
+// the file process 0 made there) makes every process of the job fail, the others naming its
+// rank; a manifest that cannot be written (a folder in its place) does the same from process 0.
+// Nothing waits for the communicator's timeout.
 TEST(ShardedCheckpointFailure, EveryProcessFailsWithTheOneThatCouldNot) {
   const TrainerConfig cfg = Config({"f", {.dp = 2}, {}});
   const std::string dir = FreshDir("failure");
@@ -217,7 +227,7 @@ TEST(ShardedCheckpointFailure, EveryProcessFailsWithTheOneThatCouldNot) {
     std::vector<double> losses;
     StepsOf(t, 1, &losses);
     const std::string where = i == 1 ? dir + "/missing" : dir;
-    got[i] = SaveShardedCheckpoint(t, Info(cfg), {where, i == 0, 3, nullptr}).status();
+    got[i] = SaveShardedCheckpoint(t, Info(cfg), How(where, i == 0)).status();
   });
   ASSERT_FALSE(got[1].ok());
   EXPECT_NE(got[1].message().find("missing/step-00000001.rank00001.shard.tmp: cannot create"),
@@ -227,11 +237,27 @@ TEST(ShardedCheckpointFailure, EveryProcessFailsWithTheOneThatCouldNot) {
             std::string::npos) << got[0].message();
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000001.ckpt"));
 
+  // A folder each process sees a different one of (node-local disks): the file process 0's
+  // side holds is not there for process 1, and both fail before any shard is written.
+  SplitJob(cfg, {{0}, {1}}, [&](size_t i, Trainer& t) {
+    std::vector<double> losses;
+    StepsOf(t, 1, &losses);
+    ShardedSave how = How(dir, i == 0);
+    if (i == 1) how.must_see = dir + "/.ptdp-lock";
+    got[i] = SaveShardedCheckpoint(t, Info(cfg), how).status();
+  });
+  ASSERT_FALSE(got[1].ok());
+  EXPECT_NE(got[1].message().find("is not visible to this process: the checkpoint folder must "
+                                  "be on a file system every process shares"),
+            std::string::npos) << got[1].message();
+  ASSERT_FALSE(got[0].ok());
+  EXPECT_NE(got[0].message().find("the process of rank 1 could not write its shard"),
+            std::string::npos) << got[0].message();
   std::filesystem::create_directories(dir + "/step-00000002.ckpt");  // the manifest's name
   SplitJob(cfg, {{0}, {1}}, [&](size_t i, Trainer& t) {
     std::vector<double> losses;
     StepsOf(t, 2, &losses);
-    got[i] = SaveShardedCheckpoint(t, Info(cfg), {dir, i == 0, 3, nullptr}).status();
+    got[i] = SaveShardedCheckpoint(t, Info(cfg), How(dir, i == 0)).status();
   });
   ASSERT_FALSE(got[0].ok());
   EXPECT_NE(got[0].message().find("step-00000002.ckpt"), std::string::npos) << got[0].message();
