@@ -200,6 +200,34 @@ TEST(TrainCheckpoint, Kill9DuringACheckpointWriteLeavesThePreviousOne) {
   ExpectContinues(ReadLosses(dir + "/resumed.json"), 4);
 }
 
+// The same with --ckpt-format sharded: killed halfway through step 8's shard, the folder holds
+// step 4's manifest and shard and step 8's partial shard under its temporary name; --resume
+// removes it and continues from step 4 with the uninterrupted run's losses.
+TEST(TrainCheckpoint, Kill9DuringAShardWriteLeavesThePreviousCheckpoint) {
+  const std::string dir = FreshDir("kill_shard");
+  ASSERT_EQ(Whole().step.size(), 12u);
+  const std::string sharded = " --ckpt-format sharded";
+  std::string line;
+  {
+    ptdp::testing::Child child("env PTDP_TEST_PAUSE_CHECKPOINT_WRITE=8 " + kBin + " " +
+                               TrainArgs(Plan(), dir, dir + "/killed.json") + sharded);
+    ASSERT_TRUE(child.started());
+    ASSERT_TRUE(child.WaitForLine("checkpoint write paused: ", 120, &line)) << child.output();
+    EXPECT_NE(line.find(dir + "/step-00000008.rank00000.shard.tmp"), std::string::npos) << line;
+    child.Signal(SIGKILL);
+    const int status = child.Wait();
+    ASSERT_TRUE(WIFSIGNALED(status)) << child.output();
+  }
+  EXPECT_EQ(Names(dir), (std::vector<std::string>{".ptdp-lock", "step-00000004.ckpt",
+                                                  "step-00000004.rank00000.shard",
+                                                  "step-00000008.rank00000.shard.tmp"}));
+  const CmdResult r = Ptdp(TrainArgs(Plan(), dir, dir + "/resumed.json") + sharded + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("removed " + dir + "/step-00000008.rank00000.shard.tmp"), std::string::npos)
+      << r.out;
+  ExpectContinues(ReadLosses(dir + "/resumed.json"), 4);
+}
+
 TEST(TrainCheckpoint, RefusesADamagedNewestCheckpointNamingIt) {
   const std::string dir = FreshDir("damaged");
   CmdResult r = Ptdp("train " + Plan() + " --steps 2 --checkpoint-dir " + dir);
