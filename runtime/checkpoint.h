@@ -150,7 +150,8 @@ using TensorFilter = std::function<bool(const std::string& name)>;
 // With `wanted`, state.tensors holds only the tensors it accepts (in table order) and only the
 // shards holding pieces of them are opened (the manifest records which tensors each shard
 // has): a process of a large job reads its own ranks' part, not the whole state. Every file it
-// opens is still verified whole; the rank check then covers the shards read.
+// opens is still verified whole; that no rank is in two shards is checked among those read,
+// that every rank is in one only without a filter (when every shard is read).
 Result<Checkpoint> ReadCheckpoint(const std::string& path, const TensorFilter& wanted = nullptr);
 
 // Whether `path` is the manifest of a sharded checkpoint (its header's version is 2), from its
