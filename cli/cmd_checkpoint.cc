@@ -45,11 +45,11 @@ int RunCheckpoint(const CheckpointCmdFlags& f) {
   if (!c.ok()) return Fail(c.status().message());
   const double read_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  int64_t elements = 0;
-  for (const rt::NamedTensor& t : c->state.tensors) elements += int64_t(t.data.size());
-  int64_t params = 0;  // the parameters (the moments double them twice)
-  for (const rt::NamedTensor& t : c->state.tensors)
+  int64_t elements = 0, params = 0;  // params: "param/" tensors (the moments add twice that)
+  for (const rt::NamedTensor& t : c->state.tensors) {
+    elements += int64_t(t.data.size());
     if (t.name.rfind("param/", 0) == 0) params += int64_t(t.data.size());
+  }
   nlohmann::json j = {{"path", *path},
                       {"format", c->shards > 0 ? "sharded" : "whole"},
                       {"shards", c->shards},

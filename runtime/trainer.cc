@@ -416,6 +416,7 @@ struct Trainer::Impl {
   // (Megatron's load balancing: chunks cp_rank and 2c-1-cp_rank of 2c).
   int CpPosition(int cp_rank, int j) const;
   Status EvaluateRank(Rank& rk, const std::vector<int32_t>& windows, int count, double* loss);
+  Status AllGatherRaw(Rank& rk, const void* mine, size_t bytes, std::vector<int32_t>* all);
   Status ExchangeReports(Rank& rk, const RankReport& mine);
   Status BroadcastDoubles(Rank& rk, int root, double* values, int64_t n);
   std::vector<ShardSource> ShardSources() const;
@@ -431,6 +432,7 @@ struct Trainer::Impl {
   Status ExportRank(Rank& rk, const StateSink& put);
   Status SumStateOverWorld(Rank& rk, TrainingState& st);
   Status ImportRank(Rank& rk, const std::map<std::string, const NamedTensor*>& by_name);
+  std::vector<NamedTensor> StateTable(bool fill) const;
 };
 
 namespace {
@@ -1174,18 +1176,28 @@ Status Trainer::Impl::GatherShards(Rank& rk, const std::vector<ShardSource>& sou
 }
 
 // Every rank's report to every rank: an all-gather over WORLD of the raw words.
-Status Trainer::Impl::ExchangeReports(Rank& rk, const RankReport& mine) {
-  constexpr int64_t kWords = int64_t(sizeof(RankReport) / sizeof(int32_t));
-  const int n = grid.world();
+// `bytes` (a multiple of 4) at `mine` from every rank, by global rank, into *all: an all-gather
+// over WORLD of the raw i32 words (a gather copies any dtype exactly).
+Status Trainer::Impl::AllGatherRaw(Rank& rk, const void* mine, size_t bytes,
+                                   std::vector<int32_t>* all) {
+  assert(bytes % sizeof(int32_t) == 0);
+  const int64_t words = int64_t(bytes / sizeof(int32_t));
   Backend& be = *rk.backend;
-  std::vector<int32_t> words(size_t(kWords) * size_t(n));
-  std::memcpy(words.data(), &mine, sizeof(RankReport));
-  PTDP_ASSIGN_OR_RETURN(Tensor in, be.Alloc({kWords}, DType::kI32));
-  PTDP_ASSIGN_OR_RETURN(Tensor all, be.Alloc({n * kWords}, DType::kI32));
-  PTDP_RETURN_IF_ERROR(be.CopyFromHost(words.data(), in));
-  PTDP_RETURN_IF_ERROR(rk.world->AllGather(in, all).Prefixed("exchanging the step reports"));
-  PTDP_RETURN_IF_ERROR(be.CopyToHost(all, words.data()));
-  rk.reports.resize(size_t(n));
+  all->assign(size_t(words) * size_t(grid.world()), 0);
+  std::memcpy(all->data(), mine, bytes);
+  PTDP_ASSIGN_OR_RETURN(Tensor in, be.Alloc({words}, DType::kI32));
+  PTDP_ASSIGN_OR_RETURN(Tensor out, be.Alloc({words * grid.world()}, DType::kI32));
+  PTDP_RETURN_IF_ERROR(be.CopyFromHost(all->data(), in));
+  PTDP_RETURN_IF_ERROR(rk.world->AllGather(in, out));
+  return be.CopyToHost(out, all->data());
+}
+
+// Every rank's report to every rank.
+Status Trainer::Impl::ExchangeReports(Rank& rk, const RankReport& mine) {
+  std::vector<int32_t> words;
+  PTDP_RETURN_IF_ERROR(AllGatherRaw(rk, &mine, sizeof(RankReport), &words)
+                           .Prefixed("exchanging the step reports"));
+  rk.reports.resize(size_t(grid.world()));
   std::memcpy(static_cast<void*>(rk.reports.data()), words.data(), words.size() * sizeof(int32_t));
   return Status::Ok();
 }
@@ -1344,23 +1356,33 @@ Status Trainer::Impl::SumStateOverWorld(Rank& rk, TrainingState& st) {
   return Status::Ok();
 }
 
+// The whole state's tensors in checkpoint order ("param/", "adam_m/", "adam_v/", each in
+// GptParams order), whole shapes; `fill`: their data, -0.0 everywhere (else empty).
+std::vector<NamedTensor> Trainer::Impl::StateTable(bool fill) const {
+  std::vector<NamedTensor> table;
+  const std::vector<ParamSpec> specs = GptParams(cfg.model, t);
+  for (int which = 0; which < 3; ++which)
+    for (const ParamSpec& ps : specs) {
+      NamedTensor nt{kStatePrefix[which] + ps.name, WholeShape(ps), {}};
+      if (fill) {
+        int64_t n = 1;
+        for (int64_t x : nt.shape) n *= x;
+        nt.data.assign(size_t(n), -0.0f);
+      }
+      table.push_back(std::move(nt));
+    }
+  return table;
+}
+
 Result<TrainingState> Trainer::ExportState() {
   Impl& im = *impl_;
   TrainingState st;
   st.step = im.steps;
   st.optimizer_steps = im.optimizer_steps;
   st.consumed_samples = im.steps * im.cfg.layout.global_batch;
-  const std::vector<ParamSpec> specs = GptParams(im.cfg.model, im.t);
+  st.tensors = im.StateTable(/*fill=*/true);
   std::map<std::string, size_t> index;
-  for (int which = 0; which < 3; ++which)
-    for (const ParamSpec& ps : specs) {
-      const std::vector<int64_t> shape = WholeShape(ps);
-      int64_t n = 1;
-      for (int64_t x : shape) n *= x;
-      index[kStatePrefix[which] + ps.name] = st.tensors.size();
-      st.tensors.push_back(
-          {kStatePrefix[which] + ps.name, shape, std::vector<float>(size_t(n), -0.0f)});
-    }
+  for (size_t i = 0; i < st.tensors.size(); ++i) index[st.tensors[i].name] = i;
   // The ranks write disjoint elements of the same vectors, each from its own thread.
   PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {
     return im.ExportRank(rk, [&](const std::string& name, const ParamSpec& ps, int shard,
@@ -1385,9 +1407,7 @@ Result<StateShard> Trainer::ExportShard() {
   sh.optimizer_steps = im.optimizer_steps;
   sh.consumed_samples = im.steps * im.cfg.layout.global_batch;
   sh.world = im.grid.world();
-  const std::vector<ParamSpec> specs = GptParams(im.cfg.model, im.t);
-  for (int which = 0; which < 3; ++which)
-    for (const ParamSpec& ps : specs) sh.tensors.push_back({kStatePrefix[which] + ps.name, WholeShape(ps), {}});
+  sh.tensors = im.StateTable(/*fill=*/false);
   // Each rank's pieces from its own thread, then in rank order.
   std::vector<std::vector<TensorPiece>> by_rank(im.ranks.size());
   PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) {
@@ -1424,14 +1444,8 @@ Result<std::vector<std::vector<int64_t>>> Trainer::AllGatherWords(const std::vec
   const int world = im.grid.world();
   std::vector<int64_t> all(size_t(n) * size_t(world));
   PTDP_RETURN_IF_ERROR(OnEveryRank(*im.threads, im.ranks, [&](Rank& rk) -> Status {
-    Backend& be = *rk.backend;
-    std::vector<int32_t> mine(size_t(2 * n)), got(size_t(2 * n * world));
-    std::memcpy(mine.data(), words.data(), size_t(n) * sizeof(int64_t));
-    PTDP_ASSIGN_OR_RETURN(Tensor in, be.Alloc({2 * n}, DType::kI32));
-    PTDP_ASSIGN_OR_RETURN(Tensor out, be.Alloc({2 * n * world}, DType::kI32));
-    PTDP_RETURN_IF_ERROR(be.CopyFromHost(mine.data(), in));
-    PTDP_RETURN_IF_ERROR(rk.world->AllGather(in, out));
-    PTDP_RETURN_IF_ERROR(be.CopyToHost(out, got.data()));
+    std::vector<int32_t> got;
+    PTDP_RETURN_IF_ERROR(im.AllGatherRaw(rk, words.data(), words.size() * sizeof(int64_t), &got));
     if (&rk == &im.ranks.front()) std::memcpy(all.data(), got.data(), got.size() * sizeof(int32_t));
     return Status::Ok();
   }).Prefixed("exchanging words over WORLD"));
