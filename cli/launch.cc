@@ -30,9 +30,21 @@ struct CudaRanks {
   std::vector<cudaStream_t> streams;                 // by global rank
 };
 
+// The attention core of bf16 plans (runtime/cuda/cuda_backend.h): PTDP_CUDA_ATTENTION=flash (the
+// default: the flash kernels, heads of d <= 128) or unfused (cuBLAS and a softmax kernel, P kept:
+// to compare the two, or to fall back).
+Result<rt::cuda::AttentionKernel> AttentionKernelFromEnv() {
+  const char* env = std::getenv("PTDP_CUDA_ATTENTION");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "flash") return rt::cuda::AttentionKernel::kFlash;
+  if (v == "unfused") return rt::cuda::AttentionKernel::kUnfused;
+  return Status::Error("PTDP_CUDA_ATTENTION '" + v + "': expected flash or unfused");
+}
+
 Result<std::shared_ptr<CudaRanks>> MakeBackends(const rt::cuda::CudaModule& cuda, const Layout& l,
                                                 const std::vector<int>& ranks,
                                                 const std::vector<int>& devices) {
+  PTDP_ASSIGN_OR_RETURN(const rt::cuda::AttentionKernel attention, AttentionKernelFromEnv());
   auto cr = std::make_shared<CudaRanks>();
   cr->owned.resize(size_t(l.world()));
   cr->streams.resize(size_t(l.world()), nullptr);
@@ -42,6 +54,7 @@ Result<std::shared_ptr<CudaRanks>> MakeBackends(const rt::cuda::CudaModule& cuda
     // fp32 plans run exact fp32 GEMMs; bf16/fp16 plans run bf16 tensor-core GEMMs.
     o.gemm = l.precision == Precision::kFp32 ? rt::cuda::GemmPrecision::kFp32
                                              : rt::cuda::GemmPrecision::kBf16;
+    o.attention = attention;
     auto b = cuda.NewBackend(o);
     if (!b.ok()) return b.status().Prefixed("rank " + to_string(ranks[i]));
     cr->streams[size_t(ranks[i])] = b->stream;

@@ -145,14 +145,17 @@ class Backend {
   // qkv holds per row [q | k | v], each A = nh*d wide with head j at columns j*d .. j*d+d-1:
   // qkv is (b, s, 3A) or (s, b, 3A) per `order`; out is (b, s, A) or (s, b, A) likewise.
   // out = softmax(q k^T / sqrt(d) with positions > the query's masked) v, per batch and head.
-  // `saved` receives what the backward needs; allocate it with AttentionSavedShape (fp32).
-  virtual Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const = 0;
+  // `saved` receives what the backward needs; allocate it with AttentionSavedShape (fp32) for
+  // heads of dimension d: the CPU backend keeps the probabilities (b, nh, s, s), the CUDA
+  // backend's flash kernels only the log-sum-exp of each query (b, nh, s).
+  virtual Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t d) const = 0;
   virtual void AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,
                                 Tensor& saved) = 0;
   // dqkv (same shape as qkv) = the gradient of the forward given dout (shape of out), the
-  // forward's qkv and saved. dqkv is overwritten.
-  virtual void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved,
-                                 int64_t nh, TokenOrder order, Tensor& dqkv) = 0;
+  // forward's qkv, out and saved. dqkv is overwritten.
+  virtual void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                 const Tensor& saved, int64_t nh, TokenOrder order,
+                                 Tensor& dqkv) = 0;
 
   // ---- context-parallel attention blocks (Megatron's ring attention; runtime/gpt.h) ---------
   // A CP rank holds two chunks of each sequence (causal load balancing): its s = 2*len local

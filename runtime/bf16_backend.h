@@ -71,9 +71,9 @@ class Bf16Backend final : public ForwardingBackend {
     inner().AttentionForward(qkv, nh, o, out, saved);
     inner().RoundToBf16(out);
   }
-  void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved, int64_t nh,
-                         TokenOrder o, Tensor& dqkv) override {
-    inner().AttentionBackward(dout, qkv, saved, nh, o, dqkv);
+  void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                         const Tensor& saved, int64_t nh, TokenOrder o, Tensor& dqkv) override {
+    inner().AttentionBackward(dout, qkv, out, saved, nh, o, dqkv);
     inner().RoundToBf16(dqkv);
   }
   void ScaleRows(const Tensor& x, const Tensor& s, Tensor& out) override {

@@ -51,16 +51,16 @@ class ForwardingBackend : public Backend {
   void GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) override {
     in_->GeluBackward(dy, x, dx);
   }
-  Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const override {
-    return in_->AttentionSavedShape(b, s, nh);
+  Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t d) const override {
+    return in_->AttentionSavedShape(b, s, nh, d);
   }
   void AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder o, Tensor& out,
                         Tensor& saved) override {
     in_->AttentionForward(qkv, nh, o, out, saved);
   }
-  void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved, int64_t nh,
-                         TokenOrder o, Tensor& dqkv) override {
-    in_->AttentionBackward(dout, qkv, saved, nh, o, dqkv);
+  void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                         const Tensor& saved, int64_t nh, TokenOrder o, Tensor& dqkv) override {
+    in_->AttentionBackward(dout, qkv, out, saved, nh, o, dqkv);
   }
   void AttentionBlockForward(const Tensor& qkv, const SeqBlock& qp, const Tensor& kv,
                              const SeqBlock& kp, int64_t nh, bool first, Tensor& out,

@@ -431,7 +431,7 @@ Status GptChunk::AttentionCore(LayerSaved& sv, int64_t b) {
   Tensor att3 = sv.att.View({s_, b, attn_});
   const Tensor qkv3 = sv.qkv.View({s_, b, 3 * attn_});
   if (cfg_.cp == 1) {
-    PTDP_ASSIGN_OR_RETURN(sv.att_saved, Out(be_.AttentionSavedShape(b, s_, nh_)));
+    PTDP_ASSIGN_OR_RETURN(sv.att_saved, Out(be_.AttentionSavedShape(b, s_, nh_, attn_ / nh_)));
     be_.AttentionForward(qkv3, nh_, TokenOrder::kSeqFirst, att3, sv.att_saved);
     return Status::Ok();
   }
@@ -462,7 +462,8 @@ Result<Tensor> GptChunk::AttentionCoreBackward(const Tensor& datt, const LayerSa
   const Tensor qkv3 = sv.qkv.View({s_, b, 3 * attn_});
   const Tensor datt3 = datt.View({s_, b, attn_});
   if (cfg_.cp == 1) {
-    be_.AttentionBackward(datt3, qkv3, sv.att_saved, nh_, TokenOrder::kSeqFirst, dqkv3);
+    be_.AttentionBackward(datt3, qkv3, sv.att.View({s_, b, attn_}), sv.att_saved, nh_,
+                          TokenOrder::kSeqFirst, dqkv3);
     return dqkv;
   }
   // The K/V block travels the ring again with its gradient accumulator dkv; after c - 1 hops

@@ -240,7 +240,7 @@ Status Bench::Attention() {
   for (double s : grids_.attention_s)
     for (double d : grids_.attention_d) {
       const int64_t S = int64_t(s), A = kHeads * int64_t(d);
-      const Shape saved_shape = be_->AttentionSavedShape(1, S, kHeads);
+      const Shape saved_shape = be_->AttentionSavedShape(1, S, kHeads, int64_t(d));
       const size_t nv = Variants(4 * (double(S) * 4 * A + double(Shape(saved_shape).numel())));
       PTDP_ASSIGN_OR_RETURN(auto qkv, Randoms({S, 1, 3 * A}, 6, nv));
       PTDP_ASSIGN_OR_RETURN(auto dout, Randoms({S, 1, A}, 8, nv));
@@ -259,7 +259,8 @@ Status Bench::Attention() {
       });
       const double bwd = TimeCall([&] {
         const size_t i = k++ % nv;
-        be_->AttentionBackward(dout[i], qkv[i], saved[i], kHeads, TokenOrder::kSeqFirst, dqkv);
+        be_->AttentionBackward(dout[i], qkv[i], out, saved[i], kHeads, TokenOrder::kSeqFirst,
+                               dqkv);
       });
       Add("attention_forward", {s, d, fwd / kHeads});
       Add("attention_backward", {s, d, bwd / kHeads});
@@ -593,10 +594,13 @@ Status Bench::Collectives() {
   return Status::Ok();
 }
 
-// Elements saved per (batch, head) = per_score s^2 + per_token s, from two sequence lengths.
+// Elements saved per (batch, head) = per_score s^2 + per_token s, from two sequence lengths, at
+// head dimension 64 (GPT-2, GPT-3 small): the CUDA backend's flash kernels keep per_token 1 for
+// d <= 128, its unfused path (larger heads, fp32 GEMMs) per_score 1 as the CPU.
 void Bench::AttentionStorage(MeasuredPrimitives* m) const {
-  const double f16 = double(be_->AttentionSavedShape(1, 16, 1).numel());
-  const double f32 = double(be_->AttentionSavedShape(1, 32, 1).numel());
+  constexpr int64_t kHeadDim = 64;
+  const double f16 = double(be_->AttentionSavedShape(1, 16, 1, kHeadDim).numel());
+  const double f32 = double(be_->AttentionSavedShape(1, 32, 1, kHeadDim).numel());
   m->attention_saved_per_score = (f32 / 32 - f16 / 16) / 16;
   m->attention_saved_per_token = f16 / 16 - 16 * m->attention_saved_per_score;
 }

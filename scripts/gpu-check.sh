@@ -190,8 +190,10 @@ train 1x1x1-mb8 1 "--tp 1 --pp 1 --micro-batch 8"
 train 1x1x1-mb16 1 "--tp 1 --pp 1 --micro-batch 16"
 train tp2 2 "--tp 2 --pp 1 --micro-batch 8" --one-gpu
 train pp2 2 "--tp 1 --pp 2 --micro-batch 8" --one-gpu
+# The unfused attention core (P kept, cuBLAS) against the flash kernels: speed, and the losses.
+PTDP_CUDA_ATTENTION=unfused train 1x1x1-mb8-unfused 1 "--tp 1 --pp 1 --micro-batch 8"
 ref=$work/1x1x1-mb8.measured.json
-for name in tp2 pp2; do
+for name in tp2 pp2 1x1x1-mb8-unfused; do
   m=$work/$name.measured.json
   if ! [ -f "$ref" ] || ! [ -f "$m" ]; then continue; fi
   say "  $name against 1x1x1 (the same 16 sequences a step): largest loss difference $(python3 -c "

@@ -356,7 +356,7 @@ void CpuBackend::GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) {
 
 // ---- attention ------------------------------------------------------------------------------
 
-Shape CpuBackend::AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const {
+Shape CpuBackend::AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t /*d*/) const {
   return Shape{b, nh, s, s};
 }
 
@@ -369,7 +369,7 @@ void CpuBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder orde
   BatchSeq(qkv, order, &b, &s);
   const int64_t A = Cols(qkv) / 3, d = A / nh;
   assert(Cols(qkv) == 3 * A && A == nh * d && out.numel() == b * s * A);
-  assert(saved.shape() == AttentionSavedShape(b, s, nh));
+  assert(saved.shape() == AttentionSavedShape(b, s, nh, d));
   const float scale = 1.0f / std::sqrt(float(d));
   const float* in = F32(qkv);
   float* o = MutF32(out);
@@ -405,13 +405,14 @@ void CpuBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder orde
 // With dO the (s, d) gradient of O:
 //   dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP)) / sqrt(d);
 //   dQ = dS K;  dK = dS^T Q   (dS lower-triangular, like P; its upper part in scratch_ is junk).
-void CpuBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved,
-                                   int64_t nh, TokenOrder order, Tensor& dqkv) {
+void CpuBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/,
+                                   const Tensor& saved, int64_t nh, TokenOrder order,
+                                   Tensor& dqkv) {
   int64_t b = 0, s = 0;
   BatchSeq(qkv, order, &b, &s);
   const int64_t A = Cols(qkv) / 3, d = A / nh;
   assert(A == nh * d && dout.numel() == b * s * A && dqkv.shape() == qkv.shape());
-  assert(saved.shape() == AttentionSavedShape(b, s, nh));
+  assert(saved.shape() == AttentionSavedShape(b, s, nh, d));
   const float scale = 1.0f / std::sqrt(float(d));
   const float* in = F32(qkv);
   const float* g = F32(dout);

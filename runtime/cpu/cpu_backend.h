@@ -107,11 +107,11 @@ class CpuBackend final : public Backend {
   void GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) override;
 
   // Saves the softmax probabilities P (b, nh, s, s), zero above the diagonal.
-  Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const override;
+  Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t d) const override;
   void AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,
                         Tensor& saved) override;
-  void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved, int64_t nh,
-                         TokenOrder order, Tensor& dqkv) override;
+  void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                         const Tensor& saved, int64_t nh, TokenOrder order, Tensor& dqkv) override;
 
   void AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, const Tensor& kv,
                              const SeqBlock& kpos, int64_t nh, bool first, Tensor& out,

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/flash_attention.cuh"
 #include "runtime/cuda/kernels.cuh"
 
 namespace ptdp::rt::cuda {
@@ -105,6 +106,8 @@ struct CudaBackend::Impl {
   std::vector<cudaEvent_t> events;  // Mark(): created once, reused after ClearMarks
   size_t marks = 0;                 // events[0, marks) recorded since ClearMarks
   void* workspace = nullptr;
+  int cc_major = 0;            // compute capability
+  int64_t smem_optin = 0;      // cudaDevAttrMaxSharedMemoryPerBlockOptin
 
   explicit Impl(const CudaBackendOptions& o) : options(o), name(Label(o.device)) {
     shared->device = o.device;
@@ -184,6 +187,8 @@ Status CudaBackend::Impl::Init() {
   cudaDeviceProp prop{};
   PTDP_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, dev));
   name = Label(dev) + " (" + prop.name + ")";
+  cc_major = prop.major;
+  smem_optin = int64_t(prop.sharedMemPerBlockOptin);
   int pools = 0;
   PTDP_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev));
   if (pools == 0)
@@ -520,8 +525,17 @@ void CudaBackend::GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) {
 
 // ---- attention --------------------------------------------------------------------------------
 
-// Saves the softmax probabilities P (b, nh, s, s), zero above the diagonal, as the CPU backend.
-Shape CudaBackend::AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const {
+// bf16 plans with heads of d <= 128 on sm_80+ run the flash kernels and save the log-sum-exp
+// (b, nh, s); the unfused path saves the softmax probabilities P (b, nh, s, s), zero above the
+// diagonal, as the CPU backend.
+bool CudaBackend::UsesFlashAttention(int64_t d) const {
+  return impl_->options.gemm == GemmPrecision::kBf16 &&
+         impl_->options.attention == AttentionKernel::kFlash &&
+         kernels::FlashAttentionSupported(d, impl_->cc_major, impl_->smem_optin);
+}
+
+Shape CudaBackend::AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t d) const {
+  if (UsesFlashAttention(d)) return Shape{b, nh, s};
   return Shape{b, nh, s, s};
 }
 
@@ -534,10 +548,16 @@ void CudaBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder ord
   BatchSeq(qkv, order, &b, &s);
   const int64_t a = Cols(qkv) / 3, d = a / nh, l = b * nh, x = l * s * d;
   assert(Cols(qkv) == 3 * a && a == nh * d && out.numel() == b * s * a);
-  assert(saved.shape() == AttentionSavedShape(b, s, nh));
+  assert(saved.shape() == AttentionSavedShape(b, s, nh, d));
   if (!impl_->Begin() || x == 0) return;
   const bool seq_first = order == TokenOrder::kSeqFirst;
   cudaStream_t st = impl_->stream;
+  if (UsesFlashAttention(d)) {
+    impl_->Check(PTDP_CUDA_STATUS(kernels::FlashAttentionForward(
+        F32(qkv), kernels::HeadLayout{b, s, nh, d, 3, seq_first}, MutF32(out), MutF32(saved),
+        st)));
+    return;
+  }
   Result<Tensor> heads = impl_->Scratch("AttentionForward", Shape{3, l, s, d});  // q | k | v
   if (!heads.ok()) return;
   Result<Tensor> o = impl_->Scratch("AttentionForward", Shape{l, s, d});
@@ -561,17 +581,27 @@ void CudaBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder ord
 // With dO the gradient of O per head:
 //   dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP)) / sqrt(d);  dQ = dS K;
 //   dK = dS^T Q; dQ, dK, dV packed into dqkv's rows.
-void CudaBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved,
-                                    int64_t nh, TokenOrder order, Tensor& dqkv) {
+void CudaBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& saved, int64_t nh, TokenOrder order,
+                                    Tensor& dqkv) {
   int64_t b = 0, s = 0;
   BatchSeq(qkv, order, &b, &s);
   const int64_t a = Cols(qkv) / 3, d = a / nh, l = b * nh, x = l * s * d;
   assert(a == nh * d && dout.numel() == b * s * a && dqkv.shape() == qkv.shape());
-  assert(saved.shape() == AttentionSavedShape(b, s, nh));
+  assert(out.numel() == dout.numel());
+  assert(saved.shape() == AttentionSavedShape(b, s, nh, d));
   if (!impl_->Begin() || x == 0) return;
   const bool seq_first = order == TokenOrder::kSeqFirst;
   cudaStream_t st = impl_->stream;
   const char* op = "AttentionBackward";
+  if (UsesFlashAttention(d)) {
+    Result<Tensor> delta = impl_->Scratch(op, Shape{l, s});
+    if (!delta.ok()) return;
+    impl_->Check(PTDP_CUDA_STATUS(kernels::FlashAttentionBackward(
+        F32(dout), F32(qkv), F32(out), F32(saved), kernels::HeadLayout{b, s, nh, d, 3, seq_first},
+        MutF32(*delta), MutF32(dqkv), st)));
+    return;
+  }
   Result<Tensor> heads = impl_->Scratch(op, Shape{3, l, s, d});   // q | k | v
   if (!heads.ok()) return;
   Result<Tensor> dheads = impl_->Scratch(op, Shape{3, l, s, d});  // dq | dk | dv

@@ -34,10 +34,14 @@ typedef struct CUstream_st* cudaStream_t;
 namespace ptdp::rt::cuda {
 
 enum class GemmPrecision { kBf16, kFp32 };
+// The attention core of bf16 plans: the flash kernels (flash_attention.cuh; heads of d <= 128 on
+// sm_80 and later) or the unfused cuBLAS path, which fp32 plans and larger heads always take.
+enum class AttentionKernel { kFlash, kUnfused };
 
 struct CudaBackendOptions {
   int device = 0;                             // CUDA device ordinal
   GemmPrecision gemm = GemmPrecision::kBf16;  // see the file comment
+  AttentionKernel attention = AttentionKernel::kFlash;
   size_t capacity_bytes = 0;                  // Alloc fails past this many live bytes; 0: none
 };
 
@@ -95,11 +99,13 @@ class CudaBackend final : public Backend {
                          const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
   void GeluForward(const Tensor& x, Tensor& y) override;
   void GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) override;
-  Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh) const override;
+  Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t d) const override;
+  // Whether the attention core of heads of dimension d runs the flash kernels (AttentionKernel).
+  bool UsesFlashAttention(int64_t d) const;
   void AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,
                         Tensor& saved) override;
-  void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& saved, int64_t nh,
-                         TokenOrder order, Tensor& dqkv) override;
+  void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                         const Tensor& saved, int64_t nh, TokenOrder order, Tensor& dqkv) override;
   void AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, const Tensor& kv,
                              const SeqBlock& kpos, int64_t nh, bool first, Tensor& out,
                              Tensor& lse) override;

@@ -93,10 +93,10 @@ TEST_P(CpAttentionRing, BlocksComposeToTheWholeSequence) {
   const std::vector<float> dout = RandomFloats(size_t(S * b * A), 32);
   // Reference: the whole sequence on one rank.
   Tensor in = F({S, b, 3 * A}, qkv), out = F({S, b, A});
-  Tensor saved = F(be.AttentionSavedShape(b, S, k.nh));
+  Tensor saved = F(be.AttentionSavedShape(b, S, k.nh, k.d));
   be.AttentionForward(in, k.nh, TokenOrder::kSeqFirst, out, saved);
   Tensor g = F({S, b, A}, dout), dqkv = F({S, b, 3 * A});
-  be.AttentionBackward(g, in, saved, k.nh, TokenOrder::kSeqFirst, dqkv);
+  be.AttentionBackward(g, in, out, saved, k.nh, TokenOrder::kSeqFirst, dqkv);
   const std::vector<float> want_out = Host(out), want_dqkv = Host(dqkv);
   const std::vector<double> want_lse = NaiveLse(qkv, k);
 

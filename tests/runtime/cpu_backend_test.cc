@@ -467,7 +467,7 @@ std::vector<float> SwapBS(const std::vector<float>& v, int64_t b, int64_t s, int
 TEST_P(CpuBackendTest, AttentionFirstPositionSeesOnlyItself) {
   // b = 1, s = 3, nh = 1, d = 2: out at t = 0 is v at t = 0 whatever q and k are.
   std::vector<float> qkv = RandomFloats(3 * 6, 17, -3, 3);
-  Tensor in = F({1, 3, 6}, qkv), out = F({1, 3, 2}), saved = F(be.AttentionSavedShape(1, 3, 1));
+  Tensor in = F({1, 3, 6}, qkv), out = F({1, 3, 2}), saved = F(be.AttentionSavedShape(1, 3, 1, 2));
   be.AttentionForward(in, 1, TokenOrder::kBatchFirst, out, saved);
   std::vector<float> o = Host(out);
   EXPECT_FLOAT_EQ(o[0], qkv[4]);
@@ -486,7 +486,7 @@ TEST_P(CpuBackendTest, AttentionMatchesNaiveInBothTokenOrders) {
   const int64_t b = 2, s = 5, nh = 3, d = 4, A = nh * d;
   std::vector<float> qkv = RandomFloats(size_t(b * s * 3 * A), 18, -2, 2);
   std::vector<float> want = NaiveAttention(qkv, b, s, nh, d);
-  Tensor saved = F(be.AttentionSavedShape(b, s, nh));
+  Tensor saved = F(be.AttentionSavedShape(b, s, nh, d));
   Tensor in = F({b, s, 3 * A}, qkv), out = F({b, s, A});
   be.AttentionForward(in, nh, TokenOrder::kBatchFirst, out, saved);
   ExpectNear(Host(out), want, 1e-5);
@@ -503,7 +503,7 @@ TEST_P(CpuBackendTest, AttentionBackwardMatchesFiniteDifferences) {
     const Shape out_shape = order == TokenOrder::kBatchFirst ? Shape{b, s, A} : Shape{s, b, A};
     std::vector<float> qkv = RandomFloats(size_t(b * s * 3 * A), 19);
     std::vector<float> r = RandomFloats(size_t(b * s * A), 20);
-    Tensor in = F(in_shape), out = F(out_shape), saved = F(be.AttentionSavedShape(b, s, nh));
+    Tensor in = F(in_shape), out = F(out_shape), saved = F(be.AttentionSavedShape(b, s, nh, d));
     auto loss = [&] {
       Set(in, qkv);
       be.AttentionForward(in, nh, order, out, saved);
@@ -511,7 +511,7 @@ TEST_P(CpuBackendTest, AttentionBackwardMatchesFiniteDifferences) {
     };
     loss();
     Tensor dout = F(out_shape, r), dqkv = F(in_shape);
-    be.AttentionBackward(dout, in, saved, nh, order, dqkv);
+    be.AttentionBackward(dout, in, out, saved, nh, order, dqkv);
     ExpectGrad(order == TokenOrder::kBatchFirst ? "dqkv (b, s)" : "dqkv (s, b)", qkv, Host(dqkv),
                loss);
   }
@@ -523,9 +523,10 @@ TEST_P(CpuBackendTest, AttentionIsDeterministic) {
   Tensor dout = F({b, s, A}, RandomFloats(size_t(b * s * A), 22));
   std::vector<float> first_out, first_grad;
   for (int rep = 0; rep < 2; ++rep) {
-    Tensor out = F({b, s, A}), saved = F(be.AttentionSavedShape(b, s, nh)), dqkv = F({b, s, 3 * A});
+    Tensor out = F({b, s, A}), saved = F(be.AttentionSavedShape(b, s, nh, d));
+    Tensor dqkv = F({b, s, 3 * A});
     be.AttentionForward(in, nh, TokenOrder::kBatchFirst, out, saved);
-    be.AttentionBackward(dout, in, saved, nh, TokenOrder::kBatchFirst, dqkv);
+    be.AttentionBackward(dout, in, out, saved, nh, TokenOrder::kBatchFirst, dqkv);
     if (rep == 0) {
       first_out = Host(out);
       first_grad = Host(dqkv);

@@ -110,12 +110,14 @@ class CudaTest : public ::testing::Test {
 
   void SetUp() override { Open(GemmPrecision::kFp32); }
 
-  void Open(GemmPrecision precision, size_t capacity_bytes = 0) {
+  void Open(GemmPrecision precision, size_t capacity_bytes = 0,
+            AttentionKernel attention = AttentionKernel::kFlash) {
     const CudaInfo info = ProbeCuda();
     if (info.gpus_visible == 0) GTEST_SKIP() << "no CUDA GPU visible: " << info.why_none;
     CudaBackendOptions o;
     o.gemm = precision;
     o.capacity_bytes = capacity_bytes;
+    o.attention = attention;
     auto be = CudaBackend::Create(o);
     ASSERT_TRUE(be.ok()) << be.status().message();
     gpu = std::move(be).value();
@@ -283,7 +285,7 @@ TEST_F(CudaTest, TensorMayOutliveItsBackend) {
 TEST_F(CudaTest, ScratchCountsInPeakBytes) {
   const int64_t b = 2, s = 64, nh = 2, d = 16, a = nh * d;
   Tensor qkv = GpuF({b, s, 3 * a}, Random(size_t(b * s * 3 * a), 1));
-  Tensor out = GpuF({b, s, a}), saved = GpuF(gpu->AttentionSavedShape(b, s, nh));
+  Tensor out = GpuF({b, s, a}), saved = GpuF(gpu->AttentionSavedShape(b, s, nh, d));
   const size_t live = gpu->CurrentBytes();
   gpu->ResetPeak();
   gpu->AttentionForward(qkv, nh, TokenOrder::kBatchFirst, out, saved);
@@ -302,7 +304,7 @@ TEST_F(CudaTest, FirstFailureIsReturnedOnceAndLaterOpsAreSkipped) {
   const size_t tensors = size_t(b * s * 3 * a + b * s * a + b * nh * s * s + 4) * sizeof(float);
   Open(GemmPrecision::kFp32, tensors);
   Tensor qkv = GpuF({b, s, 3 * a}, Random(size_t(b * s * 3 * a), 2));
-  Tensor out = GpuF({b, s, a}), saved = GpuF(gpu->AttentionSavedShape(b, s, nh)), x = GpuF({4});
+  Tensor out = GpuF({b, s, a}), saved = GpuF(gpu->AttentionSavedShape(b, s, nh, d)), x = GpuF({4});
   ASSERT_EQ(gpu->CurrentBytes(), tensors);
 
   gpu->AttentionForward(qkv, nh, TokenOrder::kBatchFirst, out, saved);
@@ -477,52 +479,82 @@ TEST_F(CudaTest, GeluForwardAndBackward) {
 struct AttnCase {
   GemmPrecision precision;
   TokenOrder order;
+  AttentionKernel kernel = AttentionKernel::kFlash;  // bf16 only: fp32 is always unfused
+  int64_t b = 2, s = 67, nh = 3, d = 16;
 };
 
-void PrintTo(const AttnCase& c, std::ostream* os) {
-  *os << Name(c.precision) << (c.order == TokenOrder::kBatchFirst ? " (b, s)" : " (s, b)");
+std::string CaseName(const AttnCase& c) {
+  std::string n = Name(c.precision);
+  if (c.precision == GemmPrecision::kBf16)
+    n += c.kernel == AttentionKernel::kFlash ? "_flash" : "_unfused";
+  n += c.order == TokenOrder::kBatchFirst ? "_batch_first" : "_seq_first";
+  return n + "_b" + std::to_string(c.b) + "_s" + std::to_string(c.s) + "_nh" +
+         std::to_string(c.nh) + "_d" + std::to_string(c.d);
 }
+
+void PrintTo(const AttnCase& c, std::ostream* os) { *os << CaseName(c); }
 
 class CudaAttentionTest : public CudaTest, public ::testing::WithParamInterface<AttnCase> {
  protected:
-  void SetUp() override { Open(GetParam().precision); }
+  void SetUp() override { Open(GetParam().precision, 0, GetParam().kernel); }
 };
+// s = 67: rows longer than a warp and not a multiple of it or of the flash tiles (64); nh = 3
+// heads of d = 16 (padded to 64 by the flash kernels). Then the flash kernels' real head sizes
+// (64: GPT-2; 128: Llama; 80 and 96 padded to 128) over several tiles, and a one-token sequence.
 INSTANTIATE_TEST_SUITE_P(
     Cuda, CudaAttentionTest,
-    ::testing::Values(AttnCase{GemmPrecision::kFp32, TokenOrder::kBatchFirst},
-                      AttnCase{GemmPrecision::kFp32, TokenOrder::kSeqFirst},
-                      AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst},
-                      AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst}),
-    [](const ::testing::TestParamInfo<AttnCase>& i) {
-      return Name(i.param.precision) +
-             (i.param.order == TokenOrder::kBatchFirst ? "_batch_first" : "_seq_first");
-    });
+    ::testing::Values(
+        AttnCase{GemmPrecision::kFp32, TokenOrder::kBatchFirst},
+        AttnCase{GemmPrecision::kFp32, TokenOrder::kSeqFirst},
+        AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst, AttentionKernel::kUnfused},
+        AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst, AttentionKernel::kUnfused},
+        AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst},
+        AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst},
+        AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst, AttentionKernel::kFlash, 1, 130, 2,
+                 64},
+        AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst, AttentionKernel::kFlash, 2, 200,
+                 2, 128},
+        AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst, AttentionKernel::kFlash, 3, 129, 2,
+                 96},
+        AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst, AttentionKernel::kFlash, 2, 1, 2,
+                 80}),
+    [](const ::testing::TestParamInfo<AttnCase>& i) { return CaseName(i.param); });
 
 TEST_P(CudaAttentionTest, ForwardAndBackwardAgainstCpu) {
-  // s = 67: rows longer than a warp and not a multiple of it; nh = 3 heads of d = 16.
-  const int64_t b = 2, s = 67, nh = 3, d = 16, a = nh * d;
-  const bool bf16 = GetParam().precision == GemmPrecision::kBf16;
-  const TokenOrder order = GetParam().order;
+  const AttnCase& c = GetParam();
+  const int64_t b = c.b, s = c.s, nh = c.nh, d = c.d, a = nh * d;
+  const bool bf16 = c.precision == GemmPrecision::kBf16;
+  const bool flash = bf16 && c.kernel == AttentionKernel::kFlash;
+  const TokenOrder order = c.order;
+  // Every GPU this is built for (sm_80, sm_90) runs the flash kernels: a silent fallback to the
+  // unfused path would test the wrong kernel.
+  ASSERT_EQ(gpu->UsesFlashAttention(d), flash);
   const Shape in_shape = order == TokenOrder::kBatchFirst ? Shape{b, s, 3 * a} : Shape{s, b, 3 * a};
   const Shape out_shape = order == TokenOrder::kBatchFirst ? Shape{b, s, a} : Shape{s, b, a};
   Both qkv = F(in_shape, Random(size_t(b * s * 3 * a), 24));
-  Both out = F(out_shape), saved = F(cpu.AttentionSavedShape(b, s, nh));
-  ASSERT_EQ(gpu->AttentionSavedShape(b, s, nh), cpu.AttentionSavedShape(b, s, nh));
+  Both out = F(out_shape);
+  // The flash kernels keep the log-sum-exp per query, the unfused path P as the CPU.
+  Both saved{*cpu.Alloc(cpu.AttentionSavedShape(b, s, nh, d), DType::kF32),
+             GpuF(gpu->AttentionSavedShape(b, s, nh, d))};
+  const Shape want_saved = flash ? Shape{b, nh, s} : cpu.AttentionSavedShape(b, s, nh, d);
+  EXPECT_EQ(gpu->AttentionSavedShape(b, s, nh, d), want_saved);
   cpu.AttentionForward(qkv.c, nh, order, out.c, saved.c);
   gpu->AttentionForward(qkv.g, nh, order, out.g, saved.g);
   // fp32: sums of <= 67 terms of size <= 1 in another order. bf16 (inputs in [-1, 1]): a
-  // score's error has std ~0.19 * 2^-8 sqrt(d) = 0.003 (file comment), so <= 0.015 (5 std),
-  // 0.004 after the 1/sqrt(d) scale; each P is then within a relative 2 * 0.004 (a softmax
-  // moves by at most twice the largest change of its inputs); P v adds <= 2^-7 (sum_u P = 1,
-  // |v| <= 1, each product within 2^-7 relative): |out error| <= 0.008 + 0.008 = 0.016 < 0.02.
-  // (This test emulated on the host with bf16-rounded GEMM operands: P within 0.0005, out
-  // within 0.0031, dqkv within 0.3% of its largest element.)
-  ExpectNear(saved, bf16 ? 0.01 : 3e-6, 0, "P");
+  // score's error has std ~0.19 * 2^-8 sqrt(d) (file comment), ~0.19 * 2^-8 = 0.0007 after the
+  // 1/sqrt(d) scale whatever d, so <= 0.004 (5 std); each P is then within a relative 2 * 0.004
+  // (a softmax moves by at most twice the largest change of its inputs); P v adds <= 2^-7
+  // (sum_u P = 1, |v| <= 1, each product within 2^-7 relative): |out error| <= 0.016 < 0.02.
+  // The flash kernels round P to bf16 before P v as cuBLAS does in the unfused path. (Host
+  // emulations with bf16-rounded operands: P within 0.0005, out within 0.0031 unfused; the
+  // flash tiling, 64 x 64 tiles and the online softmax in base 2: out within 0.0025 of its
+  // largest element, dqkv within 0.0045, at the shapes above.)
+  if (!flash) ExpectNear(saved, bf16 ? 0.01 : 3e-6, 0, "P");
   ExpectNear(out, bf16 ? 0.02 : 1e-5, 0, "out");
   Both dout = F(out_shape, Random(size_t(b * s * a), 25)), dqkv = F(in_shape);
-  cpu.AttentionBackward(dout.c, qkv.c, saved.c, nh, order, dqkv.c);
-  // The GPU's backward from the GPU's forward (its own P), as in training.
-  gpu->AttentionBackward(dout.g, qkv.g, saved.g, nh, order, dqkv.g);
+  cpu.AttentionBackward(dout.c, qkv.c, out.c, saved.c, nh, order, dqkv.c);
+  // The GPU's backward from the GPU's forward (its own out and P or lse), as in training.
+  gpu->AttentionBackward(dout.g, qkv.g, out.g, saved.g, nh, order, dqkv.g);
   // bf16: four chained GEMMs on rounded operands, each within ~2^-8 relative of its terms,
   // and the softmax backward's subtraction: 5% of the largest gradient.
   const std::vector<float> want = CpuHost(dqkv.c);
@@ -760,10 +792,10 @@ TEST_F(CudaTest, SameInputsGiveBitIdenticalOutputs) {
     gpu->Matmul(dx, true, y, false, dw, 1.0f, 1.0f);
     Tensor bias_grad = GpuF({C});
     gpu->BiasGrad(dx, bias_grad);
-    Tensor out = GpuF({s, b, a}), saved = GpuF(gpu->AttentionSavedShape(b, s, nh));
+    Tensor out = GpuF({s, b, a}), saved = GpuF(gpu->AttentionSavedShape(b, s, nh, d));
     Tensor dqkv = GpuF({s, b, 3 * a});
-    gpu->AttentionForward(qkv, nh, TokenOrder::kSeqFirst, out, saved);
-    gpu->AttentionBackward(dout, qkv, saved, nh, TokenOrder::kSeqFirst, dqkv);
+    gpu->AttentionForward(qkv, nh, TokenOrder::kSeqFirst, out, saved);  // flash (bf16)
+    gpu->AttentionBackward(dout, qkv, out, saved, nh, TokenOrder::kSeqFirst, dqkv);
     Tensor dtable = GpuF({V, C});
     gpu->EmbeddingBackward(x, ids, 0, dtable);
     Tensor mx = GpuF({N}), se = GpuF({N}), z = GpuF({N}), loss = GpuF({N}), total = GpuF({1});

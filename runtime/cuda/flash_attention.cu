@@ -1,0 +1,446 @@
+// Causal flash attention forward and backward on bf16 tensor cores (WMMA 16x16x16, fp32
+// accumulators); the contract and the design are in flash_attention.cuh.
+//
+// A block is 4 warps (128 threads) and one tile of 64 rows (queries in the forward and in the dQ
+// kernel, keys in the dK/dV kernel); warp w owns rows 16w .. 16w+15 of every per-row buffer, so
+// within a tile only __syncwarp is needed, and __syncthreads only around the tiles all warps
+// read (the loaded Q/K/V/dO). In the element-wise steps two lanes share a row: lane 2i and
+// 2i+1 hold row 16w + i, columns 0..31 and 32..63 of the 64-wide score tile (or the halves of
+// the head dimension), and combine their partial maxima and sums with one shuffle.
+//
+// Scores are handled in base 2: x = s * scale * log2(e), p = exp2(x - m), lse_2 = lse * log2(e).
+#include "runtime/cuda/flash_attention.cuh"
+
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace ptdp::rt::cuda::kernels {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kTile = 64;        // rows (queries or keys) of a block, and columns of a score tile
+constexpr int kFlashWarps = 4;
+constexpr int kFlashThreads = kFlashWarps * 32;
+constexpr int kLdS = kTile + 4;  // float score tiles (WMMA: a multiple of 4 floats)
+constexpr int kLdP = kTile + 8;  // bf16 probability tiles (a multiple of 8 halves)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Shared-memory layout of the three kernels for a padded head dimension D: bf16 row tiles of
+// D + 8 (LdH), float output rows of D + 4 (LdO). Every region is a multiple of 128 bytes, so each
+// starts 32-byte aligned as WMMA's loads and stores require.
+template <int D>
+struct Smem {
+  static constexpr int LdH = D + 8;
+  static constexpr int LdO = D + 4;
+  static constexpr size_t kRowTile = size_t(kTile) * LdH * sizeof(bf16);
+  static constexpr size_t kScores = size_t(kTile) * kLdS * sizeof(float);
+  static constexpr size_t kProbs = size_t(kTile) * kLdP * sizeof(bf16);
+  static constexpr size_t kOut = size_t(kTile) * LdO * sizeof(float);
+  static constexpr size_t kRowStats = 2 * kTile * sizeof(float);
+  // Q, K, V; scores; P; O.
+  static constexpr size_t kForward = 3 * kRowTile + kScores + kProbs + kOut;
+  // Q, dO, K, V; S and dP (then the float output rows, which fit in both: static_assert
+  // below); P and dS (the dQ kernel uses only dS); lse and delta.
+  static constexpr size_t kBackward = 4 * kRowTile + 2 * kScores + 2 * kProbs + kRowStats;
+  static_assert(kOut <= 2 * kScores, "the output rows reuse the two score tiles");
+};
+
+bool Supported(int64_t d) { return d >= 1 && d <= kFlashMaxHeadDim; }
+
+__device__ __forceinline__ int64_t TokenRow(const HeadLayout& lay, int64_t bi, int64_t t) {
+  return lay.seq_first ? t * lay.b + bi : bi * lay.s + t;
+}
+
+// dst[r][c] (bf16, row length LdH) = src's row of position t0 + r, columns col0 + c (row width
+// w), zero past the sequence or past the head dimension d.
+template <int D>
+__device__ void LoadRows(const float* src, const HeadLayout& lay, int64_t w, int64_t col0,
+                         int64_t bi, int64_t t0, bf16* dst) {
+  for (int idx = threadIdx.x; idx < kTile * D; idx += kFlashThreads) {
+    const int r = idx / D, c = idx % D;
+    const int64_t t = t0 + r;
+    float v = 0.0f;
+    if (t < lay.s && c < lay.d) v = src[TokenRow(lay, bi, t) * w + col0 + c];
+    dst[r * Smem<D>::LdH + c] = __float2bfloat16_rn(v);
+  }
+}
+
+// Row statistics of 64 queries from position q0: lse in base 2 and delta (0 past the sequence).
+__device__ void LoadRowStats(const float* lse, const float* delta, int64_t l, int64_t s,
+                             int64_t q0, float* lse_s, float* delta_s) {
+  for (int i = threadIdx.x; i < kTile; i += kFlashThreads) {
+    const int64_t t = q0 + i;
+    lse_s[i] = t < s ? lse[l * s + t] * kLog2e : 0.0f;
+    delta_s[i] = t < s ? delta[l * s + t] : 0.0f;
+  }
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define PTDP_FLASH_TENSOR_CORES 1
+namespace wmma = nvcuda::wmma;
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
+using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// out (16 x 64 floats, row length kLdS) = a (16 x K, row-major, lda) times b^T, b (64 x K,
+// row-major, ldb): one warp's rows of a score tile. K a multiple of 16.
+template <int K>
+__device__ void ScoreTile(const bf16* a, int lda, const bf16* b, int ldb, float* out) {
+#pragma unroll
+  for (int n = 0; n < kTile / 16; ++n) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int k = 0; k < K / 16; ++k) {
+      FragA fa;
+      FragBt fb;
+      wmma::load_matrix_sync(fa, a + k * 16, lda);
+      wmma::load_matrix_sync(fb, b + n * 16 * ldb + k * 16, ldb);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + n * 16, acc, kLdS, wmma::mem_row_major);
+  }
+}
+
+// acc[n] (16 x D in D/16 fragments) += a (16 x 64, row-major, kLdP) times b (64 x D, row-major,
+// ldb).
+template <int D>
+__device__ void AccumulateRows(const bf16* a, const bf16* b, int ldb, FragC (&acc)[D / 16]) {
+#pragma unroll
+  for (int k = 0; k < kTile / 16; ++k) {
+    FragA fa;
+    wmma::load_matrix_sync(fa, a + k * 16, kLdP);
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+      FragB fb;
+      wmma::load_matrix_sync(fb, b + k * 16 * ldb + n * 16, ldb);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+}
+
+// Writes one warp's 16 x D accumulator rows (times `scale`) into the rows of `dst` (row width w,
+// columns col0 + c < d) for positions t0 + 16 warp + i < s, through the warp's rows of `stage`
+// (row length LdO).
+template <int D>
+__device__ void StoreRows(FragC (&acc)[D / 16], float scale, float* stage, const HeadLayout& lay,
+                          int64_t w, int64_t col0, int64_t bi, int64_t t0, float* dst) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* rows = stage + warp * 16 * Smem<D>::LdO;
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) {
+    for (int i = 0; i < acc[n].num_elements; ++i) acc[n].x[i] *= scale;
+    wmma::store_matrix_sync(rows + n * 16, acc[n], Smem<D>::LdO, wmma::mem_row_major);
+  }
+  __syncwarp();
+  for (int i = 0; i < 16; ++i) {
+    const int64_t t = t0 + warp * 16 + i;
+    if (t >= lay.s) break;
+    float* out = dst + TokenRow(lay, bi, t) * w + col0;
+    for (int c = lane; c < lay.d; c += 32) out[c] = rows[i * Smem<D>::LdO + c];
+  }
+  __syncwarp();
+}
+#endif
+
+// Grid (L, query tiles), the last query tile (the most key tiles) first.
+template <int D>
+__global__ void __launch_bounds__(kFlashThreads)
+    FlashForwardKernel(const float* qkv, HeadLayout lay, float scale2, float* out, float* lse) {
+#ifdef PTDP_FLASH_TENSOR_CORES
+  using S = Smem<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* ks = qs + kTile * S::LdH;
+  bf16* vs = ks + kTile * S::LdH;
+  float* ss = reinterpret_cast<float*>(vs + kTile * S::LdH);
+  bf16* ps = reinterpret_cast<bf16*>(ss + kTile * kLdS);
+  float* os = reinterpret_cast<float*>(ps + kTile * kLdP);
+
+  const int64_t l = blockIdx.x, bi = l / lay.nh, j = l % lay.nh;
+  const int64_t a = lay.nh * lay.d, w = 3 * a;
+  const int64_t qt = int64_t(gridDim.y) - 1 - blockIdx.y, q0 = qt * kTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = warp * 16 + lane / 2, half = lane & 1;
+  const int64_t qpos = q0 + r;
+
+  LoadRows<D>(qkv, lay, w, j * lay.d, bi, q0, qs);
+  for (int i = threadIdx.x; i < kTile * S::LdO; i += kFlashThreads) os[i] = 0.0f;
+  float m = -INFINITY, sum = 0.0f;  // this row's running max (base 2) and sum of exp2
+  for (int64_t kt = 0; kt <= qt; ++kt) {
+    const int64_t k0 = kt * kTile;
+    __syncthreads();  // every warp is done with the previous K and V (and the zeroed O)
+    LoadRows<D>(qkv, lay, w, a + j * lay.d, bi, k0, ks);
+    LoadRows<D>(qkv, lay, w, 2 * a + j * lay.d, bi, k0, vs);
+    __syncthreads();
+    ScoreTile<D>(qs + warp * 16 * S::LdH, S::LdH, ks, S::LdH, ss + warp * 16 * kLdS);
+    __syncwarp();
+    // Online softmax of row r over this tile: key k0 <= q0 <= qpos is always visible, so the
+    // row's maximum is finite.
+    const float* srow = ss + r * kLdS + half * 32;
+    float x[32];
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      const int64_t kpos = k0 + half * 32 + c;
+      x[c] = kpos <= qpos && kpos < lay.s ? srow[c] * scale2 : -INFINITY;
+      tile_max = fmaxf(tile_max, x[c]);
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    const float m_new = fmaxf(m, tile_max);
+    const float alpha = exp2f(m - m_new);  // 0 on the first tile (m = -inf)
+    float tile_sum = 0.0f;
+    bf16* prow = ps + r * kLdP + half * 32;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      const float p = exp2f(x[c] - m_new);
+      prow[c] = __float2bfloat16_rn(p);
+      tile_sum += p;
+    }
+    tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
+    sum = sum * alpha + tile_sum;
+    m = m_new;
+    float* orow = os + r * S::LdO + half * (D / 2);
+    for (int c = 0; c < D / 2; ++c) orow[c] *= alpha;
+    __syncwarp();
+    // O (the warp's 16 rows) += P V.
+    float* owarp = os + warp * 16 * S::LdO;
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+      FragC acc;
+      wmma::load_matrix_sync(acc, owarp + n * 16, S::LdO, wmma::mem_row_major);
+#pragma unroll
+      for (int k = 0; k < kTile / 16; ++k) {
+        FragA fa;
+        FragB fb;
+        wmma::load_matrix_sync(fa, ps + warp * 16 * kLdP + k * 16, kLdP);
+        wmma::load_matrix_sync(fb, vs + k * 16 * S::LdH + n * 16, S::LdH);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(owarp + n * 16, acc, S::LdO, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+  if (qpos < lay.s) {
+    const float inv = 1.0f / sum;
+    const float* orow = os + r * S::LdO;
+    float* dst = out + TokenRow(lay, bi, qpos) * a + j * lay.d;
+    for (int c = half * (D / 2); c < (half + 1) * (D / 2) && c < lay.d; ++c) dst[c] = orow[c] * inv;
+    if (half == 0) lse[l * lay.s + qpos] = (m + log2f(sum)) * kLn2;
+  }
+#endif
+}
+
+// delta[l s + t] = sum_c dout[row][j d + c] * out[row][j d + c]: one warp per (l, t).
+__global__ void FlashDeltaKernel(const float* dout, const float* out, HeadLayout lay,
+                                 float* delta) {
+  const int64_t rows = lay.b * lay.nh * lay.s, a = lay.nh * lay.d;
+  const int lane = threadIdx.x % 32;
+  for (int64_t q = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; q < rows;
+       q += int64_t(gridDim.x) * blockDim.x / 32) {
+    const int64_t l = q / lay.s, t = q % lay.s, bi = l / lay.nh, j = l % lay.nh;
+    const int64_t base = TokenRow(lay, bi, t) * a + j * lay.d;
+    float v = 0.0f;
+    for (int64_t c = lane; c < lay.d; c += 32) v += dout[base + c] * out[base + c];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) delta[q] = v;
+  }
+}
+
+// dK, dV of one key tile over the query tiles that see it. Grid (L, key tiles), the first key
+// tile (the most query tiles) first. Warp w owns keys 16w.., and its score tiles are transposed:
+// rows keys, columns queries (S^T = K Q^T, dP^T = V dO^T).
+template <int D>
+__global__ void __launch_bounds__(kFlashThreads)
+    FlashBackwardKvKernel(const float* dout, const float* qkv, const float* lse,
+                          const float* delta, HeadLayout lay, float scale, float* dqkv) {
+#ifdef PTDP_FLASH_TENSOR_CORES
+  using S = Smem<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* dos = qs + kTile * S::LdH;
+  bf16* ks = dos + kTile * S::LdH;
+  bf16* vs = ks + kTile * S::LdH;
+  float* ss = reinterpret_cast<float*>(vs + kTile * S::LdH);
+  float* dps = ss + kTile * kLdS;
+  bf16* ps = reinterpret_cast<bf16*>(dps + kTile * kLdS);
+  bf16* dss = ps + kTile * kLdP;
+  float* lse_s = reinterpret_cast<float*>(dss + kTile * kLdP);
+  float* delta_s = lse_s + kTile;
+
+  const int64_t l = blockIdx.x, bi = l / lay.nh, j = l % lay.nh;
+  const int64_t a = lay.nh * lay.d, w = 3 * a;
+  const int64_t tiles = gridDim.y, kt = blockIdx.y, k0 = kt * kTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = warp * 16 + lane / 2, half = lane & 1;
+  const int64_t kpos = k0 + r;
+  const float scale2 = scale * kLog2e;
+  HeadLayout lay_o = lay;
+  lay_o.nmat = 1;
+
+  LoadRows<D>(qkv, lay, w, a + j * lay.d, bi, k0, ks);
+  LoadRows<D>(qkv, lay, w, 2 * a + j * lay.d, bi, k0, vs);
+  FragC dk[D / 16], dv[D / 16];
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) {
+    wmma::fill_fragment(dk[n], 0.0f);
+    wmma::fill_fragment(dv[n], 0.0f);
+  }
+  for (int64_t qt = kt; qt < tiles; ++qt) {
+    const int64_t q0 = qt * kTile;
+    __syncthreads();  // every warp is done with the previous Q and dO
+    LoadRows<D>(qkv, lay, w, j * lay.d, bi, q0, qs);
+    LoadRows<D>(dout, lay_o, a, j * lay.d, bi, q0, dos);
+    LoadRowStats(lse, delta, l, lay.s, q0, lse_s, delta_s);
+    __syncthreads();
+    ScoreTile<D>(ks + warp * 16 * S::LdH, S::LdH, qs, S::LdH, ss + warp * 16 * kLdS);
+    ScoreTile<D>(vs + warp * 16 * S::LdH, S::LdH, dos, S::LdH, dps + warp * 16 * kLdS);
+    __syncwarp();
+    // P^T and dS^T = P^T * (dP^T - delta) for key r and queries half*32 ..
+#pragma unroll 8
+    for (int c = 0; c < 32; ++c) {
+      const int qi = half * 32 + c;
+      const int64_t qpos = q0 + qi;
+      const bool seen = kpos <= qpos && qpos < lay.s;
+      const float p = seen ? exp2f(ss[r * kLdS + qi] * scale2 - lse_s[qi]) : 0.0f;
+      ps[r * kLdP + qi] = __float2bfloat16_rn(p);
+      dss[r * kLdP + qi] = __float2bfloat16_rn(p * (dps[r * kLdS + qi] - delta_s[qi]));
+    }
+    __syncwarp();
+    AccumulateRows<D>(ps + warp * 16 * kLdP, dos, S::LdH, dv);   // dV += P^T dO
+    AccumulateRows<D>(dss + warp * 16 * kLdP, qs, S::LdH, dk);  // dK += dS^T Q
+  }
+  __syncthreads();  // the score tiles become the output rows
+  StoreRows<D>(dv, 1.0f, ss, lay, w, 2 * a + j * lay.d, bi, k0, dqkv);
+  StoreRows<D>(dk, scale, ss, lay, w, a + j * lay.d, bi, k0, dqkv);
+#endif
+}
+
+// dQ of one query tile over the key tiles it sees. Grid (L, query tiles), the last first.
+template <int D>
+__global__ void __launch_bounds__(kFlashThreads)
+    FlashBackwardQKernel(const float* dout, const float* qkv, const float* lse,
+                         const float* delta, HeadLayout lay, float scale, float* dqkv) {
+#ifdef PTDP_FLASH_TENSOR_CORES
+  using S = Smem<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* dos = qs + kTile * S::LdH;
+  bf16* ks = dos + kTile * S::LdH;
+  bf16* vs = ks + kTile * S::LdH;
+  float* ss = reinterpret_cast<float*>(vs + kTile * S::LdH);
+  float* dps = ss + kTile * kLdS;
+  bf16* dss = reinterpret_cast<bf16*>(dps + kTile * kLdS) + kTile * kLdP;  // the layout's dS
+  float* lse_s = reinterpret_cast<float*>(dss + kTile * kLdP);
+  float* delta_s = lse_s + kTile;
+
+  const int64_t l = blockIdx.x, bi = l / lay.nh, j = l % lay.nh;
+  const int64_t a = lay.nh * lay.d, w = 3 * a;
+  const int64_t qt = int64_t(gridDim.y) - 1 - blockIdx.y, q0 = qt * kTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = warp * 16 + lane / 2, half = lane & 1;
+  const int64_t qpos = q0 + r;
+  const float scale2 = scale * kLog2e;
+  HeadLayout lay_o = lay;
+  lay_o.nmat = 1;
+
+  LoadRows<D>(qkv, lay, w, j * lay.d, bi, q0, qs);
+  LoadRows<D>(dout, lay_o, a, j * lay.d, bi, q0, dos);
+  LoadRowStats(lse, delta, l, lay.s, q0, lse_s, delta_s);
+  FragC dq[D / 16];
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
+  for (int64_t kt = 0; kt <= qt; ++kt) {
+    const int64_t k0 = kt * kTile;
+    __syncthreads();  // every warp is done with the previous K and V (and sees the row stats)
+    LoadRows<D>(qkv, lay, w, a + j * lay.d, bi, k0, ks);
+    LoadRows<D>(qkv, lay, w, 2 * a + j * lay.d, bi, k0, vs);
+    __syncthreads();
+    ScoreTile<D>(qs + warp * 16 * S::LdH, S::LdH, ks, S::LdH, ss + warp * 16 * kLdS);
+    ScoreTile<D>(dos + warp * 16 * S::LdH, S::LdH, vs, S::LdH, dps + warp * 16 * kLdS);
+    __syncwarp();
+    const float lse_r = lse_s[r], delta_r = delta_s[r];
+#pragma unroll 8
+    for (int c = 0; c < 32; ++c) {
+      const int ki = half * 32 + c;
+      const bool seen = k0 + ki <= qpos && qpos < lay.s;
+      const float p = seen ? exp2f(ss[r * kLdS + ki] * scale2 - lse_r) : 0.0f;
+      dss[r * kLdP + ki] = __float2bfloat16_rn(p * (dps[r * kLdS + ki] - delta_r));
+    }
+    __syncwarp();
+    AccumulateRows<D>(dss + warp * 16 * kLdP, ks, S::LdH, dq);  // dQ += dS K
+  }
+  __syncthreads();  // the score tiles become the output rows
+  StoreRows<D>(dq, scale, ss, lay, w, j * lay.d, bi, q0, dqkv);
+#endif
+}
+
+template <int D>
+cudaError_t Forward(const float* qkv, HeadLayout lay, float* out, float* lse, cudaStream_t st) {
+  const size_t bytes = Smem<D>::kForward;
+  cudaError_t e = cudaFuncSetAttribute(FlashForwardKernel<D>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned(lay.b * lay.nh), unsigned((lay.s + kTile - 1) / kTile));
+  const float scale2 = kLog2e / std::sqrt(float(lay.d));
+  FlashForwardKernel<D><<<grid, kFlashThreads, bytes, st>>>(qkv, lay, scale2, out, lse);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t Backward(const float* dout, const float* qkv, const float* lse, const float* delta,
+                     HeadLayout lay, float* dqkv, cudaStream_t st) {
+  const size_t bytes = Smem<D>::kBackward;
+  cudaError_t e = cudaFuncSetAttribute(FlashBackwardKvKernel<D>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(FlashBackwardQKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(bytes));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned(lay.b * lay.nh), unsigned((lay.s + kTile - 1) / kTile));
+  const float scale = 1.0f / std::sqrt(float(lay.d));
+  FlashBackwardKvKernel<D><<<grid, kFlashThreads, bytes, st>>>(dout, qkv, lse, delta, lay, scale,
+                                                                 dqkv);
+  FlashBackwardQKernel<D><<<grid, kFlashThreads, bytes, st>>>(dout, qkv, lse, delta, lay, scale,
+                                                                dqkv);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool FlashAttentionSupported(int64_t d, int major, int64_t smem_optin) {
+  if (!Supported(d) || major < 8) return false;
+  const size_t need = d <= 64 ? Smem<64>::kBackward : Smem<128>::kBackward;
+  return int64_t(need) <= smem_optin;
+}
+
+cudaError_t FlashAttentionForward(const float* qkv, HeadLayout lay, float* out, float* lse,
+                                  cudaStream_t st) {
+  if (lay.b * lay.nh * lay.s == 0) return cudaSuccess;
+  if (!Supported(lay.d) || lay.nmat != 3) return cudaErrorInvalidValue;
+  return lay.d <= 64 ? Forward<64>(qkv, lay, out, lse, st) : Forward<128>(qkv, lay, out, lse, st);
+}
+
+cudaError_t FlashAttentionBackward(const float* dout, const float* qkv, const float* out,
+                                   const float* lse, HeadLayout lay, float* delta, float* dqkv,
+                                   cudaStream_t st) {
+  const int64_t rows = lay.b * lay.nh * lay.s;
+  if (rows == 0) return cudaSuccess;
+  if (!Supported(lay.d) || lay.nmat != 3) return cudaErrorInvalidValue;
+  HeadLayout lay_o = lay;
+  lay_o.nmat = 1;
+  const int64_t blocks = std::min<int64_t>((rows + 7) / 8, 65535);  // 8 warps a block
+  FlashDeltaKernel<<<unsigned(blocks), 256, 0, st>>>(dout, out, lay_o, delta);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  return lay.d <= 64 ? Backward<64>(dout, qkv, lse, delta, lay, dqkv, st)
+                     : Backward<128>(dout, qkv, lse, delta, lay, dqkv, st);
+}
+
+}  // namespace ptdp::rt::cuda::kernels
