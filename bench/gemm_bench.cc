@@ -1,8 +1,14 @@
 // cuBLAS GEMM throughput of the CUDA backend (CudaBackend::Matmul, as the model calls it) over
 // the GEMMs of one GPT-2-medium (350M) layer and its output layer: h 1024, 3h, 4h, padded
 // vocabulary 50304, b*s = 8192 tokens; forward, input-gradient (dgrad) and weight-gradient
-// (wgrad) shapes, in both GEMM precisions. Figures (docs/benchmarks.md):
+// (wgrad) shapes, in both GEMM precisions. Then the causal attention core (AttentionForward,
+// AttentionBackward) at GPT-2 medium's shape (b 8, s 1024, 16 heads of 64) and a Llama one
+// (b 2, s 4096, 32 heads of 128), bf16, with the flash kernels and the unfused path. Figures
+// (docs/benchmarks.md):
 //   TFLOP/s = 2 M N K per GEMM / wall seconds (10 GEMMs enqueued, then one Synchronize);
+//             attention: the causal half of its products, as FlashAttention reports it:
+//             forward 2 b nh s^2 d (q k^T and P v, each 2 s^2 d, halved), backward 2.5 times
+//             that (dV, dP, dQ, dK and the recomputed scores);
 //   of_peak = TFLOP/s / the device's dense peak for that precision (table below): the bf16
 //             tensor-core peak for kBf16, the fp32 CUDA-core peak for kFp32.
 // Without a GPU it says so and exits 0.
@@ -26,7 +32,9 @@ using ptdp::rt::Shape;
 using ptdp::rt::Tensor;
 using ptdp::rt::cuda::CudaBackend;
 using ptdp::rt::cuda::CudaBackendOptions;
+using ptdp::rt::cuda::AttentionKernel;
 using ptdp::rt::cuda::GemmPrecision;
+using ptdp::rt::TokenOrder;
 
 constexpr int kGemmsPerIteration = 10;
 
@@ -72,13 +80,15 @@ constexpr GemmShape kShapes[] = {
     {"logits_wgrad", 50304, 1024, 8192, true, false},
 };
 
-// One backend per precision, created on first use (nullptr when that fails).
-CudaBackend* Backend(GemmPrecision p) {
-  static std::unique_ptr<CudaBackend> backends[2];
-  std::unique_ptr<CudaBackend>& be = backends[p == GemmPrecision::kBf16 ? 0 : 1];
+// One backend per precision and attention kernel, created on first use (nullptr when that fails).
+CudaBackend* Backend(GemmPrecision p, AttentionKernel k = AttentionKernel::kFlash) {
+  static std::unique_ptr<CudaBackend> backends[2][2];
+  std::unique_ptr<CudaBackend>& be =
+      backends[p == GemmPrecision::kBf16 ? 0 : 1][k == AttentionKernel::kFlash ? 0 : 1];
   if (!be) {
     CudaBackendOptions o;
     o.gemm = p;
+    o.attention = k;
     Result<std::unique_ptr<CudaBackend>> r = CudaBackend::Create(o);
     if (!r.ok()) {
       std::fprintf(stderr, "gemm_bench: %s\n", r.status().message().c_str());
@@ -149,6 +159,71 @@ void BM_Gemm(benchmark::State& state, GemmShape g, GemmPrecision p, double peak_
                                                    benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The attention core of one layer: qkv (s, b, 3 A) seq-first, as the model calls it.
+struct AttentionShape {
+  const char* name;
+  int64_t b, s, nh, d;
+};
+constexpr AttentionShape kAttention[] = {
+    {"gpt2_medium", 8, 1024, 16, 64},
+    {"llama_d128", 2, 4096, 32, 128},
+};
+
+void BM_Attention(benchmark::State& state, AttentionShape g, AttentionKernel kernel,
+                  bool backward, double peak_tflops) {
+  CudaBackend* be = Backend(GemmPrecision::kBf16, kernel);
+  if (be == nullptr) {
+    state.SkipWithError("no CUDA backend (see stderr)");
+    return;
+  }
+  if ((kernel == AttentionKernel::kFlash) != be->UsesFlashAttention(g.d)) {
+    state.SkipWithError("the flash kernels do not run this head size on this GPU");
+    return;
+  }
+  const int64_t a = g.nh * g.d;
+  Result<Tensor> qkv = Operand(*be, Shape{g.s, g.b, 3 * a});
+  Result<Tensor> dout = Operand(*be, Shape{g.s, g.b, a});
+  Result<Tensor> out = be->Alloc(Shape{g.s, g.b, a}, DType::kF32);
+  Result<Tensor> dqkv = be->Alloc(Shape{g.s, g.b, 3 * a}, DType::kF32);
+  Result<Tensor> saved = be->Alloc(be->AttentionSavedShape(g.b, g.s, g.nh, g.d), DType::kF32);
+  for (const Status& s : {qkv.status(), dout.status(), out.status(), dqkv.status(),
+                          saved.status()}) {
+    if (!s.ok()) {
+      state.SkipWithError(s.message().c_str());
+      return;
+    }
+  }
+  auto run = [&] {
+    if (backward)
+      be->AttentionBackward(*dout, *qkv, *out, *saved, g.nh, TokenOrder::kSeqFirst, *dqkv);
+    else
+      be->AttentionForward(*qkv, g.nh, TokenOrder::kSeqFirst, *out, *saved);
+  };
+  be->AttentionForward(*qkv, g.nh, TokenOrder::kSeqFirst, *out, *saved);  // warm-up, and out
+  run();
+  Status warm = be->Synchronize();
+  if (!warm.ok()) {
+    state.SkipWithError(warm.message().c_str());
+    return;
+  }
+  constexpr int kCalls = 5;
+  for (auto _ : state) {
+    for (int r = 0; r < kCalls; ++r) run();
+    Status s = be->Synchronize();
+    if (!s.ok()) {
+      state.SkipWithError(s.message().c_str());
+      break;
+    }
+  }
+  const double fwd = 2.0 * double(g.b * g.nh) * double(g.s) * double(g.s) * double(g.d);
+  const double flops = (backward ? 2.5 : 1.0) * fwd * kCalls;
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(flops / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  if (peak_tflops > 0)
+    state.counters["of_peak"] = benchmark::Counter(flops / (peak_tflops * 1e12),
+                                                   benchmark::Counter::kIsIterationInvariantRate);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,6 +249,17 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMillisecond);
     }
   }
+  for (const AttentionShape& g : kAttention)
+    for (AttentionKernel k : {AttentionKernel::kFlash, AttentionKernel::kUnfused})
+      for (bool backward : {false, true}) {
+        const std::string name = std::string("attention/") + g.name +
+                                 (k == AttentionKernel::kFlash ? "/flash" : "/unfused") +
+                                 (backward ? "/backward" : "/forward");
+        benchmark::RegisterBenchmark(name.c_str(), BM_Attention, g, k, backward,
+                                     peak ? peak->bf16_tflops : 0.0)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -166,8 +166,8 @@ done
 # ---- 4. GEMM (cuBLAS, the shapes the model runs) and communicators
 if stage gemm-bench 45 "$bin/bench/gemm_bench" --benchmark_min_time=0.1 > "$work/gemm.log" 2>&1; then :; fi
 cat "$work/gemm.log"
-grep -E "TFLOP|peak" "$work/gemm.log" | head -12 | sed 's/^/  /' >> "$summary"
-say "  attention: no fused-attention benchmark yet (issue 17 builds it)"
+grep -E "^gemm.*TFLOP|peak" "$work/gemm.log" | head -12 | sed 's/^/  /' >> "$summary"
+grep -E "^attention/" "$work/gemm.log" | sed 's/^/  /' >> "$summary"
 
 # ---- 5. GPT-2 medium on the GPU: 1x1x1 at micro-batch 8 and 16 (MFU), tp 2 and pp 2 on one GPU
 model=configs/models/gpt2-medium.yaml
