@@ -133,8 +133,14 @@ __global__ void ColumnFinalizeKernel(const float* partials, int64_t chunks, int6
 
 // ---- bias, GeLU, element-wise ----------------------------------------------------------------
 
-__global__ void AddBiasKernel(float* y, const float* bias, int64_t total, int64_t c) {
-  for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) y[i] += bias[i % c];
+// Threads over columns (coalesced, one bias load each), blockIdx.y over rows: no division per
+// element (the 64-bit i % c of a flat loop costs more than the add).
+__global__ void AddBiasKernel(float* y, const float* bias, int64_t n, int64_t c) {
+  for (int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < c;
+       col += int64_t(gridDim.x) * blockDim.x) {
+    const float b = bias[col];
+    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) y[r * c + col] += b;
+  }
 }
 
 __global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
@@ -606,7 +612,11 @@ cudaError_t ColumnFinalize(const float* partials, int64_t chunks, int64_t c, flo
 
 cudaError_t AddBias(float* y, const float* bias, int64_t n, int64_t c, cudaStream_t st) {
   if (n == 0 || c == 0) return cudaSuccess;
-  AddBiasKernel<<<Blocks(n * c, kThreads), kThreads, 0, st>>>(y, bias, n * c, c);
+  // About 1024 blocks (a few per SM, to hide the memory latency): column blocks times row bands.
+  const unsigned cols = Blocks(c, kThreads);
+  const unsigned rows =
+      unsigned(std::clamp<int64_t>(1024 / int64_t(cols), 1, std::min<int64_t>(n, kMaxBlocks)));
+  AddBiasKernel<<<dim3(cols, rows), kThreads, 0, st>>>(y, bias, n, c);
   return cudaGetLastError();
 }
 
