@@ -120,6 +120,7 @@ Result<Launch> MpiLaunch(const rt::cuda::CudaModule& cuda, const Layout& l,
 }
 
 Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
+  PTDP_RETURN_IF_ERROR(AttentionKernelFromEnv().status());  // bad input first, GPU or not
   PTDP_ASSIGN_OR_RETURN(const UsableGpus gpus, ProbeUsableGpus());
   const rt::cuda::CudaModule& cuda = **LoadCudaModule();  // ProbeUsableGpus loaded it
   if (UnderMpi()) return MpiLaunch(cuda, l, o, gpus.visible);

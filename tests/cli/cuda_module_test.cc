@@ -187,6 +187,12 @@ TEST(CudaModule, BackendCudaSaysWhyInOneLine) {
                      "--backend cuda: " + why, 1);
 }
 
+TEST(CudaModule, UnknownAttentionKernelIsRefusedFirst) {
+  // Checked before the module and the GPUs: the same line in every build, with or without one.
+  ExpectOneLineError(TrainCuda("PTDP_CUDA_ATTENTION=fast"),
+                     "PTDP_CUDA_ATTENTION 'fast': expected flash or unfused", 1);
+}
+
 TEST(CudaModule, MissingModuleSaysWhereItLooked) {
   if (Info()["cuda_compiled"] != true) {
     // Without CUDA there is no module to look for, whatever the environment says.
