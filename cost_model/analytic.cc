@@ -164,23 +164,25 @@ double AnalyticModel::Coll(Collective c, int stride, int size, double bytes) con
 OpShape AnalyticModel::Shape(const Layout& l) const {
   if (runtime_) {  // the runtime's ops; dropless routing's slowest expert rank as on GPUs
     OpShape s = runtime_->Shape(l);
-    if (model_.moe()) s.expert_load = ExpertLoad();
+    if (model_.moe()) s.expert_load = ExpertLoad(l);
     return s;
   }
   OpShape s = ShapeOf(l, k_.softmax_bytes_per_score);
   if (model_.moe()) {
     s.ep = l.ep;
     s.etp = l.expert_tp();
-    s.expert_load = ExpertLoad();
+    s.expert_load = ExpertLoad(l);
   }
   return s;
 }
 
-double AnalyticModel::ExpertLoad() const {
+double AnalyticModel::ExpertLoad(const Layout& l) const {
   switch (model_.moe_routing) {
     case MoeRouting::kBalanced: return 1.0;
-    case MoeRouting::kCapacity: return model_.moe_capacity_factor;
-    case MoeRouting::kDropless: return k_.moe_dropless_load;
+    case MoeRouting::kCapacity: return model_.moe_capacity_factor;  // padded to capacity
+    // Dropless: a rank waits for the most loaded EP rank; at ep 1 the one rank holds every
+    // expert and computes exactly the routed rows (T k), whatever the routing.
+    case MoeRouting::kDropless: return l.ep > 1 ? k_.moe_dropless_load : 1.0;
   }
   return 1.0;
 }
@@ -792,7 +794,7 @@ double AnalyticModel::LayerActivationBytes(const Layout& l, bool moe) const {
   double bytes = sp ? sbh / t * (replicated + split + score_term)
                     : sbh * (replicated + (split + score_term) / t);
   if (moe && M.moe()) {
-    const double T = sl * b, Tl = sp ? T / t : T, load = ExpertLoad(), etp = l.expert_tp();
+    const double T = sl * b, Tl = sp ? T / t : T, load = ExpertLoad(l), etp = l.expert_tp();
     const double k = double(M.moe_topk), E = double(M.num_experts);
     const double Fe = double(M.moe_ffn_hidden) / etp, Fei = M.gated() ? 2 * Fe : Fe;
     const double Tr = Tl * k * load * (sp ? etp : 1);

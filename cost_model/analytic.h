@@ -216,8 +216,9 @@ class AnalyticModel : public Estimator {
   double DpTime(const Layout& l, double params) const; // gradient reduction (+ param gather)
   double ExpertDpTime(const Layout& l, double params) const;  // the same over expert DP
   // The load of the most loaded expert rank relative to the mean (OpShape::expert_load): 1
-  // force-balanced, the capacity factor with token dropping, the dropless constant otherwise.
-  double ExpertLoad() const;
+  // force-balanced, the capacity factor with token dropping, the dropless constant otherwise
+  // (1 at ep 1: no other EP rank to wait for).
+  double ExpertLoad(const Layout& l) const;
   // One all-to-all over `size` ranks `stride` apart, `bytes` leaving each rank in all: what stays
   // in the NVLink domain moves over NVLink, what leaves it over the rank's share of the NICs,
   // both at once (NCCL's all-to-all is point-to-point sends, not a ring).

@@ -84,17 +84,20 @@ TEST(MoeLayerOps, ExpertFlopsAreTheRoutedTokensWhateverTheGrid) {
 TEST(MoeLayerOps, LoadFollowsTheRoutingPolicy) {
   ModelSpec m = Moe();
   const Topology topo = *Topology::Build(testing::DgxA100Like(8));
-  EXPECT_DOUBLE_EQ(AnalyticModel(m, topo, CostConstants{}).ExpertLoad(), 1.0);
+  const Layout l = MoeLayout(1, 8, 1, 8), ep1 = MoeLayout(1, 1, 1, 8);
+  EXPECT_DOUBLE_EQ(AnalyticModel(m, topo, CostConstants{}).ExpertLoad(l), 1.0);
   m.moe_routing = MoeRouting::kCapacity;
   m.moe_capacity_factor = 1.25;
-  EXPECT_DOUBLE_EQ(AnalyticModel(m, topo, CostConstants{}).ExpertLoad(), 1.25);
+  EXPECT_DOUBLE_EQ(AnalyticModel(m, topo, CostConstants{}).ExpertLoad(l), 1.25);
+  EXPECT_DOUBLE_EQ(AnalyticModel(m, topo, CostConstants{}).ExpertLoad(ep1), 1.25);  // padding
   m.moe_routing = MoeRouting::kDropless;
   m.moe_capacity_factor = 0;
   CostConstants k;
   k.moe_dropless_load = 1.3;
-  EXPECT_DOUBLE_EQ(AnalyticModel(m, topo, k).ExpertLoad(), 1.3);
+  EXPECT_DOUBLE_EQ(AnalyticModel(m, topo, k).ExpertLoad(l), 1.3);
+  // One EP rank computes exactly the routed rows: nobody to wait for.
+  EXPECT_DOUBLE_EQ(AnalyticModel(m, topo, k).ExpertLoad(ep1), 1.0);
   // The slowest rank's extra tokens cost time.
-  const Layout l = MoeLayout(1, 8, 1, 8);
   m.moe_routing = MoeRouting::kBalanced;
   const double balanced = AnalyticModel(m, topo, k).Evaluate(l).step_time_s;
   m.moe_routing = MoeRouting::kDropless;
