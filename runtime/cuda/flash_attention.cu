@@ -253,6 +253,43 @@ __global__ void FlashDeltaKernel(const float* dout, const float* out, HeadLayout
   }
 }
 
+// The backward kernels' shared memory (Smem<D>::kBackward): Q, dO, K, V row tiles; S and dP
+// scores; P and dS probabilities (the dQ kernel uses only dS); lse and delta of the queries.
+template <int D>
+struct BackwardTiles {
+  bf16 *qs, *dos, *ks, *vs, *ps, *dss;
+  float *ss, *dps, *lse_s, *delta_s;
+  __device__ explicit BackwardTiles(unsigned char* smem) {
+    constexpr int ld = Smem<D>::LdH;
+    qs = reinterpret_cast<bf16*>(smem);
+    dos = qs + kTile * ld;
+    ks = dos + kTile * ld;
+    vs = ks + kTile * ld;
+    ss = reinterpret_cast<float*>(vs + kTile * ld);
+    dps = ss + kTile * kLdS;
+    ps = reinterpret_cast<bf16*>(dps + kTile * kLdS);
+    dss = ps + kTile * kLdP;
+    lse_s = reinterpret_cast<float*>(dss + kTile * kLdP);
+    delta_s = lse_s + kTile;
+  }
+  // Q and dO of the 64 queries from q0 with their lse and delta (all threads).
+  __device__ void LoadQueries(const float* qkv, const float* dout, const float* lse,
+                              const float* delta, const HeadLayout& lay, int64_t l, int64_t q0) {
+    const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
+    HeadLayout lay_o = lay;
+    lay_o.nmat = 1;
+    LoadRows<D>(qkv, lay, 3 * a, j * lay.d, bi, q0, qs);
+    LoadRows<D>(dout, lay_o, a, j * lay.d, bi, q0, dos);
+    LoadRowStats(lse, delta, l, lay.s, q0, lse_s, delta_s);
+  }
+  // K and V of the 64 keys from k0 (all threads).
+  __device__ void LoadKeys(const float* qkv, const HeadLayout& lay, int64_t l, int64_t k0) {
+    const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
+    LoadRows<D>(qkv, lay, 3 * a, a + j * lay.d, bi, k0, ks);
+    LoadRows<D>(qkv, lay, 3 * a, 2 * a + j * lay.d, bi, k0, vs);
+  }
+};
+
 // dK, dV of one key tile over the query tiles that see it. Grid (L, key tiles), the first key
 // tile (the most query tiles) first. Warp w owns keys 16w.., and its score tiles are transposed:
 // rows keys, columns queries (S^T = K Q^T, dP^T = V dO^T).
@@ -263,16 +300,9 @@ __global__ void __launch_bounds__(kFlashThreads)
 #ifdef PTDP_FLASH_TENSOR_CORES
   using S = Smem<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* dos = qs + kTile * S::LdH;
-  bf16* ks = dos + kTile * S::LdH;
-  bf16* vs = ks + kTile * S::LdH;
-  float* ss = reinterpret_cast<float*>(vs + kTile * S::LdH);
-  float* dps = ss + kTile * kLdS;
-  bf16* ps = reinterpret_cast<bf16*>(dps + kTile * kLdS);
-  bf16* dss = ps + kTile * kLdP;
-  float* lse_s = reinterpret_cast<float*>(dss + kTile * kLdP);
-  float* delta_s = lse_s + kTile;
+  BackwardTiles<D> t(smem);
+  bf16 *qs = t.qs, *dos = t.dos, *ks = t.ks, *vs = t.vs, *ps = t.ps, *dss = t.dss;
+  float *ss = t.ss, *dps = t.dps, *lse_s = t.lse_s, *delta_s = t.delta_s;
 
   const int64_t l = blockIdx.x, bi = l / lay.nh, j = l % lay.nh;
   const int64_t a = lay.nh * lay.d, w = 3 * a;
@@ -281,11 +311,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   const int r = warp * 16 + lane / 2, half = lane & 1;
   const int64_t kpos = k0 + r;
   const float scale2 = scale * kLog2e;
-  HeadLayout lay_o = lay;
-  lay_o.nmat = 1;
 
-  LoadRows<D>(qkv, lay, w, a + j * lay.d, bi, k0, ks);
-  LoadRows<D>(qkv, lay, w, 2 * a + j * lay.d, bi, k0, vs);
+  t.LoadKeys(qkv, lay, l, k0);
   FragC dk[D / 16], dv[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) {
@@ -295,9 +322,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   for (int64_t qt = kt; qt < tiles; ++qt) {
     const int64_t q0 = qt * kTile;
     __syncthreads();  // every warp is done with the previous Q and dO
-    LoadRows<D>(qkv, lay, w, j * lay.d, bi, q0, qs);
-    LoadRows<D>(dout, lay_o, a, j * lay.d, bi, q0, dos);
-    LoadRowStats(lse, delta, l, lay.s, q0, lse_s, delta_s);
+    t.LoadQueries(qkv, dout, lse, delta, lay, l, q0);
     __syncthreads();
     ScoreTile<D>(ks + warp * 16 * S::LdH, S::LdH, qs, S::LdH, ss + warp * 16 * kLdS);
     ScoreTile<D>(vs + warp * 16 * S::LdH, S::LdH, dos, S::LdH, dps + warp * 16 * kLdS);
@@ -330,15 +355,9 @@ __global__ void __launch_bounds__(kFlashThreads)
 #ifdef PTDP_FLASH_TENSOR_CORES
   using S = Smem<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* dos = qs + kTile * S::LdH;
-  bf16* ks = dos + kTile * S::LdH;
-  bf16* vs = ks + kTile * S::LdH;
-  float* ss = reinterpret_cast<float*>(vs + kTile * S::LdH);
-  float* dps = ss + kTile * kLdS;
-  bf16* dss = reinterpret_cast<bf16*>(dps + kTile * kLdS) + kTile * kLdP;  // the layout's dS
-  float* lse_s = reinterpret_cast<float*>(dss + kTile * kLdP);
-  float* delta_s = lse_s + kTile;
+  BackwardTiles<D> t(smem);
+  bf16 *qs = t.qs, *dos = t.dos, *ks = t.ks, *vs = t.vs, *dss = t.dss;
+  float *ss = t.ss, *dps = t.dps, *lse_s = t.lse_s, *delta_s = t.delta_s;
 
   const int64_t l = blockIdx.x, bi = l / lay.nh, j = l % lay.nh;
   const int64_t a = lay.nh * lay.d, w = 3 * a;
@@ -347,20 +366,15 @@ __global__ void __launch_bounds__(kFlashThreads)
   const int r = warp * 16 + lane / 2, half = lane & 1;
   const int64_t qpos = q0 + r;
   const float scale2 = scale * kLog2e;
-  HeadLayout lay_o = lay;
-  lay_o.nmat = 1;
 
-  LoadRows<D>(qkv, lay, w, j * lay.d, bi, q0, qs);
-  LoadRows<D>(dout, lay_o, a, j * lay.d, bi, q0, dos);
-  LoadRowStats(lse, delta, l, lay.s, q0, lse_s, delta_s);
+  t.LoadQueries(qkv, dout, lse, delta, lay, l, q0);
   FragC dq[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
   for (int64_t kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = kt * kTile;
     __syncthreads();  // every warp is done with the previous K and V (and sees the row stats)
-    LoadRows<D>(qkv, lay, w, a + j * lay.d, bi, k0, ks);
-    LoadRows<D>(qkv, lay, w, 2 * a + j * lay.d, bi, k0, vs);
+    t.LoadKeys(qkv, lay, l, k0);
     __syncthreads();
     ScoreTile<D>(qs + warp * 16 * S::LdH, S::LdH, ks, S::LdH, ss + warp * 16 * kLdS);
     ScoreTile<D>(dos + warp * 16 * S::LdH, S::LdH, vs, S::LdH, dps + warp * 16 * kLdS);
