@@ -9,9 +9,11 @@
 # Stages, in order of value, each with a time limit cut to what is left of the budget (a stage
 # that would not fit is skipped and says so): the device's toolkit and driver; the binaries
 # (carried from the dev machine, .gpu-carry/ by scripts/gpu-carry.sh, else built here);
-# the GPU unit tests (every kernel against the CPU backend); the GEMM benchmark; GPT-2 medium
-# 1x1x1 at micro-batch 8 and 16 (MFU); tp 2 and pp 2 on the one GPU (DeviceWorld) against the
-# 1x1x1 losses; `calibrate --backend cuda --quick` and `compare` on the calibrated cluster.
+# the GPU unit tests (every kernel against the CPU backend, the flash attention kernels among
+# them); the GEMM and attention benchmark (flash against unfused); GPT-2 medium 1x1x1 at
+# micro-batch 8 and 16 (MFU); tp 2 and pp 2 on the one GPU (DeviceWorld) against the 1x1x1
+# losses; `calibrate --backend cuda --quick` and `compare` on the calibrated cluster; last, 1x1x1
+# with PTDP_CUDA_ATTENTION=unfused (speed and losses against the flash run).
 #
 #   device run, carry [".gpu-carry", ".gpu-deps"], command: bash scripts/gpu-check.sh
 #   scripts/gpu-check.sh [OUT_DIR]     # default $OUT; GPU_CHECK_BUDGET_S (default 450) seconds
@@ -190,18 +192,20 @@ train 1x1x1-mb8 1 "--tp 1 --pp 1 --micro-batch 8"
 train 1x1x1-mb16 1 "--tp 1 --pp 1 --micro-batch 16"
 train tp2 2 "--tp 2 --pp 1 --micro-batch 8" --one-gpu
 train pp2 2 "--tp 1 --pp 2 --micro-batch 8" --one-gpu
-# The unfused attention core (P kept, cuBLAS) against the flash kernels: speed, and the losses.
-PTDP_CUDA_ATTENTION=unfused train 1x1x1-mb8-unfused 1 "--tp 1 --pp 1 --micro-batch 8"
 ref=$work/1x1x1-mb8.measured.json
-for name in tp2 pp2 1x1x1-mb8-unfused; do
-  m=$work/$name.measured.json
-  if ! [ -f "$ref" ] || ! [ -f "$m" ]; then continue; fi
-  say "  $name against 1x1x1 (the same 16 sequences a step): largest loss difference $(python3 -c "
+against_1x1x1() {  # against_1x1x1 NAME...: the largest loss difference of each run to 1x1x1-mb8
+  local name m
+  for name in "$@"; do
+    m=$work/$name.measured.json
+    if ! [ -f "$ref" ] || ! [ -f "$m" ]; then continue; fi
+    say "  $name against 1x1x1 (the same 16 sequences a step): largest loss difference $(python3 -c "
 import json, sys
 a = [s['loss'] for s in json.load(open(sys.argv[1]))['steps']]
 b = [s['loss'] for s in json.load(open(sys.argv[2]))['steps']]
 print('%.2e over %d steps' % (max(abs(x - y) for x, y in zip(a, b)), min(len(a), len(b))))" "$ref" "$m" 2>&1)"
-done
+  done
+}
+against_1x1x1 tp2 pp2
 
 # ---- 6. calibrate this GPU, then compare the runs above with the calibrated cluster's model
 cal=$work/calibrated.yaml
@@ -215,3 +219,7 @@ if stage calibrate 120 "$ptdp" calibrate --backend cuda --quick --out "$cal"; th
       | sed "s/^/  calibrated $name: /" >> "$summary"
   done
 fi
+
+# ---- 7. the unfused attention core (P kept, cuBLAS) against the flash kernels: speed, losses
+PTDP_CUDA_ATTENTION=unfused train 1x1x1-mb8-unfused 1 "--tp 1 --pp 1 --micro-batch 8"
+against_1x1x1 1x1x1-mb8-unfused
