@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace ptdp::rt::cuda::kernels {
 namespace {
@@ -57,10 +58,26 @@ __device__ __forceinline__ int64_t TokenRow(const HeadLayout& lay, int64_t bi, i
 }
 
 // dst[r][c] (bf16, row length LdH) = src's row of position t0 + r, columns col0 + c (row width
-// w), zero past the sequence or past the head dimension d.
+// w), zero past the sequence or past the head dimension d. 16-byte loads when d is a multiple of
+// 4 and src 16-byte aligned (then so is every row's start: w and col0 are multiples of d's
+// stride 4, as w = nmat nh d and col0 = m nh d + j d); else one float a thread.
 template <int D>
 __device__ void LoadRows(const float* src, const HeadLayout& lay, int64_t w, int64_t col0,
                          int64_t bi, int64_t t0, bf16* dst) {
+  if (lay.d % 4 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    for (int idx = threadIdx.x; idx < kTile * D / 4; idx += kFlashThreads) {
+      const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
+      const int64_t t = t0 + r;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (t < lay.s && c < lay.d)
+        v = *reinterpret_cast<const float4*>(src + TokenRow(lay, bi, t) * w + col0 + c);
+      // 4-byte aligned: LdH is even and c a multiple of 4.
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(dst + r * Smem<D>::LdH + c);
+      o[0] = __floats2bfloat162_rn(v.x, v.y);
+      o[1] = __floats2bfloat162_rn(v.z, v.w);
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < kTile * D; idx += kFlashThreads) {
     const int r = idx / D, c = idx % D;
     const int64_t t = t0 + r;
