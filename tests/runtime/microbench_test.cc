@@ -86,9 +86,20 @@ TEST(Microbench, MeasuresEveryTableOnTheCpuBackend) {
   EXPECT_GT(calls, 8);
   for (const auto& [name, t] : m->tables)
     for (double s : t.seconds()) EXPECT_GT(s, 0) << name;
-  // 128^3 is 512x the FLOPs of 16^3: far slower whatever the noise.
-  const MeasuredTable& g = *m->Table("gemm_nt");
-  EXPECT_GT(g.Seconds(128, 128, 128), 20 * g.Seconds(16, 16, 16));
+  // 128^3 is 512x the FLOPs of 16^3: far slower. The 16^3 cell is timed for ~0.3 ms in all, so
+  // one preemption of a millisecond (ctest -j on 2 cores) can inflate it 100x (seen once: 51 us
+  // against 0.6 us): then a second, independent run decides; both hit is the failure.
+  auto ratio = [](const MeasuredPrimitives& p) {
+    const MeasuredTable& g = *p.Table("gemm_nt");
+    return g.Seconds(128, 128, 128) / g.Seconds(16, 16, 16);
+  };
+  double best = ratio(*m);
+  if (best <= 20) {
+    auto again = RunMicrobenchmarks(CpuWorld, Tiny(), nullptr);
+    ASSERT_TRUE(again.ok()) << again.status().message();
+    best = std::max(best, ratio(*again));
+  }
+  EXPECT_GT(best, 20);
   const MeasuredTable& c = *m->Table("copy");
   EXPECT_GT(c.Seconds(65536), c.Seconds(64));
   // The CPU backend saves the probabilities: one element per score, none per token.
