@@ -43,8 +43,8 @@ Result<rt::cuda::AttentionKernel> AttentionKernelFromEnv() {
 
 Result<std::shared_ptr<CudaRanks>> MakeBackends(const rt::cuda::CudaModule& cuda, const Layout& l,
                                                 const std::vector<int>& ranks,
-                                                const std::vector<int>& devices) {
-  PTDP_ASSIGN_OR_RETURN(const rt::cuda::AttentionKernel attention, AttentionKernelFromEnv());
+                                                const std::vector<int>& devices,
+                                                rt::cuda::AttentionKernel attention) {
   auto cr = std::make_shared<CudaRanks>();
   cr->owned.resize(size_t(l.world()));
   cr->streams.resize(size_t(l.world()), nullptr);
@@ -78,7 +78,7 @@ rt::cuda::StreamOf StreamsOf(const std::shared_ptr<CudaRanks>& cr) {
 }
 
 Result<Launch> MpiLaunch(const rt::cuda::CudaModule& cuda, const Layout& l,
-                         const LaunchOptions& o, int gpus) {
+                         const LaunchOptions& o, int gpus, rt::cuda::AttentionKernel attention) {
   auto job = cuda.InitMpi();
   if (!job.ok()) return job.status().Prefixed("launched under mpirun/srun");
   std::shared_ptr<rt::cuda::MpiJob> mpi = std::move(*job);
@@ -89,7 +89,7 @@ Result<Launch> MpiLaunch(const rt::cuda::CudaModule& cuda, const Layout& l,
   std::shared_ptr<CudaRanks> cr;
   Status set_up = place.status();
   if (set_up.ok()) {
-    auto made = MakeBackends(cuda, l, place->local_ranks, place->devices);
+    auto made = MakeBackends(cuda, l, place->local_ranks, place->devices, attention);
     set_up = made.status();
     if (made.ok()) cr = *made;
   }
@@ -120,10 +120,11 @@ Result<Launch> MpiLaunch(const rt::cuda::CudaModule& cuda, const Layout& l,
 }
 
 Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
-  PTDP_RETURN_IF_ERROR(AttentionKernelFromEnv().status());  // bad input first, GPU or not
+  // Bad input first, GPU or not.
+  PTDP_ASSIGN_OR_RETURN(const rt::cuda::AttentionKernel attention, AttentionKernelFromEnv());
   PTDP_ASSIGN_OR_RETURN(const UsableGpus gpus, ProbeUsableGpus());
   const rt::cuda::CudaModule& cuda = **LoadCudaModule();  // ProbeUsableGpus loaded it
-  if (UnderMpi()) return MpiLaunch(cuda, l, o, gpus.visible);
+  if (UnderMpi()) return MpiLaunch(cuda, l, o, gpus.visible, attention);
   const int world = l.world();
   std::vector<int> ranks(static_cast<size_t>(world)), devices(static_cast<size_t>(world), 0);
   for (int r = 0; r < world; ++r) ranks[size_t(r)] = r;
@@ -135,7 +136,7 @@ Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
                          " GPUs (mpirun/srun for several nodes: docs/gpus.md)");
   if (!shared_gpu)
     for (int r = 0; r < world; ++r) devices[size_t(r)] = r;
-  PTDP_ASSIGN_OR_RETURN(auto cr, MakeBackends(cuda, l, ranks, devices));
+  PTDP_ASSIGN_OR_RETURN(auto cr, MakeBackends(cuda, l, ranks, devices, attention));
   Launch run;
   HandOut(run, cr);
   run.keep_alive = cr;

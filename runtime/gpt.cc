@@ -460,16 +460,14 @@ Result<Tensor> GptChunk::AttentionCoreBackward(const Tensor& datt, const LayerSa
   PTDP_ASSIGN_OR_RETURN(Tensor dqkv, cfg_.cp == 1 ? Out({n, 3 * attn_}) : F32({n, 3 * attn_}));
   Tensor dqkv3 = dqkv.View({s_, b, 3 * attn_});
   const Tensor qkv3 = sv.qkv.View({s_, b, 3 * attn_});
-  const Tensor datt3 = datt.View({s_, b, attn_});
+  const Tensor datt3 = datt.View({s_, b, attn_}), att3 = sv.att.View({s_, b, attn_});
   if (cfg_.cp == 1) {
-    be_.AttentionBackward(datt3, qkv3, sv.att.View({s_, b, attn_}), sv.att_saved, nh_,
-                          TokenOrder::kSeqFirst, dqkv3);
+    be_.AttentionBackward(datt3, qkv3, att3, sv.att_saved, nh_, TokenOrder::kSeqFirst, dqkv3);
     return dqkv;
   }
   // The K/V block travels the ring again with its gradient accumulator dkv; after c - 1 hops
   // the accumulator at rank r belongs to rank r + 1: one more hop brings each home.
   const int c = cfg_.cp;
-  const Tensor att3 = sv.att.View({s_, b, attn_});
   PTDP_ASSIGN_OR_RETURN(Tensor kv, Out({n, 2 * attn_}));
   be_.CopyColumns(sv.qkv, attn_, kv, 0, 2 * attn_);
   PTDP_ASSIGN_OR_RETURN(Tensor dkv, F32({n, 2 * attn_}));

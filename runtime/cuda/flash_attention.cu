@@ -166,6 +166,19 @@ __device__ void StoreRows(FragC (&acc)[D / 16], float scale, float* stage, const
 }
 #endif
 
+// The indices every kernel starts from: the block's (batch, head) l = bi nh + j (blockIdx.x), A
+// = nh d and qkv's row width w = 3A; the thread's warp and lane, the tile row r its lane pair
+// holds and which half of the row's columns it takes.
+struct Place {
+  int64_t l, bi, j, a, w;
+  int warp, lane, r, half;
+};
+__device__ __forceinline__ Place PlaceOf(const HeadLayout& lay) {
+  const int64_t l = blockIdx.x, a = lay.nh * lay.d;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  return {l, l / lay.nh, l % lay.nh, a, 3 * a, warp, lane, warp * 16 + lane / 2, lane & 1};
+}
+
 // Grid (L, query tiles), the last query tile (the most key tiles) first.
 template <int D>
 __global__ void __launch_bounds__(kFlashThreads)
@@ -180,11 +193,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   bf16* ps = reinterpret_cast<bf16*>(ss + kTile * kLdS);
   float* os = reinterpret_cast<float*>(ps + kTile * kLdP);
 
-  const int64_t l = blockIdx.x, bi = l / lay.nh, j = l % lay.nh;
-  const int64_t a = lay.nh * lay.d, w = 3 * a;
+  const auto [l, bi, j, a, w, warp, lane, r, half] = PlaceOf(lay);
   const int64_t qt = int64_t(gridDim.y) - 1 - blockIdx.y, q0 = qt * kTile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r = warp * 16 + lane / 2, half = lane & 1;
   const int64_t qpos = q0 + r;
 
   LoadRows<D>(qkv, lay, w, j * lay.d, bi, q0, qs);
@@ -321,11 +331,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   bf16 *qs = t.qs, *dos = t.dos, *ks = t.ks, *vs = t.vs, *ps = t.ps, *dss = t.dss;
   float *ss = t.ss, *dps = t.dps, *lse_s = t.lse_s, *delta_s = t.delta_s;
 
-  const int64_t l = blockIdx.x, bi = l / lay.nh, j = l % lay.nh;
-  const int64_t a = lay.nh * lay.d, w = 3 * a;
+  const auto [l, bi, j, a, w, warp, lane, r, half] = PlaceOf(lay);
   const int64_t tiles = gridDim.y, kt = blockIdx.y, k0 = kt * kTile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r = warp * 16 + lane / 2, half = lane & 1;
   const int64_t kpos = k0 + r;
   const float scale2 = scale * kLog2e;
 
@@ -376,11 +383,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   bf16 *qs = t.qs, *dos = t.dos, *ks = t.ks, *vs = t.vs, *dss = t.dss;
   float *ss = t.ss, *dps = t.dps, *lse_s = t.lse_s, *delta_s = t.delta_s;
 
-  const int64_t l = blockIdx.x, bi = l / lay.nh, j = l % lay.nh;
-  const int64_t a = lay.nh * lay.d, w = 3 * a;
+  const auto [l, bi, j, a, w, warp, lane, r, half] = PlaceOf(lay);
   const int64_t qt = int64_t(gridDim.y) - 1 - blockIdx.y, q0 = qt * kTile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r = warp * 16 + lane / 2, half = lane & 1;
   const int64_t qpos = q0 + r;
   const float scale2 = scale * kLog2e;
 
