@@ -50,7 +50,7 @@ struct TrainFlags {
   int max_ranks = 64;
   double timeout_s = 120;
   bool one_gpu = false;
-  bool emulate_bf16 = false;  // --emulate-bf16
+  bool fp32_activations = false;  // --fp32-activations
   int timing_warmup = 1;  // steps left out of the timing medians
   CheckpointFlags ckpt;
 };
@@ -321,12 +321,13 @@ int RunTrain(const TrainFlags& f) {
   cfg.seed = f.seed;
   cfg.train_tokens = &corpus->train;
   cfg.record_timeline = !f.out.empty();
-  // Megatron's --bf16 semantics on the CPU (runtime/bf16_backend.h); the CUDA backend keeps its
-  // fp32 activations with bf16 GEMMs until its native bf16 path reproduces these rounding points.
-  if (f.emulate_bf16 && l.precision != Precision::kBf16)
-    return Fail("--emulate-bf16: " + f.plan_file + " has precision " + ToString(l.precision) +
-                ", not bf16");
-  cfg.bf16 = l.precision == Precision::kBf16 && (f.backend == "cpu" || f.emulate_bf16);
+  // Megatron's --bf16 mixed precision (TrainerConfig::bf16): bf16 activations and weights,
+  // fp32 main weights, gradients and optimizer state, on either backend. --fp32-activations
+  // keeps everything fp32 (the CUDA GEMMs of a bf16 plan still multiply in bf16).
+  if (f.fp32_activations && l.precision != Precision::kBf16)
+    return Fail("--fp32-activations: " + f.plan_file + " has precision " +
+                ToString(l.precision) + ": its activations are fp32 already");
+  cfg.bf16 = l.precision == Precision::kBf16 && !f.fp32_activations;
   cfg.optimizer.lr = f.lr;
   cfg.optimizer.min_lr = f.lr / 10;
   cfg.optimizer.warmup_steps = f.warmup;
@@ -372,17 +373,18 @@ int RunTrain(const TrainFlags& f) {
               ToString(l.schedule), launch->where.c_str(), static_cast<long long>(l.global_batch),
               static_cast<long long>(plan->model.seq_len), f.steps);
   if (f.backend == "cuda" && cfg.bf16)
-    std::printf("(CUDA: bf16 mixed precision emulated as on the CPU: activations rounded to "
-                "bf16 where a bf16 run stores them, bf16 weights from fp32 main weights)\n");
+    std::printf("(CUDA: bf16 mixed precision: bf16 activations and weights, bf16 GEMMs and "
+                "flash attention on tensor cores with fp32 accumulation; fp32 main weights, "
+                "gradients and optimizer state)\n");
   else if (f.backend == "cuda")
     std::printf("(CUDA: %s GEMMs on tensor cores with fp32 accumulation; fp32 master weights, "
                 "optimizer state and activations)\n",
                 l.precision == Precision::kFp32 ? "fp32" : "bf16");
-  else if (l.precision == Precision::kBf16)
-    std::printf("(CPU: bf16 mixed precision emulated: activations rounded to bf16 where a bf16 "
-                "run stores them, bf16 weights from fp32 main weights, fp32 gradients and "
-                "optimizer state; compare's model of the runtime counts neither the main "
-                "weights' memory nor the rounding passes)\n");
+  else if (cfg.bf16)
+    std::printf("(CPU: bf16 mixed precision: activations and weights stored in bf16, computed "
+                "in fp32 and rounded on each store; fp32 main weights, gradients and optimizer "
+                "state; a CPU calibration times fp32 tensors, so compare's figures are for an "
+                "fp32 run)\n");
   else if (l.precision != Precision::kFp32)
     std::printf("(the CPU backend computes in fp32; the plan's %s changes memory and time on "
                 "GPUs, not the results)\n",
@@ -504,10 +506,9 @@ Runner SetupTrain(CLI::App* sub) {
   sub->add_option("--timeout", f->timeout_s,
                   "seconds a rank may wait in a collective (default 120; above 0, at most 604800)");
   sub->add_flag("--one-gpu", f->one_gpu, "cuda: run every rank on GPU 0 (device copies), even with more GPUs");
-  sub->add_flag("--emulate-bf16", f->emulate_bf16,
-                "cuda, bf16 plans: round to bf16 where the CPU's bf16 emulation does (fp32 main "
-                "weights, bf16 activations), to check the GPU against the CPU; the default "
-                "keeps fp32 activations with bf16 GEMMs (the CPU always emulates)");
+  sub->add_flag("--fp32-activations", f->fp32_activations,
+                "bf16 plans: keep activations and weights in fp32 (CUDA still multiplies in bf16 "
+                "on tensor cores; the pre-bf16-storage path, to compare against)");
   sub->add_option("--timing-warmup", f->timing_warmup,
                   "steps left out of measured.json's timing medians (default 1)");
   AddCheckpointFlags(sub, &f->ckpt);

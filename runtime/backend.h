@@ -11,7 +11,22 @@
 //   V   vocabulary rows on this rank (the shard [vocab_start, vocab_start + V)), t TP size
 //
 // Conventions of every op:
-//   - Tensors are fp32 (DType::kF32) unless the comment says i32 (token ids, targets).
+//   - Float tensors are fp32 (DType::kF32) or bf16 (DType::kBF16); i32 where the comment says
+//     so (token ids, targets). Megatron's --bf16 (TrainerConfig::bf16) stores the activations,
+//     their gradients and the weights' model copies in bf16 ("act" below) and keeps the
+//     statistics (LayerNorm mean / rstd, attention lse or probabilities, cross entropy's row
+//     figures, losses), the weight gradients and the optimizer state in fp32. Every op computes
+//     in fp32 (fp32 accumulation, as tensor cores accumulate bf16 products) and rounds to
+//     nearest even where it stores into a bf16 output. Which tensor may be which:
+//       * GEMMs: a and b of one dtype; c fp32 or that dtype (bf16 products into fp32 weight
+//         gradients, or the router's fp32 logits).
+//       * Element-wise ops, ScaleRows, RowDot, Copy, the sums, BiasGrad and EmbeddingBackward's
+//         gradient in: each float tensor either dtype (their outputs that accumulate are fp32).
+//       * The fused ops (LayerNorm, GeLU, attention and its CP blocks, embedding lookups, cross
+//         entropy, AddBias): the act tensors of one call share one dtype; the statistics, the
+//         parameter gradients, the CP blocks' out / lse / dqkv / dkv accumulators are fp32.
+//       * AdamW: every tensor fp32 (the bf16 run's main weights).
+//     bf16 stores the top 16 bits of the rounded fp32 value (runtime/bf16.h).
 //   - An output is overwritten unless the comment says "adds to" (parameter gradients and the
 //     residual-stream gradient accumulate, llm.c style; zero them with Fill before the first
 //     micro-batch).
@@ -95,7 +110,8 @@ class Backend {
   virtual double MarkSeconds(int a, int b) = 0;
   virtual void ClearMarks() = 0;
 
-  // ---- host transfer (dst/src hold numel() elements; the tensor's dtype must match) ----------
+  // ---- host transfer (dst/src hold numel() elements; i32 for an i32 tensor, float for a float
+  // one: into a bf16 tensor the values are rounded to nearest even, out of one widened) --------
   virtual Status CopyFromHost(const float* src, Tensor& dst) = 0;
   virtual Status CopyFromHost(const int32_t* src, Tensor& dst) = 0;
   virtual Status CopyToHost(const Tensor& src, float* dst) = 0;
@@ -232,12 +248,10 @@ class Backend {
   // out (N) = the dot product of row n of a and of b (N, C), summed in double (the gradient of
   // the MoE combine weights).
   virtual void RowDot(const Tensor& a, const Tensor& b, Tensor& out) = 0;
-  // dst = src, any dtype (the same in both), shapes may differ (a reshaping copy).
+  // dst = src, shapes may differ (a reshaping copy): any dtype the same in both, or between fp32
+  // and bf16 (fp32 -> bf16 rounds to nearest even as CUDA's __float2bfloat16_rn: Inf stays
+  // Inf, NaN stays NaN, values past the largest bf16 become Inf; bf16 -> fp32 is exact).
   virtual void Copy(const Tensor& src, Tensor& dst) = 0;
-  // x (fp32) = x rounded to the nearest bfloat16, ties to even, in place: what storing it in
-  // bf16 keeps (CUDA's __float2bfloat16_rn; Inf stays Inf, NaN stays NaN, values past the
-  // largest bf16 become Inf). The mixed-precision emulation's rounding point (bf16_backend.h).
-  virtual void RoundToBf16(Tensor& x) = 0;
   // out (a 1-element tensor) adds sum(x^2): one call per gradient tensor, then the all-reduce
   // over TP/PP (and DP shards) and a sqrt give the global gradient norm.
   virtual void SumSquares(const Tensor& x, Tensor& out) = 0;

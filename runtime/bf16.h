@@ -23,3 +23,21 @@ inline float Bf16Round(float x) {
 }
 
 }  // namespace ptdp::rt
+
+namespace ptdp::rt {
+
+// The 16 bits a bf16 tensor stores for x (Bf16Round's top half), and back to a float (exact).
+inline uint16_t Bf16Bits(float x) {
+  const float r = Bf16Round(x);
+  uint32_t u;
+  std::memcpy(&u, &r, sizeof u);
+  return uint16_t(u >> 16);
+}
+inline float Bf16ToFloat(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+}  // namespace ptdp::rt

@@ -1,6 +1,6 @@
 // A Backend that passes every call to another one: the base of decorators at the Backend seam
-// (the mixed-precision emulation, bf16_backend.h; test doubles, tests/fakes/poison_backend.h),
-// which override the calls they change and reach the wrapped backend through inner().
+// (test doubles, tests/fakes/poison_backend.h), which override the calls they change and reach
+// the wrapped backend through inner().
 #pragma once
 
 #include <memory>
@@ -111,7 +111,6 @@ class ForwardingBackend : public Backend {
   void Scale(float alpha, Tensor& x) override { in_->Scale(alpha, x); }
   void Fill(float value, Tensor& x) override { in_->Fill(value, x); }
   void Copy(const Tensor& src, Tensor& dst) override { in_->Copy(src, dst); }
-  void RoundToBf16(Tensor& x) override { in_->RoundToBf16(x); }
   void SumSquares(const Tensor& x, Tensor& out) override { in_->SumSquares(x, out); }
   void Sum(const Tensor& x, Tensor& out) override { in_->Sum(x, out); }
   void AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,

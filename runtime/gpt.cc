@@ -58,6 +58,7 @@ struct GptChunk::Saved {
 GptChunk::GptChunk(const GptChunkConfig& cfg, Backend& backend, const GptChunkComms& comms)
     : cfg_(cfg),
       be_(backend),
+      act_(cfg.bf16 ? DType::kBF16 : DType::kF32),
       tp_comm_(*comms.tp),
       cp_comm_(comms.cp),
       ep_comm_(comms.ep),
@@ -158,14 +159,12 @@ Status GptChunk::Init() {
     if (!held) continue;
     ChunkParam cp;
     cp.spec = p;
-    const int degree = ShardDegree(p, t, cfg_.etp);
-    const int shard = p.expert >= 0 ? cfg_.etp_rank : cfg_.tp_rank;
-    const std::vector<int64_t> local = LocalShape(p, degree);
-    PTDP_ASSIGN_OR_RETURN(cp.value, F32(Shape(local)));
+    const std::vector<int64_t> local = LocalShape(p, ShardDegree(p, t, cfg_.etp));
+    PTDP_ASSIGN_OR_RETURN(cp.value, be_.Alloc(Shape(local), act_));
     PTDP_ASSIGN_OR_RETURN(cp.grad, F32(Shape(local)));
     std::vector<float> host(size_t(cp.value.numel()));
-    InitShard(p, cfg_.seed, degree, shard, host.data());
-    PTDP_RETURN_IF_ERROR(be_.CopyFromHost(host.data(), cp.value));
+    InitialValue(cp, host.data());
+    PTDP_RETURN_IF_ERROR(be_.CopyFromHost(host.data(), cp.value));  // bf16: rounded
     cp.tp_partial_grad = cfg_.sequence_parallel && p.shard == ShardKind::kReplicated;
     params_.push_back(std::move(cp));
   }
@@ -199,10 +198,15 @@ Status GptChunk::Init() {
     std::vector<float> mask(size_t(vocab_local_), 0.0f);
     for (int64_t v = 0; v < vocab_local_; ++v)
       if (vocab_start_ + v >= m.vocab) mask[size_t(v)] = kMaskedLogit;
-    PTDP_ASSIGN_OR_RETURN(vocab_mask_, F32({vocab_local_}));
+    PTDP_ASSIGN_OR_RETURN(vocab_mask_, Out({vocab_local_}));
     PTDP_RETURN_IF_ERROR(be_.CopyFromHost(mask.data(), vocab_mask_));
   }
   return Status::Ok();
+}
+
+void GptChunk::InitialValue(const ChunkParam& p, float* out) const {
+  const int shard = p.spec.expert >= 0 ? cfg_.etp_rank : cfg_.tp_rank;
+  InitShard(p.spec, cfg_.seed, ShardDegree(p.spec, cfg_.tp, cfg_.etp), shard, out);
 }
 
 ChunkParam* GptChunk::Find(const std::string& name) {
@@ -227,7 +231,16 @@ void GptChunk::Release(int slot) { saved_.erase(slot); }
 // ---- helpers -------------------------------------------------------------------------------
 
 Result<Tensor> GptChunk::F32(const Shape& shape) { return be_.Alloc(shape, DType::kF32); }
-Result<Tensor> GptChunk::Out(const Shape& shape) { return be_.AllocUninit(shape, DType::kF32); }
+Result<Tensor> GptChunk::Out(const Shape& shape) { return be_.AllocUninit(shape, act_); }
+Result<Tensor> GptChunk::ActZeros(const Shape& shape) { return be_.Alloc(shape, act_); }
+Result<Tensor> GptChunk::Stat(const Shape& shape) { return be_.AllocUninit(shape, DType::kF32); }
+
+Result<Tensor> GptChunk::ToAct(const Tensor& x) {
+  if (x.dtype() == act_) return x;
+  PTDP_ASSIGN_OR_RETURN(Tensor out, Out(x.shape()));
+  be_.Copy(x, out);
+  return out;
+}
 
 Result<Tensor> GptChunk::I32(const std::vector<int32_t>& host) {
   PTDP_ASSIGN_OR_RETURN(Tensor t, be_.Alloc({std::max<int64_t>(int64_t(host.size()), 1)},
@@ -308,7 +321,7 @@ Result<Tensor> GptChunk::Forward(int slot, const Tensor& input, const Tensor& ta
     sv->b = input.shape()[0];
     PTDP_ASSIGN_OR_RETURN(x, EmbedForward(input, *sv));
   } else {
-    assert(input.dtype() == DType::kF32 && input.numel() % (sl_ * h_) == 0);
+    assert(input.dtype() == act_ && input.numel() % (sl_ * h_) == 0);
     sv->b = input.numel() / (sl_ * h_);
     PTDP_ASSIGN_OR_RETURN(x, Out({sl_ * sv->b, h_}));
     be_.Copy(input, x);
@@ -345,8 +358,8 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
   sv.x = x;
   // Attention: x2 = x + proj(attn(qkv(LN1(x)))).
   PTDP_ASSIGN_OR_RETURN(Tensor ln1, Out({nl, h_}));
-  PTDP_ASSIGN_OR_RETURN(sv.ln1_mean, Out({nl}));
-  PTDP_ASSIGN_OR_RETURN(sv.ln1_rstd, Out({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln1_mean, Stat({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln1_rstd, Stat({nl}));
   be_.LayerNormForward(x, w.ln1_w->value, w.ln1_b->value, kLnEps, ln1, sv.ln1_mean, sv.ln1_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.ln1_full, GatherSeq(ln1));
   PTDP_ASSIGN_OR_RETURN(sv.qkv, Out({n, 3 * attn_}));
@@ -365,8 +378,8 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
   be_.Add(sv.x2, x, sv.x2);
   // MLP: out = x2 + fc2(gelu(fc1(LN2(x2)))).
   PTDP_ASSIGN_OR_RETURN(Tensor ln2, Out({nl, h_}));
-  PTDP_ASSIGN_OR_RETURN(sv.ln2_mean, Out({nl}));
-  PTDP_ASSIGN_OR_RETURN(sv.ln2_rstd, Out({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln2_mean, Stat({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.ln2_rstd, Stat({nl}));
   be_.LayerNormForward(sv.x2, w.ln2_w->value, w.ln2_b->value, kLnEps, ln2, sv.ln2_mean,
                        sv.ln2_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.ln2_full, GatherSeq(ln2));
@@ -427,17 +440,20 @@ Status GptChunk::RingExchange(const std::vector<const Tensor*>& out,
 
 Status GptChunk::AttentionCore(LayerSaved& sv, int64_t b) {
   const int64_t n = s_ * b;
-  PTDP_ASSIGN_OR_RETURN(sv.att, Out({n, attn_}));
-  Tensor att3 = sv.att.View({s_, b, attn_});
   const Tensor qkv3 = sv.qkv.View({s_, b, 3 * attn_});
   if (cfg_.cp == 1) {
-    PTDP_ASSIGN_OR_RETURN(sv.att_saved, Out(be_.AttentionSavedShape(b, s_, nh_, attn_ / nh_)));
+    PTDP_ASSIGN_OR_RETURN(sv.att, Out({n, attn_}));
+    Tensor att3 = sv.att.View({s_, b, attn_});
+    PTDP_ASSIGN_OR_RETURN(sv.att_saved, Stat(be_.AttentionSavedShape(b, s_, nh_, attn_ / nh_)));
     be_.AttentionForward(qkv3, nh_, TokenOrder::kSeqFirst, att3, sv.att_saved);
     return Status::Ok();
   }
-  // Ring: step i merges the K/V block of CP rank (me - i) mod c, then passes it on.
+  // Ring: step i merges the K/V block of CP rank (me - i) mod c, then passes it on. The merge
+  // runs in fp32 (as Transformer Engine's CP); the output is stored in act_ after the last block.
   const int c = cfg_.cp;
-  PTDP_ASSIGN_OR_RETURN(sv.lse, Out({b, nh_, s_}));
+  PTDP_ASSIGN_OR_RETURN(Tensor merged, Stat({n, attn_}));
+  Tensor att3 = merged.View({s_, b, attn_});
+  PTDP_ASSIGN_OR_RETURN(sv.lse, Stat({b, nh_, s_}));
   PTDP_ASSIGN_OR_RETURN(Tensor kv, Out({n, 2 * attn_}));
   be_.CopyColumns(sv.qkv, attn_, kv, 0, 2 * attn_);
   const SeqBlock mine = CpBlock(cfg_.cp_rank);
@@ -450,6 +466,7 @@ Status GptChunk::AttentionCore(LayerSaved& sv, int64_t b) {
     PTDP_RETURN_IF_ERROR(RingExchange({&kv}, {&next}).Prefixed("CP ring (attention forward)"));
     kv = next;
   }
+  PTDP_ASSIGN_OR_RETURN(sv.att, ToAct(merged));
   return Status::Ok();
 }
 
@@ -477,7 +494,7 @@ Result<Tensor> GptChunk::AttentionCoreBackward(const Tensor& datt, const LayerSa
     Tensor dkv3 = dkv.View({s_, b, 2 * attn_});
     be_.AttentionBlockBackward(datt3, qkv3, mine, kv.View({s_, b, 2 * attn_}), CpBlock(owner),
                                att3, sv.lse, nh_, dqkv3, dkv3);
-    PTDP_ASSIGN_OR_RETURN(Tensor next_dkv, Out({n, 2 * attn_}));
+    PTDP_ASSIGN_OR_RETURN(Tensor next_dkv, Stat({n, 2 * attn_}));  // fp32, as dkv
     if (i + 1 == c) {
       PTDP_RETURN_IF_ERROR(
           RingExchange({&dkv}, {&next_dkv}).Prefixed("CP ring (dK/dV home)"));
@@ -491,7 +508,7 @@ Result<Tensor> GptChunk::AttentionCoreBackward(const Tensor& datt, const LayerSa
     dkv = next_dkv;
   }
   be_.CopyColumns(dkv, 0, dqkv, attn_, 2 * attn_);
-  return dqkv;
+  return ToAct(dqkv);  // summed in fp32 over the blocks, stored once
 }
 
 // Final LN, (SP all-gather), local logits against the tied embedding shard, vocab-parallel CE.
@@ -500,8 +517,8 @@ Result<Tensor> GptChunk::OutputForward(const Tensor& x, const Tensor& targets, f
   const int64_t nl = sl_ * sv.b, n = s_ * sv.b;
   sv.final_x = x;
   PTDP_ASSIGN_OR_RETURN(Tensor lnf, Out({nl, h_}));
-  PTDP_ASSIGN_OR_RETURN(sv.lnf_mean, Out({nl}));
-  PTDP_ASSIGN_OR_RETURN(sv.lnf_rstd, Out({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.lnf_mean, Stat({nl}));
+  PTDP_ASSIGN_OR_RETURN(sv.lnf_rstd, Stat({nl}));
   be_.LayerNormForward(x, final_w_->value, final_b_->value, kLnEps, lnf, sv.lnf_mean,
                        sv.lnf_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.lnf_full, GatherSeq(lnf));
@@ -510,16 +527,16 @@ Result<Tensor> GptChunk::OutputForward(const Tensor& x, const Tensor& targets, f
   be_.AddBias(sv.logits, vocab_mask_);
   PTDP_ASSIGN_OR_RETURN(sv.targets, SeqFirstIds(targets));
   const bool reduce = cfg_.tp > 1;
-  PTDP_ASSIGN_OR_RETURN(sv.row_max, Out({n}));
+  PTDP_ASSIGN_OR_RETURN(sv.row_max, Stat({n}));
   be_.CrossEntropyMax(sv.logits, sv.row_max);
   if (reduce) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(sv.row_max, ReduceOp::kMax));
-  PTDP_ASSIGN_OR_RETURN(sv.sum_exp, Out({n}));
+  PTDP_ASSIGN_OR_RETURN(sv.sum_exp, Stat({n}));
   be_.CrossEntropySumExp(sv.logits, sv.row_max, sv.sum_exp);
   if (reduce) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(sv.sum_exp, ReduceOp::kSum));
-  PTDP_ASSIGN_OR_RETURN(Tensor target_logit, Out({n}));
+  PTDP_ASSIGN_OR_RETURN(Tensor target_logit, Stat({n}));
   be_.CrossEntropyTarget(sv.logits, sv.targets, vocab_start_, target_logit);
   if (reduce) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(target_logit, ReduceOp::kSum));
-  PTDP_ASSIGN_OR_RETURN(Tensor rows, Out({n}));
+  PTDP_ASSIGN_OR_RETURN(Tensor rows, Stat({n}));
   be_.CrossEntropyLoss(sv.row_max, sv.sum_exp, target_logit, rows);
   PTDP_ASSIGN_OR_RETURN(Tensor loss, F32({1}));
   be_.Sum(rows, loss);
@@ -569,7 +586,7 @@ Result<Tensor> GptChunk::OutputBackward(const Saved& sv) {
   PTDP_ASSIGN_OR_RETURN(Tensor dlnf_full, Out({n, h_}));
   be_.Matmul(dlogits, false, word_->value, false, dlnf_full);
   PTDP_ASSIGN_OR_RETURN(Tensor dlnf, ReduceSeq(dlnf_full));  // f backward (SP: reduce-scatter)
-  PTDP_ASSIGN_OR_RETURN(Tensor dx, F32({nl, h_}));           // zeroed; LN backward adds
+  PTDP_ASSIGN_OR_RETURN(Tensor dx, ActZeros({nl, h_}));      // LN backward adds
   be_.LayerNormBackward(dlnf, sv.final_x, final_w_->value, sv.lnf_mean, sv.lnf_rstd, dx,
                         final_w_->grad, final_b_->grad);
   return dx;

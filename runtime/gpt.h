@@ -72,6 +72,9 @@ struct GptChunkConfig {
   int ep = 1, ep_rank = 0;
   int etp = 1, etp_rank = 0;
   uint64_t seed = 0;               // initialisation seed (InitShard)
+  // Megatron --bf16 (backend.h's dtype rules): the activations, their gradients and the
+  // weights (values) in bf16; statistics and the weights' gradients fp32. Off: all fp32.
+  bool bf16 = false;
 };
 
 // The communicators a chunk uses; each must outlive the chunk. tp is required; cp is required
@@ -90,8 +93,9 @@ struct GptChunkComms {
 // One parameter shard and its gradient.
 struct ChunkParam {
   ParamSpec spec;               // global name, shape and sharding (GptParams at this t)
-  Tensor value;                 // this rank's shard, LocalShape(spec, t), fp32
-  Tensor grad;                  // same shape; Backward adds to it, ZeroGrads clears it
+  Tensor value;                 // this rank's shard, LocalShape(spec, t), fp32 (bf16 with
+                                // GptChunkConfig::bf16: the model's copy of the weights)
+  Tensor grad;                  // same shape, fp32; Backward adds to it, ZeroGrads clears it
   bool tp_partial_grad = false;  // with SP each TP rank holds a partial sum of this grad
                                  // (LN, row-parallel biases, positions): FinalizeTpGrads sums
 };
@@ -116,14 +120,14 @@ class GptChunk {
   // may be in flight; a slot in flight is an error).
   //  input: has_embedding: token ids (b, s) i32, batch-first as the DataLoader writes them
   //         (this CP rank's two chunks of each sequence, in order);
-  //         otherwise the previous chunk's output (sl, b, h) fp32 (copied: the caller may reuse
-  //         it after the call).
+  //         otherwise the previous chunk's output (sl, b, h) in act_dtype() (copied: the
+  //         caller may reuse it after the call).
   //  targets: has_output only: (b, s) i32 next tokens; otherwise ignored (may be undefined).
   //  loss_scale: has_output only: the loss is the sum over this rank's b*s tokens divided by
   //         the b*S tokens of the whole sequences, times loss_scale (the executor passes 1/m,
   //         Megatron's loss / m): with CP the ranks' losses add up to the mean.
-  // Returns the output activation (sl, b, h), or with has_output the loss, a (1) tensor equal
-  // on every TP rank. Fails when a collective fails or memory runs out.
+  // Returns the output activation (sl, b, h) in act_dtype(), or with has_output the loss, a
+  // (1) fp32 tensor equal on every TP rank. Fails when a collective fails or memory runs out.
   Result<Tensor> Forward(int slot, const Tensor& input, const Tensor& targets, float loss_scale);
 
   // Backward of micro-batch `slot` (then forgotten). grad_output: the gradient of the output
@@ -148,6 +152,12 @@ class GptChunk {
   // layers' parameters, final_ln.*.
   // The Tensors are handles: an optimizer writes the values through them in place.
   const std::vector<ChunkParam>& params() const { return params_; }
+  // The initial fp32 values of p (one of params()): its shard of InitShard, numel() floats at
+  // out. value holds them (rounded to bf16 with GptChunkConfig::bf16, whose trainer keeps these
+  // as the fp32 main weights).
+  void InitialValue(const ChunkParam& p, float* out) const;
+  // The dtype of the activations and weights: bf16 with GptChunkConfig::bf16, else fp32.
+  DType act_dtype() const { return act_; }
   // The parameter named `name`, or nullptr when this chunk does not hold it.
   ChunkParam* Find(const std::string& name);
 
@@ -180,10 +190,15 @@ class GptChunk {
   // `in` from the previous one (posted together).
   Status RingExchange(const std::vector<const Tensor*>& out, const std::vector<Tensor*>& in);
 
-  // A zeroed fp32 tensor (for an accumulator: an op that adds to it), and one with unspecified
-  // contents (Backend::AllocUninit) for an op's output that the op overwrites whole.
+  // A zeroed fp32 tensor (for an accumulator: an op that adds to it); an activation (act_
+  // dtype) with unspecified contents (Backend::AllocUninit) for an op's output that the op
+  // overwrites whole, and a zeroed one; an fp32 statistic (LayerNorm mean, lse, ...) with
+  // unspecified contents; x in act_ (x itself when it is already, else a rounded copy).
   Result<Tensor> F32(const Shape& shape);
   Result<Tensor> Out(const Shape& shape);
+  Result<Tensor> ActZeros(const Shape& shape);
+  Result<Tensor> Stat(const Shape& shape);
+  Result<Tensor> ToAct(const Tensor& x);
   Result<Tensor> SeqFirstIds(const Tensor& ids_bs);
   Result<Tensor> PositionIds(int64_t b);
   // SP: all-gather along s of (sl*b, C) -> (s*b, C); otherwise `x` itself (f forward).
@@ -223,7 +238,7 @@ class GptChunk {
   Status ReduceScatterRows(Communicator& comm, const Tensor& all,
                            const std::vector<int64_t>& counts, int64_t w, Tensor& out);
   Result<Tensor> I32(const std::vector<int32_t>& host);
-  // MoE helpers: a (rows, cols) fp32 output (rows may be 0; unspecified until written, as
+  // MoE helpers: a (rows, cols) activation (rows may be 0; unspecified until written, as
   // Out); rows idx[i] of src; the EP all-to-all of (rows, h) blocks with per-rank row counts
   // (the input itself at ep 1).
   Result<Tensor> MoeRows(int64_t rows, int64_t cols);
@@ -238,6 +253,7 @@ class GptChunk {
 
   GptChunkConfig cfg_;
   Backend& be_;
+  DType act_ = DType::kF32;  // act_dtype()
   std::vector<int64_t> expert_rows_;  // TakeExpertRows
   Communicator& tp_comm_;
   Communicator* cp_comm_ = nullptr;

@@ -159,8 +159,8 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
   const int ep = cfg_.ep, etp = cfg_.etp;
   sv.x = x;
   sv.aux_scale = loss_scale_;
-  // Router (fp32, as Megatron's --moe-router-dtype fp32), top-k on the host.
-  PTDP_ASSIGN_OR_RETURN(Tensor logits, Out({n, E}));
+  // Router (fp32 logits, as Megatron's --moe-router-dtype fp32), top-k on the host.
+  PTDP_ASSIGN_OR_RETURN(Tensor logits, Stat({n, E}));
   be_.Matmul(x, false, w.router->value, true, logits);
   std::vector<float> z(size_t(n * E));
   PTDP_RETURN_IF_ERROR(be_.CopyToHost(logits, z.data()));
@@ -193,7 +193,7 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
     std::vector<float> cnt(count.begin(), count.end());
     int group = 1;
     if (tokens_comm_ && tokens_comm_->size() > 1) {
-      PTDP_ASSIGN_OR_RETURN(Tensor c, Out({E}));
+      PTDP_ASSIGN_OR_RETURN(Tensor c, Stat({E}));  // counts: fp32 holds them exactly
       PTDP_RETURN_IF_ERROR(be_.CopyFromHost(cnt.data(), c));
       PTDP_RETURN_IF_ERROR(tokens_comm_->AllReduce(c, ReduceOp::kSum).Prefixed("MoE aux loss"));
       PTDP_RETURN_IF_ERROR(be_.CopyToHost(c, cnt.data()));
@@ -347,7 +347,7 @@ Result<Tensor> GptChunk::MoeForward(const LayerRefs& w, const Tensor& x, const T
     PTDP_ASSIGN_OR_RETURN(Tensor shared, ReduceSeq(partial));
     be_.Add(out, shared, out);
   }
-  return out;
+  return ToAct(out);  // summed in fp32 over the choices and the shared experts
 }
 
 Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout,
@@ -374,7 +374,7 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout,
   }
   // The combine's backward: each assignment's output gradient, and its probability's.
   PTDP_ASSIGN_OR_RETURN(Tensor dy, MoeGather(dout, sv.assignment_token, h_));
-  PTDP_ASSIGN_OR_RETURN(Tensor dprob, MoeRows(nk, 1));
+  PTDP_ASSIGN_OR_RETURN(Tensor dprob, Stat({std::max<int64_t>(nk, 1)}));
   std::vector<float> dprob_host(size_t(nk), 0.0f);
   if (nk > 0) {
     Tensor dp = dprob.View(Shape({nk}));
@@ -449,7 +449,7 @@ Result<Tensor> GptChunk::MoeBackward(const LayerRefs& w, const Tensor& dout,
   PTDP_RETURN_IF_ERROR(be_.CopyFromHost(dz.data(), dlogits));
   be_.Matmul(dlogits, true, sv.x, false, w.router->grad, 1.0f, 1.0f);
   be_.Matmul(dlogits, false, w.router->value, false, dx, 1.0f, 1.0f);
-  return dx;
+  return ToAct(dx);
 }
 
 }  // namespace ptdp::rt

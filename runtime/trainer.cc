@@ -36,7 +36,6 @@
 
 #include "core/rank_grid.h"
 #include "core/schedule.h"
-#include "runtime/bf16_backend.h"
 #include "runtime/data.h"
 #include "runtime/failures.h"
 #include "runtime/gpt.h"
@@ -395,6 +394,8 @@ struct Trainer::Impl {
   int64_t steps = 0;
   int64_t optimizer_steps = 0;  // AdamW updates applied: the LR schedule's and Adam's step
 
+  // The dtype of the activations (and their gradients) the stages exchange (GptChunk::act_dtype).
+  DType Act() const { return cfg.bf16 ? DType::kBF16 : DType::kF32; }
   int Stage(int r, int c) const { return c * p + r; }
   bool FirstStage(int r, int c) const { return Stage(r, c) == 0; }
   bool LastStage(int r, int c) const { return Stage(r, c) == p * v - 1; }
@@ -518,7 +519,6 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
     const std::string where = "rank " + Str(g);
     rk.backend = backends(g);
     if (!rk.backend) return Status::Error(where + ": the backend factory gave no backend");
-    if (cfg.bf16) rk.backend = std::make_unique<Bf16Backend>(std::move(rk.backend));
     PTDP_ASSIGN_OR_RETURN(auto tp, comms.Group(g, grid.TpGroup(g), "TP"));
     rk.tp = std::make_unique<TimedCommunicator>(std::move(tp), &rk.clock);
     PTDP_ASSIGN_OR_RETURN(rk.pp, comms.Group(g, grid.PpGroup(g), "PP"));
@@ -563,6 +563,7 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
       cc.cp_rank = rk.coord.cp;
       cc.recompute = l.recompute;
       cc.seed = cfg.seed;
+      cc.bf16 = cfg.bf16;
       cc.ep = ep;
       cc.ep_rank = rk.expert.ep;
       cc.etp = etp;
@@ -605,14 +606,14 @@ Status Trainer::Impl::BuildState(Rank& rk) {
                           (sliced || index == 0);
       PTDP_ASSIGN_OR_RETURN(ps.m, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
       PTDP_ASSIGN_OR_RETURN(ps.v, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
-      if (cfg.bf16) {  // main = the initial fp32 weights (this rank's slice), value = bf16(them)
+      if (cfg.bf16) {  // main = the initial fp32 weights (this rank's slice); value = bf16(them)
         PTDP_ASSIGN_OR_RETURN(ps.main, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
         if (ps.owned > 0) {
+          std::vector<float> initial(size_t(ps.numel));
+          chunk->InitialValue(cp, initial.data());
           Tensor main = ps.main.View(Shape({ps.owned}));
-          rk.backend->Copy(ps.param->value.View(Shape({ps.owned}), ps.slice * ps.k), main);
+          PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(initial.data() + ps.slice * ps.k, main));
         }
-        Tensor all = ps.param->value.View(Shape({ps.numel}));
-        rk.backend->RoundToBf16(all);
       }
       if (ps.slices > 1) {
         PTDP_ASSIGN_OR_RETURN(ps.grad_slice, rk.backend->Alloc({ps.k}, DType::kF32));
@@ -663,7 +664,7 @@ Status Trainer::Impl::RunGroup(Rank& rk, const std::vector<ScheduleOp>& ops, siz
         st = rk.pp->Send(it->second, op.peer);
       sent.push_back(key);
     } else {
-      auto x = rk.backend->AllocUninit({sl, b, h}, DType::kF32);  // Recv overwrites it
+      auto x = rk.backend->AllocUninit({sl, b, h}, Act());  // Recv overwrites it
       if (!x.ok()) {
         st = x.status();
       } else {
@@ -833,8 +834,7 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
     if (cfg.bf16) {  // AdamW on the fp32 main weights; the model's copy is their bf16 rounding
       Tensor main = ps.main.View(Shape({ps.owned}));
       be.AdamW(main, grad, ps.m, ps.v, ac);
-      be.Copy(main, value);
-      be.RoundToBf16(value);
+      be.Copy(main, value);  // rounded to bf16
     } else {
       be.AdamW(value, grad, ps.m, ps.v, ac);
     }
@@ -846,7 +846,7 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
   const PhaseClock::Open g0 = rk.clock.Start();
   for (ParamState& ps : rk.state) {
     if (ps.slices == 1) continue;
-    PTDP_ASSIGN_OR_RETURN(Tensor full, be.AllocUninit({ps.slices * ps.k}, DType::kF32));
+    PTDP_ASSIGN_OR_RETURN(Tensor full, be.AllocUninit({ps.slices * ps.k}, ps.param->value.dtype()));
     Tensor mine = full.View(Shape({ps.k}), ps.slice * ps.k);
     if (ps.owned > 0) {
       Tensor dst = full.View(Shape({ps.owned}), ps.slice * ps.k);
@@ -954,7 +954,7 @@ Status Trainer::Impl::EvaluateRank(Rank& rk, const std::vector<int32_t>& windows
         PTDP_ASSIGN_OR_RETURN(input, be.Alloc({bb, sc}, DType::kI32));
         PTDP_RETURN_IF_ERROR(be.CopyFromHost(in.data(), input));
       } else {
-        PTDP_ASSIGN_OR_RETURN(input, be.Alloc({sl, bb, h}, DType::kF32));
+        PTDP_ASSIGN_OR_RETURN(input, be.Alloc({sl, bb, h}, Act()));
         PTDP_RETURN_IF_ERROR(rk.pp->Recv(input, (r + p - 1) % p));
       }
       if (LastStage(r, c)) {
@@ -1258,9 +1258,9 @@ Status Trainer::Impl::ImportRank(Rank& rk,
       ForEachShardElement(spec, Degree(spec), ShardOf(spec, rk.global),
                           [&](int64_t l, int64_t g) { local[size_t(l)] = whole[size_t(g)]; });
       if (which == 0) {
+        // The model's copy (rounded to bf16 with cfg.bf16; main keeps the fp32 below).
         PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(local.data(), ps.param->value));
         if (!cfg.bf16) continue;
-        rk.backend->RoundToBf16(ps.param->value);  // the model's copy; main keeps the fp32
       }
       if (ps.owned == 0) continue;
       Tensor dst = ps.Sliced(which).View(Shape({ps.owned}));

@@ -74,12 +74,12 @@ struct TrainerConfig {
   // the caller chooses (ptdp train: the signal number). The job's largest code comes back in
   // StepResult::stop of every Trainer, so all processes decide to stop at the same step.
   std::function<int()> stop_requested;
-  // Megatron's --bf16, emulated on any backend (runtime/bf16_backend.h): activations and their
-  // gradients rounded to bf16 where a bf16 run stores them, the weights bf16 copies of fp32 main
-  // weights that AdamW updates (sliced like the moments under the distributed optimizer),
-  // gradients, reductions and optimizer state in fp32. Checkpoints hold the main weights. Off:
-  // everything fp32 (the CUDA backend's GEMMs still round their inputs to bf16 when the
-  // layout's precision is bf16).
+  // Megatron's --bf16 mixed precision on any backend (backend.h's dtype rules): activations,
+  // their gradients and the weights stored in bf16 (TP, SP, CP, EP and pipeline exchanges of
+  // them too), the weights bf16 copies of fp32 main weights that AdamW updates (sliced like the
+  // moments under the distributed optimizer); weight gradients, their reductions, statistics
+  // and optimizer state fp32. Checkpoints hold the main weights. Off: everything fp32 (the CUDA
+  // backend's GEMMs still round their inputs to bf16 when the layout's precision is bf16).
   bool bf16 = false;
 };
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 
 namespace ptdp::rt {
 namespace {
@@ -90,6 +91,65 @@ void BatchSeq(const Tensor& t, TokenOrder order, int64_t* b, int64_t* s) {
 
 }  // namespace
 
+// ---- bf16 tensors: fp32 kernels on widened copies ---------------------------------------------
+
+// One argument of an op run by Widened: tensors become their fp32 copies (written back into a
+// bf16 tensor after the op when the op may write them: a non-const Tensor&); anything else
+// passes as it is.
+template <typename T>
+struct WideArg {
+  T v;
+  WideArg(T x, CpuBackend&) : v(x) {}
+  T get() { return v; }
+  void Narrow(CpuBackend&) {}
+};
+template <>
+struct WideArg<const Tensor&> {
+  Tensor w;
+  WideArg(const Tensor& t, CpuBackend& be) : w(be.Widen(t)) {}
+  const Tensor& get() { return w; }
+  void Narrow(CpuBackend&) {}
+};
+template <>
+struct WideArg<Tensor&> {
+  Tensor* original;
+  Tensor w;
+  WideArg(Tensor& t, CpuBackend& be) : original(&t), w(be.Widen(t)) {}
+  Tensor& get() { return w; }
+  void Narrow(CpuBackend& be) {
+    if (original->defined() && original->dtype() == DType::kBF16) be.Copy(w, *original);
+  }
+};
+
+namespace {
+bool IsBf16(const Tensor& t) { return t.defined() && t.dtype() == DType::kBF16; }
+template <typename T>
+bool IsBf16(const T&) {
+  return false;
+}
+}  // namespace
+
+Tensor CpuBackend::Widen(const Tensor& t) {
+  if (!IsBf16(t)) return t;
+  if (wide_used_ == wide_.size()) wide_.emplace_back();
+  std::vector<float>& w = wide_[wide_used_++];
+  if (w.size() < size_t(t.numel())) w.resize(size_t(t.numel()));
+  Tensor out(std::make_shared<Buffer>(w.data(), size_t(t.numel()) * sizeof(float), nullptr),
+             t.shape(), DType::kF32);
+  Copy(t, out);
+  return out;
+}
+
+template <typename... P, typename... A>
+bool CpuBackend::Widened(void (CpuBackend::*op)(P...), A&&... args) {
+  if (!(IsBf16(args) || ...)) return false;
+  wide_used_ = 0;
+  std::tuple<WideArg<P>...> w(WideArg<P>(std::forward<A>(args), *this)...);
+  std::apply([this, op](auto&... x) { (this->*op)(x.get()...); }, w);
+  std::apply([this](auto&... x) { (x.Narrow(*this), ...); }, w);
+  return true;
+}
+
 // ---- memory ---------------------------------------------------------------------------------
 
 CpuBackend::CpuBackend(CpuBackendOptions options)
@@ -139,8 +199,8 @@ Result<Tensor> CpuBackend::Allocate(const Shape& shape, DType dtype, bool zero) 
   }
   if (zero) {
     std::memset(data, 0, aligned);
-  } else if (options_.poison_uninit) {  // a quiet NaN as float, a huge id as i32
-    const uint32_t nan_bits = 0x7fc00000u;
+  } else if (options_.poison_uninit) {  // a quiet NaN as float (both halves as bf16), a huge id
+    const uint32_t nan_bits = dtype == DType::kBF16 ? 0x7fc07fc0u : 0x7fc00000u;  // as i32
     uint32_t* w = static_cast<uint32_t*>(data);
     std::fill(w, w + aligned / sizeof(uint32_t), nan_bits);
   }
@@ -180,6 +240,12 @@ void CpuBackend::ResetPeak() { counters_->peak.store(counters_->current.load());
 // ---- host transfer --------------------------------------------------------------------------
 
 Status CpuBackend::CopyFromHost(const float* src, Tensor& dst) {
+  if (dst.dtype() == DType::kBF16) {
+    uint16_t* d = dst.data_as<uint16_t>();
+    const int64_t n = dst.numel();
+    for (int64_t i = 0; i < n; ++i) d[i] = Bf16Bits(src[i]);
+    return Status::Ok();
+  }
   std::memcpy(MutF32(dst), src, dst.bytes());
   return Status::Ok();
 }
@@ -191,6 +257,12 @@ Status CpuBackend::CopyFromHost(const int32_t* src, Tensor& dst) {
 }
 
 Status CpuBackend::CopyToHost(const Tensor& src, float* dst) {
+  if (src.dtype() == DType::kBF16) {
+    const uint16_t* s = src.data_as<const uint16_t>();
+    const int64_t n = src.numel();
+    for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(s[i]);
+    return Status::Ok();
+  }
   std::memcpy(dst, F32(src), src.bytes());
   return Status::Ok();
 }
@@ -213,6 +285,7 @@ void CpuBackend::Gemm(const GemmArgs& g) {
 // c (M, P) = alpha op(a) op(b) + beta c, with a stored (ar, ac) and b stored (br, bc).
 void CpuBackend::Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                         float alpha, float beta) {
+  if (Widened(&CpuBackend::Matmul, a, trans_a, b, trans_b, c, alpha, beta)) return;
   assert(Rows(c) == (trans_a ? Cols(a) : Rows(a)) && Cols(c) == (trans_b ? Rows(b) : Cols(b)));
   assert((trans_a ? Rows(a) : Cols(a)) == (trans_b ? Cols(b) : Rows(b)));  // K agrees
   const Strides sa = Op(Cols(a), trans_a), sb = Op(Cols(b), trans_b);
@@ -230,6 +303,7 @@ void CpuBackend::Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool tra
 
 void CpuBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                                Tensor& c, float alpha, float beta) {
+  if (Widened(&CpuBackend::MatmulBatched, a, trans_a, b, trans_b, c, alpha, beta)) return;
   assert(a.shape().rank() == 3 && b.shape().rank() == 3 && c.shape().rank() == 3);
   assert(a.shape()[0] == b.shape()[0] && a.shape()[0] == c.shape()[0]);
   const int64_t L = a.shape()[0];
@@ -254,6 +328,7 @@ void CpuBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, b
 // ---- bias -----------------------------------------------------------------------------------
 
 void CpuBackend::AddBias(Tensor& y, const Tensor& bias) {
+  if (Widened(&CpuBackend::AddBias, y, bias)) return;
   const int64_t N = Rows(y), C = Cols(y);
   assert(bias.numel() == C);
   float* out = MutF32(y);
@@ -265,6 +340,7 @@ void CpuBackend::AddBias(Tensor& y, const Tensor& bias) {
 }
 
 void CpuBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
+  if (Widened(&CpuBackend::BiasGrad, dy, dbias)) return;
   const int64_t N = Rows(dy), C = Cols(dy);
   assert(dbias.numel() == C);
   const float* g = F32(dy);
@@ -279,6 +355,7 @@ void CpuBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
 
 void CpuBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                   float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
+  if (Widened(&CpuBackend::LayerNormForward, x, gamma, beta, eps, y, mean, rstd)) return;
   const int64_t N = Rows(x), C = Cols(x);
   assert(y.numel() == x.numel() && gamma.numel() == C && beta.numel() == C);
   assert(mean.numel() == N && rstd.numel() == N);
@@ -307,6 +384,7 @@ void CpuBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const Te
 void CpuBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& mean, const Tensor& rstd, Tensor& dx,
                                    Tensor& dgamma, Tensor& dbeta) {
+  if (Widened(&CpuBackend::LayerNormBackward, dy, x, gamma, mean, rstd, dx, dgamma, dbeta)) return;
   const int64_t N = Rows(x), C = Cols(x);
   assert(dy.numel() == x.numel() && dx.numel() == x.numel());
   assert(gamma.numel() == C && dgamma.numel() == C && dbeta.numel() == C);
@@ -345,11 +423,13 @@ void CpuBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Tens
 // ---- GeLU -----------------------------------------------------------------------------------
 
 void CpuBackend::GeluForward(const Tensor& x, Tensor& y) {
+  if (Widened(&CpuBackend::GeluForward, x, y)) return;
   assert(y.numel() == x.numel());
   kernels_->gelu_forward(F32(x), MutF32(y), x.numel());
 }
 
 void CpuBackend::GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  if (Widened(&CpuBackend::GeluBackward, dy, x, dx)) return;
   assert(dy.numel() == x.numel() && dx.numel() == x.numel());
   kernels_->gelu_backward(F32(dy), F32(x), MutF32(dx), x.numel());
 }
@@ -365,6 +445,7 @@ Shape CpuBackend::AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t 
 //   P = softmax(Q K^T / sqrt(d)), causal (P = 0 above the diagonal);  O = P V.
 void CpuBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,
                                   Tensor& saved) {
+  if (Widened(&CpuBackend::AttentionForward, qkv, nh, order, out, saved)) return;
   int64_t b = 0, s = 0;
   BatchSeq(qkv, order, &b, &s);
   const int64_t A = Cols(qkv) / 3, d = A / nh;
@@ -405,9 +486,10 @@ void CpuBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder orde
 // With dO the (s, d) gradient of O:
 //   dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP)) / sqrt(d);
 //   dQ = dS K;  dK = dS^T Q   (dS lower-triangular, like P; its upper part in scratch_ is junk).
-void CpuBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/,
+void CpuBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                    const Tensor& saved, int64_t nh, TokenOrder order,
                                    Tensor& dqkv) {
+  if (Widened(&CpuBackend::AttentionBackward, dout, qkv, out, saved, nh, order, dqkv)) return;
   int64_t b = 0, s = 0;
   BatchSeq(qkv, order, &b, &s);
   const int64_t A = Cols(qkv) / 3, d = A / nh;
@@ -478,6 +560,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 void CpuBackend::AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, const Tensor& kv,
                                        const SeqBlock& kpos, int64_t nh, bool first, Tensor& out,
                                        Tensor& lse) {
+  if (Widened(&CpuBackend::AttentionBlockForward, qkv, qpos, kv, kpos, nh, first, out, lse)) return;
   assert(qkv.shape().rank() == 3 && kv.shape().rank() == 3);
   const int64_t b = qkv.shape()[1], A = Cols(qkv) / 3, d = A / nh;
   const int64_t lq = qpos.len, lk = kpos.len, nq = 2 * lq, nk = 2 * lk;
@@ -572,6 +655,7 @@ void CpuBackend::AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, 
 void CpuBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv, const SeqBlock& qpos,
                                         const Tensor& kv, const SeqBlock& kpos, const Tensor& out,
                                         const Tensor& lse, int64_t nh, Tensor& dqkv, Tensor& dkv) {
+  if (Widened(&CpuBackend::AttentionBlockBackward, dout, qkv, qpos, kv, kpos, out, lse, nh, dqkv, dkv)) return;
   assert(qkv.shape().rank() == 3 && kv.shape().rank() == 3);
   const int64_t b = qkv.shape()[1], A = Cols(qkv) / 3, d = A / nh;
   const int64_t lq = qpos.len, lk = kpos.len, nq = 2 * lq, nk = 2 * lk;
@@ -657,6 +741,7 @@ void CpuBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv, c
 
 void CpuBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
                              int64_t ncols) {
+  if (Widened(&CpuBackend::CopyColumns, src, src_col, dst, dst_col, ncols)) return;
   const int64_t rows = Rows(src), ws = Cols(src), wd = Cols(dst);
   assert(Rows(dst) == rows && src_col + ncols <= ws && dst_col + ncols <= wd);
   const float* a = F32(src);
@@ -669,6 +754,7 @@ void CpuBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, in
 
 void CpuBackend::EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,
                                   Tensor& out) {
+  if (Widened(&CpuBackend::EmbeddingForward, tokens, table, vocab_start, out)) return;
   const int64_t N = tokens.numel(), V = Rows(table), h = Cols(table);
   assert(out.numel() == N * h);
   const int32_t* tok = I32(tokens);
@@ -687,6 +773,7 @@ void CpuBackend::EmbeddingForward(const Tensor& tokens, const Tensor& table, int
 
 void CpuBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int64_t vocab_start,
                                    Tensor& dtable) {
+  if (Widened(&CpuBackend::EmbeddingBackward, dout, tokens, vocab_start, dtable)) return;
   const int64_t N = tokens.numel(), V = Rows(dtable), h = Cols(dtable);
   assert(dout.numel() == N * h);
   const int32_t* tok = I32(tokens);
@@ -704,6 +791,7 @@ void CpuBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int
 // ---- vocab-parallel cross entropy -----------------------------------------------------------
 
 void CpuBackend::CrossEntropyMax(const Tensor& logits, Tensor& row_max) {
+  if (Widened(&CpuBackend::CrossEntropyMax, logits, row_max)) return;
   const int64_t N = Rows(logits), V = Cols(logits);
   assert(row_max.numel() == N);
   const float* l = F32(logits);
@@ -717,6 +805,7 @@ void CpuBackend::CrossEntropyMax(const Tensor& logits, Tensor& row_max) {
 }
 
 void CpuBackend::CrossEntropySumExp(const Tensor& logits, const Tensor& row_max, Tensor& sum_exp) {
+  if (Widened(&CpuBackend::CrossEntropySumExp, logits, row_max, sum_exp)) return;
   const int64_t N = Rows(logits), V = Cols(logits);
   assert(row_max.numel() == N && sum_exp.numel() == N);
   const float* l = F32(logits);
@@ -732,6 +821,7 @@ void CpuBackend::CrossEntropySumExp(const Tensor& logits, const Tensor& row_max,
 
 void CpuBackend::CrossEntropyTarget(const Tensor& logits, const Tensor& targets,
                                     int64_t vocab_start, Tensor& target_logit) {
+  if (Widened(&CpuBackend::CrossEntropyTarget, logits, targets, vocab_start, target_logit)) return;
   const int64_t N = Rows(logits), V = Cols(logits);
   assert(targets.numel() == N && target_logit.numel() == N);
   const float* l = F32(logits);
@@ -745,6 +835,7 @@ void CpuBackend::CrossEntropyTarget(const Tensor& logits, const Tensor& targets,
 
 void CpuBackend::CrossEntropyLoss(const Tensor& row_max, const Tensor& sum_exp,
                                   const Tensor& target_logit, Tensor& loss) {
+  if (Widened(&CpuBackend::CrossEntropyLoss, row_max, sum_exp, target_logit, loss)) return;
   const int64_t N = row_max.numel();
   assert(sum_exp.numel() == N && target_logit.numel() == N && loss.numel() == N);
   const float* mx = F32(row_max);
@@ -757,6 +848,7 @@ void CpuBackend::CrossEntropyLoss(const Tensor& row_max, const Tensor& sum_exp,
 void CpuBackend::CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                       int64_t vocab_start, const Tensor& row_max,
                                       const Tensor& sum_exp, float scale, Tensor& dlogits) {
+  if (Widened(&CpuBackend::CrossEntropyBackward, logits, targets, vocab_start, row_max, sum_exp, scale, dlogits)) return;
   const int64_t N = Rows(logits), V = Cols(logits);
   assert(targets.numel() == N && row_max.numel() == N && sum_exp.numel() == N);
   assert(dlogits.numel() == logits.numel());
@@ -780,6 +872,7 @@ void CpuBackend::CrossEntropyBackward(const Tensor& logits, const Tensor& target
 // ---- element-wise and reductions ------------------------------------------------------------
 
 void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (Widened(&CpuBackend::Add, a, b, out)) return;
   assert(a.numel() == out.numel() && b.numel() == out.numel());
   const float* pa = F32(a);
   const float* pb = F32(b);
@@ -788,6 +881,7 @@ void CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void CpuBackend::Axpy(float alpha, const Tensor& x, Tensor& y) {
+  if (Widened(&CpuBackend::Axpy, alpha, x, y)) return;
   assert(x.numel() == y.numel());
   const float* px = F32(x);
   float* py = MutF32(y);
@@ -795,21 +889,19 @@ void CpuBackend::Axpy(float alpha, const Tensor& x, Tensor& y) {
 }
 
 void CpuBackend::Scale(float alpha, Tensor& x) {
+  if (Widened(&CpuBackend::Scale, alpha, x)) return;
   float* p = MutF32(x);
   for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] *= alpha;
 }
 
 void CpuBackend::Fill(float value, Tensor& x) {
+  if (Widened(&CpuBackend::Fill, value, x)) return;
   float* p = MutF32(x);
   std::fill(p, p + x.numel(), value);
 }
 
-void CpuBackend::RoundToBf16(Tensor& x) {
-  float* p = MutF32(x);
-  for (int64_t i = 0; i < x.numel(); ++i) p[i] = Bf16Round(p[i]);
-}
-
 void CpuBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {
+  if (Widened(&CpuBackend::ScaleRows, x, scale, out)) return;
   const int64_t n = Rows(x), c = Cols(x);
   assert(scale.numel() == n && out.numel() == x.numel());
   const float* in = F32(x);
@@ -820,6 +912,7 @@ void CpuBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {
 }
 
 void CpuBackend::RowDot(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (Widened(&CpuBackend::RowDot, a, b, out)) return;
   const int64_t n = Rows(a), c = Cols(a);
   assert(b.numel() == a.numel() && out.numel() == n);
   const float* x = F32(a);
@@ -830,17 +923,31 @@ void CpuBackend::RowDot(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
-  assert(src.dtype() == dst.dtype() && src.numel() == dst.numel());
-  std::memmove(dst.data(), src.data(), src.bytes());
+  const int64_t n = src.numel();
+  assert(n == dst.numel());
+  if (src.dtype() == dst.dtype()) {
+    std::memmove(dst.data(), src.data(), src.bytes());
+  } else if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
+    const float* s = F32(src);
+    uint16_t* d = dst.data_as<uint16_t>();
+    for (int64_t i = 0; i < n; ++i) d[i] = Bf16Bits(s[i]);
+  } else {
+    assert(src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32);
+    const uint16_t* s = src.data_as<const uint16_t>();
+    float* d = MutF32(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = Bf16ToFloat(s[i]);
+  }
 }
 
 void CpuBackend::SumSquares(const Tensor& x, Tensor& out) {
+  if (Widened(&CpuBackend::SumSquares, x, out)) return;
   assert(out.numel() == 1);
   const float* p = F32(x);
   MutF32(out)[0] += float(SumInDouble(x.numel(), [p](int64_t i) { return double(p[i]) * p[i]; }));
 }
 
 void CpuBackend::Sum(const Tensor& x, Tensor& out) {
+  if (Widened(&CpuBackend::Sum, x, out)) return;
   assert(out.numel() == 1);
   const float* p = F32(x);
   MutF32(out)[0] += float(SumInDouble(x.numel(), [p](int64_t i) { return double(p[i]); }));
@@ -850,6 +957,7 @@ void CpuBackend::Sum(const Tensor& x, Tensor& out) {
 
 void CpuBackend::AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                        const AdamWConfig& cfg) {
+  if (Widened(&CpuBackend::AdamW, param, grad, m, v, cfg)) return;
   assert(grad.numel() == param.numel() && m.numel() == param.numel() &&
          v.numel() == param.numel() && cfg.step >= 1);
   const float bc1 = 1.0f - std::pow(cfg.beta1, float(cfg.step));

@@ -1,6 +1,11 @@
 // The CPU Backend: fp32 on host memory; the hot kernels (GEMM, GeLU, AdamW) from
 // runtime/cpu/cpu_kernels.h, vectorised per x86-64 level and chosen at run time, the rest plain
 // loops (llm.c style). The reference every other backend is checked against.
+// bf16 tensors (backend.h's dtype rules) are stored as bf16; an op given one runs its fp32
+// kernel on widened copies of its bf16 tensors and rounds what it writes back into them, which
+// is the rule every backend follows (compute in fp32, round to nearest even on a bf16 store).
+// The widened copies are scratch, not counted in CurrentBytes(): the tracked bytes are what a
+// GPU computing on bf16 directly would hold.
 //
 // One CpuBackend per rank; ranks are threads, so each op runs on its caller's thread and uses no
 // threads of its own: results are bit-identical run to run (for one kernel level). The memory
@@ -142,7 +147,6 @@ class CpuBackend final : public Backend {
   void Scale(float alpha, Tensor& x) override;
   void Fill(float value, Tensor& x) override;
   void ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) override;
-  void RoundToBf16(Tensor& x) override;
   void RowDot(const Tensor& a, const Tensor& b, Tensor& out) override;
   void Copy(const Tensor& src, Tensor& dst) override;
   void SumSquares(const Tensor& x, Tensor& out) override;
@@ -167,6 +171,16 @@ class CpuBackend final : public Backend {
   Result<Tensor> Allocate(const Shape& shape, DType dtype, bool zero);
   // Runs kernels_->gemm with the packing workspace in pack_.
   void Gemm(const GemmArgs& g);
+  // When any of `args` is a bf16 tensor: calls op with each bf16 tensor replaced by an fp32
+  // copy (Widen), then rounds the op's non-const Tensor& arguments back into their bf16 tensors,
+  // and returns true. Otherwise does nothing and returns false (op runs as it is).
+  template <typename... P, typename... A>
+  bool Widened(void (CpuBackend::*op)(P...), A&&... args);
+  // t itself when it is not bf16; else an fp32 copy of it in wide_ (valid until the next
+  // Widened call).
+  Tensor Widen(const Tensor& t);
+  template <typename T>
+  friend struct WideArg;
 
   CpuBackendOptions options_;
   const CpuKernels* kernels_;
@@ -174,6 +188,8 @@ class CpuBackend final : public Backend {
   std::vector<float> scratch_;  // (s, s): dP in the attention backward
   std::vector<float> block_;    // the CP attention blocks' scores, block output and row sums
   std::vector<float> pack_;     // the GEMM's packed panels (64-byte aligned inside)
+  std::vector<std::vector<float>> wide_;  // Widen's copies, one per bf16 argument of a call
+  size_t wide_used_ = 0;                  // of wide_ in the current Widened call
 };
 
 }  // namespace ptdp::rt

@@ -4,6 +4,7 @@
 #include "runtime/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -12,8 +13,11 @@
 #include <cmath>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "runtime/bf16.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/flash_attention.cuh"
 #include "runtime/cuda/kernels.cuh"
@@ -87,13 +91,48 @@ struct SharedState {
   }
 };
 
-// One operand of a (batched) GEMM as stored: row-major (rows, cols), matrices `stride` apart.
+// One operand of a (batched) GEMM as stored: row-major (rows, cols), matrices `stride` apart,
+// fp32 or bf16.
 struct Operand {
-  const float* data;
+  const void* data;
   int64_t rows, cols;
   bool trans;
   int64_t stride;
+  DType dtype = DType::kF32;
 };
+// The fp32 scratch operands of the unfused attention.
+Operand F32Operand(const float* data, int64_t rows, int64_t cols, bool trans, int64_t stride) {
+  return Operand{data, rows, cols, trans, stride, DType::kF32};
+}
+Operand TensorOperand(const Tensor& t, int64_t rows, int64_t cols, bool trans, int64_t stride) {
+  assert(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16);
+  return Operand{t.data(), rows, cols, trans, stride, t.dtype()};
+}
+
+cudaDataType_t CudaType(DType d) { return d == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// Calls f with a value of the storage type of float dtype d (float or bf16): the kernels'
+// template argument for a tensor of that dtype (backend.h's dtype rules).
+template <typename F>
+cudaError_t ByType(DType d, F&& f) {
+  assert(d == DType::kF32 || d == DType::kBF16);
+  return d == DType::kBF16 ? f(kernels::bf16{}) : f(float{});
+}
+// A tensor's data as its storage type T (asserted: our invariant).
+template <typename T>
+constexpr DType DTypeOf() {
+  return std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
+}
+template <typename T>
+const T* In(const Tensor& t) {
+  assert(t.defined() && t.dtype() == DTypeOf<T>());
+  return t.data_as<const T>();
+}
+template <typename T>
+T* Out(Tensor& t) {
+  assert(t.defined() && t.dtype() == DTypeOf<T>());
+  return t.data_as<T>();
+}
 
 }  // namespace
 
@@ -141,9 +180,12 @@ struct CudaBackend::Impl {
     if (!t.ok()) shared->Record(t.status().Prefixed(std::string(op) + " scratch"));
     return t;
   }
-  // c (batch of (m, p), stride_c apart) = alpha * op(a) @ op(b) + beta * c.
-  void Gemm(const char* op, const Operand& a, const Operand& b, float* c, int64_t m, int64_t p,
-            int64_t k, float alpha, float beta, int64_t batch, int64_t stride_c);
+  // c (batch of (m, p), stride_c apart, of dtype c_dtype) = alpha * op(a) @ op(b) + beta * c.
+  // a and b of one dtype: fp32 in options.gemm's precision, bf16 on tensor cores with fp32
+  // accumulation; c fp32 or a's dtype.
+  void Gemm(const char* op, const Operand& a, const Operand& b, void* c, DType c_dtype,
+            int64_t m, int64_t p, int64_t k, float alpha, float beta, int64_t batch,
+            int64_t stride_c);
   // out[0] += sum(x) or sum(x^2), deterministic (kernels::SumPartials, SumFinalize).
   void Reduce(const char* op, const Tensor& x, bool squares, Tensor& out);
   // A host <-> device copy, waited for. A pending failure is returned first (and the copy
@@ -365,6 +407,11 @@ Status CudaBackend::Impl::Transfer(void* dst, const void* src, size_t bytes,
 }
 
 Status CudaBackend::CopyFromHost(const float* src, Tensor& dst) {
+  if (dst.dtype() == DType::kBF16) {  // rounded on the host, as the CPU backend rounds
+    std::vector<uint16_t> bits(size_t(dst.numel()));
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = Bf16Bits(src[i]);
+    return impl_->Transfer(dst.data(), bits.data(), dst.bytes(), cudaMemcpyHostToDevice);
+  }
   return impl_->Transfer(MutF32(dst), src, dst.bytes(), cudaMemcpyHostToDevice);
 }
 
@@ -374,6 +421,13 @@ Status CudaBackend::CopyFromHost(const int32_t* src, Tensor& dst) {
 }
 
 Status CudaBackend::CopyToHost(const Tensor& src, float* dst) {
+  if (src.dtype() == DType::kBF16) {
+    std::vector<uint16_t> bits(size_t(src.numel()));
+    PTDP_RETURN_IF_ERROR(
+        impl_->Transfer(bits.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < bits.size(); ++i) dst[i] = Bf16ToFloat(bits[i]);
+    return Status::Ok();
+  }
   return impl_->Transfer(dst, F32(src), src.bytes(), cudaMemcpyDeviceToHost);
 }
 
@@ -386,14 +440,18 @@ Status CudaBackend::CopyToHost(const Tensor& src, int32_t* dst) {
 // Row-major C (m, p) = op(A) op(B) is column-major C^T (p, m) = op(B)^T op(A)^T, and a row-major
 // matrix read column-major is its transpose: so cuBLAS gets b first and a second, each with its
 // own op and its stored row length as leading dimension, and C with ldc = p.
-void CudaBackend::Impl::Gemm(const char* op, const Operand& a, const Operand& b, float* c,
-                             int64_t m, int64_t p, int64_t k, float alpha, float beta,
-                             int64_t batch, int64_t stride_c) {
+void CudaBackend::Impl::Gemm(const char* op, const Operand& a, const Operand& b, void* c,
+                             DType c_dtype, int64_t m, int64_t p, int64_t k, float alpha,
+                             float beta, int64_t batch, int64_t stride_c) {
+  assert(a.dtype == b.dtype && (c_dtype == DType::kF32 || c_dtype == a.dtype));
   if (m == 0 || p == 0 || batch == 0) return;
   if (k == 0) {  // an empty sum: c = beta * c (c is contiguous: a whole tensor)
     const int64_t n = batch * m * p;
-    Check(beta == 0.0f ? PTDP_CUDA_STATUS(kernels::Fill(0.0f, c, n, stream))
-                       : PTDP_CUDA_STATUS(kernels::Scale(beta, c, n, stream)));
+    Check(PTDP_CUDA_STATUS(ByType(c_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      return beta == 0.0f ? kernels::Fill(0.0f, static_cast<T*>(c), n, stream)
+                          : kernels::Scale(beta, static_cast<T*>(c), n, stream);
+    })));
     return;
   }
   for (int64_t dim : {m, p, k, a.cols, b.cols, batch}) {
@@ -403,21 +461,24 @@ void CudaBackend::Impl::Gemm(const char* op, const Operand& a, const Operand& b,
       return;
     }
   }
-  const cublasComputeType_t compute = options.gemm == GemmPrecision::kBf16
-                                          ? CUBLAS_COMPUTE_32F_FAST_16BF
-                                          : CUBLAS_COMPUTE_32F;
+  // bf16 operands are bf16 GEMMs whatever options.gemm says (fp32 accumulation, c rounded
+  // once when it is bf16); fp32 operands follow options.gemm.
+  const cublasComputeType_t compute =
+      a.dtype == DType::kBF16 || options.gemm != GemmPrecision::kBf16
+          ? CUBLAS_COMPUTE_32F
+          : CUBLAS_COMPUTE_32F_FAST_16BF;
+  const cudaDataType_t ab = CudaType(a.dtype), ct = CudaType(c_dtype);
   const cublasOperation_t op_a = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (batch == 1) {
     Check(PTDP_CUDA_STATUS(cublasGemmEx(cublas, op_b, op_a, int(p), int(m), int(k), &alpha,
-                                        b.data, CUDA_R_32F, int(b.cols), a.data, CUDA_R_32F,
-                                        int(a.cols), &beta, c, CUDA_R_32F, int(p), compute,
-                                        CUBLAS_GEMM_DEFAULT)));
+                                        b.data, ab, int(b.cols), a.data, ab, int(a.cols), &beta,
+                                        c, ct, int(p), compute, CUBLAS_GEMM_DEFAULT)));
   } else {
     Check(PTDP_CUDA_STATUS(cublasGemmStridedBatchedEx(
-        cublas, op_b, op_a, int(p), int(m), int(k), &alpha, b.data, CUDA_R_32F, int(b.cols),
-        b.stride, a.data, CUDA_R_32F, int(a.cols), a.stride, &beta, c, CUDA_R_32F, int(p),
-        stride_c, int(batch), compute, CUBLAS_GEMM_DEFAULT)));
+        cublas, op_b, op_a, int(p), int(m), int(k), &alpha, b.data, ab, int(b.cols), b.stride,
+        a.data, ab, int(a.cols), a.stride, &beta, c, ct, int(p), stride_c, int(batch), compute,
+        CUBLAS_GEMM_DEFAULT)));
   }
 }
 
@@ -427,9 +488,9 @@ void CudaBackend::Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool tr
   const int64_t p = trans_b ? Rows(b) : Cols(b);
   assert(Rows(c) == m && Cols(c) == p && (trans_b ? Cols(b) : Rows(b)) == k);
   if (!impl_->Begin()) return;
-  impl_->Gemm("Matmul", Operand{F32(a), Rows(a), Cols(a), trans_a, 0},
-              Operand{F32(b), Rows(b), Cols(b), trans_b, 0}, MutF32(c), m, p, k, alpha, beta, 1,
-              0);
+  impl_->Gemm("Matmul", TensorOperand(a, Rows(a), Cols(a), trans_a, 0),
+              TensorOperand(b, Rows(b), Cols(b), trans_b, 0), c.data(), c.dtype(), m, p, k, alpha,
+              beta, 1, 0);
 }
 
 void CudaBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
@@ -441,9 +502,9 @@ void CudaBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, 
   const int64_t m = trans_a ? ac : ar, k = trans_a ? ar : ac, p = trans_b ? br : bc;
   assert(c.shape()[1] == m && c.shape()[2] == p && (trans_b ? bc : br) == k);
   if (!impl_->Begin()) return;
-  impl_->Gemm("MatmulBatched", Operand{F32(a), ar, ac, trans_a, ar * ac},
-              Operand{F32(b), br, bc, trans_b, br * bc}, MutF32(c), m, p, k, alpha, beta, batch,
-              m * p);
+  impl_->Gemm("MatmulBatched", TensorOperand(a, ar, ac, trans_a, ar * ac),
+              TensorOperand(b, br, bc, trans_b, br * bc), c.data(), c.dtype(), m, p, k, alpha,
+              beta, batch, m * p);
 }
 
 // ---- bias -------------------------------------------------------------------------------------
@@ -451,8 +512,10 @@ void CudaBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, 
 void CudaBackend::AddBias(Tensor& y, const Tensor& bias) {
   assert(bias.numel() == Cols(y));
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(
-      kernels::AddBias(MutF32(y), F32(bias), Rows(y), Cols(y), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::AddBias(Out<T>(y), In<T>(bias), Rows(y), Cols(y), impl_->stream);
+  })));
 }
 
 void CudaBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
@@ -463,8 +526,10 @@ void CudaBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
   if (split.chunks == 0 || c == 0) return;
   Result<Tensor> partials = impl_->Scratch("BiasGrad", Shape{split.chunks, c});
   if (!partials.ok()) return;
-  impl_->Check(PTDP_CUDA_STATUS(
-      kernels::BiasGradPartials(F32(dy), n, c, split, MutF32(*partials), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(dy.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::BiasGradPartials(In<T>(dy), n, c, split, MutF32(*partials), impl_->stream);
+  })));
   impl_->Check(PTDP_CUDA_STATUS(
       kernels::ColumnFinalize(F32(*partials), split.chunks, c, MutF32(dbias), impl_->stream)));
 }
@@ -477,9 +542,11 @@ void CudaBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const T
   assert(y.numel() == x.numel() && gamma.numel() == c && beta.numel() == c);
   assert(mean.numel() == n && rstd.numel() == n);
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::LayerNormForward(F32(x), F32(gamma), F32(beta), eps, n,
-                                                          c, MutF32(y), MutF32(mean),
-                                                          MutF32(rstd), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::LayerNormForward(In<T>(x), In<T>(gamma), In<T>(beta), eps, n, c, Out<T>(y),
+                                     MutF32(mean), MutF32(rstd), impl_->stream);
+  })));
 }
 
 void CudaBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
@@ -491,16 +558,22 @@ void CudaBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Ten
   assert(mean.numel() == n && rstd.numel() == n);
   if (!impl_->Begin()) return;
   cudaStream_t st = impl_->stream;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::LayerNormBackwardInput(
-      F32(dy), F32(x), F32(gamma), F32(mean), F32(rstd), n, c, MutF32(dx), st)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::LayerNormBackwardInput(In<T>(dy), In<T>(x), In<T>(gamma), F32(mean),
+                                           F32(rstd), n, c, Out<T>(dx), st);
+  })));
   const kernels::RowSplit split = kernels::SplitRows(n);
   if (split.chunks == 0 || c == 0) return;
   Result<Tensor> partials = impl_->Scratch("LayerNormBackward", Shape{2, split.chunks, c});
   if (!partials.ok()) return;
   float* dgamma_partials = MutF32(*partials);
   float* dbeta_partials = dgamma_partials + split.chunks * c;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::LayerNormParamPartials(
-      F32(dy), F32(x), F32(mean), F32(rstd), n, c, split, dgamma_partials, dbeta_partials, st)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::LayerNormParamPartials(In<T>(dy), In<T>(x), F32(mean), F32(rstd), n, c,
+                                           split, dgamma_partials, dbeta_partials, st);
+  })));
   impl_->Check(PTDP_CUDA_STATUS(
       kernels::ColumnFinalize(dgamma_partials, split.chunks, c, MutF32(dgamma), st)));
   impl_->Check(PTDP_CUDA_STATUS(
@@ -512,15 +585,19 @@ void CudaBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Ten
 void CudaBackend::GeluForward(const Tensor& x, Tensor& y) {
   assert(y.numel() == x.numel());
   if (!impl_->Begin()) return;
-  impl_->Check(
-      PTDP_CUDA_STATUS(kernels::GeluForward(F32(x), MutF32(y), x.numel(), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::GeluForward(In<T>(x), Out<T>(y), x.numel(), impl_->stream);
+  })));
 }
 
 void CudaBackend::GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   assert(dy.numel() == x.numel() && dx.numel() == x.numel());
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(
-      kernels::GeluBackward(F32(dy), F32(x), MutF32(dx), x.numel(), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::GeluBackward(In<T>(dy), In<T>(x), Out<T>(dx), x.numel(), impl_->stream);
+  })));
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -553,9 +630,12 @@ void CudaBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder ord
   const bool seq_first = order == TokenOrder::kSeqFirst;
   cudaStream_t st = impl_->stream;
   if (UsesFlashAttention(d)) {
-    impl_->Check(PTDP_CUDA_STATUS(kernels::FlashAttentionForward(
-        F32(qkv), kernels::HeadLayout{b, s, nh, d, 3, seq_first}, MutF32(out), MutF32(saved),
-        st)));
+    impl_->Check(PTDP_CUDA_STATUS(ByType(qkv.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      return kernels::FlashAttentionForward(In<T>(qkv),
+                                            kernels::HeadLayout{b, s, nh, d, 3, seq_first},
+                                            Out<T>(out), MutF32(saved), st);
+    })));
     return;
   }
   Result<Tensor> heads = impl_->Scratch("AttentionForward", Shape{3, l, s, d});  // q | k | v
@@ -566,16 +646,23 @@ void CudaBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder ord
   const float* k = q + x;
   const float* v = q + 2 * x;
   float* p = MutF32(saved);
-  impl_->Check(PTDP_CUDA_STATUS(kernels::RowsToHeads(
-      F32(qkv), kernels::HeadLayout{b, s, nh, d, 3, seq_first}, MutF32(*heads), st)));
-  impl_->Gemm("AttentionForward", Operand{q, s, d, false, s * d}, Operand{k, s, d, true, s * d},
-              p, s, s, d, 1.0f, 0.0f, l, s * s);
+  impl_->Check(PTDP_CUDA_STATUS(ByType(qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::RowsToHeads(In<T>(qkv), kernels::HeadLayout{b, s, nh, d, 3, seq_first},
+                                MutF32(*heads), st);
+  })));
+  impl_->Gemm("AttentionForward", F32Operand(q, s, d, false, s * d),
+              F32Operand(k, s, d, true, s * d), p, DType::kF32, s, s, d, 1.0f, 0.0f, l, s * s);
   impl_->Check(PTDP_CUDA_STATUS(
       kernels::CausalSoftmaxForward(p, l, s, 1.0f / std::sqrt(float(d)), st)));
-  impl_->Gemm("AttentionForward", Operand{p, s, s, false, s * s}, Operand{v, s, d, false, s * d},
-              MutF32(*o), s, d, s, 1.0f, 0.0f, l, s * d);
-  impl_->Check(PTDP_CUDA_STATUS(kernels::HeadsToRows(
-      F32(*o), kernels::HeadLayout{b, s, nh, d, 1, seq_first}, MutF32(out), st)));
+  impl_->Gemm("AttentionForward", F32Operand(p, s, s, false, s * s),
+              F32Operand(v, s, d, false, s * d), MutF32(*o), DType::kF32, s, d, s, 1.0f, 0.0f,
+              l, s * d);
+  impl_->Check(PTDP_CUDA_STATUS(ByType(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::HeadsToRows(F32(*o), kernels::HeadLayout{b, s, nh, d, 1, seq_first},
+                                Out<T>(out), st);
+  })));
 }
 
 // With dO the gradient of O per head:
@@ -597,9 +684,12 @@ void CudaBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const
   if (UsesFlashAttention(d)) {
     Result<Tensor> delta = impl_->Scratch(op, Shape{l, s});
     if (!delta.ok()) return;
-    impl_->Check(PTDP_CUDA_STATUS(kernels::FlashAttentionBackward(
-        F32(dout), F32(qkv), F32(out), F32(saved), kernels::HeadLayout{b, s, nh, d, 3, seq_first},
-        MutF32(*delta), MutF32(dqkv), st)));
+    impl_->Check(PTDP_CUDA_STATUS(ByType(qkv.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      return kernels::FlashAttentionBackward(In<T>(dout), In<T>(qkv), In<T>(out), F32(saved),
+                                             kernels::HeadLayout{b, s, nh, d, 3, seq_first},
+                                             MutF32(*delta), Out<T>(dqkv), st);
+    })));
     return;
   }
   Result<Tensor> heads = impl_->Scratch(op, Shape{3, l, s, d});   // q | k | v
@@ -619,22 +709,29 @@ void CudaBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const
   const float* p = F32(saved);
   const float* dO = F32(*dout_heads);
   float* ds = MutF32(*dp);
-  impl_->Check(PTDP_CUDA_STATUS(kernels::RowsToHeads(
-      F32(qkv), kernels::HeadLayout{b, s, nh, d, 3, seq_first}, MutF32(*heads), st)));
-  impl_->Check(PTDP_CUDA_STATUS(kernels::RowsToHeads(
-      F32(dout), kernels::HeadLayout{b, s, nh, d, 1, seq_first}, MutF32(*dout_heads), st)));
-  impl_->Gemm(op, Operand{p, s, s, true, s * s}, Operand{dO, s, d, false, s * d}, dv, s, d, s,
-              1.0f, 0.0f, l, s * d);
-  impl_->Gemm(op, Operand{dO, s, d, false, s * d}, Operand{v, s, d, true, s * d}, ds, s, s, d,
-              1.0f, 0.0f, l, s * s);
+  impl_->Check(PTDP_CUDA_STATUS(ByType(qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const cudaError_t e = kernels::RowsToHeads(
+        In<T>(qkv), kernels::HeadLayout{b, s, nh, d, 3, seq_first}, MutF32(*heads), st);
+    if (e != cudaSuccess) return e;
+    return kernels::RowsToHeads(In<T>(dout), kernels::HeadLayout{b, s, nh, d, 1, seq_first},
+                                MutF32(*dout_heads), st);
+  })));
+  impl_->Gemm(op, F32Operand(p, s, s, true, s * s), F32Operand(dO, s, d, false, s * d), dv,
+              DType::kF32, s, d, s, 1.0f, 0.0f, l, s * d);
+  impl_->Gemm(op, F32Operand(dO, s, d, false, s * d), F32Operand(v, s, d, true, s * d), ds,
+              DType::kF32, s, s, d, 1.0f, 0.0f, l, s * s);
   impl_->Check(PTDP_CUDA_STATUS(
       kernels::CausalSoftmaxBackward(p, ds, l, s, 1.0f / std::sqrt(float(d)), st)));
-  impl_->Gemm(op, Operand{ds, s, s, false, s * s}, Operand{k, s, d, false, s * d}, dq, s, d, s,
-              1.0f, 0.0f, l, s * d);
-  impl_->Gemm(op, Operand{ds, s, s, true, s * s}, Operand{q, s, d, false, s * d}, dk, s, d, s,
-              1.0f, 0.0f, l, s * d);
-  impl_->Check(PTDP_CUDA_STATUS(kernels::HeadsToRows(
-      F32(*dheads), kernels::HeadLayout{b, s, nh, d, 3, seq_first}, MutF32(dqkv), st)));
+  impl_->Gemm(op, F32Operand(ds, s, s, false, s * s), F32Operand(k, s, d, false, s * d), dq,
+              DType::kF32, s, d, s, 1.0f, 0.0f, l, s * d);
+  impl_->Gemm(op, F32Operand(ds, s, s, true, s * s), F32Operand(q, s, d, false, s * d), dk,
+              DType::kF32, s, d, s, 1.0f, 0.0f, l, s * d);
+  impl_->Check(PTDP_CUDA_STATUS(ByType(dqkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::HeadsToRows(F32(*dheads), kernels::HeadLayout{b, s, nh, d, 3, seq_first},
+                                Out<T>(dqkv), st);
+  })));
 }
 
 // ---- context-parallel attention blocks (naive kernels: kernels.cuh) ---------------------------
@@ -658,9 +755,11 @@ void CudaBackend::AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos,
   assert(qkv.shape().rank() == 3 && kv.shape().rank() == 3 && Cols(kv) * 3 == Cols(qkv) * 2);
   assert(qkv.shape()[0] == 2 * qpos.len && kv.shape()[0] == 2 * kpos.len);
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::AttentionBlockForward(
-      F32(qkv), F32(kv), BlockArgs(qkv, qpos, kpos, nh), first, MutF32(out), MutF32(lse),
-      impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::AttentionBlockForward(In<T>(qkv), In<T>(kv), BlockArgs(qkv, qpos, kpos, nh),
+                                          first, MutF32(out), MutF32(lse), impl_->stream);
+  })));
 }
 
 void CudaBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv,
@@ -670,28 +769,37 @@ void CudaBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv,
                                          Tensor& dkv) {
   assert(dqkv.shape() == qkv.shape() && dkv.shape() == kv.shape());
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::AttentionBlockBackward(
-      F32(dout), F32(qkv), F32(kv), F32(out), F32(lse), BlockArgs(qkv, qpos, kpos, nh),
-      MutF32(dqkv), MutF32(dkv), impl_->stream)));
-}
-
-void CudaBackend::RoundToBf16(Tensor& x) {
-  if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::RoundToBf16(MutF32(x), x.numel(), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::AttentionBlockBackward(In<T>(dout), In<T>(qkv), In<T>(kv), In<T>(out),
+                                           F32(lse), BlockArgs(qkv, qpos, kpos, nh),
+                                           MutF32(dqkv), MutF32(dkv), impl_->stream);
+  })));
 }
 
 void CudaBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {
   assert(scale.numel() == Rows(x) && out.numel() == x.numel());
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::ScaleRows(F32(x), F32(scale), Rows(x), Cols(x),
-                                                   MutF32(out), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto xt) {
+    return ByType(out.dtype(), [&](auto ot) {
+      using X = decltype(xt);
+      using O = decltype(ot);
+      return kernels::ScaleRows(In<X>(x), F32(scale), Rows(x), Cols(x), Out<O>(out),
+                                impl_->stream);
+    });
+  })));
 }
 
 void CudaBackend::RowDot(const Tensor& a, const Tensor& b, Tensor& out) {
   assert(b.numel() == a.numel() && out.numel() == Rows(a));
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(
-      kernels::RowDot(F32(a), F32(b), Rows(a), Cols(a), MutF32(out), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(a.dtype(), [&](auto at) {
+    return ByType(b.dtype(), [&](auto bt) {
+      using A = decltype(at);
+      using B = decltype(bt);
+      return kernels::RowDot(In<A>(a), In<B>(b), Rows(a), Cols(a), MutF32(out), impl_->stream);
+    });
+  })));
 }
 
 void CudaBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
@@ -699,10 +807,12 @@ void CudaBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, i
   const int64_t rows = Rows(src), ws = Cols(src), wd = Cols(dst);
   assert(Rows(dst) == rows && src_col + ncols <= ws && dst_col + ncols <= wd);
   if (!impl_->Begin() || rows == 0 || ncols == 0) return;
-  const size_t f = sizeof(float);
+  assert(src.dtype() == dst.dtype());
+  const size_t f = DTypeBytes(src.dtype());
   impl_->Check(PTDP_CUDA_STATUS(cudaMemcpy2DAsync(
-      MutF32(dst) + dst_col, size_t(wd) * f, F32(src) + src_col, size_t(ws) * f,
-      size_t(ncols) * f, size_t(rows), cudaMemcpyDeviceToDevice, impl_->stream)));
+      static_cast<char*>(dst.data()) + dst_col * f, size_t(wd) * f,
+      static_cast<const char*>(src.data()) + src_col * f, size_t(ws) * f, size_t(ncols) * f,
+      size_t(rows), cudaMemcpyDeviceToDevice, impl_->stream)));
 }
 
 // ---- vocab-parallel embedding -----------------------------------------------------------------
@@ -712,8 +822,11 @@ void CudaBackend::EmbeddingForward(const Tensor& tokens, const Tensor& table, in
   const int64_t n = tokens.numel(), v = Rows(table), h = Cols(table);
   assert(out.numel() == n * h);
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::EmbeddingForward(
-      I32(tokens), n, F32(table), v, h, vocab_start, MutF32(out), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(table.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::EmbeddingForward(I32(tokens), n, In<T>(table), v, h, vocab_start, Out<T>(out),
+                                     impl_->stream);
+  })));
 }
 
 void CudaBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int64_t vocab_start,
@@ -721,8 +834,11 @@ void CudaBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, in
   const int64_t n = tokens.numel(), v = Rows(dtable), h = Cols(dtable);
   assert(dout.numel() == n * h);
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::EmbeddingBackward(
-      F32(dout), I32(tokens), n, vocab_start, v, h, MutF32(dtable), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(dout.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::EmbeddingBackward(In<T>(dout), I32(tokens), n, vocab_start, v, h,
+                                      MutF32(dtable), impl_->stream);
+  })));
 }
 
 // ---- vocab-parallel cross entropy -------------------------------------------------------------
@@ -730,25 +846,33 @@ void CudaBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, in
 void CudaBackend::CrossEntropyMax(const Tensor& logits, Tensor& row_max) {
   assert(row_max.numel() == Rows(logits));
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::CrossEntropyMax(F32(logits), Rows(logits), Cols(logits),
-                                                         MutF32(row_max), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::CrossEntropyMax(In<T>(logits), Rows(logits), Cols(logits), MutF32(row_max),
+                                    impl_->stream);
+  })));
 }
 
 void CudaBackend::CrossEntropySumExp(const Tensor& logits, const Tensor& row_max,
                                      Tensor& sum_exp) {
   assert(row_max.numel() == Rows(logits) && sum_exp.numel() == Rows(logits));
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::CrossEntropySumExp(
-      F32(logits), F32(row_max), Rows(logits), Cols(logits), MutF32(sum_exp), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::CrossEntropySumExp(In<T>(logits), F32(row_max), Rows(logits), Cols(logits),
+                                       MutF32(sum_exp), impl_->stream);
+  })));
 }
 
 void CudaBackend::CrossEntropyTarget(const Tensor& logits, const Tensor& targets,
                                      int64_t vocab_start, Tensor& target_logit) {
   assert(targets.numel() == Rows(logits) && target_logit.numel() == Rows(logits));
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(
-      kernels::CrossEntropyTarget(F32(logits), I32(targets), Rows(logits), Cols(logits),
-                                  vocab_start, MutF32(target_logit), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::CrossEntropyTarget(In<T>(logits), I32(targets), Rows(logits), Cols(logits),
+                                       vocab_start, MutF32(target_logit), impl_->stream);
+  })));
 }
 
 void CudaBackend::CrossEntropyLoss(const Tensor& row_max, const Tensor& sum_exp,
@@ -767,9 +891,12 @@ void CudaBackend::CrossEntropyBackward(const Tensor& logits, const Tensor& targe
   assert(targets.numel() == n && row_max.numel() == n && sum_exp.numel() == n);
   assert(dlogits.numel() == logits.numel());
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(
-      kernels::CrossEntropyBackward(F32(logits), I32(targets), n, v, vocab_start, F32(row_max),
-                                    F32(sum_exp), scale, MutF32(dlogits), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::CrossEntropyBackward(In<T>(logits), I32(targets), n, v, vocab_start,
+                                         F32(row_max), F32(sum_exp), scale, Out<T>(dlogits),
+                                         impl_->stream);
+  })));
 }
 
 // ---- element-wise and reductions --------------------------------------------------------------
@@ -777,32 +904,60 @@ void CudaBackend::CrossEntropyBackward(const Tensor& logits, const Tensor& targe
 void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
   assert(a.numel() == out.numel() && b.numel() == out.numel());
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(
-      kernels::Add(F32(a), F32(b), MutF32(out), out.numel(), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(a.dtype(), [&](auto at) {
+    return ByType(b.dtype(), [&](auto bt) {
+      return ByType(out.dtype(), [&](auto ot) {
+        using A = decltype(at);
+        using B = decltype(bt);
+        using O = decltype(ot);
+        return kernels::Add(In<A>(a), In<B>(b), Out<O>(out), out.numel(), impl_->stream);
+      });
+    });
+  })));
 }
 
 void CudaBackend::Axpy(float alpha, const Tensor& x, Tensor& y) {
   assert(x.numel() == y.numel());
   if (!impl_->Begin()) return;
-  impl_->Check(
-      PTDP_CUDA_STATUS(kernels::Axpy(alpha, F32(x), MutF32(y), y.numel(), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto xt) {
+    return ByType(y.dtype(), [&](auto yt) {
+      using X = decltype(xt);
+      using Y = decltype(yt);
+      return kernels::Axpy(alpha, In<X>(x), Out<Y>(y), y.numel(), impl_->stream);
+    });
+  })));
 }
 
 void CudaBackend::Scale(float alpha, Tensor& x) {
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::Scale(alpha, MutF32(x), x.numel(), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::Scale(alpha, Out<T>(x), x.numel(), impl_->stream);
+  })));
 }
 
 void CudaBackend::Fill(float value, Tensor& x) {
   if (!impl_->Begin()) return;
-  impl_->Check(PTDP_CUDA_STATUS(kernels::Fill(value, MutF32(x), x.numel(), impl_->stream)));
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::Fill(value, Out<T>(x), x.numel(), impl_->stream);
+  })));
 }
 
 void CudaBackend::Copy(const Tensor& src, Tensor& dst) {
-  assert(src.dtype() == dst.dtype() && src.numel() == dst.numel());
-  if (!impl_->Begin() || src.bytes() == 0 || src.data() == dst.data()) return;
-  impl_->Check(PTDP_CUDA_STATUS(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(),
-                                                cudaMemcpyDeviceToDevice, impl_->stream)));
+  assert(src.numel() == dst.numel());
+  if (!impl_->Begin() || src.numel() == 0) return;
+  if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
+    impl_->Check(PTDP_CUDA_STATUS(
+        kernels::ToBf16(F32(src), Out<kernels::bf16>(dst), src.numel(), impl_->stream)));
+  } else if (src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32) {
+    impl_->Check(PTDP_CUDA_STATUS(
+        kernels::FromBf16(In<kernels::bf16>(src), MutF32(dst), src.numel(), impl_->stream)));
+  } else if (src.data() != dst.data()) {
+    assert(src.dtype() == dst.dtype());
+    impl_->Check(PTDP_CUDA_STATUS(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(),
+                                                  cudaMemcpyDeviceToDevice, impl_->stream)));
+  }
 }
 
 // out[0] += the sum of x (or of x^2) through SumBlocks(n) double partials in scratch.
@@ -812,7 +967,10 @@ void CudaBackend::Impl::Reduce(const char* op, const Tensor& x, bool squares, Te
   Result<Tensor> partials = Scratch(op, Shape{2 * blocks});  // doubles in f32 pairs
   if (!partials.ok()) return;
   double* p = reinterpret_cast<double*>(MutF32(*partials));  // 256-byte aligned: a whole buffer
-  Check(PTDP_CUDA_STATUS(kernels::SumPartials(F32(x), x.numel(), squares, p, stream)));
+  Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::SumPartials(In<T>(x), x.numel(), squares, p, stream);
+  })));
   Check(PTDP_CUDA_STATUS(kernels::SumFinalize(p, blocks, MutF32(out), stream)));
 }
 

@@ -115,7 +115,6 @@ class CudaBackend final : public Backend {
   void CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
                    int64_t ncols) override;
   void ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) override;
-  void RoundToBf16(Tensor& x) override;
   void RowDot(const Tensor& a, const Tensor& b, Tensor& out) override;
   void EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,
                         Tensor& out) override;

@@ -9,6 +9,11 @@
 // the head dimension), and combine their partial maxima and sums with one shuffle.
 //
 // Scores are handled in base 2: x = s * scale * log2(e), p = exp2(x - m), lse_2 = lse * log2(e).
+//
+// Token rows (qkv, out, dout, dqkv) are float or bf16 (T): fp32 rows are rounded to bf16 as they
+// enter the tiles, bf16 rows are copied in as they are (rounding a bf16 value to bf16 is the
+// identity, so the tiles are those of fp32 rows holding the widened values), and out and dqkv are
+// computed in fp32 as for fp32 rows and stored rounded to nearest even.
 #include "runtime/cuda/flash_attention.cuh"
 
 #include <cuda_bf16.h>
@@ -20,8 +25,6 @@
 
 namespace ptdp::rt::cuda::kernels {
 namespace {
-
-using bf16 = __nv_bfloat16;
 
 constexpr int kTile = 64;        // rows (queries or keys) of a block, and columns of a score tile
 constexpr int kFlashWarps = 4;
@@ -57,6 +60,13 @@ __device__ __forceinline__ int64_t TokenRow(const HeadLayout& lay, int64_t bi, i
   return lay.seq_first ? t * lay.b + bi : bi * lay.s + t;
 }
 
+// A token-row element as fp32 (exact), and an fp32 value stored into a token row (bf16 rounded
+// to nearest even).
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void StoreFloat(float* p, float v) { *p = v; }
+__device__ __forceinline__ void StoreFloat(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+
 // dst[r][c] (bf16, row length LdH) = src's row of position t0 + r, columns col0 + c (row width
 // w), zero past the sequence or past the head dimension d. 16-byte loads when d is a multiple of
 // 4 and src 16-byte aligned (then so is every row's start: w and col0 are multiples of d's
@@ -84,6 +94,38 @@ __device__ void LoadRows(const float* src, const HeadLayout& lay, int64_t w, int
     float v = 0.0f;
     if (t < lay.s && c < lay.d) v = src[TokenRow(lay, bi, t) * w + col0 + c];
     dst[r * Smem<D>::LdH + c] = __float2bfloat16_rn(v);
+  }
+}
+
+// The same from bf16 rows, copied into the tile as they are: the tile the float overload makes
+// from the widened values. 16-byte loads of 8 elements when d is a multiple of 8 and src 16-byte
+// aligned (then so is every row's start, as above with stride 8); else one element a thread.
+template <int D>
+__device__ void LoadRows(const bf16* src, const HeadLayout& lay, int64_t w, int64_t col0,
+                         int64_t bi, int64_t t0, bf16* dst) {
+  static_assert(Smem<D>::LdH * sizeof(bf16) % 16 == 0, "16-byte aligned tile rows");
+  if (lay.d % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    // Unrolled by 2: two loads (16 elements) in flight a thread, as the float loop's four (the
+    // compiler unrolls that one by 4); unrolled by 4 here, the d = 128 dK/dV kernel spilled more
+    // than its fp32 twin (ptxas, sm_80 and sm_90).
+#pragma unroll 2
+    for (int idx = threadIdx.x; idx < kTile * D / 8; idx += kFlashThreads) {
+      const int r = idx / (D / 8), c = (idx % (D / 8)) * 8;
+      const int64_t t = t0 + r;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);  // eight bf16 zeros
+      if (t < lay.s && c < lay.d)
+        v = *reinterpret_cast<const uint4*>(src + TokenRow(lay, bi, t) * w + col0 + c);
+      // 16-byte aligned: the tiles start 32-byte aligned, LdH is a multiple of 8 and so is c.
+      *reinterpret_cast<uint4*>(dst + r * Smem<D>::LdH + c) = v;
+    }
+    return;
+  }
+  for (int idx = threadIdx.x; idx < kTile * D; idx += kFlashThreads) {
+    const int r = idx / D, c = idx % D;
+    const int64_t t = t0 + r;
+    bf16 v = __float2bfloat16_rn(0.0f);
+    if (t < lay.s && c < lay.d) v = src[TokenRow(lay, bi, t) * w + col0 + c];
+    dst[r * Smem<D>::LdH + c] = v;
   }
 }
 
@@ -145,9 +187,9 @@ __device__ void AccumulateRows(const bf16* a, const bf16* b, int ldb, FragC (&ac
 // Writes one warp's 16 x D accumulator rows (times `scale`) into the rows of `dst` (row width w,
 // columns col0 + c < d) for positions t0 + 16 warp + i < s, through the warp's rows of `stage`
 // (row length LdO).
-template <int D>
+template <int D, typename T>
 __device__ void StoreRows(FragC (&acc)[D / 16], float scale, float* stage, const HeadLayout& lay,
-                          int64_t w, int64_t col0, int64_t bi, int64_t t0, float* dst) {
+                          int64_t w, int64_t col0, int64_t bi, int64_t t0, T* dst) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* rows = stage + warp * 16 * Smem<D>::LdO;
 #pragma unroll
@@ -159,8 +201,8 @@ __device__ void StoreRows(FragC (&acc)[D / 16], float scale, float* stage, const
   for (int i = 0; i < 16; ++i) {
     const int64_t t = t0 + warp * 16 + i;
     if (t >= lay.s) break;
-    float* out = dst + TokenRow(lay, bi, t) * w + col0;
-    for (int c = lane; c < lay.d; c += 32) out[c] = rows[i * Smem<D>::LdO + c];
+    T* out = dst + TokenRow(lay, bi, t) * w + col0;
+    for (int c = lane; c < lay.d; c += 32) StoreFloat(out + c, rows[i * Smem<D>::LdO + c]);
   }
   __syncwarp();
 }
@@ -180,9 +222,9 @@ __device__ __forceinline__ Place PlaceOf(const HeadLayout& lay) {
 }
 
 // Grid (L, query tiles), the last query tile (the most key tiles) first.
-template <int D>
+template <int D, typename T>
 __global__ void __launch_bounds__(kFlashThreads)
-    FlashForwardKernel(const float* qkv, HeadLayout lay, float scale2, float* out, float* lse) {
+    FlashForwardKernel(const T* qkv, HeadLayout lay, float scale2, T* out, float* lse) {
 #ifdef PTDP_FLASH_TENSOR_CORES
   using S = Smem<D>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -257,16 +299,17 @@ __global__ void __launch_bounds__(kFlashThreads)
   if (qpos < lay.s) {
     const float inv = 1.0f / sum;
     const float* orow = os + r * S::LdO;
-    float* dst = out + TokenRow(lay, bi, qpos) * a + j * lay.d;
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2) && c < lay.d; ++c) dst[c] = orow[c] * inv;
+    T* dst = out + TokenRow(lay, bi, qpos) * a + j * lay.d;
+    for (int c = half * (D / 2); c < (half + 1) * (D / 2) && c < lay.d; ++c)
+      StoreFloat(dst + c, orow[c] * inv);
     if (half == 0) lse[l * lay.s + qpos] = (m + log2f(sum)) * kLn2;
   }
 #endif
 }
 
 // delta[l s + t] = sum_c dout[row][j d + c] * out[row][j d + c]: one warp per (l, t).
-__global__ void FlashDeltaKernel(const float* dout, const float* out, HeadLayout lay,
-                                 float* delta) {
+template <typename T>
+__global__ void FlashDeltaKernel(const T* dout, const T* out, HeadLayout lay, float* delta) {
   const int64_t rows = lay.b * lay.nh * lay.s, a = lay.nh * lay.d;
   const int lane = threadIdx.x % 32;
   for (int64_t q = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; q < rows;
@@ -274,7 +317,8 @@ __global__ void FlashDeltaKernel(const float* dout, const float* out, HeadLayout
     const int64_t l = q / lay.s, t = q % lay.s, bi = l / lay.nh, j = l % lay.nh;
     const int64_t base = TokenRow(lay, bi, t) * a + j * lay.d;
     float v = 0.0f;
-    for (int64_t c = lane; c < lay.d; c += 32) v += dout[base + c] * out[base + c];
+    for (int64_t c = lane; c < lay.d; c += 32)
+      v += ToFloat(dout[base + c]) * ToFloat(out[base + c]);
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0) delta[q] = v;
   }
@@ -300,8 +344,9 @@ struct BackwardTiles {
     delta_s = lse_s + kTile;
   }
   // Q and dO of the 64 queries from q0 with their lse and delta (all threads).
-  __device__ void LoadQueries(const float* qkv, const float* dout, const float* lse,
-                              const float* delta, const HeadLayout& lay, int64_t l, int64_t q0) {
+  template <typename T>
+  __device__ void LoadQueries(const T* qkv, const T* dout, const float* lse, const float* delta,
+                              const HeadLayout& lay, int64_t l, int64_t q0) {
     const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
     HeadLayout lay_o = lay;
     lay_o.nmat = 1;
@@ -310,7 +355,8 @@ struct BackwardTiles {
     LoadRowStats(lse, delta, l, lay.s, q0, lse_s, delta_s);
   }
   // K and V of the 64 keys from k0 (all threads).
-  __device__ void LoadKeys(const float* qkv, const HeadLayout& lay, int64_t l, int64_t k0) {
+  template <typename T>
+  __device__ void LoadKeys(const T* qkv, const HeadLayout& lay, int64_t l, int64_t k0) {
     const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
     LoadRows<D>(qkv, lay, 3 * a, a + j * lay.d, bi, k0, ks);
     LoadRows<D>(qkv, lay, 3 * a, 2 * a + j * lay.d, bi, k0, vs);
@@ -320,10 +366,10 @@ struct BackwardTiles {
 // dK, dV of one key tile over the query tiles that see it. Grid (L, key tiles), the first key
 // tile (the most query tiles) first. Warp w owns keys 16w.., and its score tiles are transposed:
 // rows keys, columns queries (S^T = K Q^T, dP^T = V dO^T).
-template <int D>
+template <int D, typename T>
 __global__ void __launch_bounds__(kFlashThreads)
-    FlashBackwardKvKernel(const float* dout, const float* qkv, const float* lse,
-                          const float* delta, HeadLayout lay, float scale, float* dqkv) {
+    FlashBackwardKvKernel(const T* dout, const T* qkv, const float* lse, const float* delta,
+                          HeadLayout lay, float scale, T* dqkv) {
 #ifdef PTDP_FLASH_TENSOR_CORES
   using S = Smem<D>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -372,10 +418,10 @@ __global__ void __launch_bounds__(kFlashThreads)
 }
 
 // dQ of one query tile over the key tiles it sees. Grid (L, query tiles), the last first.
-template <int D>
+template <int D, typename T>
 __global__ void __launch_bounds__(kFlashThreads)
-    FlashBackwardQKernel(const float* dout, const float* qkv, const float* lse,
-                         const float* delta, HeadLayout lay, float scale, float* dqkv) {
+    FlashBackwardQKernel(const T* dout, const T* qkv, const float* lse, const float* delta,
+                         HeadLayout lay, float scale, T* dqkv) {
 #ifdef PTDP_FLASH_TENSOR_CORES
   using S = Smem<D>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -416,34 +462,34 @@ __global__ void __launch_bounds__(kFlashThreads)
 #endif
 }
 
-template <int D>
-cudaError_t Forward(const float* qkv, HeadLayout lay, float* out, float* lse, cudaStream_t st) {
+template <int D, typename T>
+cudaError_t Forward(const T* qkv, HeadLayout lay, T* out, float* lse, cudaStream_t st) {
   const size_t bytes = Smem<D>::kForward;
-  cudaError_t e = cudaFuncSetAttribute(FlashForwardKernel<D>,
+  cudaError_t e = cudaFuncSetAttribute(FlashForwardKernel<D, T>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(lay.b * lay.nh), unsigned((lay.s + kTile - 1) / kTile));
   const float scale2 = kLog2e / std::sqrt(float(lay.d));
-  FlashForwardKernel<D><<<grid, kFlashThreads, bytes, st>>>(qkv, lay, scale2, out, lse);
+  FlashForwardKernel<D, T><<<grid, kFlashThreads, bytes, st>>>(qkv, lay, scale2, out, lse);
   return cudaGetLastError();
 }
 
-template <int D>
-cudaError_t Backward(const float* dout, const float* qkv, const float* lse, const float* delta,
-                     HeadLayout lay, float* dqkv, cudaStream_t st) {
+template <int D, typename T>
+cudaError_t Backward(const T* dout, const T* qkv, const float* lse, const float* delta,
+                     HeadLayout lay, T* dqkv, cudaStream_t st) {
   const size_t bytes = Smem<D>::kBackward;
-  cudaError_t e = cudaFuncSetAttribute(FlashBackwardKvKernel<D>,
+  cudaError_t e = cudaFuncSetAttribute(FlashBackwardKvKernel<D, T>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(FlashBackwardQKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(bytes));
+    e = cudaFuncSetAttribute(FlashBackwardQKernel<D, T>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(lay.b * lay.nh), unsigned((lay.s + kTile - 1) / kTile));
   const float scale = 1.0f / std::sqrt(float(lay.d));
-  FlashBackwardKvKernel<D><<<grid, kFlashThreads, bytes, st>>>(dout, qkv, lse, delta, lay, scale,
-                                                                 dqkv);
-  FlashBackwardQKernel<D><<<grid, kFlashThreads, bytes, st>>>(dout, qkv, lse, delta, lay, scale,
-                                                                dqkv);
+  FlashBackwardKvKernel<D, T>
+      <<<grid, kFlashThreads, bytes, st>>>(dout, qkv, lse, delta, lay, scale, dqkv);
+  FlashBackwardQKernel<D, T>
+      <<<grid, kFlashThreads, bytes, st>>>(dout, qkv, lse, delta, lay, scale, dqkv);
   return cudaGetLastError();
 }
 
@@ -455,27 +501,39 @@ bool FlashAttentionSupported(int64_t d, int major, int64_t smem_optin) {
   return int64_t(need) <= smem_optin;
 }
 
-cudaError_t FlashAttentionForward(const float* qkv, HeadLayout lay, float* out, float* lse,
+template <typename T>
+cudaError_t FlashAttentionForward(const T* qkv, HeadLayout lay, T* out, float* lse,
                                   cudaStream_t st) {
   if (lay.b * lay.nh * lay.s == 0) return cudaSuccess;
   if (!Supported(lay.d) || lay.nmat != 3) return cudaErrorInvalidValue;
   return lay.d <= 64 ? Forward<64>(qkv, lay, out, lse, st) : Forward<128>(qkv, lay, out, lse, st);
 }
 
-cudaError_t FlashAttentionBackward(const float* dout, const float* qkv, const float* out,
-                                   const float* lse, HeadLayout lay, float* delta, float* dqkv,
-                                   cudaStream_t st) {
+template <typename T>
+cudaError_t FlashAttentionBackward(const T* dout, const T* qkv, const T* out, const float* lse,
+                                   HeadLayout lay, float* delta, T* dqkv, cudaStream_t st) {
   const int64_t rows = lay.b * lay.nh * lay.s;
   if (rows == 0) return cudaSuccess;
   if (!Supported(lay.d) || lay.nmat != 3) return cudaErrorInvalidValue;
   HeadLayout lay_o = lay;
   lay_o.nmat = 1;
   const int64_t blocks = std::min<int64_t>((rows + 7) / 8, 65535);  // 8 warps a block
-  FlashDeltaKernel<<<unsigned(blocks), 256, 0, st>>>(dout, out, lay_o, delta);
+  FlashDeltaKernel<T><<<unsigned(blocks), 256, 0, st>>>(dout, out, lay_o, delta);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   return lay.d <= 64 ? Backward<64>(dout, qkv, lse, delta, lay, dqkv, st)
                      : Backward<128>(dout, qkv, lse, delta, lay, dqkv, st);
 }
+
+template cudaError_t FlashAttentionForward<float>(const float*, HeadLayout, float*, float*,
+                                                  cudaStream_t);
+template cudaError_t FlashAttentionForward<bf16>(const bf16*, HeadLayout, bf16*, float*,
+                                                 cudaStream_t);
+template cudaError_t FlashAttentionBackward<float>(const float*, const float*, const float*,
+                                                   const float*, HeadLayout, float*, float*,
+                                                   cudaStream_t);
+template cudaError_t FlashAttentionBackward<bf16>(const bf16*, const bf16*, const bf16*,
+                                                  const float*, HeadLayout, float*, bf16*,
+                                                  cudaStream_t);
 
 }  // namespace ptdp::rt::cuda::kernels

@@ -2,10 +2,12 @@
 // bf16 plans, forward and backward without the (b, heads, s, s) probabilities. Our own kernel in
 // the manner of FlashAttention-2 (Dao 2023, "FlashAttention-2: Faster Attention with Better
 // Parallelism and Work Partitioning", algorithms 1 and 2), not cuDNN's fused SDPA: it reads the
-// fp32 qkv rows the model keeps as they are (no repacking per head), saves only the row
+// qkv rows the model keeps as they are (no repacking per head), saves only the row
 // log-sum-exp, and is tested kernel by kernel against the CPU backend on every lent GPU
 // (tests/runtime/cuda). cuDNN's graph API would need its C++ frontend (not a Debian package) or
 // some hundred lines of backend descriptors per graph, and fp16/bf16 inputs in its own layout.
+// The token rows are fp32 or bf16 (a bf16 run's activations, runtime/backend.h): bf16 rows go
+// into the tiles as they are, and the output and gradients are stored rounded to bf16.
 //
 // Shapes as kernels.cuh's HeadLayout: qkv (b, s, 3A) or (s, b, 3A) with nmat = 3, out and dout
 // the same with nmat = 1 (A = nh d), lse (L, s) with L = b nh, index (bi nh + j) s + t.
@@ -39,13 +41,15 @@ bool FlashAttentionSupported(int64_t d, int major, int64_t smem_optin);
 
 // out (rows of `lay` with nmat 1) = causal softmax(q k^T / sqrt(d)) v; lse (L, s) = the natural
 // log-sum-exp of each query's scaled scores. `lay` describes qkv (nmat = 3).
-cudaError_t FlashAttentionForward(const float* qkv, HeadLayout lay, float* out, float* lse,
+// T: float or bf16 (kernels.cuh), the storage of qkv, out, dout and dqkv; lse and delta fp32.
+template <typename T>
+cudaError_t FlashAttentionForward(const T* qkv, HeadLayout lay, T* out, float* lse,
                                   cudaStream_t st);
 
 // dqkv (shape of qkv, every element written) = the gradient given dout, the forward's qkv, out
 // and lse. delta: scratch of L s floats (rowsum(dO * O) per query).
-cudaError_t FlashAttentionBackward(const float* dout, const float* qkv, const float* out,
-                                   const float* lse, HeadLayout lay, float* delta, float* dqkv,
-                                   cudaStream_t st);
+template <typename T>
+cudaError_t FlashAttentionBackward(const T* dout, const T* qkv, const T* out, const float* lse,
+                                   HeadLayout lay, float* delta, T* dqkv, cudaStream_t st);
 
 }  // namespace ptdp::rt::cuda::kernels

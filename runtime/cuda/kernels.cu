@@ -2,6 +2,12 @@
 // kernels.cuh for the contracts. Each kernel mirrors a loop of runtime/cpu/cpu_backend.cc with
 // the same formula, so the two differ only in the order of fp32 additions inside reductions.
 //
+// Storage. Activations and weights may be stored as fp32 or bf16 (the kernels' T, A, B, O, X, Y);
+// every element is loaded through Ld (widened to fp32, exact) and stored through St (rounded to
+// nearest even into bf16), and the arithmetic in between is the fp32 code for both, so a bf16
+// kernel is its fp32 kernel on the widened inputs with each output rounded once. An output that
+// accumulates ("adds to") is loaded, added to in fp32 and stored rounded.
+//
 // Launch shapes. Element-wise kernels: 256 threads a block, at most 65535 blocks, grid-stride
 // loops (any n). Row-wise kernels (LayerNorm, softmax, cross-entropy reductions): one warp per
 // row, the warp's 32 lanes striding over the row (rows of any length: nothing is held in shared
@@ -44,6 +50,13 @@ unsigned Blocks(int64_t items, int64_t per_block) {
 // Blocks of kThreads for one warp per row.
 unsigned RowBlocks(int64_t rows) { return Blocks(rows, kWarpsPerBlock); }
 
+// ---- storage: load as fp32, store rounded -------------------------------------------------------
+
+__device__ __forceinline__ float Ld(const float* p) { return *p; }
+__device__ __forceinline__ float Ld(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void St(float* p, float v) { *p = v; }
+__device__ __forceinline__ void St(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+
 __device__ __forceinline__ int64_t ThreadIndex() {
   return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
 }
@@ -71,15 +84,16 @@ __device__ __forceinline__ float WarpMax(float v) {
 
 // Thread (x, y) of block (bx, by) sums column bx*32 + x over rows r0 + y, r0 + y + 8, ... of
 // chunk by; the 8 lanes of a column are then added in lane order.
-__global__ void BiasGradPartialsKernel(const float* dy, int64_t n, int64_t c,
-                                       int64_t rows_per_chunk, float* partials) {
+template <typename T>
+__global__ void BiasGradPartialsKernel(const T* dy, int64_t n, int64_t c, int64_t rows_per_chunk,
+                                       float* partials) {
   __shared__ float acc[kColLanes][kColTile + 1];
   const int64_t col = int64_t(blockIdx.x) * kColTile + threadIdx.x;
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < n ? r0 + rows_per_chunk : n;
   float sum = 0.0f;
   if (col < c) {
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColLanes) sum += dy[r * c + col];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColLanes) sum += Ld(dy + r * c + col);
   }
   acc[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
@@ -90,7 +104,8 @@ __global__ void BiasGradPartialsKernel(const float* dy, int64_t n, int64_t c,
   }
 }
 
-__global__ void LayerNormParamPartialsKernel(const float* dy, const float* x, const float* mean,
+template <typename T>
+__global__ void LayerNormParamPartialsKernel(const T* dy, const T* x, const float* mean,
                                              const float* rstd, int64_t n, int64_t c,
                                              int64_t rows_per_chunk, float* dgamma_partials,
                                              float* dbeta_partials) {
@@ -102,8 +117,8 @@ __global__ void LayerNormParamPartialsKernel(const float* dy, const float* x, co
   float sum_g = 0.0f, sum_b = 0.0f;
   if (col < c) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kColLanes) {
-      const float g = dy[r * c + col];
-      const float xhat = (x[r * c + col] - mean[r]) * rstd[r];
+      const float g = Ld(dy + r * c + col);
+      const float xhat = (Ld(x + r * c + col) - mean[r]) * rstd[r];
       sum_g += xhat * g;
       sum_b += g;
     }
@@ -135,47 +150,62 @@ __global__ void ColumnFinalizeKernel(const float* partials, int64_t chunks, int6
 
 // Threads over columns (coalesced, one bias load each), blockIdx.y over rows: no division per
 // element (the 64-bit i % c of a flat loop costs more than the add).
-__global__ void AddBiasKernel(float* y, const float* bias, int64_t n, int64_t c) {
+template <typename T>
+__global__ void AddBiasKernel(T* y, const T* bias, int64_t n, int64_t c) {
   for (int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < c;
        col += int64_t(gridDim.x) * blockDim.x) {
-    const float b = bias[col];
-    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) y[r * c + col] += b;
+    const float b = Ld(bias + col);
+    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+      T* p = y + r * c + col;
+      St(p, Ld(p) + b);
+    }
   }
 }
 
-__global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
+// y may alias x: element i is read before the same thread writes it.
+template <typename T>
+__global__ void GeluForwardKernel(const T* x, T* y, int64_t n) {
   for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) {
-    const float v = x[i];
+    const float v = Ld(x + i);
     const float cube = 0.044715f * v * v * v;
-    y[i] = 0.5f * v * (1.0f + tanhf(kGeluScale * (v + cube)));
+    St(y + i, 0.5f * v * (1.0f + tanhf(kGeluScale * (v + cube))));
   }
 }
 
-__global__ void GeluBackwardKernel(const float* dy, const float* x, float* dx, int64_t n) {
+// dx may alias dy: element i is read before the same thread writes it.
+template <typename T>
+__global__ void GeluBackwardKernel(const T* dy, const T* x, T* dx, int64_t n) {
   for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) {
-    const float v = x[i];
+    const float v = Ld(x + i);
     const float t = tanhf(kGeluScale * (v + 0.044715f * v * v * v));
     const float sech2 = 1.0f - t * t;
     const float local =
         0.5f * (1.0f + t) + 0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
-    dx[i] = local * dy[i];
+    St(dx + i, local * Ld(dy + i));
   }
 }
 
-__global__ void AddKernel(const float* a, const float* b, float* out, int64_t n) {
-  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) out[i] = a[i] + b[i];
+// out may alias a or b (of its type): element i is read before the same thread writes it, here
+// and in the other element-wise kernels.
+template <typename A, typename B, typename O>
+__global__ void AddKernel(const A* a, const B* b, O* out, int64_t n) {
+  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) St(out + i, Ld(a + i) + Ld(b + i));
 }
 
-__global__ void AxpyKernel(float alpha, const float* x, float* y, int64_t n) {
-  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) y[i] += alpha * x[i];
+template <typename X, typename Y>
+__global__ void AxpyKernel(float alpha, const X* x, Y* y, int64_t n) {
+  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount())
+    St(y + i, Ld(y + i) + alpha * Ld(x + i));
 }
 
-__global__ void ScaleKernel(float alpha, float* x, int64_t n) {
-  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) x[i] *= alpha;
+template <typename X>
+__global__ void ScaleKernel(float alpha, X* x, int64_t n) {
+  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) St(x + i, Ld(x + i) * alpha);
 }
 
-__global__ void FillKernel(float value, float* x, int64_t n) {
-  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) x[i] = value;
+template <typename X>
+__global__ void FillKernel(float value, X* x, int64_t n) {
+  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) St(x + i, value);
 }
 
 // ---- LayerNorm ---------------------------------------------------------------------------------
@@ -183,23 +213,24 @@ __global__ void FillKernel(float value, float* x, int64_t n) {
 // Two passes over the row (mean, then the biased variance of x - mean) as the CPU backend does.
 // y may alias x: each lane writes only the elements it reads in the last loop, after both warp
 // reductions (which every lane reaches only once its reads are done).
-__global__ void LayerNormForwardKernel(const float* x, const float* gamma, const float* beta,
-                                       float eps, int64_t n, int64_t c, float* y, float* mean,
-                                       float* rstd) {
+template <typename T>
+__global__ void LayerNormForwardKernel(const T* x, const T* gamma, const T* beta, float eps,
+                                       int64_t n, int64_t c, T* y, float* mean, float* rstd) {
   const int lane = Lane();
   for (int64_t row = WarpIndex(); row < n; row += WarpCount()) {
-    const float* xr = x + row * c;
+    const T* xr = x + row * c;
     float sum = 0.0f;
-    for (int64_t i = lane; i < c; i += kWarp) sum += xr[i];
+    for (int64_t i = lane; i < c; i += kWarp) sum += Ld(xr + i);
     const float m = WarpSum(sum) / float(c);
     float var = 0.0f;
     for (int64_t i = lane; i < c; i += kWarp) {
-      const float d = xr[i] - m;
+      const float d = Ld(xr + i) - m;
       var += d * d;
     }
     const float s = 1.0f / sqrtf(WarpSum(var) / float(c) + eps);
-    float* yr = y + row * c;
-    for (int64_t i = lane; i < c; i += kWarp) yr[i] = (xr[i] - m) * s * gamma[i] + beta[i];
+    T* yr = y + row * c;
+    for (int64_t i = lane; i < c; i += kWarp)
+      St(yr + i, (Ld(xr + i) - m) * s * Ld(gamma + i) + Ld(beta + i));
     if (lane == 0) {
       mean[row] = m;
       rstd[row] = s;
@@ -207,29 +238,30 @@ __global__ void LayerNormForwardKernel(const float* x, const float* gamma, const
   }
 }
 
-__global__ void LayerNormBackwardInputKernel(const float* dy, const float* x, const float* gamma,
+template <typename T>
+__global__ void LayerNormBackwardInputKernel(const T* dy, const T* x, const T* gamma,
                                              const float* mean, const float* rstd, int64_t n,
-                                             int64_t c, float* dx) {
+                                             int64_t c, T* dx) {
   const int lane = Lane();
   for (int64_t row = WarpIndex(); row < n; row += WarpCount()) {
-    const float* gr = dy + row * c;
-    const float* xr = x + row * c;
+    const T* gr = dy + row * c;
+    const T* xr = x + row * c;
     const float m = mean[row], s = rstd[row];
     // mean(gamma * dy) and mean(gamma * dy * xhat) over the row.
     float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
     for (int64_t i = lane; i < c; i += kWarp) {
-      const float xhat = (xr[i] - m) * s;
-      const float dnorm = gamma[i] * gr[i];
+      const float xhat = (Ld(xr + i) - m) * s;
+      const float dnorm = Ld(gamma + i) * Ld(gr + i);
       dnorm_sum += dnorm;
       dnorm_norm_sum += dnorm * xhat;
     }
     const float dnorm_mean = WarpSum(dnorm_sum) / float(c);
     const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / float(c);
-    float* dr = dx + row * c;
+    T* dr = dx + row * c;
     for (int64_t i = lane; i < c; i += kWarp) {
-      const float xhat = (xr[i] - m) * s;
-      const float dnorm = gamma[i] * gr[i];
-      dr[i] += (dnorm - dnorm_mean - xhat * dnorm_norm_mean) * s;
+      const float xhat = (Ld(xr + i) - m) * s;
+      const float dnorm = Ld(gamma + i) * Ld(gr + i);
+      St(dr + i, Ld(dr + i) + (dnorm - dnorm_mean - xhat * dnorm_norm_mean) * s);
     }
   }
 }
@@ -251,14 +283,16 @@ __device__ __forceinline__ int64_t RowElement(const HeadLayout& lay, int64_t idx
   return row * (lay.nmat * a) + mat * a + j * lay.d + i;
 }
 
-__global__ void RowsToHeadsKernel(const float* rows, HeadLayout lay, int64_t total, float* heads) {
+template <typename T>
+__global__ void RowsToHeadsKernel(const T* rows, HeadLayout lay, int64_t total, float* heads) {
   for (int64_t idx = ThreadIndex(); idx < total; idx += ThreadCount())
-    heads[idx] = rows[RowElement(lay, idx)];
+    heads[idx] = Ld(rows + RowElement(lay, idx));
 }
 
-__global__ void HeadsToRowsKernel(const float* heads, HeadLayout lay, int64_t total, float* rows) {
+template <typename T>
+__global__ void HeadsToRowsKernel(const float* heads, HeadLayout lay, int64_t total, T* rows) {
   for (int64_t idx = ThreadIndex(); idx < total; idx += ThreadCount())
-    rows[RowElement(lay, idx)] = heads[idx];
+    St(rows + RowElement(lay, idx), heads[idx]);
 }
 
 // Row r of the (L*s, s) scores is query position t = r % s; it sees keys 0..t. Each lane reads
@@ -296,25 +330,31 @@ __global__ void CausalSoftmaxBackwardKernel(const float* p, float* dp, int64_t r
   }
 }
 
-// ---- bf16 rounding (the mixed-precision emulation's storage points) -----------------------------
+// ---- fp32 <-> bf16 (Backend::Copy between the two) ----------------------------------------------
 
-__global__ void RoundToBf16Kernel(float* x, int64_t n) {
-  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount())
-    x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+__global__ void ToBf16Kernel(const float* x, __nv_bfloat16* y, int64_t n) {
+  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void FromBf16Kernel(const __nv_bfloat16* x, float* y, int64_t n) {
+  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) y[i] = __bfloat162float(x[i]);
 }
 
 // ---- MoE combine -------------------------------------------------------------------------------
 
-__global__ void ScaleRowsKernel(const float* x, const float* scale, int64_t total, int64_t c,
-                                float* out) {
-  for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) out[i] = x[i] * scale[i / c];
+// out may alias x (of its type): element i is read before the same thread writes it.
+template <typename X, typename O>
+__global__ void ScaleRowsKernel(const X* x, const float* scale, int64_t total, int64_t c, O* out) {
+  for (int64_t i = ThreadIndex(); i < total; i += ThreadCount())
+    St(out + i, Ld(x + i) * scale[i / c]);
 }
 
-__global__ void RowDotKernel(const float* a, const float* b, int64_t n, int64_t c, float* out) {
+template <typename A, typename B>
+__global__ void RowDotKernel(const A* a, const B* b, int64_t n, int64_t c, float* out) {
   const int lane = Lane();
   for (int64_t r = WarpIndex(); r < n; r += WarpCount()) {
     double acc = 0.0;
-    for (int64_t j = lane; j < c; j += kWarp) acc += double(a[r * c + j]) * b[r * c + j];
+    for (int64_t j = lane; j < c; j += kWarp) acc += double(Ld(a + r * c + j)) * Ld(b + r * c + j);
     acc = WarpSum(acc);
     if (lane == 0) out[r] = float(acc);
   }
@@ -327,13 +367,15 @@ __device__ __forceinline__ int64_t BlockPos(int64_t u, int64_t len, int64_t firs
   return u < len ? first0 + u : first1 + (u - len);
 }
 
-__device__ __forceinline__ float Dot(const float* x, const float* y, int64_t d) {
+template <typename T>
+__device__ __forceinline__ float Dot(const T* x, const T* y, int64_t d) {
   float acc = 0.0f;
-  for (int64_t c = 0; c < d; ++c) acc += x[c] * y[c];
+  for (int64_t c = 0; c < d; ++c) acc += Ld(x + c) * Ld(y + c);
   return acc;
 }
 
-__global__ void AttentionBlockForwardKernel(const float* qkv, const float* kv, BlockAttention a,
+template <typename T>
+__global__ void AttentionBlockForwardKernel(const T* qkv, const T* kv, BlockAttention a,
                                             bool first, float* out, float* lse) {
   const int64_t nq = 2 * a.lq, nk = 2 * a.lk, A = a.nh * a.d, total = a.b * a.nh * nq;
   const float scale = rsqrtf(float(a.d));
@@ -341,7 +383,7 @@ __global__ void AttentionBlockForwardKernel(const float* qkv, const float* kv, B
   for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) {
     const int64_t u = i % nq, j = (i / nq) % a.nh, bi = i / (nq * a.nh);
     const int64_t qp = BlockPos(u, a.lq, a.q0, a.q1);
-    const float* q = qkv + (u * a.b + bi) * 3 * A + j * a.d;
+    const T* q = qkv + (u * a.b + bi) * 3 * A + j * a.d;
     float m = neg_inf;
     for (int64_t v = 0; v < nk; ++v) {
       if (BlockPos(v, a.lk, a.k0, a.k1) > qp) continue;
@@ -354,10 +396,10 @@ __global__ void AttentionBlockForwardKernel(const float* qkv, const float* kv, B
       float l = 0.0f;
       for (int64_t v = 0; v < nk; ++v) {
         if (BlockPos(v, a.lk, a.k0, a.k1) > qp) continue;
-        const float* kr = kv + (v * a.b + bi) * 2 * A + j * a.d;
+        const T* kr = kv + (v * a.b + bi) * 2 * A + j * a.d;
         const float p = expf(Dot(q, kr, a.d) * scale - m);
         l += p;
-        for (int64_t c = 0; c < a.d; ++c) acc[c] += p * kr[A + c];
+        for (int64_t c = 0; c < a.d; ++c) acc[c] += p * Ld(kr + A + c);
       }
       for (int64_t c = 0; c < a.d; ++c) acc[c] /= l;
       lse_b = m + logf(l);
@@ -378,9 +420,9 @@ __global__ void AttentionBlockForwardKernel(const float* qkv, const float* kv, B
   }
 }
 
-__global__ void AttentionBlockDqKernel(const float* dout, const float* qkv, const float* kv,
-                                       const float* out, const float* lse, BlockAttention a,
-                                       float* dqkv) {
+template <typename T>
+__global__ void AttentionBlockDqKernel(const T* dout, const T* qkv, const T* kv, const T* out,
+                                       const float* lse, BlockAttention a, float* dqkv) {
   const int64_t nq = 2 * a.lq, nk = 2 * a.lk, A = a.nh * a.d, total = a.b * a.nh * nq;
   const float scale = rsqrtf(float(a.d));
   for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) {
@@ -388,46 +430,46 @@ __global__ void AttentionBlockDqKernel(const float* dout, const float* qkv, cons
     const int64_t qp = BlockPos(u, a.lq, a.q0, a.q1);
     const float lu = lse[(bi * a.nh + j) * nq + u];
     if (lu == -INFINITY) continue;
-    const float* q = qkv + (u * a.b + bi) * 3 * A + j * a.d;
-    const float* g = dout + (u * a.b + bi) * A + j * a.d;
+    const T* q = qkv + (u * a.b + bi) * 3 * A + j * a.d;
+    const T* g = dout + (u * a.b + bi) * A + j * a.d;
     const float D = Dot(g, out + (u * a.b + bi) * A + j * a.d, a.d);
     float acc[kMaxBlockHeadDim];
     for (int64_t c = 0; c < a.d; ++c) acc[c] = 0.0f;
     for (int64_t v = 0; v < nk; ++v) {
       if (BlockPos(v, a.lk, a.k0, a.k1) > qp) continue;
-      const float* kr = kv + (v * a.b + bi) * 2 * A + j * a.d;
+      const T* kr = kv + (v * a.b + bi) * 2 * A + j * a.d;
       const float p = expf(Dot(q, kr, a.d) * scale - lu);
       const float ds = p * (Dot(g, kr + A, a.d) - D) * scale;
-      for (int64_t c = 0; c < a.d; ++c) acc[c] += ds * kr[c];
+      for (int64_t c = 0; c < a.d; ++c) acc[c] += ds * Ld(kr + c);
     }
     float* dq = dqkv + (u * a.b + bi) * 3 * A + j * a.d;
     for (int64_t c = 0; c < a.d; ++c) dq[c] += acc[c];
   }
 }
 
-__global__ void AttentionBlockDkvKernel(const float* dout, const float* qkv, const float* kv,
-                                        const float* out, const float* lse, BlockAttention a,
-                                        float* dkv) {
+template <typename T>
+__global__ void AttentionBlockDkvKernel(const T* dout, const T* qkv, const T* kv, const T* out,
+                                        const float* lse, BlockAttention a, float* dkv) {
   const int64_t nq = 2 * a.lq, nk = 2 * a.lk, A = a.nh * a.d, total = a.b * a.nh * nk;
   const float scale = rsqrtf(float(a.d));
   for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) {
     const int64_t v = i % nk, j = (i / nk) % a.nh, bi = i / (nk * a.nh);
     const int64_t kp = BlockPos(v, a.lk, a.k0, a.k1);
-    const float* kr = kv + (v * a.b + bi) * 2 * A + j * a.d;
+    const T* kr = kv + (v * a.b + bi) * 2 * A + j * a.d;
     float dk[kMaxBlockHeadDim], dv[kMaxBlockHeadDim];
     for (int64_t c = 0; c < a.d; ++c) dk[c] = dv[c] = 0.0f;
     for (int64_t u = 0; u < nq; ++u) {
       if (kp > BlockPos(u, a.lq, a.q0, a.q1)) continue;
       const float lu = lse[(bi * a.nh + j) * nq + u];
       if (lu == -INFINITY) continue;
-      const float* q = qkv + (u * a.b + bi) * 3 * A + j * a.d;
-      const float* g = dout + (u * a.b + bi) * A + j * a.d;
+      const T* q = qkv + (u * a.b + bi) * 3 * A + j * a.d;
+      const T* g = dout + (u * a.b + bi) * A + j * a.d;
       const float D = Dot(g, out + (u * a.b + bi) * A + j * a.d, a.d);
       const float p = expf(Dot(q, kr, a.d) * scale - lu);
       const float ds = p * (Dot(g, kr + A, a.d) - D) * scale;
       for (int64_t c = 0; c < a.d; ++c) {
-        dk[c] += ds * q[c];
-        dv[c] += p * g[c];
+        dk[c] += ds * Ld(q + c);
+        dv[c] += p * Ld(g + c);
       }
     }
     float* dr = dkv + (v * a.b + bi) * 2 * A + j * a.d;
@@ -440,19 +482,21 @@ __global__ void AttentionBlockDkvKernel(const float* dout, const float* qkv, con
 
 // ---- embedding ---------------------------------------------------------------------------------
 
-__global__ void EmbeddingForwardKernel(const int32_t* tokens, int64_t total, const float* table,
-                                       int64_t v, int64_t h, int64_t vocab_start, float* out) {
+template <typename T>
+__global__ void EmbeddingForwardKernel(const int32_t* tokens, int64_t total, const T* table,
+                                       int64_t v, int64_t h, int64_t vocab_start, T* out) {
   for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) {
     const int64_t n = i / h, col = i - n * h;
     const int64_t row = int64_t(tokens[n]) - vocab_start;
-    out[i] = (row >= 0 && row < v) ? table[row * h + col] : 0.0f;
+    St(out + i, (row >= 0 && row < v) ? Ld(table + row * h + col) : 0.0f);
   }
 }
 
 // Thread (x, y) of block (bx, by) owns column bx*32 + x of the table rows r with
 // r % groups == by*8 + y, and walks all tokens in order: every table element is updated by one
 // thread, token by token, in the CPU backend's order. Token ids are staged kEmbTokens at a time.
-__global__ void EmbeddingBackwardKernel(const float* dout, const int32_t* tokens, int64_t n,
+template <typename T>
+__global__ void EmbeddingBackwardKernel(const T* dout, const int32_t* tokens, int64_t n,
                                         int64_t vocab_start, int64_t v, int64_t h, int64_t groups,
                                         float* dtable) {
   __shared__ int32_t row_s[kEmbTokens];    // table row of each staged token, -1 outside the shard
@@ -474,42 +518,45 @@ __global__ void EmbeddingBackwardKernel(const float* dout, const int32_t* tokens
     if (!active) continue;
     for (int k = 0; k < count; ++k) {
       if (group_s[k] != group) continue;
-      dtable[int64_t(row_s[k]) * h + col] += dout[(n0 + k) * h + col];
+      dtable[int64_t(row_s[k]) * h + col] += Ld(dout + (n0 + k) * h + col);
     }
   }
 }
 
 // ---- cross entropy -------------------------------------------------------------------------------
 
-__global__ void CrossEntropyMaxKernel(const float* logits, int64_t n, int64_t v, float* row_max) {
+template <typename T>
+__global__ void CrossEntropyMaxKernel(const T* logits, int64_t n, int64_t v, float* row_max) {
   const int lane = Lane();
   for (int64_t row = WarpIndex(); row < n; row += WarpCount()) {
-    const float* lr = logits + row * v;
+    const T* lr = logits + row * v;
     float m = -INFINITY;
-    for (int64_t i = lane; i < v; i += kWarp) m = fmaxf(m, lr[i]);
+    for (int64_t i = lane; i < v; i += kWarp) m = fmaxf(m, Ld(lr + i));
     m = WarpMax(m);
     if (lane == 0) row_max[row] = m;
   }
 }
 
-__global__ void CrossEntropySumExpKernel(const float* logits, const float* row_max, int64_t n,
+template <typename T>
+__global__ void CrossEntropySumExpKernel(const T* logits, const float* row_max, int64_t n,
                                          int64_t v, float* sum_exp) {
   const int lane = Lane();
   for (int64_t row = WarpIndex(); row < n; row += WarpCount()) {
-    const float* lr = logits + row * v;
+    const T* lr = logits + row * v;
     const float m = row_max[row];
     double sum = 0.0;  // as the CPU backend: a row has up to ~50k terms
-    for (int64_t i = lane; i < v; i += kWarp) sum += expf(lr[i] - m);
+    for (int64_t i = lane; i < v; i += kWarp) sum += expf(Ld(lr + i) - m);
     sum = WarpSum(sum);
     if (lane == 0) sum_exp[row] = float(sum);
   }
 }
 
-__global__ void CrossEntropyTargetKernel(const float* logits, const int32_t* targets, int64_t n,
+template <typename T>
+__global__ void CrossEntropyTargetKernel(const T* logits, const int32_t* targets, int64_t n,
                                          int64_t v, int64_t vocab_start, float* target_logit) {
   for (int64_t row = ThreadIndex(); row < n; row += ThreadCount()) {
     const int64_t col = int64_t(targets[row]) - vocab_start;
-    target_logit[row] = (col >= 0 && col < v) ? logits[row * v + col] : 0.0f;
+    target_logit[row] = (col >= 0 && col < v) ? Ld(logits + row * v + col) : 0.0f;
   }
 }
 
@@ -520,15 +567,16 @@ __global__ void CrossEntropyLossKernel(const float* row_max, const float* sum_ex
 }
 
 // Element i is read before it is written by the same thread: dlogits may alias logits.
-__global__ void CrossEntropyBackwardKernel(const float* logits, const int32_t* targets, int64_t n,
+template <typename T>
+__global__ void CrossEntropyBackwardKernel(const T* logits, const int32_t* targets, int64_t n,
                                            int64_t v, int64_t vocab_start, const float* row_max,
-                                           const float* sum_exp, float scale, float* dlogits) {
+                                           const float* sum_exp, float scale, T* dlogits) {
   const int64_t total = n * v;
   for (int64_t i = ThreadIndex(); i < total; i += ThreadCount()) {
     const int64_t row = i / v, col = i - row * v;
-    const float p = expf(logits[i] - row_max[row]) * (1.0f / sum_exp[row]);
+    const float p = expf(Ld(logits + i) - row_max[row]) * (1.0f / sum_exp[row]);
     const int64_t target = int64_t(targets[row]) - vocab_start;
-    dlogits[i] = (p - (col == target ? 1.0f : 0.0f)) * scale;
+    St(dlogits + i, (p - (col == target ? 1.0f : 0.0f)) * scale);
   }
 }
 
@@ -543,11 +591,12 @@ __device__ void BlockTreeSum(double* acc) {
   }
 }
 
-__global__ void SumPartialsKernel(const float* x, int64_t n, bool squares, double* partials) {
+template <typename X>
+__global__ void SumPartialsKernel(const X* x, int64_t n, bool squares, double* partials) {
   __shared__ double acc[kThreads];
   double sum = 0.0;
   for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) {
-    const double v = x[i];
+    const double v = Ld(x + i);
     sum += squares ? v * v : v;
   }
   acc[threadIdx.x] = sum;
@@ -593,13 +642,14 @@ RowSplit SplitRows(int64_t n) {
   return split;
 }
 
-cudaError_t BiasGradPartials(const float* dy, int64_t n, int64_t c, RowSplit split,
-                             float* partials, cudaStream_t st) {
+template <typename T>
+cudaError_t BiasGradPartials(const T* dy, int64_t n, int64_t c, RowSplit split, float* partials,
+                             cudaStream_t st) {
   if (split.chunks == 0 || c == 0) return cudaSuccess;
   const dim3 grid(unsigned((c + kColTile - 1) / kColTile), unsigned(split.chunks));
-  BiasGradPartialsKernel<<<grid, dim3(kColTile, kColLanes), 0, st>>>(dy, n, c,
-                                                                      split.rows_per_chunk,
-                                                                      partials);
+  BiasGradPartialsKernel<T><<<grid, dim3(kColTile, kColLanes), 0, st>>>(dy, n, c,
+                                                                         split.rows_per_chunk,
+                                                                         partials);
   return cudaGetLastError();
 }
 
@@ -610,68 +660,74 @@ cudaError_t ColumnFinalize(const float* partials, int64_t chunks, int64_t c, flo
   return cudaGetLastError();
 }
 
-cudaError_t AddBias(float* y, const float* bias, int64_t n, int64_t c, cudaStream_t st) {
+template <typename T>
+cudaError_t AddBias(T* y, const T* bias, int64_t n, int64_t c, cudaStream_t st) {
   if (n == 0 || c == 0) return cudaSuccess;
   // About 1024 blocks (a few per SM, to hide the memory latency): column blocks times row bands.
   const unsigned cols = Blocks(c, kThreads);
   const unsigned rows =
       unsigned(std::clamp<int64_t>(1024 / int64_t(cols), 1, std::min<int64_t>(n, kMaxBlocks)));
-  AddBiasKernel<<<dim3(cols, rows), kThreads, 0, st>>>(y, bias, n, c);
+  AddBiasKernel<T><<<dim3(cols, rows), kThreads, 0, st>>>(y, bias, n, c);
   return cudaGetLastError();
 }
 
-cudaError_t LayerNormForward(const float* x, const float* gamma, const float* beta, float eps,
-                             int64_t n, int64_t c, float* y, float* mean, float* rstd,
-                             cudaStream_t st) {
+template <typename T>
+cudaError_t LayerNormForward(const T* x, const T* gamma, const T* beta, float eps, int64_t n,
+                             int64_t c, T* y, float* mean, float* rstd, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  LayerNormForwardKernel<<<RowBlocks(n), kThreads, 0, st>>>(x, gamma, beta, eps, n, c, y, mean,
-                                                            rstd);
+  LayerNormForwardKernel<T><<<RowBlocks(n), kThreads, 0, st>>>(x, gamma, beta, eps, n, c, y,
+                                                               mean, rstd);
   return cudaGetLastError();
 }
 
-cudaError_t LayerNormBackwardInput(const float* dy, const float* x, const float* gamma,
-                                   const float* mean, const float* rstd, int64_t n, int64_t c,
-                                   float* dx, cudaStream_t st) {
-  if (n == 0 || c == 0) return cudaSuccess;
-  LayerNormBackwardInputKernel<<<RowBlocks(n), kThreads, 0, st>>>(dy, x, gamma, mean, rstd, n, c,
-                                                                  dx);
-  return cudaGetLastError();
-}
-
-cudaError_t LayerNormParamPartials(const float* dy, const float* x, const float* mean,
-                                   const float* rstd, int64_t n, int64_t c, RowSplit split,
-                                   float* dgamma_partials, float* dbeta_partials,
+template <typename T>
+cudaError_t LayerNormBackwardInput(const T* dy, const T* x, const T* gamma, const float* mean,
+                                   const float* rstd, int64_t n, int64_t c, T* dx,
                                    cudaStream_t st) {
+  if (n == 0 || c == 0) return cudaSuccess;
+  LayerNormBackwardInputKernel<T><<<RowBlocks(n), kThreads, 0, st>>>(dy, x, gamma, mean, rstd, n,
+                                                                     c, dx);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LayerNormParamPartials(const T* dy, const T* x, const float* mean, const float* rstd,
+                                   int64_t n, int64_t c, RowSplit split, float* dgamma_partials,
+                                   float* dbeta_partials, cudaStream_t st) {
   if (split.chunks == 0 || c == 0) return cudaSuccess;
   const dim3 grid(unsigned((c + kColTile - 1) / kColTile), unsigned(split.chunks));
-  LayerNormParamPartialsKernel<<<grid, dim3(kColTile, kColLanes), 0, st>>>(
+  LayerNormParamPartialsKernel<T><<<grid, dim3(kColTile, kColLanes), 0, st>>>(
       dy, x, mean, rstd, n, c, split.rows_per_chunk, dgamma_partials, dbeta_partials);
   return cudaGetLastError();
 }
 
-cudaError_t GeluForward(const float* x, float* y, int64_t n, cudaStream_t st) {
+template <typename T>
+cudaError_t GeluForward(const T* x, T* y, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  GeluForwardKernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(x, y, n);
+  GeluForwardKernel<T><<<Blocks(n, kThreads), kThreads, 0, st>>>(x, y, n);
   return cudaGetLastError();
 }
 
-cudaError_t GeluBackward(const float* dy, const float* x, float* dx, int64_t n, cudaStream_t st) {
+template <typename T>
+cudaError_t GeluBackward(const T* dy, const T* x, T* dx, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  GeluBackwardKernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(dy, x, dx, n);
+  GeluBackwardKernel<T><<<Blocks(n, kThreads), kThreads, 0, st>>>(dy, x, dx, n);
   return cudaGetLastError();
 }
 
-cudaError_t RowsToHeads(const float* rows, HeadLayout lay, float* heads, cudaStream_t st) {
+template <typename T>
+cudaError_t RowsToHeads(const T* rows, HeadLayout lay, float* heads, cudaStream_t st) {
   const int64_t total = lay.nmat * lay.b * lay.nh * lay.s * lay.d;
   if (total == 0) return cudaSuccess;
-  RowsToHeadsKernel<<<Blocks(total, kThreads), kThreads, 0, st>>>(rows, lay, total, heads);
+  RowsToHeadsKernel<T><<<Blocks(total, kThreads), kThreads, 0, st>>>(rows, lay, total, heads);
   return cudaGetLastError();
 }
 
-cudaError_t HeadsToRows(const float* heads, HeadLayout lay, float* rows, cudaStream_t st) {
+template <typename T>
+cudaError_t HeadsToRows(const float* heads, HeadLayout lay, T* rows, cudaStream_t st) {
   const int64_t total = lay.nmat * lay.b * lay.nh * lay.s * lay.d;
   if (total == 0) return cudaSuccess;
-  HeadsToRowsKernel<<<Blocks(total, kThreads), kThreads, 0, st>>>(heads, lay, total, rows);
+  HeadsToRowsKernel<T><<<Blocks(total, kThreads), kThreads, 0, st>>>(heads, lay, total, rows);
   return cudaGetLastError();
 }
 
@@ -688,58 +744,69 @@ cudaError_t CausalSoftmaxBackward(const float* p, float* dp, int64_t l, int64_t 
   return cudaGetLastError();
 }
 
-cudaError_t RoundToBf16(float* x, int64_t n, cudaStream_t st) {
+cudaError_t ToBf16(const float* x, bf16* y, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  RoundToBf16Kernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(x, n);
+  ToBf16Kernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(x, y, n);
   return cudaGetLastError();
 }
 
-cudaError_t ScaleRows(const float* x, const float* scale, int64_t n, int64_t c, float* out,
+cudaError_t FromBf16(const bf16* x, float* y, int64_t n, cudaStream_t st) {
+  if (n == 0) return cudaSuccess;
+  FromBf16Kernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+template <typename X, typename O>
+cudaError_t ScaleRows(const X* x, const float* scale, int64_t n, int64_t c, O* out,
                       cudaStream_t st) {
   if (n == 0 || c == 0) return cudaSuccess;
-  ScaleRowsKernel<<<Blocks(n * c, kThreads), kThreads, 0, st>>>(x, scale, n * c, c, out);
+  ScaleRowsKernel<X, O><<<Blocks(n * c, kThreads), kThreads, 0, st>>>(x, scale, n * c, c, out);
   return cudaGetLastError();
 }
 
-cudaError_t RowDot(const float* a, const float* b, int64_t n, int64_t c, float* out,
-                   cudaStream_t st) {
+template <typename A, typename B>
+cudaError_t RowDot(const A* a, const B* b, int64_t n, int64_t c, float* out, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  RowDotKernel<<<RowBlocks(n), kThreads, 0, st>>>(a, b, n, c, out);
+  RowDotKernel<A, B><<<RowBlocks(n), kThreads, 0, st>>>(a, b, n, c, out);
   return cudaGetLastError();
 }
 
-cudaError_t AttentionBlockForward(const float* qkv, const float* kv, BlockAttention a, bool first,
+template <typename T>
+cudaError_t AttentionBlockForward(const T* qkv, const T* kv, BlockAttention a, bool first,
                                   float* out, float* lse, cudaStream_t st) {
   const int64_t rows = a.b * a.nh * 2 * a.lq;
   if (rows == 0 || a.d == 0) return cudaSuccess;
   if (a.d > kMaxBlockHeadDim) return cudaErrorInvalidValue;
-  AttentionBlockForwardKernel<<<Blocks(rows, kThreads), kThreads, 0, st>>>(qkv, kv, a, first, out,
-                                                                          lse);
+  AttentionBlockForwardKernel<T><<<Blocks(rows, kThreads), kThreads, 0, st>>>(qkv, kv, a, first,
+                                                                             out, lse);
   return cudaGetLastError();
 }
 
-cudaError_t AttentionBlockBackward(const float* dout, const float* qkv, const float* kv,
-                                   const float* out, const float* lse, BlockAttention a,
-                                   float* dqkv, float* dkv, cudaStream_t st) {
+template <typename T>
+cudaError_t AttentionBlockBackward(const T* dout, const T* qkv, const T* kv, const T* out,
+                                   const float* lse, BlockAttention a, float* dqkv, float* dkv,
+                                   cudaStream_t st) {
   const int64_t qrows = a.b * a.nh * 2 * a.lq, krows = a.b * a.nh * 2 * a.lk;
   if (qrows == 0 || krows == 0 || a.d == 0) return cudaSuccess;
   if (a.d > kMaxBlockHeadDim) return cudaErrorInvalidValue;
-  AttentionBlockDqKernel<<<Blocks(qrows, kThreads), kThreads, 0, st>>>(dout, qkv, kv, out, lse, a,
-                                                                      dqkv);
-  AttentionBlockDkvKernel<<<Blocks(krows, kThreads), kThreads, 0, st>>>(dout, qkv, kv, out, lse,
-                                                                       a, dkv);
+  AttentionBlockDqKernel<T><<<Blocks(qrows, kThreads), kThreads, 0, st>>>(dout, qkv, kv, out, lse,
+                                                                         a, dqkv);
+  AttentionBlockDkvKernel<T><<<Blocks(krows, kThreads), kThreads, 0, st>>>(dout, qkv, kv, out,
+                                                                          lse, a, dkv);
   return cudaGetLastError();
 }
 
-cudaError_t EmbeddingForward(const int32_t* tokens, int64_t n, const float* table, int64_t v,
-                             int64_t h, int64_t vocab_start, float* out, cudaStream_t st) {
+template <typename T>
+cudaError_t EmbeddingForward(const int32_t* tokens, int64_t n, const T* table, int64_t v,
+                             int64_t h, int64_t vocab_start, T* out, cudaStream_t st) {
   if (n == 0 || h == 0) return cudaSuccess;
-  EmbeddingForwardKernel<<<Blocks(n * h, kThreads), kThreads, 0, st>>>(tokens, n * h, table, v,
-                                                                       h, vocab_start, out);
+  EmbeddingForwardKernel<T><<<Blocks(n * h, kThreads), kThreads, 0, st>>>(tokens, n * h, table,
+                                                                          v, h, vocab_start, out);
   return cudaGetLastError();
 }
 
-cudaError_t EmbeddingBackward(const float* dout, const int32_t* tokens, int64_t n,
+template <typename T>
+cudaError_t EmbeddingBackward(const T* dout, const int32_t* tokens, int64_t n,
                               int64_t vocab_start, int64_t v, int64_t h, float* dtable,
                               cudaStream_t st) {
   if (n == 0 || h == 0 || v == 0) return cudaSuccess;
@@ -750,30 +817,34 @@ cudaError_t EmbeddingBackward(const float* dout, const int32_t* tokens, int64_t 
       std::clamp<int64_t>((want / kEmbGroupsPerBlock) * kEmbGroupsPerBlock, kEmbGroupsPerBlock,
                           kEmbMaxGroups);
   const dim3 grid(unsigned(col_blocks), unsigned(groups / kEmbGroupsPerBlock));
-  EmbeddingBackwardKernel<<<grid, dim3(kEmbCols, kEmbGroupsPerBlock), 0, st>>>(
+  EmbeddingBackwardKernel<T><<<grid, dim3(kEmbCols, kEmbGroupsPerBlock), 0, st>>>(
       dout, tokens, n, vocab_start, v, h, groups, dtable);
   return cudaGetLastError();
 }
 
-cudaError_t CrossEntropyMax(const float* logits, int64_t n, int64_t v, float* row_max,
+template <typename T>
+cudaError_t CrossEntropyMax(const T* logits, int64_t n, int64_t v, float* row_max,
                             cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  CrossEntropyMaxKernel<<<RowBlocks(n), kThreads, 0, st>>>(logits, n, v, row_max);
+  CrossEntropyMaxKernel<T><<<RowBlocks(n), kThreads, 0, st>>>(logits, n, v, row_max);
   return cudaGetLastError();
 }
 
-cudaError_t CrossEntropySumExp(const float* logits, const float* row_max, int64_t n, int64_t v,
+template <typename T>
+cudaError_t CrossEntropySumExp(const T* logits, const float* row_max, int64_t n, int64_t v,
                                float* sum_exp, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  CrossEntropySumExpKernel<<<RowBlocks(n), kThreads, 0, st>>>(logits, row_max, n, v, sum_exp);
+  CrossEntropySumExpKernel<T><<<RowBlocks(n), kThreads, 0, st>>>(logits, row_max, n, v, sum_exp);
   return cudaGetLastError();
 }
 
-cudaError_t CrossEntropyTarget(const float* logits, const int32_t* targets, int64_t n, int64_t v,
+template <typename T>
+cudaError_t CrossEntropyTarget(const T* logits, const int32_t* targets, int64_t n, int64_t v,
                                int64_t vocab_start, float* target_logit, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  CrossEntropyTargetKernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(logits, targets, n, v,
-                                                                     vocab_start, target_logit);
+  CrossEntropyTargetKernel<T><<<Blocks(n, kThreads), kThreads, 0, st>>>(logits, targets, n, v,
+                                                                        vocab_start,
+                                                                        target_logit);
   return cudaGetLastError();
 }
 
@@ -785,36 +856,41 @@ cudaError_t CrossEntropyLoss(const float* row_max, const float* sum_exp, const f
   return cudaGetLastError();
 }
 
-cudaError_t CrossEntropyBackward(const float* logits, const int32_t* targets, int64_t n, int64_t v,
+template <typename T>
+cudaError_t CrossEntropyBackward(const T* logits, const int32_t* targets, int64_t n, int64_t v,
                                  int64_t vocab_start, const float* row_max, const float* sum_exp,
-                                 float scale, float* dlogits, cudaStream_t st) {
+                                 float scale, T* dlogits, cudaStream_t st) {
   if (n == 0 || v == 0) return cudaSuccess;
-  CrossEntropyBackwardKernel<<<Blocks(n * v, kThreads), kThreads, 0, st>>>(
+  CrossEntropyBackwardKernel<T><<<Blocks(n * v, kThreads), kThreads, 0, st>>>(
       logits, targets, n, v, vocab_start, row_max, sum_exp, scale, dlogits);
   return cudaGetLastError();
 }
 
-cudaError_t Add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st) {
+template <typename A, typename B, typename O>
+cudaError_t Add(const A* a, const B* b, O* out, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  AddKernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(a, b, out, n);
+  AddKernel<A, B, O><<<Blocks(n, kThreads), kThreads, 0, st>>>(a, b, out, n);
   return cudaGetLastError();
 }
 
-cudaError_t Axpy(float alpha, const float* x, float* y, int64_t n, cudaStream_t st) {
+template <typename X, typename Y>
+cudaError_t Axpy(float alpha, const X* x, Y* y, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  AxpyKernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(alpha, x, y, n);
+  AxpyKernel<X, Y><<<Blocks(n, kThreads), kThreads, 0, st>>>(alpha, x, y, n);
   return cudaGetLastError();
 }
 
-cudaError_t Scale(float alpha, float* x, int64_t n, cudaStream_t st) {
+template <typename X>
+cudaError_t Scale(float alpha, X* x, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  ScaleKernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(alpha, x, n);
+  ScaleKernel<X><<<Blocks(n, kThreads), kThreads, 0, st>>>(alpha, x, n);
   return cudaGetLastError();
 }
 
-cudaError_t Fill(float value, float* x, int64_t n, cudaStream_t st) {
+template <typename X>
+cudaError_t Fill(float value, X* x, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  FillKernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(value, x, n);
+  FillKernel<X><<<Blocks(n, kThreads), kThreads, 0, st>>>(value, x, n);
   return cudaGetLastError();
 }
 
@@ -824,11 +900,11 @@ int64_t SumBlocks(int64_t n) {
                            kSumMaxBlocks);
 }
 
-cudaError_t SumPartials(const float* x, int64_t n, bool squares, double* partials,
-                        cudaStream_t st) {
+template <typename X>
+cudaError_t SumPartials(const X* x, int64_t n, bool squares, double* partials, cudaStream_t st) {
   const int64_t blocks = SumBlocks(n);
   if (blocks == 0) return cudaSuccess;
-  SumPartialsKernel<<<unsigned(blocks), kThreads, 0, st>>>(x, n, squares, partials);
+  SumPartialsKernel<X><<<unsigned(blocks), kThreads, 0, st>>>(x, n, squares, partials);
   return cudaGetLastError();
 }
 
@@ -844,5 +920,70 @@ cudaError_t AdamW(float* param, const float* grad, float* m, float* v, int64_t n
   AdamWKernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(param, grad, m, v, n, a);
   return cudaGetLastError();
 }
+
+// ---- explicit instantiations --------------------------------------------------------------------
+// Every template of kernels.cuh for each storage type (every combination for the multi-type
+// ones): M(T) for T in {float, bf16}, M(X, Y) and M(A, B, O) over all pairs and triples.
+
+#define PTDP_EACH_1(M) M(float) M(bf16)
+#define PTDP_EACH_2(M) M(float, float) M(float, bf16) M(bf16, float) M(bf16, bf16)
+#define PTDP_EACH_3(M)                                                                     \
+  M(float, float, float) M(float, float, bf16) M(float, bf16, float) M(float, bf16, bf16) \
+  M(bf16, float, float) M(bf16, float, bf16) M(bf16, bf16, float) M(bf16, bf16, bf16)
+
+#define PTDP_INSTANTIATE_T(T)                                                                   \
+  template cudaError_t BiasGradPartials<T>(const T*, int64_t, int64_t, RowSplit, float*,        \
+                                           cudaStream_t);                                       \
+  template cudaError_t AddBias<T>(T*, const T*, int64_t, int64_t, cudaStream_t);                \
+  template cudaError_t LayerNormForward<T>(const T*, const T*, const T*, float, int64_t,        \
+                                           int64_t, T*, float*, float*, cudaStream_t);          \
+  template cudaError_t LayerNormBackwardInput<T>(const T*, const T*, const T*, const float*,    \
+                                                 const float*, int64_t, int64_t, T*,            \
+                                                 cudaStream_t);                                 \
+  template cudaError_t LayerNormParamPartials<T>(const T*, const T*, const float*, const float*, \
+                                                 int64_t, int64_t, RowSplit, float*, float*,    \
+                                                 cudaStream_t);                                 \
+  template cudaError_t GeluForward<T>(const T*, T*, int64_t, cudaStream_t);                     \
+  template cudaError_t GeluBackward<T>(const T*, const T*, T*, int64_t, cudaStream_t);          \
+  template cudaError_t RowsToHeads<T>(const T*, HeadLayout, float*, cudaStream_t);              \
+  template cudaError_t HeadsToRows<T>(const float*, HeadLayout, T*, cudaStream_t);              \
+  template cudaError_t AttentionBlockForward<T>(const T*, const T*, BlockAttention, bool,       \
+                                                float*, float*, cudaStream_t);                  \
+  template cudaError_t AttentionBlockBackward<T>(const T*, const T*, const T*, const T*,        \
+                                                 const float*, BlockAttention, float*, float*,  \
+                                                 cudaStream_t);                                 \
+  template cudaError_t EmbeddingForward<T>(const int32_t*, int64_t, const T*, int64_t, int64_t, \
+                                           int64_t, T*, cudaStream_t);                          \
+  template cudaError_t EmbeddingBackward<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, \
+                                            int64_t, float*, cudaStream_t);                     \
+  template cudaError_t CrossEntropyMax<T>(const T*, int64_t, int64_t, float*, cudaStream_t);    \
+  template cudaError_t CrossEntropySumExp<T>(const T*, const float*, int64_t, int64_t, float*,  \
+                                             cudaStream_t);                                     \
+  template cudaError_t CrossEntropyTarget<T>(const T*, const int32_t*, int64_t, int64_t,        \
+                                             int64_t, float*, cudaStream_t);                    \
+  template cudaError_t CrossEntropyBackward<T>(const T*, const int32_t*, int64_t, int64_t,      \
+                                               int64_t, const float*, const float*, float, T*,  \
+                                               cudaStream_t);                                   \
+  template cudaError_t Scale<T>(float, T*, int64_t, cudaStream_t);                              \
+  template cudaError_t Fill<T>(float, T*, int64_t, cudaStream_t);                               \
+  template cudaError_t SumPartials<T>(const T*, int64_t, bool, double*, cudaStream_t);
+#define PTDP_INSTANTIATE_2(X, Y)                                                                \
+  template cudaError_t Axpy<X, Y>(float, const X*, Y*, int64_t, cudaStream_t);                  \
+  template cudaError_t ScaleRows<X, Y>(const X*, const float*, int64_t, int64_t, Y*,            \
+                                       cudaStream_t);                                           \
+  template cudaError_t RowDot<X, Y>(const X*, const Y*, int64_t, int64_t, float*, cudaStream_t);
+#define PTDP_INSTANTIATE_3(A, B, O) \
+  template cudaError_t Add<A, B, O>(const A*, const B*, O*, int64_t, cudaStream_t);
+
+PTDP_EACH_1(PTDP_INSTANTIATE_T)
+PTDP_EACH_2(PTDP_INSTANTIATE_2)
+PTDP_EACH_3(PTDP_INSTANTIATE_3)
+
+#undef PTDP_INSTANTIATE_3
+#undef PTDP_INSTANTIATE_2
+#undef PTDP_INSTANTIATE_T
+#undef PTDP_EACH_3
+#undef PTDP_EACH_2
+#undef PTDP_EACH_1
 
 }  // namespace ptdp::rt::cuda::kernels

@@ -2,19 +2,30 @@
 // a GEMM. Each enqueues its kernels on `st` and returns cudaGetLastError() after the launches (a
 // bad launch configuration, or an earlier sticky fault), so that the backend can record the first
 // failure with file and line. With nothing to do (an empty tensor) nothing is launched and
-// cudaSuccess is returned. Pointers are device pointers, 4-byte aligned (tensor views may start
+// cudaSuccess is returned. Pointers are device pointers, aligned to their element (tensor views may start
 // at any element); counts are elements. Letters as in runtime/backend.h; L = b*nh.
 //
 // Determinism: no atomics; every reduction has a fixed order that depends only on the shapes
 // (per-thread loops, then warp butterflies or shared-memory trees of fixed size), so the same
 // inputs give bit-identical outputs.
+//
+// Storage types (runtime/backend.h's dtype rules): T, A, B, O, X, Y are float or bf16
+// (__nv_bfloat16); each template is instantiated for both (every combination for the
+// multi-type element-wise ones) in kernels.cu. Kernels load T as fp32, compute in fp32 exactly
+// as the fp32 kernel does, and store into a bf16 output rounded to nearest even
+// (__float2bfloat16_rn), so a bf16 kernel is its fp32 kernel on the widened inputs with each
+// output rounded once: the CPU backend's bf16 rule. Statistics, partial sums, parameter
+// gradients and the CP blocks' accumulators are float whatever T is.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 namespace ptdp::rt::cuda::kernels {
+
+using bf16 = __nv_bfloat16;
 
 // ---- column sums in two passes (BiasGrad, LayerNorm's dgamma/dbeta) ------------------------------
 // Rows are cut into `chunks` runs of `rows_per_chunk` rows; pass 1 writes one partial sum per
@@ -26,7 +37,8 @@ struct RowSplit {
 RowSplit SplitRows(int64_t n);
 
 // partials (chunks, C) = column sums of dy (N, C) per chunk of rows.
-cudaError_t BiasGradPartials(const float* dy, int64_t n, int64_t c, RowSplit split, float* partials,
+template <typename T>
+cudaError_t BiasGradPartials(const T* dy, int64_t n, int64_t c, RowSplit split, float* partials,
                              cudaStream_t st);
 // out (C) adds the sum over chunks of partials (chunks, C), chunk 0 first.
 cudaError_t ColumnFinalize(const float* partials, int64_t chunks, int64_t c, float* out,
@@ -34,26 +46,31 @@ cudaError_t ColumnFinalize(const float* partials, int64_t chunks, int64_t c, flo
 
 // ---- bias -----------------------------------------------------------------------------------------
 // y (N, C) += bias (C).
-cudaError_t AddBias(float* y, const float* bias, int64_t n, int64_t c, cudaStream_t st);
+template <typename T>
+cudaError_t AddBias(T* y, const T* bias, int64_t n, int64_t c, cudaStream_t st);
 
 // ---- LayerNorm (one warp per row) -------------------------------------------------------------------
 // y (N, C) = (x - mean) * rstd * gamma + beta; mean, rstd (N) saved. y may alias x.
-cudaError_t LayerNormForward(const float* x, const float* gamma, const float* beta, float eps,
-                             int64_t n, int64_t c, float* y, float* mean, float* rstd,
-                             cudaStream_t st);
+template <typename T>
+cudaError_t LayerNormForward(const T* x, const T* gamma, const T* beta, float eps, int64_t n,
+                             int64_t c, T* y, float* mean, float* rstd, cudaStream_t st);
 // dx (N, C) adds the input gradient.
-cudaError_t LayerNormBackwardInput(const float* dy, const float* x, const float* gamma,
-                                   const float* mean, const float* rstd, int64_t n, int64_t c,
-                                   float* dx, cudaStream_t st);
+template <typename T>
+cudaError_t LayerNormBackwardInput(const T* dy, const T* x, const T* gamma, const float* mean,
+                                   const float* rstd, int64_t n, int64_t c, T* dx,
+                                   cudaStream_t st);
 // dgamma_partials, dbeta_partials (chunks, C): per chunk of rows, the column sums of xhat * dy
 // and of dy (finished by ColumnFinalize).
-cudaError_t LayerNormParamPartials(const float* dy, const float* x, const float* mean,
-                                   const float* rstd, int64_t n, int64_t c, RowSplit split,
-                                   float* dgamma_partials, float* dbeta_partials, cudaStream_t st);
+template <typename T>
+cudaError_t LayerNormParamPartials(const T* dy, const T* x, const float* mean, const float* rstd,
+                                   int64_t n, int64_t c, RowSplit split, float* dgamma_partials,
+                                   float* dbeta_partials, cudaStream_t st);
 
 // ---- GeLU (tanh approximation) ----------------------------------------------------------------------
-cudaError_t GeluForward(const float* x, float* y, int64_t n, cudaStream_t st);  // y may alias x
-cudaError_t GeluBackward(const float* dy, const float* x, float* dx, int64_t n,
+template <typename T>
+cudaError_t GeluForward(const T* x, T* y, int64_t n, cudaStream_t st);  // y may alias x
+template <typename T>
+cudaError_t GeluBackward(const T* dy, const T* x, T* dx, int64_t n,
                          cudaStream_t st);  // dx may alias dy
 
 // ---- attention --------------------------------------------------------------------------------------
@@ -65,9 +82,11 @@ struct HeadLayout {
   bool seq_first = false;  // TokenOrder::kSeqFirst: row = t*b + bi; else row = bi*s + t
 };
 // heads (nmat, L, s, d) <- rows (b*s, W): unpack, L index bi*nh + j.
-cudaError_t RowsToHeads(const float* rows, HeadLayout lay, float* heads, cudaStream_t st);
+template <typename T>
+cudaError_t RowsToHeads(const T* rows, HeadLayout lay, float* heads, cudaStream_t st);
 // rows (b*s, W) <- heads (nmat, L, s, d): pack (every element of rows is written).
-cudaError_t HeadsToRows(const float* heads, HeadLayout lay, float* rows, cudaStream_t st);
+template <typename T>
+cudaError_t HeadsToRows(const float* heads, HeadLayout lay, T* rows, cudaStream_t st);
 // In place on p (L, s, s) holding the raw scores q k^T: row t of each matrix becomes
 // softmax(scale * p[t, 0..t]) with zeros at columns > t (one warp per row).
 cudaError_t CausalSoftmaxForward(float* p, int64_t l, int64_t s, float scale, cudaStream_t st);
@@ -87,60 +106,77 @@ struct BlockAttention {
   int64_t lq = 0, q0 = 0, q1 = 0;
   int64_t lk = 0, k0 = 0, k1 = 0;
 };
-cudaError_t AttentionBlockForward(const float* qkv, const float* kv, BlockAttention a, bool first,
+template <typename T>
+cudaError_t AttentionBlockForward(const T* qkv, const T* kv, BlockAttention a, bool first,
                                   float* out, float* lse, cudaStream_t st);
 // dqkv adds dQ at its columns [0, A); dkv adds dK at [0, A) and dV at [A, 2A).
-cudaError_t AttentionBlockBackward(const float* dout, const float* qkv, const float* kv,
-                                   const float* out, const float* lse, BlockAttention a,
-                                   float* dqkv, float* dkv, cudaStream_t st);
+template <typename T>
+cudaError_t AttentionBlockBackward(const T* dout, const T* qkv, const T* kv, const T* out,
+                                   const float* lse, BlockAttention a, float* dqkv, float* dkv,
+                                   cudaStream_t st);
 
 // ---- vocab-parallel embedding -----------------------------------------------------------------------
 // out (N, h) = table[token - vocab_start] for tokens in [vocab_start, vocab_start + V), else 0.
-cudaError_t EmbeddingForward(const int32_t* tokens, int64_t n, const float* table, int64_t v,
-                             int64_t h, int64_t vocab_start, float* out, cudaStream_t st);
+template <typename T>
+cudaError_t EmbeddingForward(const int32_t* tokens, int64_t n, const T* table, int64_t v,
+                             int64_t h, int64_t vocab_start, T* out, cudaStream_t st);
 // dtable (V, h) adds dout[n] at row token[n] - vocab_start, n = 0, 1, ... in order for every
 // element (the CPU backend's order, so the sums are bit-identical to it).
-cudaError_t EmbeddingBackward(const float* dout, const int32_t* tokens, int64_t n,
+template <typename T>
+cudaError_t EmbeddingBackward(const T* dout, const int32_t* tokens, int64_t n,
                               int64_t vocab_start, int64_t v, int64_t h, float* dtable,
                               cudaStream_t st);
 
 // ---- vocab-parallel cross entropy (logits (N, V); one warp per row for the row reductions) --------
 // sum_exp accumulates in double, as the CPU backend does.
-cudaError_t CrossEntropyMax(const float* logits, int64_t n, int64_t v, float* row_max,
+template <typename T>
+cudaError_t CrossEntropyMax(const T* logits, int64_t n, int64_t v, float* row_max,
                             cudaStream_t st);
-cudaError_t CrossEntropySumExp(const float* logits, const float* row_max, int64_t n, int64_t v,
+template <typename T>
+cudaError_t CrossEntropySumExp(const T* logits, const float* row_max, int64_t n, int64_t v,
                                float* sum_exp, cudaStream_t st);
-cudaError_t CrossEntropyTarget(const float* logits, const int32_t* targets, int64_t n, int64_t v,
+template <typename T>
+cudaError_t CrossEntropyTarget(const T* logits, const int32_t* targets, int64_t n, int64_t v,
                                int64_t vocab_start, float* target_logit, cudaStream_t st);
 cudaError_t CrossEntropyLoss(const float* row_max, const float* sum_exp, const float* target_logit,
                              int64_t n, float* loss, cudaStream_t st);
 // dlogits may alias logits.
-cudaError_t CrossEntropyBackward(const float* logits, const int32_t* targets, int64_t n, int64_t v,
+template <typename T>
+cudaError_t CrossEntropyBackward(const T* logits, const int32_t* targets, int64_t n, int64_t v,
                                  int64_t vocab_start, const float* row_max, const float* sum_exp,
-                                 float scale, float* dlogits, cudaStream_t st);
+                                 float scale, T* dlogits, cudaStream_t st);
 
 // ---- element-wise -----------------------------------------------------------------------------------
-cudaError_t Add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st);
-cudaError_t Axpy(float alpha, const float* x, float* y, int64_t n, cudaStream_t st);
-cudaError_t Scale(float alpha, float* x, int64_t n, cudaStream_t st);
-cudaError_t Fill(float value, float* x, int64_t n, cudaStream_t st);
+// out may alias a or b (then of the same type).
+template <typename A, typename B, typename O>
+cudaError_t Add(const A* a, const B* b, O* out, int64_t n, cudaStream_t st);
+template <typename X, typename Y>
+cudaError_t Axpy(float alpha, const X* x, Y* y, int64_t n, cudaStream_t st);
+template <typename X>
+cudaError_t Scale(float alpha, X* x, int64_t n, cudaStream_t st);
+template <typename X>
+cudaError_t Fill(float value, X* x, int64_t n, cudaStream_t st);
 
 // ---- MoE combine ---------------------------------------------------------------------------------
-// out (N, C) = x * scale[row] (out may alias x); out (N) = row dot products of a, b (one warp per
+// out (N, C) = x * scale[row] (out may alias x, then of the same type); out (N) = row dot products of a, b (one warp per
 // row, in double as the CPU backend).
-cudaError_t ScaleRows(const float* x, const float* scale, int64_t n, int64_t c, float* out,
+template <typename X, typename O>
+cudaError_t ScaleRows(const X* x, const float* scale, int64_t n, int64_t c, O* out,
                       cudaStream_t st);
-// x[i] = bf16(x[i]) (round to nearest even) back in fp32, in place.
-cudaError_t RoundToBf16(float* x, int64_t n, cudaStream_t st);
-cudaError_t RowDot(const float* a, const float* b, int64_t n, int64_t c, float* out,
-                   cudaStream_t st);
+template <typename A, typename B>
+cudaError_t RowDot(const A* a, const B* b, int64_t n, int64_t c, float* out, cudaStream_t st);
+
+// ---- fp32 <-> bf16 ------------------------------------------------------------------------------
+// y = bf16(x) rounded to nearest even (__float2bfloat16_rn), and y = float(x) (exact).
+cudaError_t ToBf16(const float* x, bf16* y, int64_t n, cudaStream_t st);
+cudaError_t FromBf16(const bf16* x, float* y, int64_t n, cudaStream_t st);
 
 // ---- whole-tensor sums in two passes, in double --------------------------------------------------
 // The number of partials pass 1 writes for n elements (fixed by n: the order is deterministic).
 int64_t SumBlocks(int64_t n);
 // partials (SumBlocks(n)) = per-block sums of x (or of x^2 with squares) in double.
-cudaError_t SumPartials(const float* x, int64_t n, bool squares, double* partials,
-                        cudaStream_t st);
+template <typename X>
+cudaError_t SumPartials(const X* x, int64_t n, bool squares, double* partials, cudaStream_t st);
 // out[0] += float(sum of partials), in a fixed order.
 cudaError_t SumFinalize(const double* partials, int64_t blocks, float* out, cudaStream_t st);
 

@@ -1,8 +1,9 @@
-// bf16 mixed precision, emulated (runtime/bf16.h, runtime/bf16_backend.h, TrainerConfig::bf16):
-// the rounding itself against hand-made cases (ties to even, carries, Inf, NaN, -0.0), and the
-// trainer under it: weights are bf16 values of fp32 main weights, the run departs from the fp32
-// run by bf16-sized amounts, layouts agree within bf16 tolerance, checkpoints keep the main
-// weights and resume bit-exactly, jobs split over Trainers match one Trainer bit for bit.
+// bf16 mixed precision (runtime/bf16.h, backend.h's dtype rules, TrainerConfig::bf16): the
+// rounding itself against hand-made cases (ties to even, carries, Inf, NaN, -0.0), the CPU
+// backend's bf16 tensors, and the trainer with them: weights are bf16 values of fp32 main
+// weights, the run departs from the fp32 run by bf16-sized amounts, layouts agree within bf16
+// tolerance, checkpoints keep the main weights and resume bit-exactly, jobs split over Trainers
+// match one Trainer bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,32 +54,90 @@ TEST(Bf16Round, TiesToEvenCarriesAndSpecials) {
   EXPECT_EQ(Bits(Bf16Round(1e-40f)) & 0xffffu, 0u);  // subnormals round too
 }
 
-TEST(Bf16Round, TheCpuBackendRoundsEveryElementToTheNearest) {
+TEST(Bf16Round, TheCpuBackendStoresEveryElementRoundedToTheNearest) {
   CpuBackend be;
   std::mt19937 rng(7);
   std::normal_distribution<float> n(0.0f, 3.0f);
   std::vector<float> x(4097);
   for (float& v : x) v = n(rng);
-  auto t = be.Alloc({int64_t(x.size())}, DType::kF32);
-  ASSERT_TRUE(t.ok());
+  const Shape shape{int64_t(x.size())};
+  auto t = be.Alloc(shape, DType::kF32);
+  auto half = be.Alloc(shape, DType::kBF16);
+  auto uploaded = be.Alloc(shape, DType::kBF16);
+  ASSERT_TRUE(t.ok() && half.ok() && uploaded.ok());
+  EXPECT_EQ(half->bytes(), 2 * x.size());
   ASSERT_TRUE(be.CopyFromHost(x.data(), *t).ok());
-  be.RoundToBf16(*t);
-  std::vector<float> y(x.size());
-  ASSERT_TRUE(be.CopyToHost(*t, y.data()).ok());
+  be.Copy(*t, *half);  // fp32 -> bf16 on the device
+  ASSERT_TRUE(be.CopyFromHost(x.data(), *uploaded).ok());  // rounded on the way in
+  std::vector<float> y(x.size()), u(x.size());
+  ASSERT_TRUE(be.CopyToHost(*half, y.data()).ok());
+  ASSERT_TRUE(be.CopyToHost(*uploaded, u.data()).ok());
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_EQ(Bits(y[i]) & 0xffffu, 0u) << x[i];
     // Nearest: within half a bf16 step of x (2^-8 relative, a step being 2^-7 of the exponent).
     EXPECT_LE(std::fabs(y[i] - x[i]), std::ldexp(std::fabs(x[i]), -8)) << x[i];
     EXPECT_EQ(y[i], Bf16Round(x[i]));
+    EXPECT_EQ(u[i], y[i]);
   }
+}
+
+// An op with bf16 tensors is its fp32 op on the widened values, each bf16 output rounded once:
+// LayerNorm with a bf16 input, weights and output (fp32 statistics) against the fp32 op on the
+// same (bf16-valued) inputs; a GEMM of bf16 operands into an fp32 accumulator (beta 1) keeps the
+// fp32 sum unrounded.
+TEST(Bf16Ops, ComputeInFp32AndRoundOnceOnStore) {
+  CpuBackend be;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto host = [&](size_t k) {
+    std::vector<float> v(k);
+    for (float& x : v) x = Bf16Round(n(rng));  // bf16 values, so both paths see the same inputs
+    return v;
+  };
+  const int64_t rows = 5, cols = 48;
+  const std::vector<float> x = host(size_t(rows * cols)), g = host(cols), b = host(cols);
+  auto make = [&](DType d, const std::vector<float>& v, Shape s) {
+    Tensor t = *be.Alloc(s, d);
+    EXPECT_TRUE(be.CopyFromHost(v.data(), t).ok());
+    return t;
+  };
+  Tensor mean32 = *be.Alloc({rows}, DType::kF32), rstd32 = *be.Alloc({rows}, DType::kF32);
+  Tensor mean16 = *be.Alloc({rows}, DType::kF32), rstd16 = *be.Alloc({rows}, DType::kF32);
+  Tensor y32 = *be.Alloc({rows, cols}, DType::kF32), y16 = *be.Alloc({rows, cols}, DType::kBF16);
+  be.LayerNormForward(make(DType::kF32, x, {rows, cols}), make(DType::kF32, g, {cols}),
+                      make(DType::kF32, b, {cols}), 1e-5f, y32, mean32, rstd32);
+  be.LayerNormForward(make(DType::kBF16, x, {rows, cols}), make(DType::kBF16, g, {cols}),
+                      make(DType::kBF16, b, {cols}), 1e-5f, y16, mean16, rstd16);
+  std::vector<float> a(size_t(rows * cols)), c(size_t(rows * cols)), m32(rows), m16(rows);
+  ASSERT_TRUE(be.CopyToHost(y32, a.data()).ok());
+  ASSERT_TRUE(be.CopyToHost(y16, c.data()).ok());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(c[i], Bf16Round(a[i])) << i;
+  ASSERT_TRUE(be.CopyToHost(mean32, m32.data()).ok());
+  ASSERT_TRUE(be.CopyToHost(mean16, m16.data()).ok());
+  EXPECT_EQ(m32, m16);  // statistics stay fp32
+  // dw (cols, cols) += dy^T x with bf16 dy and x, twice: an fp32 accumulator, never rounded.
+  Tensor dw16 = *be.Alloc({cols, cols}, DType::kF32), dw32 = *be.Alloc({cols, cols}, DType::kF32);
+  for (int i = 0; i < 2; ++i) {
+    be.Matmul(make(DType::kBF16, x, {rows, cols}), true, make(DType::kBF16, x, {rows, cols}),
+              false, dw16, 1.0f, 1.0f);
+    be.Matmul(make(DType::kF32, x, {rows, cols}), true, make(DType::kF32, x, {rows, cols}),
+              false, dw32, 1.0f, 1.0f);
+  }
+  std::vector<float> w16(size_t(cols * cols)), w32(size_t(cols * cols));
+  ASSERT_TRUE(be.CopyToHost(dw16, w16.data()).ok());
+  ASSERT_TRUE(be.CopyToHost(dw32, w32.data()).ok());
+  EXPECT_EQ(w16, w32);
+  int unrounded = 0;  // sums of 5 products of bf16 values need more than bf16's 8 bits
+  for (float w : w16) unrounded += (Bits(w) & 0xffffu) != 0;
+  EXPECT_GT(unrounded, cols * cols / 2);
 }
 
 constexpr double kTimeoutS = 30.0;
 using Spec = testing::TinyLayoutSpec;
 
-TrainerConfig Config(const Spec& s, bool bf16) {
+TrainerConfig Config(const Spec& s, bool bf16, const ModelSpec& model = testing::TinyGpt(4)) {
   TrainerConfig c;
-  c.model = testing::TinyGpt(4);
+  c.model = model;
   c.layout = testing::TinyLayout(s);
   c.optimizer.lr = 1e-3;
   c.train_tokens = &testing::Shakespeare().train;
@@ -168,6 +227,42 @@ TEST(Bf16Training, LayoutsAgreeWithinBf16Tolerance) {
     }
     std::printf("  tp %d pp %d dp %d: largest loss difference to 1x1x1 under bf16 %.2e\n", s.tp,
                 s.pp, s.dp, worst);
+    for (const auto& [name, v] : run.params) EXPECT_TRUE(AllBf16(v)) << name;
+  }
+}
+
+// Context parallelism (the ring's fp32 merges, stored in bf16 once), full recompute with TP and
+// SP, and MoE with expert parallelism (bf16 all-to-alls, fp32 router logits and combine sums)
+// under bf16: the 1x1x1 run of the same model within bf16 tolerance.
+TEST(Bf16Training, CpRecomputeAndExpertLayoutsAgreeWithinBf16Tolerance) {
+  struct Case {
+    const char* name;
+    ModelSpec model;
+    Spec spec;
+  };
+  Spec cp2, full, ep2, tp2ep2;
+  cp2.cp = 2;
+  full.tp = 2, full.sp = true, full.recompute = Recompute::kFull;
+  ep2.dp = 2, ep2.ep = 2;
+  tp2ep2.tp = 2, tp2ep2.sp = true, tp2ep2.ep = 2, tp2ep2.etp = 1;
+  const ModelSpec moe = testing::TinyMoe();
+  const Bf16Run dense_ref = Train(Config(Spec{}, true), 3);
+  const Bf16Run moe_ref = Train(Config(Spec{}, true, moe), 3);
+  ASSERT_EQ(dense_ref.losses.size(), 3u);
+  ASSERT_EQ(moe_ref.losses.size(), 3u);
+  for (const Case& c : {Case{"cp2", testing::TinyGpt(4), cp2},
+                        Case{"tp2 sp full recompute", testing::TinyGpt(4), full},
+                        Case{"moe ep2", moe, ep2}, Case{"moe tp2 ep2 etp1", moe, tp2ep2}}) {
+    SCOPED_TRACE(c.name);
+    const Bf16Run& ref = c.model.moe() ? moe_ref : dense_ref;
+    const Bf16Run run = Train(Config(c.spec, true, c.model), 3);
+    ASSERT_EQ(run.losses.size(), 3u);
+    double worst = 0;
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(run.losses[size_t(i)], ref.losses[size_t(i)], 2e-3);
+      worst = std::max(worst, std::fabs(run.losses[size_t(i)] - ref.losses[size_t(i)]));
+    }
+    std::printf("  %s: largest loss difference to 1x1x1 under bf16 %.2e\n", c.name, worst);
     for (const auto& [name, v] : run.params) EXPECT_TRUE(AllBf16(v)) << name;
   }
 }

@@ -220,30 +220,40 @@ TEST(Rendezvous, ScratchAllocationFailureIsAnErrorOnEveryRank) {
         << st[r].message();
 }
 
-TEST(Rendezvous, ThreadWorldRefusesBf16ReductionsButCopiesIt) {
-  // The host plane reduces f32 only; gathers copy any dtype (2 bf16 = 4 bytes per rank).
-  ThreadWorld world(2, kTimeoutS);
-  std::vector<Status> reduce(2), gather(2);
-  std::vector<std::vector<uint16_t>> got(2);
-  RunRanks(2, [&](int r) {
-    auto a = world.Group(r, {0, 1}, "A");
-    auto b = world.Group(r, {0, 1}, "B");
-    Tensor t = HostTensor({2}, DType::kBF16);
+TEST(Rendezvous, ThreadWorldReducesBf16OnceInFp32AndCopiesAnyDtype) {
+  // bf16 sums run in fp32 and are rounded once (as DeviceWorld's kernel): 1 + 2^-8 + 2^-8 is
+  // 1 + 2^-7 = 0x3f81, where rounding after each add would give 1 (1 + 2^-8 is a tie, to even).
+  // Gathers copy any dtype (2 bf16 = 4 bytes per rank); i32 is not reduced.
+  ThreadWorld world(3, kTimeoutS);
+  std::vector<Status> reduce(3), gather(3), ints(3);
+  std::vector<uint16_t> sum(3);
+  std::vector<std::vector<uint16_t>> got(3);
+  RunRanks(3, [&](int r) {
+    auto a = world.Group(r, {0, 1, 2}, "A");
+    auto b = world.Group(r, {0, 1, 2}, "B");
+    auto c = world.Group(r, {0, 1, 2}, "C");
+    Tensor t = HostTensor({1}, DType::kBF16);
+    t.data_as<uint16_t>()[0] = r == 0 ? 0x3f80 : 0x3b80;  // 1.0, 2^-8, 2^-8
     reduce[r] = (*a)->AllReduce(t, ReduceOp::kSum);
-    Tensor in = HostTensor({2}, DType::kBF16), out = HostTensor({4}, DType::kBF16);
+    sum[r] = t.data_as<uint16_t>()[0];
+    Tensor in = HostTensor({2}, DType::kBF16), out = HostTensor({6}, DType::kBF16);
     uint16_t* p = in.data_as<uint16_t>();
     p[0] = uint16_t(0x3f80 + r);  // distinct bit patterns per rank
     p[1] = uint16_t(0x4000 + r);
     gather[r] = (*b)->AllGather(in, out);
     const uint16_t* o = out.data_as<uint16_t>();
-    got[r] = std::vector<uint16_t>(o, o + 4);
+    got[r] = std::vector<uint16_t>(o, o + 6);
+    Tensor i = HostTensor({2}, DType::kI32);
+    ints[r] = (*c)->AllReduce(i, ReduceOp::kSum);
   });
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_NE(reduce[r].message().find("dtype bf16 is not supported (reductions take f32)"),
-              std::string::npos)
-        << reduce[r].message();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(reduce[r].ok()) << reduce[r].message();
+    EXPECT_EQ(sum[r], 0x3f81) << "rank " << r;
     EXPECT_TRUE(gather[r].ok()) << gather[r].message();
-    EXPECT_EQ(got[r], (std::vector<uint16_t>{0x3f80, 0x4000, 0x3f81, 0x4001}));
+    EXPECT_EQ(got[r], (std::vector<uint16_t>{0x3f80, 0x4000, 0x3f81, 0x4001, 0x3f82, 0x4002}));
+    EXPECT_NE(ints[r].message().find("dtype i32 is not supported (reductions take f32, bf16)"),
+              std::string::npos)
+        << ints[r].message();
   }
 }
 

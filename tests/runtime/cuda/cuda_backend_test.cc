@@ -689,9 +689,10 @@ TEST_F(CudaTest, ScaleRowsAndRowDotAgainstCpu) {
   ExpectNear(dot, 1e-6, 1e-6, "RowDot");  // both in double, summed in another order
 }
 
-// The bf16 emulation's rounding point (issue 17): CUDA's __float2bfloat16_rn against the host's
-// Bf16Round, bit for bit, on random values and on ties, carries, Inf, NaN, -0.0 and overflow.
-TEST_F(CudaTest, RoundToBf16MatchesTheCpuBitForBit) {
+// bf16 storage (issue 17): Copy fp32 -> bf16 (CUDA's __float2bfloat16_rn) against the host's
+// Bf16Round, bit for bit, on random values and on ties, carries, Inf, NaN, -0.0 and overflow;
+// bf16 -> fp32 back exactly; CopyFromHost into bf16 rounds the same way.
+TEST_F(CudaTest, Bf16ConversionMatchesTheCpuBitForBit) {
   std::vector<float> v = Random(100003, 77);
   for (float& x : v) x *= 1000.0f;
   const float ulp = std::ldexp(1.0f, -7);
@@ -699,21 +700,31 @@ TEST_F(CudaTest, RoundToBf16MatchesTheCpuBitForBit) {
                   std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                   std::numeric_limits<float>::max(), std::numeric_limits<float>::quiet_NaN()})
     v.push_back(x);
-  Both x = F({int64_t(v.size())}, v);
-  cpu.RoundToBf16(x.c);
-  gpu->RoundToBf16(x.g);
-  std::vector<float> c(v.size()), g = GpuHost(x.g);
-  ASSERT_TRUE(cpu.CopyToHost(x.c, c.data()).ok());
+  const Shape shape{int64_t(v.size())};
+  Both x = F(shape, v), back = F(shape);
+  Both half{*cpu.Alloc(shape, DType::kBF16), *gpu->Alloc(shape, DType::kBF16)};
+  cpu.Copy(x.c, half.c);
+  gpu->Copy(x.g, half.g);
+  cpu.Copy(half.c, back.c);
+  gpu->Copy(half.g, back.g);
+  Tensor uploaded = *gpu->Alloc(shape, DType::kBF16);
+  ASSERT_TRUE(gpu->CopyFromHost(v.data(), uploaded).ok());
+  std::vector<float> c(v.size()), up(v.size());
+  ASSERT_TRUE(cpu.CopyToHost(back.c, c.data()).ok());
+  ASSERT_TRUE(gpu->CopyToHost(uploaded, up.data()).ok());
+  const std::vector<float> g = GpuHost(back.g);
   ASSERT_EQ(g.size(), c.size());
   for (size_t i = 0; i < c.size(); ++i) {
     if (std::isnan(c[i])) {
-      EXPECT_TRUE(std::isnan(g[i])) << i;
+      EXPECT_TRUE(std::isnan(g[i]) && std::isnan(up[i])) << i;
       continue;
     }
-    uint32_t a, b;
+    uint32_t a, b, u;
     std::memcpy(&a, &c[i], 4);
     std::memcpy(&b, &g[i], 4);
+    std::memcpy(&u, &up[i], 4);
     EXPECT_EQ(a, b) << "element " << i << " (" << v[i] << ")";
+    EXPECT_EQ(a, u) << "CopyFromHost, element " << i << " (" << v[i] << ")";
   }
 }
 
@@ -766,6 +777,207 @@ TEST_F(CudaTest, AdamWThreeStepsAgainstCpu) {
   ExpectNear(p, 1e-6, 1e-6, "param");
   ExpectNear(m, 1e-7, 1e-5, "m");
   ExpectNear(v, 1e-8, 1e-5, "v");
+}
+
+// ---- bf16 tensors (Megatron --bf16 storage: runtime/backend.h's dtype rules) -----------------------
+// Both backends get the same bf16 inputs (CopyFromHost rounds on the host for both), compute the
+// op's fp32 formula and round each bf16 output once. So a bf16 output agrees with the CPU's
+// within the op's fp32 tolerance plus one bf16 step where the two fp32 results straddle a
+// rounding boundary (a step is 2^-8..2^-7 of the value: kBf16Step relative), and an fp32 output
+// (statistics, parameter gradients, accumulators) within the op's fp32 tolerance.
+constexpr double kBf16Step = 1.0 / 128;
+
+class CudaBf16Test : public CudaTest {
+ protected:
+  Both B(const Shape& shape, const std::vector<float>& v = {}) {
+    Both b{*cpu.Alloc(shape, DType::kBF16), *gpu->Alloc(shape, DType::kBF16)};
+    if (!v.empty()) {
+      EXPECT_TRUE(cpu.CopyFromHost(v.data(), b.c).ok());
+      EXPECT_TRUE(gpu->CopyFromHost(v.data(), b.g).ok());
+    }
+    return b;
+  }
+};
+
+// bf16 operands on tensor cores with fp32 accumulation: into a bf16 output (rounded once) and
+// into an fp32 weight gradient accumulated twice (beta 1, never rounded). The products of bf16
+// values are exact in fp32 on both backends; only the order of the K additions differs.
+TEST_F(CudaBf16Test, GemmsIntoBf16AndFp32Outputs) {
+  const int64_t M = 70, K = 300, P = 90;
+  Both a = B({M, K}, Random(size_t(M * K), 80)), w = B({P, K}, Random(size_t(P * K), 81));
+  Both y = B({M, P});
+  cpu.Matmul(a.c, false, w.c, true, y.c);
+  gpu->Matmul(a.g, false, w.g, true, y.g);
+  ExpectNear(y, 1e-5 * std::sqrt(double(K)), kBf16Step, "y = a w^T in bf16");
+  Both dy = B({M, P}, Random(size_t(M * P), 82)), dw = F({P, K}, Random(size_t(P * K), 83));
+  for (int i = 0; i < 2; ++i) {
+    cpu.Matmul(dy.c, true, a.c, false, dw.c, 1.0f, 1.0f);
+    gpu->Matmul(dy.g, true, a.g, false, dw.g, 1.0f, 1.0f);
+  }
+  ExpectNear(dw, 2e-5 * std::sqrt(double(M)), 0, "dw += dy^T a, twice, fp32");
+  EXPECT_TRUE(gpu->Synchronize().ok());
+}
+
+TEST_F(CudaBf16Test, FusedOpsStoreBf16AndKeepStatisticsFp32) {
+  const int64_t n = 37, c = 1100;
+  Both x = B({n, c}, Random(size_t(n * c), 84, -2, 2)), gamma = B({c}, Random(size_t(c), 85));
+  Both beta = B({c}, Random(size_t(c), 86)), bias = B({c}, Random(size_t(c), 87));
+  Both y = B({n, c}), mean = F({n}), rstd = F({n});
+  cpu.LayerNormForward(x.c, gamma.c, beta.c, 1e-5f, y.c, mean.c, rstd.c);
+  gpu->LayerNormForward(x.g, gamma.g, beta.g, 1e-5f, y.g, mean.g, rstd.g);
+  ExpectNear(y, 2e-5, kBf16Step, "LayerNorm y");
+  ExpectNear(mean, 1e-6, 1e-5, "LayerNorm mean (fp32)");
+  ExpectNear(rstd, 0, 1e-5, "LayerNorm rstd (fp32)");
+  Both dy = B({n, c}, Random(size_t(n * c), 88)), dx = B({n, c}, Random(size_t(n * c), 89));
+  Both dg = F({c}), db = F({c});
+  cpu.LayerNormBackward(dy.c, x.c, gamma.c, mean.c, rstd.c, dx.c, dg.c, db.c);
+  gpu->LayerNormBackward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx.g, dg.g, db.g);
+  ExpectNear(dx, 5e-5, kBf16Step, "LayerNorm dx (adds, bf16)");
+  ExpectNear(dg, 2e-4, 1e-5, "LayerNorm dgamma (fp32)");
+  ExpectNear(db, 2e-4, 1e-5, "LayerNorm dbeta (fp32)");
+  cpu.AddBias(y.c, bias.c);
+  gpu->AddBias(y.g, bias.g);
+  ExpectNear(y, 2e-5, kBf16Step, "y + bias");
+  Both dbias = F({c});
+  cpu.BiasGrad(dy.c, dbias.c);
+  gpu->BiasGrad(dy.g, dbias.g);
+  ExpectNear(dbias, 1e-4, 0, "dbias (fp32)");
+  Both g = B({n, c}), dgelu = B({n, c});
+  cpu.GeluForward(x.c, g.c);
+  gpu->GeluForward(x.g, g.g);
+  ExpectNear(g, 1e-6, kBf16Step, "gelu");
+  cpu.GeluBackward(dy.c, x.c, dgelu.c);
+  gpu->GeluBackward(dy.g, x.g, dgelu.g);
+  ExpectNear(dgelu, 1e-5, kBf16Step, "dgelu");
+  EXPECT_TRUE(gpu->Synchronize().ok());
+}
+
+TEST_F(CudaBf16Test, EmbeddingCrossEntropyAndElementWise) {
+  // Lookups copy bf16 rows; the backward adds them into an fp32 table in row order on both.
+  const int64_t V = 50, h = 300, n = 1500, start = 30;
+  Both table = B({V, h}, Random(size_t(V * h), 90));
+  Both tokens = I({n}, RandomIds(size_t(n), 91, 0, 100)), out = B({n, h});
+  cpu.EmbeddingForward(tokens.c, table.c, start, out.c);
+  gpu->EmbeddingForward(tokens.g, table.g, start, out.g);
+  ExpectEqual(out, "lookup (bf16)");
+  Both dout = B({n, h}, Random(size_t(n * h), 92)), dtable = F({V, h});
+  cpu.EmbeddingBackward(dout.c, tokens.c, start, dtable.c);
+  gpu->EmbeddingBackward(dout.g, tokens.g, start, dtable.g);
+  ExpectEqual(dtable, "dtable (fp32)");
+  // Cross entropy of bf16 logits: fp32 row figures, bf16 logit gradients in place.
+  const int64_t N = 5, Vl = 4000;
+  Both logits = B({N, Vl}, Random(size_t(N * Vl), 93, -8, 8));
+  Both targets = I({N}, {1000, 5, 4999, 2000, 1001}), mx = F({N}), se = F({N}), z = F({N});
+  cpu.CrossEntropyMax(logits.c, mx.c);
+  gpu->CrossEntropyMax(logits.g, mx.g);
+  ExpectEqual(mx, "row_max");
+  cpu.CrossEntropySumExp(logits.c, mx.c, se.c);
+  gpu->CrossEntropySumExp(logits.g, mx.g, se.g);  // row_max is bit-identical (above)
+  ExpectNear(se, 0, 2e-6, "sum_exp");
+  cpu.CrossEntropyTarget(logits.c, targets.c, 1000, z.c);
+  gpu->CrossEntropyTarget(logits.g, targets.g, 1000, z.g);
+  ExpectEqual(z, "target_logit");
+  Both gmx = F({N}, CpuHost(mx.c)), gse = F({N}, CpuHost(se.c));
+  cpu.CrossEntropyBackward(logits.c, targets.c, 1000, gmx.c, gse.c, 1.0f / N, logits.c);
+  gpu->CrossEntropyBackward(logits.g, targets.g, 1000, gmx.g, gse.g, 1.0f / N, logits.g);
+  ExpectNear(logits, 1e-9, kBf16Step, "dlogits in place (bf16)");
+  // Element-wise ops in every dtype mix the model uses: bf16 + bf16 -> bf16 (the residual),
+  // fp32 + bf16 -> fp32 (the MoE combine's accumulator), in place; each one fp32 add.
+  const int64_t e = 70001;
+  Both a16 = B({e}, Random(size_t(e), 94)), b16 = B({e}, Random(size_t(e), 95)), c16 = B({e});
+  Both a32 = F({e}, Random(size_t(e), 96));
+  cpu.Add(a16.c, b16.c, c16.c);
+  gpu->Add(a16.g, b16.g, c16.g);
+  ExpectEqual(c16, "bf16 + bf16");
+  cpu.Add(a32.c, b16.c, a32.c);
+  gpu->Add(a32.g, b16.g, a32.g);
+  ExpectEqual(a32, "fp32 += bf16");
+  cpu.Axpy(-0.3f, c16.c, a32.c);
+  gpu->Axpy(-0.3f, c16.g, a32.g);
+  ExpectNear(a32, 1e-7, 1e-6, "fp32 - 0.3 bf16");
+  cpu.Scale(0.5f, c16.c);
+  gpu->Scale(0.5f, c16.g);
+  ExpectEqual(c16, "bf16 / 2");  // exact in fp32, the same rounding
+  Both w = F({e / 7}, Random(size_t(e / 7), 97)), rows = B({e / 7, 7}), dot = F({e / 7});
+  Tensor c7 = c16.c.View({e / 7, 7}), g7 = c16.g.View({e / 7, 7});
+  cpu.ScaleRows(c7, w.c, rows.c);
+  gpu->ScaleRows(g7, w.g, rows.g);
+  ExpectEqual(rows, "ScaleRows bf16");
+  cpu.RowDot(c7, rows.c, dot.c);
+  gpu->RowDot(g7, rows.g, dot.g);
+  ExpectNear(dot, 1e-6, 1e-6, "RowDot of bf16 rows");
+  Both sum = F({1}, {0.5f}), sq = F({1}, {0.5f});
+  cpu.Sum(b16.c, sum.c);
+  gpu->Sum(b16.g, sum.g);
+  ExpectNear(sum, 1e-6, 1e-6, "sum of bf16");
+  cpu.SumSquares(b16.c, sq.c);
+  gpu->SumSquares(b16.g, sq.g);
+  ExpectNear(sq, 0, 1e-6, "sum of squares of bf16");
+  Both cols = B({e / 7, 3});
+  cpu.CopyColumns(c7, 2, cols.c, 0, 3);
+  gpu->CopyColumns(g7, 2, cols.g, 0, 3);
+  ExpectEqual(cols, "CopyColumns bf16");
+  gpu->Fill(-2.5f, c16.g);
+  EXPECT_EQ(GpuHost(c16.g), std::vector<float>(size_t(e), -2.5f));
+  EXPECT_TRUE(gpu->Synchronize().ok());
+}
+
+// Attention on bf16 token rows, flash and unfused: the bf16 error budget of
+// CudaAttentionTest (the kernels round the same operands), with out and dqkv stored in bf16.
+TEST_F(CudaBf16Test, AttentionOnBf16Rows) {
+  struct Case {
+    AttentionKernel kernel;
+    TokenOrder order;
+    int64_t b, s, nh, d;
+  };
+  for (const Case& c : {Case{AttentionKernel::kFlash, TokenOrder::kSeqFirst, 2, 67, 3, 16},
+                        Case{AttentionKernel::kFlash, TokenOrder::kBatchFirst, 2, 200, 2, 128},
+                        Case{AttentionKernel::kUnfused, TokenOrder::kSeqFirst, 2, 67, 3, 16}}) {
+    Open(GemmPrecision::kBf16, 0, c.kernel);
+    const int64_t a = c.nh * c.d;
+    const std::string what = std::string(c.kernel == AttentionKernel::kFlash ? "flash" : "unfused") +
+                             " d " + std::to_string(c.d);
+    ASSERT_EQ(gpu->UsesFlashAttention(c.d), c.kernel == AttentionKernel::kFlash) << what;
+    const bool bf = c.order == TokenOrder::kBatchFirst;
+    const Shape in = bf ? Shape{c.b, c.s, 3 * a} : Shape{c.s, c.b, 3 * a};
+    const Shape os = bf ? Shape{c.b, c.s, a} : Shape{c.s, c.b, a};
+    Both qkv = B(in, Random(size_t(c.b * c.s * 3 * a), 98)), out = B(os);
+    Both saved{*cpu.Alloc(cpu.AttentionSavedShape(c.b, c.s, c.nh, c.d), DType::kF32),
+               GpuF(gpu->AttentionSavedShape(c.b, c.s, c.nh, c.d))};
+    cpu.AttentionForward(qkv.c, c.nh, c.order, out.c, saved.c);
+    gpu->AttentionForward(qkv.g, c.nh, c.order, out.g, saved.g);
+    ExpectNear(out, 0.02, 0, what + " out");
+    Both dout = B(os, Random(size_t(c.b * c.s * a), 99)), dqkv = B(in);
+    cpu.AttentionBackward(dout.c, qkv.c, out.c, saved.c, c.nh, c.order, dqkv.c);
+    gpu->AttentionBackward(dout.g, qkv.g, out.g, saved.g, c.nh, c.order, dqkv.g);
+    const std::vector<float> want = CpuHost(dqkv.c);
+    ExpectClose(GpuHost(dqkv.g), want, 5e-2 * MaxAbs(want), 0, what + " dqkv");
+    EXPECT_TRUE(gpu->Synchronize().ok()) << what;
+  }
+}
+
+// The CP ring's blocks on bf16 qkv / K-V / dout / out with fp32 out, lse, dqkv, dkv (the
+// accumulators a bf16 run keeps in fp32): the fp32 tolerances of AttentionBlocksAgainstCpu.
+TEST_F(CudaBf16Test, AttentionBlocksOnBf16Rows) {
+  const int64_t b = 2, L = 37, n = 2 * L, nh = 3, d = 16, a = nh * d;
+  const SeqBlock mine{L, 2 * L, L}, other{0, 3 * L, L};
+  Both qkv = B({n, b, 3 * a}, Random(size_t(n * b * 3 * a), 100));
+  Both kv = B({n, b, 2 * a}, Random(size_t(n * b * 2 * a), 101));
+  Both out = F({n, b, a}), lse = F({b, nh, n});
+  cpu.AttentionBlockForward(qkv.c, mine, kv.c, other, nh, true, out.c, lse.c);
+  gpu->AttentionBlockForward(qkv.g, mine, kv.g, other, nh, true, out.g, lse.g);
+  ExpectNear(out, 1e-5, 1e-5, "block out (fp32)");
+  ExpectNear(lse, 1e-5, 1e-5, "block lse");
+  Both out16 = B({n, b, a}, CpuHost(out.c));  // the stored output, as the model keeps it
+  Both dout = B({n, b, a}, Random(size_t(n * b * a), 102));
+  Both dqkv = F({n, b, 3 * a}), dkv = F({n, b, 2 * a});
+  Both glse = F({b, nh, n}, CpuHost(lse.c));
+  cpu.AttentionBlockBackward(dout.c, qkv.c, mine, kv.c, other, out16.c, glse.c, nh, dqkv.c, dkv.c);
+  gpu->AttentionBlockBackward(dout.g, qkv.g, mine, kv.g, other, out16.g, glse.g, nh, dqkv.g,
+                              dkv.g);
+  ExpectNear(dqkv, 1e-4, 1e-4, "block dqkv (fp32)");
+  ExpectNear(dkv, 1e-4, 1e-4, "block dkv (fp32)");
+  EXPECT_TRUE(gpu->Synchronize().ok());
 }
 
 // ---- determinism -----------------------------------------------------------------------------------

@@ -80,13 +80,15 @@ Curve Train(const TrainerConfig& c, BackendFactory backends, CommunicatorFactory
 }
 
 // Every rank on GPU 0 with its own backend and stream.
+// bf16 runs (c.bf16) in the bf16 GEMM precision, so that attention runs the flash kernels.
 Curve TrainOnGpu(const TrainerConfig& c) {
   const int world = c.layout.world();
   auto streams = std::make_shared<std::vector<cudaStream_t>>(size_t(world), nullptr);
   DeviceWorld comms(world, 60.0, 0, [streams](int g) { return (*streams)[size_t(g)]; });
-  return Train(c, [streams](int g) -> std::unique_ptr<Backend> {
+  const GemmPrecision gemm = c.bf16 ? GemmPrecision::kBf16 : GemmPrecision::kFp32;
+  return Train(c, [streams, gemm](int g) -> std::unique_ptr<Backend> {
     CudaBackendOptions o;
-    o.gemm = GemmPrecision::kFp32;
+    o.gemm = gemm;
     auto b = CudaBackend::Create(o);
     EXPECT_TRUE(b.ok()) << b.status().message();
     if (!b.ok()) return nullptr;
@@ -128,11 +130,13 @@ TEST(CudaTrainer, SingleRankMatchesTheCpuBackend) {
   ExpectClose(TrainOnGpu(one, Tokens()), cpu, 1e-4, "cuda 1x1x1 vs cpu 1x1x1");
 }
 
-// bf16 mixed precision emulated (TrainerConfig::bf16, runtime/bf16_backend.h) on the GPU and on
-// the CPU: the same rounding points on both, so the losses agree within bf16 tolerance (an
-// element on a rounding boundary can land one bf16 step away after another fp32 sum order; on
-// the CPU, layouts under bf16 agree within 2e-4, tests/runtime/bf16_test.cc).
-TEST(CudaTrainer, Bf16EmulationMatchesTheCpus) {
+// bf16 mixed precision (TrainerConfig::bf16: bf16 activations and weights on both backends, the
+// GPU's kernels on bf16 tensors, flash attention) against the CPU's: the same storage points on
+// both, so the losses agree within bf16 tolerance (an element on a rounding boundary can land
+// one bf16 step away after another fp32 sum order, and the flash kernels round P to bf16; on
+// the CPU, layouts under bf16 agree within 2e-4, tests/runtime/bf16_test.cc). Then tp 2 with
+// SP and pp 2 on one GPU (DeviceWorld, bf16 TP and pipeline exchanges) against the GPU's 1x1x1.
+TEST(CudaTrainer, Bf16MatchesTheCpuAndLayoutsAgree) {
   SKIP_WITHOUT_GPU();
   TrainerConfig c = Config(Spec{"1x1x1"}, Tokens());
   c.bf16 = true;
@@ -143,6 +147,14 @@ TEST(CudaTrainer, Bf16EmulationMatchesTheCpus) {
   ASSERT_EQ(cpu.loss.size(), size_t(kSteps));
   for (int i = 0; i < kSteps; ++i)
     EXPECT_NEAR(gpu.loss[size_t(i)], cpu.loss[size_t(i)], 2e-3) << "step " << i;
+  for (const Spec& s : {Spec{"tp2_sp", 2, 1, 1, 1, true}, Spec{"pp2", 1, 2}}) {
+    TrainerConfig l = Config(s, Tokens());
+    l.bf16 = true;
+    const Curve run = TrainOnGpu(l);
+    ASSERT_EQ(run.loss.size(), size_t(kSteps)) << s.name;
+    for (int i = 0; i < kSteps; ++i)
+      EXPECT_NEAR(run.loss[size_t(i)], gpu.loss[size_t(i)], 2e-3) << s.name << " step " << i;
+  }
 }
 
 class CudaLayouts : public ::testing::TestWithParam<Spec> {};
