@@ -327,6 +327,9 @@ int RunCalibrate(const CalibrateFlags& f) {
   // The full grids take the median of 5 batches: with 3, one grid cell timed while the VM's host
   // was busy moved a layout's prediction by up to 8% between two calibrations minutes apart.
   if (!f.quick) opt.batches = 5;
+  // CUDA bf16 (the default): `ptdp train` runs bf16 plans with bf16 activations and weights
+  // (TrainerConfig::bf16), so the ops are timed on bf16 tensors.
+  if (f.backend == "cuda" && p.precision == Precision::kBf16) opt.act = rt::DType::kBF16;
   if (!f.json)
     std::printf("ptdp calibrate: %s backend, %s grids, collectives up to %d ranks%s (base %s)\n",
                 f.backend.c_str(), f.quick ? "quick" : "full", *max_ranks,

@@ -9,6 +9,10 @@
 namespace ptdp {
 namespace {
 
+// Bytes of the runtime's fp32 statistics (LayerNorm mean / rstd, attention lse or P, cross
+// entropy's row figures), i32 ids and fp32 accumulators, whatever the activations' dtype.
+constexpr double kStatBytes = 4;
+
 // The sizes of one micro-batch of a layout (letters as in the header).
 // s: the rows of the sequence a CP rank holds (S/c); S the whole sequence.
 struct Dims {
@@ -282,15 +286,16 @@ double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
       if (t.expert && l.dp > 1) s += Op("scale", t.numel, k);
       continue;
     }
+    // Gradients are fp32 (4 bytes) whatever the weights' dtype.
     if (!l.distributed_optimizer) {
-      s += Coll("all_reduce", d, t.numel * e, l) + Op("scale", t.numel, k);
+      s += Coll("all_reduce", d, t.numel * 4, l) + Op("scale", t.numel, k);
       continue;
     }
     // Reduce-scatter of the zero-padded flat copy (R slices of ks), then, after AdamW, the
-    // all-gather of the updated slices and the copy back.
+    // all-gather of the updated slices (the weights, e bytes each) and the copy back.
     const double ks = std::ceil(t.numel / d), padded = d * ks;
-    s += Alloc(padded * e, k) + Op("copy", t.numel, k) +
-         Coll("reduce_scatter", d, padded * e, l) + Op("scale", ks, k);
+    s += Alloc(padded * 4, k) + Op("copy", t.numel, k) +
+         Coll("reduce_scatter", d, padded * 4, l) + Op("scale", ks, k);
     s += Alloc(padded * e, k) + Op("copy", ks, k) + Coll("all_gather", d, padded * e, l) +
          Op("copy", t.numel, k);
   }
@@ -303,11 +308,12 @@ double RuntimeModel::EmbeddingReduce(const Layout& l) const {
   double n = x.Vl * x.h;
   const int R = l.dp * l.cp;
   if (l.distributed_optimizer && R > 1) n = std::ceil(n / R);
-  return Coll("all_reduce", 2, n * m_.element_bytes, l);
+  return Coll("all_reduce", 2, n * 4, l);  // fp32 gradients
 }
 
 RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
-  const double k = Slowdown(l), e = m_.element_bytes;
+  const double k = Slowdown(l);
+  const bool main_weights = m_.element_bytes < 4;  // bf16: AdamW on them, then a rounded copy
   const int R = l.dp * l.cp;
   RuntimeOptimizerTimes o;
   double compute = Alloc(4, k);  // the norm accumulator
@@ -316,9 +322,10 @@ RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
       const int g = t.expert ? ExpertDp(l) : R;
       const double owned = l.distributed_optimizer && g > 1 ? std::ceil(t.numel / g) : t.numel;
       o.fill_s += Op("fill", t.numel, k);
-      compute += Op("sum_squares", owned, k) + Op("adamw", owned, k);
-      if (l.sequence_parallel && l.tp > 1 && t.replicated)  // FinalizeTpGrads
-        o.tp_s += Coll("all_reduce", l.tp, t.numel * e, l);
+      compute += Op("sum_squares", owned, k) + Op("adamw", owned, k) +
+                 (main_weights ? Op("copy", owned, k) : 0.0);
+      if (l.sequence_parallel && l.tp > 1 && t.replicated)  // FinalizeTpGrads, fp32 gradients
+        o.tp_s += Coll("all_reduce", l.tp, t.numel * 4, l);
     }
   // The squared norms (each element counted by one rank) summed over every rank at once.
   compute += Coll("all_reduce", l.world(), 8, l);
@@ -328,40 +335,40 @@ RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
 }
 
 // What the attention core keeps for its backward (the backend's AttentionSavedShape, or with
-// CP the log-sum-exp of each of the s queries and heads) and its output (T A): what selective
-// recompute drops until the layer's backward.
+// CP the log-sum-exp of each of the s queries and heads; fp32) and its output (T A): what
+// selective recompute drops until the layer's backward.
 double RuntimeModel::AttentionCoreBytes(const Layout& l) const {
   const Dims x = DimsOf(model_, l);
   const double saved = x.c > 1 ? x.b * x.nh * x.s
                                : x.b * x.nh * (m_.attention_saved_per_score * x.s * x.s +
                                                m_.attention_saved_per_token * x.s);
-  return (saved + x.T * x.A) * m_.element_bytes;
+  return saved * kStatBytes + x.T * x.A * m_.element_bytes;
 }
 
 // Without recompute: x and x2 (Tl h), the two LN outputs as the GEMMs read them (T h), LN
-// statistics (4 Tl), QKV (T Q), fc1 and its activation (T F each), and the attention core's
+// statistics (4 Tl, fp32), QKV (T Q), fc1 and its activation (T F each), and the attention core's
 // (AttentionCoreBytes). An MoE layer keeps instead of fc1 and its activation (runtime/moe.cc's
 // MoeSaved): its input (Tl h, apart from the gathered one with SP), the probabilities and the
-// index tensors (5 n k + 2 R words, n k = Tl k assignments, R = n k etp rows its experts
+// index tensors (5 n k + 2 R 4-byte words, n k = Tl k assignments, R = n k etp rows its experts
 // compute), the experts' input, fc1 and GeLU (R h, 2 R Fe), each assignment's output
 // (n k h), the shared experts' fc1 and GeLU (2 T Fs). Selective recompute keeps all but the
 // core's; full only x.
 double RuntimeModel::LayerActivationBytes(const Layout& l, bool moe) const {
   const Dims x = DimsOf(model_, l);
   if (l.recompute == Recompute::kFull) return x.Tl * x.h * m_.element_bytes;
-  double elements = 2 * x.Tl * x.h + 2 * x.T * x.h + 4 * x.Tl + x.T * x.Q;
+  double elements = 2 * x.Tl * x.h + 2 * x.T * x.h + x.T * x.Q, words = 4 * x.Tl;
   if (moe) {
     const ModelSpec& M = model_;
     const double nk = x.Tl * double(M.moe_topk), R = nk * l.expert_tp();
     const double fe = double(M.moe_ffn_hidden) / l.expert_tp();
     const double fs = double(M.moe_shared_ffn_hidden) / l.tp;
-    elements += (x.sp ? x.Tl * x.h : 0) + 5 * nk + 2 * R + R * x.h + 2 * R * fe + nk * x.h +
-                2 * x.T * fs;
+    elements += (x.sp ? x.Tl * x.h : 0) + R * x.h + 2 * R * fe + nk * x.h + 2 * x.T * fs;
+    words += 5 * nk + 2 * R;
   } else {
     elements += x.T * x.Fi + x.T * x.F;
   }
   const double core = l.recompute == Recompute::kSelective ? 0 : AttentionCoreBytes(l);
-  return elements * m_.element_bytes + core;
+  return elements * m_.element_bytes + words * kStatBytes + core;
 }
 
 // What the backward of one layer restores first: all of its activations (full recompute) or
@@ -375,20 +382,23 @@ double RuntimeModel::RecomputedBytes(const Layout& l, bool moe) const {
 }
 
 // The most an MoE MLP holds at once besides what it saves (runtime/moe.cc: every tensor lives
-// until the function returns): forward, the logits (Tl E), the rows sent, received, gathered,
-// in expert order and back (n k h, R_ep h, R h), weighted and the output (Tl h), the shared
-// experts' partial sum (T h); backward, the same path's gradients and the logits' (Tl E).
+// until the function returns): forward, the fp32 router logits (Tl E), the rows sent,
+// received, gathered, in expert order and back (n k h, R_ep h, R h), weighted and the output
+// (Tl h), the shared experts' partial sum (T h); backward, the same path's gradients and the
+// logits' (Tl E). The fp32 combine accumulators of a bf16 run are not counted apart.
 double RuntimeModel::MoeWorkingSet(const Layout& l) const {
   const Dims x = DimsOf(model_, l);
   const ModelSpec& M = model_;
   const double nk = x.Tl * double(M.moe_topk), etp = l.expert_tp(), R = nk * etp;
   const double ep = l.ep > 1 ? 1 : 0, tp = etp > 1 ? 1 : 0, E = double(M.num_experts);
   const double fs = double(M.moe_shared_ffn_hidden) / l.tp;
-  const double fwd = x.Tl * E + nk * x.h * (2 + ep) + nk * x.h * ep + R * x.h * (2 + tp) +
-                     nk * x.h * tp + x.Tl * x.h + (fs > 0 ? x.T * x.h + x.Tl * x.h : 0);
-  const double bwd = 3 * x.Tl * x.h + nk * x.h * (3 + ep) + nk + nk * x.h * ep +
-                     R * x.h * (3 + tp) + nk * x.h * tp + x.Tl * E;
-  return std::max(fwd, bwd) * m_.element_bytes;
+  const double e = m_.element_bytes;
+  const double fwd = x.Tl * E * kStatBytes +
+                     (nk * x.h * (2 + ep) + nk * x.h * ep + R * x.h * (2 + tp) + nk * x.h * tp +
+                      x.Tl * x.h + (fs > 0 ? x.T * x.h + x.Tl * x.h : 0)) * e;
+  const double bwd = (3 * x.Tl * x.h + nk * x.h * (3 + ep) + nk * x.h * ep +
+                      R * x.h * (3 + tp) + nk * x.h * tp + x.Tl * E) * e + nk * kStatBytes;
+  return std::max(fwd, bwd);
 }
 
 // The most a layer's backward holds at once besides the saved activations: the incoming and
@@ -396,11 +406,13 @@ double RuntimeModel::MoeWorkingSet(const Layout& l) const {
 // gradients and the attention's (T A) and QKV (T Q) gradients.
 double RuntimeModel::BackwardWorkingSet(const Layout& l) const {
   const Dims x = DimsOf(model_, l);
-  double elements = 2 * x.Tl * x.h + x.T * x.F + 2 * x.T * x.h + x.T * x.A + x.T * x.Q;
+  const double e = m_.element_bytes;
+  double elements = 2 * x.Tl * x.h + x.T * x.F + 2 * x.T * x.h + x.T * x.A;
   if (x.sp) elements += 2 * x.T * x.h + 2 * x.Tl * x.h;
-  // The CP ring's backward holds the K/V block and its dK/dV, and the next of each (T 2A).
-  if (x.c > 1) elements += 4 * x.T * 2 * x.A;
-  return elements * m_.element_bytes;
+  if (x.c == 1) return (elements + x.T * x.Q) * e;
+  // The CP ring's backward holds the K/V block and the next (T 2A each), their fp32 dK/dV
+  // accumulators, and the QKV gradient in fp32 (stored in the activations' dtype after).
+  return (elements + 2 * x.T * 2 * x.A) * e + (2 * x.T * 2 * x.A + x.T * x.Q) * kStatBytes;
 }
 
 double RuntimeModel::InFlight(const Layout& l, int r) const {
@@ -417,6 +429,9 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
   const double e = m_.element_bytes;
   const int R = l.dp * l.cp;
   MemoryBytes mem;
+  // The weights in the activations' dtype (e bytes); gradients, optimizer state and, when e is
+  // under 4 (bf16, TrainerConfig::bf16), the fp32 main weights sliced like the moments: fp32.
+  const bool main_weights = e < 4;
   double params = 0, state = 0;
   for (int c = 0; c < l.vp; ++c)
     for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
@@ -424,12 +439,12 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
       const int g = t.expert ? ExpertDp(l) : R;
       const bool sliced = l.distributed_optimizer && g > 1;
       const double slice = sliced ? std::ceil(t.numel / g) : t.numel;
-      // AdamW m, v (+ the dist-opt grad slice)
-      state += 2 * std::max(1.0, slice) + (sliced ? slice : 0);
+      // AdamW m, v (+ the main weights) (+ the dist-opt grad slice)
+      state += (main_weights ? 3 : 2) * std::max(1.0, slice) + (sliced ? slice : 0);
     }
   mem.weights = params * e;
-  mem.grads = params * e;
-  mem.optimizer = state * e;
+  mem.grads = params * 4;
+  mem.optimizer = state * 4;
   const double in_flight = InFlight(l, r);
   // A chunk's layers, dense and MoE, averaged over the rank's chunks.
   double dense = 0, moe = 0;
@@ -455,7 +470,7 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
     // interleaving, whose last virtual stage runs each backward right after its forward.
     const double out_in_flight =
         l.schedule == ScheduleKind::kGPipe ? double(l.num_microbatches()) : 1.0;
-    const double out = (x.Tl * x.h + x.T * x.h + 2 * x.Tl + x.T * x.Vl + 3 * x.T) * e;
+    const double out = (x.Tl * x.h + x.T * x.h + x.T * x.Vl) * e + (2 * x.Tl + 3 * x.T) * kStatBytes;
     // A micro-batch's output tensors go with its loss backward (runtime/gpt.cc Backward), whose
     // own gradients (the gathered final-LN gradient T h, with SP its scattered part, and the
     // layers' incoming Tl h) come and go before the layers' backward holds its working set and

@@ -10,8 +10,10 @@
 // grads) rather than 2x the forward. AnalyticModel times the same lists through TimeOp, so
 // the analytic and the runtime model differ only in who times an op.
 // The runtime differs from Megatron on GPUs in ways the formulas follow, for every layout:
-//  - tensors are fp32 (element_bytes), DP does not overlap the backward; recompute reruns
-//    what Megatron's does (full: the layer; selective: the attention core) inside the backward;
+//  - activations and weights take element_bytes (4: fp32; 2: a bf16 run's, which also keeps
+//    fp32 main weights), gradients and optimizer state fp32; DP does not overlap the backward;
+//    recompute reruns what Megatron's does (full: the layer; selective: the attention core)
+//    inside the backward;
 //  - the DP reduction is one collective per parameter tensor (no buckets) over DP x CP, the PP
 //    transfer the whole (s/t with SP, b, h) activation per TP rank (no scatter/gather);
 //  - the attention keeps what the backend's AttentionSavedShape says (P, b x a/t x s x s, on CPU);

@@ -84,12 +84,14 @@ double ColdBytes(const MicrobenchOptions& opt) {
   return opt.cold_bytes > 0 ? opt.cold_bytes : ColdBytesOfThisHost();
 }
 
-// n tensors of `shape` as views of one fp32 buffer of `be` (thousands of small tensors would be
+// n tensors of `shape` as views of one buffer of `be` (thousands of small tensors would be
 // thousands of allocations), each starting on a 64-byte boundary as the backend's own tensors
 // do; `all` receives the buffer (to fill it at once).
-Result<std::vector<Tensor>> Slices(Backend& be, const Shape& shape, size_t n, Tensor* all) {
-  const int64_t stride = (shape.numel() + 15) / 16 * 16;
-  PTDP_ASSIGN_OR_RETURN(*all, be.Alloc({stride * int64_t(n)}, DType::kF32));
+Result<std::vector<Tensor>> Slices(Backend& be, const Shape& shape, DType dtype, size_t n,
+                                   Tensor* all) {
+  const int64_t per_line = int64_t(64 / DTypeBytes(dtype));
+  const int64_t stride = (shape.numel() + per_line - 1) / per_line * per_line;
+  PTDP_ASSIGN_OR_RETURN(*all, be.Alloc({stride * int64_t(n)}, dtype));
   std::vector<Tensor> v;
   for (size_t i = 0; i < n; ++i) v.push_back(all->View(shape, int64_t(i) * stride));
   return v;
@@ -106,14 +108,22 @@ class Bench {
  private:
   // Seconds of one call of fn: the median batch's mean (see the header).
   double TimeCall(const std::function<void()>& fn) const;
-  Result<Tensor> Random(const Shape& shape, uint32_t seed);
-  // How many operand sets of `bytes` each (one call's operands, fp32) an op cycles through: at
-  // least kMinVariants, enough to add up to cold_bytes_ (see kMinVariants).
-  size_t Variants(double bytes) const;
+  // Tensors of act_ (activations, weights) unless the dtype says otherwise (fp32 statistics,
+  // weight gradients, optimizer state).
+  Result<Tensor> Random(const Shape& shape, uint32_t seed) { return Random(shape, seed, act_); }
+  Result<Tensor> Random(const Shape& shape, uint32_t seed, DType dtype);
+  // How many operand sets of `elements` each (one call's operands, `e` bytes an element; act_'s
+  // when 0) an op cycles through: at least kMinVariants, enough to add up to cold_bytes_ (see
+  // kMinVariants).
+  size_t Variants(double elements, double e = 0) const;
   // n tensors of `shape` with different values (Slices of one buffer): uniform in [-1, 1], or
   // N(0, sigma^2) when sigma > 0.
   Result<std::vector<Tensor>> Randoms(const Shape& shape, uint32_t seed, size_t n,
-                                      double sigma = 0);
+                                      double sigma = 0) {
+    return Randoms(shape, seed, n, sigma, act_);
+  }
+  Result<std::vector<Tensor>> Randoms(const Shape& shape, uint32_t seed, size_t n, double sigma,
+                                      DType dtype);
   void Done(const std::string& what);
   void Add(const char* table, std::vector<double> row) { rows_[table].push_back(std::move(row)); }
 
@@ -130,6 +140,8 @@ class Bench {
 
   const MakeWorld& make_world_;
   const MicrobenchOptions opt_;
+  const DType act_ = opt_.act;
+  const double e_ = double(DTypeBytes(act_));  // bytes of an activation element
   const MicrobenchProgress& progress_;
   const MicrobenchGrids grids_;
   const double cold_bytes_ = ColdBytes(opt_);
@@ -163,22 +175,23 @@ double Bench::TimeCall(const std::function<void()>& fn) const {
   return Median(means);
 }
 
-Result<Tensor> Bench::Random(const Shape& shape, uint32_t seed) {
-  PTDP_ASSIGN_OR_RETURN(Tensor t, be_->Alloc(shape, DType::kF32));
+Result<Tensor> Bench::Random(const Shape& shape, uint32_t seed, DType dtype) {
+  PTDP_ASSIGN_OR_RETURN(Tensor t, be_->Alloc(shape, dtype));
   const std::vector<float> v = Noise(t.numel(), seed);
   PTDP_RETURN_IF_ERROR(be_->CopyFromHost(v.data(), t));
   return t;
 }
 
-size_t Bench::Variants(double bytes) const {
+size_t Bench::Variants(double elements, double e) const {
+  const double bytes = elements * (e > 0 ? e : e_);
   const double n = std::ceil(cold_bytes_ / std::max(bytes, 1.0));
   return size_t(std::clamp(n, double(kMinVariants), double(kMaxVariants)));
 }
 
 Result<std::vector<Tensor>> Bench::Randoms(const Shape& shape, uint32_t seed, size_t n,
-                                           double sigma) {
+                                           double sigma, DType dtype) {
   Tensor all;
-  PTDP_ASSIGN_OR_RETURN(std::vector<Tensor> v, Slices(*be_, shape, n, &all));
+  PTDP_ASSIGN_OR_RETURN(std::vector<Tensor> v, Slices(*be_, shape, dtype, n, &all));
   const std::vector<float> values =
       sigma > 0 ? Normal(all.numel(), sigma, seed) : Noise(all.numel(), seed);
   PTDP_RETURN_IF_ERROR(be_->CopyFromHost(values.data(), all));
@@ -206,15 +219,15 @@ Status Bench::Gemms() {
         // beta 1). Every input, the weight and the accumulated dw included, is new each call:
         // between two uses of a layer's weight a step passes the other layers' data. The output
         // of nt and nn is a fresh buffer in training, allocated and zeroed just before: one here.
-        const size_t nv = Variants(4 * (m * k + n * k));
-        const size_t nv_tn = Variants(4 * (m * k + n * k + m * n));
+        const size_t nv = Variants(m * k + n * k);
+        const size_t nv_tn = Variants((m * k + n * k) * e_ + m * n * 4, 1);
         PTDP_ASSIGN_OR_RETURN(auto a_mk, Randoms({M, K}, 1, nv));
         PTDP_ASSIGN_OR_RETURN(auto w_nk, Randoms({N, K}, 2, nv));
         PTDP_ASSIGN_OR_RETURN(auto w_kn, Randoms({K, N}, 3, nv));
         PTDP_ASSIGN_OR_RETURN(Tensor c, Random({M, N}, 5));
         PTDP_ASSIGN_OR_RETURN(auto a_km, Randoms({K, M}, 4, nv_tn));
         PTDP_ASSIGN_OR_RETURN(auto b_kn, Randoms({K, N}, 6, nv_tn));
-        PTDP_ASSIGN_OR_RETURN(auto dw, Randoms({M, N}, 7, nv_tn));
+        PTDP_ASSIGN_OR_RETURN(auto dw, Randoms({M, N}, 7, nv_tn, 0, DType::kF32));  // main_grad
         size_t i = 0;
         Add("gemm_nt", {m, n, k, TimeCall([&] {
               const size_t v = i++ % nv;
@@ -241,7 +254,8 @@ Status Bench::Attention() {
     for (double d : grids_.attention_d) {
       const int64_t S = int64_t(s), A = kHeads * int64_t(d);
       const Shape saved_shape = be_->AttentionSavedShape(1, S, kHeads, int64_t(d));
-      const size_t nv = Variants(4 * (double(S) * 4 * A + double(Shape(saved_shape).numel())));
+      const size_t nv =
+          Variants(e_ * double(S) * 4 * A + 4 * double(Shape(saved_shape).numel()), 1);
       PTDP_ASSIGN_OR_RETURN(auto qkv, Randoms({S, 1, 3 * A}, 6, nv));
       PTDP_ASSIGN_OR_RETURN(auto dout, Randoms({S, 1, A}, 8, nv));
       PTDP_ASSIGN_OR_RETURN(Tensor out, Random({S, 1, A}, 7));
@@ -278,23 +292,28 @@ Status Bench::AttentionBlocks() {
     for (double d : grids_.attention_d) {
       const int64_t S = int64_t(s), A = kHeads * int64_t(d), L = S / 2;
       const SeqBlock own{0, 3 * L, L}, other_q{L, 2 * L, L};
-      const size_t nv = Variants(4 * (double(S) * 8 * A));
+      const size_t nv = Variants(double(S) * 8 * A);
+      const DType f32 = DType::kF32;  // the ring's merged output, lse and gradient accumulators
       PTDP_ASSIGN_OR_RETURN(auto qkv, Randoms({S, 1, 3 * A}, 21, nv));
       PTDP_ASSIGN_OR_RETURN(auto kv, Randoms({S, 1, 2 * A}, 22, nv));
       PTDP_ASSIGN_OR_RETURN(auto dout, Randoms({S, 1, A}, 23, nv));
-      PTDP_ASSIGN_OR_RETURN(Tensor out, Random({S, 1, A}, 24));
-      PTDP_ASSIGN_OR_RETURN(Tensor lse, Random({1, kHeads, S}, 25));
-      PTDP_ASSIGN_OR_RETURN(Tensor dqkv, Random({S, 1, 3 * A}, 26));
-      PTDP_ASSIGN_OR_RETURN(Tensor dkv, Random({S, 1, 2 * A}, 27));
+      PTDP_ASSIGN_OR_RETURN(Tensor merged, Random({S, 1, A}, 24, f32));
+      PTDP_ASSIGN_OR_RETURN(Tensor out, Random({S, 1, A}, 24));  // as stored, for the backward
+      PTDP_ASSIGN_OR_RETURN(Tensor lse, Random({1, kHeads, S}, 25, f32));
+      PTDP_ASSIGN_OR_RETURN(Tensor dqkv, Random({S, 1, 3 * A}, 26, f32));
+      PTDP_ASSIGN_OR_RETURN(Tensor dkv, Random({S, 1, 2 * A}, 27, f32));
       for (int diagonal = 1; diagonal >= 0; --diagonal) {
         const SeqBlock& q = diagonal ? own : other_q;
         // A consistent output and log-sum-exp for the backward: the block merged into the
         // rank's own (the diagonal case: its own only).
-        be_->AttentionBlockForward(qkv[0], q, kv[0], diagonal ? own : q, kHeads, true, out, lse);
-        if (!diagonal) be_->AttentionBlockForward(qkv[0], q, kv[0], own, kHeads, false, out, lse);
+        be_->AttentionBlockForward(qkv[0], q, kv[0], diagonal ? own : q, kHeads, true, merged,
+                                   lse);
+        if (!diagonal)
+          be_->AttentionBlockForward(qkv[0], q, kv[0], own, kHeads, false, merged, lse);
+        be_->Copy(merged, out);
         size_t k = 0;
-        PTDP_ASSIGN_OR_RETURN(Tensor out_f, Random({S, 1, A}, 28));
-        PTDP_ASSIGN_OR_RETURN(Tensor lse_f, Random({1, kHeads, S}, 29));
+        PTDP_ASSIGN_OR_RETURN(Tensor out_f, Random({S, 1, A}, 28, f32));
+        PTDP_ASSIGN_OR_RETURN(Tensor lse_f, Random({1, kHeads, S}, 29, f32));
         be_->AttentionBlockForward(qkv[0], q, kv[0], q, kHeads, true, out_f, lse_f);
         const double fwd = TimeCall([&] {
           const size_t i = k++ % nv;
@@ -319,17 +338,18 @@ Status Bench::RowOps() {
   for (double rows : grids_.row_rows)
     for (double cols : grids_.row_cols) {
       const int64_t N = int64_t(rows), C = int64_t(cols);
-      const size_t nv = Variants(4 * 3 * rows * cols);
+      const size_t nv = Variants(3 * rows * cols);
+      const DType f32 = DType::kF32;  // LayerNorm statistics, parameter gradients, CE's figures
       PTDP_ASSIGN_OR_RETURN(auto x, Randoms({N, C}, 10, nv));
       PTDP_ASSIGN_OR_RETURN(auto dy, Randoms({N, C}, 11, nv));
       PTDP_ASSIGN_OR_RETURN(Tensor y, Random({N, C}, 11));
       PTDP_ASSIGN_OR_RETURN(auto dx, Randoms({N, C}, 12, nv));
       PTDP_ASSIGN_OR_RETURN(Tensor gamma, Random({C}, 13));
       PTDP_ASSIGN_OR_RETURN(Tensor beta, Random({C}, 14));
-      PTDP_ASSIGN_OR_RETURN(Tensor dgamma, Random({C}, 15));
-      PTDP_ASSIGN_OR_RETURN(Tensor dbeta, Random({C}, 16));
-      PTDP_ASSIGN_OR_RETURN(auto mean, Randoms({N}, 17, nv));
-      PTDP_ASSIGN_OR_RETURN(auto rstd, Randoms({N}, 18, nv));
+      PTDP_ASSIGN_OR_RETURN(Tensor dgamma, Random({C}, 15, f32));
+      PTDP_ASSIGN_OR_RETURN(Tensor dbeta, Random({C}, 16, f32));
+      PTDP_ASSIGN_OR_RETURN(auto mean, Randoms({N}, 17, nv, 0, f32));
+      PTDP_ASSIGN_OR_RETURN(auto rstd, Randoms({N}, 18, nv, 0, f32));
       for (size_t i = 0; i < nv; ++i)  // valid statistics for the backward
         be_->LayerNormForward(x[i], gamma, beta, 1e-5f, y, mean[i], rstd[i]);
       size_t k = 0;
@@ -350,19 +370,20 @@ Status Bench::RowOps() {
       PTDP_ASSIGN_OR_RETURN(Tensor tokens, be_->Alloc({N}, DType::kI32));
       PTDP_RETURN_IF_ERROR(be_->CopyFromHost(ids.data(), tokens));
       PTDP_ASSIGN_OR_RETURN(Tensor table, Random({kVocab, C}, 19));
+      PTDP_ASSIGN_OR_RETURN(Tensor dtable, Random({kVocab, C}, 19, f32));
       Add("embedding_forward", {rows, cols, TimeCall([&] {
             be_->EmbeddingForward(tokens, table, 0, y);
           })});
       Add("embedding_backward", {rows, cols, TimeCall([&] {
-            be_->EmbeddingBackward(dy[k++ % nv], tokens, 0, table);
+            be_->EmbeddingBackward(dy[k++ % nv], tokens, 0, dtable);
           })});
       for (int64_t i = 0; i < N; ++i) ids[size_t(i)] = int32_t((i * 7919) % C);
       PTDP_ASSIGN_OR_RETURN(Tensor targets, be_->Alloc({N}, DType::kI32));
       PTDP_RETURN_IF_ERROR(be_->CopyFromHost(ids.data(), targets));
-      PTDP_ASSIGN_OR_RETURN(Tensor row_max, Random({N}, 20));
-      PTDP_ASSIGN_OR_RETURN(Tensor sum_exp, Random({N}, 21));
-      PTDP_ASSIGN_OR_RETURN(Tensor target_logit, Random({N}, 22));
-      PTDP_ASSIGN_OR_RETURN(Tensor loss, Random({N}, 23));
+      PTDP_ASSIGN_OR_RETURN(Tensor row_max, Random({N}, 20, f32));
+      PTDP_ASSIGN_OR_RETURN(Tensor sum_exp, Random({N}, 21, f32));
+      PTDP_ASSIGN_OR_RETURN(Tensor target_logit, Random({N}, 22, f32));
+      PTDP_ASSIGN_OR_RETURN(Tensor loss, Random({N}, 23, f32));
       Add("cross_entropy_forward", {rows, cols, TimeCall([&] {
             const Tensor& logits = x[k++ % nv];
             be_->CrossEntropyMax(logits, row_max);
@@ -383,14 +404,17 @@ Status Bench::ElementOps() {
   for (double e : grids_.elements) {
     const int64_t n = int64_t(e);
     // AdamW reads and writes four tensors, each last touched a step before: they cycle too.
-    const size_t nv = Variants(4 * 4 * e);
+    // Its tensors and the gradient norm's (sum of squares) are fp32, the others act_.
+    const DType f32 = DType::kF32;
+    const size_t nv = Variants(4 * 4 * e, 1);
     PTDP_ASSIGN_OR_RETURN(auto a, Randoms({n}, 30, nv));
     PTDP_ASSIGN_OR_RETURN(auto b, Randoms({n}, 31, nv));
     PTDP_ASSIGN_OR_RETURN(Tensor c, Random({n}, 32));
-    PTDP_ASSIGN_OR_RETURN(auto p, Randoms({n}, 32, nv));
-    PTDP_ASSIGN_OR_RETURN(auto m, Randoms({n}, 33, nv));
-    PTDP_ASSIGN_OR_RETURN(auto v, Randoms({n}, 34, nv));
-    PTDP_ASSIGN_OR_RETURN(Tensor one, Random({1}, 35));
+    PTDP_ASSIGN_OR_RETURN(auto g, Randoms({n}, 30, nv, 0, f32));
+    PTDP_ASSIGN_OR_RETURN(auto p, Randoms({n}, 32, nv, 0, f32));
+    PTDP_ASSIGN_OR_RETURN(auto m, Randoms({n}, 33, nv, 0, f32));
+    PTDP_ASSIGN_OR_RETURN(auto v, Randoms({n}, 34, nv, 0, f32));
+    PTDP_ASSIGN_OR_RETURN(Tensor one, Random({1}, 35, f32));
     for (Tensor& t : v) be_->Fill(0.01f, t);  // AdamW's second moment must be non-negative
     size_t k = 0;
     for (double sigma : grids_.gelu_sigma) {
@@ -408,12 +432,12 @@ Status Bench::ElementOps() {
     Add("copy", {e, TimeCall([&] { be_->Copy(a[k++ % nv], c); })});
     Add("scale", {e, TimeCall([&] { be_->Scale(1.0f, c); })});
     Add("fill", {e, TimeCall([&] { be_->Fill(0.0f, c); })});
-    Add("sum_squares", {e, TimeCall([&] { be_->SumSquares(a[k++ % nv], one); })});
+    Add("sum_squares", {e, TimeCall([&] { be_->SumSquares(g[k++ % nv], one); })});
     AdamWConfig cfg;
     cfg.lr = 1e-6f;
     Add("adamw", {e, TimeCall([&] {
           const size_t i = k++ % nv;
-          be_->AdamW(p[i], a[i], m[i], v[i], cfg);
+          be_->AdamW(p[i], g[i], m[i], v[i], cfg);
         })});
     Done("element-wise " + Dims({e}));
   }
@@ -427,7 +451,7 @@ Status Bench::Allocs() {
     // each call here replaces the oldest of nv live tensors, so the block it is handed (and
     // zeroes) was last touched nv calls ago.
     // (At most 4096 live: below some 2 KiB a block's zeroing is no longer what an Alloc costs.)
-    const size_t nv = std::min<size_t>(Variants(bytes), 4096);
+    const size_t nv = std::min<size_t>(Variants(bytes, 1), 4096);
     std::vector<Tensor> live(nv);
     size_t k = 0;
     Status failed;
@@ -465,10 +489,10 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
       // New buffers each call, as in training (kMinVariants): an activation or a gradient the
       // backward wrote a while before, not the one the last call left in every cache. Every
       // rank cycles in step (the same count on each: it depends on n only).
-      const size_t nv = Variants(4.0 * double(n + n / ranks));
+      const size_t nv = Variants(4.0 * double(n + n / ranks), 1);
       Tensor full_buf, part_buf, recv_buf;
-      PTDP_ASSIGN_OR_RETURN(auto full, Slices(*be, {n}, nv, &full_buf));
-      PTDP_ASSIGN_OR_RETURN(auto part, Slices(*be, {n / ranks}, nv, &part_buf));
+      PTDP_ASSIGN_OR_RETURN(auto full, Slices(*be, {n}, DType::kF32, nv, &full_buf));
+      PTDP_ASSIGN_OR_RETURN(auto part, Slices(*be, {n / ranks}, DType::kF32, nv, &part_buf));
       size_t v = 0;
       std::function<Status()> call;
       if (kind == 0) call = [&] { return c.AllReduce(full[v++ % nv], ReduceOp::kSum); };
@@ -492,7 +516,7 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
       // too and taken off (`write_only`).
       bool write_only = false;
       if (kind == 5) {  // equal blocks of n / ranks to every rank (its own included)
-        PTDP_ASSIGN_OR_RETURN(recv, Slices(*be, {n}, nv, &recv_buf));
+        PTDP_ASSIGN_OR_RETURN(recv, Slices(*be, {n}, DType::kF32, nv, &recv_buf));
         const std::vector<int64_t> blocks(size_t(ranks), n / ranks);
         call = [&, blocks] {
           const size_t i = v++ % nv;
@@ -502,7 +526,7 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
         };
       }
       if (kind == 4) {
-        PTDP_ASSIGN_OR_RETURN(recv, Slices(*be, {n}, nv, &recv_buf));
+        PTDP_ASSIGN_OR_RETURN(recv, Slices(*be, {n}, DType::kF32, nv, &recv_buf));
         call = [&] {  // the CP ring's step: to the next rank, from the previous one
           const size_t i = v++ % nv;
           PTDP_RETURN_IF_ERROR(pair->GroupStart());
@@ -627,7 +651,7 @@ Result<MeasuredPrimitives> Bench::Run() {
   PTDP_RETURN_IF_ERROR(be_->Synchronize().Prefixed("the backend"));
   PTDP_RETURN_IF_ERROR(failed_.Prefixed("the backend"));
   MeasuredPrimitives m;
-  m.element_bytes = double(DTypeBytes(DType::kF32));
+  m.element_bytes = e_;
   AttentionStorage(&m);
   for (const TableKind& kind : MeasuredTableKinds()) {
     std::vector<double> exponents;

@@ -50,6 +50,11 @@ struct MicrobenchOptions {
   // Bytes of operands each op cycles through, so that a call finds its operands beyond the
   // nearest caches as in training (microbench.cc, kMinVariants); 0: ColdBytesOfThisHost().
   double cold_bytes = 0;
+  // The dtype the runtime stores activations and weights in (GptChunk::act_dtype: kBF16 for
+  // bf16 plans): the ops are timed on tensors of it, statistics, weight gradients and the
+  // optimizer's tensors in fp32 as the runtime keeps them (backend.h's dtype rules), and
+  // MeasuredPrimitives::element_bytes is its size.
+  DType act = DType::kF32;
 };
 // Four times this host's largest per-core cache below the shared one (L2, from
 // /sys/devices/system/cpu/cpu0/cache), at least 8 MiB; 8 MiB when sysfs does not say.

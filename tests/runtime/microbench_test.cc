@@ -109,6 +109,20 @@ TEST(Microbench, MeasuresEveryTableOnTheCpuBackend) {
   EXPECT_EQ(m->Table("all_reduce")->axis_values()[0], std::vector<double>{2});
 }
 
+// A bf16 run's calibration (MicrobenchOptions::act, as `calibrate --backend cuda` for bf16
+// plans): every table filled with the ops on bf16 tensors (the CPU backend widens them), and the
+// model told that activations take 2 bytes.
+TEST(Microbench, TimesTheOpsOnBf16TensorsForBf16Runs) {
+  MicrobenchOptions opt = Tiny();
+  opt.act = DType::kBF16;
+  auto m = RunMicrobenchmarks(CpuWorld, opt, nullptr);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_TRUE(m->CheckComplete("test").ok());
+  for (const auto& [name, t] : m->tables)
+    for (double s : t.seconds()) EXPECT_GT(s, 0) << name;
+  EXPECT_DOUBLE_EQ(m->element_bytes, 2);
+}
+
 // The ops run on a one-rank world, the collectives on one world per group size of the grid; each
 // world is prepared with the benchmark's groups before any rank asks for them (NCCL makes them
 // collectively there), and each rank takes its own backend once.
