@@ -1,16 +1,18 @@
 // cuBLAS GEMM throughput of the CUDA backend (CudaBackend::Matmul, as the model calls it) over
 // the GEMMs of one GPT-2-medium (350M) layer and its output layer: h 1024, 3h, 4h, padded
 // vocabulary 50304, b*s = 8192 tokens; forward, input-gradient (dgrad) and weight-gradient
-// (wgrad) shapes, in both GEMM precisions. Then the causal attention core (AttentionForward,
-// AttentionBackward) at GPT-2 medium's shape (b 8, s 1024, 16 heads of 64) and a Llama one
-// (b 2, s 4096, 32 heads of 128), bf16, with the flash kernels and the unfused path. Figures
-// (docs/benchmarks.md):
+// (wgrad) shapes: bf16 tensors as a bf16 run stores them (`bf16-tensors`: bf16 operands, a bf16
+// output, the weight gradient an fp32 accumulator), and fp32 tensors in both GEMM precisions
+// (`bf16`: cuBLAS rounds the fp32 operands, FAST_16BF; `fp32`). Then the causal attention core
+// (AttentionForward, AttentionBackward) on bf16 token rows at GPT-2 medium's shape (b 8, s 1024,
+// 16 heads of 64) and a Llama one (b 2, s 4096, 32 heads of 128), with the flash kernels and the
+// unfused path. Figures (docs/benchmarks.md):
 //   TFLOP/s = 2 M N K per GEMM / wall seconds (10 GEMMs enqueued, then one Synchronize);
 //             attention: the causal half of its products, as FlashAttention reports it:
 //             forward 2 b nh s^2 d (q k^T and P v, each 2 s^2 d, halved), backward 2.5 times
 //             that (dV, dP, dQ, dK and the recomputed scores);
 //   of_peak = TFLOP/s / the device's dense peak for that precision (table below): the bf16
-//             tensor-core peak for kBf16, the fp32 CUDA-core peak for kFp32.
+//             tensor-core peak for bf16 tensors and kBf16, the fp32 CUDA-core peak for kFp32.
 // Without a GPU it says so and exits 0.
 #include <benchmark/benchmark.h>
 
@@ -101,7 +103,7 @@ CudaBackend* Backend(GemmPrecision p, AttentionKernel k = AttentionKernel::kFlas
 
 // A tensor of `shape` holding values in [-0.5, 0.5) (not zeros: the tensor cores' power, and so
 // their clocks, depend on the data): a 4 MiB pattern copied in over and over.
-Result<Tensor> Operand(CudaBackend& be, const Shape& shape) {
+Result<Tensor> Operand(CudaBackend& be, const Shape& shape, DType dtype = DType::kF32) {
   static const std::vector<float> pattern = [] {
     std::vector<float> v(size_t(1) << 20);
     uint32_t x = 12345;
@@ -111,7 +113,7 @@ Result<Tensor> Operand(CudaBackend& be, const Shape& shape) {
     }
     return v;
   }();
-  Result<Tensor> t = be.Alloc(shape, DType::kF32);
+  Result<Tensor> t = be.Alloc(shape, dtype);
   if (!t.ok()) return t;
   const int64_t n = t->numel(), chunk = int64_t(pattern.size());
   for (int64_t at = 0; at < n; at += chunk) {
@@ -122,15 +124,18 @@ Result<Tensor> Operand(CudaBackend& be, const Shape& shape) {
   return t;
 }
 
-void BM_Gemm(benchmark::State& state, GemmShape g, GemmPrecision p, double peak_tflops) {
+// dtype: of the operands (and of the output, but for a weight gradient, always fp32).
+void BM_Gemm(benchmark::State& state, GemmShape g, GemmPrecision p, DType dtype,
+             double peak_tflops) {
   CudaBackend* be = Backend(p);
   if (be == nullptr) {
     state.SkipWithError("no CUDA backend (see stderr)");
     return;
   }
-  Result<Tensor> a = Operand(*be, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k});
-  Result<Tensor> b = Operand(*be, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n});
-  Result<Tensor> c = be->Alloc(Shape{g.m, g.n}, DType::kF32);
+  const bool wgrad = g.trans_a;  // dw = dy^T x, accumulated in fp32 (main_grad)
+  Result<Tensor> a = Operand(*be, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}, dtype);
+  Result<Tensor> b = Operand(*be, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, dtype);
+  Result<Tensor> c = be->Alloc(Shape{g.m, g.n}, wgrad ? DType::kF32 : dtype);
   for (const Status& s : {a.status(), b.status(), c.status()}) {
     if (!s.ok()) {
       state.SkipWithError(s.message().c_str());
@@ -181,10 +186,11 @@ void BM_Attention(benchmark::State& state, AttentionShape g, AttentionKernel ker
     return;
   }
   const int64_t a = g.nh * g.d;
-  Result<Tensor> qkv = Operand(*be, Shape{g.s, g.b, 3 * a});
-  Result<Tensor> dout = Operand(*be, Shape{g.s, g.b, a});
-  Result<Tensor> out = be->Alloc(Shape{g.s, g.b, a}, DType::kF32);
-  Result<Tensor> dqkv = be->Alloc(Shape{g.s, g.b, 3 * a}, DType::kF32);
+  const DType bf16 = DType::kBF16;  // the token rows of a bf16 run
+  Result<Tensor> qkv = Operand(*be, Shape{g.s, g.b, 3 * a}, bf16);
+  Result<Tensor> dout = Operand(*be, Shape{g.s, g.b, a}, bf16);
+  Result<Tensor> out = be->Alloc(Shape{g.s, g.b, a}, bf16);
+  Result<Tensor> dqkv = be->Alloc(Shape{g.s, g.b, 3 * a}, bf16);
   Result<Tensor> saved = be->Alloc(be->AttentionSavedShape(g.b, g.s, g.nh, g.d), DType::kF32);
   for (const Status& s : {qkv.status(), dout.status(), out.status(), dqkv.status(),
                           saved.status()}) {
@@ -239,12 +245,19 @@ int main(int argc, char** argv) {
                       std::to_string(peak->fp32_tflops) + " fp32 TFLOP/s")
                          .c_str()
                    : "unknown (no of_peak column)");
+  struct GemmKind {
+    const char* name;
+    GemmPrecision precision;
+    DType dtype;
+  };
   for (const GemmShape& g : kShapes) {
-    for (GemmPrecision p : {GemmPrecision::kBf16, GemmPrecision::kFp32}) {
-      const bool bf16 = p == GemmPrecision::kBf16;
+    for (const GemmKind& k : {GemmKind{"bf16-tensors", GemmPrecision::kBf16, DType::kBF16},
+                              GemmKind{"bf16", GemmPrecision::kBf16, DType::kF32},
+                              GemmKind{"fp32", GemmPrecision::kFp32, DType::kF32}}) {
+      const bool bf16 = k.precision == GemmPrecision::kBf16;
       const double tflops = peak ? (bf16 ? peak->bf16_tflops : peak->fp32_tflops) : 0.0;
-      const std::string name = std::string("gemm/") + g.name + (bf16 ? "/bf16" : "/fp32");
-      benchmark::RegisterBenchmark(name.c_str(), BM_Gemm, g, p, tflops)
+      const std::string name = std::string("gemm/") + g.name + "/" + k.name;
+      benchmark::RegisterBenchmark(name.c_str(), BM_Gemm, g, k.precision, k.dtype, tflops)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }

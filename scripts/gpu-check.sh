@@ -13,7 +13,8 @@
 # them); the GEMM and attention benchmark (flash against unfused); GPT-2 medium 1x1x1 at
 # micro-batch 8 and 16 (MFU); tp 2 and pp 2 on the one GPU (DeviceWorld) against the 1x1x1
 # losses; `calibrate --backend cuda --quick` and `compare` on the calibrated cluster; last, 1x1x1
-# with PTDP_CUDA_ATTENTION=unfused (speed and losses against the flash run).
+# with PTDP_CUDA_ATTENTION=unfused and with --fp32-activations (the path before bf16 storage),
+# speed and losses against the bf16 flash run.
 #
 #   device run, carry [".gpu-carry", ".gpu-deps"], command: bash scripts/gpu-check.sh
 #   scripts/gpu-check.sh [OUT_DIR]     # default $OUT; GPU_CHECK_BUDGET_S (default 450) seconds
@@ -168,7 +169,7 @@ done
 # ---- 4. GEMM (cuBLAS, the shapes the model runs) and communicators
 if stage gemm-bench 45 "$bin/bench/gemm_bench" --benchmark_min_time=0.1 > "$work/gemm.log" 2>&1; then :; fi
 cat "$work/gemm.log"
-grep -E "^gemm.*TFLOP|peak" "$work/gemm.log" | head -12 | sed 's/^/  /' >> "$summary"
+grep -E "^gemm.*TFLOP|peak" "$work/gemm.log" | head -32 | sed 's/^/  /' >> "$summary"
 grep -E "^attention/" "$work/gemm.log" | sed 's/^/  /' >> "$summary"
 
 # ---- 5. GPT-2 medium on the GPU: 1x1x1 at micro-batch 8 and 16 (MFU), tp 2 and pp 2 on one GPU
@@ -223,3 +224,7 @@ fi
 # ---- 7. the unfused attention core (P kept, cuBLAS) against the flash kernels: speed, losses
 PTDP_CUDA_ATTENTION=unfused train 1x1x1-mb8-unfused 1 "--tp 1 --pp 1 --micro-batch 8"
 against_1x1x1 1x1x1-mb8-unfused
+
+# ---- 8. fp32 activations and weights (bf16 GEMMs only: the path before bf16 storage)
+train 1x1x1-mb8-fp32act 1 "--tp 1 --pp 1 --micro-batch 8" --fp32-activations
+against_1x1x1 1x1x1-mb8-fp32act
