@@ -470,7 +470,8 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
     // interleaving, whose last virtual stage runs each backward right after its forward.
     const double out_in_flight =
         l.schedule == ScheduleKind::kGPipe ? double(l.num_microbatches()) : 1.0;
-    const double out = (x.Tl * x.h + x.T * x.h + x.T * x.Vl) * e + (2 * x.Tl + 3 * x.T) * kStatBytes;
+    const double out =
+        (x.Tl * x.h + x.T * x.h + x.T * x.Vl) * e + (2 * x.Tl + 3 * x.T) * kStatBytes;
     // A micro-batch's output tensors go with its loss backward (runtime/gpt.cc Backward), whose
     // own gradients (the gathered final-LN gradient T h, with SP its scattered part, and the
     // layers' incoming Tl h) come and go before the layers' backward holds its working set and

@@ -846,7 +846,8 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
   const PhaseClock::Open g0 = rk.clock.Start();
   for (ParamState& ps : rk.state) {
     if (ps.slices == 1) continue;
-    PTDP_ASSIGN_OR_RETURN(Tensor full, be.AllocUninit({ps.slices * ps.k}, ps.param->value.dtype()));
+    PTDP_ASSIGN_OR_RETURN(Tensor full,
+                          be.AllocUninit({ps.slices * ps.k}, ps.param->value.dtype()));
     Tensor mine = full.View(Shape({ps.k}), ps.slice * ps.k);
     if (ps.owned > 0) {
       Tensor dst = full.View(Shape({ps.owned}), ps.slice * ps.k);

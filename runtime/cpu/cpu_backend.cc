@@ -25,6 +25,9 @@ constexpr size_t kAlignBytes = 64;
 // rounded up to 1, 1.25, 1.5 or 1.75 times a power of two, so that tensors whose size changes a
 // little from step to step (MoE's rows per expert) reuse cached blocks instead of new pages
 // (at most 25% of a block unused; the tracked bytes are the tensor's own).
+// CpuBackendOptions::cache_bytes: a cached block serves an Alloc up to this many times its size.
+constexpr size_t kMaxReuseWaste = 2;
+
 size_t SizeClass(size_t bytes) {
   if (bytes <= 4096) return bytes;
   size_t p = 4096;
@@ -123,6 +126,16 @@ struct WideArg<Tensor&> {
 
 namespace {
 bool IsBf16(const Tensor& t) { return t.defined() && t.dtype() == DType::kBF16; }
+// backend.h's dtype rules, asserted here because widening would take any mix: a model that runs
+// on the CPU then runs on CUDA, whose kernels take one storage type per call.
+template <typename... T>
+bool SameDType(const Tensor& a, const T&... rest) {
+  return ((rest.dtype() == a.dtype()) && ...);
+}
+template <typename... T>
+bool AllF32(const T&... t) {
+  return ((t.dtype() == DType::kF32) && ...);
+}
 template <typename T>
 bool IsBf16(const T&) {
   return false;
@@ -174,15 +187,18 @@ Result<Tensor> CpuBackend::Allocate(const Shape& shape, DType dtype, bool zero) 
   }
   const size_t aligned =
       std::max(kAlignBytes, (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes);
-  const size_t rounded = SizeClass(aligned);
+  size_t rounded = SizeClass(aligned);
   void* data = nullptr;
   {
     std::lock_guard<std::mutex> lk(counters_->mu);
-    auto it = counters_->cache.find(rounded);
-    if (it != counters_->cache.end() && !it->second.empty()) {
+    // The smallest cached block that holds it, wasting at most as much again.
+    auto it = counters_->cache.lower_bound(rounded);
+    if (it != counters_->cache.end() && it->first <= kMaxReuseWaste * rounded) {
       data = it->second.back();
       it->second.pop_back();
+      rounded = it->first;
       counters_->cached -= rounded;
+      if (it->second.empty()) counters_->cache.erase(it);
     }
   }
   if (data == nullptr) data = std::aligned_alloc(kAlignBytes, rounded);
@@ -285,6 +301,7 @@ void CpuBackend::Gemm(const GemmArgs& g) {
 // c (M, P) = alpha op(a) op(b) + beta c, with a stored (ar, ac) and b stored (br, bc).
 void CpuBackend::Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                         float alpha, float beta) {
+  assert(a.dtype() == b.dtype() && (AllF32(c) || SameDType(a, c)));
   if (Widened(&CpuBackend::Matmul, a, trans_a, b, trans_b, c, alpha, beta)) return;
   assert(Rows(c) == (trans_a ? Cols(a) : Rows(a)) && Cols(c) == (trans_b ? Rows(b) : Cols(b)));
   assert((trans_a ? Rows(a) : Cols(a)) == (trans_b ? Cols(b) : Rows(b)));  // K agrees
@@ -303,6 +320,7 @@ void CpuBackend::Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool tra
 
 void CpuBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                                Tensor& c, float alpha, float beta) {
+  assert(a.dtype() == b.dtype() && (AllF32(c) || SameDType(a, c)));
   if (Widened(&CpuBackend::MatmulBatched, a, trans_a, b, trans_b, c, alpha, beta)) return;
   assert(a.shape().rank() == 3 && b.shape().rank() == 3 && c.shape().rank() == 3);
   assert(a.shape()[0] == b.shape()[0] && a.shape()[0] == c.shape()[0]);
@@ -328,6 +346,7 @@ void CpuBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, b
 // ---- bias -----------------------------------------------------------------------------------
 
 void CpuBackend::AddBias(Tensor& y, const Tensor& bias) {
+  assert(SameDType(y, bias));
   if (Widened(&CpuBackend::AddBias, y, bias)) return;
   const int64_t N = Rows(y), C = Cols(y);
   assert(bias.numel() == C);
@@ -340,6 +359,7 @@ void CpuBackend::AddBias(Tensor& y, const Tensor& bias) {
 }
 
 void CpuBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
+  assert(AllF32(dbias));
   if (Widened(&CpuBackend::BiasGrad, dy, dbias)) return;
   const int64_t N = Rows(dy), C = Cols(dy);
   assert(dbias.numel() == C);
@@ -355,6 +375,7 @@ void CpuBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
 
 void CpuBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                   float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
+  assert(SameDType(x, gamma, beta, y) && AllF32(mean, rstd));
   if (Widened(&CpuBackend::LayerNormForward, x, gamma, beta, eps, y, mean, rstd)) return;
   const int64_t N = Rows(x), C = Cols(x);
   assert(y.numel() == x.numel() && gamma.numel() == C && beta.numel() == C);
@@ -384,6 +405,7 @@ void CpuBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const Te
 void CpuBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& mean, const Tensor& rstd, Tensor& dx,
                                    Tensor& dgamma, Tensor& dbeta) {
+  assert(SameDType(dy, x, gamma, dx) && AllF32(mean, rstd, dgamma, dbeta));
   if (Widened(&CpuBackend::LayerNormBackward, dy, x, gamma, mean, rstd, dx, dgamma, dbeta)) return;
   const int64_t N = Rows(x), C = Cols(x);
   assert(dy.numel() == x.numel() && dx.numel() == x.numel());
@@ -423,12 +445,14 @@ void CpuBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Tens
 // ---- GeLU -----------------------------------------------------------------------------------
 
 void CpuBackend::GeluForward(const Tensor& x, Tensor& y) {
+  assert(SameDType(x, y));
   if (Widened(&CpuBackend::GeluForward, x, y)) return;
   assert(y.numel() == x.numel());
   kernels_->gelu_forward(F32(x), MutF32(y), x.numel());
 }
 
 void CpuBackend::GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  assert(SameDType(dy, x, dx));
   if (Widened(&CpuBackend::GeluBackward, dy, x, dx)) return;
   assert(dy.numel() == x.numel() && dx.numel() == x.numel());
   kernels_->gelu_backward(F32(dy), F32(x), MutF32(dx), x.numel());
@@ -445,6 +469,7 @@ Shape CpuBackend::AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t 
 //   P = softmax(Q K^T / sqrt(d)), causal (P = 0 above the diagonal);  O = P V.
 void CpuBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,
                                   Tensor& saved) {
+  assert(SameDType(qkv, out) && AllF32(saved));
   if (Widened(&CpuBackend::AttentionForward, qkv, nh, order, out, saved)) return;
   int64_t b = 0, s = 0;
   BatchSeq(qkv, order, &b, &s);
@@ -489,6 +514,7 @@ void CpuBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder orde
 void CpuBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                    const Tensor& saved, int64_t nh, TokenOrder order,
                                    Tensor& dqkv) {
+  assert(SameDType(dout, qkv, out, dqkv) && AllF32(saved));
   if (Widened(&CpuBackend::AttentionBackward, dout, qkv, out, saved, nh, order, dqkv)) return;
   int64_t b = 0, s = 0;
   BatchSeq(qkv, order, &b, &s);
@@ -560,6 +586,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 void CpuBackend::AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, const Tensor& kv,
                                        const SeqBlock& kpos, int64_t nh, bool first, Tensor& out,
                                        Tensor& lse) {
+  assert(SameDType(qkv, kv) && AllF32(out, lse));
   if (Widened(&CpuBackend::AttentionBlockForward, qkv, qpos, kv, kpos, nh, first, out, lse)) return;
   assert(qkv.shape().rank() == 3 && kv.shape().rank() == 3);
   const int64_t b = qkv.shape()[1], A = Cols(qkv) / 3, d = A / nh;
@@ -655,7 +682,10 @@ void CpuBackend::AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos, 
 void CpuBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv, const SeqBlock& qpos,
                                         const Tensor& kv, const SeqBlock& kpos, const Tensor& out,
                                         const Tensor& lse, int64_t nh, Tensor& dqkv, Tensor& dkv) {
-  if (Widened(&CpuBackend::AttentionBlockBackward, dout, qkv, qpos, kv, kpos, out, lse, nh, dqkv, dkv)) return;
+  assert(SameDType(dout, qkv, kv, out) && AllF32(lse, dqkv, dkv));
+  if (Widened(&CpuBackend::AttentionBlockBackward, dout, qkv, qpos, kv, kpos, out, lse, nh, dqkv,
+               dkv))
+    return;
   assert(qkv.shape().rank() == 3 && kv.shape().rank() == 3);
   const int64_t b = qkv.shape()[1], A = Cols(qkv) / 3, d = A / nh;
   const int64_t lq = qpos.len, lk = kpos.len, nq = 2 * lq, nk = 2 * lk;
@@ -741,6 +771,7 @@ void CpuBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv, c
 
 void CpuBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
                              int64_t ncols) {
+  assert(SameDType(src, dst));
   if (Widened(&CpuBackend::CopyColumns, src, src_col, dst, dst_col, ncols)) return;
   const int64_t rows = Rows(src), ws = Cols(src), wd = Cols(dst);
   assert(Rows(dst) == rows && src_col + ncols <= ws && dst_col + ncols <= wd);
@@ -754,6 +785,7 @@ void CpuBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, in
 
 void CpuBackend::EmbeddingForward(const Tensor& tokens, const Tensor& table, int64_t vocab_start,
                                   Tensor& out) {
+  assert(SameDType(table, out));
   if (Widened(&CpuBackend::EmbeddingForward, tokens, table, vocab_start, out)) return;
   const int64_t N = tokens.numel(), V = Rows(table), h = Cols(table);
   assert(out.numel() == N * h);
@@ -773,6 +805,7 @@ void CpuBackend::EmbeddingForward(const Tensor& tokens, const Tensor& table, int
 
 void CpuBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int64_t vocab_start,
                                    Tensor& dtable) {
+  assert(AllF32(dtable));
   if (Widened(&CpuBackend::EmbeddingBackward, dout, tokens, vocab_start, dtable)) return;
   const int64_t N = tokens.numel(), V = Rows(dtable), h = Cols(dtable);
   assert(dout.numel() == N * h);
@@ -791,6 +824,7 @@ void CpuBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, int
 // ---- vocab-parallel cross entropy -----------------------------------------------------------
 
 void CpuBackend::CrossEntropyMax(const Tensor& logits, Tensor& row_max) {
+  assert(AllF32(row_max));
   if (Widened(&CpuBackend::CrossEntropyMax, logits, row_max)) return;
   const int64_t N = Rows(logits), V = Cols(logits);
   assert(row_max.numel() == N);
@@ -805,6 +839,7 @@ void CpuBackend::CrossEntropyMax(const Tensor& logits, Tensor& row_max) {
 }
 
 void CpuBackend::CrossEntropySumExp(const Tensor& logits, const Tensor& row_max, Tensor& sum_exp) {
+  assert(AllF32(row_max, sum_exp));
   if (Widened(&CpuBackend::CrossEntropySumExp, logits, row_max, sum_exp)) return;
   const int64_t N = Rows(logits), V = Cols(logits);
   assert(row_max.numel() == N && sum_exp.numel() == N);
@@ -821,6 +856,7 @@ void CpuBackend::CrossEntropySumExp(const Tensor& logits, const Tensor& row_max,
 
 void CpuBackend::CrossEntropyTarget(const Tensor& logits, const Tensor& targets,
                                     int64_t vocab_start, Tensor& target_logit) {
+  assert(AllF32(target_logit));
   if (Widened(&CpuBackend::CrossEntropyTarget, logits, targets, vocab_start, target_logit)) return;
   const int64_t N = Rows(logits), V = Cols(logits);
   assert(targets.numel() == N && target_logit.numel() == N);
@@ -835,6 +871,7 @@ void CpuBackend::CrossEntropyTarget(const Tensor& logits, const Tensor& targets,
 
 void CpuBackend::CrossEntropyLoss(const Tensor& row_max, const Tensor& sum_exp,
                                   const Tensor& target_logit, Tensor& loss) {
+  assert(AllF32(row_max, sum_exp, target_logit, loss));
   if (Widened(&CpuBackend::CrossEntropyLoss, row_max, sum_exp, target_logit, loss)) return;
   const int64_t N = row_max.numel();
   assert(sum_exp.numel() == N && target_logit.numel() == N && loss.numel() == N);
@@ -848,7 +885,10 @@ void CpuBackend::CrossEntropyLoss(const Tensor& row_max, const Tensor& sum_exp,
 void CpuBackend::CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                       int64_t vocab_start, const Tensor& row_max,
                                       const Tensor& sum_exp, float scale, Tensor& dlogits) {
-  if (Widened(&CpuBackend::CrossEntropyBackward, logits, targets, vocab_start, row_max, sum_exp, scale, dlogits)) return;
+  assert(SameDType(logits, dlogits) && AllF32(row_max, sum_exp));
+  if (Widened(&CpuBackend::CrossEntropyBackward, logits, targets, vocab_start, row_max, sum_exp,
+               scale, dlogits))
+    return;
   const int64_t N = Rows(logits), V = Cols(logits);
   assert(targets.numel() == N && row_max.numel() == N && sum_exp.numel() == N);
   assert(dlogits.numel() == logits.numel());
@@ -901,6 +941,7 @@ void CpuBackend::Fill(float value, Tensor& x) {
 }
 
 void CpuBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {
+  assert(AllF32(scale));
   if (Widened(&CpuBackend::ScaleRows, x, scale, out)) return;
   const int64_t n = Rows(x), c = Cols(x);
   assert(scale.numel() == n && out.numel() == x.numel());
@@ -912,6 +953,7 @@ void CpuBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {
 }
 
 void CpuBackend::RowDot(const Tensor& a, const Tensor& b, Tensor& out) {
+  assert(AllF32(out));
   if (Widened(&CpuBackend::RowDot, a, b, out)) return;
   const int64_t n = Rows(a), c = Cols(a);
   assert(b.numel() == a.numel() && out.numel() == n);
@@ -940,6 +982,7 @@ void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
 }
 
 void CpuBackend::SumSquares(const Tensor& x, Tensor& out) {
+  assert(AllF32(out));
   if (Widened(&CpuBackend::SumSquares, x, out)) return;
   assert(out.numel() == 1);
   const float* p = F32(x);
@@ -947,6 +990,7 @@ void CpuBackend::SumSquares(const Tensor& x, Tensor& out) {
 }
 
 void CpuBackend::Sum(const Tensor& x, Tensor& out) {
+  assert(AllF32(out));
   if (Widened(&CpuBackend::Sum, x, out)) return;
   assert(out.numel() == 1);
   const float* p = F32(x);
@@ -957,6 +1001,7 @@ void CpuBackend::Sum(const Tensor& x, Tensor& out) {
 
 void CpuBackend::AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                        const AdamWConfig& cfg) {
+  assert(AllF32(param, grad, m, v));
   if (Widened(&CpuBackend::AdamW, param, grad, m, v, cfg)) return;
   assert(grad.numel() == param.numel() && m.numel() == param.numel() &&
          v.numel() == param.numel() && cfg.step >= 1);

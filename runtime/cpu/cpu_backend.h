@@ -19,7 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
+#include <map>
 #include <vector>
 
 #include "runtime/backend.h"
@@ -31,12 +31,15 @@ struct CpuBackendOptions {
   // Alloc fails once CurrentBytes() would pass this many bytes (a GPU's memory, to rehearse
   // "does not fit" on a CPU); 0 means no limit but the host's.
   size_t capacity_bytes = 0;
-  // Freed blocks kept for reuse by an Alloc of the same rounded size, up to this many bytes in
-  // all (a caching allocator, as PyTorch's on GPUs): a training step allocates the same shapes
-  // every micro-batch, and handing them back to malloc made it return pages to the kernel and
-  // fault them in again (tp 2 on gpt-tiny: 2.5x the page faults of dp 2, compute 15% over its
-  // ops' time). 0: every block goes back to malloc at once, the default under AddressSanitizer,
-  // so that it sees every use of a freed tensor.
+  // Freed blocks kept for reuse, up to this many bytes in all (a caching allocator, as
+  // PyTorch's on GPUs): a training step allocates the same shapes every micro-batch, and handing
+  // them back to malloc made it return pages to the kernel and fault them in again (tp 2 on
+  // gpt-tiny: 2.5x the page faults of dp 2, compute 15% over its ops' time). An Alloc takes the
+  // smallest cached block of its rounded size up to twice it (kMaxReuseWaste): MoE with ep > 1
+  // receives a different number of rows every step, and a block per exact size class faulted
+  // in fresh pages for each new count (ep 2 on gpt-tiny-moe: ~200 page faults a step, steps
+  // twice as long while the routing moved). 0: every block goes back to malloc at once, the
+  // default under AddressSanitizer, so that it sees every use of a freed tensor.
   size_t cache_bytes = kDefaultCacheBytes;
   // The kernels to run (KernelsFor(level) of a level this CPU supports); nullptr: the process's
   // choice, ChosenCpuKernels() (the best level this CPU runs, or PTDP_CPU_KERNELS).
@@ -162,7 +165,7 @@ class CpuBackend final : public Backend {
     std::atomic<size_t> current{0};
     std::atomic<size_t> peak{0};
     std::mutex mu;  // guards the cache
-    std::unordered_map<size_t, std::vector<void*>> cache;  // by rounded size: freed blocks
+    std::map<size_t, std::vector<void*>> cache;  // freed blocks by their size
     size_t cached = 0;                                      // bytes in `cache`
     void FreeCache();  // holding mu
     ~Counters();

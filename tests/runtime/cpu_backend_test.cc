@@ -162,6 +162,28 @@ TEST_P(CpuBackendTest, AFreedBlockIsReusedZeroedAndCountedAgain) {
   EXPECT_NE(c.data(), first);
 }
 
+// A cached block serves a smaller request of up to half its size (MoE with ep > 1 receives a
+// different number of rows every step; exact size classes faulted in fresh pages for each), is
+// counted at the request's bytes, and goes back to the cache at its own size.
+TEST_P(CpuBackendTest, ACachedBlockServesSmallerRequestsUpToHalfItsSize) {
+  CpuBackend be(CpuBackendOptions{0, 1 << 20});
+  const void* big = nullptr;
+  { big = be.Alloc(Shape{5000}, DType::kF32)->data(); }  // 20000 bytes, a 20480-byte block
+  {
+    Tensor t = *be.Alloc(Shape{4096}, DType::kF32);  // 16384 bytes: the cached block
+    EXPECT_EQ(t.data(), big);
+    EXPECT_EQ(be.CurrentBytes(), 16384u);
+    const float* p = t.data_as<float>();
+    EXPECT_TRUE(std::all_of(p, p + 4096, [](float x) { return x == 0.0f; }));
+  }
+  EXPECT_EQ(be.CurrentBytes(), 0u);
+  Tensor again = *be.Alloc(Shape{5000}, DType::kF32);  // back at its size: it fits again
+  EXPECT_EQ(again.data(), big);
+  again = Tensor();
+  Tensor small = *be.Alloc(Shape{2000}, DType::kF32);  // 8000 bytes: under half, a new block
+  EXPECT_NE(small.data(), big);
+}
+
 TEST_P(CpuBackendTest, AllocUninitPoisonsWhenAskedAndAllocStillZeroes) {
   // Poisoned: every float NaN, from a fresh block and from a cached one that held 7s; Alloc of
   // the same block afterwards is zeros again; the bytes count as Alloc's.
