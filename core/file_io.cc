@@ -111,6 +111,15 @@ Status SyncFolderOf(const std::string& path) {
 }
 
 Status RenameIntoPlace(const std::string& tmp, const std::string& path) {
+  // Renaming over a device, FIFO, socket or folder would replace it: `--out /dev/null` run as
+  // root turned /dev/null into a regular file.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    ::unlink(tmp.c_str());
+    return Status::Error(path + ": is not a regular file (a " +
+                         (S_ISDIR(st.st_mode) ? "folder" : "FIFO, socket or device") +
+                         "); give the path of a file to write");
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());

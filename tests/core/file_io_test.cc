@@ -13,6 +13,28 @@ namespace {
 
 std::string Temp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
+// Writing over a FIFO (a device such as /dev/null, a folder) is refused, never replaces it:
+// `--out /dev/null` as root made /dev/null a regular file. The temporary file is removed.
+TEST(WriteFileAtomically, RefusesToReplaceWhatIsNotARegularFile) {
+  const std::string fifo = Temp("file_io_out_fifo");
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const Status st = WriteFileAtomically(fifo, "x");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message(), fifo + ": is not a regular file (a FIFO, socket or device); give the "
+                                 "path of a file to write");
+  struct stat s {};
+  ASSERT_EQ(::stat(fifo.c_str(), &s), 0);
+  EXPECT_TRUE(S_ISFIFO(s.st_mode));
+  const Status dir = WriteFileAtomically(::testing::TempDir(), "x");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.message().find("is not a regular file (a folder)"), std::string::npos);
+  const std::string file = Temp("file_io_out.txt");
+  ASSERT_TRUE(WriteFileAtomically(file, "y").ok());
+  EXPECT_EQ(*ReadFileText(file), "y");
+  ::unlink(fifo.c_str());
+}
+
 TEST(ReadFileText, ReadsARegularFileWhole) {
   const std::string path = Temp("file_io_ok.txt");
   std::ofstream(path, std::ios::binary) << std::string("a\0b\n", 4);
