@@ -39,5 +39,12 @@ inline float Bf16ToFloat(uint16_t b) {
   std::memcpy(&x, &u, sizeof x);
   return x;
 }
+// n values at once, each as above.
+inline void Bf16BitsOf(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Bf16Bits(src[i]);
+}
+inline void FloatsOfBf16(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
+}
 
 }  // namespace ptdp::rt

@@ -257,9 +257,7 @@ void CpuBackend::ResetPeak() { counters_->peak.store(counters_->current.load());
 
 Status CpuBackend::CopyFromHost(const float* src, Tensor& dst) {
   if (dst.dtype() == DType::kBF16) {
-    uint16_t* d = dst.data_as<uint16_t>();
-    const int64_t n = dst.numel();
-    for (int64_t i = 0; i < n; ++i) d[i] = Bf16Bits(src[i]);
+    Bf16BitsOf(src, dst.data_as<uint16_t>(), dst.numel());
     return Status::Ok();
   }
   std::memcpy(MutF32(dst), src, dst.bytes());
@@ -274,9 +272,7 @@ Status CpuBackend::CopyFromHost(const int32_t* src, Tensor& dst) {
 
 Status CpuBackend::CopyToHost(const Tensor& src, float* dst) {
   if (src.dtype() == DType::kBF16) {
-    const uint16_t* s = src.data_as<const uint16_t>();
-    const int64_t n = src.numel();
-    for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(s[i]);
+    FloatsOfBf16(src.data_as<const uint16_t>(), dst, src.numel());
     return Status::Ok();
   }
   std::memcpy(dst, F32(src), src.bytes());
@@ -970,14 +966,10 @@ void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
   if (src.dtype() == dst.dtype()) {
     std::memmove(dst.data(), src.data(), src.bytes());
   } else if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
-    const float* s = F32(src);
-    uint16_t* d = dst.data_as<uint16_t>();
-    for (int64_t i = 0; i < n; ++i) d[i] = Bf16Bits(s[i]);
+    Bf16BitsOf(F32(src), dst.data_as<uint16_t>(), n);
   } else {
     assert(src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32);
-    const uint16_t* s = src.data_as<const uint16_t>();
-    float* d = MutF32(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = Bf16ToFloat(s[i]);
+    FloatsOfBf16(src.data_as<const uint16_t>(), MutF32(dst), n);
   }
 }
 

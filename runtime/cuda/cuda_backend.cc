@@ -409,7 +409,7 @@ Status CudaBackend::Impl::Transfer(void* dst, const void* src, size_t bytes,
 Status CudaBackend::CopyFromHost(const float* src, Tensor& dst) {
   if (dst.dtype() == DType::kBF16) {  // rounded on the host, as the CPU backend rounds
     std::vector<uint16_t> bits(size_t(dst.numel()));
-    for (size_t i = 0; i < bits.size(); ++i) bits[i] = Bf16Bits(src[i]);
+    Bf16BitsOf(src, bits.data(), dst.numel());
     return impl_->Transfer(dst.data(), bits.data(), dst.bytes(), cudaMemcpyHostToDevice);
   }
   return impl_->Transfer(MutF32(dst), src, dst.bytes(), cudaMemcpyHostToDevice);
@@ -425,7 +425,7 @@ Status CudaBackend::CopyToHost(const Tensor& src, float* dst) {
     std::vector<uint16_t> bits(size_t(src.numel()));
     PTDP_RETURN_IF_ERROR(
         impl_->Transfer(bits.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < bits.size(); ++i) dst[i] = Bf16ToFloat(bits[i]);
+    FloatsOfBf16(bits.data(), dst, src.numel());
     return Status::Ok();
   }
   return impl_->Transfer(dst, F32(src), src.bytes(), cudaMemcpyDeviceToHost);
