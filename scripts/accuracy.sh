@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # How well the calibrated cost model predicts this machine: calibrate it, then train each CPU
-# layout that fits 2 cores (1x1x1, tp 2, pp 2, dp 2) until RUNS runs were quiet, and compare
-# every run with its prediction. A run is busy when other processes took cores its ranks needed
-# (a calibration: more than 10% of the cores) meanwhile (`ptdp train`/`calibrate` measure it); busy runs are
-# printed but left out of the medians, and retried after a pause (up to 4 x RUNS attempts).
+# layout that fits 2 cores (gpt-tiny at 1x1x1, tp 2, pp 2, dp 2, cp 2, tp 2 with selective and
+# cp 2 with full recompute; gpt-tiny-moe at ep 2) until RUNS runs were quiet, and compare every
+# run with its prediction. ep 2's error is the prediction at the expert load the run measured
+# (compare's expert_load; the error at the planned load is printed beside it). A run is busy
+# when other processes took cores its ranks needed (a calibration: more than 10% of the cores)
+# meanwhile (`ptdp train`/`calibrate` measure it); busy runs are printed but left out of the
+# medians, and retried after a pause (up to 4 x RUNS attempts).
 # Prints each run's step-time and memory errors, then per layout the median over the quiet runs:
 # the figures of docs/cost-model.md, "Measured primitives".
 #
@@ -16,8 +19,10 @@ ptdp="$build/ptdp"
 out="${ACCURACY_OUT:-$build/accuracy}"
 mkdir -p "$out"
 
-# A value from a `--json` output (nlohmann's dump(2): one "key": value per line).
-field() { grep -m1 "\"$1\":" "$2" | sed -E 's/.*: ([^,]*),?$/\1/'; }
+# A top-level value from a `--json` output (nlohmann's dump(2): one "key": value per line, two
+# spaces in); `load` the one of compare's expert_load object.
+field() { grep -m1 "^  \"$1\":" "$2" | sed -E 's/.*: ([^,]*),?$/\1/'; }
+load() { sed -n '/^  "expert_load": {/,/^  }/p' "$2" | grep -m1 "\"$1\":" | sed -E 's/.*: ([^,]*),?$/\1/'; }
 pct() { awk "BEGIN{printf \"%.0f\", 100*$1}"; }
 
 for attempt in 1 2 3 4 5; do
@@ -29,14 +34,23 @@ for attempt in 1 2 3 4 5; do
 done
 echo "calibrated in $(field elapsed_s "$out/calibrate.json") s: $out/calibrated.yaml"
 
-printf '%-6s %4s %12s %12s %10s %10s %s\n' layout run predicted measured "step err" "mem err" machine
+printf '%-8s %4s %12s %12s %10s %10s %s\n' layout run predicted measured "step err" "mem err" machine
 summary=""
-for layout in "1x1x1:--gpus 1" "tp2:--gpus 2 --tp 2" "pp2:--gpus 2 --pp 2" "dp2:--gpus 2 --dp 2"; do
+tiny=configs/models/gpt-tiny.yaml
+moe=configs/models/gpt-tiny-moe.yaml
+for layout in "1x1x1:$tiny:--gpus 1" "tp2:$tiny:--gpus 2 --tp 2" "pp2:$tiny:--gpus 2 --pp 2" \
+              "dp2:$tiny:--gpus 2 --dp 2" "cp2:$tiny:--gpus 2 --cp 2" \
+              "tp2-sel:$tiny:--gpus 2 --tp 2 --recompute selective" \
+              "cp2-full:$tiny:--gpus 2 --cp 2 --recompute full" "ep2:$moe:--gpus 2 --ep 2"; do
   name="${layout%%:*}"
+  rest="${layout#*:}"
+  model="${rest%%:*}"
+  flags="${rest#*:}"
+  case "$flags" in *--recompute*) ;; *) flags="$flags --recompute none" ;; esac
   plan="$out/$name.plan.yaml"
   # shellcheck disable=SC2086  # the flags are words
-  "$ptdp" plan --cluster "$out/calibrated.yaml" --model configs/models/gpt-tiny.yaml \
-    --global-batch 8 ${layout#*:} --recompute none --top 1 --out "$plan" > /dev/null
+  "$ptdp" plan --cluster "$out/calibrated.yaml" --model "$model" \
+    --global-batch 8 $flags --top 1 --out "$plan" > /dev/null
   errors=""
   quiet=0
   for run in $(seq 1 $((4 * runs))); do
@@ -46,11 +60,19 @@ for layout in "1x1x1:--gpus 1" "tp2:--gpus 2 --tp 2" "pp2:--gpus 2 --pp 2" "dp2:
     "$ptdp" compare "$plan" "$out/$name.$run.json" --json > "$c"
     busy=$(field machine_busy "$c")
     err=$(field step_time_error_pct "$c")
-    printf '%-6s %4s %9.2f ms %9.2f ms %+9.1f%% %+9.1f%% %s\n' "$name" "$run" \
-      "$(awk "BEGIN{print 1000*$(field predicted_step_time_s "$c")}")" \
+    predicted=$(field predicted_step_time_s "$c")
+    at_load=""
+    if [ -n "$(load step_time_error_pct "$c")" ]; then  # MoE: at the measured expert load
+      at_load=" (planned load $(printf '%+.1f' "$err")%, measured load $(load measured "$c"))"
+      err=$(load step_time_error_pct "$c")
+      predicted=$(load predicted_step_time_s "$c")
+    fi
+    printf '%-8s %4s %9.2f ms %9.2f ms %+9.1f%% %+9.1f%% %s%s\n' "$name" "$run" \
+      "$(awk "BEGIN{print 1000*$predicted}")" \
       "$(awk "BEGIN{print 1000*$(field measured_step_time_s "$c")}")" "$err" \
       "$(field memory_error_pct "$c")" \
-      "$( [ "$busy" = true ] && echo "busy (others $(pct "$(field other_cpu_share "$c")")%)" || echo quiet)"
+      "$( [ "$busy" = true ] && echo "busy (others $(pct "$(field other_cpu_share "$c")")%)" || echo quiet)" \
+      "$at_load"
     if [ "$busy" = true ]; then
       sleep 5
     else
@@ -60,6 +82,6 @@ for layout in "1x1x1:--gpus 1" "tp2:--gpus 2 --tp 2" "pp2:--gpus 2 --pp 2" "dp2:
   done
   median=$(echo "$errors" | tr ' ' '\n' | { grep -v '^$' || true; } | sort -g |
            awk '{v[NR]=$1} END{if(NR==0) print "n/a"; else if(NR%2) printf "%+.1f%%", v[(NR+1)/2]; else printf "%+.1f%%", (v[NR/2]+v[NR/2+1])/2}')
-  summary="$summary$(printf '%-6s median step-time error over %d quiet runs: %s' "$name" "$quiet" "$median")\n"
+  summary="$summary$(printf '%-8s median step-time error over %d quiet runs: %s' "$name" "$quiet" "$median")\n"
 done
 printf '\n%b' "$summary"

