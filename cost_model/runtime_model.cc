@@ -279,16 +279,18 @@ int RuntimeModel::ExpertDp(const Layout& l) const {
 double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
   const double k = Slowdown(l), e = m_.element_bytes;
   double s = 0;
+  // What the runtime reduces whole lies in one contiguous grad buffer per chunk, dense before
+  // routed experts (GptChunk::grad_buffer): one bucket, one all-reduce + scale, per group.
+  double dense = 0, experts = 0, held_once = 0;
   for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
     // The dense reduction group, DP x CP; expert DP for a routed expert (held once: scaled).
     const int d = t.expert ? ExpertDp(l) : l.dp * l.cp;
     if (d <= 1) {
-      if (t.expert && l.dp > 1) s += Op("scale", t.numel, k);
+      if (t.expert) held_once += t.numel;
       continue;
     }
-    // Gradients are fp32 (4 bytes) whatever the weights' dtype.
     if (!l.distributed_optimizer) {
-      s += Coll("all_reduce", d, t.numel * 4, l) + Op("scale", t.numel, k);
+      (t.expert ? experts : dense) += t.numel;
       continue;
     }
     // Reduce-scatter of the zero-padded flat copy (R slices of ks), then, after AdamW, the
@@ -299,6 +301,13 @@ double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
     s += Alloc(padded * e, k) + Op("copy", ks, k) + Coll("all_gather", d, padded * e, l) +
          Op("copy", t.numel, k);
   }
+  // Gradients are fp32 (4 bytes) whatever the weights' dtype; averaged over DP (d > 1).
+  const bool average = l.dp > 1;
+  if (dense > 0)
+    s += Coll("all_reduce", l.dp * l.cp, dense * 4, l) + (average ? Op("scale", dense, k) : 0);
+  if (experts > 0)
+    s += Coll("all_reduce", ExpertDp(l), experts * 4, l) + (average ? Op("scale", experts, k) : 0);
+  if (held_once > 0 && average) s += Op("scale", held_once, k);
   return s;
 }
 
@@ -317,16 +326,22 @@ RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
   const int R = l.dp * l.cp;
   RuntimeOptimizerTimes o;
   double compute = Alloc(4, k);  // the norm accumulator
-  for (int c = 0; c < l.vp; ++c)
+  for (int c = 0; c < l.vp; ++c) {
+    // Per chunk: one fill of its grad buffer; with SP one TP all-reduce of its leading
+    // replicated (TP-partial) gradients (GptChunk::ZeroGrads, FinalizeTpGrads).
+    double grads = 0, tp_partial = 0;
     for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
       const int g = t.expert ? ExpertDp(l) : R;
       const double owned = l.distributed_optimizer && g > 1 ? std::ceil(t.numel / g) : t.numel;
-      o.fill_s += Op("fill", t.numel, k);
+      grads += t.numel;
       compute += Op("sum_squares", owned, k) + Op("adamw", owned, k) +
                  (main_weights ? Op("copy", owned, k) : 0.0);
-      if (l.sequence_parallel && l.tp > 1 && t.replicated)  // FinalizeTpGrads, fp32 gradients
-        o.tp_s += Coll("all_reduce", l.tp, t.numel * 4, l);
+      if (t.replicated && !t.expert) tp_partial += t.numel;
     }
+    o.fill_s += Op("fill", grads, k);
+    if (l.sequence_parallel && l.tp > 1 && tp_partial > 0)  // fp32 gradients
+      o.tp_s += Coll("all_reduce", l.tp, tp_partial * 4, l);
+  }
   // The squared norms (each element counted by one rank) summed over every rank at once.
   compute += Coll("all_reduce", l.world(), 8, l);
   if (r == l.pp - 1) o.dp_s = Coll("all_reduce", R, 4, l);  // the reported loss, DP x CP

@@ -161,13 +161,23 @@ Status GptChunk::Init() {
     cp.spec = p;
     const std::vector<int64_t> local = LocalShape(p, ShardDegree(p, t, cfg_.etp));
     PTDP_ASSIGN_OR_RETURN(cp.value, be_.Alloc(Shape(local), act_));
-    PTDP_ASSIGN_OR_RETURN(cp.grad, F32(Shape(local)));
     std::vector<float> host(size_t(cp.value.numel()));
     InitialValue(cp, host.data());
     PTDP_RETURN_IF_ERROR(be_.CopyFromHost(host.data(), cp.value));  // bf16: rounded
     cp.tp_partial_grad = cfg_.sequence_parallel && p.shard == ShardKind::kReplicated;
     params_.push_back(std::move(cp));
   }
+  // The gradients: views of one zeroed buffer, by GradBufferGroup (see grad_buffer()).
+  int64_t total = 0;
+  for (int group = 0; group < 3; ++group)
+    for (ChunkParam& cp : params_)
+      if (GradBufferGroup(cp) == group) {
+        cp.grad_offset = total;
+        total += cp.value.numel();
+        if (group == 0) tp_partial_numel_ = total;
+      }
+  PTDP_ASSIGN_OR_RETURN(grads_, F32(Shape({std::max<int64_t>(total, 1)})));
+  for (ChunkParam& cp : params_) cp.grad = grads_.View(cp.value.shape(), cp.grad_offset);
   // params_ is final: pointers into it stay valid.
   word_ = Find("embedding.word");
   position_ = Find("embedding.position");
@@ -215,15 +225,12 @@ ChunkParam* GptChunk::Find(const std::string& name) {
   return nullptr;
 }
 
-void GptChunk::ZeroGrads() {
-  for (ChunkParam& p : params_) be_.Fill(0.0f, p.grad);
-}
+void GptChunk::ZeroGrads() { be_.Fill(0.0f, grads_); }
 
 Status GptChunk::FinalizeTpGrads() {
-  if (!cfg_.sequence_parallel || cfg_.tp == 1) return Status::Ok();
-  for (ChunkParam& p : params_)
-    if (p.tp_partial_grad) PTDP_RETURN_IF_ERROR(tp_comm_.AllReduce(p.grad, ReduceOp::kSum));
-  return Status::Ok();
+  if (!cfg_.sequence_parallel || cfg_.tp == 1 || tp_partial_numel_ == 0) return Status::Ok();
+  Tensor partial = grads_.View(Shape({tp_partial_numel_}));
+  return tp_comm_.AllReduce(partial, ReduceOp::kSum);
 }
 
 void GptChunk::Release(int slot) { saved_.erase(slot); }

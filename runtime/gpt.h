@@ -95,7 +95,9 @@ struct ChunkParam {
   ParamSpec spec;               // global name, shape and sharding (GptParams at this t)
   Tensor value;                 // this rank's shard, LocalShape(spec, t), fp32 (bf16 with
                                 // GptChunkConfig::bf16: the model's copy of the weights)
-  Tensor grad;                  // same shape, fp32; Backward adds to it, ZeroGrads clears it
+  Tensor grad;                  // same shape, fp32; Backward adds to it, ZeroGrads clears it;
+                                // a view of the chunk's grad_buffer() at grad_offset
+  int64_t grad_offset = 0;
   bool tp_partial_grad = false;  // with SP each TP rank holds a partial sum of this grad
                                  // (LN, row-parallel biases, positions): FinalizeTpGrads sums
 };
@@ -139,13 +141,24 @@ class GptChunk {
   // Forgets a slot's saved state without a backward (forward-only evaluation). No-op if absent.
   void Release(int slot);
 
-  // Sets every grad to zero (before the first micro-batch of a step).
+  // Sets every grad to zero (before the first micro-batch of a step): one fill of grad_buffer().
   void ZeroGrads();
 
   // With SP and t > 1: all-reduces (SUM) over TP the grads marked tp_partial_grad, after the
-  // last Backward of a step (Megatron's finalize). Without SP those grads are already equal on
-  // every TP rank: nothing to do.
+  // last Backward of a step (Megatron's finalize): one all-reduce, as they lead grad_buffer().
+  // Without SP those grads are already equal on every TP rank: nothing to do.
   Status FinalizeTpGrads();
+
+  // Every parameter's gradient, in one fp32 buffer (Megatron's contiguous grad buffer, so that
+  // a reduction covers many parameters in one collective): no padding between them, ordered by
+  // GradBufferGroup (the tp_partial_grad ones first, then the other dense ones, then the routed
+  // experts), params() order within a group.
+  const Tensor& grad_buffer() const { return grads_; }
+  // 0: reduced over TP first (tp_partial_grad), 1: the other dense parameters, 2: routed
+  // experts (reduced over expert DP, not DP x CP).
+  static int GradBufferGroup(const ChunkParam& p) {
+    return p.spec.expert >= 0 ? 2 : p.tp_partial_grad ? 0 : 1;
+  }
 
   // This chunk's parameters in GptParams order: embedding.word (with has_embedding or
   // has_output: one tensor for both uses when the chunk has both), embedding.position, the
@@ -171,6 +184,9 @@ class GptChunk {
   std::vector<int64_t> TakeExpertRows() { return std::exchange(expert_rows_, {}); }
 
  private:
+  Tensor grads_;              // grad_buffer()
+  int64_t tp_partial_numel_ = 0;  // its leading tp_partial_grad elements
+
   struct LayerRefs;   // a layer's parameters
   struct LayerSaved;  // a layer's activations for backward
   struct Saved;       // one micro-batch's activations

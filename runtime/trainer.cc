@@ -256,6 +256,14 @@ struct Rank {
   std::unique_ptr<TimedCommunicator> tp;
   std::vector<std::unique_ptr<GptChunk>> chunks;  // by chunk index c
   std::vector<ParamState> state;
+  // The gradients reduced whole (every ParamState with slices == 1): runs of parameters that
+  // lie next to each other in a chunk's grad buffer and share a reduction group, each one
+  // collective (Megatron's buckets, as --overlap-grad-reduce off: one bucket per group).
+  struct GradBucket {
+    Communicator* group = nullptr;
+    Tensor grads;  // a view of the chunk's grad buffer
+  };
+  std::vector<GradBucket> buckets;
   std::unique_ptr<DataLoader> data;
   RankTimes times;
   PhaseClock clock;  // this step's timed regions (the timed communicators' too)
@@ -622,6 +630,32 @@ Status Trainer::Impl::BuildState(Rank& rk) {
       }
       rk.state.push_back(std::move(ps));
     }
+  // The buckets: per chunk, the whole-reduced parameters in grad-buffer order, merged while
+  // they are contiguous and share a group. Every rank of a group has the same chunks and
+  // parameters, so they issue the same collectives in the same order.
+  size_t i = 0;
+  for (auto& chunk : rk.chunks) {
+    std::vector<const ParamState*> whole;
+    for (size_t n = 0; n < chunk->params().size(); ++n, ++i)
+      if (rk.state[i].slices == 1) whole.push_back(&rk.state[i]);
+    std::sort(whole.begin(), whole.end(), [](const ParamState* a, const ParamState* b) {
+      return a->param->grad_offset < b->param->grad_offset;
+    });
+    int64_t begin = 0, end = -1;
+    Communicator* group = nullptr;
+    auto flush = [&] {
+      if (group) rk.buckets.push_back({group, chunk->grad_buffer().View(Shape({end - begin}), begin)});
+    };
+    for (const ParamState* ps : whole) {
+      if (ps->group != group || ps->param->grad_offset != end) {
+        flush();
+        group = ps->group;
+        begin = ps->param->grad_offset;
+      }
+      end = ps->param->grad_offset + ps->numel;
+    }
+    flush();
+  }
   return Status::Ok();
 }
 
@@ -752,7 +786,8 @@ Status Trainer::Impl::RunOps(Rank& rk) {
 }
 
 // TP (SP-partial grads), then each parameter's reduction group (DP x CP for dense ones):
-// all-reduce SUM / d, or the dist-opt reduce-scatter. The CP ranks' gradients are partial sums
+// all-reduce SUM / d of each bucket (BuildState), or per parameter the dist-opt
+// reduce-scatter. The CP ranks' gradients are partial sums
 // over their tokens (each rank's loss is its tokens' share of the mean), so they add up; the
 // DP replicas' are means, so they are averaged.
 Status Trainer::Impl::ReduceGradients(Rank& rk) {
@@ -760,16 +795,14 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
   const PhaseClock::Open t0 = rk.clock.Start();
   Backend& be = *rk.backend;
   const float inv_d = 1.0f / float(d);
+  for (Rank::GradBucket& bucket : rk.buckets) {
+    // A group of 1: routed experts held once, which saw every replica's tokens.
+    if (bucket.group->size() > 1)
+      PTDP_RETURN_IF_ERROR(bucket.group->AllReduce(bucket.grads, ReduceOp::kSum));
+    if (d > 1) be.Scale(inv_d, bucket.grads);
+  }
   for (ParamState& ps : rk.state) {
-    if (ps.group->size() == 1) {  // a routed expert held once: it saw every replica's tokens
-      if (d > 1) be.Scale(inv_d, ps.grad_slice);
-      continue;
-    }
-    if (ps.slices == 1) {
-      PTDP_RETURN_IF_ERROR(ps.group->AllReduce(ps.grad_slice, ReduceOp::kSum));
-      be.Scale(inv_d, ps.grad_slice);
-      continue;
-    }
+    if (ps.slices == 1) continue;  // in a bucket
     // Flatten and zero-pad to R*k, so each rank's block of the group is k elements.
     PTDP_ASSIGN_OR_RETURN(Tensor padded, be.Alloc({ps.slices * ps.k}, DType::kF32));
     Tensor head = padded.View(Shape({ps.numel}));

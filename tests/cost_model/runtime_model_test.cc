@@ -22,7 +22,7 @@ namespace {
 
 // A table whose time is exactly `ns` x the product of its axis values (times 2 for GEMMs,
 // 2mnk FLOPs at 1 GFLOP/s): a power law, which log-log interpolation reproduces exactly.
-MeasuredTable PowerLaw(const TableKind& kind, double ns) {
+MeasuredTable PowerLaw(const TableKind& kind, double ns, std::vector<double> powers = {}) {
   std::vector<std::vector<double>> rows;
   const size_t dims = kind.axes.size();
   std::vector<double> exponents;
@@ -33,7 +33,7 @@ MeasuredTable PowerLaw(const TableKind& kind, double ns) {
     for (size_t a = 0; a < dims; ++a) {
       const double v = (corner >> a) & 1 ? 65536.0 : 1.0;
       row.push_back(v);
-      s *= std::pow(v, kind.axes[a].exponent);
+      s *= std::pow(v, powers.empty() ? kind.axes[a].exponent : powers[a]);
     }
     row.push_back(s);
     rows.push_back(row);
@@ -110,7 +110,7 @@ TEST(RuntimeModelTest, DataParallelReducesEveryTensor) {
   l.dp = 2;
   l.global_batch = 2;
   // One chunk holding everything: word (128 x 2), positions (2 x 2), 12 layer tensors, final
-  // LN (2 tensors); per tensor an all-reduce of 2 ranks x 4n bytes plus a scale of n.
+  // LN (2 tensors); an all-reduce of 2 ranks x 4n bytes plus a scale of n, over all of them.
   double expected = 0;
   for (const RuntimeTensor& t : rm.ChunkTensors(l, 0, 0)) expected += 2 * 4 * t.numel + t.numel;
   EXPECT_EQ(rm.ChunkTensors(l, 0, 0).size(), 16u);
@@ -118,6 +118,45 @@ TEST(RuntimeModelTest, DataParallelReducesEveryTensor) {
   for (const RuntimeTensor& t : rm.ChunkTensors(l, 0, 0)) params += t.numel;
   EXPECT_EQ(params, double(m.total_params()));  // V is already a multiple of 128
   EXPECT_NEAR(rm.ChunkDp(l, 0, 0), expected * 1e-9, 1e-15);
+}
+
+// The runtime reduces a chunk's gradients in one bucket per reduction group (the contiguous
+// grad buffer of GptChunk), and with SP sums the replicated ones over TP in one all-reduce:
+// with collectives that cost sqrt(bytes) (a per-call cost) one call of all the bytes is
+// cheaper than a call per tensor, so the figures say how many calls the model counts.
+TEST(RuntimeModelTest, GradientsAreReducedInOneBucketPerGroup) {
+  const ModelSpec m = Micro(2);
+  MeasuredPrimitives p = UnitPrimitives();
+  p.tables["all_reduce"] = PowerLaw(*FindTableKind("all_reduce"), 1.0, {1.0, 0.5});
+  const RuntimeModel rm(m, p, 8);
+  Layout l;
+  l.dp = 2;
+  l.global_batch = 2;
+  double params = 0, replicated = 0, per_tensor = 0;
+  for (const RuntimeTensor& t : rm.ChunkTensors(l, 0, 0)) {
+    params += t.numel;
+    per_tensor += 2 * std::sqrt(4 * t.numel) * 1e-9;
+  }
+  const double one_bucket = 2 * std::sqrt(4 * params) * 1e-9;
+  ASSERT_LT(one_bucket, 0.5 * per_tensor);
+  EXPECT_NEAR(rm.ChunkDp(l, 0, 0), one_bucket + params * 1e-9, 1e-15);  // + the scale
+
+  // tp 2 with SP: the replicated tensors (LN, row-parallel bias, positions) in one TP call;
+  // the grad buffer zeroed by one fill.
+  l.dp = 1;
+  l.tp = 2;
+  l.sequence_parallel = true;
+  l.global_batch = 1;
+  params = 0;
+  for (const RuntimeTensor& t : rm.ChunkTensors(l, 0, 0)) {
+    params += t.numel;
+    if (t.replicated) replicated += t.numel;
+  }
+  ASSERT_GT(replicated, 0);
+  const RuntimeOptimizerTimes o = rm.Optimizer(l, 0);
+  EXPECT_NEAR(o.tp_s, 2 * std::sqrt(4 * replicated) * 1e-9, 1e-15);
+  EXPECT_NEAR(o.fill_s, params * 1e-9, 1e-15);
+  EXPECT_EQ(rm.ChunkDp(l, 0, 0), 0);  // dp 1, cp 1: nothing to reduce or average
 }
 
 TEST(RuntimeModelTest, ExecutedLayoutIsWhatTheRuntimeRuns) {

@@ -243,6 +243,39 @@ TEST(GptChunk, MoeGradientsMatchFiniteDifferences) {
   }
 }
 
+// The gradients are views of one buffer (GptChunk::grad_buffer): no gap, no overlap, dense
+// before routed experts, params() order within each; ZeroGrads clears all of it.
+TEST(GptChunk, GradientsTileOneBufferDenseThenExperts) {
+  CpuBackend be(Poisoned());
+  ThreadWorld world(1, kTimeoutS);
+  auto comm = Solo(world);
+  auto c = MakeMoeChunk(be, *comm, TinyMoe(MoeRouter::kSoftmax, 0.0));
+  ASSERT_NE(c, nullptr);
+  const Tensor& buf = c->grad_buffer();
+  int64_t at = 0;
+  int last_group = 0;
+  for (int group = 0; group < 3; ++group)
+    for (const ChunkParam& p : c->params()) {
+      if (GptChunk::GradBufferGroup(p) != group) continue;
+      SCOPED_TRACE(p.spec.name);
+      EXPECT_EQ(p.grad_offset, at);
+      EXPECT_EQ(p.grad.buffer(), buf.buffer());
+      EXPECT_EQ(p.grad.data_as<float>(), buf.data_as<float>() + at);
+      EXPECT_EQ(p.grad.shape(), p.value.shape());
+      EXPECT_GE(group, last_group);
+      EXPECT_EQ(group == 2, p.spec.expert >= 0);
+      last_group = group;
+      at += p.grad.numel();
+    }
+  EXPECT_EQ(at, buf.numel());
+  EXPECT_EQ(last_group, 2);  // the model has routed experts
+  Step(*c, be, MakeBatch(be));
+  const std::vector<float> before = Host(be, buf);
+  EXPECT_GT(std::count_if(before.begin(), before.end(), [](float g) { return g != 0; }), 0);
+  c->ZeroGrads();
+  for (float g : Host(be, buf)) ASSERT_EQ(g, 0.0f);
+}
+
 TEST(GptChunk, MoeAuxiliaryLossMovesOnlyTheRouter) {
   std::map<std::string, std::vector<float>> grads[2];
   for (int with = 0; with < 2; ++with) {

@@ -19,6 +19,7 @@
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
 #include "runtime/data.h"
+#include "tests/fakes/counting_communicator.h"
 #include "tests/fakes/tiny_training.h"
 
 namespace ptdp::rt {
@@ -399,6 +400,31 @@ TEST(Trainer, RefusesPlansItCannotHonour) {
   TrainerConfig swiglu = Config(testing::TinyLayout(Spec{}));
   swiglu.model.activation = Activation::kSwiglu;
   EXPECT_FALSE(Trainer::Create(swiglu, testing::CpuBackends(), world).ok());
+}
+
+// The DP reduction runs one all-reduce over a chunk's whole grad buffer (a bucket, as Megatron's
+// DDP without overlap), not one per parameter (this model has 100); with the distributed
+// optimizer, one reduce-scatter per parameter and no all-reduce of gradients. The other DP
+// all-reduce of a step is the reported loss (1 element).
+TEST(Trainer, ReducesTheGradientsInOneBucket) {
+  for (bool dopt : {false, true}) {
+    SCOPED_TRACE(dopt ? "distributed optimizer" : "all-reduce");
+    ThreadWorld world(2, kTimeoutS);
+    testing::CountingWorld counting(world, 0);
+    auto tr = Trainer::Create(Config(testing::TinyLayout(Spec{1, 1, 2, 1, 2, false, dopt})),
+                              testing::CpuBackends(), counting);
+    ASSERT_TRUE(tr.ok()) << tr.status().message();
+    counting.Take();  // what creating the trainer ran
+    for (int step = 0; step < 2; ++step) {
+      auto r = (*tr)->Step();
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      const auto counts = counting.Take();
+      ASSERT_EQ(counts.count("DP"), 1u);
+      const testing::AllReduceCount dp = counts.at("DP");
+      EXPECT_EQ(dp.calls, dopt ? 1 : 2);
+      EXPECT_EQ(dp.elements, dopt ? 1 : int64_t(testing::TinyGpt().total_params()) + 1);
+    }
+  }
 }
 
 TEST(Trainer, StepResultIsSane) {
