@@ -234,32 +234,32 @@ std::vector<RuntimeTensor> RuntimeModel::ChunkTensors(const Layout& l, int r, in
   const int64_t layers = ChunkLayers(M, l, r, c);
   const int norm_tensors = M.norm == Norm::kLayerNorm ? 2 : 1;
   std::vector<RuntimeTensor> t;
-  if (embedding || output) t.push_back({x.Vl * x.h, false});  // one word table for both uses
+  if (embedding || output) t.push_back({x.Vl * x.h, false, false, true});  // one table, both uses
   if (embedding && M.position == PositionEmbedding::kLearned) t.push_back({x.S * x.h, true});
   const int64_t first = ChunkFirstLayer(M, l, r, c);
   for (int64_t i = 0; i < layers; ++i) {
     for (int n = 0; n < 2 * norm_tensors; ++n) t.push_back({x.h, true});
-    t.push_back({x.Q * x.h, false});   // QKV weight (column-parallel)
-    t.push_back({x.h * x.A, false});   // projection weight (row-parallel)
+    t.push_back({x.Q * x.h, false, false, true});  // QKV weight (column-parallel)
+    t.push_back({x.h * x.A, false, false, true});  // projection weight (row-parallel)
     if (M.bias) {
       t.push_back({x.Q, false});
       t.push_back({x.h, true});
     }
     if (M.is_moe_layer(first + i)) {  // router, shared experts, the local experts (no biases)
-      t.push_back({double(M.num_experts) * x.h, true});
+      t.push_back({double(M.num_experts) * x.h, true, false, true});  // the router
       if (M.moe_shared_ffn_hidden > 0) {
-        t.push_back({double(M.moe_shared_ffn_hidden) / l.tp * x.h, false});
-        t.push_back({double(M.moe_shared_ffn_hidden) / l.tp * x.h, false});
+        t.push_back({double(M.moe_shared_ffn_hidden) / l.tp * x.h, false, false, true});
+        t.push_back({double(M.moe_shared_ffn_hidden) / l.tp * x.h, false, false, true});
       }
       const double fe = double(M.moe_ffn_hidden) / l.expert_tp();
       for (int64_t e = 0; e < M.num_experts / l.ep; ++e) {
-        t.push_back({fe * x.h, false, true});
-        t.push_back({fe * x.h, false, true});
+        t.push_back({fe * x.h, false, true, true});
+        t.push_back({fe * x.h, false, true, true});
       }
       continue;
     }
-    t.push_back({x.Fi * x.h, false});  // fc1
-    t.push_back({x.h * x.F, false});   // fc2
+    t.push_back({x.Fi * x.h, false, false, true});  // fc1
+    t.push_back({x.h * x.F, false, false, true});   // fc2
     if (M.bias) {
       t.push_back({x.Fi, false});
       t.push_back({x.h, true});
@@ -267,7 +267,7 @@ std::vector<RuntimeTensor> RuntimeModel::ChunkTensors(const Layout& l, int r, in
   }
   if (output) {
     for (int n = 0; n < norm_tensors; ++n) t.push_back({x.h, true});
-    if (!M.tied_embeddings) t.push_back({x.Vl * x.h, false});
+    if (!M.tied_embeddings) t.push_back({x.Vl * x.h, false, false, true});
   }
   return t;
 }
@@ -328,16 +328,42 @@ RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
   double compute = Alloc(4, k);  // the norm accumulator
   for (int c = 0; c < l.vp; ++c) {
     // Per chunk: one fill of its grad buffer; with SP one TP all-reduce of its leading
-    // replicated (TP-partial) gradients (GptChunk::ZeroGrads, FinalizeTpGrads).
-    double grads = 0, tp_partial = 0;
+    // replicated (TP-partial) gradients (GptChunk::ZeroGrads, FinalizeTpGrads); the whole
+    // (not dist-opt-sliced) parameters in runs of the buffer's order (replicated, other dense,
+    // routed experts; decayed first within each), one sum_squares and one adamw (+ copy) each;
+    // a sliced one on its own.
+    double grads = 0, tp_partial = 0, runs[6] = {0, 0, 0, 0, 0, 0};
     for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
-      const int g = t.expert ? ExpertDp(l) : R;
-      const double owned = l.distributed_optimizer && g > 1 ? std::ceil(t.numel / g) : t.numel;
       grads += t.numel;
+      if (t.replicated && !t.expert) tp_partial += t.numel;
+      const int g = t.expert ? ExpertDp(l) : R;
+      if (!(l.distributed_optimizer && g > 1)) {
+        runs[2 * (t.expert ? 2 : t.replicated ? 0 : 1) + (t.decay ? 0 : 1)] += t.numel;
+        continue;
+      }
+      const double owned = std::ceil(t.numel / g);
       compute += Op("sum_squares", owned, k) + Op("adamw", owned, k) +
                  (main_weights ? Op("copy", owned, k) : 0.0);
-      if (t.replicated && !t.expert) tp_partial += t.numel;
     }
+    // Neighbours with the same decay are one run (as on TP rank 0, where every whole
+    // parameter but a tied copy counts in the norm).
+    auto run = [&](double n) {
+      compute += Op("sum_squares", n, k) + Op("adamw", n, k) +
+                 (main_weights ? Op("copy", n, k) : 0.0);
+    };
+    double open = 0;
+    int open_decay = -1;
+    for (int o = 0; o < 6; ++o) {
+      if (runs[o] == 0) continue;
+      const int decay = o % 2 == 0 ? 1 : 0;
+      if (decay != open_decay && open > 0) {
+        run(open);
+        open = 0;
+      }
+      open += runs[o];
+      open_decay = decay;
+    }
+    if (open > 0) run(open);
     o.fill_s += Op("fill", grads, k);
     if (l.sequence_parallel && l.tp > 1 && tp_partial > 0)  // fp32 gradients
       o.tp_s += Coll("all_reduce", l.tp, tp_partial * 4, l);

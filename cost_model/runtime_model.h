@@ -57,6 +57,7 @@ struct RuntimeTensor {
   double numel = 0;         // elements of this rank's shard
   bool replicated = false;  // same on every TP rank (norms, row-parallel biases, positions)
   bool expert = false;      // a routed expert's weight: reduced over expert DP
+  bool decay = false;       // AdamW's weight decay applies (the 2-D weights but positions)
 };
 
 class RuntimeModel {

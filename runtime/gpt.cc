@@ -149,6 +149,7 @@ Status GptChunk::Init() {
 
   const int last = cfg_.first_layer + cfg_.n_layers;
   const int64_t local_experts = m.moe() ? m.num_experts / cfg_.ep : 0;
+  std::vector<Shape> shapes;  // of params_
   for (const ParamSpec& p : GptParams(m, t)) {
     bool held = false;
     if (p.name == "embedding.word") held = cfg_.has_embedding || cfg_.has_output;
@@ -159,25 +160,30 @@ Status GptChunk::Init() {
     if (!held) continue;
     ChunkParam cp;
     cp.spec = p;
-    const std::vector<int64_t> local = LocalShape(p, ShardDegree(p, t, cfg_.etp));
-    PTDP_ASSIGN_OR_RETURN(cp.value, be_.Alloc(Shape(local), act_));
-    std::vector<float> host(size_t(cp.value.numel()));
-    InitialValue(cp, host.data());
-    PTDP_RETURN_IF_ERROR(be_.CopyFromHost(host.data(), cp.value));  // bf16: rounded
+    shapes.push_back(Shape(LocalShape(p, ShardDegree(p, t, cfg_.etp))));
     cp.tp_partial_grad = cfg_.sequence_parallel && p.shard == ShardKind::kReplicated;
     params_.push_back(std::move(cp));
   }
-  // The gradients: views of one zeroed buffer, by GradBufferGroup (see grad_buffer()).
+  // Values and gradients: views of one buffer each, by BufferOrder (see grad_buffer()); the
+  // gradients zeroed, the values each parameter's InitShard (rounded to bf16 with bf16).
   int64_t total = 0;
-  for (int group = 0; group < 3; ++group)
-    for (ChunkParam& cp : params_)
-      if (GradBufferGroup(cp) == group) {
-        cp.grad_offset = total;
-        total += cp.value.numel();
-        if (group == 0) tp_partial_numel_ = total;
+  for (int order = 0; order < kBufferOrders; ++order)
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (BufferOrder(params_[i].spec) == order) {
+        params_[i].offset = total;
+        total += shapes[i].numel();
+        if (BufferGroup(params_[i].spec) == 0) replicated_numel_ = total;
       }
+  PTDP_ASSIGN_OR_RETURN(values_, be_.AllocUninit(Shape({std::max<int64_t>(total, 1)}), act_));
   PTDP_ASSIGN_OR_RETURN(grads_, F32(Shape({std::max<int64_t>(total, 1)})));
-  for (ChunkParam& cp : params_) cp.grad = grads_.View(cp.value.shape(), cp.grad_offset);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ChunkParam& cp = params_[i];
+    cp.value = values_.View(shapes[i], cp.offset);
+    cp.grad = grads_.View(shapes[i], cp.offset);
+    std::vector<float> host(size_t(cp.value.numel()));
+    InitialValue(cp, host.data());
+    PTDP_RETURN_IF_ERROR(be_.CopyFromHost(host.data(), cp.value));  // bf16: rounded
+  }
   // params_ is final: pointers into it stay valid.
   word_ = Find("embedding.word");
   position_ = Find("embedding.position");
@@ -228,8 +234,8 @@ ChunkParam* GptChunk::Find(const std::string& name) {
 void GptChunk::ZeroGrads() { be_.Fill(0.0f, grads_); }
 
 Status GptChunk::FinalizeTpGrads() {
-  if (!cfg_.sequence_parallel || cfg_.tp == 1 || tp_partial_numel_ == 0) return Status::Ok();
-  Tensor partial = grads_.View(Shape({tp_partial_numel_}));
+  if (!cfg_.sequence_parallel || cfg_.tp == 1 || replicated_numel_ == 0) return Status::Ok();
+  Tensor partial = grads_.View(Shape({replicated_numel_}));  // the tp_partial_grad ones
   return tp_comm_.AllReduce(partial, ReduceOp::kSum);
 }
 

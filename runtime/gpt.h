@@ -94,10 +94,11 @@ struct GptChunkComms {
 struct ChunkParam {
   ParamSpec spec;               // global name, shape and sharding (GptParams at this t)
   Tensor value;                 // this rank's shard, LocalShape(spec, t), fp32 (bf16 with
-                                // GptChunkConfig::bf16: the model's copy of the weights)
+                                // GptChunkConfig::bf16: the model's copy of the weights); a
+                                // view of the chunk's value_buffer() at offset
   Tensor grad;                  // same shape, fp32; Backward adds to it, ZeroGrads clears it;
-                                // a view of the chunk's grad_buffer() at grad_offset
-  int64_t grad_offset = 0;
+                                // a view of the chunk's grad_buffer() at offset
+  int64_t offset = 0;
   bool tp_partial_grad = false;  // with SP each TP rank holds a partial sum of this grad
                                  // (LN, row-parallel biases, positions): FinalizeTpGrads sums
 };
@@ -145,20 +146,28 @@ class GptChunk {
   void ZeroGrads();
 
   // With SP and t > 1: all-reduces (SUM) over TP the grads marked tp_partial_grad, after the
-  // last Backward of a step (Megatron's finalize): one all-reduce, as they lead grad_buffer().
+  // last Backward of a step (Megatron's finalize): one all-reduce of BufferGroup 0, which leads
+  // grad_buffer().
   // Without SP those grads are already equal on every TP rank: nothing to do.
   Status FinalizeTpGrads();
 
   // Every parameter's gradient, in one fp32 buffer (Megatron's contiguous grad buffer, so that
-  // a reduction covers many parameters in one collective): no padding between them, ordered by
-  // GradBufferGroup (the tp_partial_grad ones first, then the other dense ones, then the routed
-  // experts), params() order within a group.
+  // a reduction covers many parameters in one collective), and every parameter's value in one
+  // buffer of act_dtype() (its param buffer, so that the optimizer updates many in one call):
+  // the same order and offsets, no padding between parameters, ordered by BufferOrder (the
+  // replicated ones first, which with SP are the tp_partial_grad ones, then the other dense
+  // ones, then the routed experts; each group's weight-decayed ones first), params() order
+  // within.
   const Tensor& grad_buffer() const { return grads_; }
-  // 0: reduced over TP first (tp_partial_grad), 1: the other dense parameters, 2: routed
-  // experts (reduced over expert DP, not DP x CP).
-  static int GradBufferGroup(const ChunkParam& p) {
-    return p.spec.expert >= 0 ? 2 : p.tp_partial_grad ? 0 : 1;
+  const Tensor& value_buffer() const { return values_; }
+  // 0: replicated over TP (norms, row-parallel biases, positions, the router), 1: the other
+  // dense parameters, 2: routed experts (reduced over expert DP, not DP x CP).
+  static int BufferGroup(const ParamSpec& p) {
+    return p.expert >= 0 ? 2 : p.shard == ShardKind::kReplicated ? 0 : 1;
   }
+  // The position in the buffers: by BufferGroup, then DecaysWeight first.
+  static int BufferOrder(const ParamSpec& p) { return 2 * BufferGroup(p) + (DecaysWeight(p) ? 0 : 1); }
+  static constexpr int kBufferOrders = 6;
 
   // This chunk's parameters in GptParams order: embedding.word (with has_embedding or
   // has_output: one tensor for both uses when the chunk has both), embedding.position, the
@@ -184,8 +193,8 @@ class GptChunk {
   std::vector<int64_t> TakeExpertRows() { return std::exchange(expert_rows_, {}); }
 
  private:
-  Tensor grads_;              // grad_buffer()
-  int64_t tp_partial_numel_ = 0;  // its leading tp_partial_grad elements
+  Tensor grads_, values_;          // grad_buffer(), value_buffer()
+  int64_t replicated_numel_ = 0;  // their leading BufferGroup 0 elements
 
   struct LayerRefs;   // a layer's parameters
   struct LayerSaved;  // a layer's activations for backward

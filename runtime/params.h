@@ -51,6 +51,12 @@ struct ParamSpec {
   int expert = -1;
 };
 
+// AdamW's decoupled weight decay applies to p: the 2-D weights but the position table (as
+// Megatron: no decay on biases, norms and position embeddings).
+inline bool DecaysWeight(const ParamSpec& p) {
+  return p.shape.size() == 2 && p.name != "embedding.position";
+}
+
 // How many ways `p` is split: etp for a routed expert's weight, else t.
 inline int ShardDegree(const ParamSpec& p, int tp, int etp) { return p.expert >= 0 ? etp : tp; }
 

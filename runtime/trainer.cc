@@ -264,6 +264,15 @@ struct Rank {
     Tensor grads;  // a view of the chunk's grad buffer
   };
   std::vector<GradBucket> buckets;
+  // The optimizer's calls over the whole parameters (BuildState): runs that lie next to each
+  // other in a chunk's buffers and share weight decay and norm role, each one SumSquares and one
+  // AdamW (Megatron's multi-tensor apply); views of the chunk's value and grad buffers and of
+  // the flat AdamW state (m, v; the fp32 main weights of a bf16 run).
+  struct OptimizerRun {
+    Tensor value, grad, m, v, main;
+    bool decay = false, counts_in_norm = false;
+  };
+  std::vector<OptimizerRun> runs;
   std::unique_ptr<DataLoader> data;
   RankTimes times;
   PhaseClock clock;  // this step's timed regions (the timed communicators' too)
@@ -594,6 +603,7 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
 }
 
 Status Trainer::Impl::BuildState(Rank& rk) {
+  Backend& be = *rk.backend;
   for (auto& chunk : rk.chunks)
     for (const ChunkParam& cp : chunk->params()) {
       ParamState ps;
@@ -607,54 +617,95 @@ Status Trainer::Impl::BuildState(Rank& rk) {
       ps.numel = cp.value.numel();
       ps.k = (ps.numel + ps.slices - 1) / ps.slices;
       ps.owned = std::clamp<int64_t>(ps.numel - ps.slice * ps.k, 0, ps.k);
-      ps.decay = cp.spec.shape.size() == 2 && cp.spec.name != "embedding.position";
+      ps.decay = DecaysWeight(cp.spec);
       const bool tied_copy = cp.spec.name == "embedding.word" && !chunk->config().has_embedding;
       ps.counts_in_norm = !tied_copy &&
                           (cp.spec.shard != ShardKind::kReplicated || rk.coord.tp == 0) &&
                           (sliced || index == 0);
-      PTDP_ASSIGN_OR_RETURN(ps.m, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
-      PTDP_ASSIGN_OR_RETURN(ps.v, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
-      if (cfg.bf16) {  // main = the initial fp32 weights (this rank's slice); value = bf16(them)
-        PTDP_ASSIGN_OR_RETURN(ps.main, rk.backend->Alloc({std::max<int64_t>(ps.owned, 1)}, DType::kF32));
-        if (ps.owned > 0) {
+      if (ps.slices > 1) {  // its own slice of state and of the reduced gradient
+        const Shape slice({std::max<int64_t>(ps.owned, 1)});
+        PTDP_ASSIGN_OR_RETURN(ps.m, be.Alloc(slice, DType::kF32));
+        PTDP_ASSIGN_OR_RETURN(ps.v, be.Alloc(slice, DType::kF32));
+        if (cfg.bf16 && ps.owned > 0) {  // main: this slice of the initial fp32 weights
+          PTDP_ASSIGN_OR_RETURN(ps.main, be.Alloc(slice, DType::kF32));
           std::vector<float> initial(size_t(ps.numel));
           chunk->InitialValue(cp, initial.data());
           Tensor main = ps.main.View(Shape({ps.owned}));
-          PTDP_RETURN_IF_ERROR(rk.backend->CopyFromHost(initial.data() + ps.slice * ps.k, main));
+          PTDP_RETURN_IF_ERROR(be.CopyFromHost(initial.data() + ps.slice * ps.k, main));
+        } else if (cfg.bf16) {
+          PTDP_ASSIGN_OR_RETURN(ps.main, be.Alloc(slice, DType::kF32));
         }
-      }
-      if (ps.slices > 1) {
-        PTDP_ASSIGN_OR_RETURN(ps.grad_slice, rk.backend->Alloc({ps.k}, DType::kF32));
+        PTDP_ASSIGN_OR_RETURN(ps.grad_slice, be.Alloc({ps.k}, DType::kF32));
       } else {
         ps.grad_slice = cp.grad.View(Shape({ps.numel}));
       }
       rk.state.push_back(std::move(ps));
     }
-  // The buckets: per chunk, the whole-reduced parameters in grad-buffer order, merged while
-  // they are contiguous and share a group. Every rank of a group has the same chunks and
-  // parameters, so they issue the same collectives in the same order.
+  // Per chunk, the whole (not sliced) parameters in buffer order: their AdamW state in flat
+  // buffers of the same order (m, v, and the bf16 run's fp32 main weights), the DP buckets
+  // (runs that lie next to each other and share a reduction group) and the optimizer's runs
+  // (next to each other, same weight decay and norm role), each one call of SumSquares and of
+  // AdamW. Every rank of a group has the same chunks and parameters, so they issue the same
+  // collectives in the same order.
   size_t i = 0;
   for (auto& chunk : rk.chunks) {
-    std::vector<const ParamState*> whole;
+    std::vector<ParamState*> whole;
     for (size_t n = 0; n < chunk->params().size(); ++n, ++i)
       if (rk.state[i].slices == 1) whole.push_back(&rk.state[i]);
     std::sort(whole.begin(), whole.end(), [](const ParamState* a, const ParamState* b) {
-      return a->param->grad_offset < b->param->grad_offset;
+      return a->param->offset < b->param->offset;
     });
-    int64_t begin = 0, end = -1;
-    Communicator* group = nullptr;
-    auto flush = [&] {
-      if (group) rk.buckets.push_back({group, chunk->grad_buffer().View(Shape({end - begin}), begin)});
-    };
-    for (const ParamState* ps : whole) {
-      if (ps->group != group || ps->param->grad_offset != end) {
-        flush();
-        group = ps->group;
-        begin = ps->param->grad_offset;
-      }
-      end = ps->param->grad_offset + ps->numel;
+    int64_t total = 0;
+    for (const ParamState* ps : whole) total += ps->numel;
+    if (total == 0) continue;
+    Tensor m, v, main;
+    PTDP_ASSIGN_OR_RETURN(m, be.Alloc({total}, DType::kF32));
+    PTDP_ASSIGN_OR_RETURN(v, be.Alloc({total}, DType::kF32));
+    if (cfg.bf16) {
+      PTDP_ASSIGN_OR_RETURN(main, be.AllocUninit({total}, DType::kF32));
     }
-    flush();
+    // Runs as [first, last] indices into `whole`, then views.
+    struct Span { size_t first, last; int64_t at; };
+    std::vector<Span> buckets, runs;
+    int64_t at = 0;  // in the state buffers
+    for (size_t j = 0; j < whole.size(); ++j) {
+      ParamState& ps = *whole[j];
+      const Shape shape({ps.numel});
+      ps.m = m.View(shape, at);
+      ps.v = v.View(shape, at);
+      if (cfg.bf16) {  // main = the initial fp32 weights; value = bf16(them)
+        ps.main = main.View(shape, at);
+        std::vector<float> initial(size_t(ps.numel));
+        chunk->InitialValue(*ps.param, initial.data());
+        PTDP_RETURN_IF_ERROR(be.CopyFromHost(initial.data(), ps.main));
+      }
+      const ParamState* prev = j > 0 ? whole[j - 1] : nullptr;
+      const bool next_to = prev && ps.param->offset == prev->param->offset + prev->numel;
+      if (!next_to || ps.group != prev->group) buckets.push_back({j, j, at});
+      if (!next_to || ps.decay != prev->decay || ps.counts_in_norm != prev->counts_in_norm)
+        runs.push_back({j, j, at});
+      buckets.back().last = runs.back().last = j;
+      at += ps.numel;
+    }
+    auto numel = [&](const Span& sp) {
+      return whole[sp.last]->param->offset + whole[sp.last]->numel - whole[sp.first]->param->offset;
+    };
+    for (const Span& sp : buckets)
+      rk.buckets.push_back({whole[sp.first]->group,
+                            chunk->grad_buffer().View(Shape({numel(sp)}), whole[sp.first]->param->offset)});
+    for (const Span& sp : runs) {
+      const Shape shape({numel(sp)});
+      const int64_t offset = whole[sp.first]->param->offset;
+      Rank::OptimizerRun r;
+      r.value = chunk->value_buffer().View(shape, offset);
+      r.grad = chunk->grad_buffer().View(shape, offset);
+      r.m = m.View(shape, sp.at);
+      r.v = v.View(shape, sp.at);
+      if (cfg.bf16) r.main = main.View(shape, sp.at);
+      r.decay = whole[sp.first]->decay;
+      r.counts_in_norm = whole[sp.first]->counts_in_norm;
+      rk.runs.push_back(std::move(r));
+    }
   }
   return Status::Ok();
 }
@@ -835,8 +886,10 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
   // anywhere reaches every rank through the same all-reduces and all ranks decide alike.
   PTDP_ASSIGN_OR_RETURN(Tensor sq, be.Alloc({2}, DType::kF32));
   Tensor sq_norm = sq.View(Shape({1}), 0), sq_rest = sq.View(Shape({1}), 1);
+  for (const Rank::OptimizerRun& run : rk.runs)
+    be.SumSquares(run.grad, run.counts_in_norm ? sq_norm : sq_rest);
   for (ParamState& ps : rk.state)
-    if (ps.owned > 0)
+    if (ps.slices > 1 && ps.owned > 0)
       be.SumSquares(ps.grad_slice.View(Shape({ps.owned})), ps.counts_in_norm ? sq_norm : sq_rest);
   if (!std::isfinite(rk.loss)) be.Fill(std::numeric_limits<float>::quiet_NaN(), sq_rest);
   if (grid.world() > 1) PTDP_RETURN_IF_ERROR(rk.world->AllReduce(sq, ReduceOp::kSum));
@@ -859,8 +912,17 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
   ac.eps = float(oc.eps);
   ac.grad_scale = oc.clip_grad > 0 ? float(std::min(1.0, oc.clip_grad / (rk.grad_norm + 1e-6))) : 1.0f;
   ac.step = optimizer_steps + 1;
+  for (Rank::OptimizerRun& run : rk.runs) {
+    ac.weight_decay = run.decay ? float(oc.weight_decay) : 0.0f;
+    if (cfg.bf16) {  // AdamW on the fp32 main weights; the model's copy is their bf16 rounding
+      be.AdamW(run.main, run.grad, run.m, run.v, ac);
+      be.Copy(run.main, run.value);  // rounded to bf16
+    } else {
+      be.AdamW(run.value, run.grad, run.m, run.v, ac);
+    }
+  }
   for (ParamState& ps : rk.state) {
-    if (ps.owned == 0) continue;
+    if (ps.slices == 1 || ps.owned == 0) continue;  // whole ones: in the runs
     ac.weight_decay = ps.decay ? float(oc.weight_decay) : 0.0f;
     Tensor value = ps.param->value.View(Shape({ps.owned}), ps.slice * ps.k);
     Tensor grad = ps.grad_slice.View(Shape({ps.owned}));

@@ -159,6 +159,27 @@ TEST(RuntimeModelTest, GradientsAreReducedInOneBucketPerGroup) {
   EXPECT_EQ(rm.ChunkDp(l, 0, 0), 0);  // dp 1, cp 1: nothing to reduce or average
 }
 
+// The optimizer runs over a chunk's whole parameters in runs of its buffers' order (replicated,
+// other dense; decayed first in each), one sum_squares and one adamw per run, one fill of the
+// grad buffer. Micro: replicated, not decayed: positions 4, the four LN tensors 8, the
+// row-parallel biases 2 + 2, the final LN 4 = 20; decayed weights: word 256, QKV 12,
+// projection 4, fc1 8, fc2 8 = 288; other biases: QKV 6, fc1 4 = 10. With per-call costs of
+// sqrt(elements) ns the figure says which runs the model counts.
+TEST(RuntimeModelTest, OptimizerRunsOverTheBufferOrder) {
+  const ModelSpec m = Micro();
+  MeasuredPrimitives p = UnitPrimitives();
+  p.tables["sum_squares"] = PowerLaw(*FindTableKind("sum_squares"), 1.0, {0.5});
+  p.tables["adamw"] = PowerLaw(*FindTableKind("adamw"), 1.0, {0.5});
+  const RuntimeModel rm(m, p, 8);
+  Layout l;
+  l.global_batch = 1;
+  ASSERT_EQ(m.total_params(), 318);
+  const RuntimeOptimizerTimes o = rm.Optimizer(l, 0);
+  const double runs = std::sqrt(20.0) + std::sqrt(288.0) + std::sqrt(10.0);
+  EXPECT_NEAR(o.fill_s, 318e-9, 1e-15);
+  EXPECT_NEAR(o.total_s, (4 + 2 * runs + 318) * 1e-9, 1e-15);  // + the norm's 4-byte alloc
+}
+
 TEST(RuntimeModelTest, ExecutedLayoutIsWhatTheRuntimeRuns) {
   const RuntimeModel rm(Micro(), UnitPrimitives(), 8);
   Layout l;

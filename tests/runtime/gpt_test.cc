@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -243,37 +244,43 @@ TEST(GptChunk, MoeGradientsMatchFiniteDifferences) {
   }
 }
 
-// The gradients are views of one buffer (GptChunk::grad_buffer): no gap, no overlap, dense
-// before routed experts, params() order within each; ZeroGrads clears all of it.
-TEST(GptChunk, GradientsTileOneBufferDenseThenExperts) {
+// The values and gradients are views of one buffer each (GptChunk::value_buffer, grad_buffer)
+// at the same offsets: no gap, no overlap, by BufferOrder (replicated, other dense, routed
+// experts; decayed first), params() order within; ZeroGrads clears the whole grad buffer.
+TEST(GptChunk, ParametersTileOneBufferInTheirOrder) {
   CpuBackend be(Poisoned());
   ThreadWorld world(1, kTimeoutS);
   auto comm = Solo(world);
   auto c = MakeMoeChunk(be, *comm, TinyMoe(MoeRouter::kSoftmax, 0.0));
   ASSERT_NE(c, nullptr);
-  const Tensor& buf = c->grad_buffer();
+  const Tensor& grads = c->grad_buffer();
+  const Tensor& values = c->value_buffer();
   int64_t at = 0;
-  int last_group = 0;
-  for (int group = 0; group < 3; ++group)
+  std::set<int> orders;
+  for (int order = 0; order < GptChunk::kBufferOrders; ++order)
     for (const ChunkParam& p : c->params()) {
-      if (GptChunk::GradBufferGroup(p) != group) continue;
+      if (GptChunk::BufferOrder(p.spec) != order) continue;
       SCOPED_TRACE(p.spec.name);
-      EXPECT_EQ(p.grad_offset, at);
-      EXPECT_EQ(p.grad.buffer(), buf.buffer());
-      EXPECT_EQ(p.grad.data_as<float>(), buf.data_as<float>() + at);
+      EXPECT_EQ(p.offset, at);
+      EXPECT_EQ(p.grad.buffer(), grads.buffer());
+      EXPECT_EQ(p.value.buffer(), values.buffer());
+      EXPECT_EQ(p.grad.data_as<float>(), grads.data_as<float>() + at);
+      EXPECT_EQ(p.value.data_as<float>(), values.data_as<float>() + at);  // fp32 chunk
       EXPECT_EQ(p.grad.shape(), p.value.shape());
-      EXPECT_GE(group, last_group);
-      EXPECT_EQ(group == 2, p.spec.expert >= 0);
-      last_group = group;
+      EXPECT_EQ(order / 2 == 2, p.spec.expert >= 0);
+      EXPECT_EQ(order % 2 == 0, DecaysWeight(p.spec));
+      orders.insert(order);
       at += p.grad.numel();
     }
-  EXPECT_EQ(at, buf.numel());
-  EXPECT_EQ(last_group, 2);  // the model has routed experts
+  EXPECT_EQ(at, grads.numel());
+  EXPECT_EQ(at, values.numel());
+  // router (0), LNs and biases (1), weights (2), column biases (3), experts (4); no 5
+  EXPECT_EQ(orders, (std::set<int>{0, 1, 2, 3, 4}));
   Step(*c, be, MakeBatch(be));
-  const std::vector<float> before = Host(be, buf);
+  const std::vector<float> before = Host(be, grads);
   EXPECT_GT(std::count_if(before.begin(), before.end(), [](float g) { return g != 0; }), 0);
   c->ZeroGrads();
-  for (float g : Host(be, buf)) ASSERT_EQ(g, 0.0f);
+  for (float g : Host(be, grads)) ASSERT_EQ(g, 0.0f);
 }
 
 TEST(GptChunk, MoeAuxiliaryLossMovesOnlyTheRouter) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
 #include "runtime/data.h"
+#include "runtime/forwarding_backend.h"
 #include "tests/fakes/counting_communicator.h"
 #include "tests/fakes/tiny_training.h"
 
@@ -424,6 +426,53 @@ TEST(Trainer, ReducesTheGradientsInOneBucket) {
       EXPECT_EQ(dp.calls, dopt ? 1 : 2);
       EXPECT_EQ(dp.elements, dopt ? 1 : int64_t(testing::TinyGpt().total_params()) + 1);
     }
+  }
+}
+
+// The optimizer updates the whole parameters of a chunk in runs of its buffers (replicated,
+// other dense; decayed first in each): the tiny GPT's 100 tensors are 3 runs (the replicated
+// norms, biases and positions; the decayed weights; the column-parallel biases), each one
+// SumSquares and one AdamW, on TP rank 1 as on TP rank 0 (whose replicated ones count in the
+// norm, rank 1's not: the same runs). With the distributed optimizer, each slice on its own.
+class CountingBackend final : public ForwardingBackend {
+ public:
+  CountingBackend(std::unique_ptr<Backend> inner, std::atomic<int>* adamw, std::atomic<int>* sq)
+      : ForwardingBackend(std::move(inner)), adamw_(adamw), sq_(sq) {}
+  void AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+             const AdamWConfig& c) override {
+    ++*adamw_;
+    ForwardingBackend::AdamW(param, grad, m, v, c);
+  }
+  void SumSquares(const Tensor& x, Tensor& acc) override {
+    ++*sq_;
+    ForwardingBackend::SumSquares(x, acc);
+  }
+
+ private:
+  std::atomic<int>* adamw_;
+  std::atomic<int>* sq_;
+};
+
+TEST(Trainer, OptimizerUpdatesRunsOfTheParameterBuffer) {
+  struct Case {
+    Spec spec;
+    int per_rank;  // AdamW (and SumSquares) calls per rank and step
+  };
+  const int tensors = 8 * 12 + 4;
+  for (const Case& c : {Case{Spec{}, 3}, Case{Spec{2}, 3}, Case{Spec{1, 1, 2, 1, 2, false, true}, tensors}}) {
+    SCOPED_TRACE(Name(c.spec));
+    const Layout l = testing::TinyLayout(c.spec);
+    std::atomic<int> adamw{0}, sq{0};
+    ThreadWorld world(l.world(), kTimeoutS);
+    auto tr = Trainer::Create(Config(l), [&](int r) {
+      return std::unique_ptr<Backend>(
+          new CountingBackend(testing::CpuBackends()(r), &adamw, &sq));
+    }, world);
+    ASSERT_TRUE(tr.ok()) << tr.status().message();
+    auto r = (*tr)->Step();
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(adamw.load(), c.per_rank * l.world());
+    EXPECT_EQ(sq.load(), c.per_rank * l.world());
   }
 }
 
