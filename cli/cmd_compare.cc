@@ -91,6 +91,8 @@ int RunCompare(const CompareFlags& f) {
                 c.warmup_steps, c.measured_step_min_s * u.scale, c.measured_step_max_s * u.scale,
                 u.name);
     if (c.other_cpu_share >= 0) std::printf("%s\n", LoadNote(c).c_str());
+    if (const std::string spread = SpreadNote(c); !spread.empty())
+      std::printf("%s\n", spread.c_str());
     if (!c.calibrated)
       std::printf("note: %s has no measured primitives, so this is its Megatron-on-GPU model; for "
                   "ptdp's runtime on this machine run `ptdp calibrate` and pass --cluster\n",

@@ -178,6 +178,30 @@ std::string LoadNote(const Comparison& c) {
                    : "");
 }
 
+Comparison::ComputeSpread Comparison::MeasuredComputeSpread() const {
+  ComputeSpread out;
+  if (plan.model.moe()) return out;
+  for (const RankComparison& a : ranks)
+    for (const RankComparison& b : ranks) {
+      if (a.stage != b.stage || a.rank == b.rank || b.measured[kCompute] <= 0) continue;
+      const double ratio = a.measured[kCompute] / b.measured[kCompute];
+      if (ratio > out.ratio) out = {ratio, a.rank, b.rank};
+    }
+  return out;
+}
+
+std::string SpreadNote(const Comparison& c) {
+  const Comparison::ComputeSpread s = c.MeasuredComputeSpread();
+  if (!(s.ratio > Comparison::kUnequalCompute)) return "";
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "ranks doing the same work computed at unequal speed: rank %d took %.2fx rank "
+                "%d's compute time, and every collective waits for the slowest (a busy or "
+                "unequal core, a throttled or straggling GPU)",
+                s.slow_rank, s.ratio, s.fast_rank);
+  return buf;
+}
+
 Parts Comparison::PredictedMean() const { return Mean(ranks, true); }
 Parts Comparison::MeasuredMean() const { return Mean(ranks, false); }
 
@@ -269,8 +293,13 @@ json ComparisonJson(const Comparison& c) {
             {"measured", c.measured_expert_load},
             {"predicted_step_time_s", c.predicted_step_at_measured_load_s},
             {"step_time_error_pct", err(c.predicted_step_at_measured_load_s, c.measured_step_s)}};
+  json spread = nullptr;  // ranks doing the same work: the slowest's compute over the fastest's
+  if (const Comparison::ComputeSpread cs = c.MeasuredComputeSpread(); cs.ratio > 0)
+    spread = {{"ratio", cs.ratio}, {"slow_rank", cs.slow_rank}, {"fast_rank", cs.fast_rank},
+              {"unequal", cs.ratio > Comparison::kUnequalCompute}};
   return {{"step_time_error_pct", err(c.predicted_step_s, c.measured_step_s)},
           {"expert_load", load},
+          {"compute_spread", spread},
           {"memory_error_pct", err(c.PredictedMemoryMax(), c.MeasuredMemoryMax())},
           {"predicted_step_time_s", c.predicted_step_s},
           {"measured_step_time_s", c.measured_step_s},

@@ -73,7 +73,24 @@ struct Comparison {
   // and the times are the machine under load, not its own.
   bool busy() const;
   static constexpr double kBusyShare = 0.1;
+
+  // Ranks doing the same work (a dense model's TP, CP and DP ranks of one pipeline stage) that
+  // computed at unequal speed: for the stage where it is largest, its slowest rank's measured
+  // compute over its fastest's. ratio 0 when no stage has two such ranks or the model routes
+  // tokens to experts (their ranks' work differs by design). On a shared host (vCPUs of unequal
+  // speed) or with a straggling or throttled GPU, every collective waits for the slowest.
+  struct ComputeSpread {
+    double ratio = 0;
+    int slow_rank = -1, fast_rank = -1;
+  };
+  ComputeSpread MeasuredComputeSpread() const;
+  // Above this ratio compare says so.
+  static constexpr double kUnequalCompute = 1.1;
 };
+
+// The line `ptdp compare` prints when Comparison::MeasuredComputeSpread() is above
+// kUnequalCompute, else "".
+std::string SpreadNote(const Comparison& c);
 
 // What other processes did during the timed steps, as `ptdp compare` and `ptdp report` say
 // it: "other processes used 51% of the cores during the timed steps: the machine was busy

@@ -132,6 +132,43 @@ TEST(Compare, MoeReportsTheMeasuredExpertLoad) {
             std::string::npos) << r.out;
 }
 
+// dp 2 of a dense model: both ranks do the same work, so compute that differs between them is
+// the machine's (unequal cores, a straggling GPU): compare gives the ratio, and says so above
+// 1.1x. Here the run's own ratio, then measured.json with rank 1's compute doubled by hand.
+TEST(Compare, SaysWhenRanksDoingTheSameWorkComputedAtUnequalSpeed) {
+  const std::string plan = Plan("dp2", "--dp 2", 2), measured = Tmp("dp2.measured.json");
+  CmdResult r = Ptdp("train " + plan + " --steps 3 --out " + measured);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = Ptdp("compare " + plan + " " + measured + " --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j["compute_spread"].is_object()) << r.out;
+  EXPECT_GE(j["compute_spread"]["ratio"].get<double>(), 1.0);
+  std::ifstream in(measured);
+  auto m = nlohmann::json::parse(in);
+  auto& rank1 = m["timing"]["ranks"][1];
+  auto& rank0 = m["timing"]["ranks"][0];
+  rank1["forward_s"] = 2 * rank0["forward_s"].get<double>();
+  rank1["backward_s"] = 2 * rank0["backward_s"].get<double>();
+  const std::string slow = Tmp("dp2-slow.measured.json");
+  std::ofstream(slow) << m.dump();
+  r = Ptdp("compare " + plan + " " + slow + " --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_NEAR(j["compute_spread"]["ratio"].get<double>(), 2.0, 1e-9);
+  EXPECT_EQ(j["compute_spread"]["slow_rank"], 1);
+  EXPECT_EQ(j["compute_spread"]["fast_rank"], 0);
+  EXPECT_EQ(j["compute_spread"]["unequal"], true);
+  r = Ptdp("compare " + plan + " " + slow);
+  EXPECT_NE(r.out.find("ranks doing the same work computed at unequal speed: rank 1 took 2.00x "
+                       "rank 0's compute time"),
+            std::string::npos) << r.out;
+  // pp 2: the stages' work differs, so there is nothing to compare.
+  r = Ptdp("compare " + Pp2().plan + " " + Pp2().measured + " --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["compute_spread"].is_null()) << r.out;
+}
+
 TEST(Compare, ErrorsNameTheFile) {
   CmdResult r = Ptdp("compare " + Pp2().plan + " /nonexistent/measured.json");
   EXPECT_EQ(r.code, 1);
