@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
 
 #include "core/file_io.h"
 #include "core/limits.h"
@@ -181,12 +182,24 @@ std::string LoadNote(const Comparison& c) {
 Comparison::ComputeSpread Comparison::MeasuredComputeSpread() const {
   ComputeSpread out;
   if (plan.model.moe()) return out;
-  for (const RankComparison& a : ranks)
-    for (const RankComparison& b : ranks) {
-      if (a.stage != b.stage || a.rank == b.rank || b.measured[kCompute] <= 0) continue;
-      const double ratio = a.measured[kCompute] / b.measured[kCompute];
-      if (ratio > out.ratio) out = {ratio, a.rank, b.rank};
-    }
+  // Per stage, its slowest and fastest rank (one pass: a job may have thousands of ranks).
+  struct Stage {
+    const RankComparison *slow, *fast;
+    int ranks;
+  };
+  std::map<int, Stage> stages;
+  for (const RankComparison& r : ranks) {
+    Stage& st = stages.try_emplace(r.stage, Stage{&r, &r, 0}).first->second;
+    ++st.ranks;
+    if (r.measured[kCompute] > st.slow->measured[kCompute]) st.slow = &r;
+    if (r.measured[kCompute] < st.fast->measured[kCompute]) st.fast = &r;
+  }
+  for (const auto& [stage, st] : stages) {
+    const RankComparison *slow = st.slow, *fast = st.fast;
+    if (st.ranks < 2 || fast->measured[kCompute] <= 0) continue;
+    const double ratio = slow->measured[kCompute] / fast->measured[kCompute];
+    if (ratio > out.ratio) out = {ratio, slow->rank, fast->rank};
+  }
   return out;
 }
 

@@ -353,14 +353,14 @@ RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
     };
     double open = 0;
     int open_decay = -1;
-    for (int o = 0; o < 6; ++o) {
-      if (runs[o] == 0) continue;
-      const int decay = o % 2 == 0 ? 1 : 0;
+    for (int order = 0; order < 6; ++order) {
+      if (runs[order] == 0) continue;
+      const int decay = order % 2 == 0 ? 1 : 0;
       if (decay != open_decay && open > 0) {
         run(open);
         open = 0;
       }
-      open += runs[o];
+      open += runs[order];
       open_decay = decay;
     }
     if (open > 0) run(open);

@@ -602,6 +602,20 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
   return Status::Ok();
 }
 
+namespace {
+
+// A bf16 run's fp32 main weights: this rank's owned slice of the parameter's initial values
+// (its value holds their bf16 rounding).
+Status InitMainWeights(Backend& be, const GptChunk& chunk, ParamState& ps) {
+  if (ps.owned == 0) return Status::Ok();
+  std::vector<float> initial(size_t(ps.numel));
+  chunk.InitialValue(*ps.param, initial.data());
+  Tensor main = ps.main.View(Shape({ps.owned}));
+  return be.CopyFromHost(initial.data() + ps.slice * ps.k, main);
+}
+
+}  // namespace
+
 Status Trainer::Impl::BuildState(Rank& rk) {
   Backend& be = *rk.backend;
   for (auto& chunk : rk.chunks)
@@ -626,14 +640,9 @@ Status Trainer::Impl::BuildState(Rank& rk) {
         const Shape slice({std::max<int64_t>(ps.owned, 1)});
         PTDP_ASSIGN_OR_RETURN(ps.m, be.Alloc(slice, DType::kF32));
         PTDP_ASSIGN_OR_RETURN(ps.v, be.Alloc(slice, DType::kF32));
-        if (cfg.bf16 && ps.owned > 0) {  // main: this slice of the initial fp32 weights
+        if (cfg.bf16) {
           PTDP_ASSIGN_OR_RETURN(ps.main, be.Alloc(slice, DType::kF32));
-          std::vector<float> initial(size_t(ps.numel));
-          chunk->InitialValue(cp, initial.data());
-          Tensor main = ps.main.View(Shape({ps.owned}));
-          PTDP_RETURN_IF_ERROR(be.CopyFromHost(initial.data() + ps.slice * ps.k, main));
-        } else if (cfg.bf16) {
-          PTDP_ASSIGN_OR_RETURN(ps.main, be.Alloc(slice, DType::kF32));
+          PTDP_RETURN_IF_ERROR(InitMainWeights(be, *chunk, ps));
         }
         PTDP_ASSIGN_OR_RETURN(ps.grad_slice, be.Alloc({ps.k}, DType::kF32));
       } else {
@@ -673,11 +682,9 @@ Status Trainer::Impl::BuildState(Rank& rk) {
       const Shape shape({ps.numel});
       ps.m = m.View(shape, at);
       ps.v = v.View(shape, at);
-      if (cfg.bf16) {  // main = the initial fp32 weights; value = bf16(them)
+      if (cfg.bf16) {
         ps.main = main.View(shape, at);
-        std::vector<float> initial(size_t(ps.numel));
-        chunk->InitialValue(*ps.param, initial.data());
-        PTDP_RETURN_IF_ERROR(be.CopyFromHost(initial.data(), ps.main));
+        PTDP_RETURN_IF_ERROR(InitMainWeights(be, *chunk, ps));
       }
       const ParamState* prev = j > 0 ? whole[j - 1] : nullptr;
       const bool next_to = prev && ps.param->offset == prev->param->offset + prev->numel;
