@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/launch.h"
+#include "cli/speed_probe.h"
 #include "core/units.h"
 #include "runtime/microbench.h"
 
@@ -54,19 +55,6 @@ struct Placement {
   int cores = 1;
 };
 
-// A world of `ranks` ranks placed by MakeLaunch, as `ptdp train` places a plan of that size.
-rt::MakeWorld WorldsOf(const std::string& backend, Precision precision) {
-  return [backend, precision](int ranks) -> Result<rt::BenchWorld> {
-    Layout l;
-    l.dp = ranks;
-    l.precision = precision;  // fp32 plans run fp32 GEMMs on CUDA, the others bf16 ones
-    LaunchOptions o;
-    o.backend = backend;
-    PTDP_ASSIGN_OR_RETURN(Launch run, MakeLaunch(l, o));
-    return rt::BenchWorld{run.comms, run.backends, run.keep_alive};
-  };
-}
-
 Result<Placement> Place(const CalibrateFlags& f) {
   if (f.backend != "cpu" && f.backend != "cuda")
     return Status::Error("--backend '" + f.backend + "': expected cpu or cuda");
@@ -91,7 +79,7 @@ Result<Placement> Place(const CalibrateFlags& f) {
     p.communicator = gpus.visible == 1 ? "device" : "nccl";
     p.cores = gpus.visible;
   }
-  p.make_world = WorldsOf(f.backend, p.precision);
+  p.make_world = BenchWorlds(f.backend, p.precision);
   return p;
 }
 
@@ -314,22 +302,12 @@ int RunCalibrate(const CalibrateFlags& f) {
   if (!base.ok()) return Fail(base.status().message());
   auto max_ranks = MaxRanks(f, p, *base);
   if (!max_ranks.ok()) return Fail(max_ranks.status().message());
-  rt::MicrobenchOptions opt;
-  opt.quick = f.quick;
-  opt.max_ranks = *max_ranks;
-  // Short batches (0.5 ms) on the CPU in both modes: at identical shapes, 2 ms batches timed the
-  // GEMMs 21-25% faster (gemm_nt/nn/tn at 0.79/0.93/0.75 of the 0.5 ms figure) while element-wise
-  // ops did not move, and training, which calls each GEMM once between other ops, runs at the
-  // short-batch speed: with 2 ms batches the full calibration predicted every layout of `make
-  // demo` 7-16% too fast, the quick one within +-7% (2-core VM, 2026-12-04). GPUs keep 2 ms
-  // (launch and synchronization costs weigh more in short batches).
-  if (f.quick || f.backend == "cpu") opt.min_batch_s = 5e-4;
-  // The full grids take the median of 5 batches: with 3, one grid cell timed while the VM's host
-  // was busy moved a layout's prediction by up to 8% between two calibrations minutes apart.
-  if (!f.quick) opt.batches = 5;
   // CUDA bf16 (the default): `ptdp train` runs bf16 plans with bf16 activations and weights
   // (TrainerConfig::bf16), so the ops are timed on bf16 tensors.
-  if (f.backend == "cuda" && p.precision == Precision::kBf16) opt.act = rt::DType::kBF16;
+  rt::MicrobenchOptions opt = CalibrationOptions(
+      f.backend, f.quick,
+      f.backend == "cuda" && p.precision == Precision::kBf16 ? rt::DType::kBF16 : rt::DType::kF32);
+  opt.max_ranks = *max_ranks;
   if (!f.json)
     std::printf("ptdp calibrate: %s backend, %s grids, collectives up to %d ranks%s (base %s)\n",
                 f.backend.c_str(), f.quick ? "quick" : "full", *max_ranks,

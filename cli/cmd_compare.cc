@@ -106,6 +106,21 @@ int RunCompare(const CompareFlags& f) {
                   c.predicted_expert_load, c.measured_expert_load,
                   c.predicted_step_at_measured_load_s * u.scale, u.name,
                   Pct(ErrorPct(c.predicted_step_at_measured_load_s, c.measured_step_s)).c_str());
+    if (c.host_speed.points > 0) {
+      double lo = 0, hi = 0;
+      for (const auto& [name, ratio] : c.host_speed.by_table) {
+        lo = lo == 0 ? ratio : std::min(lo, ratio);
+        hi = std::max(hi, ratio);
+      }
+      std::printf("\nhost speed: the calibrated ops took %.2fx their calibrated time during this "
+                  "run (%.2fx to %.2fx over %zu tables; %s from the probe before the steps to the "
+                  "one after); at that speed%s the predicted step is %.2f %s (%s)\n",
+                  c.host_speed.overall, lo, hi, c.host_speed.by_table.size(),
+                  Pct(100 * (c.host_drift_within_run - 1)).c_str(),
+                  c.predicted_step_at_measured_load_s > 0 ? " and the measured expert load" : "",
+                  c.predicted_step_at_host_speed_s * u.scale, u.name,
+                  Pct(ErrorPct(c.predicted_step_at_host_speed_s, c.measured_step_s)).c_str());
+    }
     std::printf("\nerrors are (predicted - measured) / measured; pp_bubble is the time blocked in "
                 "pipeline sends and receives, waiting for the peer included\n");
     std::printf("summary: %s step time %s (predicted %.2f %s, measured %.2f %s), peak memory %s\n",

@@ -27,6 +27,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/launch.h"
+#include "cli/speed_probe.h"
 #include "cli/train_checkpoint.h"
 #include "core/units.h"
 #include "runtime/cpu/cpu_backend.h"
@@ -52,6 +53,7 @@ struct TrainFlags {
   bool one_gpu = false;
   bool fp32_activations = false;  // --fp32-activations
   int timing_warmup = 1;  // steps left out of the timing medians
+  bool speed_probe = true;  // --no-speed-probe turns it off
   CheckpointFlags ckpt;
 };
 
@@ -389,6 +391,22 @@ int RunTrain(const TrainFlags& f) {
     std::printf("(the CPU backend computes in fp32; the plan's %s changes memory and time on "
                 "GPUs, not the results)\n",
                 ToString(l.precision));
+  // The host speed probe (cli/speed_probe.h), for compare: with --out, in a run of one process
+  // (the others would wait in their first collective meanwhile), before the first step and
+  // after the last, while the ranks are idle. A failed probe is a warning: the run goes on.
+  const bool single_process = launch->local_ranks.empty() || int(launch->local_ranks.size()) == l.world();
+  const bool probe = f.speed_probe && !f.out.empty() && single_process;
+  const rt::DType probe_act = f.backend == "cuda" && cfg.bf16 ? rt::DType::kBF16 : rt::DType::kF32;
+  std::optional<MeasuredPrimitives> probe_before, probe_after;
+  auto run_probe = [&](std::optional<MeasuredPrimitives>* into) {
+    auto p = RunSpeedProbe(f.backend, probe_act);
+    if (p.ok())
+      *into = std::move(*p);
+    else
+      std::fprintf(stderr, "warning: speed probe: %s (compare will not see the host's speed)\n",
+                   p.status().message().c_str());
+  };
+  if (probe) run_probe(&probe_before);
   const std::vector<int32_t> val = rt::ValidationWindows(corpus->val, int(plan->model.seq_len), f.eval_windows);
   std::vector<rt::StepResult> steps;
   OtherLoad load;  // over the timed steps
@@ -424,6 +442,7 @@ int RunTrain(const TrainFlags& f) {
     }
   }
   const double other_share = load.Share();
+  if (probe && probe_before) run_probe(&probe_after);
   // A stopped run skips validation (every process alike: stopped_by is the job's decision), so
   // that it ends within a scheduler's grace period.
   nlohmann::json val_json = nullptr;
@@ -461,6 +480,8 @@ int RunTrain(const TrainFlags& f) {
     j["ranks"] = RanksJson(steps);
     j["timing"] = TimingJson(steps, f.timing_warmup, other_share);
     j["timeline"] = TimelineJson(steps, f.timing_warmup);
+    if (probe_before && probe_after)
+      j["speed_probe"] = SpeedProbeJson(f.backend, *probe_before, *probe_after);
     j["validation_loss"] = val_json;
     j["summary"] = summary;
     j["interrupted"] = nullptr;
@@ -509,6 +530,10 @@ Runner SetupTrain(CLI::App* sub) {
   sub->add_flag("--fp32-activations", f->fp32_activations,
                 "bf16 plans: keep activations and weights in fp32 (CUDA still multiplies in bf16 "
                 "on tensor cores; the pre-bf16-storage path, to compare against)");
+  sub->add_flag("--no-speed-probe{false}", f->speed_probe,
+                "with --out: skip timing a few of calibrate's ops before the first step and after "
+                "the last (about 1 s; compare holds them against the calibration to tell the "
+                "host's drift from the model's error)");
   sub->add_option("--timing-warmup", f->timing_warmup,
                   "steps left out of measured.json's timing medians (default 1)");
   AddCheckpointFlags(sub, &f->ckpt);

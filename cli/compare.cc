@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 
+#include "cli/speed_probe.h"
 #include "core/file_io.h"
 #include "core/limits.h"
 #include "core/rank_grid.h"
@@ -230,6 +231,15 @@ double Comparison::MeasuredMemoryMax() const {
   return m;
 }
 
+// The predicted step time of layout l of `model` on `cluster` (compare's what-ifs: another
+// expert load, the host's speed during the run).
+Result<double> PredictStep(const ModelSpec& model, const ClusterSpec& cluster, const Layout& l) {
+  PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(cluster));
+  PTDP_ASSIGN_OR_RETURN(AnalyticModel cost, AnalyticModel::Create(model, topo));
+  PTDP_ASSIGN_OR_RETURN(const SimResult sim, SimulateStep(cost, l, SimOptions{}));
+  return sim.step_time_s;
+}
+
 Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_file,
                                const std::string& cluster_override) {
   Comparison c;
@@ -252,28 +262,42 @@ Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_fil
     c.ranks.push_back(rc);
   }
   PTDP_ASSIGN_OR_RETURN(const std::string text, ReadFileText(measured_file, "a measured.json", kMaxMeasuredBytes));
+  json probe_json;  // measured.json's speed_probe, when the run timed one
   try {
     const json j = json::parse(text);
     if (!j.is_object() || !j.contains("layout"))
       return Status::Error(measured_file + ": not a measured.json of `ptdp train` (no layout)");
     PTDP_RETURN_IF_ERROR(SameLayout(l, j["layout"], measured_file));
     ReadMeasured(j, measured_file, &c);
+    if (j.contains("speed_probe")) probe_json = j["speed_probe"];
   } catch (const std::exception& e) {  // a malformed file: one line naming it
     const std::string what = EscapeBytes(e.what());  // nlohmann quotes the bytes it read
     return Status::Error(what.rfind(measured_file, 0) == 0 ? what : measured_file + ": " + what);
   }
   FillPredicted(w, l, &c);
-  if (c.measured_expert_load > 0 && l.ep > 1) {
+  const bool moe_load = c.measured_expert_load > 0 && l.ep > 1;
+  if (moe_load) {
     // The plan's assumption against the run's routing: the same prediction with the measured
     // expert load in place of moe_dropless_load (the cluster's calibration map overrides it).
     c.predicted_expert_load = w.cost->constants().moe_dropless_load;
-    World at_load;
-    at_load.cluster = w.cluster;
-    at_load.cluster.calibration["moe_dropless_load"] = c.measured_expert_load;
-    PTDP_ASSIGN_OR_RETURN(Topology topo, Topology::Build(at_load.cluster));
-    PTDP_ASSIGN_OR_RETURN(AnalyticModel cost, AnalyticModel::Create(w.model, topo));
-    PTDP_ASSIGN_OR_RETURN(const SimResult sim, SimulateStep(cost, l, SimOptions{}));
-    c.predicted_step_at_measured_load_s = sim.step_time_s;
+    ClusterSpec at_load = w.cluster;
+    at_load.calibration["moe_dropless_load"] = c.measured_expert_load;
+    PTDP_ASSIGN_OR_RETURN(c.predicted_step_at_measured_load_s, PredictStep(w.model, at_load, l));
+  }
+  // The host's speed during the run (cli/speed_probe.h) against the calibration's, when both
+  // are of the same backend; the prediction at that speed (and at the measured expert load).
+  const MeasuredPrimitives& cal = w.cluster.measured;
+  if (!probe_json.is_null() && c.calibrated && probe_json.is_object() &&
+      probe_json.value("backend", std::string()) == cal.backend) {
+    PTDP_ASSIGN_OR_RETURN(const MeasuredPrimitives probe,
+                          SpeedProbeFromJson(probe_json, measured_file, &c.host_drift_within_run));
+    auto speed = CompareHostSpeed(cal, probe);
+    if (!speed.ok()) return speed.status().Prefixed(measured_file);
+    c.host_speed = *speed;
+    ClusterSpec at_speed = w.cluster;
+    at_speed.measured = AtHostSpeed(cal, c.host_speed);
+    if (moe_load) at_speed.calibration["moe_dropless_load"] = c.measured_expert_load;
+    PTDP_ASSIGN_OR_RETURN(c.predicted_step_at_host_speed_s, PredictStep(w.model, at_speed, l));
   }
   return c;
 }
@@ -306,12 +330,24 @@ json ComparisonJson(const Comparison& c) {
             {"measured", c.measured_expert_load},
             {"predicted_step_time_s", c.predicted_step_at_measured_load_s},
             {"step_time_error_pct", err(c.predicted_step_at_measured_load_s, c.measured_step_s)}};
+  json speed = nullptr;  // the host's speed during the run against its calibration
+  if (c.host_speed.points > 0) {
+    json tables = json::object();
+    for (const auto& [name, ratio] : c.host_speed.by_table) tables[name] = ratio;
+    speed = {{"ratio", c.host_speed.overall},
+             {"by_table", tables},
+             {"points", c.host_speed.points},
+             {"drift_within_run", c.host_drift_within_run},
+             {"predicted_step_time_s", c.predicted_step_at_host_speed_s},
+             {"step_time_error_pct", err(c.predicted_step_at_host_speed_s, c.measured_step_s)}};
+  }
   json spread = nullptr;  // ranks doing the same work: the slowest's compute over the fastest's
   if (const Comparison::ComputeSpread cs = c.MeasuredComputeSpread(); cs.ratio > 0)
     spread = {{"ratio", cs.ratio}, {"slow_rank", cs.slow_rank}, {"fast_rank", cs.fast_rank},
               {"unequal", cs.ratio > Comparison::kUnequalCompute}};
   return {{"step_time_error_pct", err(c.predicted_step_s, c.measured_step_s)},
           {"expert_load", load},
+          {"host_speed", speed},
           {"compute_spread", spread},
           {"memory_error_pct", err(c.PredictedMemoryMax(), c.MeasuredMemoryMax())},
           {"predicted_step_time_s", c.predicted_step_s},

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "core/measured.h"
 #include "core/plan.h"
 #include "cost_model/simulator.h"
 
@@ -58,6 +59,15 @@ struct Comparison {
   // much of the error is the routing rather than the cost model. 0 when not measured.
   double predicted_expert_load = 0, measured_expert_load = 0;
   double predicted_step_at_measured_load_s = 0;
+  // The host's speed during the run against its calibration (measured.json's speed_probe held
+  // against the cluster's measured tables, core/measured.h HostSpeed; ratio > 1: slower now),
+  // and the predicted step with the calibrated op tables scaled to that speed (and, for MoE
+  // with ep > 1, at the measured expert load): how much of the error is the host's drift since
+  // calibration rather than the cost model. host_speed.points 0 when not measured (no probe,
+  // an uncalibrated cluster, or a probe of another backend).
+  HostSpeed host_speed;
+  double host_drift_within_run = 0;  // the probe after the steps over the one before
+  double predicted_step_at_host_speed_s = 0;
 
   // Mean over ranks of each part.
   Parts PredictedMean() const;

@@ -180,6 +180,46 @@ std::vector<std::vector<double>> MeasuredTable::Rows() const {
   return rows;
 }
 
+MeasuredTable MeasuredTable::Scaled(double factor) const {
+  std::vector<double> seconds = seconds_;
+  for (double& t : seconds) t *= factor;
+  return MeasuredTable(axes_, std::move(seconds), exponents_);
+}
+
+Result<HostSpeed> CompareHostSpeed(const MeasuredPrimitives& calibrated,
+                                   const MeasuredPrimitives& probe) {
+  HostSpeed speed;
+  double all = 0;
+  for (const auto& [name, table] : probe.tables) {
+    const MeasuredTable* cal = calibrated.Table(name);
+    if (!cal) return Status::Error("speed probe: table " + name + " is not in the calibration");
+    if (cal->dims() != table.dims())
+      return Status::Error("speed probe: table " + name + " has " + std::to_string(table.dims()) +
+                           " axes, the calibration's " + std::to_string(cal->dims()));
+    double sum = 0;
+    int n = 0;
+    for (const std::vector<double>& row : table.Rows()) {
+      const double r = std::log(row.back() / cal->Seconds(row.data()));
+      sum += r;
+      ++n;
+    }
+    if (n == 0) continue;
+    speed.by_table[name] = std::exp(sum / n);
+    all += sum;
+    speed.points += n;
+  }
+  if (speed.points == 0) return Status::Error("speed probe: no point to compare");
+  speed.overall = std::exp(all / speed.points);
+  return speed;
+}
+
+MeasuredPrimitives AtHostSpeed(const MeasuredPrimitives& calibrated, const HostSpeed& speed) {
+  MeasuredPrimitives m = calibrated;
+  for (const auto& [name, ratio] : speed.by_table)
+    if (auto it = m.tables.find(name); it != m.tables.end()) it->second = it->second.Scaled(ratio);
+  return m;
+}
+
 const MeasuredTable* MeasuredPrimitives::Table(const std::string& name) const {
   auto it = tables.find(name);
   return it == tables.end() ? nullptr : &it->second;

@@ -75,6 +75,8 @@ class MeasuredTable {
   size_t dims() const { return axes_.size(); }
   const std::vector<std::vector<double>>& axis_values() const { return axes_; }
   const std::vector<double>& seconds() const { return seconds_; }
+  // The same grid with every time multiplied by `factor` (> 0).
+  MeasuredTable Scaled(double factor) const;
 
  private:
   std::vector<std::vector<double>> axes_;
@@ -112,6 +114,24 @@ struct MeasuredPrimitives {
   // Fails naming `file` when a table the cost model needs is missing.
   Status CheckComplete(const std::string& file) const;
 };
+
+// How fast a host ran the op tables' primitives at one moment against a calibration of it:
+// `ptdp train` times a few points of the op tables (SpeedProbeGrids in runtime/microbench.h,
+// the calibration's own measurement code) before and after its steps, and `ptdp compare` holds
+// them against the calibrated tables at the same points. A ratio above 1: the host ran slower
+// than when it was calibrated. On a virtual machine the same ops drift by 10-30% within minutes
+// (a neighbour's load, invisible from inside); on a GPU, clocks and temperature do the same.
+struct HostSpeed {
+  std::map<std::string, double> by_table;  // geometric mean of probe / calibrated per table
+  double overall = 0;                      // geometric mean over every point
+  int points = 0;                          // points compared
+};
+// Fails, naming the table, when `probe` holds a table `calibrated` lacks, or holds no point.
+Result<HostSpeed> CompareHostSpeed(const MeasuredPrimitives& calibrated,
+                                   const MeasuredPrimitives& probe);
+// `calibrated` as the host ran during the probe: each table of speed.by_table scaled by its
+// ratio; the tables the probe did not time (collectives, p2p) as they are.
+MeasuredPrimitives AtHostSpeed(const MeasuredPrimitives& calibrated, const HostSpeed& speed);
 
 // Reads a `measured:` map strictly (unknown keys and tables are errors naming file:line).
 Result<MeasuredPrimitives> MeasuredFromYaml(const YAML::Node& node, const std::string& file);

@@ -639,7 +639,8 @@ Result<MeasuredPrimitives> Bench::Run() {
   const double gd = double(g.gemm_dims.size());
   total_ = gd * gd * gd + double(g.attention_s.size() * g.attention_d.size()) +
            double(g.row_rows.size() * g.row_cols.size()) + double(g.elements.size()) +
-           double(g.alloc_bytes.size()) + 6.0 * double(g.comm_ranks.size()) +
+           double(g.alloc_bytes.size()) +
+           (opt_.ops_only ? 0.0 : 6.0 * double(g.comm_ranks.size())) +
            double(g.attention_s.size() * g.attention_d.size());
   PTDP_RETURN_IF_ERROR(Gemms().Prefixed("GEMMs"));
   PTDP_RETURN_IF_ERROR(Attention().Prefixed("attention"));
@@ -647,13 +648,14 @@ Result<MeasuredPrimitives> Bench::Run() {
   PTDP_RETURN_IF_ERROR(RowOps().Prefixed("row-wise ops"));
   PTDP_RETURN_IF_ERROR(ElementOps().Prefixed("element-wise ops"));
   PTDP_RETURN_IF_ERROR(Allocs().Prefixed("allocation"));
-  PTDP_RETURN_IF_ERROR(Collectives());
+  if (!opt_.ops_only) PTDP_RETURN_IF_ERROR(Collectives());
   PTDP_RETURN_IF_ERROR(be_->Synchronize().Prefixed("the backend"));
   PTDP_RETURN_IF_ERROR(failed_.Prefixed("the backend"));
   MeasuredPrimitives m;
   m.element_bytes = e_;
   AttentionStorage(&m);
   for (const TableKind& kind : MeasuredTableKinds()) {
+    if (opt_.ops_only && rows_[kind.name].empty()) continue;  // a collective's
     std::vector<double> exponents;
     for (const TableAxis& a : kind.axes) exponents.push_back(a.exponent);
     PTDP_ASSIGN_OR_RETURN(m.tables[kind.name],
@@ -707,6 +709,19 @@ MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
     g.comm_ranks = Geometric(2, std::min(8.0, max_ranks), 2);
     g.comm_bytes = Geometric(32, 8388608, 4);
   }
+  return g;
+}
+
+MicrobenchGrids SpeedProbeGrids() {
+  MicrobenchGrids g;
+  g.gemm_dims = {64, 256};
+  g.attention_s = {128};
+  g.attention_d = {32};
+  g.row_rows = {256};
+  g.row_cols = {64};
+  g.elements = {262144};
+  g.gelu_sigma = {0.25};
+  g.alloc_bytes = {1048576};
   return g;
 }
 

@@ -55,11 +55,20 @@ struct MicrobenchOptions {
   // optimizer's tensors in fp32 as the runtime keeps them (backend.h's dtype rules), and
   // MeasuredPrimitives::element_bytes is its size.
   DType act = DType::kF32;
+  // Only the ops on rank 0 (GEMMs, attention, row-wise, element-wise, allocation): no world of
+  // several ranks, no collective tables (the speed probe of `ptdp train`).
+  bool ops_only = false;
 };
 // Four times this host's largest per-core cache below the shared one (L2, from
 // /sys/devices/system/cpu/cpu0/cache), at least 8 MiB; 8 MiB when sysfs does not say.
 double ColdBytesOfThisHost();
 MicrobenchGrids GridsFor(const MicrobenchOptions& opt);
+// The speed probe's grids: one or two points of each op table, each a point of both the quick
+// and the full grids (so that the calibration measured it rather than interpolating), some
+// fifty timings in all (about half a second on the 2-core dev VM). `ptdp train` runs them with
+// ops_only before and after its steps; `ptdp compare` holds them against the calibration
+// (core/measured.h, HostSpeed).
+MicrobenchGrids SpeedProbeGrids();
 
 // A world of ranks made together with their backends: a GPU communicator needs each rank's
 // stream, i.e. its backend, so the two come from one factory (cli/launch.h's MakeLaunch).

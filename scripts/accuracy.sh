@@ -8,7 +8,9 @@
 # meanwhile (`ptdp train`/`calibrate` measure it); busy runs are printed but left out of the
 # medians, and retried after a pause (up to 4 x RUNS attempts).
 # Prints each run's step-time and memory errors, then per layout the median over the quiet runs:
-# the figures of docs/cost-model.md, "Measured primitives".
+# the figures of docs/cost-model.md, "Measured primitives". "at speed" is compare's error at the
+# host's speed during the run (host_speed: train's speed probe against the calibration), the
+# cost model's own error once the host's drift since calibration is taken out.
 #
 #   scripts/accuracy.sh [build] [runs] [--quick]     e.g. scripts/accuracy.sh build 5
 set -euo pipefail
@@ -23,6 +25,12 @@ mkdir -p "$out"
 # spaces in); `load` the one of compare's expert_load object.
 field() { grep -m1 "^  \"$1\":" "$2" | sed -E 's/.*: ([^,]*),?$/\1/'; }
 load() { sed -n '/^  "expert_load": {/,/^  }/p' "$2" | grep -m1 "\"$1\":" | sed -E 's/.*: ([^,]*),?$/\1/'; }
+speed() { sed -n '/^  "host_speed": {/,/^  }/p' "$2" | grep -m1 "^    \"$1\":" | sed -E 's/.*: ([^,]*),?$/\1/'; }
+# The median of a list of numbers, as a signed percentage; n/a for none.
+Median() {
+  echo "$1" | tr ' ' '\n' | { grep -v '^$' || true; } | sort -g |
+    awk '{v[NR]=$1} END{if(NR==0) print "n/a"; else if(NR%2) printf "%+.1f%%", v[(NR+1)/2]; else printf "%+.1f%%", (v[NR/2]+v[NR/2+1])/2}'
+}
 pct() { awk "BEGIN{printf \"%.0f\", 100*$1}"; }
 
 for attempt in 1 2 3 4 5; do
@@ -34,7 +42,7 @@ for attempt in 1 2 3 4 5; do
 done
 echo "calibrated in $(field elapsed_s "$out/calibrate.json") s: $out/calibrated.yaml"
 
-printf '%-8s %4s %12s %12s %10s %10s %s\n' layout run predicted measured "step err" "mem err" machine
+printf '%-8s %4s %12s %12s %10s %10s %10s %s\n' layout run predicted measured "step err" "at speed" "mem err" machine
 summary=""
 tiny=configs/models/gpt-tiny.yaml
 moe=configs/models/gpt-tiny-moe.yaml
@@ -52,6 +60,7 @@ for layout in "1x1x1:$tiny:--gpus 1" "tp2:$tiny:--gpus 2 --tp 2" "pp2:$tiny:--gp
   "$ptdp" plan --cluster "$out/calibrated.yaml" --model "$model" \
     --global-batch 8 $flags --top 1 --out "$plan" > /dev/null
   errors=""
+  at_speed_errors=""
   quiet=0
   for run in $(seq 1 $((4 * runs))); do
     [ "$quiet" -lt "$runs" ] || break
@@ -67,9 +76,11 @@ for layout in "1x1x1:$tiny:--gpus 1" "tp2:$tiny:--gpus 2 --tp 2" "pp2:$tiny:--gp
       err=$(load step_time_error_pct "$c")
       predicted=$(load predicted_step_time_s "$c")
     fi
-    printf '%-8s %4s %9.2f ms %9.2f ms %+9.1f%% %+9.1f%% %s%s\n' "$name" "$run" \
+    at_speed=$(speed step_time_error_pct "$c")
+    printf '%-8s %4s %9.2f ms %9.2f ms %+9.1f%% %9s %+9.1f%% %s%s\n' "$name" "$run" \
       "$(awk "BEGIN{print 1000*$predicted}")" \
       "$(awk "BEGIN{print 1000*$(field measured_step_time_s "$c")}")" "$err" \
+      "$( [ -n "$at_speed" ] && printf '%+.1f%%' "$at_speed" || echo n/a)" \
       "$(field memory_error_pct "$c")" \
       "$( [ "$busy" = true ] && echo "busy (others $(pct "$(field other_cpu_share "$c")")%)" || echo quiet)" \
       "$at_load"
@@ -77,11 +88,11 @@ for layout in "1x1x1:$tiny:--gpus 1" "tp2:$tiny:--gpus 2 --tp 2" "pp2:$tiny:--gp
       sleep 5
     else
       errors="$errors $err"
+      at_speed_errors="$at_speed_errors $at_speed"
       quiet=$((quiet + 1))
     fi
   done
-  median=$(echo "$errors" | tr ' ' '\n' | { grep -v '^$' || true; } | sort -g |
-           awk '{v[NR]=$1} END{if(NR==0) print "n/a"; else if(NR%2) printf "%+.1f%%", v[(NR+1)/2]; else printf "%+.1f%%", (v[NR/2]+v[NR/2+1])/2}')
-  summary="$summary$(printf '%-8s median step-time error over %d quiet runs: %s' "$name" "$quiet" "$median")\n"
+  median=$(Median "$errors")
+  summary="$summary$(printf '%-8s median step-time error over %d quiet runs: %s; at the host speed of each run: %s' "$name" "$quiet" "$median" "$(Median "$at_speed_errors")")\n"
 done
 printf '\n%b' "$summary"

@@ -169,6 +169,72 @@ TEST(Compare, SaysWhenRanksDoingTheSameWorkComputedAtUnequalSpeed) {
   EXPECT_TRUE(nlohmann::json::parse(r.out)["compute_spread"].is_null()) << r.out;
 }
 
+// The host speed probe: `train --out` times a few of calibrate's ops before and after its steps
+// (measured.json speed_probe) and compare holds them against the calibration: the ratio, and
+// the prediction with the op tables at that speed. Then measured.json with every probe time
+// doubled by hand (the host twice as slow: the ratio doubles and the 1x1x1 step, all compute,
+// nearly so), with the second probe 10% slower than the first (drift within the run), and
+// with a negative time (an error naming the file); --no-speed-probe writes none.
+TEST(Compare, HoldsTheHostSpeedAgainstTheCalibration) {
+  const std::string cal = Tmp("probe-cal.yaml");
+  CmdResult r = Ptdp("calibrate --backend cpu --quick --max-ranks 2 --out " + cal);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string plan = Tmp("probe.plan.yaml"), measured = Tmp("probe.measured.json");
+  r = Ptdp("plan --cluster " + cal + " --model " + kTiny +
+           " --gpus 1 --global-batch 8 --top 1 --refine 0 --out " + plan);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = Ptdp("train " + plan + " --steps 2 --out " + measured);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(measured);
+  const auto m = nlohmann::json::parse(in);
+  ASSERT_TRUE(m.contains("speed_probe")) << m.dump().substr(0, 500);
+  EXPECT_EQ(m["speed_probe"]["backend"], "cpu");
+  EXPECT_GT(m["speed_probe"]["points"].size(), 40u);
+  auto compare = [&](const nlohmann::json& file) {
+    const std::string path = Tmp("probe-edit.measured.json");
+    std::ofstream(path) << file.dump();
+    const CmdResult c = Ptdp("compare " + plan + " " + path + " --json", false);
+    EXPECT_EQ(c.code, 0) << c.out;
+    return nlohmann::json::parse(c.out)["host_speed"];
+  };
+  const auto base = compare(m);
+  ASSERT_TRUE(base.is_object());
+  const double ratio = base["ratio"], predicted = base["predicted_step_time_s"];
+  EXPECT_GT(ratio, 0);
+  EXPECT_GT(predicted, 0);
+  EXPECT_TRUE(base["by_table"].contains("gemm_nt"));
+  EXPECT_FALSE(base["by_table"].contains("all_reduce"));
+  auto edited = [&](double before, double after) {
+    nlohmann::json e = m;
+    for (auto& p : e["speed_probe"]["points"]) {
+      p["before_s"] = before * p["before_s"].get<double>();
+      p["after_s"] = after * p["after_s"].get<double>();
+    }
+    return e;
+  };
+  const auto twice = compare(edited(2, 2));
+  EXPECT_NEAR(twice["ratio"].get<double>(), 2 * ratio, 1e-9 * ratio);
+  EXPECT_GT(twice["predicted_step_time_s"].get<double>(), 1.8 * predicted);
+  EXPECT_LE(twice["predicted_step_time_s"].get<double>(), 2.0 * predicted * (1 + 1e-9));
+  const auto drift = compare(edited(1, 1.1));
+  EXPECT_NEAR(drift["drift_within_run"].get<double>() / base["drift_within_run"].get<double>(),
+              1.1, 1e-9);
+  r = Ptdp("compare " + plan + " " + measured);
+  EXPECT_NE(r.out.find("host speed: the calibrated ops took"), std::string::npos) << r.out;
+  nlohmann::json bad = m;
+  bad["speed_probe"]["points"][0]["after_s"] = -1;
+  const std::string bad_file = Tmp("probe-bad.measured.json");
+  std::ofstream(bad_file) << bad.dump();
+  r = Ptdp("compare " + plan + " " + bad_file);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(bad_file + ": speed_probe point 1"), std::string::npos) << r.out;
+  const std::string none = Tmp("probe-none.measured.json");
+  r = Ptdp("train " + plan + " --steps 1 --no-speed-probe --out " + none);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in2(none);
+  EXPECT_FALSE(nlohmann::json::parse(in2).contains("speed_probe"));
+}
+
 TEST(Compare, ErrorsNameTheFile) {
   CmdResult r = Ptdp("compare " + Pp2().plan + " /nonexistent/measured.json");
   EXPECT_EQ(r.code, 1);

@@ -167,4 +167,37 @@ TEST(MeasuredYamlTest, ExtremeNumbersAreRefusedNamingTheRange) {
 }
 
 }  // namespace
+// The host's speed against a calibration: per table the geometric mean of probe / calibrated
+// over the probe's points (between grid points the calibration interpolates), overall over all
+// points; AtHostSpeed scales those tables and leaves the others (collectives) alone.
+TEST(HostSpeedTest, RatiosPerTableAndOverallAndTheRescaledCalibration) {
+  const MeasuredPrimitives cal = Sample();
+  MeasuredPrimitives probe;
+  const MeasuredTable& nt = *cal.Table("gemm_nt");
+  // Two points of gemm_nt at 2x and 0.5x (geometric mean 1), one of copy at 3x, off the grid.
+  probe.tables["gemm_nt"] = *MeasuredTable::FromRows(
+      {{16, 16, 16, 2 * nt.Seconds(16, 16, 16)}, {16, 16, 1048576, 0.5 * nt.Seconds(16, 16, 1048576)}},
+      {1, 1, 1}, "gemm_nt");
+  probe.tables["copy"] =
+      *MeasuredTable::FromRows({{4096, 3 * cal.Table("copy")->Seconds(4096)}}, {1}, "copy");
+  auto speed = CompareHostSpeed(cal, probe);
+  ASSERT_TRUE(speed.ok()) << speed.status().message();
+  EXPECT_EQ(speed->points, 3);
+  EXPECT_NEAR(speed->by_table.at("gemm_nt"), 1.0, 1e-12);
+  EXPECT_NEAR(speed->by_table.at("copy"), 3.0, 1e-12);
+  EXPECT_NEAR(speed->overall, std::cbrt(2 * 0.5 * 3), 1e-12);
+  const MeasuredPrimitives at = AtHostSpeed(cal, *speed);
+  EXPECT_NEAR(at.Table("copy")->Seconds(4096), 3 * cal.Table("copy")->Seconds(4096), 1e-18);
+  EXPECT_NEAR(at.Table("copy")->Seconds(1e9), 3 * cal.Table("copy")->Seconds(1e9), 1e-9);
+  EXPECT_EQ(at.Table("all_reduce")->seconds(), cal.Table("all_reduce")->seconds());
+  EXPECT_EQ(at.Table("gemm_tn")->seconds(), cal.Table("gemm_tn")->seconds());
+  // A table the calibration lacks, or a probe of nothing, is an error naming it.
+  MeasuredPrimitives thin = cal;
+  thin.tables.erase("copy");
+  auto missing = CompareHostSpeed(thin, probe);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("copy"), std::string::npos);
+  EXPECT_FALSE(CompareHostSpeed(cal, MeasuredPrimitives{}).ok());
+}
+
 }  // namespace ptdp

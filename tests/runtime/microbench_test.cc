@@ -109,6 +109,51 @@ TEST(Microbench, MeasuresEveryTableOnTheCpuBackend) {
   EXPECT_EQ(m->Table("all_reduce")->axis_values()[0], std::vector<double>{2});
 }
 
+// The speed probe of `ptdp train`: ops only (no world of several ranks is asked for, no
+// collective table), and each probe point lies on both the quick and the full grids, so that
+// compare holds it against a measured point of either calibration, not an interpolation.
+TEST(Microbench, TheSpeedProbeTimesOpsOnlyAtPointsOfEveryCalibration) {
+  MicrobenchOptions opt = Tiny();
+  opt.grids = SpeedProbeGrids();
+  opt.ops_only = true;
+  std::set<int> worlds;
+  auto m = RunMicrobenchmarks(
+      [&](int ranks) {
+        worlds.insert(ranks);
+        return CpuWorld(ranks);
+      },
+      opt, nullptr);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(worlds, std::set<int>{1});
+  for (const char* comm : {"all_reduce", "all_gather", "reduce_scatter", "send_recv",
+                           "ring_exchange", "all_to_all"})
+    EXPECT_EQ(m->Table(comm), nullptr) << comm;
+  for (const char* op : {"gemm_nt", "gemm_nn", "gemm_tn", "attention_forward",
+                         "attention_block_backward", "layernorm_backward", "gelu_forward", "adamw",
+                         "alloc"})
+    ASSERT_NE(m->Table(op), nullptr) << op;
+  const MicrobenchGrids probe = SpeedProbeGrids();
+  for (bool quick : {true, false}) {
+    MicrobenchOptions o;
+    o.quick = quick;
+    const MicrobenchGrids g = GridsFor(o);
+    auto within = [&](const std::vector<double>& sub, const std::vector<double>& all,
+                      const char* what) {
+      for (double v : sub)
+        EXPECT_NE(std::find(all.begin(), all.end(), v), all.end())
+            << what << " " << v << (quick ? " (quick)" : " (full)");
+    };
+    within(probe.gemm_dims, g.gemm_dims, "gemm");
+    within(probe.attention_s, g.attention_s, "attention s");
+    within(probe.attention_d, g.attention_d, "attention d");
+    within(probe.row_rows, g.row_rows, "rows");
+    within(probe.row_cols, g.row_cols, "cols");
+    within(probe.elements, g.elements, "elements");
+    within(probe.gelu_sigma, g.gelu_sigma, "sigma");
+    within(probe.alloc_bytes, g.alloc_bytes, "alloc");
+  }
+}
+
 // A bf16 run's calibration (MicrobenchOptions::act, as `calibrate --backend cuda` for bf16
 // plans): every table filled with the ops on bf16 tensors (the CPU backend widens them), and the
 // model told that activations take 2 bytes.

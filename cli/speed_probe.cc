@@ -1,0 +1,113 @@
+// The host speed probe (speed_probe.h).
+#include "cli/speed_probe.h"
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "cli/launch.h"
+#include "core/limits.h"
+
+namespace ptdp::cli {
+
+rt::MakeWorld BenchWorlds(const std::string& backend, Precision precision) {
+  return [backend, precision](int ranks) -> Result<rt::BenchWorld> {
+    Layout l;
+    l.dp = ranks;
+    l.precision = precision;  // fp32 plans run fp32 GEMMs on CUDA, the others bf16 ones
+    LaunchOptions o;
+    o.backend = backend;
+    PTDP_ASSIGN_OR_RETURN(Launch run, MakeLaunch(l, o));
+    return rt::BenchWorld{run.comms, run.backends, run.keep_alive};
+  };
+}
+
+rt::MicrobenchOptions CalibrationOptions(const std::string& backend, bool quick, rt::DType act) {
+  rt::MicrobenchOptions opt;
+  opt.quick = quick;
+  // Short batches (0.5 ms) on the CPU in both modes: at identical shapes, 2 ms batches timed the
+  // GEMMs 21-25% faster (gemm_nt/nn/tn at 0.79/0.93/0.75 of the 0.5 ms figure) while element-wise
+  // ops did not move, and training, which calls each GEMM once between other ops, runs at the
+  // short-batch speed: with 2 ms batches the full calibration predicted every layout of `make
+  // demo` 7-16% too fast, the quick one within +-7% (2-core VM, 2026-12-04). GPUs keep 2 ms
+  // (launch and synchronization costs weigh more in short batches).
+  if (quick || backend == "cpu") opt.min_batch_s = 5e-4;
+  // The full grids take the median of 5 batches: with 3, one grid cell timed while the VM's host
+  // was busy moved a layout's prediction by up to 8% between two calibrations minutes apart.
+  if (!quick) opt.batches = 5;
+  // CUDA bf16 (the default): `ptdp train` runs bf16 plans with bf16 activations and weights
+  // (TrainerConfig::bf16), so the ops are timed on bf16 tensors.
+  opt.act = act;
+  return opt;
+}
+
+Result<MeasuredPrimitives> RunSpeedProbe(const std::string& backend, rt::DType act) {
+  rt::MicrobenchOptions opt = CalibrationOptions(backend, /*quick=*/false, act);
+  opt.grids = rt::SpeedProbeGrids();
+  opt.ops_only = true;
+  const Precision gemms = act == rt::DType::kBF16 ? Precision::kBf16 : Precision::kFp32;
+  return rt::RunMicrobenchmarks(BenchWorlds(backend, gemms), opt, nullptr);
+}
+
+nlohmann::json SpeedProbeJson(const std::string& backend, const MeasuredPrimitives& before,
+                              const MeasuredPrimitives& after) {
+  nlohmann::json points = nlohmann::json::array();
+  for (const auto& [name, table] : before.tables) {
+    const MeasuredTable* later = after.Table(name);
+    if (!later) continue;
+    for (const std::vector<double>& row : table.Rows()) {
+      const std::vector<double> at(row.begin(), row.end() - 1);
+      points.push_back({{"table", name}, {"at", at}, {"before_s", row.back()},
+                        {"after_s", later->Seconds(at)}});
+    }
+  }
+  return {{"backend", backend}, {"points", points}};
+}
+
+Result<MeasuredPrimitives> SpeedProbeFromJson(const nlohmann::json& j, const std::string& file,
+                                              double* drift_within) {
+  const std::string where = file + ": speed_probe";
+  if (!j.is_object() || !j.contains("points") || !j["points"].is_array())
+    return Status::Error(where + ": expected an object with a points array");
+  std::map<std::string, std::vector<std::vector<double>>> rows;
+  double log_within = 0;
+  int n = 0;
+  for (const nlohmann::json& p : j["points"]) {
+    const std::string at_point = where + " point " + std::to_string(n + 1);
+    if (!p.is_object() || !p.contains("table") || !p["table"].is_string() || !p.contains("at") ||
+        !p["at"].is_array() || !p.contains("before_s") || !p["before_s"].is_number() ||
+        !p.contains("after_s") || !p["after_s"].is_number())
+      return Status::Error(at_point + ": expected {table, at, before_s, after_s}");
+    const std::string name = p["table"].get<std::string>();
+    const TableKind* kind = FindTableKind(name);
+    if (!kind) return Status::Error(at_point + ": unknown table '" + name + "'");
+    if (p["at"].size() != kind->axes.size())
+      return Status::Error(at_point + ": table " + name + " has " +
+                           std::to_string(kind->axes.size()) + " axes, 'at' " +
+                           std::to_string(p["at"].size()) + " values");
+    std::vector<double> row;
+    for (const nlohmann::json& v : p["at"]) {
+      if (!v.is_number()) return Status::Error(at_point + ": 'at' holds a non-number");
+      row.push_back(v.get<double>());
+    }
+    const double before = p["before_s"].get<double>(), after = p["after_s"].get<double>();
+    for (double t : {before, after})
+      if (Status st = CheckRange(t, limits::kMeasuredSeconds); !st.ok())
+        return st.Prefixed(at_point);
+    row.push_back(std::sqrt(before * after));
+    rows[name].push_back(std::move(row));
+    log_within += std::log(after / before);
+    ++n;
+  }
+  if (n == 0) return Status::Error(where + ": no points");
+  MeasuredPrimitives m;
+  for (const auto& [name, r] : rows) {
+    std::vector<double> exponents;
+    for (const TableAxis& a : FindTableKind(name)->axes) exponents.push_back(a.exponent);
+    PTDP_ASSIGN_OR_RETURN(m.tables[name], MeasuredTable::FromRows(r, exponents, where + " " + name));
+  }
+  if (drift_within) *drift_within = std::exp(log_within / n);
+  return m;
+}
+
+}  // namespace ptdp::cli
