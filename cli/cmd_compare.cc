@@ -112,10 +112,14 @@ int RunCompare(const CompareFlags& f) {
         lo = lo == 0 ? ratio : std::min(lo, ratio);
         hi = std::max(hi, ratio);
       }
+      const std::string threads =
+          c.host_probe_threads > 1
+              ? " on the slowest of " + std::to_string(c.host_probe_threads) + " cores busy at once"
+              : "";
       std::printf("\nhost speed: the calibrated ops took %.2fx their calibrated time during this "
-                  "run (%.2fx to %.2fx over %zu tables; %s from the probe before the steps to the "
-                  "one after); at that speed%s the predicted step is %.2f %s (%s)\n",
-                  c.host_speed.overall, lo, hi, c.host_speed.by_table.size(),
+                  "run%s (%.2fx to %.2fx over %zu tables; %s from the probe before the steps to "
+                  "the one after); at that speed%s the predicted step is %.2f %s (%s)\n",
+                  c.host_speed.overall, threads.c_str(), lo, hi, c.host_speed.by_table.size(),
                   Pct(100 * (c.host_drift_within_run - 1)).c_str(),
                   c.predicted_step_at_measured_load_s > 0 ? " and the measured expert load" : "",
                   c.predicted_step_at_host_speed_s * u.scale, u.name,

@@ -398,8 +398,11 @@ int RunTrain(const TrainFlags& f) {
   const bool probe = f.speed_probe && !f.out.empty() && single_process;
   const rt::DType probe_act = f.backend == "cuda" && cfg.bf16 ? rt::DType::kBF16 : rt::DType::kF32;
   std::optional<MeasuredPrimitives> probe_before, probe_after;
+  // CPU: on as many threads at once as the run keeps cores busy (speed_probe.h).
+  const int probe_threads =
+      f.backend == "cpu" ? std::max(1, std::min(l.world(), int(std::thread::hardware_concurrency()))) : 1;
   auto run_probe = [&](std::optional<MeasuredPrimitives>* into) {
-    auto p = RunSpeedProbe(f.backend, probe_act);
+    auto p = RunSpeedProbe(f.backend, probe_act, probe_threads);
     if (p.ok())
       *into = std::move(*p);
     else
@@ -481,7 +484,7 @@ int RunTrain(const TrainFlags& f) {
     j["timing"] = TimingJson(steps, f.timing_warmup, other_share);
     j["timeline"] = TimelineJson(steps, f.timing_warmup);
     if (probe_before && probe_after)
-      j["speed_probe"] = SpeedProbeJson(f.backend, *probe_before, *probe_after);
+      j["speed_probe"] = SpeedProbeJson(f.backend, probe_threads, *probe_before, *probe_after);
     j["validation_loss"] = val_json;
     j["summary"] = summary;
     j["interrupted"] = nullptr;

@@ -294,6 +294,8 @@ Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_fil
     auto speed = CompareHostSpeed(cal, probe);
     if (!speed.ok()) return speed.status().Prefixed(measured_file);
     c.host_speed = *speed;
+    if (probe_json.contains("threads") && probe_json["threads"].is_number_integer())
+      c.host_probe_threads = std::max(1, probe_json["threads"].get<int>());
     ClusterSpec at_speed = w.cluster;
     at_speed.measured = AtHostSpeed(cal, c.host_speed);
     if (moe_load) at_speed.calibration["moe_dropless_load"] = c.measured_expert_load;
@@ -337,6 +339,7 @@ json ComparisonJson(const Comparison& c) {
     speed = {{"ratio", c.host_speed.overall},
              {"by_table", tables},
              {"points", c.host_speed.points},
+             {"threads", c.host_probe_threads},
              {"drift_within_run", c.host_drift_within_run},
              {"predicted_step_time_s", c.predicted_step_at_host_speed_s},
              {"step_time_error_pct", err(c.predicted_step_at_host_speed_s, c.measured_step_s)}};

@@ -67,6 +67,7 @@ struct Comparison {
   // an uncalibrated cluster, or a probe of another backend).
   HostSpeed host_speed;
   double host_drift_within_run = 0;  // the probe after the steps over the one before
+  int host_probe_threads = 1;        // threads the probe ran on at once (the slowest counts)
   double predicted_step_at_host_speed_s = 0;
 
   // Mean over ranks of each part.

@@ -4,10 +4,10 @@
 // compare` holds them against the calibrated tables (core/measured.h, HostSpeed) to tell the
 // host's drift since calibration from the cost model's error.
 //
-//   auto before = RunSpeedProbe("cpu", rt::DType::kF32);     // ~0.5 s on the 2-core dev VM
+//   auto before = RunSpeedProbe("cpu", rt::DType::kF32, 2);  // ~0.5 s on the 2-core dev VM
 //   ... train ...
-//   auto after = RunSpeedProbe("cpu", rt::DType::kF32);
-//   j["speed_probe"] = SpeedProbeJson("cpu", *before, *after);
+//   auto after = RunSpeedProbe("cpu", rt::DType::kF32, 2);
+//   j["speed_probe"] = SpeedProbeJson("cpu", 2, *before, *after);
 //   auto probe = SpeedProbeFromJson(j["speed_probe"], "measured.json");  // back, in compare
 #pragma once
 
@@ -31,14 +31,19 @@ rt::MakeWorld BenchWorlds(const std::string& backend, Precision precision);
 // are the same statistic. `act`: the dtype a run stores activations in (bf16 only on CUDA).
 rt::MicrobenchOptions CalibrationOptions(const std::string& backend, bool quick, rt::DType act);
 
-// The probe on rank 0 of a one-rank world of `backend` (SpeedProbeGrids, ops only). Fails as
-// the microbenchmarks do (no GPU, an allocation).
-Result<MeasuredPrimitives> RunSpeedProbe(const std::string& backend, rt::DType act);
+// The probe (SpeedProbeGrids, ops only) on `threads` threads at once, each on rank 0 of a
+// one-rank world of its own; the slowest thread's probe comes back: a run of several ranks on
+// the CPU keeps that many cores busy at once, and a synchronous step waits for its slowest rank
+// (two busy vCPUs ran 1.2-1.35x apart within a run on the dev VM). threads > 1 only for the CPU
+// backend (ranks on one GPU take turns; the cost model counts that already). Fails as the
+// microbenchmarks do (no GPU, an allocation), or on threads < 1.
+Result<MeasuredPrimitives> RunSpeedProbe(const std::string& backend, rt::DType act,
+                                         int threads = 1);
 
-// measured.json's `speed_probe`: {backend, points: [{table, at, before_s, after_s}]}.
+// measured.json's `speed_probe`: {backend, threads, points: [{table, at, before_s, after_s}]}.
 // Precondition: before and after come from RunSpeedProbe on the same backend (the same points).
-nlohmann::json SpeedProbeJson(const std::string& backend, const MeasuredPrimitives& before,
-                              const MeasuredPrimitives& after);
+nlohmann::json SpeedProbeJson(const std::string& backend, int threads,
+                              const MeasuredPrimitives& before, const MeasuredPrimitives& after);
 
 // The probe read back: each point's time the geometric mean of before_s and after_s (the
 // host's speed over the run); `drift_within` (may be null) gets the geometric mean of

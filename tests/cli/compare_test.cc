@@ -189,6 +189,7 @@ TEST(Compare, HoldsTheHostSpeedAgainstTheCalibration) {
   const auto m = nlohmann::json::parse(in);
   ASSERT_TRUE(m.contains("speed_probe")) << m.dump().substr(0, 500);
   EXPECT_EQ(m["speed_probe"]["backend"], "cpu");
+  EXPECT_EQ(m["speed_probe"]["threads"], 1);  // one rank keeps one core busy
   EXPECT_GT(m["speed_probe"]["points"].size(), 40u);
   auto compare = [&](const nlohmann::json& file) {
     const std::string path = Tmp("probe-edit.measured.json");
@@ -203,6 +204,7 @@ TEST(Compare, HoldsTheHostSpeedAgainstTheCalibration) {
   EXPECT_GT(ratio, 0);
   EXPECT_GT(predicted, 0);
   EXPECT_TRUE(base["by_table"].contains("gemm_nt"));
+  EXPECT_EQ(base["threads"], 1);
   EXPECT_FALSE(base["by_table"].contains("all_reduce"));
   auto edited = [&](double before, double after) {
     nlohmann::json e = m;
