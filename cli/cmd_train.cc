@@ -394,13 +394,16 @@ int RunTrain(const TrainFlags& f) {
   // The host speed probe (cli/speed_probe.h), for compare: with --out, in a run of one process
   // (the others would wait in their first collective meanwhile), before the first step and
   // after the last, while the ranks are idle. A failed probe is a warning: the run goes on.
-  const bool single_process = launch->local_ranks.empty() || int(launch->local_ranks.size()) == l.world();
+  const bool single_process =
+      launch->local_ranks.empty() || int(launch->local_ranks.size()) == l.world();
   const bool probe = f.speed_probe && !f.out.empty() && single_process;
   const rt::DType probe_act = f.backend == "cuda" && cfg.bf16 ? rt::DType::kBF16 : rt::DType::kF32;
   std::optional<MeasuredPrimitives> probe_before, probe_after;
   // CPU: on as many threads at once as the run keeps cores busy (speed_probe.h).
   const int probe_threads =
-      f.backend == "cpu" ? std::max(1, std::min(l.world(), int(std::thread::hardware_concurrency()))) : 1;
+      f.backend == "cpu"
+          ? std::max(1, std::min(l.world(), int(std::thread::hardware_concurrency())))
+          : 1;
   auto run_probe = [&](std::optional<MeasuredPrimitives>* into) {
     auto p = RunSpeedProbe(f.backend, probe_act, probe_threads);
     if (p.ok())

@@ -11,6 +11,13 @@
 #include "core/limits.h"
 
 namespace ptdp::cli {
+namespace {
+
+std::string Count(size_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+}  // namespace
 
 rt::MakeWorld BenchWorlds(const std::string& backend, Precision precision) {
   return [backend, precision](int ranks) -> Result<rt::BenchWorld> {
@@ -55,7 +62,9 @@ Result<MeasuredPrimitives> RunSpeedProbe(const std::string& backend, rt::DType a
   {
     std::vector<std::thread> pool;
     for (int t = 1; t < threads; ++t)
-      pool.emplace_back([&, t] { runs[size_t(t)] = rt::RunMicrobenchmarks(BenchWorlds(backend, gemms), opt, nullptr); });
+      pool.emplace_back([&, t] {
+        runs[size_t(t)] = rt::RunMicrobenchmarks(BenchWorlds(backend, gemms), opt, nullptr);
+      });
     runs[0] = rt::RunMicrobenchmarks(BenchWorlds(backend, gemms), opt, nullptr);
     for (std::thread& th : pool) th.join();
   }
@@ -110,8 +119,8 @@ Result<MeasuredPrimitives> SpeedProbeFromJson(const nlohmann::json& j, const std
     if (!kind) return Status::Error(at_point + ": unknown table '" + name + "'");
     if (p["at"].size() != kind->axes.size())
       return Status::Error(at_point + ": table " + name + " has " +
-                           std::to_string(kind->axes.size()) + " axes, 'at' " +
-                           std::to_string(p["at"].size()) + " values");
+                           Count(kind->axes.size(), "axis", "axes") + ", 'at' " +
+                           Count(p["at"].size(), "value", "values"));
     std::vector<double> row;
     for (const nlohmann::json& v : p["at"]) {
       if (!v.is_number()) return Status::Error(at_point + ": 'at' holds a non-number");
@@ -131,7 +140,8 @@ Result<MeasuredPrimitives> SpeedProbeFromJson(const nlohmann::json& j, const std
   for (const auto& [name, r] : rows) {
     std::vector<double> exponents;
     for (const TableAxis& a : FindTableKind(name)->axes) exponents.push_back(a.exponent);
-    PTDP_ASSIGN_OR_RETURN(m.tables[name], MeasuredTable::FromRows(r, exponents, where + " " + name));
+    PTDP_ASSIGN_OR_RETURN(m.tables[name],
+                          MeasuredTable::FromRows(r, exponents, where + " " + name));
   }
   if (drift_within) *drift_within = std::exp(log_within / n);
   return m;

@@ -195,7 +195,8 @@ Result<HostSpeed> CompareHostSpeed(const MeasuredPrimitives& calibrated,
     if (!cal) return Status::Error("speed probe: table " + name + " is not in the calibration");
     if (cal->dims() != table.dims())
       return Status::Error("speed probe: table " + name + " has " + std::to_string(table.dims()) +
-                           " axes, the calibration's " + std::to_string(cal->dims()));
+                           (table.dims() == 1 ? " axis" : " axes") + ", the calibration's " +
+                           std::to_string(cal->dims()));
     double sum = 0;
     int n = 0;
     for (const std::vector<double>& row : table.Rows()) {

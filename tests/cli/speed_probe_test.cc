@@ -44,7 +44,7 @@ TEST(SpeedProbe, WrittenAndReadBackAsTheGeometricMeanOfItsTwoProbes) {
   refused(bad, "unknown table 'gemm_xx'");
   bad = j;
   bad["points"][0]["at"] = {64, 64};
-  refused(bad, "point 1: table copy has 1 axes, 'at' 2 values");
+  refused(bad, "point 1: table copy has 1 axis, 'at' 2 values");
   bad = j;
   bad["points"][2]["before_s"] = 0;
   refused(bad, "point 3");
