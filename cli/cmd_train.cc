@@ -53,7 +53,7 @@ struct TrainFlags {
   bool one_gpu = false;
   bool fp32_activations = false;  // --fp32-activations
   int timing_warmup = 1;  // steps left out of the timing medians
-  bool speed_probe = true;  // --no-speed-probe turns it off
+  bool no_speed_probe = false;  // --no-speed-probe
   CheckpointFlags ckpt;
 };
 
@@ -396,7 +396,7 @@ int RunTrain(const TrainFlags& f) {
   // after the last, while the ranks are idle. A failed probe is a warning: the run goes on.
   const bool single_process =
       launch->local_ranks.empty() || int(launch->local_ranks.size()) == l.world();
-  const bool probe = f.speed_probe && !f.out.empty() && single_process;
+  const bool probe = !f.no_speed_probe && !f.out.empty() && single_process;
   const rt::DType probe_act = f.backend == "cuda" && cfg.bf16 ? rt::DType::kBF16 : rt::DType::kF32;
   std::optional<MeasuredPrimitives> probe_before, probe_after;
   // CPU: on as many threads at once as the run keeps cores busy (speed_probe.h).
@@ -536,7 +536,7 @@ Runner SetupTrain(CLI::App* sub) {
   sub->add_flag("--fp32-activations", f->fp32_activations,
                 "bf16 plans: keep activations and weights in fp32 (CUDA still multiplies in bf16 "
                 "on tensor cores; the pre-bf16-storage path, to compare against)");
-  sub->add_flag("--no-speed-probe{false}", f->speed_probe,
+  sub->add_flag("--no-speed-probe", f->no_speed_probe,
                 "with --out: skip timing a few of calibrate's ops before the first step and after "
                 "the last (about 1 s; compare holds them against the calibration to tell the "
                 "host's drift from the model's error)");
