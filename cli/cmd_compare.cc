@@ -107,9 +107,9 @@ int RunCompare(const CompareFlags& f) {
                   c.predicted_step_at_measured_load_s * u.scale, u.name,
                   Pct(ErrorPct(c.predicted_step_at_measured_load_s, c.measured_step_s)).c_str());
     if (c.host_speed.points > 0) {
-      double lo = 0, hi = 0;
+      double lo = c.host_speed.overall, hi = c.host_speed.overall;  // within the tables' range
       for (const auto& [name, ratio] : c.host_speed.by_table) {
-        lo = lo == 0 ? ratio : std::min(lo, ratio);
+        lo = std::min(lo, ratio);
         hi = std::max(hi, ratio);
       }
       const std::string threads =

@@ -287,7 +287,7 @@ Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_fil
   // The host's speed during the run (cli/speed_probe.h) against the calibration's, when both
   // are of the same backend; the prediction at that speed (and at the measured expert load).
   const MeasuredPrimitives& cal = w.cluster.measured;
-  if (!probe_json.is_null() && c.calibrated && probe_json.is_object() &&
+  if (c.calibrated && probe_json.is_object() &&
       probe_json.value("backend", std::string()) == cal.backend) {
     PTDP_ASSIGN_OR_RETURN(const MeasuredPrimitives probe,
                           SpeedProbeFromJson(probe_json, measured_file, &c.host_drift_within_run));

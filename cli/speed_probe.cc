@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "cli/launch.h"
@@ -80,8 +80,9 @@ Result<MeasuredPrimitives> RunSpeedProbe(const std::string& backend, rt::DType a
     return sum;
   };
   size_t slowest = 0;
+  double most = log_total(*runs[0]);
   for (size_t t = 1; t < runs.size(); ++t)
-    if (log_total(*runs[t]) > log_total(*runs[slowest])) slowest = t;
+    if (const double x = log_total(*runs[t]); x > most) most = x, slowest = t;
   return std::move(*runs[slowest]);
 }
 
@@ -138,8 +139,7 @@ Result<MeasuredPrimitives> SpeedProbeFromJson(const nlohmann::json& j, const std
   if (n == 0) return Status::Error(where + ": no points");
   MeasuredPrimitives m;
   for (const auto& [name, r] : rows) {
-    std::vector<double> exponents;
-    for (const TableAxis& a : FindTableKind(name)->axes) exponents.push_back(a.exponent);
+    const std::vector<double> exponents = FindTableKind(name)->Exponents();
     PTDP_ASSIGN_OR_RETURN(m.tables[name],
                           MeasuredTable::FromRows(r, exponents, where + " " + name));
   }

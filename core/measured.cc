@@ -68,6 +68,12 @@ const std::vector<TableKind>& MeasuredTableKinds() {
   return kinds;
 }
 
+std::vector<double> TableKind::Exponents() const {
+  std::vector<double> e;
+  for (const TableAxis& a : axes) e.push_back(a.exponent);
+  return e;
+}
+
 const TableKind* FindTableKind(const std::string& name) {
   for (const TableKind& k : MeasuredTableKinds())
     if (name == k.name) return &k;
@@ -303,9 +309,7 @@ Result<MeasuredPrimitives> MeasuredFromYaml(const YAML::Node& node, const std::s
       return Status::Error(where + ": unknown table (valid: " + valid + ")");
     }
     PTDP_ASSIGN_OR_RETURN(auto rows, ReadRows(it->second, where));
-    std::vector<double> exponents;
-    for (const TableAxis& a : kind->axes) exponents.push_back(a.exponent);
-    PTDP_ASSIGN_OR_RETURN(MeasuredTable t, MeasuredTable::FromRows(rows, exponents, where));
+    PTDP_ASSIGN_OR_RETURN(MeasuredTable t, MeasuredTable::FromRows(rows, kind->Exponents(), where));
     m.tables[name] = std::move(t);
   }
   return m;

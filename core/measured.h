@@ -33,6 +33,8 @@ struct TableKind {
   const char* name;
   std::vector<TableAxis> axes;
   const char* what;  // one line for the YAML comment and docs
+  // The axes' exponents, in order (MeasuredTable::FromRows's `exponents`).
+  std::vector<double> Exponents() const;
 };
 
 // Every table kind the cost model reads, in the order calibrate writes them.

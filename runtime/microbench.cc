@@ -656,10 +656,8 @@ Result<MeasuredPrimitives> Bench::Run() {
   AttentionStorage(&m);
   for (const TableKind& kind : MeasuredTableKinds()) {
     if (opt_.ops_only && rows_[kind.name].empty()) continue;  // a collective's
-    std::vector<double> exponents;
-    for (const TableAxis& a : kind.axes) exponents.push_back(a.exponent);
     PTDP_ASSIGN_OR_RETURN(m.tables[kind.name],
-                          MeasuredTable::FromRows(rows_[kind.name], exponents, kind.name));
+                          MeasuredTable::FromRows(rows_[kind.name], kind.Exponents(), kind.name));
   }
   return m;
 }
