@@ -91,7 +91,8 @@ const std::string& Plan() {
 }
 
 std::string TrainArgs(const std::string& plan, const std::string& dir, const std::string& out) {
-  return "train " + plan + " --steps 12 --save-every 4 --checkpoint-dir " + dir + " --out " + out;
+  return "train " + plan + " --steps 12 --save-every 4 --checkpoint-dir " + dir +
+         " --no-speed-probe --out " + out;  // the probe is compare_test's
 }
 
 // The uninterrupted run every interrupted one is compared with (12 steps, tp2 pp2).

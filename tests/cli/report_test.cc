@@ -124,7 +124,7 @@ TEST(Report, PredictedAgainstMeasuredInHeadlessChromium) {
   ASSERT_EQ(Shell(kBin + " plan --cluster " + kSrc + "/configs/clusters/local-cpu.yaml --model " +
                   kSrc + "/configs/models/gpt-tiny.yaml --gpus 2 --global-batch 8 --pp 2 "
                   "--refine 0 --out " + plan).code, 0);
-  ASSERT_EQ(Shell(kBin + " train " + plan + " --steps 3 --out " + measured).code, 0);
+  ASSERT_EQ(Shell(kBin + " train " + plan + " --steps 3 --no-speed-probe --out " + measured).code, 0);
   const CmdResult made = Shell(kBin + " report " + plan + " --measured " + measured +
                                " --json --html " + html, false);
   ASSERT_EQ(made.code, 0) << made.out;
@@ -194,7 +194,7 @@ TEST(Report, FitsTheWindowFrom800PxInHeadlessChromium) {
   ASSERT_EQ(Shell(kBin + " plan --cluster " + kSrc + "/configs/clusters/local-cpu.yaml --model " +
                   kSrc + "/configs/models/gpt-tiny.yaml --gpus 2 --global-batch 8 --pp 2 "
                   "--refine 0 --out " + plan).code, 0);
-  ASSERT_EQ(Shell(kBin + " train " + plan + " --steps 3 --out " + measured).code, 0);
+  ASSERT_EQ(Shell(kBin + " train " + plan + " --steps 3 --no-speed-probe --out " + measured).code, 0);
   ASSERT_EQ(Shell(kBin + " report " + plan + " --measured " + measured + " --html " +
                   measured_page).code, 0);
   for (const auto& [page, charts] : {std::pair{search, 3}, std::pair{measured_page, 6}})
