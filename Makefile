@@ -9,7 +9,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
-TSAN_FILTER ?= Trainer.*:Trainer/*:Reshard.*:ImportState.*:NonFinite.*:ThreadComm*:GptChunk.*:Gpt/*:TrainerSplit.*:Runtime/TrainerSplit.*:Bf16Training.*:PhaseTiming.*:Sharded*:Runtime/ShardedCheckpoint.*
+TSAN_FILTER ?= Trainer.*:GradReducer.*:Trainer/*:Reshard.*:ImportState.*:NonFinite.*:ThreadComm*:GptChunk.*:Gpt/*:TrainerSplit.*:Runtime/TrainerSplit.*:Bf16Training.*:PhaseTiming.*:Sharded*:Runtime/ShardedCheckpoint.*
 # Debug (assertions on) at -O1: sanitizer reports stop the test (-fno-sanitize-recover=all).
 ASAN_FLAGS ?= -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 30

@@ -99,6 +99,9 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp4|fp32 (default bf16; fp32 without a 16-bit peak, as on local-cpu)");
   app->add_option("--tp-comm-overlap", f->tp_overlap, "TE TP communication overlap on|off (default off)");
   app->add_option("--overlap-grad-reduce", f->grad_overlap, "overlap DP reduction with backward on|off (default on)");
+  app->add_option("--ddp-bucket-size", f->ddp_bucket_size,
+                  "parameters per gradient bucket with --overlap-grad-reduce (default Megatron's: "
+                  "max(40M, 1M x DP x CP))");
   app->add_flag("--allow-tp-across-nodes", f->allow_tp_across_nodes,
                 "let TP groups span NVLink domains: nodes, or NVL72 racks (rejected by default)");
   app->add_flag("--json", f->json, "machine-readable output");
@@ -183,6 +186,15 @@ Result<World> WorldForPlan(const Plan& plan, const std::string& cluster_override
 }
 
 namespace {
+
+// --ddp-bucket-size: a positive parameter count (Megatron's flag), or unset (0: the default).
+Result<int64_t> BucketSizeFlag(const LayoutFlags& f) {
+  if (!f.ddp_bucket_size) return int64_t(0);
+  if (*f.ddp_bucket_size <= 0)
+    return Status::Error("--ddp-bucket-size " + std::to_string(*f.ddp_bucket_size) +
+                         " must be a positive number of parameters");
+  return *f.ddp_bucket_size;
+}
 
 Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<bool>* dopt,
                   std::optional<Recompute>* rc, Precision* prec, bool* tpo, bool* gro,
@@ -277,6 +289,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   std::optional<Recompute> rc;
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &s.precision, &s.tp_comm_overlap,
                                   &s.overlap_grad_reduce, &s.overlap_p2p, &shard));
+  PTDP_ASSIGN_OR_RETURN(s.ddp_bucket_size, BucketSizeFlag(f));
   s.sequence_parallel = sp;
   s.distributed_optimizer = dopt;
   s.shard_gradients = shard;
@@ -335,6 +348,7 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   l.precision = w.cluster.gpu.DefaultPrecision();
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &l.precision, &l.tp_comm_overlap,
                                   &l.overlap_grad_reduce, &l.overlap_p2p, &shard));
+  PTDP_ASSIGN_OR_RETURN(l.ddp_bucket_size, BucketSizeFlag(f));
   l.shard_gradients = shard.value_or(false);
   const double headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
   PTDP_RETURN_IF_ERROR(CheckHeadroom(headroom));

@@ -55,6 +55,7 @@ struct LayoutFlags {
   std::optional<double> memory_headroom;
   // Megatron's --data-parallel-sharding-strategy: no_shard | optim | optim_grads.
   std::optional<std::string> dp_sharding;
+  std::optional<int64_t> ddp_bucket_size;  // Megatron's --ddp-bucket-size (parameters)
   std::optional<std::string> train_tokens;  // --train-tokens 15T: days and GPU-hours
   bool allow_tp_across_nodes = false;
   bool json = false;

@@ -182,6 +182,8 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
     if (l.shard_gradients)
       s += " --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --ckpt-format fsdp_dtensor";
     if (l.overlap_grad_reduce) s += " --overlap-grad-reduce";
+    if (l.overlap_grad_reduce && l.ddp_bucket_size > 0)
+      s += " --ddp-bucket-size " + std::to_string(l.ddp_bucket_size);
     // validate_args: --overlap-param-gather needs the distributed optimizer and
     // --overlap-grad-reduce.
     if (l.overlap_grad_reduce && l.distributed_optimizer) s += " --overlap-param-gather";

@@ -3,6 +3,7 @@
 // for which layouts are legal (see ../shared/reference/megatron-reference.md section 1).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -70,6 +71,10 @@ struct Layout {
   // Megatron --overlap-grad-reduce / --overlap-param-gather: DP collectives run under the
   // last micro-batch's backward (and the next step's first forward).
   bool overlap_grad_reduce = true;
+  // Megatron --ddp-bucket-size: the most parameters in one gradient bucket with
+  // --overlap-grad-reduce (a bucket closes once it reaches this size); 0 is Megatron's default,
+  // max(40,000,000, 1,000,000 x the DP x CP size). Without the overlap: one bucket per group.
+  int64_t ddp_bucket_size = 0;
   // Megatron/TE --tp-comm-overlap: TP collectives split and overlapped with the GEMMs.
   bool tp_comm_overlap = false;
   // Megatron --overlap-p2p-communication (on by default, interleaved schedules only): the
@@ -93,6 +98,13 @@ struct Layout {
   std::shared_ptr<const PipelineLayout> pipeline_layout;  // --pipeline-model-parallel-layout
 
   int world() const { return tp * cp * pp * dp; }
+  // The parameters of one gradient bucket with --overlap-grad-reduce: --ddp-bucket-size, else
+  // megatron/core/distributed/distributed_data_parallel.py's max(40,000,000, 1,000,000 x the
+  // DP x CP size); a bucket closes once it holds at least this many.
+  int64_t GradBucketParams() const {
+    return ddp_bucket_size > 0 ? ddp_bucket_size
+                               : std::max<int64_t>(40'000'000, 1'000'000 * int64_t(dp) * cp);
+  }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // edp = t c d / (etp ep): the group the experts' gradients are reduced over (0 when the grids
   // do not fold: CheckLayout rejects it).

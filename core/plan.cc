@@ -112,6 +112,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.schedule = *ParseScheduleKind(
       l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
   lay.overlap_grad_reduce = l.Bool("overlap_grad_reduce", true);
+  lay.ddp_bucket_size = l.NonNegativeInt("ddp_bucket_size", 0);
   lay.tp_comm_overlap = l.Bool("tp_comm_overlap", false);
   lay.overlap_p2p = l.Bool("overlap_p2p", true);
   lay.moe_a2a_overlap = l.Bool("moe_a2a_overlap", false);
@@ -201,6 +202,7 @@ std::string PlanToYaml(const Plan& plan) {
     << "  overlap_grad_reduce: " << Bool(l.overlap_grad_reduce) << "\n"
     << "  tp_comm_overlap: " << Bool(l.tp_comm_overlap) << "\n"
     << "  overlap_p2p: " << Bool(l.overlap_p2p) << "  # interleaved schedules only\n";
+  if (l.ddp_bucket_size > 0) o << "  ddp_bucket_size: " << l.ddp_bucket_size << "  # --ddp-bucket-size\n";
   if (l.moe_a2a_overlap) o << "  moe_a2a_overlap: true  # --overlap-moe-expert-parallel-comm\n";
   if (l.moe_flex_dispatcher) o << "  moe_flex_dispatcher: true  # --moe-token-dispatcher-type flex\n";
   // The pipeline split as Megatron's flags give it, then what it places (checked on reading).

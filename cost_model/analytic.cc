@@ -690,7 +690,7 @@ double AnalyticModel::ChunkGradShardTime(const Layout& l, int r, int c) const {
 // max(40,000,000, 1,000,000 x the DP x CP group size) parameters with --overlap-grad-reduce
 // (one bucket per model chunk without it).
 double AnalyticModel::BucketParams(const Layout& l) const {
-  return std::max(40e6, 1e6 * double(l.dp) * l.cp);
+  return double(l.GradBucketParams());
 }
 
 double AnalyticModel::DpExposed(const Layout& l, double params, double bwd_s,
@@ -1054,7 +1054,12 @@ double AnalyticModel::ChunkDpTime(const Layout& l, int r, int c) const {
 }
 
 int AnalyticModel::ChunkDpBuckets(const Layout& l, int r, int c) const {
-  if (runtime_ || !l.overlap_grad_reduce) return 1;
+  if (!l.overlap_grad_reduce) return 1;
+  if (runtime_) {  // the ones handed over during the backward
+    int n = 0;
+    for (const RuntimeModel::DpBucket& b : runtime_->ChunkDpBuckets(l, r, c)) n += b.overlapped;
+    return std::max(1, n);
+  }
   return std::max(1, int(std::ceil(ChunkParams(l, r, c) / BucketParams(l))));
 }
 

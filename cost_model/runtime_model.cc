@@ -51,7 +51,9 @@ RuntimeModel::RuntimeModel(const ModelSpec& model, const MeasuredPrimitives& m, 
 
 Layout RuntimeModel::Executed(const Layout& l) const {
   Layout x = l;
-  x.overlap_grad_reduce = false;
+  // Its distributed optimizer reduce-scatters each parameter after the backward; whole
+  // parameters go in buckets beside the backward (runtime/grad_reducer.h).
+  x.overlap_grad_reduce = l.overlap_grad_reduce && !l.distributed_optimizer;
   x.tp_comm_overlap = false;
   x.shard_gradients = false;  // the runtime's distributed optimizer shards the optimizer only
   x.moe_a2a_overlap = false;  // its MoE exchanges block, with the all-to-all dispatcher
@@ -276,12 +278,46 @@ int RuntimeModel::ExpertDp(const Layout& l) const {
   return std::max(1, l.tp * l.cp * l.dp / (l.expert_tp() * l.ep));
 }
 
+std::vector<RuntimeModel::DpBucket> RuntimeModel::ChunkDpBuckets(const Layout& l, int r,
+                                                                  int c) const {
+  // GptChunk::BufferOrder: replicated, other dense, routed experts; weight-decayed first.
+  std::vector<RuntimeTensor> ts = ChunkTensors(l, r, c);
+  auto order = [](const RuntimeTensor& t) {
+    return 2 * (t.expert ? 2 : t.replicated ? 0 : 1) + (t.decay ? 0 : 1);
+  };
+  std::stable_sort(ts.begin(), ts.end(),
+                   [&](const RuntimeTensor& a, const RuntimeTensor& b) { return order(a) < order(b); });
+  const double cap = l.overlap_grad_reduce ? double(l.GradBucketParams())
+                                           : std::numeric_limits<double>::infinity();
+  const bool tp_partial = l.overlap_grad_reduce && l.sequence_parallel && l.tp > 1;
+  std::vector<DpBucket> out;
+  for (const bool expert : {false, true}) {
+    if ((expert ? ExpertDp(l) : l.dp * l.cp) <= 1 || l.distributed_optimizer) continue;
+    std::vector<const RuntimeTensor*> run;
+    for (const RuntimeTensor& t : ts)
+      if (t.expert == expert) run.push_back(&t);
+    double held = 0;
+    for (size_t j = run.size(); j-- > 0;) {
+      held += run[j]->numel;
+      const bool partial = tp_partial && run[j]->replicated;
+      if (j > 0 && held < cap && (tp_partial && run[j - 1]->replicated) == partial) continue;
+      out.push_back({held, expert, l.overlap_grad_reduce && !partial});
+      held = 0;
+    }
+  }
+  return out;
+}
+
 double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
   const double k = Slowdown(l), e = m_.element_bytes;
   double s = 0;
   // What the runtime reduces whole lies in one contiguous grad buffer per chunk, dense before
-  // routed experts (GptChunk::grad_buffer): one bucket, one all-reduce + scale, per group.
-  double dense = 0, experts = 0, held_once = 0;
+  // routed experts (GptChunk::grad_buffer): per bucket one all-reduce and one scale.
+  const bool average = l.dp > 1;  // gradients are fp32 (4 bytes) whatever the weights' dtype
+  for (const DpBucket& b : ChunkDpBuckets(l, r, c))
+    s += Coll("all_reduce", b.expert ? ExpertDp(l) : l.dp * l.cp, b.numel * 4, l) +
+         (average ? Op("scale", b.numel, k) : 0);
+  double held_once = 0;
   for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
     // The dense reduction group, DP x CP; expert DP for a routed expert (held once: scaled).
     const int d = t.expert ? ExpertDp(l) : l.dp * l.cp;
@@ -289,10 +325,7 @@ double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
       if (t.expert) held_once += t.numel;
       continue;
     }
-    if (!l.distributed_optimizer) {
-      (t.expert ? experts : dense) += t.numel;
-      continue;
-    }
+    if (!l.distributed_optimizer) continue;  // in a bucket
     // Reduce-scatter of the zero-padded flat copy (R slices of ks), then, after AdamW, the
     // all-gather of the updated slices (the weights, e bytes each) and the copy back.
     const double ks = std::ceil(t.numel / d), padded = d * ks;
@@ -301,12 +334,6 @@ double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
     s += Alloc(padded * e, k) + Op("copy", ks, k) + Coll("all_gather", d, padded * e, l) +
          Op("copy", t.numel, k);
   }
-  // Gradients are fp32 (4 bytes) whatever the weights' dtype; averaged over DP (d > 1).
-  const bool average = l.dp > 1;
-  if (dense > 0)
-    s += Coll("all_reduce", l.dp * l.cp, dense * 4, l) + (average ? Op("scale", dense, k) : 0);
-  if (experts > 0)
-    s += Coll("all_reduce", ExpertDp(l), experts * 4, l) + (average ? Op("scale", experts, k) : 0);
   if (held_once > 0 && average) s += Op("scale", held_once, k);
   return s;
 }

@@ -66,8 +66,10 @@ class RuntimeModel {
   // Precondition: m.CheckComplete() is OK.
   RuntimeModel(const ModelSpec& model, const MeasuredPrimitives& m, int gpus_per_node);
 
-  // The layout as the runtime executes it: no recompute, no DP or TP overlap, fp32 when the
-  // runtime stores 4-byte elements. The cost model evaluates this one.
+  // The layout as the runtime executes it: recompute as planned, no TP overlap, DP overlap
+  // (--overlap-grad-reduce) only without the distributed optimizer (its reduce-scatters run
+  // after the backward), fp32 when the runtime stores 4-byte elements. The cost model evaluates
+  // this one.
   Layout Executed(const Layout& l) const;
 
   // The shape of the op lists (core/layer_ops.h) the runtime executes for this layout.
@@ -105,6 +107,19 @@ class RuntimeModel {
 
   // The tensors chunk c of pipeline rank r holds.
   std::vector<RuntimeTensor> ChunkTensors(const Layout& l, int r, int c) const;
+
+  // The gradient buckets the runtime all-reduces for chunk c of pipeline rank r (Trainer's
+  // BuildState): the tensors reduced whole (not the distributed optimizer's slices) with peers,
+  // in grad-buffer order (replicated, other dense, routed experts), a run per reduction group,
+  // split with --overlap-grad-reduce from the buffer's end into buckets of at least
+  // Layout::GradBucketParams() elements, and apart at SP's TP-partial gradients. `overlapped`:
+  // handed over during the backward (SP's TP-partial ones wait for their TP sum).
+  struct DpBucket {
+    double numel = 0;
+    bool expert = false;
+    bool overlapped = false;
+  };
+  std::vector<DpBucket> ChunkDpBuckets(const Layout& l, int r, int c) const;
 
  private:
   double Gemm(const char* table, double m, double n, double k, double slow) const;

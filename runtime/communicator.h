@@ -157,6 +157,13 @@ class CommunicatorFactory {
   // overlap within a label, ranks outside the world, or the creation failing.
   virtual Status Prepare(const std::vector<GroupSet>& sets) { return Status::Ok(); }
 
+  // How many threads of each rank may be busy at once: 2 when the trainer runs gradient
+  // buckets beside the backward (--overlap-grad-reduce). The in-process worlds then spin in
+  // their waits only while all those threads fit the cores (a spinning reducer would take its
+  // own rank's core). Called before the steps, while no rank is in an operation; the default
+  // ignores it.
+  virtual void SetThreadsPerRank(int threads) {}
+
   // The communicator of `global_rank` on the group `ranks` (global ranks, group-rank order, no
   // duplicates, containing global_rank). Each member calls it once for its own handle; members
   // create their groups in the same order (an NCCL factory creates them collectively).

@@ -560,7 +560,14 @@ Result<Tensor> GptChunk::OutputForward(const Tensor& x, const Tensor& targets, f
 
 // ---- backward --------------------------------------------------------------------------------
 
-Result<Tensor> GptChunk::Backward(int slot, const Tensor& grad_output) {
+int GptChunk::GradsDoneAt(const ParamSpec& p) const {
+  if (p.layer >= 0) return p.layer;
+  if (p.name == "embedding.position") return kEmbeddingGrads;
+  if (p.name == "embedding.word") return cfg_.has_embedding ? kEmbeddingGrads : kOutputGrads;
+  return kOutputGrads;  // final_ln.*
+}
+
+Result<Tensor> GptChunk::Backward(int slot, const Tensor& grad_output, const GradsDone& done) {
   auto it = saved_.find(slot);
   if (it == saved_.end())
     return Status::Error("GptChunk::Backward: micro-batch slot " + Str(slot) + " not in flight");
@@ -572,6 +579,7 @@ Result<Tensor> GptChunk::Backward(int slot, const Tensor& grad_output) {
     // Its saved tensors go now, as autograd frees them, before a layer is recomputed.
     sv->final_x = sv->lnf_mean = sv->lnf_rstd = sv->lnf_full = Tensor();
     sv->logits = sv->targets = sv->row_max = sv->sum_exp = Tensor();
+    if (done) done(kOutputGrads);
   } else {
     assert(grad_output.numel() == sl_ * sv->b * h_);
     dx = grad_output.View({sl_ * sv->b, h_});
@@ -582,9 +590,11 @@ Result<Tensor> GptChunk::Backward(int slot, const Tensor& grad_output) {
     PTDP_RETURN_IF_ERROR(RestoreForBackward(layers_[l], sv->b, ls).Prefixed("recompute"));
     PTDP_ASSIGN_OR_RETURN(dx, LayerBackward(layers_[l], dx, sv->b, ls));
     ls = LayerSaved();  // freed as soon as its backward is done
+    if (done) done(cfg_.first_layer + int(l));
   }
   if (cfg_.has_embedding) {
     PTDP_RETURN_IF_ERROR(EmbedBackward(dx, *sv));
+    if (done) done(kEmbeddingGrads);
     return Tensor();
   }
   return dx.View({sl_, sv->b, h_});

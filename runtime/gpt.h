@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -133,11 +134,22 @@ class GptChunk {
   // (1) fp32 tensor equal on every TP rank. Fails when a collective fails or memory runs out.
   Result<Tensor> Forward(int slot, const Tensor& input, const Tensor& targets, float loss_scale);
 
+  // The moments of a backward after which parameters' gradients hold this micro-batch's whole
+  // contribution (Megatron's grad-ready hooks, which start the buckets of
+  // --overlap-grad-reduce): kOutputGrads after the output layer (final LN; the word embedding of
+  // a chunk without the embedding), a transformer layer's index (ParamSpec::layer) after that
+  // layer, kEmbeddingGrads after the embedding (word and position).
+  static constexpr int kOutputGrads = -2, kEmbeddingGrads = -3;
+  // The moment of p (one of params()) in that sense.
+  int GradsDoneAt(const ParamSpec& p) const;
+  using GradsDone = std::function<void(int moment)>;
+
   // Backward of micro-batch `slot` (then forgotten). grad_output: the gradient of the output
   // (sl, b, h); ignored with has_output (the loss is the output). Adds to every parameter's
-  // grad. Returns the gradient of the input (sl, b, h), or an undefined Tensor with
+  // grad; calls `done` (when given) at each moment of GradsDoneAt, in backward order.
+  // Returns the gradient of the input (sl, b, h), or an undefined Tensor with
   // has_embedding. Fails on a slot not in flight, a failed collective or memory.
-  Result<Tensor> Backward(int slot, const Tensor& grad_output);
+  Result<Tensor> Backward(int slot, const Tensor& grad_output, const GradsDone& done = nullptr);
 
   // Forgets a slot's saved state without a backward (forward-only evaluation). No-op if absent.
   void Release(int slot);

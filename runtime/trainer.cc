@@ -39,6 +39,7 @@
 #include "runtime/data.h"
 #include "runtime/failures.h"
 #include "runtime/gpt.h"
+#include "runtime/grad_reducer.h"
 #include "runtime/params.h"
 
 namespace ptdp::rt {
@@ -68,8 +69,19 @@ class PhaseClock {
     be_ = &be;
     be.ClearMarks();
     origin_ = be.Mark();
+    host_origin_ = Clock::now();
     intervals_.clear();
+    host_events_.clear();
     depth_ = 0;
+  }
+  // Work another thread of the rank did beside it (GradReducer's buckets), timed on the host
+  // clock: a timeline event only, its seconds in no field (the rank's own wait for it is).
+  void AddHostEvent(StepEventKind kind, int chunk, Clock::time_point a, Clock::time_point b) {
+    if (be_ == nullptr) return;
+    auto since = [&](Clock::time_point x) {
+      return std::chrono::duration<double>(x - host_origin_).count();
+    };
+    host_events_.push_back({kind, -1, chunk, since(a), since(b)});
   }
   Open Start() {
     if (be_ == nullptr) return {};
@@ -100,6 +112,7 @@ class PhaseClock {
         t->events.push_back({v.kind, v.microbatch, v.chunk, be_->MarkSeconds(origin_, v.a),
                              be_->MarkSeconds(origin_, v.b)});
     }
+    if (timeline) t->events.insert(t->events.end(), host_events_.begin(), host_events_.end());
     const double total = be_->MarkSeconds(origin_, be_->Mark());
     be_ = nullptr;  // until the next step
     return total;
@@ -116,8 +129,10 @@ class PhaseClock {
   };
   Backend* be_ = nullptr;
   int origin_ = 0;
+  Clock::time_point host_origin_;
   int depth_ = 0;
   std::vector<Interval> intervals_;
+  std::vector<StepEvent> host_events_;
 };
 
 // A Communicator that forwards to another and times each call on the rank's PhaseClock as TP
@@ -258,12 +273,24 @@ struct Rank {
   std::vector<ParamState> state;
   // The gradients reduced whole (every ParamState with slices == 1): runs of parameters that
   // lie next to each other in a chunk's grad buffer and share a reduction group, each one
-  // collective (Megatron's buckets, as --overlap-grad-reduce off: one bucket per group).
+  // collective (Megatron's buckets: without --overlap-grad-reduce one per group; with it split
+  // into buckets of at least --ddp-bucket-size parameters, from the buffer's end).
   struct GradBucket {
     Communicator* group = nullptr;
     Tensor grads;  // a view of the chunk's grad buffer
+    int chunk = 0;
+    // With the overlap: the grad-ready moments (GptChunk::GradsDoneAt) of its parameters,
+    // distinct; empty when it waits for the reduction itself (SP's TP-partial gradients, summed
+    // over TP first by FinalizeTpGrads). `pending`: this step's moments not yet seen.
+    std::vector<int> moments;
+    size_t pending = 0;
+    bool launched = false;
   };
   std::vector<GradBucket> buckets;
+  // --overlap-grad-reduce (and something to reduce): runs the buckets' all-reduces beside the
+  // backward; last_backward[c]: the index in this rank's schedule of chunk c's last backward.
+  std::unique_ptr<GradReducer> reducer;
+  std::vector<size_t> last_backward;
   // The optimizer's calls over the whole parameters (BuildState): runs that lie next to each
   // other in a chunk's buffers and share weight decay and norm role, each one SumSquares and one
   // AdamW (Megatron's multi-tensor apply); views of the chunk's value and grad buffers and of
@@ -597,6 +624,16 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
     }
     rk.data = std::make_unique<DataLoader>(cfg.train_tokens, s, l.global_batch, cfg.seed);
     PTDP_RETURN_IF_ERROR(BuildState(rk).Prefixed(where));
+    bool overlapped = false;  // a bucket that waits for a backward and has peers
+    for (const Rank::GradBucket& bucket : rk.buckets)
+      overlapped = overlapped || (!bucket.moments.empty() && bucket.group->size() > 1);
+    if (overlapped) {
+      rk.reducer = std::make_unique<GradReducer>();
+      const std::vector<ScheduleOp>& ops = schedule.ranks[size_t(rk.coord.pp)];
+      rk.last_backward.assign(size_t(v), ops.size());
+      for (size_t i = 0; i < ops.size(); ++i)
+        if (ops[i].kind == OpKind::kBackward) rk.last_backward[size_t(ops[i].chunk)] = i;
+    }
     rk.backend->ResetPeak();
   }
   return Status::Ok();
@@ -657,7 +694,17 @@ Status Trainer::Impl::BuildState(Rank& rk) {
   // AdamW. Every rank of a group has the same chunks and parameters, so they issue the same
   // collectives in the same order.
   size_t i = 0;
-  for (auto& chunk : rk.chunks) {
+  const Layout& lay = cfg.layout;
+  // Megatron's buckets (Layout::GradBucketParams), none (one per group) without
+  // --overlap-grad-reduce; param_and_grad_buffer.py closes a bucket once it holds at least
+  // bucket_size parameters, walking them in backward (reverse) order.
+  const int64_t cap = lay.overlap_grad_reduce ? lay.GradBucketParams()
+                                              : std::numeric_limits<int64_t>::max();
+  // With the overlap, SP's TP-partial gradients (FinalizeTpGrads sums them first) in buckets of
+  // their own, reduced after the backward.
+  const bool tp_partial = lay.overlap_grad_reduce && lay.sequence_parallel && t > 1;
+  for (size_t ci = 0; ci < rk.chunks.size(); ++ci) {
+    auto& chunk = rk.chunks[ci];
     std::vector<ParamState*> whole;
     for (size_t n = 0; n < chunk->params().size(); ++n, ++i)
       if (rk.state[i].slices == 1) whole.push_back(&rk.state[i]);
@@ -697,9 +744,38 @@ Status Trainer::Impl::BuildState(Rank& rk) {
     auto numel = [&](const Span& sp) {
       return whole[sp.last]->param->offset + whole[sp.last]->numel - whole[sp.first]->param->offset;
     };
-    for (const Span& sp : buckets)
-      rk.buckets.push_back({whole[sp.first]->group,
-                            chunk->grad_buffer().View(Shape({numel(sp)}), whole[sp.first]->param->offset)});
+    // With the overlap, each group's run split from its end into buckets of at least `cap`
+    // parameters, and apart where SP's TP-partial gradients begin or end.
+    std::vector<Span> split;
+    for (const Span& sp : buckets) {
+      size_t last = sp.last;
+      int64_t held = 0;
+      for (size_t j = sp.last + 1; j-- > sp.first;) {
+        held += whole[j]->numel;
+        const bool edge = j == sp.first || held >= cap ||
+                          (tp_partial && whole[j - 1]->param->tp_partial_grad !=
+                                             whole[j]->param->tp_partial_grad);
+        if (!edge) continue;
+        split.push_back({j, last, 0});
+        last = j - 1;
+        held = 0;
+      }
+    }
+    std::sort(split.begin(), split.end(), [](const Span& a, const Span& b) { return a.first < b.first; });
+    for (const Span& sp : split) {
+      Rank::GradBucket bucket;
+      bucket.group = whole[sp.first]->group;
+      bucket.grads = chunk->grad_buffer().View(Shape({numel(sp)}), whole[sp.first]->param->offset);
+      bucket.chunk = int(ci);
+      if (lay.overlap_grad_reduce && !(tp_partial && whole[sp.first]->param->tp_partial_grad)) {
+        for (size_t j = sp.first; j <= sp.last; ++j)
+          bucket.moments.push_back(chunk->GradsDoneAt(whole[j]->param->spec));
+        std::sort(bucket.moments.begin(), bucket.moments.end());
+        bucket.moments.erase(std::unique(bucket.moments.begin(), bucket.moments.end()),
+                             bucket.moments.end());
+      }
+      rk.buckets.push_back(std::move(bucket));
+    }
     for (const Span& sp : runs) {
       const Shape shape({numel(sp)});
       const int64_t offset = whole[sp.first]->param->offset;
@@ -824,7 +900,22 @@ Status Trainer::Impl::RunOps(Rank& rk) {
         grad_out = std::move(it->second);
         received.erase(it);
       }
-      auto dx = chunk->Backward(op.microbatch, grad_out);
+      // --overlap-grad-reduce: the chunk's last backward of the step hands each bucket to the
+      // reducer once its parameters' gradients are complete.
+      GptChunk::GradsDone done;
+      if (rk.reducer && rk.last_backward[size_t(op.chunk)] == i)
+        done = [&rk, &op](int moment) {
+          for (size_t k = 0; k < rk.buckets.size(); ++k) {
+            Rank::GradBucket& bucket = rk.buckets[k];
+            if (bucket.chunk != op.chunk || bucket.launched || bucket.group->size() == 1 ||
+                !std::binary_search(bucket.moments.begin(), bucket.moments.end(), moment))
+              continue;
+            if (--bucket.pending > 0) continue;
+            bucket.launched = true;
+            rk.reducer->Launch(bucket.group, bucket.grads, int(k));
+          }
+        };
+      auto dx = chunk->Backward(op.microbatch, grad_out, done);
       if (!dx.ok()) return dx.status().Prefixed(what);
       if (!FirstStage(r, op.chunk)) to_send[{op.microbatch, op.chunk, true}] = std::move(dx).value();
       rk.clock.Stop(t0, StepEventKind::kBackward, op.microbatch, op.chunk, &RankTimes::backward_s);
@@ -853,9 +944,24 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
   const PhaseClock::Open t0 = rk.clock.Start();
   Backend& be = *rk.backend;
   const float inv_d = 1.0f / float(d);
+  if (rk.reducer) {
+    // --overlap-grad-reduce: what the backward did not hand over (SP's TP-partial gradients,
+    // just summed over TP), then wait for all (Megatron's finish_grad_sync).
+    for (size_t k = 0; k < rk.buckets.size(); ++k) {
+      Rank::GradBucket& bucket = rk.buckets[k];
+      if (bucket.launched || bucket.group->size() == 1) continue;
+      bucket.launched = true;
+      rk.reducer->Launch(bucket.group, bucket.grads, int(k));
+    }
+    std::vector<GradReducer::Span> spans;
+    const Status st = rk.reducer->Wait(&spans);
+    for (const GradReducer::Span& sp : spans)
+      rk.clock.AddHostEvent(StepEventKind::kDpComm, rk.buckets[size_t(sp.tag)].chunk, sp.start, sp.end);
+    PTDP_RETURN_IF_ERROR(st);
+  }
   for (Rank::GradBucket& bucket : rk.buckets) {
     // A group of 1: routed experts held once, which saw every replica's tokens.
-    if (bucket.group->size() > 1)
+    if (bucket.group->size() > 1 && !rk.reducer)
       PTDP_RETURN_IF_ERROR(bucket.group->AllReduce(bucket.grads, ReduceOp::kSum));
     if (d > 1) be.Scale(inv_d, bucket.grads);
   }
@@ -1009,7 +1115,15 @@ Status Trainer::Impl::RunStep(Rank& rk) {
     chunk->ZeroGrads();
     (void)chunk->TakeExpertRows();  // an evaluation's forwards are not this step's
   }
-  PTDP_RETURN_IF_ERROR(RunOps(rk));
+  for (Rank::GradBucket& bucket : rk.buckets) {
+    bucket.pending = bucket.moments.size();
+    bucket.launched = false;
+  }
+  if (Status st = RunOps(rk); !st.ok()) {
+    // Buckets handed over still run (the peers' reducers wait for them); not past this step.
+    if (rk.reducer) (void)rk.reducer->Wait();
+    return st;
+  }
   // The reported loss: mean over the global batch (the last stage holds sum_j loss_j / m, the
   // CP ranks each their tokens' share: summed over DP x CP, then / d).
   if (rk.coord.pp == p - 1 && d * c > 1) {
@@ -1128,6 +1242,8 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   auto impl = std::make_unique<Impl>();
   impl->cfg = cfg;
   PTDP_RETURN_IF_ERROR(impl->Build(backends, comms, local).Prefixed(where));
+  // Every rank has the same buckets: a reducer on one, a reducer on all.
+  if (!impl->ranks.empty() && impl->ranks.front().reducer) comms.SetThreadsPerRank(2);
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 

@@ -54,6 +54,9 @@ class DeviceWorld final : public CommunicatorFactory {
   DeviceWorld& operator=(const DeviceWorld&) = delete;
 
   int world_size() const override;
+  void SetThreadsPerRank(int threads) override {
+    rendezvous_.SpinForThreads(world_size() * threads);
+  }
   double timeout_s() const;
   int device() const { return device_; }
 

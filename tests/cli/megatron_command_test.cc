@@ -287,6 +287,26 @@ TEST(MegatronCommand, TrainItersFromTrainTokens) {
   EXPECT_EQ(s.text.find("TRAIN_ITERS"), std::string::npos);
 }
 
+// --ddp-bucket-size: carried by the plan and emitted with --overlap-grad-reduce (Megatron
+// ignores it without); a size that is not a positive parameter count is one line naming it.
+TEST(MegatronCommand, DdpBucketSize) {
+  const std::string base = "simulate --cluster " + ClusterFile("dgx-h100") + " --model " +
+                           ModelFile("llama3-8b") + " --gpus 16 --tp 8 --global-batch 128 ";
+  CmdResult r = Ptdp(base + "--ddp-bucket-size 20000000 --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.out;
+  Script s = Parse(r.out);
+  ExpectRunnable(s, 16);
+  EXPECT_TRUE(s.Has("--overlap-grad-reduce"));
+  EXPECT_EQ(s.Value("--ddp-bucket-size"), "20000000");
+  r = Ptdp(base + "--ddp-bucket-size 20000000 --overlap-grad-reduce off --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.out;
+  s = Parse(r.out);
+  EXPECT_FALSE(s.Has("--overlap-grad-reduce"));
+  EXPECT_FALSE(s.Has("--ddp-bucket-size"));
+  ExpectOneLineError(Ptdp(base + "--ddp-bucket-size 0"), "--ddp-bucket-size 0 must be a positive");
+  ExpectOneLineError(Ptdp(base + "--ddp-bucket-size -5"), "--ddp-bucket-size -5 must be a positive");
+}
+
 TEST(MegatronCommand, Llama3_70bWithSequenceParallelAndTpCommOverlap) {
   const std::string base = "simulate --cluster " + ClusterFile("dgx-h100") + " --model " +
                            ModelFile("llama3-70b") + " --gpus 64 --tp 4 --pp 4 --global-batch 128 ";

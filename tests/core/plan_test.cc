@@ -36,6 +36,7 @@ Plan SamplePlan() {
   l.precision = Precision::kBf16;
   l.schedule = ScheduleKind::kInterleaved;
   l.overlap_grad_reduce = false;  // non-default, so the round trip must carry it
+  l.ddp_bucket_size = 12345678;   // likewise (0 is Megatron's default)
   l.tp_comm_overlap = true;
   p.cluster_file = "configs/clusters/dgx-a100.yaml";
   p.cluster_name = "DGX A100 (8x A100 80GB, 8x HDR 200 Gb/s)";
@@ -94,6 +95,7 @@ void ExpectSameLayout(const Layout& a, const Layout& b) {
   EXPECT_EQ(a.precision, b.precision);
   EXPECT_EQ(a.schedule, b.schedule);
   EXPECT_EQ(a.overlap_grad_reduce, b.overlap_grad_reduce);
+  EXPECT_EQ(a.ddp_bucket_size, b.ddp_bucket_size);
   EXPECT_EQ(a.tp_comm_overlap, b.tp_comm_overlap);
 }
 

@@ -190,8 +190,10 @@ TEST(RuntimeModelTest, ExecutedLayoutIsWhatTheRuntimeRuns) {
   const Layout x = rm.Executed(l);
   EXPECT_EQ(x.recompute, Recompute::kFull);  // the runtime recomputes as Megatron does
   EXPECT_EQ(x.precision, Precision::kFp32);
-  EXPECT_FALSE(x.overlap_grad_reduce);
+  EXPECT_TRUE(x.overlap_grad_reduce);  // its buckets go beside the backward
   EXPECT_FALSE(x.tp_comm_overlap);
+  l.distributed_optimizer = true;  // its reduce-scatters run after the backward
+  EXPECT_FALSE(rm.Executed(l).overlap_grad_reduce);
 }
 
 TEST(RuntimeModelTest, RanksBeyondTheCoresShareThem) {
@@ -237,18 +239,22 @@ struct MemCase {
   ScheduleKind schedule;
 };
 
-// Trains one step and returns each rank's tracked peak (bytes of live tensors).
-std::vector<double> MeasuredPeaks(const ModelSpec& m, const Layout& l, bool bf16 = false) {
+// Trains one step of `l` on the CPU runtime.
+Result<rt::StepResult> OneStep(const ModelSpec& m, const Layout& l, bool bf16, bool timeline) {
   rt::TrainerConfig cfg;
   cfg.model = m;
   cfg.layout = l;
   cfg.bf16 = bf16;
+  cfg.record_timeline = timeline;
   cfg.train_tokens = &testing::Shakespeare().train;
   rt::ThreadWorld world(l.world(), 30.0);
-  auto trainer = rt::Trainer::Create(cfg, testing::CpuBackends(), world);
-  EXPECT_TRUE(trainer.ok()) << trainer.status().message();
-  if (!trainer.ok()) return {};
-  auto step = (*trainer)->Step();
+  PTDP_ASSIGN_OR_RETURN(auto trainer, rt::Trainer::Create(cfg, testing::CpuBackends(), world));
+  return trainer->Step();
+}
+
+// Trains one step and returns each rank's tracked peak (bytes of live tensors).
+std::vector<double> MeasuredPeaks(const ModelSpec& m, const Layout& l, bool bf16 = false) {
+  auto step = OneStep(m, l, bf16, /*timeline=*/false);
   EXPECT_TRUE(step.ok()) << step.status().message();
   std::vector<double> peaks;
   if (step.ok())
@@ -283,6 +289,58 @@ void ExpectMemoryMatchesTheCpuRuntime(const std::vector<MemCase>& cases, bool bf
           << ToString(l.schedule) << " rank " << g << ": predicted " << predicted
           << ", measured " << peaks[size_t(g)];
     }
+  }
+}
+
+// --overlap-grad-reduce: the runtime model's gradient buckets are the trainer's. Each layout
+// trains one step with --ddp-bucket-size 2000 and its timeline (the reducer's buckets are DP
+// events of a chunk); every rank ran as many as ChunkDpBuckets lists for its chunks, and the
+// model's buckets hold every reduced element once. Without the overlap: one bucket per group.
+TEST(RuntimeModelTest, GradientBucketsAreTheTrainers) {
+  struct Case {
+    testing::TinyLayoutSpec spec;
+    bool moe = false;
+  };
+  auto spec = [](int tp, int pp, int dp, bool sp, int cp = 1, int ep = 1) {
+    testing::TinyLayoutSpec s;
+    s.tp = tp, s.pp = pp, s.dp = dp, s.sp = sp, s.cp = cp, s.ep = ep;
+    return s;
+  };
+  const Case cases[] = {{spec(1, 1, 2, false)},
+                        {spec(2, 1, 2, true)},
+                        {spec(1, 2, 2, false)},
+                        {spec(1, 1, 2, false, 2)},
+                        {spec(1, 1, 4, false, 1, 2), true}};
+  MeasuredPrimitives p;
+  p.element_bytes = 4;
+  for (const Case& c : cases) {
+    const ModelSpec m = c.moe ? testing::TinyMoe() : testing::TinyGpt();
+    const RuntimeModel rm(m, p, 8);
+    Layout l = testing::TinyLayout(c.spec);
+    l.ddp_bucket_size = 2000;
+    SCOPED_TRACE(l.ShortName() + " " + l.Knobs());
+    auto step = OneStep(m, l, /*bf16=*/false, /*timeline=*/true);
+    ASSERT_TRUE(step.ok()) << step.status().message();
+    const RankGrid grid(l.tp, l.cp, l.dp, l.pp, l.expert_tp(), l.ep);
+    for (int g = 0; g < l.world(); ++g) {
+      int ran = 0;
+      for (const rt::StepEvent& e : step->ranks[size_t(g)].events)
+        ran += e.kind == rt::StepEventKind::kDpComm && e.chunk >= 0;
+      size_t listed = 0;
+      for (int ch = 0; ch < l.vp; ++ch) listed += rm.ChunkDpBuckets(l, grid.Coord(g).pp, ch).size();
+      EXPECT_EQ(size_t(ran), listed) << "rank " << g;
+      EXPECT_GT(listed, 8u);
+    }
+    double split = 0, whole = 0;
+    for (const RuntimeModel::DpBucket& b : rm.ChunkDpBuckets(l, 0, 0)) split += b.numel;
+    l.overlap_grad_reduce = false;
+    const std::vector<RuntimeModel::DpBucket> one = rm.ChunkDpBuckets(l, 0, 0);
+    EXPECT_EQ(one.size(), c.moe ? 2u : 1u);  // dense, and the experts' over expert DP
+    for (const RuntimeModel::DpBucket& b : one) {
+      whole += b.numel;
+      EXPECT_FALSE(b.overlapped);
+    }
+    EXPECT_EQ(split, whole);
   }
 }
 

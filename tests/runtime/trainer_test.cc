@@ -429,6 +429,58 @@ TEST(Trainer, ReducesTheGradientsInOneBucket) {
   }
 }
 
+// --overlap-grad-reduce with small buckets (--ddp-bucket-size 2000: every weight a bucket of its
+// own): each bucket's all-reduce goes to the rank's GradReducer once the chunk's last backward
+// has completed its gradients and runs beside the rest of the backward. The results are the
+// one-bucket run's bit for bit (the same sums of the same elements in the same rank order) in
+// dense, SP (its TP-partial buckets wait for their TP sum), pipeline, CP and MoE (expert-DP
+// buckets) layouts; the timeline has one DP event per bucket the reducer ran, several a chunk.
+TEST(Trainer, OverlappedBucketsEqualOneBucketBitForBit) {
+  struct Case {
+    const char* name;
+    Spec spec;
+    bool moe = false;
+  };
+  auto spec = [](int tp, int pp, int dp, bool sp, int cp = 1, int ep = 1) {
+    Spec s;
+    s.tp = tp, s.pp = pp, s.dp = dp, s.sp = sp, s.cp = cp, s.ep = ep;
+    return s;
+  };
+  const Case cases[] = {
+      {"dp2", spec(1, 1, 2, false)},
+      {"tp2 dp2 sp", spec(2, 1, 2, true)},
+      {"pp2 dp2", spec(1, 2, 2, false)},
+      {"cp2 dp2", spec(1, 1, 2, false, 2)},
+      {"dp4 ep2 (expert DP 2)", spec(1, 1, 4, false, 1, 2), true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    TrainerConfig cfg = Config(testing::TinyLayout(c.spec));
+    if (c.moe) cfg.model = testing::TinyMoe();
+    ASSERT_EQ(CheckLayout(cfg.model, cfg.layout), Rejection::kOk)
+        << ExplainRejection(CheckLayout(cfg.model, cfg.layout), cfg.model, cfg.layout);
+    cfg.layout.overlap_grad_reduce = false;
+    const TrainRun whole = Train(cfg, 2);
+    cfg.layout.overlap_grad_reduce = true;
+    cfg.layout.ddp_bucket_size = 2000;
+    cfg.record_timeline = true;
+    const TrainRun split = Train(cfg, 2);
+    ASSERT_EQ(whole.steps.size(), 2u);
+    ASSERT_EQ(split.steps.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(split.steps[i].loss, whole.steps[i].loss) << "step " << i;
+      EXPECT_EQ(split.steps[i].grad_norm, whole.steps[i].grad_norm) << "step " << i;
+    }
+    EXPECT_TRUE(split.params == whole.params) << "parameters differ";
+    for (size_t g = 0; g < split.steps[1].ranks.size(); ++g) {
+      int buckets = 0;
+      for (const StepEvent& e : split.steps[1].ranks[g].events)
+        buckets += e.kind == StepEventKind::kDpComm && e.chunk >= 0;
+      EXPECT_GT(buckets, 8) << "rank " << g;
+    }
+  }
+}
+
 // The optimizer updates the whole parameters of a chunk in runs of its buffers (replicated,
 // other dense; decayed first in each): the tiny GPT's 100 tensors are 3 runs (the replicated
 // norms, biases and positions; the decayed weights; the column-parallel biases), each one
