@@ -255,7 +255,7 @@ class NcclCommunicator final : public Communicator {
     if (t.numel() == 0) return Status::Ok();
     return Run(what, [&] {
       return ncclAllReduce(t.data(), t.data(), size_t(t.numel()), NcclType(t.dtype()), NcclOp(op),
-                           comm_->get(), stream_);
+                           comm_->get(), side_);
     });
   }
 
@@ -270,7 +270,7 @@ class NcclCommunicator final : public Communicator {
     if (in.numel() == 0) return Status::Ok();
     return Run(what, [&] {
       return ncclAllGather(in.data(), out.data(), size_t(in.numel()), NcclType(in.dtype()),
-                           comm_->get(), stream_);
+                           comm_->get(), side_);
     });
   }
 
@@ -286,7 +286,7 @@ class NcclCommunicator final : public Communicator {
     if (out.numel() == 0) return Status::Ok();
     return Run(what, [&] {
       return ncclReduceScatter(in.data(), out.data(), size_t(out.numel()), NcclType(in.dtype()),
-                               NcclOp(op), comm_->get(), stream_);
+                               NcclOp(op), comm_->get(), side_);
     });
   }
 
@@ -301,7 +301,7 @@ class NcclCommunicator final : public Communicator {
     if (t.numel() == 0) return Status::Ok();
     return Run(what, [&] {
       return ncclBroadcast(t.data(), t.data(), size_t(t.numel()), NcclType(t.dtype()), root,
-                           comm_->get(), stream_);
+                           comm_->get(), side_);
     });
   }
 
@@ -318,7 +318,7 @@ class NcclCommunicator final : public Communicator {
     }
     ++coll_seq_;
     return Run(what, [&] {
-      return ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, comm_->get(), stream_);
+      return ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, comm_->get(), side_);
     });
   }
 
@@ -340,9 +340,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    if (barrier_ != nullptr) {
-      (void)cudaSetDevice(comm_->device());
-      (void)cudaFree(barrier_);
+    if (barrier_ == nullptr && side_ == nullptr) return;
+    (void)cudaSetDevice(comm_->device());
+    if (barrier_ != nullptr) (void)cudaFree(barrier_);
+    if (side_ != nullptr) {  // released once its work completed (never waited for here)
+      (void)cudaStreamDestroy(side_);
+      (void)cudaEventDestroy(after_);
     }
   }
 
@@ -390,10 +393,24 @@ class NcclCommunicator final : public Communicator {
   // first until NCCL has enqueued (the communicator leaves ncclInProgress), then until the stream
   // has run it. Aborts past the deadline, on an asynchronous NCCL error, or when another local
   // member failed the group meanwhile.
+  //
+  // The operation runs on this handle's own stream (side_), after the work the rank's stream
+  // holds so far (an event), and only side_ is watched: the caller's wait ends with the
+  // operation, not with whatever the rank's thread enqueued meanwhile, so that a thread beside
+  // the rank's (the trainer's GradReducer, --overlap-grad-reduce) reduces gradient buckets while
+  // the backward's kernels run (Megatron's communication stream).
   Status Run(const std::string& op, const std::function<ncclResult_t()>& enqueue) {
     const Clock::time_point deadline = Deadline(w_->options.timeout_s);
     w_->SetActivity(global_, "is waiting in " + op + " on group " + g_->name);
     PTDP_RETURN_IF_ERROR(Checked(op, PTDP_CUDA_STATUS(cudaSetDevice(comm_->device()))));
+    if (side_ == nullptr) {
+      PTDP_RETURN_IF_ERROR(
+          Checked(op, PTDP_CUDA_STATUS(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking))));
+      PTDP_RETURN_IF_ERROR(
+          Checked(op, PTDP_CUDA_STATUS(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming))));
+    }
+    PTDP_RETURN_IF_ERROR(Checked(op, PTDP_CUDA_STATUS(cudaEventRecord(after_, stream_))));
+    PTDP_RETURN_IF_ERROR(Checked(op, PTDP_CUDA_STATUS(cudaStreamWaitEvent(side_, after_, 0))));
     const ncclResult_t r = enqueue();
     if (r != ncclSuccess && r != ncclInProgress) return Fail(Local(op, NcclError(r)));
     int polls = 0;
@@ -407,7 +424,7 @@ class NcclCommunicator final : public Communicator {
                                   " (a peer failed, or the network)"));
       if (!enqueued && state == ncclSuccess) enqueued = true;
       if (enqueued) {
-        const cudaError_t e = cudaStreamQuery(stream_);
+        const cudaError_t e = cudaStreamQuery(side_);
         if (e == cudaSuccess) break;
         if (e != cudaErrorNotReady)
           return Fail(Local(op, "the stream reports " + PTDP_CUDA_STATUS(e).message()));
@@ -474,9 +491,9 @@ class NcclCommunicator final : public Communicator {
         if (o.t.numel() == 0) continue;
         const ncclResult_t r =
             o.send ? ncclSend(o.t.data(), size_t(o.t.numel()), NcclType(o.t.dtype()), o.peer,
-                              comm_->get(), stream_)
+                              comm_->get(), side_)
                    : ncclRecv(o.t.data(), size_t(o.t.numel()), NcclType(o.t.dtype()), o.peer,
-                              comm_->get(), stream_);
+                              comm_->get(), side_);
         if (first == ncclSuccess && r != ncclSuccess && r != ncclInProgress) first = r;
       }
       const ncclResult_t end = ncclGroupEnd();  // always: closes NCCL's group of this thread
@@ -490,7 +507,9 @@ class NcclCommunicator final : public Communicator {
   int me_;
   int global_;
   std::string label_;
-  cudaStream_t stream_;
+  cudaStream_t stream_;          // the rank's (its backend's)
+  cudaStream_t side_ = nullptr;  // this handle's operations (Run), made at the first
+  cudaEvent_t after_ = nullptr;  // the rank's stream's work so far, which side_ waits for
   int64_t coll_seq_ = 0;
   std::vector<int64_t> sent_ = std::vector<int64_t>(g_->ranks.size(), 0);      // per peer
   std::vector<int64_t> received_ = std::vector<int64_t>(g_->ranks.size(), 0);  // per peer

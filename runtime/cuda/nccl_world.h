@@ -16,10 +16,13 @@
 //  3. Group() only hands out what Prepare made; it never blocks, and asking for a group that was
 //     not prepared is an error naming it.
 //
-// Operations are enqueued on the rank's stream (StreamOf, the rank's CudaBackend::stream(),
-// asked for at Group() time) and each returns when this rank's result is complete, as
-// communicator.h asks: the calling thread waits for the stream. Waiting is not overlap, but it
-// keeps the contract every implementation shares (a tensor handed back is ready, the host may
+// Operations are enqueued on a stream of each handle's own, after the work the rank's stream
+// (StreamOf, the rank's CudaBackend::stream(), asked for at Group() time) holds when they are
+// called (an event), and each returns when this rank's result is complete, as communicator.h
+// asks: the calling thread waits for that stream. Waiting is not overlap for the calling thread,
+// but a thread beside the rank's (the trainer's GradReducer, --overlap-grad-reduce) waits for
+// its buckets only while the rank's stream runs the backward; and it keeps the contract every
+// implementation shares (a tensor handed back is ready, the host may
 // read what an all-reduce produced) and gives the watchdog a place to stand. Point-to-point
 // operations inside GroupStart()/GroupEnd() are posted together at the outermost GroupEnd() in
 // one ncclGroupStart/End on the same communicator, on both peers alike. Reductions take f32 and
