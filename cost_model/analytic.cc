@@ -962,13 +962,15 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
     for (int r : {0, 1 % p, p - 1}) {
       double stage = 0;
       int nb = 0;
+      double gather = 0;
       for (int c = 0; c < l.vp; ++c) {
         stage += runtime_->ChunkDp(l, r, c);
+        gather += runtime_->ChunkDpGather(l, r, c);  // after AdamW
         nb += ChunkDpBuckets(l, r, c);
       }
       if (l.overlap_grad_reduce && nb > 1)
         stage = std::max(stage - slow.bwd_s * (1 - 1.0 / nb), stage / nb);
-      dp = std::max(dp, stage);
+      dp = std::max(dp, stage + gather);
     }
   } else {
     dp = DpExposed(l, params, expert_params, slow.bwd_s, slow.fwd_s);
@@ -1060,6 +1062,10 @@ double AnalyticModel::ChunkDpTime(const Layout& l, int r, int c) const {
   // As buckets (DpExposed): one collective per bucket.
   const double nb = ChunkDpBuckets(l, r, c);
   return nb * (DpTime(l, (params - experts) / nb) + ExpertDpTime(l, experts / nb));
+}
+
+double AnalyticModel::ChunkDpGatherTime(const Layout& l, int r, int c) const {
+  return runtime_ ? runtime_->ChunkDpGather(l, r, c) : 0;
 }
 
 int AnalyticModel::ChunkDpBuckets(const Layout& l, int r, int c) const {

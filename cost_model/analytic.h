@@ -166,8 +166,11 @@ class AnalyticModel : public Estimator {
   // DP gradient reduction of the parameters of one chunk (+ the embedding/output on the first
   // and last chunk), seconds; the per-chunk buckets that --overlap-grad-reduce launches.
   double ChunkDpTime(const Layout& l, int r, int c) const;
+  // After the optimizer: the measured runtime's distributed-optimizer all-gather of chunk c
+  // (RuntimeModel::ChunkDpGather); 0 for the GPU model, whose ChunkDpTime covers it.
+  double ChunkDpGatherTime(const Layout& l, int r, int c) const;
   // Parameters of chunk c of stage r, and Megatron's gradient buckets over them (1 without
-  // --overlap-grad-reduce or on the measured runtime, which reduces per tensor at the end).
+  // --overlap-grad-reduce; on the measured runtime, those it hands over during the backward).
   double ChunkParams(const Layout& l, int r, int c) const;
   int ChunkDpBuckets(const Layout& l, int r, int c) const;
   // With gradient sharding (ZeRO-2), the reduce-scatter of chunk c's gradients that follows

@@ -51,9 +51,9 @@ RuntimeModel::RuntimeModel(const ModelSpec& model, const MeasuredPrimitives& m, 
 
 Layout RuntimeModel::Executed(const Layout& l) const {
   Layout x = l;
-  // Its distributed optimizer reduce-scatters each parameter after the backward; whole
-  // parameters go in buckets beside the backward (runtime/grad_reducer.h).
-  x.overlap_grad_reduce = l.overlap_grad_reduce && !l.distributed_optimizer;
+  // Buckets (dist-opt: each parameter's reduce-scatter) beside the backward
+  // (runtime/grad_reducer.h); the dist-opt all-gather after AdamW (ChunkDpGather).
+  x.overlap_grad_reduce = l.overlap_grad_reduce;
   x.tp_comm_overlap = false;
   x.shard_gradients = false;  // the runtime's distributed optimizer shards the optimizer only
   x.moe_a2a_overlap = false;  // its MoE exchanges block, with the all-to-all dispatcher
@@ -292,10 +292,16 @@ std::vector<RuntimeModel::DpBucket> RuntimeModel::ChunkDpBuckets(const Layout& l
   const bool tp_partial = l.overlap_grad_reduce && l.sequence_parallel && l.tp > 1;
   std::vector<DpBucket> out;
   for (const bool expert : {false, true}) {
-    if ((expert ? ExpertDp(l) : l.dp * l.cp) <= 1 || l.distributed_optimizer) continue;
+    if ((expert ? ExpertDp(l) : l.dp * l.cp) <= 1) continue;
     std::vector<const RuntimeTensor*> run;
     for (const RuntimeTensor& t : ts)
       if (t.expert == expert) run.push_back(&t);
+    if (l.distributed_optimizer) {  // each tensor's reduce-scatter on its own
+      for (size_t j = run.size(); j-- > 0;)
+        out.push_back({run[j]->numel, expert,
+                       l.overlap_grad_reduce && !(tp_partial && run[j]->replicated), true});
+      continue;
+    }
     double held = 0;
     for (size_t j = run.size(); j-- > 0;) {
       held += run[j]->numel;
@@ -309,32 +315,43 @@ std::vector<RuntimeModel::DpBucket> RuntimeModel::ChunkDpBuckets(const Layout& l
 }
 
 double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
-  const double k = Slowdown(l), e = m_.element_bytes;
+  const double k = Slowdown(l);
   double s = 0;
   // What the runtime reduces whole lies in one contiguous grad buffer per chunk, dense before
-  // routed experts (GptChunk::grad_buffer): per bucket one all-reduce and one scale.
+  // routed experts (GptChunk::grad_buffer): per bucket one all-reduce and one scale. With the
+  // distributed optimizer, per tensor a reduce-scatter (of a zero-padded flat copy where the
+  // group does not divide it: R slices of ks) and a scale of the slice.
   const bool average = l.dp > 1;  // gradients are fp32 (4 bytes) whatever the weights' dtype
-  for (const DpBucket& b : ChunkDpBuckets(l, r, c))
-    s += Coll("all_reduce", b.expert ? ExpertDp(l) : l.dp * l.cp, b.numel * 4, l) +
-         (average ? Op("scale", b.numel, k) : 0);
-  double held_once = 0;
-  for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
-    // The dense reduction group, DP x CP; expert DP for a routed expert (held once: scaled).
-    const int d = t.expert ? ExpertDp(l) : l.dp * l.cp;
-    if (d <= 1) {
-      if (t.expert) held_once += t.numel;
+  for (const DpBucket& b : ChunkDpBuckets(l, r, c)) {
+    const int d = b.expert ? ExpertDp(l) : l.dp * l.cp;
+    if (!b.scatter) {
+      s += Coll("all_reduce", d, b.numel * 4, l) + (average ? Op("scale", b.numel, k) : 0);
       continue;
     }
-    if (!l.distributed_optimizer) continue;  // in a bucket
-    // Reduce-scatter of the zero-padded flat copy (R slices of ks), then, after AdamW, the
-    // all-gather of the updated slices (the weights, e bytes each) and the copy back.
+    const double ks = std::ceil(b.numel / d), padded = d * ks;
+    if (padded != b.numel) s += Alloc(padded * 4, k) + Op("copy", b.numel, k);
+    s += Coll("reduce_scatter", d, padded * 4, l) + Op("scale", ks, k);
+  }
+  double held_once = 0;  // routed experts held once (expert DP 1): scaled
+  for (const RuntimeTensor& t : ChunkTensors(l, r, c))
+    if (t.expert && ExpertDp(l) <= 1) held_once += t.numel;
+  if (held_once > 0 && average) s += Op("scale", held_once, k);
+  return s;
+}
+
+double RuntimeModel::ChunkDpGather(const Layout& l, int r, int c) const {
+  if (!l.distributed_optimizer) return 0;
+  const double k = Slowdown(l), e = m_.element_bytes;
+  double s = 0;
+  // After AdamW: the all-gather of the updated slices (the weights, e bytes each) from a padded
+  // buffer, and the copy back.
+  for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
+    const int d = t.expert ? ExpertDp(l) : l.dp * l.cp;
+    if (d <= 1) continue;
     const double ks = std::ceil(t.numel / d), padded = d * ks;
-    s += Alloc(padded * 4, k) + Op("copy", t.numel, k) +
-         Coll("reduce_scatter", d, padded * 4, l) + Op("scale", ks, k);
     s += Alloc(padded * e, k) + Op("copy", ks, k) + Coll("all_gather", d, padded * e, l) +
          Op("copy", t.numel, k);
   }
-  if (held_once > 0 && average) s += Op("scale", held_once, k);
   return s;
 }
 

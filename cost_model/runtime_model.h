@@ -66,10 +66,10 @@ class RuntimeModel {
   // Precondition: m.CheckComplete() is OK.
   RuntimeModel(const ModelSpec& model, const MeasuredPrimitives& m, int gpus_per_node);
 
-  // The layout as the runtime executes it: recompute as planned, no TP overlap, DP overlap
-  // (--overlap-grad-reduce) only without the distributed optimizer (its reduce-scatters run
-  // after the backward), fp32 when the runtime stores 4-byte elements. The cost model evaluates
-  // this one.
+  // The layout as the runtime executes it: recompute as planned, no TP overlap, DP reduction
+  // overlapped as planned (--overlap-grad-reduce; the distributed optimizer's all-gather after
+  // AdamW, not overlapped), fp32 when the runtime stores 4-byte elements. The cost model
+  // evaluates this one.
   Layout Executed(const Layout& l) const;
 
   // The shape of the op lists (core/layer_ops.h) the runtime executes for this layout.
@@ -85,10 +85,12 @@ class RuntimeModel {
   // input comes from another stage (a copy); fields as Layer().
   RuntimeLayerTimes ChunkExtras(const Layout& l, bool embedding, bool output) const;
   double P2p(const Layout& l) const;  // one activation or gradient transfer between stages
-  // DP reduction of chunk c of pipeline rank r: per tensor, all-reduce and scale (or, with the
-  // distributed optimizer, reduce-scatter of the padded copy, then the updated slices'
-  // all-gather).
+  // DP reduction of chunk c of pipeline rank r: per bucket (ChunkDpBuckets) all-reduce and
+  // scale, or with the distributed optimizer per tensor reduce-scatter (of a padded copy where
+  // the group does not divide it) and scale.
   double ChunkDp(const Layout& l, int r, int c) const;
+  // The distributed optimizer's all-gather of chunk c's updated slices, after AdamW (0 without).
+  double ChunkDpGather(const Layout& l, int r, int c) const;
   double EmbeddingReduce(const Layout& l) const;  // tied embedding, first <-> last stage
   RuntimeOptimizerTimes Optimizer(const Layout& l, int r) const;
 
@@ -112,12 +114,14 @@ class RuntimeModel {
   // BuildState): the tensors reduced whole (not the distributed optimizer's slices) with peers,
   // in grad-buffer order (replicated, other dense, routed experts), a run per reduction group,
   // split with --overlap-grad-reduce from the buffer's end into buckets of at least
-  // Layout::GradBucketParams() elements, and apart at SP's TP-partial gradients. `overlapped`:
-  // handed over during the backward (SP's TP-partial ones wait for their TP sum).
+  // Layout::GradBucketParams() elements, and apart at SP's TP-partial gradients; with the
+  // distributed optimizer each tensor's reduce-scatter (`scatter`). `overlapped`: handed over
+  // during the backward (SP's TP-partial ones wait for their TP sum).
   struct DpBucket {
     double numel = 0;
     bool expert = false;
     bool overlapped = false;
+    bool scatter = false;
   };
   std::vector<DpBucket> ChunkDpBuckets(const Layout& l, int r, int c) const;
 

@@ -98,6 +98,7 @@ class Sim {
   double p2p_ = 0, emb_ = 0;
   int transfers_ = 0;                            // p2p transfers so far
   std::vector<double> opt_time_, static_mem_;
+  std::vector<double> gather_time_;  // [r] after the optimizer (the runtime's dist-opt all-gather)
   std::vector<std::vector<double>> act_chunk_;  // [r][c] activation bytes per micro-batch
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>,
                       std::greater<>> ready_;
@@ -141,6 +142,9 @@ void Sim::Prepare() {
                                              : cost_.ChunkActivationBytes(l_, r, c);
   for (int r = 0; r < p_; ++r) {
     opt_time_.push_back(cost_.StageOptimizerTime(l_, r));
+    double gather = 0;  // the measured runtime's dist-opt all-gather, after AdamW
+    for (int c = 0; c < v_ && !opt_.free_communication; ++c) gather += cost_.ChunkDpGatherTime(l_, r, c);
+    gather_time_.push_back(gather);
     static_mem_.push_back(cost_.StaticMemory(l_, r));
   }
   // Match every send with its receive: key (receiving virtual stage, is-gradient, microbatch).
@@ -364,6 +368,11 @@ void Sim::Step(int r) {
       const double start = st.t;
       st.t += opt_time_[r];
       Record(r, SimTrack::kCompute, op, start, st.t, -1);
+      if (gather_time_[r] > 0) {  // counted as DP time (step end - pipeline end - optimizer)
+        ScheduleOp ag{OpKind::kReduceGradients, -1, -1};
+        Record(r, SimTrack::kComm, ag, st.t, st.t + gather_time_[r], -1);
+        st.t += gather_time_[r];
+      }
       ++st.pc;
       res_.ranks[r].end_s = st.t;
       res_.ranks[r].optimizer_s = opt_time_[r];

@@ -579,7 +579,7 @@ Result<Tensor> GptChunk::Backward(int slot, const Tensor& grad_output, const Gra
     // Its saved tensors go now, as autograd frees them, before a layer is recomputed.
     sv->final_x = sv->lnf_mean = sv->lnf_rstd = sv->lnf_full = Tensor();
     sv->logits = sv->targets = sv->row_max = sv->sum_exp = Tensor();
-    if (done) done(kOutputGrads);
+    if (done) PTDP_RETURN_IF_ERROR(done(kOutputGrads));
   } else {
     assert(grad_output.numel() == sl_ * sv->b * h_);
     dx = grad_output.View({sl_ * sv->b, h_});
@@ -590,11 +590,11 @@ Result<Tensor> GptChunk::Backward(int slot, const Tensor& grad_output, const Gra
     PTDP_RETURN_IF_ERROR(RestoreForBackward(layers_[l], sv->b, ls).Prefixed("recompute"));
     PTDP_ASSIGN_OR_RETURN(dx, LayerBackward(layers_[l], dx, sv->b, ls));
     ls = LayerSaved();  // freed as soon as its backward is done
-    if (done) done(cfg_.first_layer + int(l));
+    if (done) PTDP_RETURN_IF_ERROR(done(cfg_.first_layer + int(l)));
   }
   if (cfg_.has_embedding) {
     PTDP_RETURN_IF_ERROR(EmbedBackward(dx, *sv));
-    if (done) done(kEmbeddingGrads);
+    if (done) PTDP_RETURN_IF_ERROR(done(kEmbeddingGrads));
     return Tensor();
   }
   return dx.View({sl_, sv->b, h_});

@@ -142,11 +142,12 @@ class GptChunk {
   static constexpr int kOutputGrads = -2, kEmbeddingGrads = -3;
   // The moment of p (one of params()) in that sense.
   int GradsDoneAt(const ParamSpec& p) const;
-  using GradsDone = std::function<void(int moment)>;
+  using GradsDone = std::function<Status(int moment)>;  // a failure ends the backward
 
   // Backward of micro-batch `slot` (then forgotten). grad_output: the gradient of the output
   // (sl, b, h); ignored with has_output (the loss is the output). Adds to every parameter's
-  // grad; calls `done` (when given) at each moment of GradsDoneAt, in backward order.
+  // grad; calls `done` (when given) at each moment of GradsDoneAt, in backward order, and fails
+  // with it.
   // Returns the gradient of the input (sl, b, h), or an undefined Tensor with
   // has_embedding. Fails on a slot not in flight, a failed collective or memory.
   Result<Tensor> Backward(int slot, const Tensor& grad_output, const GradsDone& done = nullptr);

@@ -1,5 +1,6 @@
 #include "runtime/grad_reducer.h"
 
+#include <string>
 #include <utility>
 
 namespace ptdp::rt {
@@ -16,9 +17,17 @@ GradReducer::~GradReducer() {
 }
 
 void GradReducer::Launch(Communicator* group, Tensor grads, int tag) {
+  Push({group, std::move(grads), Tensor(), tag});
+}
+
+void GradReducer::LaunchReduceScatter(Communicator* group, Tensor in, Tensor out, int tag) {
+  Push({group, std::move(in), std::move(out), tag});
+}
+
+void GradReducer::Push(Job job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({group, std::move(grads), tag});
+    queue_.push_back(std::move(job));
   }
   cv_.notify_all();
 }
@@ -43,13 +52,15 @@ void GradReducer::Work() {
     ++running_;
     lock.unlock();
     const Clock::time_point start = Clock::now();
-    Status st = job.group->AllReduce(job.grads, ReduceOp::kSum);
+    Status st = job.out.defined() ? job.group->ReduceScatter(job.in, job.out, ReduceOp::kSum)
+                                  : job.group->AllReduce(job.in, ReduceOp::kSum);
     const Clock::time_point end = Clock::now();
     lock.lock();
     --running_;
     spans_.push_back({job.tag, start, end});
     if (!st.ok() && first_error_.ok())
-      first_error_ = st.Prefixed("all-reduce of gradient bucket " + std::to_string(job.tag) +
+      first_error_ = st.Prefixed(std::string(job.out.defined() ? "reduce-scatter" : "all-reduce") +
+                                 " of gradient bucket " + std::to_string(job.tag) +
                                  " beside the backward");
     cv_.notify_all();
   }

@@ -1,5 +1,5 @@
 // GradReducer: Megatron's --overlap-grad-reduce on one rank. The trainer hands it each gradient
-// bucket as soon as the last micro-batch's backward has completed the bucket's gradients (the
+// bucket (all-reduce; with the distributed optimizer, each parameter's reduce-scatter) as soon as the last micro-batch's backward has completed the bucket's gradients (the
 // grad-ready moments of GptChunk::Backward); a thread of the rank's own runs the buckets'
 // all-reduces one after another, in hand-over order, while the rank's thread goes on with the
 // backward; Wait() returns when every bucket handed over is reduced (the start of the
@@ -47,6 +47,8 @@ class GradReducer {
   // Hands over an all-reduce (SUM) of `grads` over `group`: runs after every earlier one.
   // `grads` must stay valid and untouched by the caller until Wait() returns.
   void Launch(Communicator* group, Tensor grads, int tag);
+  // The same for a reduce-scatter (SUM) of `in` into `out` (the distributed optimizer's slice).
+  void LaunchReduceScatter(Communicator* group, Tensor in, Tensor out, int tag);
   // Blocks until everything handed over has run; returns the first failure since the last
   // Wait() (later buckets still ran: their groups refuse at once after a failure) and appends
   // each bucket's Span to `spans` when given.
@@ -55,9 +57,10 @@ class GradReducer {
  private:
   struct Job {
     Communicator* group;
-    Tensor grads;
+    Tensor in, out;  // out undefined: an all-reduce of `in` in place
     int tag;
   };
+  void Push(Job job);
   void Work();
 
   std::mutex mu_;

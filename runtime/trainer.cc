@@ -210,6 +210,13 @@ struct ParamState {
   // rank 0 only), not the last stage's tied word embedding, and (without dist-opt) index 0 of
   // the reduction group.
   bool counts_in_norm = false;
+  // --overlap-grad-reduce with the distributed optimizer: the chunk holding the parameter, its
+  // grad-ready moment (GptChunk::GradsDoneAt; kAtReduction: SP's TP-partial ones, after their
+  // TP sum), and whether this step's reduce-scatter was handed to the reducer.
+  static constexpr int kAtReduction = std::numeric_limits<int>::min();
+  int chunk = 0;
+  int moment = kAtReduction;
+  bool launched = false;
   // The sliced state of checkpoint tensor `which` (1 m, 2 v, 0 the bf16 run's main weights).
   const Tensor& Sliced(int which) const { return which == 0 ? main : which == 1 ? m : v; }
 };
@@ -291,6 +298,7 @@ struct Rank {
   // backward; last_backward[c]: the index in this rank's schedule of chunk c's last backward.
   std::unique_ptr<GradReducer> reducer;
   std::vector<size_t> last_backward;
+  std::vector<Tensor> scatter_inputs;  // zero-padded copies handed over, kept until the wait
   // The optimizer's calls over the whole parameters (BuildState): runs that lie next to each
   // other in a chunk's buffers and share weight decay and norm role, each one SumSquares and one
   // AdamW (Megatron's multi-tensor apply); views of the chunk's value and grad buffers and of
@@ -453,6 +461,8 @@ struct Trainer::Impl {
   Status RunGroup(Rank& rk, const std::vector<ScheduleOp>& ops, size_t begin, size_t end,
                   std::map<Key, Tensor>& received, std::map<Key, Tensor>& to_send);
   Status ReduceGradients(Rank& rk);
+  Result<Tensor> ScatterInput(Rank& rk, const ParamState& ps);
+  Status LaunchScatter(Rank& rk, size_t k);
   Status ReduceEmbedding(Rank& rk);
   Status OptimizerStep(Rank& rk);
   Status MeasureExpertLoad(Rank& rk);
@@ -624,9 +634,11 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
     }
     rk.data = std::make_unique<DataLoader>(cfg.train_tokens, s, l.global_batch, cfg.seed);
     PTDP_RETURN_IF_ERROR(BuildState(rk).Prefixed(where));
-    bool overlapped = false;  // a bucket that waits for a backward and has peers
+    bool overlapped = false;  // a bucket or slice that waits for a backward and has peers
     for (const Rank::GradBucket& bucket : rk.buckets)
       overlapped = overlapped || (!bucket.moments.empty() && bucket.group->size() > 1);
+    for (const ParamState& ps : rk.state)
+      overlapped = overlapped || (ps.slices > 1 && ps.moment != ParamState::kAtReduction);
     if (overlapped) {
       rk.reducer = std::make_unique<GradReducer>();
       const std::vector<ScheduleOp>& ops = schedule.ranks[size_t(rk.coord.pp)];
@@ -655,10 +667,18 @@ Status InitMainWeights(Backend& be, const GptChunk& chunk, ParamState& ps) {
 
 Status Trainer::Impl::BuildState(Rank& rk) {
   Backend& be = *rk.backend;
-  for (auto& chunk : rk.chunks)
-    for (const ChunkParam& cp : chunk->params()) {
+  const Layout& lay = cfg.layout;
+  // With the overlap, SP's TP-partial gradients (FinalizeTpGrads sums them first) are reduced
+  // after the backward, in buckets of their own.
+  const bool tp_partial = lay.overlap_grad_reduce && lay.sequence_parallel && t > 1;
+  for (size_t ci = 0; ci < rk.chunks.size(); ++ci)
+    for (const ChunkParam& cp : rk.chunks[ci]->params()) {
+      const auto& chunk = rk.chunks[ci];
       ParamState ps;
       ps.param = chunk->Find(cp.spec.name);
+      ps.chunk = int(ci);
+      if (lay.overlap_grad_reduce && !(tp_partial && cp.tp_partial_grad))
+        ps.moment = chunk->GradsDoneAt(cp.spec);
       // Routed experts: reduced (and with dist-opt sliced) over expert DP.
       ps.group = cp.spec.expert >= 0 ? rk.edp.get() : &rk.Reduction();
       const int index = ps.group->rank();
@@ -694,15 +714,11 @@ Status Trainer::Impl::BuildState(Rank& rk) {
   // AdamW. Every rank of a group has the same chunks and parameters, so they issue the same
   // collectives in the same order.
   size_t i = 0;
-  const Layout& lay = cfg.layout;
   // Megatron's buckets (Layout::GradBucketParams), none (one per group) without
   // --overlap-grad-reduce; param_and_grad_buffer.py closes a bucket once it holds at least
   // bucket_size parameters, walking them in backward (reverse) order.
   const int64_t cap = lay.overlap_grad_reduce ? lay.GradBucketParams()
                                               : std::numeric_limits<int64_t>::max();
-  // With the overlap, SP's TP-partial gradients (FinalizeTpGrads sums them first) in buckets of
-  // their own, reduced after the backward.
-  const bool tp_partial = lay.overlap_grad_reduce && lay.sequence_parallel && t > 1;
   for (size_t ci = 0; ci < rk.chunks.size(); ++ci) {
     auto& chunk = rk.chunks[ci];
     std::vector<ParamState*> whole;
@@ -904,7 +920,7 @@ Status Trainer::Impl::RunOps(Rank& rk) {
       // reducer once its parameters' gradients are complete.
       GptChunk::GradsDone done;
       if (rk.reducer && rk.last_backward[size_t(op.chunk)] == i)
-        done = [&rk, &op](int moment) {
+        done = [this, &rk, &op](int moment) -> Status {
           for (size_t k = 0; k < rk.buckets.size(); ++k) {
             Rank::GradBucket& bucket = rk.buckets[k];
             if (bucket.chunk != op.chunk || bucket.launched || bucket.group->size() == 1 ||
@@ -914,6 +930,12 @@ Status Trainer::Impl::RunOps(Rank& rk) {
             bucket.launched = true;
             rk.reducer->Launch(bucket.group, bucket.grads, int(k));
           }
+          for (size_t k = 0; k < rk.state.size(); ++k) {
+            ParamState& ps = rk.state[k];
+            if (ps.slices > 1 && ps.chunk == op.chunk && ps.moment == moment)
+              PTDP_RETURN_IF_ERROR(LaunchScatter(rk, k));
+          }
+          return Status::Ok();
         };
       auto dx = chunk->Backward(op.microbatch, grad_out, done);
       if (!dx.ok()) return dx.status().Prefixed(what);
@@ -953,10 +975,16 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
       bucket.launched = true;
       rk.reducer->Launch(bucket.group, bucket.grads, int(k));
     }
+    for (size_t k = 0; k < rk.state.size(); ++k)
+      if (rk.state[k].slices > 1 && !rk.state[k].launched) PTDP_RETURN_IF_ERROR(LaunchScatter(rk, k));
     std::vector<GradReducer::Span> spans;
     const Status st = rk.reducer->Wait(&spans);
-    for (const GradReducer::Span& sp : spans)
-      rk.clock.AddHostEvent(StepEventKind::kDpComm, rk.buckets[size_t(sp.tag)].chunk, sp.start, sp.end);
+    rk.scatter_inputs.clear();
+    for (const GradReducer::Span& sp : spans) {
+      const size_t nb = rk.buckets.size(), tag = size_t(sp.tag);
+      const int chunk = tag < nb ? rk.buckets[tag].chunk : rk.state[tag - nb].chunk;
+      rk.clock.AddHostEvent(StepEventKind::kDpComm, chunk, sp.start, sp.end);
+    }
     PTDP_RETURN_IF_ERROR(st);
   }
   for (Rank::GradBucket& bucket : rk.buckets) {
@@ -967,14 +995,34 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
   }
   for (ParamState& ps : rk.state) {
     if (ps.slices == 1) continue;  // in a bucket
-    // Flatten and zero-pad to R*k, so each rank's block of the group is k elements.
-    PTDP_ASSIGN_OR_RETURN(Tensor padded, be.Alloc({ps.slices * ps.k}, DType::kF32));
-    Tensor head = padded.View(Shape({ps.numel}));
-    be.Copy(ps.param->grad.View(Shape({ps.numel})), head);
-    PTDP_RETURN_IF_ERROR(ps.group->ReduceScatter(padded, ps.grad_slice, ReduceOp::kSum));
+    if (!rk.reducer) {
+      PTDP_ASSIGN_OR_RETURN(const Tensor in, ScatterInput(rk, ps));
+      PTDP_RETURN_IF_ERROR(ps.group->ReduceScatter(in, ps.grad_slice, ReduceOp::kSum));
+    }
     be.Scale(inv_d, ps.grad_slice);
   }
   rk.clock.Stop(t0, StepEventKind::kDpComm, -1, -1, &RankTimes::dp_comm_s);
+  return Status::Ok();
+}
+
+// The dist-opt reduce-scatter's input: the parameter's gradient flattened, zero-padded to R*k
+// (each rank's block k elements) in a new tensor where R does not divide it.
+Result<Tensor> Trainer::Impl::ScatterInput(Rank& rk, const ParamState& ps) {
+  const Tensor grad = ps.param->grad.View(Shape({ps.numel}));
+  if (ps.numel == ps.slices * ps.k) return grad;
+  PTDP_ASSIGN_OR_RETURN(Tensor padded, rk.backend->Alloc({ps.slices * ps.k}, DType::kF32));
+  Tensor head = padded.View(Shape({ps.numel}));
+  rk.backend->Copy(grad, head);
+  return padded;
+}
+
+// Hands rk.state[k]'s reduce-scatter to the reducer (its padded input kept until the wait).
+Status Trainer::Impl::LaunchScatter(Rank& rk, size_t k) {
+  ParamState& ps = rk.state[k];
+  PTDP_ASSIGN_OR_RETURN(Tensor in, ScatterInput(rk, ps));
+  ps.launched = true;
+  rk.reducer->LaunchReduceScatter(ps.group, in, ps.grad_slice, int(rk.buckets.size() + k));
+  rk.scatter_inputs.push_back(std::move(in));
   return Status::Ok();
 }
 
@@ -1119,9 +1167,11 @@ Status Trainer::Impl::RunStep(Rank& rk) {
     bucket.pending = bucket.moments.size();
     bucket.launched = false;
   }
+  for (ParamState& ps : rk.state) ps.launched = false;
   if (Status st = RunOps(rk); !st.ok()) {
     // Buckets handed over still run (the peers' reducers wait for them); not past this step.
     if (rk.reducer) (void)rk.reducer->Wait();
+    rk.scatter_inputs.clear();
     return st;
   }
   // The reported loss: mean over the global batch (the last stage holds sum_j loss_j / m, the

@@ -120,6 +120,36 @@ TEST(RuntimeModelTest, DataParallelReducesEveryTensor) {
   EXPECT_NEAR(rm.ChunkDp(l, 0, 0), expected * 1e-9, 1e-15);
 }
 
+// The distributed optimizer over dp 3: per tensor a reduce-scatter (3 ranks x 4 bytes x the
+// padded size) and a scale of the slice, plus, where 3 does not divide the tensor, the padded
+// copy (alloc of its bytes, copy of the tensor); after AdamW (ChunkDpGather) the all-gather of
+// the padded slices, its buffer and the copies in and out. Micro's tensors: word 256, positions
+// 4, 4 LN tensors of 2, QKV 12 + 6, projection 4 + 2, fc1 8 + 4, fc2 8 + 2, final LN 2 x 2.
+TEST(RuntimeModelTest, DistributedOptimizerScattersEachTensorAndGathersAfterAdamW) {
+  const RuntimeModel rm(Micro(), UnitPrimitives(), 8);
+  Layout l;
+  l.dp = 3;
+  l.global_batch = 3;
+  l.distributed_optimizer = true;
+  double scatter = 0, gather = 0;
+  int copies = 0;
+  for (const RuntimeTensor& t : rm.ChunkTensors(l, 0, 0)) {
+    const double ks = std::ceil(t.numel / 3), padded = 3 * ks;
+    scatter += 3 * 4 * padded + ks;
+    if (padded != t.numel) {
+      scatter += 4 * padded + t.numel;
+      ++copies;
+    }
+    gather += 4 * padded + ks + 3 * 4 * padded + t.numel;
+  }
+  EXPECT_EQ(copies, 14);  // all 16 but QKV's weight (12) and bias (6)
+  EXPECT_NEAR(rm.ChunkDp(l, 0, 0), scatter * 1e-9, 1e-15);
+  EXPECT_NEAR(rm.ChunkDpGather(l, 0, 0), gather * 1e-9, 1e-15);
+  EXPECT_EQ(rm.ChunkDpBuckets(l, 0, 0).size(), rm.ChunkTensors(l, 0, 0).size());
+  l.distributed_optimizer = false;
+  EXPECT_EQ(rm.ChunkDpGather(l, 0, 0), 0);
+}
+
 // The runtime reduces a chunk's gradients in one bucket per reduction group (the contiguous
 // grad buffer of GptChunk), and with SP sums the replicated ones over TP in one all-reduce:
 // with collectives that cost sqrt(bytes) (a per-call cost) one call of all the bytes is
@@ -192,7 +222,9 @@ TEST(RuntimeModelTest, ExecutedLayoutIsWhatTheRuntimeRuns) {
   EXPECT_EQ(x.precision, Precision::kFp32);
   EXPECT_TRUE(x.overlap_grad_reduce);  // its buckets go beside the backward
   EXPECT_FALSE(x.tp_comm_overlap);
-  l.distributed_optimizer = true;  // its reduce-scatters run after the backward
+  l.distributed_optimizer = true;  // so do its reduce-scatters (the all-gather after AdamW)
+  EXPECT_TRUE(rm.Executed(l).overlap_grad_reduce);
+  l.overlap_grad_reduce = false;
   EXPECT_FALSE(rm.Executed(l).overlap_grad_reduce);
 }
 
@@ -293,24 +325,28 @@ void ExpectMemoryMatchesTheCpuRuntime(const std::vector<MemCase>& cases, bool bf
 }
 
 // --overlap-grad-reduce: the runtime model's gradient buckets are the trainer's. Each layout
-// trains one step with --ddp-bucket-size 2000 and its timeline (the reducer's buckets are DP
-// events of a chunk); every rank ran as many as ChunkDpBuckets lists for its chunks, and the
-// model's buckets hold every reduced element once. Without the overlap: one bucket per group.
+// trains one step with --ddp-bucket-size 2000 and its timeline (the reducer's buckets, and with
+// the distributed optimizer each tensor's reduce-scatter, are DP events of a chunk); every rank
+// ran as many as ChunkDpBuckets lists for its chunks, and the model's buckets hold every reduced
+// element once. Without the overlap: one bucket per group (a tensor each with dist-opt).
 TEST(RuntimeModelTest, GradientBucketsAreTheTrainers) {
   struct Case {
     testing::TinyLayoutSpec spec;
     bool moe = false;
   };
-  auto spec = [](int tp, int pp, int dp, bool sp, int cp = 1, int ep = 1) {
+  auto spec = [](int tp, int pp, int dp, bool sp, int cp = 1, int ep = 1, bool dopt = false) {
     testing::TinyLayoutSpec s;
-    s.tp = tp, s.pp = pp, s.dp = dp, s.sp = sp, s.cp = cp, s.ep = ep;
+    s.tp = tp, s.pp = pp, s.dp = dp, s.sp = sp, s.cp = cp, s.ep = ep, s.dopt = dopt;
     return s;
   };
   const Case cases[] = {{spec(1, 1, 2, false)},
                         {spec(2, 1, 2, true)},
                         {spec(1, 2, 2, false)},
                         {spec(1, 1, 2, false, 2)},
-                        {spec(1, 1, 4, false, 1, 2), true}};
+                        {spec(1, 1, 4, false, 1, 2), true},
+                        {spec(1, 1, 2, false, 1, 1, true)},
+                        {spec(2, 1, 2, true, 1, 1, true)},
+                        {spec(1, 1, 4, false, 1, 2, true), true}};
   MeasuredPrimitives p;
   p.element_bytes = 4;
   for (const Case& c : cases) {
@@ -333,9 +369,11 @@ TEST(RuntimeModelTest, GradientBucketsAreTheTrainers) {
     }
     double split = 0, whole = 0;
     for (const RuntimeModel::DpBucket& b : rm.ChunkDpBuckets(l, 0, 0)) split += b.numel;
+    const size_t listed = rm.ChunkDpBuckets(l, 0, 0).size();
     l.overlap_grad_reduce = false;
     const std::vector<RuntimeModel::DpBucket> one = rm.ChunkDpBuckets(l, 0, 0);
-    EXPECT_EQ(one.size(), c.moe ? 2u : 1u);  // dense, and the experts' over expert DP
+    // Dense, and the experts' over expert DP; the distributed optimizer: a tensor each anyway.
+    EXPECT_EQ(one.size(), c.spec.dopt ? listed : c.moe ? 2u : 1u);
     for (const RuntimeModel::DpBucket& b : one) {
       whole += b.numel;
       EXPECT_FALSE(b.overlapped);

@@ -430,8 +430,9 @@ TEST(Trainer, ReducesTheGradientsInOneBucket) {
 }
 
 // --overlap-grad-reduce with small buckets (--ddp-bucket-size 2000: every weight a bucket of its
-// own): each bucket's all-reduce goes to the rank's GradReducer once the chunk's last backward
-// has completed its gradients and runs beside the rest of the backward. The results are the
+// own): each bucket's all-reduce (with the distributed optimizer, each parameter's
+// reduce-scatter) goes to the rank's GradReducer once the chunk's last backward has completed
+// its gradients and runs beside the rest of the backward. The results are the
 // one-bucket run's bit for bit (the same sums of the same elements in the same rank order) in
 // dense, SP (its TP-partial buckets wait for their TP sum), pipeline, CP and MoE (expert-DP
 // buckets) layouts; the timeline has one DP event per bucket the reducer ran, several a chunk.
@@ -441,9 +442,9 @@ TEST(Trainer, OverlappedBucketsEqualOneBucketBitForBit) {
     Spec spec;
     bool moe = false;
   };
-  auto spec = [](int tp, int pp, int dp, bool sp, int cp = 1, int ep = 1) {
+  auto spec = [](int tp, int pp, int dp, bool sp, int cp = 1, int ep = 1, bool dopt = false) {
     Spec s;
-    s.tp = tp, s.pp = pp, s.dp = dp, s.sp = sp, s.cp = cp, s.ep = ep;
+    s.tp = tp, s.pp = pp, s.dp = dp, s.sp = sp, s.cp = cp, s.ep = ep, s.dopt = dopt;
     return s;
   };
   const Case cases[] = {
@@ -452,6 +453,11 @@ TEST(Trainer, OverlappedBucketsEqualOneBucketBitForBit) {
       {"pp2 dp2", spec(1, 2, 2, false)},
       {"cp2 dp2", spec(1, 1, 2, false, 2)},
       {"dp4 ep2 (expert DP 2)", spec(1, 1, 4, false, 1, 2), true},
+      // The distributed optimizer: each parameter's reduce-scatter handed over on its own.
+      {"dp2 dopt", spec(1, 1, 2, false, 1, 1, true)},
+      {"tp2 dp2 sp dopt", spec(2, 1, 2, true, 1, 1, true)},
+      {"cp2 dp2 dopt", spec(1, 1, 2, false, 2, 1, true)},
+      {"dp4 ep2 dopt", spec(1, 1, 4, false, 1, 2, true), true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
