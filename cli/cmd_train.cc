@@ -391,6 +391,10 @@ int RunTrain(const TrainFlags& f) {
     std::printf("(the CPU backend computes in fp32; the plan's %s changes memory and time on "
                 "GPUs, not the results)\n",
                 ToString(l.precision));
+  if (l.overlap_grad_reduce && l.dp * l.cp > 1 && !(*trainer)->overlaps_grad_reduce())
+    std::printf("(--overlap-grad-reduce: the DP reduction runs after the backward here: %s)\n",
+                f.backend == "cuda" ? "every rank on one GPU shares its stream"
+                                    : "each rank and its reducer thread need a core of their own");
   // The host speed probe (cli/speed_probe.h), for compare: with --out, in a run of one process
   // (the others would wait in their first collective meanwhile), before the first step and
   // after the last, while the ranks are idle. A failed probe is a warning: the run goes on.

@@ -52,8 +52,14 @@ RuntimeModel::RuntimeModel(const ModelSpec& model, const MeasuredPrimitives& m, 
 Layout RuntimeModel::Executed(const Layout& l) const {
   Layout x = l;
   // Buckets (dist-opt: each parameter's reduce-scatter) beside the backward
-  // (runtime/grad_reducer.h); the dist-opt all-gather after AdamW (ChunkDpGather).
-  x.overlap_grad_reduce = l.overlap_grad_reduce;
+  // (runtime/grad_reducer.h) where its communicators run beside compute
+  // (CommunicatorFactory::CollectivesBesideCompute: NCCL; ThreadWorld when 2 threads a rank fit
+  // the cores; not DeviceWorld); the dist-opt all-gather after AdamW (ChunkDpGather).
+  const bool beside = m_.communicator == "device"    ? false
+                      : m_.communicator == "threads" || (m_.communicator.empty() && m_.backend == "cpu")
+                          ? 2 * int64_t(l.world()) <= int64_t(m_.cores)
+                          : true;
+  x.overlap_grad_reduce = l.overlap_grad_reduce && beside;
   x.tp_comm_overlap = false;
   x.shard_gradients = false;  // the runtime's distributed optimizer shards the optimizer only
   x.moe_a2a_overlap = false;  // its MoE exchanges block, with the all-to-all dispatcher

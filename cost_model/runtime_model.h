@@ -67,9 +67,10 @@ class RuntimeModel {
   RuntimeModel(const ModelSpec& model, const MeasuredPrimitives& m, int gpus_per_node);
 
   // The layout as the runtime executes it: recompute as planned, no TP overlap, DP reduction
-  // overlapped as planned (--overlap-grad-reduce; the distributed optimizer's all-gather after
-  // AdamW, not overlapped), fp32 when the runtime stores 4-byte elements. The cost model
-  // evaluates this one.
+  // overlapped as planned (--overlap-grad-reduce) where its communicators run beside compute
+  // (NCCL; CPU threads when each rank and its reducer have a core; never on one GPU; the
+  // distributed optimizer's all-gather after AdamW), fp32 when the runtime stores 4-byte
+  // elements. The cost model evaluates this one.
   Layout Executed(const Layout& l) const;
 
   // The shape of the op lists (core/layer_ops.h) the runtime executes for this layout.

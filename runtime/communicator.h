@@ -157,12 +157,14 @@ class CommunicatorFactory {
   // overlap within a label, ranks outside the world, or the creation failing.
   virtual Status Prepare(const std::vector<GroupSet>& sets) { return Status::Ok(); }
 
-  // How many threads of each rank may be busy at once: 2 when the trainer runs gradient
-  // buckets beside the backward (--overlap-grad-reduce). The in-process worlds then spin in
-  // their waits only while all those threads fit the cores (a spinning reducer would take its
-  // own rank's core). Called before the steps, while no rank is in an operation; the default
-  // ignores it.
-  virtual void SetThreadsPerRank(int threads) {}
+  // Whether a thread beside each rank's can run collectives while the rank computes, which
+  // --overlap-grad-reduce needs (the trainer's GradReducer): NCCL, on a stream of its own (the
+  // default, true); ThreadWorld when every rank and its reducer have a core of their own
+  // (2 x world size <= cores: on fewer, the reducer's rendezvous and copies would take the cores
+  // the ranks compute on, and its waits could not spin); never DeviceWorld (one GPU, the rank's
+  // stream). Without it the trainer reduces after the backward, as Megatron does without the
+  // flag (the same sums).
+  virtual bool CollectivesBesideCompute() const { return true; }
 
   // The communicator of `global_rank` on the group `ranks` (global ranks, group-rank order, no
   // duplicates, containing global_rank). Each member calls it once for its own handle; members

@@ -747,8 +747,6 @@ int Rendezvous::world_size() const { return state_->size; }
 double Rendezvous::timeout_s() const { return state_->timeout_s; }
 double Rendezvous::spin_s() const { return state_->spin_s; }
 
-void Rendezvous::SpinForThreads(int threads) { state_->spin_s = SpinSecondsHere(threads); }
-
 Result<std::unique_ptr<Communicator>> Rendezvous::Group(int global_rank,
                                                         const std::vector<int>& ranks,
                                                         const std::string& label,

@@ -93,11 +93,6 @@ class Rendezvous {
   int world_size() const;
   double timeout_s() const;
   double spin_s() const;
-  // Spins as the first form would for a world of `threads` busy threads (PTDP_COMM_SPIN_US, else
-  // DefaultSpinSeconds(threads, cores)): for ranks that run more than one thread at once (the
-  // trainer's gradient reducers, CommunicatorFactory::SetThreadsPerRank). While no rank is in
-  // an operation.
-  void SpinForThreads(int threads);
 
   // As CommunicatorFactory::Group (same errors), with this rank's data plane for the handle.
   // Thread-safe. The handles keep the shared state alive, so they may outlive the Rendezvous.

@@ -436,6 +436,9 @@ struct Trainer::Impl {
   int t = 1, c = 1, p = 1, d = 1, v = 1, m = 1, b = 1, s = 1, sc = 1, sl = 1, h = 1;
   int ep = 1, etp = 1;  // the expert grid (MoE models)
   bool moe = false;
+  // --overlap-grad-reduce where the communicators can run beside compute
+  // (CommunicatorFactory::CollectivesBesideCompute); else one bucket a group after the backward.
+  bool overlap_grad = false;
   // The shard degree of a parameter (etp for routed experts) and a rank's shard index of it.
   int Degree(const ParamSpec& ps) const { return ShardDegree(ps, t, etp); }
   int ShardOf(const ParamSpec& ps, int rank) const {
@@ -558,6 +561,7 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
   sl = l.sequence_parallel ? sc / t : sc;
   moe = cfg.model.moe();
   ep = moe ? l.ep : 1;
+  overlap_grad = l.overlap_grad_reduce && comms.CollectivesBesideCompute();
   etp = moe ? l.expert_tp() : 1;
   grid = RankGrid(t, c, d, p, etp, ep);
   PTDP_ASSIGN_OR_RETURN(schedule, BuildSchedule(l.schedule, p, v, m, l.microbatch_group));
@@ -670,14 +674,14 @@ Status Trainer::Impl::BuildState(Rank& rk) {
   const Layout& lay = cfg.layout;
   // With the overlap, SP's TP-partial gradients (FinalizeTpGrads sums them first) are reduced
   // after the backward, in buckets of their own.
-  const bool tp_partial = lay.overlap_grad_reduce && lay.sequence_parallel && t > 1;
+  const bool tp_partial = overlap_grad && lay.sequence_parallel && t > 1;
   for (size_t ci = 0; ci < rk.chunks.size(); ++ci)
     for (const ChunkParam& cp : rk.chunks[ci]->params()) {
       const auto& chunk = rk.chunks[ci];
       ParamState ps;
       ps.param = chunk->Find(cp.spec.name);
       ps.chunk = int(ci);
-      if (lay.overlap_grad_reduce && !(tp_partial && cp.tp_partial_grad))
+      if (overlap_grad && !(tp_partial && cp.tp_partial_grad))
         ps.moment = chunk->GradsDoneAt(cp.spec);
       // Routed experts: reduced (and with dist-opt sliced) over expert DP.
       ps.group = cp.spec.expert >= 0 ? rk.edp.get() : &rk.Reduction();
@@ -717,7 +721,7 @@ Status Trainer::Impl::BuildState(Rank& rk) {
   // Megatron's buckets (Layout::GradBucketParams), none (one per group) without
   // --overlap-grad-reduce; param_and_grad_buffer.py closes a bucket once it holds at least
   // bucket_size parameters, walking them in backward (reverse) order.
-  const int64_t cap = lay.overlap_grad_reduce ? lay.GradBucketParams()
+  const int64_t cap = overlap_grad ? lay.GradBucketParams()
                                               : std::numeric_limits<int64_t>::max();
   for (size_t ci = 0; ci < rk.chunks.size(); ++ci) {
     auto& chunk = rk.chunks[ci];
@@ -783,7 +787,7 @@ Status Trainer::Impl::BuildState(Rank& rk) {
       bucket.group = whole[sp.first]->group;
       bucket.grads = chunk->grad_buffer().View(Shape({numel(sp)}), whole[sp.first]->param->offset);
       bucket.chunk = int(ci);
-      if (lay.overlap_grad_reduce && !(tp_partial && whole[sp.first]->param->tp_partial_grad)) {
+      if (overlap_grad && !(tp_partial && whole[sp.first]->param->tp_partial_grad)) {
         for (size_t j = sp.first; j <= sp.last; ++j)
           bucket.moments.push_back(chunk->GradsDoneAt(whole[j]->param->spec));
         std::sort(bucket.moments.begin(), bucket.moments.end());
@@ -1250,6 +1254,9 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::steps_done() const { return impl_->steps; }
 int64_t Trainer::optimizer_steps() const { return impl_->optimizer_steps; }
+bool Trainer::overlaps_grad_reduce() const {
+  return !impl_->ranks.empty() && impl_->ranks.front().reducer != nullptr;
+}
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, BackendFactory backends,
                                                  CommunicatorFactory& comms) {
@@ -1292,8 +1299,6 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   auto impl = std::make_unique<Impl>();
   impl->cfg = cfg;
   PTDP_RETURN_IF_ERROR(impl->Build(backends, comms, local).Prefixed(where));
-  // Every rank has the same buckets: a reducer on one, a reducer on all.
-  if (!impl->ranks.empty() && impl->ranks.front().reducer) comms.SetThreadsPerRank(2);
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 

@@ -170,6 +170,9 @@ class Trainer {
 
   int64_t steps_done() const;
   int64_t optimizer_steps() const;
+  // Whether the DP reduction runs beside the backward (--overlap-grad-reduce where the
+  // communicators can: CommunicatorFactory::CollectivesBesideCompute; and something to reduce).
+  bool overlaps_grad_reduce() const;
 
   // The whole training state, gathered from the ranks (parameters from DP replica 0, moments
   // from every DP rank that owns a slice). With ranks in several processes (local_ranks) it is

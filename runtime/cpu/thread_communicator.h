@@ -33,9 +33,7 @@ class ThreadWorld final : public CommunicatorFactory {
 
   int world_size() const override;
   double timeout_s() const;
-  void SetThreadsPerRank(int threads) override {
-    rendezvous_.SpinForThreads(world_size() * threads);
-  }
+  bool CollectivesBesideCompute() const override;
 
   // Thread-safe. The handles keep the shared group state alive, so they may outlive the world.
   Result<std::unique_ptr<Communicator>> Group(int global_rank, const std::vector<int>& ranks,

@@ -54,9 +54,7 @@ class DeviceWorld final : public CommunicatorFactory {
   DeviceWorld& operator=(const DeviceWorld&) = delete;
 
   int world_size() const override;
-  void SetThreadsPerRank(int threads) override {
-    rendezvous_.SpinForThreads(world_size() * threads);
-  }
+  bool CollectivesBesideCompute() const override { return false; }  // the rank's stream
   double timeout_s() const;
   int device() const { return device_; }
 

@@ -14,6 +14,7 @@
 #include "runtime/cpu/thread_communicator.h"
 #include "runtime/data.h"
 #include "runtime/trainer.h"
+#include "tests/fakes/beside_world.h"
 #include "tests/fakes/test_cluster.h"
 #include "tests/fakes/tiny_training.h"
 
@@ -220,12 +221,28 @@ TEST(RuntimeModelTest, ExecutedLayoutIsWhatTheRuntimeRuns) {
   const Layout x = rm.Executed(l);
   EXPECT_EQ(x.recompute, Recompute::kFull);  // the runtime recomputes as Megatron does
   EXPECT_EQ(x.precision, Precision::kFp32);
-  EXPECT_TRUE(x.overlap_grad_reduce);  // its buckets go beside the backward
+  EXPECT_TRUE(x.overlap_grad_reduce);  // its buckets go beside the backward (64 cores)
   EXPECT_FALSE(x.tp_comm_overlap);
   l.distributed_optimizer = true;  // so do its reduce-scatters (the all-gather after AdamW)
   EXPECT_TRUE(rm.Executed(l).overlap_grad_reduce);
   l.overlap_grad_reduce = false;
   EXPECT_FALSE(rm.Executed(l).overlap_grad_reduce);
+  // Where the communicators cannot run beside compute: CPU threads with 2 x ranks above the
+  // cores (8 ranks, 8 cores), every rank on one GPU (DeviceWorld); NCCL can.
+  l.overlap_grad_reduce = true;
+  l.dp = 8;
+  MeasuredPrimitives p = UnitPrimitives();
+  p.communicator = "threads";
+  p.cores = 8;
+  EXPECT_FALSE(RuntimeModel(Micro(), p, 8).Executed(l).overlap_grad_reduce);
+  p.cores = 16;
+  EXPECT_TRUE(RuntimeModel(Micro(), p, 8).Executed(l).overlap_grad_reduce);
+  p.backend = "cuda";
+  p.communicator = "device";
+  EXPECT_FALSE(RuntimeModel(Micro(), p, 8).Executed(l).overlap_grad_reduce);
+  p.communicator = "nccl";
+  p.cores = 8;
+  EXPECT_TRUE(RuntimeModel(Micro(), p, 8).Executed(l).overlap_grad_reduce);
 }
 
 TEST(RuntimeModelTest, RanksBeyondTheCoresShareThem) {
@@ -271,8 +288,10 @@ struct MemCase {
   ScheduleKind schedule;
 };
 
-// Trains one step of `l` on the CPU runtime.
-Result<rt::StepResult> OneStep(const ModelSpec& m, const Layout& l, bool bf16, bool timeline) {
+// Trains one step of `l` on the CPU runtime (`beside`: its communicators say they run beside
+// compute, so that --overlap-grad-reduce's reducer runs on any machine).
+Result<rt::StepResult> OneStep(const ModelSpec& m, const Layout& l, bool bf16, bool timeline,
+                               bool beside = false) {
   rt::TrainerConfig cfg;
   cfg.model = m;
   cfg.layout = l;
@@ -280,7 +299,11 @@ Result<rt::StepResult> OneStep(const ModelSpec& m, const Layout& l, bool bf16, b
   cfg.record_timeline = timeline;
   cfg.train_tokens = &testing::Shakespeare().train;
   rt::ThreadWorld world(l.world(), 30.0);
-  PTDP_ASSIGN_OR_RETURN(auto trainer, rt::Trainer::Create(cfg, testing::CpuBackends(), world));
+  testing::BesideWorld overlapping(world);
+  PTDP_ASSIGN_OR_RETURN(auto trainer,
+                        rt::Trainer::Create(cfg, testing::CpuBackends(),
+                                            beside ? static_cast<rt::CommunicatorFactory&>(overlapping)
+                                                   : world));
   return trainer->Step();
 }
 
@@ -355,7 +378,7 @@ TEST(RuntimeModelTest, GradientBucketsAreTheTrainers) {
     Layout l = testing::TinyLayout(c.spec);
     l.ddp_bucket_size = 2000;
     SCOPED_TRACE(l.ShortName() + " " + l.Knobs());
-    auto step = OneStep(m, l, /*bf16=*/false, /*timeline=*/true);
+    auto step = OneStep(m, l, /*bf16=*/false, /*timeline=*/true, /*beside=*/true);
     ASSERT_TRUE(step.ok()) << step.status().message();
     const RankGrid grid(l.tp, l.cp, l.dp, l.pp, l.expert_tp(), l.ep);
     for (int g = 0; g < l.world(); ++g) {

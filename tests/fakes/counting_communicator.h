@@ -62,6 +62,7 @@ class CountingWorld final : public rt::CommunicatorFactory {
   CountingWorld(rt::CommunicatorFactory& inner, int rank) : in_(inner), rank_(rank) {}
   int world_size() const override { return in_.world_size(); }
   Status Prepare(const std::vector<rt::GroupSet>& sets) override { return in_.Prepare(sets); }
+  bool CollectivesBesideCompute() const override { return in_.CollectivesBesideCompute(); }
   Result<std::unique_ptr<rt::Communicator>> Group(int global_rank, const std::vector<int>& ranks,
                                                   const std::string& label) override {
     auto c = in_.Group(global_rank, ranks, label);

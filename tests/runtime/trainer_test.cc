@@ -15,12 +15,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
 #include "runtime/data.h"
 #include "runtime/forwarding_backend.h"
+#include "tests/fakes/beside_world.h"
 #include "tests/fakes/counting_communicator.h"
 #include "tests/fakes/tiny_training.h"
 
@@ -46,10 +48,14 @@ struct TrainRun {
   std::map<std::string, std::vector<float>> params;
 };
 
-TrainRun Train(const TrainerConfig& cfg, int steps) {
+// `beside`: the communicators say they run beside compute (testing::BesideWorld), so that
+// --overlap-grad-reduce runs its reducer on any machine.
+TrainRun Train(const TrainerConfig& cfg, int steps, bool beside = false) {
   TrainRun run;
   ThreadWorld world(cfg.layout.world(), kTimeoutS);
-  auto tr = Trainer::Create(cfg, testing::CpuBackends(), world);
+  testing::BesideWorld overlapping(world);
+  auto tr = Trainer::Create(cfg, testing::CpuBackends(),
+                            beside ? static_cast<CommunicatorFactory&>(overlapping) : world);
   EXPECT_TRUE(tr.ok()) << tr.status().message();
   if (!tr.ok()) return run;
   for (int i = 0; i < steps; ++i) {
@@ -470,7 +476,17 @@ TEST(Trainer, OverlappedBucketsEqualOneBucketBitForBit) {
     cfg.layout.overlap_grad_reduce = true;
     cfg.layout.ddp_bucket_size = 2000;
     cfg.record_timeline = true;
-    const TrainRun split = Train(cfg, 2);
+    const TrainRun split = Train(cfg, 2, /*beside=*/true);
+    // On the plain ThreadWorld the reducer runs only where 2 threads a rank fit the cores;
+    // else the same buckets' sums come after the backward, one bucket a group.
+    const TrainRun here = Train(cfg, 2);
+    ASSERT_EQ(here.steps.size(), 2u);
+    EXPECT_TRUE(here.params == whole.params) << "parameters differ";
+    const bool fits = 2 * cfg.layout.world() <= int(std::thread::hardware_concurrency());
+    int here_buckets = 0;
+    for (const StepEvent& e : here.steps[1].ranks[0].events)
+      here_buckets += e.kind == StepEventKind::kDpComm && e.chunk >= 0;
+    EXPECT_EQ(here_buckets > 0, fits);
     ASSERT_EQ(whole.steps.size(), 2u);
     ASSERT_EQ(split.steps.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
