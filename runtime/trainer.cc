@@ -721,8 +721,7 @@ Status Trainer::Impl::BuildState(Rank& rk) {
   // Megatron's buckets (Layout::GradBucketParams), none (one per group) without
   // --overlap-grad-reduce; param_and_grad_buffer.py closes a bucket once it holds at least
   // bucket_size parameters, walking them in backward (reverse) order.
-  const int64_t cap = overlap_grad ? lay.GradBucketParams()
-                                              : std::numeric_limits<int64_t>::max();
+  const int64_t cap = overlap_grad ? lay.GradBucketParams() : std::numeric_limits<int64_t>::max();
   for (size_t ci = 0; ci < rk.chunks.size(); ++ci) {
     auto& chunk = rk.chunks[ci];
     std::vector<ParamState*> whole;
