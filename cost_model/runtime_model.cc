@@ -9,6 +9,12 @@
 namespace ptdp {
 namespace {
 
+// A tensor's place in its chunk's buffers (GptChunk::BufferOrder): replicated, other dense,
+// routed experts; the weight-decayed ones first within each.
+int BufferOrder(const RuntimeTensor& t) {
+  return 2 * (t.expert ? 2 : t.replicated ? 0 : 1) + (t.decay ? 0 : 1);
+}
+
 // Bytes of the runtime's fp32 statistics (LayerNorm mean / rstd, attention lse or P, cross
 // entropy's row figures), i32 ids and fp32 accumulators, whatever the activations' dtype.
 constexpr double kStatBytes = 4;
@@ -55,10 +61,9 @@ Layout RuntimeModel::Executed(const Layout& l) const {
   // (runtime/grad_reducer.h) where its communicators run beside compute
   // (CommunicatorFactory::CollectivesBesideCompute: NCCL; ThreadWorld when 2 threads a rank fit
   // the cores; not DeviceWorld); the dist-opt all-gather after AdamW (ChunkDpGather).
-  const bool beside = m_.communicator == "device"    ? false
-                      : m_.communicator == "threads" || (m_.communicator.empty() && m_.backend == "cpu")
-                          ? 2 * int64_t(l.world()) <= int64_t(m_.cores)
-                          : true;
+  bool beside = m_.communicator != "device";
+  if (m_.communicator == "threads" || (m_.communicator.empty() && m_.backend == "cpu"))
+    beside = 2 * int64_t(l.world()) <= int64_t(m_.cores);
   x.overlap_grad_reduce = l.overlap_grad_reduce && beside;
   x.tp_comm_overlap = false;
   x.shard_gradients = false;  // the runtime's distributed optimizer shards the optimizer only
@@ -286,13 +291,10 @@ int RuntimeModel::ExpertDp(const Layout& l) const {
 
 std::vector<RuntimeModel::DpBucket> RuntimeModel::ChunkDpBuckets(const Layout& l, int r,
                                                                   int c) const {
-  // GptChunk::BufferOrder: replicated, other dense, routed experts; weight-decayed first.
   std::vector<RuntimeTensor> ts = ChunkTensors(l, r, c);
-  auto order = [](const RuntimeTensor& t) {
-    return 2 * (t.expert ? 2 : t.replicated ? 0 : 1) + (t.decay ? 0 : 1);
-  };
-  std::stable_sort(ts.begin(), ts.end(),
-                   [&](const RuntimeTensor& a, const RuntimeTensor& b) { return order(a) < order(b); });
+  std::stable_sort(ts.begin(), ts.end(), [](const RuntimeTensor& a, const RuntimeTensor& b) {
+    return BufferOrder(a) < BufferOrder(b);
+  });
   const double cap = l.overlap_grad_reduce ? double(l.GradBucketParams())
                                            : std::numeric_limits<double>::infinity();
   const bool tp_partial = l.overlap_grad_reduce && l.sequence_parallel && l.tp > 1;
@@ -338,10 +340,12 @@ double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
     if (padded != b.numel) s += Alloc(padded * 4, k) + Op("copy", b.numel, k);
     s += Coll("reduce_scatter", d, padded * 4, l) + Op("scale", ks, k);
   }
-  double held_once = 0;  // routed experts held once (expert DP 1): scaled
-  for (const RuntimeTensor& t : ChunkTensors(l, r, c))
-    if (t.expert && ExpertDp(l) <= 1) held_once += t.numel;
-  if (held_once > 0 && average) s += Op("scale", held_once, k);
+  if (average && model_.moe() && ExpertDp(l) <= 1) {  // routed experts held once: scaled
+    double held_once = 0;
+    for (const RuntimeTensor& t : ChunkTensors(l, r, c))
+      if (t.expert) held_once += t.numel;
+    if (held_once > 0) s += Op("scale", held_once, k);
+  }
   return s;
 }
 
@@ -388,7 +392,7 @@ RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
       if (t.replicated && !t.expert) tp_partial += t.numel;
       const int g = t.expert ? ExpertDp(l) : R;
       if (!(l.distributed_optimizer && g > 1)) {
-        runs[2 * (t.expert ? 2 : t.replicated ? 0 : 1) + (t.decay ? 0 : 1)] += t.numel;
+        runs[BufferOrder(t)] += t.numel;
         continue;
       }
       const double owned = std::ceil(t.numel / g);

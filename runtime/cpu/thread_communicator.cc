@@ -72,11 +72,11 @@ ThreadWorld::ThreadWorld(int world_size, double timeout_s)
 ThreadWorld::~ThreadWorld() = default;
 
 int ThreadWorld::world_size() const { return rendezvous_.world_size(); }
+double ThreadWorld::timeout_s() const { return rendezvous_.timeout_s(); }
 
 bool ThreadWorld::CollectivesBesideCompute() const {
   return 2 * int64_t(world_size()) <= int64_t(std::thread::hardware_concurrency());
 }
-double ThreadWorld::timeout_s() const { return rendezvous_.timeout_s(); }
 
 Result<std::unique_ptr<Communicator>> ThreadWorld::Group(int global_rank,
                                                          const std::vector<int>& ranks,
