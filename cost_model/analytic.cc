@@ -962,15 +962,13 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
     for (int r : {0, 1 % p, p - 1}) {
       double stage = 0;
       int nb = 0;
-      double gather = 0;
       for (int c = 0; c < l.vp; ++c) {
         stage += runtime_->ChunkDp(l, r, c);
-        gather += runtime_->ChunkDpGather(l, r, c);  // after AdamW
         nb += ChunkDpBuckets(l, r, c);
       }
       if (l.overlap_grad_reduce && nb > 1)
         stage = std::max(stage - slow.bwd_s * (1 - 1.0 / nb), stage / nb);
-      dp = std::max(dp, stage + gather);
+      dp = std::max(dp, stage + StageDpGatherTime(l, r, slow.fwd_s));
     }
   } else {
     dp = DpExposed(l, params, expert_params, slow.bwd_s, slow.fwd_s);
@@ -1064,8 +1062,19 @@ double AnalyticModel::ChunkDpTime(const Layout& l, int r, int c) const {
   return nb * (DpTime(l, (params - experts) / nb) + ExpertDpTime(l, experts / nb));
 }
 
-double AnalyticModel::ChunkDpGatherTime(const Layout& l, int r, int c) const {
-  return runtime_ ? runtime_->ChunkDpGather(l, r, c) : 0;
+// The gathers run one after another from the step's end; part j of n of the forward reads its
+// parameters at about j/n of the window, so the last is ready max(total/n, total - W (1 - 1/n))
+// after the forward began (DpExposed's law).
+double AnalyticModel::StageDpGatherTime(const Layout& l, int r, double fwd_s) const {
+  if (!runtime_) return 0;
+  double total = 0;
+  int parts = 0;
+  for (int c = 0; c < l.vp; ++c) {
+    total += runtime_->ChunkDpGather(l, r, c);
+    parts += runtime_->ChunkDpGatherParts(l, r, c);
+  }
+  if (!l.overlap_grad_reduce || parts <= 1 || total <= 0) return total;
+  return std::max(total / parts, total - fwd_s * (1 - 1.0 / parts));
 }
 
 int AnalyticModel::ChunkDpBuckets(const Layout& l, int r, int c) const {

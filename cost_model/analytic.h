@@ -166,9 +166,12 @@ class AnalyticModel : public Estimator {
   // DP gradient reduction of the parameters of one chunk (+ the embedding/output on the first
   // and last chunk), seconds; the per-chunk buckets that --overlap-grad-reduce launches.
   double ChunkDpTime(const Layout& l, int r, int c) const;
-  // After the optimizer: the measured runtime's distributed-optimizer all-gather of chunk c
-  // (RuntimeModel::ChunkDpGather); 0 for the GPU model, whose ChunkDpTime covers it.
-  double ChunkDpGatherTime(const Layout& l, int r, int c) const;
+  // The measured runtime's distributed-optimizer all-gather of stage r's chunks
+  // (RuntimeModel::ChunkDpGather), as much of it as the step waits for: all of it after
+  // AdamW, or with --overlap-param-gather (the executed layout's overlap_grad_reduce) what the
+  // next forward (`fwd_s`, one micro-batch of the stage) does not hide, each part of it waiting
+  // for its own parameters. 0 for the GPU model, whose ChunkDpTime covers it.
+  double StageDpGatherTime(const Layout& l, int r, double fwd_s) const;
   // Parameters of chunk c of stage r, and Megatron's gradient buckets over them (1 without
   // --overlap-grad-reduce; on the measured runtime, those it hands over during the backward).
   double ChunkParams(const Layout& l, int r, int c) const;

@@ -60,7 +60,9 @@ Layout RuntimeModel::Executed(const Layout& l) const {
   // Buckets (dist-opt: each parameter's reduce-scatter) beside the backward
   // (runtime/grad_reducer.h) where its communicators run beside compute
   // (CommunicatorFactory::CollectivesBesideCompute: NCCL; ThreadWorld when 2 threads a rank fit
-  // the cores; not DeviceWorld); the dist-opt all-gather after AdamW (ChunkDpGather).
+  // the cores; not DeviceWorld); with the distributed optimizer there, the all-gather of the
+  // updated slices beside the next forward (--overlap-param-gather; else after AdamW:
+  // ChunkDpGather).
   bool beside = m_.communicator != "device";
   if (m_.communicator == "threads" || (m_.communicator.empty() && m_.backend == "cpu"))
     beside = 2 * int64_t(l.world()) <= int64_t(m_.cores);
@@ -353,16 +355,27 @@ double RuntimeModel::ChunkDpGather(const Layout& l, int r, int c) const {
   if (!l.distributed_optimizer) return 0;
   const double k = Slowdown(l), e = m_.element_bytes;
   double s = 0;
-  // After AdamW: the all-gather of the updated slices (the weights, e bytes each) from a padded
-  // buffer, and the copy back.
+  // The all-gather of the updated slices (the weights, e bytes each) into the parameter; where
+  // the group does not divide it, into a padded buffer (this rank's block copied in) and back.
   for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
     const int d = t.expert ? ExpertDp(l) : l.dp * l.cp;
     if (d <= 1) continue;
     const double ks = std::ceil(t.numel / d), padded = d * ks;
-    s += Alloc(padded * e, k) + Op("copy", ks, k) + Coll("all_gather", d, padded * e, l) +
-         Op("copy", t.numel, k);
+    s += Coll("all_gather", d, padded * e, l);
+    if (padded != t.numel) s += Alloc(padded * e, k) + Op("copy", ks, k) + Op("copy", t.numel, k);
   }
   return s;
+}
+
+int RuntimeModel::ChunkDpGatherParts(const Layout& l, int r, int c) const {
+  if (!l.distributed_optimizer) return 0;
+  const int stage = c * l.pp + r, last = l.pp * l.vp - 1;
+  const int64_t layers = ChunkLayers(model_, l, r, c);
+  if (l.dp * l.cp > 1) return int(layers) + (stage == 0) + (stage == last);
+  // Only the routed experts are sliced (over expert DP): the MoE layers.
+  if (model_.moe() && ExpertDp(l) > 1)
+    return int(model_.moe_layers_in(ChunkFirstLayer(model_, l, r, c), layers));
+  return 0;
 }
 
 double RuntimeModel::EmbeddingReduce(const Layout& l) const {

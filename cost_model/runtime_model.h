@@ -90,8 +90,13 @@ class RuntimeModel {
   // scale, or with the distributed optimizer per tensor reduce-scatter (of a padded copy where
   // the group does not divide it) and scale.
   double ChunkDp(const Layout& l, int r, int c) const;
-  // The distributed optimizer's all-gather of chunk c's updated slices, after AdamW (0 without).
+  // The distributed optimizer's all-gather of chunk c's updated slices, after AdamW or beside
+  // the next forward (0 without).
   double ChunkDpGather(const Layout& l, int r, int c) const;
+  // The parts of chunk c's forward (embedding, each layer, output) that wait for sliced
+  // parameters' all-gathers beside it (--overlap-param-gather); 0 without the distributed
+  // optimizer or anything sliced.
+  int ChunkDpGatherParts(const Layout& l, int r, int c) const;
   double EmbeddingReduce(const Layout& l) const;  // tied embedding, first <-> last stage
   RuntimeOptimizerTimes Optimizer(const Layout& l, int r) const;
 

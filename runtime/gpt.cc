@@ -323,7 +323,7 @@ Result<Tensor> GptChunk::ReduceSeq(Tensor& partial) {
 // ---- forward ---------------------------------------------------------------------------------
 
 Result<Tensor> GptChunk::Forward(int slot, const Tensor& input, const Tensor& targets,
-                                 float loss_scale) {
+                                 float loss_scale, const ParamsNeeded& need) {
   if (saved_.count(slot))
     return Status::Error("GptChunk::Forward: micro-batch slot " + Str(slot) + " is in flight");
   auto sv = std::make_unique<Saved>();
@@ -332,6 +332,7 @@ Result<Tensor> GptChunk::Forward(int slot, const Tensor& input, const Tensor& ta
   if (cfg_.has_embedding) {
     assert(input.dtype() == DType::kI32 && input.shape().rank() == 2);
     sv->b = input.shape()[0];
+    if (need) PTDP_RETURN_IF_ERROR(need(kEmbeddingGrads));
     PTDP_ASSIGN_OR_RETURN(x, EmbedForward(input, *sv));
   } else {
     assert(input.dtype() == act_ && input.numel() % (sl_ * h_) == 0);
@@ -341,10 +342,12 @@ Result<Tensor> GptChunk::Forward(int slot, const Tensor& input, const Tensor& ta
   }
   sv->layers.resize(layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
+    if (need) PTDP_RETURN_IF_ERROR(need(cfg_.first_layer + int(l)));
     PTDP_ASSIGN_OR_RETURN(x, LayerForward(layers_[l], x, sv->b, sv->layers[l]));
   }
   Tensor out = x.View({sl_, sv->b, h_});
   if (cfg_.has_output) {
+    if (need) PTDP_RETURN_IF_ERROR(need(kOutputGrads));
     PTDP_ASSIGN_OR_RETURN(out, OutputForward(x, targets, loss_scale, *sv));
   }
   saved_[slot] = std::move(sv);

@@ -132,7 +132,13 @@ class GptChunk {
   //         Megatron's loss / m): with CP the ranks' losses add up to the mean.
   // Returns the output activation (sl, b, h) in act_dtype(), or with has_output the loss, a
   // (1) fp32 tensor equal on every TP rank. Fails when a collective fails or memory runs out.
-  Result<Tensor> Forward(int slot, const Tensor& input, const Tensor& targets, float loss_scale);
+  //  need (when given): called before each part of the forward with the GradsDoneAt moment of
+  //         the parameters it reads (kEmbeddingGrads, each layer, kOutputGrads), in forward
+  //         order (the distributed optimizer's --overlap-param-gather waits there for those
+  //         parameters' all-gathers); a failure ends the forward.
+  using ParamsNeeded = std::function<Status(int moment)>;
+  Result<Tensor> Forward(int slot, const Tensor& input, const Tensor& targets, float loss_scale,
+                         const ParamsNeeded& need = nullptr);
 
   // The moments of a backward after which parameters' gradients hold this micro-batch's whole
   // contribution (Megatron's grad-ready hooks, which start the buckets of

@@ -16,25 +16,41 @@ GradReducer::~GradReducer() {
   thread_.join();
 }
 
-void GradReducer::Launch(Communicator* group, Tensor grads, int tag) {
-  Push({group, std::move(grads), Tensor(), tag});
+uint64_t GradReducer::Launch(Communicator* group, Tensor grads, int tag) {
+  return Push({Kind::kAllReduce, group, std::move(grads), Tensor(), tag});
 }
 
-void GradReducer::LaunchReduceScatter(Communicator* group, Tensor in, Tensor out, int tag) {
-  Push({group, std::move(in), std::move(out), tag});
+uint64_t GradReducer::LaunchReduceScatter(Communicator* group, Tensor in, Tensor out, int tag) {
+  return Push({Kind::kReduceScatter, group, std::move(in), std::move(out), tag});
 }
 
-void GradReducer::Push(Job job) {
+uint64_t GradReducer::LaunchAllGather(Communicator* group, Tensor in, Tensor out, int tag) {
+  return Push({Kind::kAllGather, group, std::move(in), std::move(out), tag});
+}
+
+uint64_t GradReducer::Push(Job job) {
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(job));
+    ticket = ++pushed_;
   }
   cv_.notify_all();
+  return ticket;
 }
 
 Status GradReducer::Wait(std::vector<Span>* spans) {
+  uint64_t all = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    all = pushed_;
+  }
+  return WaitFor(all, spans);
+}
+
+Status GradReducer::WaitFor(uint64_t ticket, std::vector<Span>* spans) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return queue_.empty() && running_ == 0; });
+  cv_.wait(lock, [this, ticket] { return finished_ >= ticket; });
   if (spans) spans->insert(spans->end(), spans_.begin(), spans_.end());
   spans_.clear();
   return std::exchange(first_error_, Status::Ok());
@@ -49,19 +65,25 @@ void GradReducer::Work() {
     if (queue_.empty()) return;
     Job job = std::move(queue_.front());
     queue_.pop_front();
-    ++running_;
     lock.unlock();
     const Clock::time_point start = Clock::now();
-    Status st = job.out.defined() ? job.group->ReduceScatter(job.in, job.out, ReduceOp::kSum)
-                                  : job.group->AllReduce(job.in, ReduceOp::kSum);
+    Status st = job.kind == Kind::kReduceScatter
+                    ? job.group->ReduceScatter(job.in, job.out, ReduceOp::kSum)
+                : job.kind == Kind::kAllGather ? job.group->AllGather(job.in, job.out)
+                                               : job.group->AllReduce(job.in, ReduceOp::kSum);
     const Clock::time_point end = Clock::now();
     lock.lock();
-    --running_;
+    ++finished_;
     spans_.push_back({job.tag, start, end});
-    if (!st.ok() && first_error_.ok())
-      first_error_ = st.Prefixed(std::string(job.out.defined() ? "reduce-scatter" : "all-reduce") +
-                                 " of gradient bucket " + std::to_string(job.tag) +
-                                 " beside the backward");
+    if (!st.ok() && first_error_.ok()) {
+      const std::string what = job.kind == Kind::kReduceScatter ? "reduce-scatter of gradient bucket "
+                               : job.kind == Kind::kAllGather
+                                   ? "all-gather of parameter "
+                                   : "all-reduce of gradient bucket ";
+      first_error_ = st.Prefixed(what + std::to_string(job.tag) +
+                                 (job.kind == Kind::kAllGather ? " beside the forward"
+                                                               : " beside the backward"));
+    }
     cv_.notify_all();
   }
 }

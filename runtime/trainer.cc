@@ -74,12 +74,14 @@ class PhaseClock {
     host_events_.clear();
     depth_ = 0;
   }
-  // Work another thread of the rank did beside it (GradReducer's buckets), timed on the host
+  // Work another thread of the rank did beside it (GradReducer's jobs), timed on the host
   // clock: a timeline event only, its seconds in no field (the rank's own wait for it is).
   void AddHostEvent(StepEventKind kind, int chunk, Clock::time_point a, Clock::time_point b) {
     if (be_ == nullptr) return;
+    // From the step's origin: a parameter all-gather handed over at the end of the previous
+    // step shows from where this one begins.
     auto since = [&](Clock::time_point x) {
-      return std::chrono::duration<double>(x - host_origin_).count();
+      return std::max(0.0, std::chrono::duration<double>(x - host_origin_).count());
     };
     host_events_.push_back({kind, -1, chunk, since(a), since(b)});
   }
@@ -217,6 +219,9 @@ struct ParamState {
   int chunk = 0;
   int moment = kAtReduction;
   bool launched = false;
+  // The part of its chunk's forward that reads it (a GradsDoneAt moment, whatever the
+  // reduction): --overlap-param-gather waits there for its all-gather.
+  int part = 0;
   // The sliced state of checkpoint tensor `which` (1 m, 2 v, 0 the bf16 run's main weights).
   const Tensor& Sliced(int which) const { return which == 0 ? main : which == 1 ? m : v; }
 };
@@ -294,11 +299,23 @@ struct Rank {
     bool launched = false;
   };
   std::vector<GradBucket> buckets;
+  // --overlap-param-gather (the distributed optimizer with the reducer): the all-gathers of the
+  // updated slices handed over at the end of a step, in the next forward's order (state index,
+  // the output, GatherOutput's, the reducer's ticket); the forward waits for each before the
+  // part that reads it; `gathered` of them are in. Declared before the reducer, so that the
+  // reducer (which finishes them) goes first.
+  struct PendingGather {
+    size_t state = 0;
+    Tensor full;
+    uint64_t ticket = 0;
+  };
+  std::vector<PendingGather> gathers;
+  size_t gathered = 0;
+  std::vector<Tensor> scatter_inputs;  // zero-padded copies handed over, kept until the wait
   // --overlap-grad-reduce (and something to reduce): runs the buckets' all-reduces beside the
   // backward; last_backward[c]: the index in this rank's schedule of chunk c's last backward.
   std::unique_ptr<GradReducer> reducer;
   std::vector<size_t> last_backward;
-  std::vector<Tensor> scatter_inputs;  // zero-padded copies handed over, kept until the wait
   // The optimizer's calls over the whole parameters (BuildState): runs that lie next to each
   // other in a chunk's buffers and share weight decay and norm role, each one SumSquares and one
   // AdamW (Megatron's multi-tensor apply); views of the chunk's value and grad buffers and of
@@ -468,6 +485,13 @@ struct Trainer::Impl {
   Status LaunchScatter(Rank& rk, size_t k);
   Status ReduceEmbedding(Rank& rk);
   Status OptimizerStep(Rank& rk);
+  Result<Tensor> GatherOutput(Rank& rk, const ParamState& ps);
+  void PutGathered(Rank& rk, const ParamState& ps, const Tensor& full);
+  Status GatherParams(Rank& rk);
+  Status LaunchGathers(Rank& rk);
+  Status AwaitGathers(Rank& rk, int chunk, int moment);
+  Status AwaitAllGathers(Rank& rk) { return AwaitGathers(rk, -1, 0); }
+  void AddReducerSpans(Rank& rk, const std::vector<GradReducer::Span>& spans);
   Status MeasureExpertLoad(Rank& rk);
   Result<Tensor> Tokens(Rank& rk, int64_t step, int mb, bool targets);
   // Row j < sc of this CP rank's part of a sequence: its position in the whole sequence
@@ -638,11 +662,12 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
     }
     rk.data = std::make_unique<DataLoader>(cfg.train_tokens, s, l.global_batch, cfg.seed);
     PTDP_RETURN_IF_ERROR(BuildState(rk).Prefixed(where));
-    bool overlapped = false;  // a bucket or slice that waits for a backward and has peers
+    // A bucket that waits for a backward and has peers, or a dist-opt slice (its reduce-scatter
+    // and its all-gather go beside the compute).
+    bool overlapped = false;
     for (const Rank::GradBucket& bucket : rk.buckets)
       overlapped = overlapped || (!bucket.moments.empty() && bucket.group->size() > 1);
-    for (const ParamState& ps : rk.state)
-      overlapped = overlapped || (ps.slices > 1 && ps.moment != ParamState::kAtReduction);
+    for (const ParamState& ps : rk.state) overlapped = overlapped || (overlap_grad && ps.slices > 1);
     if (overlapped) {
       rk.reducer = std::make_unique<GradReducer>();
       const std::vector<ScheduleOp>& ops = schedule.ranks[size_t(rk.coord.pp)];
@@ -681,6 +706,7 @@ Status Trainer::Impl::BuildState(Rank& rk) {
       ParamState ps;
       ps.param = chunk->Find(cp.spec.name);
       ps.chunk = int(ci);
+      ps.part = chunk->GradsDoneAt(cp.spec);
       if (overlap_grad && !(tp_partial && cp.tp_partial_grad))
         ps.moment = chunk->GradsDoneAt(cp.spec);
       // Routed experts: reduced (and with dist-opt sliced) over expert DP.
@@ -901,7 +927,11 @@ Status Trainer::Impl::RunOps(Rank& rk) {
       if (LastStage(r, op.chunk)) {
         PTDP_ASSIGN_OR_RETURN(targets, Tokens(rk, steps, op.microbatch, true));
       }
-      auto out = chunk->Forward(op.microbatch, input, targets, loss_scale);
+      // --overlap-param-gather: each part of the forward waits for its parameters' all-gathers.
+      GptChunk::ParamsNeeded need;
+      if (rk.gathered < rk.gathers.size())
+        need = [this, &rk, &op](int moment) { return AwaitGathers(rk, op.chunk, moment); };
+      auto out = chunk->Forward(op.microbatch, input, targets, loss_scale, need);
       if (!out.ok()) return out.status().Prefixed(what);
       if (LastStage(r, op.chunk)) {
         float host = 0;
@@ -965,6 +995,7 @@ Status Trainer::Impl::RunOps(Rank& rk) {
 // over their tokens (each rank's loss is its tokens' share of the mean), so they add up; the
 // DP replicas' are means, so they are averaged.
 Status Trainer::Impl::ReduceGradients(Rank& rk) {
+  PTDP_RETURN_IF_ERROR(AwaitAllGathers(rk));  // the forwards took them all; none may be left
   for (auto& chunk : rk.chunks) PTDP_RETURN_IF_ERROR(chunk->FinalizeTpGrads());
   const PhaseClock::Open t0 = rk.clock.Start();
   Backend& be = *rk.backend;
@@ -983,11 +1014,7 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
     std::vector<GradReducer::Span> spans;
     const Status st = rk.reducer->Wait(&spans);
     rk.scatter_inputs.clear();
-    for (const GradReducer::Span& sp : spans) {
-      const size_t nb = rk.buckets.size(), tag = size_t(sp.tag);
-      const int chunk = tag < nb ? rk.buckets[tag].chunk : rk.state[tag - nb].chunk;
-      rk.clock.AddHostEvent(StepEventKind::kDpComm, chunk, sp.start, sp.end);
-    }
+    AddReducerSpans(rk, spans);
     PTDP_RETURN_IF_ERROR(st);
   }
   for (Rank::GradBucket& bucket : rk.buckets) {
@@ -1099,25 +1126,122 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
     }
   }
   rk.clock.Stop(t0, StepEventKind::kOptimizer, -1, -1, &RankTimes::optimizer_s);
-  bool sliced = false;
-  for (const ParamState& ps : rk.state) sliced = sliced || ps.slices > 1;
-  if (!sliced) return Status::Ok();
+  // Without the reducer the dist-opt all-gather follows at once; with it, at the end of the
+  // step (RunStep: after the loss's reduction over the same group), beside the next forward.
+  return rk.reducer ? Status::Ok() : GatherParams(rk);
+}
+
+namespace {
+
+// The order of a chunk's forward parts (GptChunk::ParamsNeeded's moments): the embedding, the
+// layers, the output.
+int ForwardOrder(int moment) {
+  if (moment == GptChunk::kEmbeddingGrads) return std::numeric_limits<int>::min();
+  if (moment == GptChunk::kOutputGrads) return std::numeric_limits<int>::max();
+  return moment;
+}
+
+}  // namespace
+
+// The dist-opt all-gather's output for a sliced parameter: the parameter itself where the
+// group divides it (in place, as into Megatron's contiguous parameter buffer), else a buffer
+// of R*k elements with this rank's block copied in (PutGathered copies it back).
+Result<Tensor> Trainer::Impl::GatherOutput(Rank& rk, const ParamState& ps) {
+  Tensor value = ps.param->value.View(Shape({ps.numel}));
+  if (ps.numel == ps.slices * ps.k) return value;
+  PTDP_ASSIGN_OR_RETURN(Tensor full,
+                        rk.backend->AllocUninit({ps.slices * ps.k}, ps.param->value.dtype()));
+  if (ps.owned > 0) {
+    Tensor dst = full.View(Shape({ps.owned}), ps.slice * ps.k);
+    rk.backend->Copy(value.View(Shape({ps.owned}), ps.slice * ps.k), dst);
+  }
+  return full;
+}
+
+void Trainer::Impl::PutGathered(Rank& rk, const ParamState& ps, const Tensor& full) {
+  if (ps.numel == ps.slices * ps.k) return;  // gathered in place
+  Tensor dst = ps.param->value.View(Shape({ps.numel}));
+  rk.backend->Copy(full.View(Shape({ps.numel})), dst);
+}
+
+// The dist-opt all-gather of every sliced parameter's updated slices (this rank's block of
+// GatherOutput to every rank's).
+Status Trainer::Impl::GatherParams(Rank& rk) {
   const PhaseClock::Open g0 = rk.clock.Start();
   for (ParamState& ps : rk.state) {
     if (ps.slices == 1) continue;
-    PTDP_ASSIGN_OR_RETURN(Tensor full,
-                          be.AllocUninit({ps.slices * ps.k}, ps.param->value.dtype()));
-    Tensor mine = full.View(Shape({ps.k}), ps.slice * ps.k);
-    if (ps.owned > 0) {
-      Tensor dst = full.View(Shape({ps.owned}), ps.slice * ps.k);
-      be.Copy(ps.param->value.View(Shape({ps.owned}), ps.slice * ps.k), dst);
-    }
-    PTDP_RETURN_IF_ERROR(ps.group->AllGather(mine, full));
-    Tensor dst = ps.param->value.View(Shape({ps.numel}));
-    be.Copy(full.View(Shape({ps.numel})), dst);
+    PTDP_ASSIGN_OR_RETURN(Tensor full, GatherOutput(rk, ps));
+    PTDP_RETURN_IF_ERROR(ps.group->AllGather(full.View(Shape({ps.k}), ps.slice * ps.k), full));
+    PutGathered(rk, ps, full);
   }
   rk.clock.Stop(g0, StepEventKind::kDpComm, -1, -1, &RankTimes::dp_comm_s);
   return Status::Ok();
+}
+
+// --overlap-param-gather: the same all-gathers handed to the reducer in the order the next
+// forward reads them (chunk by chunk, embedding, layers, output), into GatherOutput (the
+// parameter itself, or a buffer AwaitGathers copies in). Megatron dispatches the first bucket's
+// all-gather ahead of the forward and each module's pre-hook waits for its own
+// (param_and_grad_buffer.py: start_param_sync, finish_param_sync).
+Status Trainer::Impl::LaunchGathers(Rank& rk) {
+  std::vector<size_t> order;
+  for (size_t k = 0; k < rk.state.size(); ++k)
+    if (rk.state[k].slices > 1) order.push_back(k);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const ParamState &x = rk.state[a], &y = rk.state[b];
+    return std::pair(x.chunk, ForwardOrder(x.part)) < std::pair(y.chunk, ForwardOrder(y.part));
+  });
+  const PhaseClock::Open g0 = rk.clock.Start();
+  for (size_t k : order) {
+    const ParamState& ps = rk.state[k];
+    PTDP_ASSIGN_OR_RETURN(Tensor full, GatherOutput(rk, ps));
+    Tensor mine = full.View(Shape({ps.k}), ps.slice * ps.k);
+    const int tag = int(rk.buckets.size() + rk.state.size() + k);
+    const uint64_t ticket = rk.reducer->LaunchAllGather(ps.group, mine, full, tag);
+    rk.gathers.push_back({k, std::move(full), ticket});
+  }
+  rk.clock.Stop(g0, StepEventKind::kDpComm, -1, -1, &RankTimes::dp_comm_s);
+  return Status::Ok();
+}
+
+// Waits for the pending all-gathers of every parameter that part `moment` of chunk `chunk`'s
+// forward reads and of all handed over before them (chunk < 0: all of them), and copies them
+// into their parameters; the wait is DP time inside the forward.
+Status Trainer::Impl::AwaitGathers(Rank& rk, int chunk, int moment) {
+  size_t upto = rk.gathered;
+  for (size_t j = rk.gathered; j < rk.gathers.size(); ++j) {
+    const ParamState& ps = rk.state[rk.gathers[j].state];
+    if (chunk < 0 || ps.chunk < chunk ||
+        (ps.chunk == chunk && ForwardOrder(ps.part) <= ForwardOrder(moment)))
+      upto = j + 1;
+  }
+  if (upto == rk.gathered) return Status::Ok();
+  const PhaseClock::Open t0 = rk.clock.Start();
+  std::vector<GradReducer::Span> spans;
+  const Status st = rk.reducer->WaitFor(rk.gathers[upto - 1].ticket, &spans);
+  AddReducerSpans(rk, spans);
+  for (size_t j = rk.gathered; j < upto; ++j) {
+    if (st.ok()) PutGathered(rk, rk.state[rk.gathers[j].state], rk.gathers[j].full);
+    rk.gathers[j].full = Tensor();
+  }
+  rk.gathered = upto;
+  if (rk.gathered == rk.gathers.size()) {
+    rk.gathers.clear();
+    rk.gathered = 0;
+  }
+  rk.clock.Stop(t0, StepEventKind::kDpComm, -1, -1, &RankTimes::dp_comm_s);  // the rank's wait
+  return st;
+}
+
+// The reducer's jobs as `dp` events of their chunks on this step's timeline (tags: the
+// buckets, then the dist-opt reduce-scatters by state index, then the all-gathers).
+void Trainer::Impl::AddReducerSpans(Rank& rk, const std::vector<GradReducer::Span>& spans) {
+  const size_t nb = rk.buckets.size(), ns = rk.state.size();
+  for (const GradReducer::Span& sp : spans) {
+    const size_t tag = size_t(sp.tag);
+    const int chunk = tag < nb ? rk.buckets[tag].chunk : rk.state[(tag - nb) % ns].chunk;
+    rk.clock.AddHostEvent(StepEventKind::kDpComm, chunk, sp.start, sp.end);
+  }
 }
 
 // RankTimes::expert_load of this step: the EP group's routed-expert rows of each MoE layer
@@ -1172,8 +1296,13 @@ Status Trainer::Impl::RunStep(Rank& rk) {
   }
   for (ParamState& ps : rk.state) ps.launched = false;
   if (Status st = RunOps(rk); !st.ok()) {
-    // Buckets handed over still run (the peers' reducers wait for them); not past this step.
-    if (rk.reducer) (void)rk.reducer->Wait();
+    // Jobs handed over still run (the peers' reducers wait for them); not past this step.
+    if (rk.reducer) {
+      (void)AwaitAllGathers(rk);
+      (void)rk.reducer->Wait();
+    }
+    rk.gathers.clear();
+    rk.gathered = 0;
     rk.scatter_inputs.clear();
     return st;
   }
@@ -1191,6 +1320,11 @@ Status Trainer::Impl::RunStep(Rank& rk) {
     rk.clock.Stop(l0, StepEventKind::kDpComm, -1, -1, &RankTimes::dp_comm_s);
   }
   PTDP_RETURN_IF_ERROR(MeasureExpertLoad(rk));
+  // --overlap-param-gather: the updated slices' all-gathers go beside the next forward (after
+  // the loss's all-reduce above: the reducer is the only user of their groups until then).
+  bool sliced = false;
+  for (const ParamState& ps : rk.state) sliced = sliced || ps.slices > 1;
+  if (rk.reducer && sliced && !rk.skipped) PTDP_RETURN_IF_ERROR(LaunchGathers(rk));
   PTDP_RETURN_IF_ERROR(rk.backend->Synchronize());
   const double total = rk.clock.Resolve(&rk.times, cfg.record_timeline);
   rk.times.peak_memory_bytes = double(rk.backend->PeakBytes());
@@ -1206,6 +1340,7 @@ Status Trainer::Impl::RunStep(Rank& rk) {
 // (ungrouped send/recv: stage order is a chain, so nothing waits in a cycle).
 Status Trainer::Impl::EvaluateRank(Rank& rk, const std::vector<int32_t>& windows, int count,
                                    double* loss) {
+  PTDP_RETURN_IF_ERROR(AwaitAllGathers(rk));
   Backend& be = *rk.backend;
   const int r = rk.coord.pp;
   double sum = 0;
@@ -1415,6 +1550,7 @@ std::vector<ShardSource> Trainer::Impl::ShardSources() const {
 // One WORLD broadcast per shard from its holder; `out` (one local rank's) places it.
 Status Trainer::Impl::GatherShards(Rank& rk, const std::vector<ShardSource>& sources,
                                    std::map<std::string, std::vector<float>>* out) {
+  PTDP_RETURN_IF_ERROR(AwaitAllGathers(rk));
   Backend& be = *rk.backend;
   for (const ShardSource& src : sources) {
     const ParamSpec& ps = src.spec;
@@ -1523,6 +1659,7 @@ void ForEachShardElement(const ParamSpec& ps, int t, int tp_rank, F f) {
 
 Status Trainer::Impl::ImportRank(Rank& rk,
                                  const std::map<std::string, const NamedTensor*>& by_name) {
+  PTDP_RETURN_IF_ERROR(AwaitAllGathers(rk));  // or a late one would overwrite what comes in
   for (ParamState& ps : rk.state) {
     const ParamSpec& spec = ps.param->spec;
     for (int which = 0; which < 3; ++which) {
@@ -1552,6 +1689,7 @@ Status Trainer::Impl::ImportRank(Rank& rk,
 // it, the group's first rank). With TrainerConfig::bf16 the parameters are the fp32 main
 // weights, held (and written) like the moments.
 Status Trainer::Impl::ExportRank(Rank& rk, const StateSink& put) {
+  PTDP_RETURN_IF_ERROR(AwaitAllGathers(rk));
   size_t state_index = 0;
   for (const auto& chunk : rk.chunks)
     for (const ChunkParam& cp : chunk->params()) {

@@ -137,18 +137,23 @@ TEST(RuntimeModelTest, DistributedOptimizerScattersEachTensorAndGathersAfterAdam
   for (const RuntimeTensor& t : rm.ChunkTensors(l, 0, 0)) {
     const double ks = std::ceil(t.numel / 3), padded = 3 * ks;
     scatter += 3 * 4 * padded + ks;
+    gather += 3 * 4 * padded;
     if (padded != t.numel) {
       scatter += 4 * padded + t.numel;
+      gather += 4 * padded + ks + t.numel;
       ++copies;
     }
-    gather += 4 * padded + ks + 3 * 4 * padded + t.numel;
   }
   EXPECT_EQ(copies, 14);  // all 16 but QKV's weight (12) and bias (6)
   EXPECT_NEAR(rm.ChunkDp(l, 0, 0), scatter * 1e-9, 1e-15);
   EXPECT_NEAR(rm.ChunkDpGather(l, 0, 0), gather * 1e-9, 1e-15);
   EXPECT_EQ(rm.ChunkDpBuckets(l, 0, 0).size(), rm.ChunkTensors(l, 0, 0).size());
+  // Beside the next forward (--overlap-param-gather), its parts wait: the embedding, each
+  // layer, the output.
+  EXPECT_EQ(rm.ChunkDpGatherParts(l, 0, 0), 1 + 2);
   l.distributed_optimizer = false;
   EXPECT_EQ(rm.ChunkDpGather(l, 0, 0), 0);
+  EXPECT_EQ(rm.ChunkDpGatherParts(l, 0, 0), 0);
 }
 
 // The runtime reduces a chunk's gradients in one bucket per reduction group (the contiguous
@@ -223,7 +228,7 @@ TEST(RuntimeModelTest, ExecutedLayoutIsWhatTheRuntimeRuns) {
   EXPECT_EQ(x.precision, Precision::kFp32);
   EXPECT_TRUE(x.overlap_grad_reduce);  // its buckets go beside the backward (64 cores)
   EXPECT_FALSE(x.tp_comm_overlap);
-  l.distributed_optimizer = true;  // so do its reduce-scatters (the all-gather after AdamW)
+  l.distributed_optimizer = true;  // so do its reduce-scatters, and its all-gathers beside the next forward
   EXPECT_TRUE(rm.Executed(l).overlap_grad_reduce);
   l.overlap_grad_reduce = false;
   EXPECT_FALSE(rm.Executed(l).overlap_grad_reduce);
@@ -278,6 +283,33 @@ TEST(RuntimeModelTest, AnalyticModelUsesItOnlyWithMeasuredPrimitives) {
   auto bad = AnalyticModel::Create(m, partial);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("adamw"), std::string::npos) << bad.status().message();
+}
+
+// The dist-opt all-gather the step waits for: all of it after AdamW; with
+// --overlap-param-gather what the next forward of W seconds does not hide over its n parts
+// (embedding, layer, output): max(total / n, total - W (1 - 1/n)).
+TEST(RuntimeModelTest, ParamGatherBesideTheForwardHidesAllButItsFirstPart) {
+  ClusterSpec c = testing::DgxA100Like(1);
+  c.measured = UnitPrimitives();
+  const Topology measured = *Topology::Build(c);
+  auto a = AnalyticModel::Create(Micro(), measured);
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  Layout l;
+  l.dp = 3;
+  l.global_batch = 3;
+  l.distributed_optimizer = true;
+  l.overlap_grad_reduce = false;
+  const double total = a->runtime()->ChunkDpGather(l, 0, 0);
+  ASSERT_GT(total, 0);
+  EXPECT_DOUBLE_EQ(a->StageDpGatherTime(l, 0, 1.0), total);  // after AdamW
+  l.overlap_grad_reduce = true;
+  ASSERT_TRUE(a->Executed(l).overlap_grad_reduce);
+  EXPECT_DOUBLE_EQ(a->StageDpGatherTime(l, 0, 0), total);  // nothing to hide under
+  EXPECT_DOUBLE_EQ(a->StageDpGatherTime(l, 0, 1.0), total / 3);  // a long forward: the first part
+  const double w = 0.75 * total;
+  EXPECT_DOUBLE_EQ(a->StageDpGatherTime(l, 0, w), std::max(total / 3, total - w * 2 / 3));
+  l.distributed_optimizer = false;
+  EXPECT_EQ(a->StageDpGatherTime(l, 0, 1.0), 0);
 }
 
 // ---- memory against the CPU runtime ----------------------------------------------------------

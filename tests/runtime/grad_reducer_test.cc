@@ -79,5 +79,38 @@ TEST(GradReducer, WaitReportsAFailedBucketAndTheRestStillRun) {
   other.join();
 }
 
+// The distributed optimizer's all-gathers go through the same queue (--overlap-param-gather):
+// each Launch returns its ticket (1, 2, 3 ...), WaitFor(n) returns once the first n have run
+// and hands over their spans; the gathered tensor holds every rank's block in rank order.
+TEST(GradReducer, GathersAndWaitsForATicket) {
+  ThreadWorld world(2, 10.0);
+  std::vector<std::vector<float>> gathered(2), reduced(2);
+  auto rank = [&](int r) {
+    auto group = world.Group(r, {0, 1}, "DP");
+    ASSERT_TRUE(group.ok()) << group.status().message();
+    reduced[size_t(r)] = std::vector<float>(3, float(r + 1));
+    gathered[size_t(r)] = std::vector<float>(4, -1.0f);
+    gathered[size_t(r)][size_t(2 * r)] = float(10 * r);  // this rank's block of 2
+    gathered[size_t(r)][size_t(2 * r + 1)] = float(10 * r + 1);
+    Tensor full = Floats(gathered[size_t(r)]);
+    GradReducer reducer;
+    EXPECT_EQ(reducer.Launch(group->get(), Floats(reduced[size_t(r)]), 0), 1u);
+    EXPECT_EQ(reducer.LaunchAllGather(group->get(), full.View(Shape({2}), 2 * r), full, 5), 2u);
+    std::vector<GradReducer::Span> spans;
+    ASSERT_TRUE(reducer.WaitFor(2, &spans).ok());
+    ASSERT_GE(spans.size(), 2u);
+    EXPECT_EQ(spans[0].tag, 0);
+    EXPECT_EQ(spans[1].tag, 5);
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(gathered[size_t(r)][size_t(k)], float(10 * (k / 2) + k % 2));
+    EXPECT_EQ(reducer.LaunchAllGather(group->get(), full.View(Shape({2}), 2 * r), full, 6), 3u);
+    ASSERT_TRUE(reducer.Wait().ok());
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  for (int r = 0; r < 2; ++r)
+    for (float x : reduced[size_t(r)]) EXPECT_EQ(x, 1 + 2);
+}
+
 }  // namespace
 }  // namespace ptdp::rt

@@ -22,6 +22,7 @@
 #include "runtime/cpu/thread_communicator.h"
 #include "runtime/data.h"
 #include "runtime/forwarding_backend.h"
+#include "runtime/params.h"
 #include "tests/fakes/beside_world.h"
 #include "tests/fakes/counting_communicator.h"
 #include "tests/fakes/tiny_training.h"
@@ -464,6 +465,7 @@ TEST(Trainer, OverlappedBucketsEqualOneBucketBitForBit) {
       {"tp2 dp2 sp dopt", spec(2, 1, 2, true, 1, 1, true)},
       {"cp2 dp2 dopt", spec(1, 1, 2, false, 2, 1, true)},
       {"dp4 ep2 dopt", spec(1, 1, 4, false, 1, 2, true), true},
+      {"pp2 dp2 dopt", spec(1, 2, 2, false, 1, 1, true)},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -501,6 +503,84 @@ TEST(Trainer, OverlappedBucketsEqualOneBucketBitForBit) {
       EXPECT_GT(buckets, 8) << "rank " << g;
     }
   }
+}
+
+// --overlap-param-gather (the distributed optimizer with the overlap): each parameter's
+// all-gather of the updated slices goes to the reducer at the end of the step and the next
+// forward waits for it before the part that reads it (interleaved: the chunks in turn). The
+// next step's losses, an evaluation and the exported state right after a step (gathers still
+// pending) are the synchronous run's bit for bit, and the step after an update holds one more
+// `dp` event per sliced parameter (its all-gather) than the first.
+TEST(Trainer, ParamGatherBesideTheNextForwardEqualsTheSynchronousOne) {
+  Spec spec;
+  spec.pp = 2, spec.vp = 2, spec.dp = 2, spec.dopt = true;
+  spec.schedule = ScheduleKind::kInterleaved;
+  TrainerConfig cfg = Config(testing::TinyLayout(spec));
+  ASSERT_EQ(CheckLayout(cfg.model, cfg.layout), Rejection::kOk)
+      << ExplainRejection(CheckLayout(cfg.model, cfg.layout), cfg.model, cfg.layout);
+  const std::vector<int32_t> val = ValidationWindows(testing::Shakespeare().val, 16, 5);
+  struct Run {
+    std::vector<StepResult> steps;
+    double eval = 0;
+    TrainingState state;
+    bool overlapped = false;
+  };
+  auto run = [&](bool overlap) {
+    Run out;
+    TrainerConfig c = cfg;
+    c.layout.overlap_grad_reduce = overlap;
+    c.layout.ddp_bucket_size = 2000;
+    c.record_timeline = true;
+    ThreadWorld world(c.layout.world(), kTimeoutS);
+    testing::BesideWorld beside(world);
+    auto tr = Trainer::Create(c, testing::CpuBackends(), beside);
+    EXPECT_TRUE(tr.ok()) << tr.status().message();
+    if (!tr.ok()) return out;
+    out.overlapped = (*tr)->overlaps_grad_reduce();
+    for (int i = 0; i < 3; ++i) {
+      auto r = (*tr)->Step();
+      EXPECT_TRUE(r.ok()) << r.status().message();
+      if (!r.ok()) return out;
+      out.steps.push_back(*r);
+      if (i == 1) {  // between two steps: the gathers of step 1 still pending
+        auto e = (*tr)->Evaluate(val, 5);
+        EXPECT_TRUE(e.ok()) << e.status().message();
+        out.eval = e.ok() ? *e : 0;
+      }
+    }
+    auto st = (*tr)->ExportState();
+    EXPECT_TRUE(st.ok()) << st.status().message();
+    if (st.ok()) out.state = *st;
+    return out;
+  };
+  const Run sync = run(false), beside = run(true);
+  EXPECT_FALSE(sync.overlapped);
+  EXPECT_TRUE(beside.overlapped);
+  ASSERT_EQ(sync.steps.size(), 3u);
+  ASSERT_EQ(beside.steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(beside.steps[i].loss, sync.steps[i].loss) << "step " << i;
+    EXPECT_EQ(beside.steps[i].grad_norm, sync.steps[i].grad_norm) << "step " << i;
+  }
+  EXPECT_EQ(beside.eval, sync.eval);
+  ASSERT_EQ(beside.state.tensors.size(), sync.state.tensors.size());
+  for (size_t i = 0; i < sync.state.tensors.size(); ++i)
+    EXPECT_TRUE(beside.state.tensors[i].data == sync.state.tensors[i].data)
+        << sync.state.tensors[i].name;
+  // Rank 0 (pipeline rank 0: chunk 0 holds the embeddings and 2 layers, chunk 1 2 layers).
+  const ModelSpec& m = cfg.model;
+  int sliced = 0;
+  for (const ParamSpec& ps : GptParams(m, 1))
+    if (ps.layer < 0 ? ps.name.rfind("embedding.", 0) == 0 : ps.layer < 2 || (ps.layer >= 4 && ps.layer < 6))
+      ++sliced;
+  auto dp_events = [](const StepResult& s) {
+    int n = 0;
+    for (const StepEvent& e : s.ranks[0].events) n += e.kind == StepEventKind::kDpComm && e.chunk >= 0;
+    return n;
+  };
+  EXPECT_EQ(dp_events(beside.steps[1]) - dp_events(beside.steps[0]), sliced);
+  // The evaluation after step 1 waited for step 1's gathers, outside any step's timeline.
+  EXPECT_EQ(dp_events(beside.steps[2]), dp_events(beside.steps[0]));
 }
 
 // The optimizer updates the whole parameters of a chunk in runs of its buffers (replicated,
