@@ -130,6 +130,20 @@ class Communicator {
     const Status end = GroupEnd();
     return st.ok() ? end : st;
   }
+
+  // ---- For a thread beside the rank's (the trainer's GradReducer). MarkReady(), on the rank's
+  // thread when it hands an operation over, marks the work the rank has issued so far;
+  // RunAfter(mark), on the other thread just before the operation, makes that operation wait
+  // for the marked work only, not for what the rank's thread issued since (on an asynchronous
+  // device: an event of the rank's stream, as Megatron's communication stream waits for the
+  // compute stream at dispatch). Where a call's inputs are complete when it is made (the CPU)
+  // there is no mark (null) and nothing to do.
+  class ReadyMark {
+   public:
+    virtual ~ReadyMark() = default;
+  };
+  virtual Result<std::shared_ptr<ReadyMark>> MarkReady() { return std::shared_ptr<ReadyMark>(); }
+  virtual void RunAfter(std::shared_ptr<ReadyMark> mark) { (void)mark; }
 };
 
 // One label's groups, for CommunicatorFactory::Prepare: disjoint lists of global ranks, each in

@@ -17,18 +17,21 @@ GradReducer::~GradReducer() {
 }
 
 uint64_t GradReducer::Launch(Communicator* group, Tensor grads, int tag) {
-  return Push({Kind::kAllReduce, group, std::move(grads), Tensor(), tag});
+  return Push({Kind::kAllReduce, group, std::move(grads), Tensor(), tag, nullptr});
 }
 
 uint64_t GradReducer::LaunchReduceScatter(Communicator* group, Tensor in, Tensor out, int tag) {
-  return Push({Kind::kReduceScatter, group, std::move(in), std::move(out), tag});
+  return Push({Kind::kReduceScatter, group, std::move(in), std::move(out), tag, nullptr});
 }
 
 uint64_t GradReducer::LaunchAllGather(Communicator* group, Tensor in, Tensor out, int tag) {
-  return Push({Kind::kAllGather, group, std::move(in), std::move(out), tag});
+  return Push({Kind::kAllGather, group, std::move(in), std::move(out), tag, nullptr});
 }
 
 uint64_t GradReducer::Push(Job job) {
+  // On the caller's (the rank's) thread: the work the job waits for. A failed mark leaves the
+  // job waiting for all the rank's work at its start, as a plain call does.
+  if (auto mark = job.group->MarkReady(); mark.ok()) job.ready = std::move(mark).value();
   uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -67,6 +70,7 @@ void GradReducer::Work() {
     queue_.pop_front();
     lock.unlock();
     const Clock::time_point start = Clock::now();
+    if (job.ready) job.group->RunAfter(std::move(job.ready));
     Status st = job.kind == Kind::kReduceScatter
                     ? job.group->ReduceScatter(job.in, job.out, ReduceOp::kSum)
                 : job.kind == Kind::kAllGather ? job.group->AllGather(job.in, job.out)

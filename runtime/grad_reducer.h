@@ -16,6 +16,10 @@
 // waits for all of them; the parameters' all-gathers run on it under the next forward, each
 // module waiting for its own before it computes.
 //
+// Each job waits for the rank's work issued before its hand-over, not for what the rank issued
+// since (Communicator::MarkReady at the hand-over, RunAfter before the job: on a GPU, an event of
+// the rank's stream).
+//
 // Ordering (communicator.h's rules): every rank of a group hands over the same buckets in the
 // same order (they have the same chunks and parameters), and only this thread uses the
 // buckets' communicators between the first Launch() and Wait(), so the rank's thread may use
@@ -27,6 +31,7 @@
 #include <cstdint>
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -74,6 +79,8 @@ class GradReducer {
     Communicator* group;
     Tensor in, out;  // out undefined: an all-reduce of `in` in place
     int tag;
+    // The rank's work at the hand-over (Communicator::MarkReady), which the job waits for.
+    std::shared_ptr<Communicator::ReadyMark> ready;
   };
   uint64_t Push(Job job);
   void Work();

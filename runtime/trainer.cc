@@ -176,6 +176,8 @@ class TimedCommunicator final : public Communicator {
                   const std::vector<int64_t>& recv_counts) override {
     return Timed([&] { return inner_->AllToAll(in, send_counts, out, recv_counts); });
   }
+  Result<std::shared_ptr<ReadyMark>> MarkReady() override { return inner_->MarkReady(); }
+  void RunAfter(std::shared_ptr<ReadyMark> mark) override { inner_->RunAfter(std::move(mark)); }
 
  private:
   template <typename F>

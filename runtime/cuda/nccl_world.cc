@@ -339,6 +339,29 @@ class NcclCommunicator final : public Communicator {
     return RunP2p(ops);
   }
 
+  // An event of the rank's stream, recorded on the rank's thread at a hand-over to its
+  // GradReducer; the operation that follows on this handle waits for it (Run).
+  class StreamMark final : public ReadyMark {
+   public:
+    ~StreamMark() override {
+      if (event != nullptr) (void)cudaEventDestroy(event);  // released once recorded work ran
+    }
+    cudaEvent_t event = nullptr;
+  };
+  // Touches no state of the handle but the mark (the reducer's thread may be in Run meanwhile);
+  // a failure is the caller's to handle (GradReducer: the operation waits for all, as without).
+  Result<std::shared_ptr<ReadyMark>> MarkReady() override {
+    PTDP_RETURN_IF_ERROR(PTDP_CUDA_STATUS(cudaSetDevice(comm_->device())));
+    auto mark = std::make_shared<StreamMark>();
+    PTDP_RETURN_IF_ERROR(
+        PTDP_CUDA_STATUS(cudaEventCreateWithFlags(&mark->event, cudaEventDisableTiming)));
+    PTDP_RETURN_IF_ERROR(PTDP_CUDA_STATUS(cudaEventRecord(mark->event, stream_)));
+    return std::shared_ptr<ReadyMark>(std::move(mark));
+  }
+  void RunAfter(std::shared_ptr<ReadyMark> mark) override {
+    next_after_ = std::dynamic_pointer_cast<StreamMark>(std::move(mark));
+  }
+
   ~NcclCommunicator() override {
     if (barrier_ == nullptr && side_ == nullptr) return;
     (void)cudaSetDevice(comm_->device());
@@ -395,7 +418,8 @@ class NcclCommunicator final : public Communicator {
   // member failed the group meanwhile.
   //
   // The operation runs on this handle's own stream (side_), after the work the rank's stream
-  // holds so far (an event), and only side_ is watched: the caller's wait ends with the
+  // holds so far (an event; or, after RunAfter, the work it held at the hand-over), and only
+  // side_ is watched: the caller's wait ends with the
   // operation, not with whatever the rank's thread enqueued meanwhile, so that a thread beside
   // the rank's (the trainer's GradReducer, --overlap-grad-reduce) reduces gradient buckets while
   // the backward's kernels run (Megatron's communication stream).
@@ -409,8 +433,12 @@ class NcclCommunicator final : public Communicator {
       PTDP_RETURN_IF_ERROR(
           Checked(op, PTDP_CUDA_STATUS(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming))));
     }
-    PTDP_RETURN_IF_ERROR(Checked(op, PTDP_CUDA_STATUS(cudaEventRecord(after_, stream_))));
-    PTDP_RETURN_IF_ERROR(Checked(op, PTDP_CUDA_STATUS(cudaStreamWaitEvent(side_, after_, 0))));
+    cudaEvent_t after = after_;
+    if (const std::shared_ptr<StreamMark> mark = std::exchange(next_after_, nullptr))
+      after = mark->event;  // the rank's work at the hand-over
+    else
+      PTDP_RETURN_IF_ERROR(Checked(op, PTDP_CUDA_STATUS(cudaEventRecord(after_, stream_))));
+    PTDP_RETURN_IF_ERROR(Checked(op, PTDP_CUDA_STATUS(cudaStreamWaitEvent(side_, after, 0))));
     const ncclResult_t r = enqueue();
     if (r != ncclSuccess && r != ncclInProgress) return Fail(Local(op, NcclError(r)));
     int polls = 0;
@@ -510,6 +538,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_;          // the rank's (its backend's)
   cudaStream_t side_ = nullptr;  // this handle's operations (Run), made at the first
   cudaEvent_t after_ = nullptr;  // the rank's stream's work so far, which side_ waits for
+  std::shared_ptr<StreamMark> next_after_;  // RunAfter's: what the next operation waits for
   int64_t coll_seq_ = 0;
   std::vector<int64_t> sent_ = std::vector<int64_t>(g_->ranks.size(), 0);      // per peer
   std::vector<int64_t> received_ = std::vector<int64_t>(g_->ranks.size(), 0);  // per peer

@@ -50,6 +50,8 @@ class CountingCommunicator final : public rt::Communicator {
                   const std::vector<int64_t>& recv_counts) override {
     return in_->AllToAll(in, send_counts, out, recv_counts);
   }
+  Result<std::shared_ptr<ReadyMark>> MarkReady() override { return in_->MarkReady(); }
+  void RunAfter(std::shared_ptr<ReadyMark> mark) override { in_->RunAfter(std::move(mark)); }
 
  private:
   std::unique_ptr<rt::Communicator> in_;

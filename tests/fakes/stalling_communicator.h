@@ -64,6 +64,8 @@ class StallingCommunicator final : public rt::Communicator {
     if (--depth_ == 0 && Stall()) return GaveUp("group end");
     return in_->GroupEnd();
   }
+  Result<std::shared_ptr<ReadyMark>> MarkReady() override { return in_->MarkReady(); }
+  void RunAfter(std::shared_ptr<ReadyMark> mark) override { in_->RunAfter(std::move(mark)); }
 
  private:
   // True on the n-th operation: sleeps first (the rank "stops answering").

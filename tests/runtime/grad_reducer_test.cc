@@ -112,5 +112,77 @@ TEST(GradReducer, GathersAndWaitsForATicket) {
     for (float x : reduced[size_t(r)]) EXPECT_EQ(x, 1 + 2);
 }
 
+// Each job waits for the rank's work at its hand-over: the reducer takes the group's mark
+// (Communicator::MarkReady) on the thread that hands the job over and gives it back
+// (RunAfter) on its own thread just before that job's collective, in hand-over order.
+class MarkingCommunicator final : public Communicator {
+ public:
+  struct Mark final : ReadyMark {
+    int seq = 0;
+    std::thread::id taken_on;
+  };
+  explicit MarkingCommunicator(std::unique_ptr<Communicator> inner) : in_(std::move(inner)) {}
+  int rank() const override { return in_->rank(); }
+  int size() const override { return in_->size(); }
+  const std::vector<int>& ranks() const override { return in_->ranks(); }
+  const std::string& label() const override { return in_->label(); }
+  Status AllReduce(Tensor& t, ReduceOp op) override { Ran(); return in_->AllReduce(t, op); }
+  Status AllGather(const Tensor& in, Tensor& out) override { Ran(); return in_->AllGather(in, out); }
+  Status ReduceScatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+    Ran();
+    return in_->ReduceScatter(in, out, op);
+  }
+  Status Broadcast(Tensor& t, int root) override { return in_->Broadcast(t, root); }
+  Status Barrier() override { return in_->Barrier(); }
+  Status Send(const Tensor& t, int peer) override { return in_->Send(t, peer); }
+  Status Recv(Tensor& t, int peer) override { return in_->Recv(t, peer); }
+  Status GroupStart() override { return in_->GroupStart(); }
+  Status GroupEnd() override { return in_->GroupEnd(); }
+  Result<std::shared_ptr<ReadyMark>> MarkReady() override {
+    auto m = std::make_shared<Mark>();
+    m->seq = marks_++;
+    m->taken_on = std::this_thread::get_id();
+    return std::shared_ptr<ReadyMark>(m);
+  }
+  void RunAfter(std::shared_ptr<ReadyMark> mark) override {
+    next_ = std::dynamic_pointer_cast<Mark>(std::move(mark));
+  }
+  // Per collective: the mark it ran after (-1: none), and whether the mark was taken on
+  // another thread than the one that ran it.
+  std::vector<int> seqs;
+  std::vector<bool> taken_elsewhere;
+
+ private:
+  void Ran() {
+    seqs.push_back(next_ ? next_->seq : -1);
+    taken_elsewhere.push_back(next_ && next_->taken_on != std::this_thread::get_id());
+    next_.reset();
+  }
+  std::unique_ptr<Communicator> in_;
+  std::shared_ptr<Mark> next_;
+  int marks_ = 0;
+};
+
+TEST(GradReducer, EachJobRunsAfterTheMarkTakenAtItsHandOver) {
+  ThreadWorld world(2, 10.0);
+  auto rank = [&](int r) {
+    auto group = world.Group(r, {0, 1}, "DP");
+    ASSERT_TRUE(group.ok()) << group.status().message();
+    MarkingCommunicator marking(std::move(group).value());
+    std::vector<float> a(4, 1.0f), b(4, 2.0f), full(4, 0.0f);
+    Tensor g = Floats(full);
+    GradReducer reducer;
+    reducer.Launch(&marking, Floats(a), 0);
+    reducer.LaunchReduceScatter(&marking, Floats(a), Floats(b).View(Shape({2})), 1);
+    reducer.LaunchAllGather(&marking, g.View(Shape({2}), 2 * r), g, 2);
+    ASSERT_TRUE(reducer.Wait().ok());
+    EXPECT_EQ(marking.seqs, (std::vector<int>{0, 1, 2}));
+    EXPECT_EQ(marking.taken_elsewhere, (std::vector<bool>{true, true, true}));
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+}
+
 }  // namespace
 }  // namespace ptdp::rt
