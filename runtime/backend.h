@@ -131,6 +131,24 @@ class Backend {
   // same L, and each slice follows the 2-D rule above.
   virtual void MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                              Tensor& c, float alpha = 1.0f, float beta = 0.0f) = 0;
+  // A linear layer with its bias in the GEMM's epilogue: c = op(a) op(b) + bias (broadcast over
+  // rows; c (M, P), bias (P)), the sum taken in fp32 and rounded once where c is bf16
+  // (cuBLASLt's CUBLASLT_EPILOGUE_BIAS). The default is Matmul then AddBias, which rounds a
+  // bf16 c twice; the CPU backend computes the fused result (the reference), CUDA fuses it.
+  virtual void MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                          const Tensor& bias, Tensor& c) {
+    Matmul(a, trans_a, b, trans_b, c);
+    AddBias(c, bias);
+  }
+  // The same followed by GeLU (an MLP's FC1): pre = op(a) op(b) + bias (the GeLU's input, kept
+  // for GeluBackward) and act = gelu of that fp32 sum, each rounded once where bf16
+  // (CUBLASLT_EPILOGUE_GELU_AUX_BIAS: the activation of the unrounded pre-activation). pre
+  // and act do not overlap. The default is MatmulBias then GeluForward(pre, act).
+  virtual void MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                              const Tensor& bias, Tensor& pre, Tensor& act) {
+    MatmulBias(a, trans_a, b, trans_b, bias, pre);
+    GeluForward(pre, act);
+  }
 
   // ---- bias ---------------------------------------------------------------------------------
   // y (N, C) += bias (C), broadcast over rows. A learned position embedding wpe (s, h) on a

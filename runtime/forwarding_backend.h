@@ -37,6 +37,14 @@ class ForwardingBackend : public Backend {
                      float beta) override {
     in_->MatmulBatched(a, ta, b, tb, c, alpha, beta);
   }
+  void MatmulBias(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& bias,
+                  Tensor& c) override {
+    in_->MatmulBias(a, ta, b, tb, bias, c);
+  }
+  void MatmulBiasGelu(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& bias,
+                      Tensor& pre, Tensor& act) override {
+    in_->MatmulBiasGelu(a, ta, b, tb, bias, pre, act);
+  }
   void AddBias(Tensor& y, const Tensor& bias) override { in_->AddBias(y, bias); }
   void BiasGrad(const Tensor& dy, Tensor& dbias) override { in_->BiasGrad(dy, dbias); }
   void LayerNormForward(const Tensor& x, const Tensor& g, const Tensor& b, float eps, Tensor& y,

@@ -379,8 +379,7 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
   be_.LayerNormForward(x, w.ln1_w->value, w.ln1_b->value, kLnEps, ln1, sv.ln1_mean, sv.ln1_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.ln1_full, GatherSeq(ln1));
   PTDP_ASSIGN_OR_RETURN(sv.qkv, Out({n, 3 * attn_}));
-  be_.Matmul(sv.ln1_full, false, w.qkv_w->value, true, sv.qkv);
-  be_.AddBias(sv.qkv, w.qkv_b->value);
+  be_.MatmulBias(sv.ln1_full, false, w.qkv_w->value, true, w.qkv_b->value, sv.qkv);
   PTDP_RETURN_IF_ERROR(AttentionCore(sv, b));
   PTDP_ASSIGN_OR_RETURN(Tensor proj, Out({n, h_}));
   be_.Matmul(sv.att, false, w.proj_w->value, true, proj);
@@ -408,10 +407,8 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
                                              sv.moe->expert_rows.end(), int64_t(0)));
   } else {
     PTDP_ASSIGN_OR_RETURN(sv.fc1, Out({n, ffn_}));
-    be_.Matmul(sv.ln2_full, false, w.fc1_w->value, true, sv.fc1);
-    be_.AddBias(sv.fc1, w.fc1_b->value);
     PTDP_ASSIGN_OR_RETURN(sv.gelu, Out({n, ffn_}));
-    be_.GeluForward(sv.fc1, sv.gelu);
+    be_.MatmulBiasGelu(sv.ln2_full, false, w.fc1_w->value, true, w.fc1_b->value, sv.fc1, sv.gelu);
     PTDP_ASSIGN_OR_RETURN(Tensor fc2, Out({n, h_}));
     be_.Matmul(sv.gelu, false, w.fc2_w->value, true, fc2);
     PTDP_ASSIGN_OR_RETURN(out, ReduceSeq(fc2));

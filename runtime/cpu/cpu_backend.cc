@@ -339,6 +339,22 @@ void CpuBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, b
   }
 }
 
+void CpuBackend::MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                            const Tensor& bias, Tensor& c) {
+  assert(SameDType(a, b, bias, c));
+  if (Widened(&CpuBackend::MatmulBias, a, trans_a, b, trans_b, bias, c)) return;
+  Matmul(a, trans_a, b, trans_b, c);
+  AddBias(c, bias);
+}
+
+void CpuBackend::MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                                const Tensor& bias, Tensor& pre, Tensor& act) {
+  assert(SameDType(a, b, bias, pre, act));
+  if (Widened(&CpuBackend::MatmulBiasGelu, a, trans_a, b, trans_b, bias, pre, act)) return;
+  MatmulBias(a, trans_a, b, trans_b, bias, pre);
+  GeluForward(pre, act);
+}
+
 // ---- bias -----------------------------------------------------------------------------------
 
 void CpuBackend::AddBias(Tensor& y, const Tensor& bias) {

@@ -103,6 +103,12 @@ class CpuBackend final : public Backend {
   void MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                      float alpha = 1.0f, float beta = 0.0f) override;
 
+  // The fused results (backend.h): on bf16 tensors the fp32 ops on widened copies, each output
+  // rounded once.
+  void MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                  const Tensor& bias, Tensor& c) override;
+  void MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                      const Tensor& bias, Tensor& pre, Tensor& act) override;
   void AddBias(Tensor& y, const Tensor& bias) override;
   void BiasGrad(const Tensor& dy, Tensor& dbias) override;
 

@@ -3,6 +3,7 @@
 // runtime/backend.h; L = b*nh, X = L*s*d (one of q, k, v unpacked per head).
 #include "runtime/cuda/cuda_backend.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -11,7 +12,11 @@
 #include <cassert>
 #include <climits>
 #include <cmath>
+#include <cstdint>
+#include <map>
+#include <tuple>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -142,6 +147,12 @@ struct CudaBackend::Impl {
   std::shared_ptr<SharedState> shared = std::make_shared<SharedState>();
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
+  cublasLtHandle_t lt = nullptr;  // the epilogue GEMMs (MatmulBias, MatmulBiasGelu)
+  // cuBLASLt's choice per epilogue GEMM shape (m, p, k, trans_a, trans_b, gelu); nullopt: it
+  // has none (the op falls back to the unfused calls).
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>,
+           std::optional<cublasLtMatmulAlgo_t>>
+      lt_algos;
   std::vector<cudaEvent_t> events;  // Mark(): created once, reused after ClearMarks
   size_t marks = 0;                 // events[0, marks) recorded since ClearMarks
   void* workspace = nullptr;
@@ -186,6 +197,11 @@ struct CudaBackend::Impl {
   void Gemm(const char* op, const Operand& a, const Operand& b, void* c, DType c_dtype,
             int64_t m, int64_t p, int64_t k, float alpha, float beta, int64_t batch,
             int64_t stride_c);
+  // Row-major c (m, p) = op(a) op(b) + bias [and act = gelu(c)] in one cuBLASLt call on bf16
+  // operands (fp32 accumulation, the epilogue on the fp32 sum, each output rounded once).
+  // False (nothing enqueued) where cuBLASLt has no algorithm for it; a failure is recorded.
+  bool EpilogueGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                    const Tensor& bias, Tensor& c, Tensor* act);
   // out[0] += sum(x) or sum(x^2), deterministic (kernels::SumPartials, SumFinalize).
   void Reduce(const char* op, const Tensor& x, bool squares, Tensor& out);
   // A host <-> device copy, waited for. A pending failure is returned first (and the copy
@@ -249,6 +265,7 @@ Status CudaBackend::Impl::Init() {
   PTDP_CUDA_RETURN_IF_ERROR(cublasSetStream(cublas, stream));
   PTDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace, kCublasWorkspaceBytes));
   PTDP_CUDA_RETURN_IF_ERROR(cublasSetWorkspace(cublas, workspace, kCublasWorkspaceBytes));
+  PTDP_CUDA_RETURN_IF_ERROR(cublasLtCreate(&lt));
   std::lock_guard<std::mutex> lock(shared->mu);
   shared->stream = stream;
   return Status::Ok();
@@ -264,6 +281,7 @@ CudaBackend::Impl::~Impl() {
     shared->stream = nullptr;  // tensors released from now on are freed synchronously
   }
   if (cublas != nullptr) (void)cublasDestroy(cublas);
+  if (lt != nullptr) (void)cublasLtDestroy(lt);
   for (cudaEvent_t e : events) (void)cudaEventDestroy(e);
   if (workspace != nullptr) (void)cudaFree(workspace);
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
@@ -505,6 +523,123 @@ void CudaBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, 
   impl_->Gemm("MatmulBatched", TensorOperand(a, ar, ac, trans_a, ar * ac),
               TensorOperand(b, br, bc, trans_b, br * bc), c.data(), c.dtype(), m, p, k, alpha,
               beta, batch, m * p);
+}
+
+// ---- GEMM with a bias (and GeLU) epilogue ------------------------------------------------------
+
+namespace {
+
+// cuBLASLt descriptors, destroyed with the call.
+struct LtCall {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtCall() {
+    if (pref != nullptr) (void)cublasLtMatmulPreferenceDestroy(pref);
+    if (out != nullptr) (void)cublasLtMatrixLayoutDestroy(out);
+    if (second != nullptr) (void)cublasLtMatrixLayoutDestroy(second);
+    if (first != nullptr) (void)cublasLtMatrixLayoutDestroy(first);
+    if (desc != nullptr) (void)cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+// As Gemm: column-major C^T (p, m) = op(B)^T op(A)^T, b first. The bias runs along C^T's rows
+// (p, the output features: cuBLASLt's "bias vector length matches D's rows"), broadcast over
+// its m columns; with GeLU the pre-activation (cuBLASLt's aux output) goes to c, ld p, and the
+// activation to *act. Source: the cuBLAS docs (cublasLtMatmulDescAttributes_t,
+// cublasLtEpilogue_t); llm.c's matmul_cublaslt does the same for its FC layers.
+bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                                     const Tensor& bias, Tensor& c, Tensor* act) {
+  const int64_t m = trans_a ? Cols(a) : Rows(a), k = trans_a ? Rows(a) : Cols(a);
+  const int64_t p = trans_b ? Rows(b) : Cols(b);
+  if (m == 0 || p == 0 || k == 0) return false;
+  for (int64_t dim : {m, p, k}) if (dim > INT_MAX) return false;
+  for (const void* ptr : {a.data(), b.data(), bias.data(), c.data(),
+                          act != nullptr ? act->data() : c.data()})
+    if (!Aligned16(ptr)) return false;
+  if (act != nullptr && p % 8 != 0) return false;  // the aux leading dimension's rule
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LtCall call;
+  auto ok = [&](cublasStatus_t s, const char* what) {
+    return Check(CheckCublas(s, what, __FILE__, __LINE__));
+  };
+  if (!ok(cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate"))
+    return true;
+  const cublasLtEpilogue_t epilogue =
+      act != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  const void* bias_ptr = bias.data();
+  void* aux = c.data();
+  const int64_t ld_aux = p;
+  bool set = ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b,
+                                               sizeof(op_b)), "TRANSA") &&
+             ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a,
+                                               sizeof(op_a)), "TRANSB") &&
+             ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                               sizeof(epilogue)), "EPILOGUE") &&
+             ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                               &bias_ptr, sizeof(bias_ptr)), "BIAS_POINTER");
+  if (set && act != nullptr)
+    set = ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                            &aux, sizeof(aux)), "EPILOGUE_AUX_POINTER") &&
+          ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                            &ld_aux, sizeof(ld_aux)), "EPILOGUE_AUX_LD");
+  // The stored matrices read column-major: b (Rows(b), Cols(b)) row-major is (Cols(b), Rows(b)).
+  set = set &&
+        ok(cublasLtMatrixLayoutCreate(&call.first, CUDA_R_16BF, uint64_t(Cols(b)),
+                                      uint64_t(Rows(b)), Cols(b)), "layout b") &&
+        ok(cublasLtMatrixLayoutCreate(&call.second, CUDA_R_16BF, uint64_t(Cols(a)),
+                                      uint64_t(Rows(a)), Cols(a)), "layout a") &&
+        ok(cublasLtMatrixLayoutCreate(&call.out, CUDA_R_16BF, uint64_t(p), uint64_t(m), p),
+           "layout c");
+  if (!set) return true;  // recorded
+  const auto key = std::make_tuple(m, p, k, trans_a, trans_b, act != nullptr);
+  auto it = lt_algos.find(key);
+  if (it == lt_algos.end()) {
+    const uint64_t bytes = kCublasWorkspaceBytes;
+    cublasLtMatmulHeuristicResult_t found{};
+    int count = 0;
+    std::optional<cublasLtMatmulAlgo_t> algo;
+    if (ok(cublasLtMatmulPreferenceCreate(&call.pref), "PreferenceCreate") &&
+        ok(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &bytes, sizeof(bytes)), "MAX_WORKSPACE_BYTES") &&
+        cublasLtMatmulAlgoGetHeuristic(lt, call.desc, call.first, call.second, call.out, call.out,
+                                       call.pref, 1, &found, &count) == CUBLAS_STATUS_SUCCESS &&
+        count > 0)
+      algo = found.algo;
+    it = lt_algos.emplace(key, algo).first;
+  }
+  if (!it->second) return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  void* d = act != nullptr ? act->data() : c.data();
+  ok(cublasLtMatmul(lt, call.desc, &alpha, b.data(), call.first, a.data(), call.second, &beta, d,
+                    call.out, d, call.out, &*it->second, workspace, kCublasWorkspaceBytes, stream),
+     "cublasLtMatmul");
+  return true;
+}
+
+void CudaBackend::MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                             const Tensor& bias, Tensor& c) {
+  assert(bias.numel() == Cols(c));
+  if (a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 && bias.dtype() == DType::kBF16 &&
+      c.dtype() == DType::kBF16 && impl_->Begin() &&
+      impl_->EpilogueGemm(a, trans_a, b, trans_b, bias, c, nullptr))
+    return;
+  Backend::MatmulBias(a, trans_a, b, trans_b, bias, c);
+}
+
+void CudaBackend::MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                                 const Tensor& bias, Tensor& pre, Tensor& act) {
+  assert(bias.numel() == Cols(pre) && act.numel() == pre.numel());
+  if (a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 && bias.dtype() == DType::kBF16 &&
+      pre.dtype() == DType::kBF16 && act.dtype() == DType::kBF16 && impl_->Begin() &&
+      impl_->EpilogueGemm(a, trans_a, b, trans_b, bias, pre, &act))
+    return;
+  Backend::MatmulBiasGelu(a, trans_a, b, trans_b, bias, pre, act);
 }
 
 // ---- bias -------------------------------------------------------------------------------------

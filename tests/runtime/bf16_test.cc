@@ -132,6 +132,68 @@ TEST(Bf16Ops, ComputeInFp32AndRoundOnceOnStore) {
   EXPECT_GT(unrounded, cols * cols / 2);
 }
 
+// The linear layers' epilogue GEMMs (Backend::MatmulBias, MatmulBiasGelu; cuBLASLt's BIAS and
+// GELU_AUX_BIAS epilogues on a GPU): in fp32 exactly Matmul, AddBias and GeluForward; on bf16
+// tensors the fp32 sum with its bias rounded once, and the GeLU of the unrounded sum rounded
+// once, not the two- and three-times-rounded sequence of the separate ops.
+TEST(Bf16Ops, EpilogueGemmsRoundTheFp32SumOnce) {
+  CpuBackend be;
+  std::mt19937 rng(13);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto host = [&](size_t k) {
+    std::vector<float> v(k);
+    for (float& x : v) x = Bf16Round(n(rng));
+    return v;
+  };
+  const int64_t m = 6, k = 40, p = 24;
+  const std::vector<float> x = host(size_t(m * k)), w = host(size_t(p * k)), bias = host(p);
+  auto make = [&](DType d, const std::vector<float>& v, Shape s) {
+    Tensor t = *be.Alloc(s, d);
+    EXPECT_TRUE(be.CopyFromHost(v.data(), t).ok());
+    return t;
+  };
+  auto read = [&](const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    EXPECT_TRUE(be.CopyToHost(t, v.data()).ok());
+    return v;
+  };
+  // fp32: the separate ops, bit for bit.
+  Tensor x32 = make(DType::kF32, x, {m, k}), w32 = make(DType::kF32, w, {p, k});
+  Tensor b32 = make(DType::kF32, bias, {p});
+  Tensor sum = *be.Alloc({m, p}, DType::kF32), gelu = *be.Alloc({m, p}, DType::kF32);
+  be.Matmul(x32, false, w32, true, sum);
+  be.AddBias(sum, b32);
+  be.GeluForward(sum, gelu);
+  Tensor c32 = *be.Alloc({m, p}, DType::kF32), pre32 = *be.Alloc({m, p}, DType::kF32);
+  Tensor act32 = *be.Alloc({m, p}, DType::kF32);
+  be.MatmulBias(x32, false, w32, true, b32, c32);
+  be.MatmulBiasGelu(x32, false, w32, true, b32, pre32, act32);
+  const std::vector<float> want_sum = read(sum), want_gelu = read(gelu);
+  EXPECT_EQ(read(c32), want_sum);
+  EXPECT_EQ(read(pre32), want_sum);
+  EXPECT_EQ(read(act32), want_gelu);
+  // bf16: each output the fp32 result rounded once.
+  Tensor x16 = make(DType::kBF16, x, {m, k}), w16 = make(DType::kBF16, w, {p, k});
+  Tensor b16 = make(DType::kBF16, bias, {p});
+  Tensor c16 = *be.Alloc({m, p}, DType::kBF16), pre16 = *be.Alloc({m, p}, DType::kBF16);
+  Tensor act16 = *be.Alloc({m, p}, DType::kBF16);
+  be.MatmulBias(x16, false, w16, true, b16, c16);
+  be.MatmulBiasGelu(x16, false, w16, true, b16, pre16, act16);
+  const std::vector<float> c = read(c16), pre = read(pre16), act = read(act16);
+  int twice = 0;  // elements where rounding the product first would have given another value
+  for (size_t i = 0; i < want_sum.size(); ++i) {
+    EXPECT_EQ(c[i], Bf16Round(want_sum[i])) << i;
+    EXPECT_EQ(pre[i], Bf16Round(want_sum[i])) << i;
+    EXPECT_EQ(act[i], Bf16Round(want_gelu[i])) << i;
+  }
+  Tensor two = *be.Alloc({m, p}, DType::kBF16);
+  be.Matmul(x16, false, w16, true, two);
+  be.AddBias(two, b16);
+  const std::vector<float> unfused = read(two);
+  for (size_t i = 0; i < c.size(); ++i) twice += unfused[i] != c[i];
+  EXPECT_GT(twice, 0);  // so the comparison above could tell the two apart
+}
+
 constexpr double kTimeoutS = 30.0;
 using Spec = testing::TinyLayoutSpec;
 

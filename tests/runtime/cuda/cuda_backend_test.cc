@@ -818,6 +818,26 @@ TEST_F(CudaBf16Test, GemmsIntoBf16AndFp32Outputs) {
   EXPECT_TRUE(gpu->Synchronize().ok());
 }
 
+// The epilogue GEMMs (cuBLASLt's BIAS and GELU_AUX_BIAS) against the CPU's fused reference:
+// each bf16 output the fp32 sum (and its GeLU) rounded once; the qkv and FC1 shapes of a layer
+// (p a multiple of 8, as the GeLU's aux output needs) and one that is not (the fallback).
+TEST_F(CudaBf16Test, EpilogueGemmsAgainstTheCpu) {
+  for (const int64_t p : {int64_t(192), int64_t(100)}) {
+    const int64_t M = 70, K = 64;
+    Both a = B({M, K}, Random(size_t(M * K), 180)), w = B({p, K}, Random(size_t(p * K), 181));
+    Both bias = B({p}, Random(size_t(p), 182));
+    Both c = B({M, p}), pre = B({M, p}), act = B({M, p});
+    cpu.MatmulBias(a.c, false, w.c, true, bias.c, c.c);
+    gpu->MatmulBias(a.g, false, w.g, true, bias.g, c.g);
+    ExpectNear(c, 1e-5 * std::sqrt(double(K)), kBf16Step, "a w^T + bias");
+    cpu.MatmulBiasGelu(a.c, false, w.c, true, bias.c, pre.c, act.c);
+    gpu->MatmulBiasGelu(a.g, false, w.g, true, bias.g, pre.g, act.g);
+    ExpectNear(pre, 1e-5 * std::sqrt(double(K)), kBf16Step, "pre-activation");
+    ExpectNear(act, 1e-5 * std::sqrt(double(K)), kBf16Step, "gelu(a w^T + bias)");
+  }
+  EXPECT_TRUE(gpu->Synchronize().ok());
+}
+
 TEST_F(CudaBf16Test, FusedOpsStoreBf16AndKeepStatisticsFp32) {
   const int64_t n = 37, c = 1100;
   Both x = B({n, c}, Random(size_t(n * c), 84, -2, 2)), gamma = B({c}, Random(size_t(c), 85));
