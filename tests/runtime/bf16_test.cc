@@ -85,22 +85,28 @@ TEST(Bf16Round, TheCpuBackendStoresEveryElementRoundedToTheNearest) {
 // LayerNorm with a bf16 input, weights and output (fp32 statistics) against the fp32 op on the
 // same (bf16-valued) inputs; a GEMM of bf16 operands into an fp32 accumulator (beta 1) keeps the
 // fp32 sum unrounded.
+// k standard-normal values rounded to bf16, so that fp32 and bf16 paths see the same inputs.
+std::vector<float> Bf16Values(std::mt19937& rng, size_t k) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> v(k);
+  for (float& x : v) x = Bf16Round(n(rng));
+  return v;
+}
+
+// A tensor of `be` of dtype d and shape s holding v.
+Tensor Make(CpuBackend& be, DType d, const std::vector<float>& v, Shape s) {
+  Tensor t = *be.Alloc(s, d);
+  EXPECT_TRUE(be.CopyFromHost(v.data(), t).ok());
+  return t;
+}
+
 TEST(Bf16Ops, ComputeInFp32AndRoundOnceOnStore) {
   CpuBackend be;
   std::mt19937 rng(11);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  auto host = [&](size_t k) {
-    std::vector<float> v(k);
-    for (float& x : v) x = Bf16Round(n(rng));  // bf16 values, so both paths see the same inputs
-    return v;
-  };
+  auto host = [&](size_t k) { return Bf16Values(rng, k); };
   const int64_t rows = 5, cols = 48;
   const std::vector<float> x = host(size_t(rows * cols)), g = host(cols), b = host(cols);
-  auto make = [&](DType d, const std::vector<float>& v, Shape s) {
-    Tensor t = *be.Alloc(s, d);
-    EXPECT_TRUE(be.CopyFromHost(v.data(), t).ok());
-    return t;
-  };
+  auto make = [&](DType d, const std::vector<float>& v, Shape s) { return Make(be, d, v, s); };
   Tensor mean32 = *be.Alloc({rows}, DType::kF32), rstd32 = *be.Alloc({rows}, DType::kF32);
   Tensor mean16 = *be.Alloc({rows}, DType::kF32), rstd16 = *be.Alloc({rows}, DType::kF32);
   Tensor y32 = *be.Alloc({rows, cols}, DType::kF32), y16 = *be.Alloc({rows, cols}, DType::kBF16);
@@ -139,19 +145,10 @@ TEST(Bf16Ops, ComputeInFp32AndRoundOnceOnStore) {
 TEST(Bf16Ops, EpilogueGemmsRoundTheFp32SumOnce) {
   CpuBackend be;
   std::mt19937 rng(13);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  auto host = [&](size_t k) {
-    std::vector<float> v(k);
-    for (float& x : v) x = Bf16Round(n(rng));
-    return v;
-  };
   const int64_t m = 6, k = 40, p = 24;
-  const std::vector<float> x = host(size_t(m * k)), w = host(size_t(p * k)), bias = host(p);
-  auto make = [&](DType d, const std::vector<float>& v, Shape s) {
-    Tensor t = *be.Alloc(s, d);
-    EXPECT_TRUE(be.CopyFromHost(v.data(), t).ok());
-    return t;
-  };
+  const std::vector<float> x = Bf16Values(rng, size_t(m * k)), w = Bf16Values(rng, size_t(p * k));
+  const std::vector<float> bias = Bf16Values(rng, p);
+  auto make = [&](DType d, const std::vector<float>& v, Shape s) { return Make(be, d, v, s); };
   auto read = [&](const Tensor& t) {
     std::vector<float> v(size_t(t.numel()));
     EXPECT_TRUE(be.CopyToHost(t, v.data()).ok());
