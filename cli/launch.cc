@@ -30,21 +30,35 @@ struct CudaRanks {
   std::vector<cudaStream_t> streams;                 // by global rank
 };
 
-// The attention core of bf16 plans (runtime/cuda/cuda_backend.h): PTDP_CUDA_ATTENTION=flash (the
-// default: the flash kernels, heads of d <= 128) or unfused (cuBLAS and a softmax kernel, P kept:
-// to compare the two, or to fall back).
-Result<rt::cuda::AttentionKernel> AttentionKernelFromEnv() {
+// The CUDA backends' switches from the environment (runtime/cuda/cuda_backend.h), to compare
+// paths or to fall back: PTDP_CUDA_ATTENTION=flash (the default: the flash kernels, heads of
+// d <= 128) or unfused (cuBLAS and a softmax kernel, P kept); PTDP_CUDA_EPILOGUE=on (the
+// default: bias and GeLU in cuBLASLt's epilogues) or off (the separate ops).
+struct CudaKnobs {
+  rt::cuda::AttentionKernel attention = rt::cuda::AttentionKernel::kFlash;
+  bool epilogues = true;
+};
+Result<CudaKnobs> CudaKnobsFromEnv() {
+  CudaKnobs k;
   const char* env = std::getenv("PTDP_CUDA_ATTENTION");
   const std::string v = env ? env : "";
-  if (v.empty() || v == "flash") return rt::cuda::AttentionKernel::kFlash;
-  if (v == "unfused") return rt::cuda::AttentionKernel::kUnfused;
-  return Status::Error("PTDP_CUDA_ATTENTION '" + v + "': expected flash or unfused");
+  if (v == "unfused")
+    k.attention = rt::cuda::AttentionKernel::kUnfused;
+  else if (!v.empty() && v != "flash")
+    return Status::Error("PTDP_CUDA_ATTENTION '" + v + "': expected flash or unfused");
+  const char* epi = std::getenv("PTDP_CUDA_EPILOGUE");
+  const std::string e = epi ? epi : "";
+  if (e == "off")
+    k.epilogues = false;
+  else if (!e.empty() && e != "on")
+    return Status::Error("PTDP_CUDA_EPILOGUE '" + e + "': expected on or off");
+  return k;
 }
 
 Result<std::shared_ptr<CudaRanks>> MakeBackends(const rt::cuda::CudaModule& cuda, const Layout& l,
                                                 const std::vector<int>& ranks,
                                                 const std::vector<int>& devices,
-                                                rt::cuda::AttentionKernel attention) {
+                                                const CudaKnobs& knobs) {
   auto cr = std::make_shared<CudaRanks>();
   cr->owned.resize(size_t(l.world()));
   cr->streams.resize(size_t(l.world()), nullptr);
@@ -54,7 +68,8 @@ Result<std::shared_ptr<CudaRanks>> MakeBackends(const rt::cuda::CudaModule& cuda
     // fp32 plans run exact fp32 GEMMs; bf16/fp16 plans run bf16 tensor-core GEMMs.
     o.gemm = l.precision == Precision::kFp32 ? rt::cuda::GemmPrecision::kFp32
                                              : rt::cuda::GemmPrecision::kBf16;
-    o.attention = attention;
+    o.attention = knobs.attention;
+    o.epilogues = knobs.epilogues;
     auto b = cuda.NewBackend(o);
     if (!b.ok()) return b.status().Prefixed("rank " + to_string(ranks[i]));
     cr->streams[size_t(ranks[i])] = b->stream;
@@ -78,7 +93,7 @@ rt::cuda::StreamOf StreamsOf(const std::shared_ptr<CudaRanks>& cr) {
 }
 
 Result<Launch> MpiLaunch(const rt::cuda::CudaModule& cuda, const Layout& l,
-                         const LaunchOptions& o, int gpus, rt::cuda::AttentionKernel attention) {
+                         const LaunchOptions& o, int gpus, const CudaKnobs& knobs) {
   auto job = cuda.InitMpi();
   if (!job.ok()) return job.status().Prefixed("launched under mpirun/srun");
   std::shared_ptr<rt::cuda::MpiJob> mpi = std::move(*job);
@@ -89,7 +104,7 @@ Result<Launch> MpiLaunch(const rt::cuda::CudaModule& cuda, const Layout& l,
   std::shared_ptr<CudaRanks> cr;
   Status set_up = place.status();
   if (set_up.ok()) {
-    auto made = MakeBackends(cuda, l, place->local_ranks, place->devices, attention);
+    auto made = MakeBackends(cuda, l, place->local_ranks, place->devices, knobs);
     set_up = made.status();
     if (made.ok()) cr = *made;
   }
@@ -121,10 +136,10 @@ Result<Launch> MpiLaunch(const rt::cuda::CudaModule& cuda, const Layout& l,
 
 Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
   // Bad input first, GPU or not.
-  PTDP_ASSIGN_OR_RETURN(const rt::cuda::AttentionKernel attention, AttentionKernelFromEnv());
+  PTDP_ASSIGN_OR_RETURN(const CudaKnobs knobs, CudaKnobsFromEnv());
   PTDP_ASSIGN_OR_RETURN(const UsableGpus gpus, ProbeUsableGpus());
   const rt::cuda::CudaModule& cuda = **LoadCudaModule();  // ProbeUsableGpus loaded it
-  if (UnderMpi()) return MpiLaunch(cuda, l, o, gpus.visible, attention);
+  if (UnderMpi()) return MpiLaunch(cuda, l, o, gpus.visible, knobs);
   const int world = l.world();
   std::vector<int> ranks(static_cast<size_t>(world)), devices(static_cast<size_t>(world), 0);
   for (int r = 0; r < world; ++r) ranks[size_t(r)] = r;
@@ -136,7 +151,7 @@ Result<Launch> CudaLaunch(const Layout& l, const LaunchOptions& o) {
                          " GPUs (mpirun/srun for several nodes: docs/gpus.md)");
   if (!shared_gpu)
     for (int r = 0; r < world; ++r) devices[size_t(r)] = r;
-  PTDP_ASSIGN_OR_RETURN(auto cr, MakeBackends(cuda, l, ranks, devices, attention));
+  PTDP_ASSIGN_OR_RETURN(auto cr, MakeBackends(cuda, l, ranks, devices, knobs));
   Launch run;
   HandOut(run, cr);
   run.keep_alive = cr;

@@ -13,8 +13,9 @@
 # them); the GEMM and attention benchmark (flash against unfused); GPT-2 medium 1x1x1 at
 # micro-batch 8 and 16 (MFU); tp 2 and pp 2 on the one GPU (DeviceWorld) against the 1x1x1
 # losses; `calibrate --backend cuda --quick` and `compare` on the calibrated cluster; last, 1x1x1
-# with PTDP_CUDA_ATTENTION=unfused and with --fp32-activations (the path before bf16 storage),
-# speed and losses against the bf16 flash run.
+# with PTDP_CUDA_ATTENTION=unfused, with PTDP_CUDA_EPILOGUE=off (bias and GeLU as separate
+# kernels) and with --fp32-activations (the path before bf16 storage), speed and losses against
+# the bf16 flash run.
 #
 #   device run, carry [".gpu-carry", ".gpu-deps"], command: bash scripts/gpu-check.sh
 #   scripts/gpu-check.sh [OUT_DIR]     # default $OUT; GPU_CHECK_BUDGET_S (default 450) seconds
@@ -225,6 +226,10 @@ fi
 PTDP_CUDA_ATTENTION=unfused train 1x1x1-mb8-unfused 1 "--tp 1 --pp 1 --micro-batch 8"
 against_1x1x1 1x1x1-mb8-unfused
 
-# ---- 8. fp32 activations and weights (bf16 GEMMs only: the path before bf16 storage)
+# ---- 8. bias and GeLU as separate kernels instead of cuBLASLt's epilogues: speed, losses
+PTDP_CUDA_EPILOGUE=off train 1x1x1-mb8-noepilogue 1 "--tp 1 --pp 1 --micro-batch 8"
+against_1x1x1 1x1x1-mb8-noepilogue
+
+# ---- 9. fp32 activations and weights (bf16 GEMMs only: the path before bf16 storage)
 train 1x1x1-mb8-fp32act 1 "--tp 1 --pp 1 --micro-batch 8" --fp32-activations
 against_1x1x1 1x1x1-mb8-fp32act

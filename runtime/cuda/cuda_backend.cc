@@ -616,17 +616,22 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
   if (!it->second) return false;
   const float alpha = 1.0f, beta = 0.0f;
   void* d = act != nullptr ? act->data() : c.data();
-  ok(cublasLtMatmul(lt, call.desc, &alpha, b.data(), call.first, a.data(), call.second, &beta, d,
-                    call.out, d, call.out, &*it->second, workspace, kCublasWorkspaceBytes, stream),
-     "cublasLtMatmul");
+  const cublasStatus_t s =
+      cublasLtMatmul(lt, call.desc, &alpha, b.data(), call.first, a.data(), call.second, &beta, d,
+                     call.out, d, call.out, &*it->second, workspace, kCublasWorkspaceBytes, stream);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+    it->second.reset();  // declined at launch (nothing enqueued): the separate ops from now on
+    return false;
+  }
+  ok(s, "cublasLtMatmul");
   return true;
 }
 
 void CudaBackend::MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                              const Tensor& bias, Tensor& c) {
   assert(bias.numel() == Cols(c));
-  if (a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 && bias.dtype() == DType::kBF16 &&
-      c.dtype() == DType::kBF16 && impl_->Begin() &&
+  if (impl_->options.epilogues && a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 &&
+      bias.dtype() == DType::kBF16 && c.dtype() == DType::kBF16 && impl_->Begin() &&
       impl_->EpilogueGemm(a, trans_a, b, trans_b, bias, c, nullptr))
     return;
   Backend::MatmulBias(a, trans_a, b, trans_b, bias, c);
@@ -635,8 +640,9 @@ void CudaBackend::MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, boo
 void CudaBackend::MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                                  const Tensor& bias, Tensor& pre, Tensor& act) {
   assert(bias.numel() == Cols(pre) && act.numel() == pre.numel());
-  if (a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 && bias.dtype() == DType::kBF16 &&
-      pre.dtype() == DType::kBF16 && act.dtype() == DType::kBF16 && impl_->Begin() &&
+  if (impl_->options.epilogues && a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 &&
+      bias.dtype() == DType::kBF16 && pre.dtype() == DType::kBF16 &&
+      act.dtype() == DType::kBF16 && impl_->Begin() &&
       impl_->EpilogueGemm(a, trans_a, b, trans_b, bias, pre, &act))
     return;
   Backend::MatmulBiasGelu(a, trans_a, b, trans_b, bias, pre, act);

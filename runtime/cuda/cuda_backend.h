@@ -42,6 +42,9 @@ struct CudaBackendOptions {
   int device = 0;                             // CUDA device ordinal
   GemmPrecision gemm = GemmPrecision::kBf16;  // see the file comment
   AttentionKernel attention = AttentionKernel::kFlash;
+  // MatmulBias/MatmulBiasGelu as cuBLASLt epilogues on bf16 tensors; false: the separate ops
+  // (PTDP_CUDA_EPILOGUE=off, to measure the difference).
+  bool epilogues = true;
   size_t capacity_bytes = 0;                  // Alloc fails past this many live bytes; 0: none
 };
 
