@@ -156,6 +156,23 @@ class Backend {
   virtual void AddBias(Tensor& y, const Tensor& bias) = 0;
   // dbias (C) adds the column sums of dy (N, C).
   virtual void BiasGrad(const Tensor& dy, Tensor& dbias) = 0;
+  // A residual connection (Megatron's bias-dropout-add without dropout): x (N, C) += bias (C) +
+  // residual (N, C), the sum (x + bias) + residual taken in fp32 and rounded once where x is
+  // bf16. The default is AddBias then Add (a bf16 x rounded twice); the CPU backend computes the
+  // fused result (the reference), CUDA in one kernel.
+  virtual void AddBiasResidual(Tensor& x, const Tensor& bias, const Tensor& residual) {
+    AddBias(x, bias);
+    Add(x, residual, x);
+  }
+  // The same, then the next LayerNorm of x as stored: y, mean, rstd as LayerNormForward(x, ...)
+  // (a pre-LN block's residual stream into its next norm). y does not overlap x. CUDA fuses the
+  // two into one kernel; the default runs AddBiasResidual then LayerNormForward.
+  virtual void AddBiasResidualLayerNorm(Tensor& x, const Tensor& bias, const Tensor& residual,
+                                        const Tensor& gamma, const Tensor& beta, float eps,
+                                        Tensor& y, Tensor& mean, Tensor& rstd) {
+    AddBiasResidual(x, bias, residual);
+    LayerNormForward(x, gamma, beta, eps, y, mean, rstd);
+  }
 
   // ---- LayerNorm over the last dimension ----------------------------------------------------
   // y (N, C) = (x - mean) * rstd * gamma + beta with mean, rstd = 1/sqrt(var + eps) over C

@@ -46,6 +46,14 @@ class ForwardingBackend : public Backend {
     in_->MatmulBiasGelu(a, ta, b, tb, bias, pre, act);
   }
   void AddBias(Tensor& y, const Tensor& bias) override { in_->AddBias(y, bias); }
+  void AddBiasResidual(Tensor& x, const Tensor& bias, const Tensor& residual) override {
+    in_->AddBiasResidual(x, bias, residual);
+  }
+  void AddBiasResidualLayerNorm(Tensor& x, const Tensor& bias, const Tensor& residual,
+                                const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                Tensor& mean, Tensor& rstd) override {
+    in_->AddBiasResidualLayerNorm(x, bias, residual, gamma, beta, eps, y, mean, rstd);
+  }
   void BiasGrad(const Tensor& dy, Tensor& dbias) override { in_->BiasGrad(dy, dbias); }
   void LayerNormForward(const Tensor& x, const Tensor& g, const Tensor& b, float eps, Tensor& y,
                         Tensor& mean, Tensor& rstd) override {

@@ -389,14 +389,12 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
     sv.att = Tensor();
   }
   PTDP_ASSIGN_OR_RETURN(sv.x2, ReduceSeq(proj));
-  be_.AddBias(sv.x2, w.proj_b->value);
-  be_.Add(sv.x2, x, sv.x2);
-  // MLP: out = x2 + fc2(gelu(fc1(LN2(x2)))).
+  // MLP: out = x2 + fc2(gelu(fc1(LN2(x2)))); x2 and LN2(x2) in one op (fused on CUDA).
   PTDP_ASSIGN_OR_RETURN(Tensor ln2, Out({nl, h_}));
   PTDP_ASSIGN_OR_RETURN(sv.ln2_mean, Stat({nl}));
   PTDP_ASSIGN_OR_RETURN(sv.ln2_rstd, Stat({nl}));
-  be_.LayerNormForward(sv.x2, w.ln2_w->value, w.ln2_b->value, kLnEps, ln2, sv.ln2_mean,
-                       sv.ln2_rstd);
+  be_.AddBiasResidualLayerNorm(sv.x2, w.proj_b->value, x, w.ln2_w->value, w.ln2_b->value, kLnEps,
+                               ln2, sv.ln2_mean, sv.ln2_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.ln2_full, GatherSeq(ln2));
   Tensor out;  // (sl*b, h) the MLP's output
   if (w.moe) {
@@ -405,6 +403,7 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
     if (!recomputing)
       expert_rows_.push_back(std::accumulate(sv.moe->expert_rows.begin(),
                                              sv.moe->expert_rows.end(), int64_t(0)));
+    be_.Add(out, sv.x2, out);
   } else {
     PTDP_ASSIGN_OR_RETURN(sv.fc1, Out({n, ffn_}));
     PTDP_ASSIGN_OR_RETURN(sv.gelu, Out({n, ffn_}));
@@ -412,9 +411,8 @@ Result<Tensor> GptChunk::LayerForward(const LayerRefs& w, const Tensor& x, int64
     PTDP_ASSIGN_OR_RETURN(Tensor fc2, Out({n, h_}));
     be_.Matmul(sv.gelu, false, w.fc2_w->value, true, fc2);
     PTDP_ASSIGN_OR_RETURN(out, ReduceSeq(fc2));
-    be_.AddBias(out, w.fc2_b->value);
+    be_.AddBiasResidual(out, w.fc2_b->value, sv.x2);
   }
-  be_.Add(out, sv.x2, out);
   if (cfg_.recompute == Recompute::kFull && !recomputing) {  // keep the input; rerun later
     Tensor input = sv.x;
     sv = LayerSaved();

@@ -357,6 +357,13 @@ void CpuBackend::MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, 
 
 // ---- bias -----------------------------------------------------------------------------------
 
+void CpuBackend::AddBiasResidual(Tensor& x, const Tensor& bias, const Tensor& residual) {
+  assert(SameDType(x, bias, residual) && residual.numel() == x.numel());
+  if (Widened(&CpuBackend::AddBiasResidual, x, bias, residual)) return;
+  AddBias(x, bias);
+  Add(x, residual, x);
+}
+
 void CpuBackend::AddBias(Tensor& y, const Tensor& bias) {
   assert(SameDType(y, bias));
   if (Widened(&CpuBackend::AddBias, y, bias)) return;

@@ -110,6 +110,9 @@ class CpuBackend final : public Backend {
   void MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                       const Tensor& bias, Tensor& pre, Tensor& act) override;
   void AddBias(Tensor& y, const Tensor& bias) override;
+  // backend.h's fused result: on bf16 tensors the fp32 sum on widened copies, rounded once (then
+  // the base class's LayerNorm of x as stored, in AddBiasResidualLayerNorm).
+  void AddBiasResidual(Tensor& x, const Tensor& bias, const Tensor& residual) override;
   void BiasGrad(const Tensor& dy, Tensor& dbias) override;
 
   void LayerNormForward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,

@@ -677,6 +677,31 @@ void CudaBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
 
 // ---- LayerNorm --------------------------------------------------------------------------------
 
+void CudaBackend::AddBiasResidual(Tensor& x, const Tensor& bias, const Tensor& residual) {
+  assert(bias.numel() == Cols(x) && residual.numel() == x.numel());
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::AddBiasResidual(Out<T>(x), In<T>(bias), In<T>(residual), Rows(x), Cols(x),
+                                    impl_->stream);
+  })));
+}
+
+void CudaBackend::AddBiasResidualLayerNorm(Tensor& x, const Tensor& bias, const Tensor& residual,
+                                           const Tensor& gamma, const Tensor& beta, float eps,
+                                           Tensor& y, Tensor& mean, Tensor& rstd) {
+  const int64_t n = Rows(x), c = Cols(x);
+  assert(bias.numel() == c && residual.numel() == x.numel() && y.numel() == x.numel());
+  assert(gamma.numel() == c && beta.numel() == c && mean.numel() == n && rstd.numel() == n);
+  if (!impl_->Begin()) return;
+  impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return kernels::AddBiasResidualLayerNorm(Out<T>(x), In<T>(bias), In<T>(residual),
+                                             In<T>(gamma), In<T>(beta), eps, n, c, Out<T>(y),
+                                             MutF32(mean), MutF32(rstd), impl_->stream);
+  })));
+}
+
 void CudaBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
   const int64_t n = Rows(x), c = Cols(x);

@@ -101,6 +101,10 @@ class CudaBackend final : public Backend {
   void MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                       const Tensor& bias, Tensor& pre, Tensor& act) override;
   void AddBias(Tensor& y, const Tensor& bias) override;
+  void AddBiasResidual(Tensor& x, const Tensor& bias, const Tensor& residual) override;
+  void AddBiasResidualLayerNorm(Tensor& x, const Tensor& bias, const Tensor& residual,
+                                const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                Tensor& mean, Tensor& rstd) override;
   void BiasGrad(const Tensor& dy, Tensor& dbias) override;
   void LayerNormForward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                         Tensor& y, Tensor& mean, Tensor& rstd) override;

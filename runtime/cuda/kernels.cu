@@ -162,6 +162,20 @@ __global__ void AddBiasKernel(T* y, const T* bias, int64_t n, int64_t c) {
   }
 }
 
+// Threads over columns as AddBiasKernel; each element's (x + bias) + residual in fp32.
+template <typename T>
+__global__ void AddBiasResidualKernel(T* x, const T* bias, const T* residual, int64_t n,
+                                      int64_t c) {
+  for (int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < c;
+       col += int64_t(gridDim.x) * blockDim.x) {
+    const float b = Ld(bias + col);
+    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+      T* p = x + r * c + col;
+      St(p, (Ld(p) + b) + Ld(residual + r * c + col));
+    }
+  }
+}
+
 // y may alias x: element i is read before the same thread writes it.
 template <typename T>
 __global__ void GeluForwardKernel(const T* x, T* y, int64_t n) {
@@ -213,6 +227,29 @@ __global__ void FillKernel(float value, X* x, int64_t n) {
 // Two passes over the row (mean, then the biased variance of x - mean) as the CPU backend does.
 // y may alias x: each lane writes only the elements it reads in the last loop, after both warp
 // reductions (which every lane reaches only once its reads are done).
+// One warp's LayerNorm of row `row` (xr) into y, given each lane's sum of its elements (i = lane,
+// lane + 32, ...): the mean, the biased variance of x - mean (a second pass), the output, and
+// the row's mean and rstd.
+template <typename T>
+__device__ void NormaliseRow(const T* xr, float lane_sum, const T* gamma, const T* beta,
+                             float eps, int64_t row, int64_t c, int lane, T* y, float* mean,
+                             float* rstd) {
+  const float m = WarpSum(lane_sum) / float(c);
+  float var = 0.0f;
+  for (int64_t i = lane; i < c; i += kWarp) {
+    const float d = Ld(xr + i) - m;
+    var += d * d;
+  }
+  const float s = 1.0f / sqrtf(WarpSum(var) / float(c) + eps);
+  T* yr = y + row * c;
+  for (int64_t i = lane; i < c; i += kWarp)
+    St(yr + i, (Ld(xr + i) - m) * s * Ld(gamma + i) + Ld(beta + i));
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
 template <typename T>
 __global__ void LayerNormForwardKernel(const T* x, const T* gamma, const T* beta, float eps,
                                        int64_t n, int64_t c, T* y, float* mean, float* rstd) {
@@ -221,20 +258,27 @@ __global__ void LayerNormForwardKernel(const T* x, const T* gamma, const T* beta
     const T* xr = x + row * c;
     float sum = 0.0f;
     for (int64_t i = lane; i < c; i += kWarp) sum += Ld(xr + i);
-    const float m = WarpSum(sum) / float(c);
-    float var = 0.0f;
+    NormaliseRow(xr, sum, gamma, beta, eps, row, c, lane, y, mean, rstd);
+  }
+}
+
+// AddBiasResidual, then NormaliseRow on the stored (rounded) sums: each lane re-reads only the
+// elements it stored itself, so no synchronisation is needed.
+template <typename T>
+__global__ void AddBiasResidualLayerNormKernel(T* x, const T* bias, const T* residual,
+                                               const T* gamma, const T* beta, float eps,
+                                               int64_t n, int64_t c, T* y, float* mean,
+                                               float* rstd) {
+  const int lane = Lane();
+  for (int64_t row = WarpIndex(); row < n; row += WarpCount()) {
+    T* xr = x + row * c;
+    const T* rr = residual + row * c;
+    float sum = 0.0f;
     for (int64_t i = lane; i < c; i += kWarp) {
-      const float d = Ld(xr + i) - m;
-      var += d * d;
+      St(xr + i, (Ld(xr + i) + Ld(bias + i)) + Ld(rr + i));
+      sum += Ld(xr + i);  // as stored
     }
-    const float s = 1.0f / sqrtf(WarpSum(var) / float(c) + eps);
-    T* yr = y + row * c;
-    for (int64_t i = lane; i < c; i += kWarp)
-      St(yr + i, (Ld(xr + i) - m) * s * Ld(gamma + i) + Ld(beta + i));
-    if (lane == 0) {
-      mean[row] = m;
-      rstd[row] = s;
-    }
+    NormaliseRow<T>(xr, sum, gamma, beta, eps, row, c, lane, y, mean, rstd);
   }
 }
 
@@ -672,6 +716,27 @@ cudaError_t AddBias(T* y, const T* bias, int64_t n, int64_t c, cudaStream_t st) 
 }
 
 template <typename T>
+cudaError_t AddBiasResidual(T* x, const T* bias, const T* residual, int64_t n, int64_t c,
+                            cudaStream_t st) {
+  if (n == 0 || c == 0) return cudaSuccess;
+  const unsigned cols = Blocks(c, kThreads);  // as AddBias
+  const unsigned rows =
+      unsigned(std::clamp<int64_t>(1024 / int64_t(cols), 1, std::min<int64_t>(n, kMaxBlocks)));
+  AddBiasResidualKernel<T><<<dim3(cols, rows), kThreads, 0, st>>>(x, bias, residual, n, c);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t AddBiasResidualLayerNorm(T* x, const T* bias, const T* residual, const T* gamma,
+                                     const T* beta, float eps, int64_t n, int64_t c, T* y,
+                                     float* mean, float* rstd, cudaStream_t st) {
+  if (n == 0) return cudaSuccess;
+  AddBiasResidualLayerNormKernel<T><<<RowBlocks(n), kThreads, 0, st>>>(
+      x, bias, residual, gamma, beta, eps, n, c, y, mean, rstd);
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t LayerNormForward(const T* x, const T* gamma, const T* beta, float eps, int64_t n,
                              int64_t c, T* y, float* mean, float* rstd, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
@@ -935,6 +1000,11 @@ cudaError_t AdamW(float* param, const float* grad, float* m, float* v, int64_t n
   template cudaError_t BiasGradPartials<T>(const T*, int64_t, int64_t, RowSplit, float*,        \
                                            cudaStream_t);                                       \
   template cudaError_t AddBias<T>(T*, const T*, int64_t, int64_t, cudaStream_t);                \
+  template cudaError_t AddBiasResidual<T>(T*, const T*, const T*, int64_t, int64_t,             \
+                                          cudaStream_t);                                        \
+  template cudaError_t AddBiasResidualLayerNorm<T>(T*, const T*, const T*, const T*, const T*,  \
+                                                   float, int64_t, int64_t, T*, float*, float*, \
+                                                   cudaStream_t);                               \
   template cudaError_t LayerNormForward<T>(const T*, const T*, const T*, float, int64_t,        \
                                            int64_t, T*, float*, float*, cudaStream_t);          \
   template cudaError_t LayerNormBackwardInput<T>(const T*, const T*, const T*, const float*,    \

@@ -48,6 +48,17 @@ cudaError_t ColumnFinalize(const float* partials, int64_t chunks, int64_t c, flo
 // y (N, C) += bias (C).
 template <typename T>
 cudaError_t AddBias(T* y, const T* bias, int64_t n, int64_t c, cudaStream_t st);
+// x (N, C) = (x + bias) + residual, in fp32, stored once.
+template <typename T>
+cudaError_t AddBiasResidual(T* x, const T* bias, const T* residual, int64_t n, int64_t c,
+                            cudaStream_t st);
+// The same, then y = LayerNorm(x as stored) with mean, rstd (N) saved: one warp a row, one
+// kernel (the residual stream read once more from cache instead of three more kernels' passes).
+// y does not overlap x.
+template <typename T>
+cudaError_t AddBiasResidualLayerNorm(T* x, const T* bias, const T* residual, const T* gamma,
+                                     const T* beta, float eps, int64_t n, int64_t c, T* y,
+                                     float* mean, float* rstd, cudaStream_t st);
 
 // ---- LayerNorm (one warp per row) -------------------------------------------------------------------
 // y (N, C) = (x - mean) * rstd * gamma + beta; mean, rstd (N) saved. y may alias x.

@@ -191,6 +191,64 @@ TEST(Bf16Ops, EpilogueGemmsRoundTheFp32SumOnce) {
   EXPECT_GT(twice, 0);  // so the comparison above could tell the two apart
 }
 
+// The residual connection (Backend::AddBiasResidual, and with the next LayerNorm
+// AddBiasResidualLayerNorm): fp32 exactly AddBias then Add (then LayerNormForward); bf16 the
+// fp32 (x + bias) + residual rounded once, and the LayerNorm of the sum as stored.
+TEST(Bf16Ops, ResidualRoundsTheFp32SumOnceAndNormalisesWhatItStored) {
+  CpuBackend be;
+  std::mt19937 rng(17);
+  const int64_t n = 5, c = 64;
+  const std::vector<float> x = Bf16Values(rng, size_t(n * c)), r = Bf16Values(rng, size_t(n * c));
+  const std::vector<float> bias = Bf16Values(rng, c), g = Bf16Values(rng, c), b = Bf16Values(rng, c);
+  auto read = [&](const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    EXPECT_TRUE(be.CopyToHost(t, v.data()).ok());
+    return v;
+  };
+  auto stats = [&]() {
+    return std::pair(*be.Alloc({n}, DType::kF32), *be.Alloc({n}, DType::kF32));
+  };
+  // fp32: the separate ops, bit for bit.
+  Tensor sep = Make(be, DType::kF32, x, {n, c}), fused = Make(be, DType::kF32, x, {n, c});
+  Tensor both = Make(be, DType::kF32, x, {n, c});
+  Tensor b32 = Make(be, DType::kF32, bias, {c}), r32 = Make(be, DType::kF32, r, {n, c});
+  Tensor g32 = Make(be, DType::kF32, g, {c}), be32 = Make(be, DType::kF32, b, {c});
+  be.AddBias(sep, b32);
+  be.Add(sep, r32, sep);
+  be.AddBiasResidual(fused, b32, r32);
+  EXPECT_EQ(read(fused), read(sep));
+  Tensor y_sep = *be.Alloc({n, c}, DType::kF32), y_both = *be.Alloc({n, c}, DType::kF32);
+  auto [m_sep, s_sep] = stats();
+  auto [m_both, s_both] = stats();
+  be.LayerNormForward(sep, g32, be32, 1e-5f, y_sep, m_sep, s_sep);
+  be.AddBiasResidualLayerNorm(both, b32, r32, g32, be32, 1e-5f, y_both, m_both, s_both);
+  EXPECT_EQ(read(both), read(sep));
+  EXPECT_EQ(read(y_both), read(y_sep));
+  EXPECT_EQ(read(m_both), read(m_sep));
+  EXPECT_EQ(read(s_both), read(s_sep));
+  // bf16: the fp32 sum rounded once; the norm of the stored sum.
+  const std::vector<float> sum = read(sep);
+  Tensor x16 = Make(be, DType::kBF16, x, {n, c}), b16 = Make(be, DType::kBF16, bias, {c});
+  Tensor r16 = Make(be, DType::kBF16, r, {n, c});
+  Tensor g16 = Make(be, DType::kBF16, g, {c}), be16 = Make(be, DType::kBF16, b, {c});
+  Tensor y16 = *be.Alloc({n, c}, DType::kBF16);
+  auto [m16, s16] = stats();
+  be.AddBiasResidualLayerNorm(x16, b16, r16, g16, be16, 1e-5f, y16, m16, s16);
+  const std::vector<float> stored = read(x16);
+  int twice = 0;  // elements where rounding x + bias first would have given another value
+  for (size_t i = 0; i < sum.size(); ++i) {
+    EXPECT_EQ(stored[i], Bf16Round(sum[i])) << i;
+    twice += Bf16Round(Bf16Round(x[i] + bias[i % size_t(c)]) + r[i]) != stored[i];
+  }
+  EXPECT_GT(twice, 0);
+  Tensor again = Make(be, DType::kBF16, stored, {n, c}), y_again = *be.Alloc({n, c}, DType::kBF16);
+  auto [m_again, s_again] = stats();
+  be.LayerNormForward(again, g16, be16, 1e-5f, y_again, m_again, s_again);
+  EXPECT_EQ(read(y16), read(y_again));
+  EXPECT_EQ(read(m16), read(m_again));
+  EXPECT_EQ(read(s16), read(s_again));
+}
+
 constexpr double kTimeoutS = 30.0;
 using Spec = testing::TinyLayoutSpec;
 

@@ -838,6 +838,26 @@ TEST_F(CudaBf16Test, EpilogueGemmsAgainstTheCpu) {
   EXPECT_TRUE(gpu->Synchronize().ok());
 }
 
+// The residual connection and the fused residual + LayerNorm kernel against the CPU's reference
+// (the fp32 sum rounded once; the norm of the stored sum).
+TEST_F(CudaBf16Test, ResidualAndLayerNormAgainstTheCpu) {
+  const int64_t n = 37, c = 1100;
+  Both x = B({n, c}, Random(size_t(n * c), 190, -2, 2)), r = B({n, c}, Random(size_t(n * c), 191));
+  Both bias = B({c}, Random(size_t(c), 192)), gamma = B({c}, Random(size_t(c), 193));
+  Both beta = B({c}, Random(size_t(c), 194));
+  Both x2 = B({n, c}, CpuHost(x.c)), y = B({n, c}), mean = F({n}), rstd = F({n});
+  cpu.AddBiasResidual(x.c, bias.c, r.c);
+  gpu->AddBiasResidual(x.g, bias.g, r.g);
+  ExpectNear(x, 1e-6, kBf16Step, "x + bias + residual");
+  cpu.AddBiasResidualLayerNorm(x2.c, bias.c, r.c, gamma.c, beta.c, 1e-5f, y.c, mean.c, rstd.c);
+  gpu->AddBiasResidualLayerNorm(x2.g, bias.g, r.g, gamma.g, beta.g, 1e-5f, y.g, mean.g, rstd.g);
+  ExpectNear(x2, 1e-6, kBf16Step, "the residual stream");
+  ExpectNear(y, 2e-5, kBf16Step, "its LayerNorm");
+  ExpectNear(mean, 1e-6, 1e-5, "mean (fp32)");
+  ExpectNear(rstd, 0, 1e-5, "rstd (fp32)");
+  EXPECT_TRUE(gpu->Synchronize().ok());
+}
+
 TEST_F(CudaBf16Test, FusedOpsStoreBf16AndKeepStatisticsFp32) {
   const int64_t n = 37, c = 1100;
   Both x = B({n, c}, Random(size_t(n * c), 84, -2, 2)), gamma = B({c}, Random(size_t(c), 85));
