@@ -148,9 +148,9 @@ struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   cublasLtHandle_t lt = nullptr;  // the epilogue GEMMs (MatmulBias, MatmulBiasGelu)
-  // cuBLASLt's choice per epilogue GEMM shape (m, p, k, trans_a, trans_b, gelu); nullopt: it
-  // has none (the op falls back to the unfused calls).
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>,
+  // cuBLASLt's choice per epilogue GEMM shape (m, p, k, trans_a, trans_b, gelu, the pointers'
+  // alignment); nullopt: it has none (the op falls back to the unfused calls).
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, uint32_t>,
            std::optional<cublasLtMatmulAlgo_t>>
       lt_algos;
   std::vector<cudaEvent_t> events;  // Mark(): created once, reused after ClearMarks
@@ -558,9 +558,13 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
   const int64_t p = trans_b ? Rows(b) : Cols(b);
   if (m == 0 || p == 0 || k == 0) return false;
   for (int64_t dim : {m, p, k}) if (dim > INT_MAX) return false;
+  // cuBLASLt's heuristic assumes 256-byte aligned matrices unless told less (a view may be 16).
+  uint32_t align = 256;
   for (const void* ptr : {a.data(), b.data(), bias.data(), c.data(),
-                          act != nullptr ? act->data() : c.data()})
+                          act != nullptr ? act->data() : c.data()}) {
     if (!Aligned16(ptr)) return false;
+    if (reinterpret_cast<uintptr_t>(ptr) % 256 != 0) align = 16;
+  }
   if (act != nullptr && p % 8 != 0) return false;  // the aux leading dimension's rule
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -597,7 +601,7 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
         ok(cublasLtMatrixLayoutCreate(&call.out, CUDA_R_16BF, uint64_t(p), uint64_t(m), p),
            "layout c");
   if (!set) return true;  // recorded
-  const auto key = std::make_tuple(m, p, k, trans_a, trans_b, act != nullptr);
+  const auto key = std::make_tuple(m, p, k, trans_a, trans_b, act != nullptr, align);
   auto it = lt_algos.find(key);
   if (it == lt_algos.end()) {
     const uint64_t bytes = kCublasWorkspaceBytes;
@@ -607,6 +611,16 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
     if (ok(cublasLtMatmulPreferenceCreate(&call.pref), "PreferenceCreate") &&
         ok(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                 &bytes, sizeof(bytes)), "MAX_WORKSPACE_BYTES") &&
+        [&] {
+          for (const auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+            if (!ok(cublasLtMatmulPreferenceSetAttribute(call.pref, attr, &align, sizeof(align)),
+                    "MIN_ALIGNMENT"))
+              return false;
+          return true;
+        }() &&
         cublasLtMatmulAlgoGetHeuristic(lt, call.desc, call.first, call.second, call.out, call.out,
                                        call.pref, 1, &found, &count) == CUBLAS_STATUS_SUCCESS &&
         count > 0)
