@@ -433,9 +433,11 @@ class NcclCommunicator final : public Communicator {
       PTDP_RETURN_IF_ERROR(
           Checked(op, PTDP_CUDA_STATUS(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming))));
     }
+    // The mark (the rank's work at the hand-over) lives until side_ waits for it.
+    const std::shared_ptr<StreamMark> mark = std::exchange(next_after_, nullptr);
     cudaEvent_t after = after_;
-    if (const std::shared_ptr<StreamMark> mark = std::exchange(next_after_, nullptr))
-      after = mark->event;  // the rank's work at the hand-over
+    if (mark)
+      after = mark->event;
     else
       PTDP_RETURN_IF_ERROR(Checked(op, PTDP_CUDA_STATUS(cudaEventRecord(after_, stream_))));
     PTDP_RETURN_IF_ERROR(Checked(op, PTDP_CUDA_STATUS(cudaStreamWaitEvent(side_, after, 0))));
