@@ -136,8 +136,8 @@ class Communicator {
   // RunAfter(mark), on the other thread just before the operation, makes that operation wait
   // for the marked work only, not for what the rank's thread issued since (on an asynchronous
   // device: an event of the rank's stream, as Megatron's communication stream waits for the
-  // compute stream at dispatch). Where a call's inputs are complete when it is made (the CPU)
-  // there is no mark (null) and nothing to do.
+  // compute stream at dispatch); RunAfter(nullptr) clears a mark no call used. Where a call's
+  // inputs are complete when it is made (the CPU) there is no mark (null) and nothing to do.
   class ReadyMark {
    public:
     virtual ~ReadyMark() = default;

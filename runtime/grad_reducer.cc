@@ -70,11 +70,14 @@ void GradReducer::Work() {
     queue_.pop_front();
     lock.unlock();
     const Clock::time_point start = Clock::now();
-    if (job.ready) job.group->RunAfter(std::move(job.ready));
+    job.group->RunAfter(std::move(job.ready));
     Status st = job.kind == Kind::kReduceScatter
                     ? job.group->ReduceScatter(job.in, job.out, ReduceOp::kSum)
                 : job.kind == Kind::kAllGather ? job.group->AllGather(job.in, job.out)
                                                : job.group->AllReduce(job.in, ReduceOp::kSum);
+    // Cleared whether or not the call used it (one that returns early does not), so that no
+    // later call of the handle, the rank's own included, waits for this older mark.
+    job.group->RunAfter(nullptr);
     const Clock::time_point end = Clock::now();
     lock.lock();
     ++finished_;
