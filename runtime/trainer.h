@@ -171,7 +171,8 @@ class Trainer {
   int64_t steps_done() const;
   int64_t optimizer_steps() const;
   // Whether the DP reduction runs beside the backward (--overlap-grad-reduce where the
-  // communicators can: CommunicatorFactory::CollectivesBesideCompute; and something to reduce).
+  // communicators can: CommunicatorFactory::CollectivesBesideCompute; and something to reduce),
+  // and with the distributed optimizer the parameters' all-gather beside the next forward.
   bool overlaps_grad_reduce() const;
 
   // The whole training state, gathered from the ranks (parameters from DP replica 0, moments
