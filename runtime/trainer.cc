@@ -53,6 +53,14 @@ double Since(Clock::time_point t0) {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
+// The order of a chunk's forward parts (GptChunk::ParamsNeeded's moments): the embedding, the
+// layers, the output.
+int ForwardOrder(int moment) {
+  if (moment == GptChunk::kEmbeddingGrads) return std::numeric_limits<int>::min();
+  if (moment == GptChunk::kOutputGrads) return std::numeric_limits<int>::max();
+  return moment;
+}
+
 // A rank's phase timing over its backend's marks (Backend::Mark): each timed region of a step
 // is an interval between two marks, resolved to seconds once the step's work is done, so that
 // on an asynchronous backend (CUDA: events on the rank's stream) each phase is the device's time
@@ -313,6 +321,7 @@ struct Rank {
   };
   std::vector<PendingGather> gathers;
   size_t gathered = 0;
+  std::vector<size_t> gather_order;  // rk.state's sliced ones in forward order; empty: no overlap
   std::vector<Tensor> scatter_inputs;  // zero-padded copies handed over, kept until the wait
   // --overlap-grad-reduce (and something to reduce): runs the buckets' all-reduces beside the
   // backward; last_backward[c]: the index in this rank's schedule of chunk c's last backward.
@@ -676,6 +685,14 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
       rk.last_backward.assign(size_t(v), ops.size());
       for (size_t i = 0; i < ops.size(); ++i)
         if (ops[i].kind == OpKind::kBackward) rk.last_backward[size_t(ops[i].chunk)] = i;
+      // --overlap-param-gather: the sliced parameters in the order the forward reads them
+      // (chunk by chunk, embedding, layers, output), once.
+      for (size_t k = 0; k < rk.state.size(); ++k)
+        if (rk.state[k].slices > 1) rk.gather_order.push_back(k);
+      std::stable_sort(rk.gather_order.begin(), rk.gather_order.end(), [&](size_t a, size_t b) {
+        const ParamState &x = rk.state[a], &y = rk.state[b];
+        return std::pair(x.chunk, ForwardOrder(x.part)) < std::pair(y.chunk, ForwardOrder(y.part));
+      });
     }
     rk.backend->ResetPeak();
   }
@@ -710,7 +727,7 @@ Status Trainer::Impl::BuildState(Rank& rk) {
       ps.chunk = int(ci);
       ps.part = chunk->GradsDoneAt(cp.spec);
       if (overlap_grad && !(tp_partial && cp.tp_partial_grad))
-        ps.moment = chunk->GradsDoneAt(cp.spec);
+        ps.moment = ps.part;
       // Routed experts: reduced (and with dist-opt sliced) over expert DP.
       ps.group = cp.spec.expert >= 0 ? rk.edp.get() : &rk.Reduction();
       const int index = ps.group->rank();
@@ -1133,18 +1150,6 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
   return rk.reducer ? Status::Ok() : GatherParams(rk);
 }
 
-namespace {
-
-// The order of a chunk's forward parts (GptChunk::ParamsNeeded's moments): the embedding, the
-// layers, the output.
-int ForwardOrder(int moment) {
-  if (moment == GptChunk::kEmbeddingGrads) return std::numeric_limits<int>::min();
-  if (moment == GptChunk::kOutputGrads) return std::numeric_limits<int>::max();
-  return moment;
-}
-
-}  // namespace
-
 // The dist-opt all-gather's output for a sliced parameter: the parameter itself where the
 // group divides it (in place, as into Megatron's contiguous parameter buffer), else a buffer
 // of R*k elements with this rank's block copied in (PutGathered copies it back).
@@ -1186,15 +1191,8 @@ Status Trainer::Impl::GatherParams(Rank& rk) {
 // all-gather ahead of the forward and each module's pre-hook waits for its own
 // (param_and_grad_buffer.py: start_param_sync, finish_param_sync).
 Status Trainer::Impl::LaunchGathers(Rank& rk) {
-  std::vector<size_t> order;
-  for (size_t k = 0; k < rk.state.size(); ++k)
-    if (rk.state[k].slices > 1) order.push_back(k);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const ParamState &x = rk.state[a], &y = rk.state[b];
-    return std::pair(x.chunk, ForwardOrder(x.part)) < std::pair(y.chunk, ForwardOrder(y.part));
-  });
   const PhaseClock::Open g0 = rk.clock.Start();
-  for (size_t k : order) {
+  for (size_t k : rk.gather_order) {
     const ParamState& ps = rk.state[k];
     PTDP_ASSIGN_OR_RETURN(Tensor full, GatherOutput(rk, ps));
     Tensor mine = full.View(Shape({ps.k}), ps.slice * ps.k);
@@ -1211,11 +1209,12 @@ Status Trainer::Impl::LaunchGathers(Rank& rk) {
 // into their parameters; the wait is DP time inside the forward.
 Status Trainer::Impl::AwaitGathers(Rank& rk, int chunk, int moment) {
   size_t upto = rk.gathered;
-  for (size_t j = rk.gathered; j < rk.gathers.size(); ++j) {
+  for (size_t j = rk.gathered; j < rk.gathers.size(); ++j) {  // in forward order: a prefix
     const ParamState& ps = rk.state[rk.gathers[j].state];
-    if (chunk < 0 || ps.chunk < chunk ||
-        (ps.chunk == chunk && ForwardOrder(ps.part) <= ForwardOrder(moment)))
-      upto = j + 1;
+    if (chunk >= 0 && (ps.chunk > chunk ||
+                       (ps.chunk == chunk && ForwardOrder(ps.part) > ForwardOrder(moment))))
+      break;
+    upto = j + 1;
   }
   if (upto == rk.gathered) return Status::Ok();
   const PhaseClock::Open t0 = rk.clock.Start();
@@ -1324,9 +1323,7 @@ Status Trainer::Impl::RunStep(Rank& rk) {
   PTDP_RETURN_IF_ERROR(MeasureExpertLoad(rk));
   // --overlap-param-gather: the updated slices' all-gathers go beside the next forward (after
   // the loss's all-reduce above: the reducer is the only user of their groups until then).
-  bool sliced = false;
-  for (const ParamState& ps : rk.state) sliced = sliced || ps.slices > 1;
-  if (rk.reducer && sliced && !rk.skipped) PTDP_RETURN_IF_ERROR(LaunchGathers(rk));
+  if (!rk.gather_order.empty() && !rk.skipped) PTDP_RETURN_IF_ERROR(LaunchGathers(rk));
   PTDP_RETURN_IF_ERROR(rk.backend->Synchronize());
   const double total = rk.clock.Resolve(&rk.times, cfg.record_timeline);
   rk.times.peak_memory_bytes = double(rk.backend->PeakBytes());
