@@ -12,6 +12,14 @@
 namespace ptdp {
 namespace {
 
+// What stays exposed of `total` seconds of n collectives run one after another beside a window
+// of `window` seconds whose j-th part needs (or produces) the j-th of them at j/n of it:
+// max(total/n, total - window (1 - 1/n)) (DpExposed's law, without its interference term).
+double ExposedBeside(double total, int n, double window) {
+  if (n <= 1) return total;
+  return std::max(total / n, total - window * (1 - 1.0 / n));
+}
+
 double ActBytes(Precision p) { return p == Precision::kFp32 ? 4.0 : 2.0; }
 double WeightBytes(Precision p) { return p == Precision::kFp32 ? 4.0 : 2.0; }
 // The 16-bit precision an fp8 or fp4 run computes everything but its GEMMs in.
@@ -966,8 +974,7 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
         stage += runtime_->ChunkDp(l, r, c);
         nb += ChunkDpBuckets(l, r, c);
       }
-      if (l.overlap_grad_reduce && nb > 1)
-        stage = std::max(stage - slow.bwd_s * (1 - 1.0 / nb), stage / nb);
+      if (l.overlap_grad_reduce) stage = ExposedBeside(stage, nb, slow.bwd_s);
       dp = std::max(dp, stage + StageDpGatherTime(l, r, slow.fwd_s));
     }
   } else {
@@ -1073,8 +1080,7 @@ double AnalyticModel::StageDpGatherTime(const Layout& l, int r, double fwd_s) co
     total += runtime_->ChunkDpGather(l, r, c);
     parts += runtime_->ChunkDpGatherParts(l, r, c);
   }
-  if (!l.overlap_grad_reduce || parts <= 1 || total <= 0) return total;
-  return std::max(total / parts, total - fwd_s * (1 - 1.0 / parts));
+  return l.overlap_grad_reduce ? ExposedBeside(total, parts, fwd_s) : total;
 }
 
 int AnalyticModel::ChunkDpBuckets(const Layout& l, int r, int c) const {
