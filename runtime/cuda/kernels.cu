@@ -704,14 +704,19 @@ cudaError_t ColumnFinalize(const float* partials, int64_t chunks, int64_t c, flo
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t AddBias(T* y, const T* bias, int64_t n, int64_t c, cudaStream_t st) {
-  if (n == 0 || c == 0) return cudaSuccess;
-  // About 1024 blocks (a few per SM, to hide the memory latency): column blocks times row bands.
+// The grid of a kernel with threads over columns and blocks over row bands (AddBiasKernel):
+// about 1024 blocks (a few per SM, to hide the memory latency).
+dim3 ColumnsByRowBands(int64_t n, int64_t c) {
   const unsigned cols = Blocks(c, kThreads);
   const unsigned rows =
       unsigned(std::clamp<int64_t>(1024 / int64_t(cols), 1, std::min<int64_t>(n, kMaxBlocks)));
-  AddBiasKernel<T><<<dim3(cols, rows), kThreads, 0, st>>>(y, bias, n, c);
+  return dim3(cols, rows);
+}
+
+template <typename T>
+cudaError_t AddBias(T* y, const T* bias, int64_t n, int64_t c, cudaStream_t st) {
+  if (n == 0 || c == 0) return cudaSuccess;
+  AddBiasKernel<T><<<ColumnsByRowBands(n, c), kThreads, 0, st>>>(y, bias, n, c);
   return cudaGetLastError();
 }
 
@@ -719,10 +724,7 @@ template <typename T>
 cudaError_t AddBiasResidual(T* x, const T* bias, const T* residual, int64_t n, int64_t c,
                             cudaStream_t st) {
   if (n == 0 || c == 0) return cudaSuccess;
-  const unsigned cols = Blocks(c, kThreads);  // as AddBias
-  const unsigned rows =
-      unsigned(std::clamp<int64_t>(1024 / int64_t(cols), 1, std::min<int64_t>(n, kMaxBlocks)));
-  AddBiasResidualKernel<T><<<dim3(cols, rows), kThreads, 0, st>>>(x, bias, residual, n, c);
+  AddBiasResidualKernel<T><<<ColumnsByRowBands(n, c), kThreads, 0, st>>>(x, bias, residual, n, c);
   return cudaGetLastError();
 }
 
