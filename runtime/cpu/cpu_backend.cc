@@ -225,17 +225,28 @@ Result<Tensor> CpuBackend::Allocate(const Shape& shape, DType dtype, bool zero) 
   }
   std::shared_ptr<Counters> counters = counters_;
   const size_t limit = options_.cache_bytes;
+  // A full cache makes room for the block just freed: the blocks of the largest sizes go back
+  // to malloc first, the oldest of a size first. The newest blocks are the ones the next Allocs
+  // ask for (a step repeats the last one's sizes); keeping the old ones instead sent every later
+  // size to fresh pages, page faults and all, once other sizes had filled the cache.
   auto release = [counters, rounded, limit](void* p, size_t n) {
     counters->current.fetch_sub(n);
+    if (rounded > limit) return std::free(p);
+    std::vector<void*> evicted;
     {
       std::lock_guard<std::mutex> lk(counters->mu);
-      if (counters->cached + rounded <= limit) {
-        counters->cache[rounded].push_back(p);
-        counters->cached += rounded;
-        return;
+      while (counters->cached + rounded > limit) {
+        auto largest = std::prev(counters->cache.end());
+        std::vector<void*>& blocks = largest->second;
+        evicted.push_back(blocks.front());
+        blocks.erase(blocks.begin());
+        counters->cached -= largest->first;
+        if (blocks.empty()) counters->cache.erase(largest);
       }
+      counters->cache[rounded].push_back(p);
+      counters->cached += rounded;
     }
-    std::free(p);
+    for (void* q : evicted) std::free(q);
   };
   return Tensor(std::make_shared<Buffer>(data, bytes, release), shape, dtype);
 }

@@ -213,18 +213,34 @@ TEST_P(CpuBackendTest, AllocUninitPoisonsWhenAskedAndAllocStillZeroes) {
 }
 
 TEST_P(CpuBackendTest, NoCacheAndAFullCacheFreeAtOnce) {
-  // With cache_bytes 4096, one freed 4000-byte block is kept and a second is not; with 0 nothing
-  // is kept (and nothing leaks: the sanitizer build checks).
+  // With cache_bytes 4096, one freed 4000-byte block is kept: the newest, the older one goes back
+  // to malloc to make room for it; with 0 nothing is kept (and nothing leaks: the sanitizer build
+  // checks).
   CpuBackend small(CpuBackendOptions{0, 4096});
   const void* kept = nullptr;
   {
     Tensor a = *small.Alloc(Shape{1000}, DType::kF32);
     Tensor b = *small.Alloc(Shape{1000}, DType::kF32);
-    kept = b.data();
-  }  // b goes first (into the cache), then a (over the limit: back to malloc)
+    kept = a.data();
+  }  // b goes first (into the cache), then a (b back to malloc to make room)
   Tensor c = *small.Alloc(Shape{1000}, DType::kF32);
   EXPECT_EQ(c.data(), kept);
   EXPECT_EQ(small.CurrentBytes(), 4000u);
+  // A full cache of large blocks makes room for a small one: the 8 KiB block goes, the small
+  // one is served from the cache next.
+  {
+    CpuBackend mixed(CpuBackendOptions{0, 8192});
+    const void* small_block = nullptr;
+    {
+      Tensor big = *mixed.Alloc(Shape{2048}, DType::kF32);  // 8192 bytes: fills the cache
+    }
+    {
+      Tensor s = *mixed.Alloc(Shape{16}, DType::kF32);  // 64 bytes: a block of its own
+      small_block = s.data();
+    }
+    Tensor again = *mixed.Alloc(Shape{16}, DType::kF32);
+    EXPECT_EQ(again.data(), small_block);
+  }
   CpuBackend none(CpuBackendOptions{0, 0});
   for (int i = 0; i < 3; ++i) {
     Tensor t = *none.Alloc(Shape{64}, DType::kF32);
