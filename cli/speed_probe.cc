@@ -41,9 +41,14 @@ rt::MicrobenchOptions CalibrationOptions(const std::string& backend, bool quick,
   // demo` 7-16% too fast, the quick one within +-7% (2-core VM, 2026-12-04). GPUs keep 2 ms
   // (launch and synchronization costs weigh more in short batches).
   if (quick || backend == "cpu") opt.min_batch_s = 5e-4;
-  // The full grids take the median of 5 batches: with 3, one grid cell timed while the VM's host
-  // was busy moved a layout's prediction by up to 8% between two calibrations minutes apart.
-  if (!quick) opt.batches = 5;
+  // Each point's batches spread over the calibration (MicrobenchOptions::passes): one batch a
+  // sweep, the median of 3 sweeps (quick) or 5 (full). Back to back (the median of 3 batches
+  // within ~2 ms), a spell of the VM's host that covered part of a quick calibration timed those
+  // tables 1.3-2.4x slow: two calibrations two minutes apart predicted cp 2 at 13.3 and 18.4 ms,
+  // which measured 13.7 ms both times (2-core VM, 2026-12-06). With 3 batches (full) one cell
+  // timed while the host was busy moved a layout's prediction by up to 8%.
+  opt.batches = 1;
+  opt.passes = quick ? 3 : 5;
   // CUDA bf16 (the default): `ptdp train` runs bf16 plans with bf16 activations and weights
   // (TrainerConfig::bf16), so the ops are timed on bf16 tensors.
   opt.act = act;

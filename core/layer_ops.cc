@@ -132,9 +132,19 @@ LayerOp& Memory(LayerOpList* l, const char* name, MemoryKernel kernel, double ro
   return op;
 }
 
-// The runtime's allocation of a new tensor (OpShape::runtime only).
+// The runtime's allocation of a new tensor (OpShape::runtime only): uninitialised, as the
+// runtime allocates what an op overwrites (GptChunk::Out, Backend::AllocUninit).
 void Alloc(LayerOpList* l, const OpShape& s, double bytes) {
   if (s.runtime) Memory(l, "alloc", MemoryKernel::kAlloc, 0, 0, bytes, false);
+}
+
+// A new tensor the runtime zeroes because ops add to it (GptChunk::F32 and ActZeros: the CP
+// dK/dV accumulators, the MoE combine and its gradient, the final norm's input gradient): the
+// allocation and a fill of its bytes (the fill table, timed on activation elements).
+void AllocZeroed(LayerOpList* l, const OpShape& s, double bytes) {
+  if (!s.runtime) return;
+  Alloc(l, s, bytes);
+  Memory(l, "alloc.zero", MemoryKernel::kFill, bytes / s.act_bytes, 1, bytes, false);
 }
 
 // A GEMM; with fp8, preceded by the cast of its (m x k) operand for fprop and dgrad (`fused`:
@@ -252,11 +262,11 @@ void RuntimeCpAttentionCore(const OpShape& s, const Dims& x, bool backward, cons
     Alloc(l, s, batch * x.sl * x.e);  // lse
     Alloc(l, s, x.T * x.A * x.e);     // the output
   } else {
-    Alloc(l, s, x.T * x.Q * x.e);  // dqkv
+    AllocZeroed(l, s, x.T * x.Q * x.e);  // dqkv: the blocks add to it
   }
   Alloc(l, s, kv);
   Memory(l, "attention.cp_kv_copy", MemoryKernel::kCopy, x.T, 2 * x.A, 2 * kv, false);
-  if (backward) Alloc(l, s, kv);  // the dK/dV accumulator
+  if (backward) AllocZeroed(l, s, kv);  // the dK/dV accumulator
   const double square = 2 * batch * x.sl * x.sl * (x.hd_qk + x.hd_v);  // QK^T and AV, one block
   for (int block = 1; block <= 2; ++block) {
     if (block == 2 && steps == 0) break;
@@ -540,7 +550,7 @@ void RuntimeMoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, Laye
   gather("combine.gather", nk);
   Alloc(l, s, nk * x.h * x.e);
   Memory(l, "combine.weights", MemoryKernel::kCopy, nk, x.h, 2 * nk * x.h * x.e, false);
-  Alloc(l, s, x.Tl * x.h * x.e);
+  AllocZeroed(l, s, x.Tl * x.h * x.e);  // the combine adds every token's k rows to it
   Memory(l, "combine.add", MemoryKernel::kEmbeddingBackward, nk, x.h, 2 * nk * x.h * x.e, false);
   if (x.Fs > 0) {
     Gemm(l, s, "shared.fc1", GemmPass::kFprop, x.T, x.Fs, x.h);
@@ -562,7 +572,7 @@ void RuntimeMoeBackward(const OpShape& s, const Dims& x, LayerOpList* b) {
   const double nk = x.Tl * x.topk, Rep = nk * s.expert_load, R = Rep * s.etp, G = x.G;
   Alloc(b, s, x.Tl * x.h * x.e);
   Memory(b, "residual_grad.copy", MemoryKernel::kCopy, x.Tl, x.h, 2 * x.Tl * x.h * x.e, !s.sp);
-  Alloc(b, s, x.Tl * x.h * x.e);  // dx
+  AllocZeroed(b, s, x.Tl * x.h * x.e);  // dx: every part adds to it
   if (x.Fs > 0) {
     if (s.sp)
       Comm(b, s, "shared.all_gather.backward", CommKind::kAllGather, CommGroup::kTp,
@@ -844,7 +854,7 @@ void BuildOutputOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, Laye
   ColumnParallelBackward(s, x, "output.input_all_gather",
                          s.sp ? "output.reduce_scatter.backward" : "output.all_reduce.backward",
                          "logits.dgrad", "logits.wgrad", nullptr, Vl, bwd);
-  Alloc(bwd, s, x.Tl * x.h * x.e);
+  AllocZeroed(bwd, s, x.Tl * x.h * x.e);  // the norm's backward adds to it
   Memory(bwd, "final_norm.backward", MemoryKernel::kNormBackward, x.Tl, x.h,
          4 * x.Tl * x.h * x.e, !s.sp);
 }

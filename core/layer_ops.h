@@ -73,7 +73,8 @@ enum class MemoryKernel : uint8_t {
   kBiasAdd, kBiasGrad,             // bias broadcast over rows / its gradient, a column sum
   kAdd, kCopy,                     // residual add; a copy (the residual gradient, inputs)
   kLossSum,                        // the micro-batch's loss, a sum of squares over T
-  kAlloc,                          // a new tensor of `bytes`
+  kAlloc,                          // a new tensor of `bytes`, uninitialised (GptChunk::Out)
+  kFill,                           // zeroing a new accumulator (Backend::Alloc's zero-fill)
   // Mixture of Experts (megatron/core/transformer/moe/): the router's score function and top-k
   // over (T, E) fp32 scores, the token permutation into expert order and its inverse (the
   // combine, weighted by the router's probabilities).

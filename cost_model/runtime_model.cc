@@ -194,6 +194,7 @@ double RuntimeModel::MemoryOp(const LayerOp& op, double k) const {
     case MemoryKernel::kCrossEntropy: return Op("cross_entropy_forward", op.m, op.n, k);
     case MemoryKernel::kCrossEntropyBackward: return Op("cross_entropy_backward", op.m, op.n, k);
     case MemoryKernel::kLossSum: return Op("sum_squares", op.m, k);
+    case MemoryKernel::kFill: return Op("fill", op.m * op.n, k);
     // Megatron-Core's fused kernels: never in a runtime list (Shape() sets runtime, and
     // AnalyticModel::Create refuses a model that is not GPT-shaped, CheckGptShaped).
     case MemoryKernel::kNone: case MemoryKernel::kRotary: case MemoryKernel::kRotaryBackward:

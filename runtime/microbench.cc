@@ -35,29 +35,53 @@ std::vector<double> Geometric(double lo, double hi, double factor) {
   return v;
 }
 
-// Deterministic pseudo-random values in [-1, 1] (xorshift), so every run measures the same data.
-std::vector<float> Noise(int64_t n, uint32_t seed) {
-  std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
-  uint32_t x = seed * 2654435761u + 1;
-  for (float& f : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    f = float(x) / 2147483648.0f - 1.0f;
-  }
-  return v;
-}
+// Pseudo-random values in [-1, 1] (xorshift), the same on every run, so every run measures the
+// same data. One stream, grown as needed, that a seed enters at its own offset: filling every
+// point's operands from a fresh stream took a quarter of a calibration's time.
+// Where a seed's values start in a stream: seeds 1031 values apart.
+size_t SeedOffset(uint32_t seed) { return size_t(seed % 64) * 1031; }
 
-// N(0, sigma^2) values (Box-Muller over the xorshift stream of Noise).
-std::vector<float> Normal(int64_t n, double sigma, uint32_t seed) {
-  const std::vector<float> u = Noise(2 * n, seed);
-  std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
-  for (size_t i = 0; i < v.size(); ++i) {
-    const double u1 = 0.5 * (double(u[2 * i]) + 1.0) + 1e-12, u2 = 0.5 * (double(u[2 * i + 1]) + 1.0);
-    v[i] = float(sigma * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+class NoiseStream {
+ public:
+  // n values for `seed`: valid until the next call.
+  const float* At(int64_t n, uint32_t seed) {
+    const size_t offset = SeedOffset(seed), end = offset + size_t(std::max<int64_t>(n, 0));
+    while (v_.size() < end) {
+      x_ ^= x_ << 13;
+      x_ ^= x_ >> 17;
+      x_ ^= x_ << 5;
+      v_.push_back(float(x_) / 2147483648.0f - 1.0f);
+    }
+    return v_.data() + offset;
   }
-  return v;
-}
+
+ private:
+  std::vector<float> v_;
+  uint32_t x_ = 2654435761u;
+};
+
+// N(0, 1) values (Box-Muller over the xorshift stream of NoiseStream), one stream as there.
+class NormalStream {
+ public:
+  // n values for `seed`: valid until the next call.
+  const float* At(int64_t n, uint32_t seed) {
+    const size_t offset = SeedOffset(seed), end = offset + size_t(std::max<int64_t>(n, 0));
+    if (v_.size() < end) {
+      const size_t have = v_.size();
+      const float* u = uniform_.At(int64_t(2 * end), 0);
+      for (size_t i = have; i < end; ++i) {
+        const double u1 = 0.5 * (double(u[2 * i]) + 1.0) + 1e-12;
+        const double u2 = 0.5 * (double(u[2 * i + 1]) + 1.0);
+        v_.push_back(float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2)));
+      }
+    }
+    return v_.data() + offset;
+  }
+
+ private:
+  NoiseStream uniform_;
+  std::vector<float> v_;
+};
 
 constexpr int kMaxCallsPerBatch = 1 << 22;
 
@@ -86,12 +110,14 @@ double ColdBytes(const MicrobenchOptions& opt) {
 
 // n tensors of `shape` as views of one buffer of `be` (thousands of small tensors would be
 // thousands of allocations), each starting on a 64-byte boundary as the backend's own tensors
-// do; `all` receives the buffer (to fill it at once).
+// do; `all` receives the buffer: zeroed, or left for the caller to fill at once (`filled`:
+// reused memory holds whatever it held, denormals included, which slow a reduction 100x).
 Result<std::vector<Tensor>> Slices(Backend& be, const Shape& shape, DType dtype, size_t n,
-                                   Tensor* all) {
+                                   Tensor* all, bool filled = false) {
   const int64_t per_line = int64_t(64 / DTypeBytes(dtype));
   const int64_t stride = (shape.numel() + per_line - 1) / per_line * per_line;
-  PTDP_ASSIGN_OR_RETURN(*all, be.Alloc({stride * int64_t(n)}, dtype));
+  const Shape whole({stride * int64_t(n)});
+  PTDP_ASSIGN_OR_RETURN(*all, filled ? be.AllocUninit(whole, dtype) : be.Alloc(whole, dtype));
   std::vector<Tensor> v;
   for (size_t i = 0; i < n; ++i) v.push_back(all->View(shape, int64_t(i) * stride));
   return v;
@@ -107,7 +133,12 @@ class Bench {
 
  private:
   // Seconds of one call of fn: the median batch's mean (see the header).
-  double TimeCall(const std::function<void()>& fn) const;
+  double TimeCall(const std::function<void()>& fn);
+  // The ops of one sweep over the grids (every table but the collectives').
+  Status OpsPass();
+  // rows_ after `passes` sweeps: each point's rows (the same leading values) made one, its time
+  // the median over the sweeps.
+  void MedianOverPasses();
   // Tensors of act_ (activations, weights) unless the dtype says otherwise (fp32 statistics,
   // weight gradients, optimizer state).
   Result<Tensor> Random(const Shape& shape, uint32_t seed) { return Random(shape, seed, act_); }
@@ -148,11 +179,15 @@ class Bench {
   BenchWorld ops_world_;         // the one-rank world whose rank 0 times the ops
   std::unique_ptr<Backend> be_;  // its backend (released before the world)
   std::map<std::string, std::vector<std::vector<double>>> rows_;
+  NoiseStream noise_;    // the operands' values
+  NormalStream normal_;  // GeLU's normal inputs
   double done_ = 0, total_ = 1;
-  mutable Status failed_;  // the backend's first failure while timing
+  Status failed_;                  // the backend's first failure while timing
+  std::vector<int> calls_;         // calls a batch of each timed point (the first sweep's)
+  size_t point_ = 0;               // the timed point of this sweep
 };
 
-double Bench::TimeCall(const std::function<void()>& fn) const {
+double Bench::TimeCall(const std::function<void()>& fn) {
   // Synchronize() ends each batch: a device backend runs ops asynchronously.
   auto run = [&](int calls) {
     const Clock::time_point t0 = Clock::now();
@@ -163,6 +198,12 @@ double Bench::TimeCall(const std::function<void()>& fn) const {
   };
   run(1);  // warm-up: caches, first-touch of the buffers
   std::vector<double> means;
+  const size_t point = point_++;
+  if (point < calls_.size()) {  // a later sweep: the first one's batch size
+    const int calls = calls_[point];
+    for (int b = 0; b < opt_.batches; ++b) means.push_back(run(calls) / calls);
+    return Median(means);
+  }
   int calls = 1;
   double elapsed = 0;
   for (;;) {  // the first batch finds how many calls fill min_batch_s
@@ -170,15 +211,15 @@ double Bench::TimeCall(const std::function<void()>& fn) const {
     if (elapsed >= opt_.min_batch_s || calls >= kMaxCallsPerBatch) break;
     calls *= 2;
   }
+  calls_.push_back(calls);
   means.push_back(elapsed / calls);
   for (int b = 1; b < opt_.batches; ++b) means.push_back(run(calls) / calls);
   return Median(means);
 }
 
 Result<Tensor> Bench::Random(const Shape& shape, uint32_t seed, DType dtype) {
-  PTDP_ASSIGN_OR_RETURN(Tensor t, be_->Alloc(shape, dtype));
-  const std::vector<float> v = Noise(t.numel(), seed);
-  PTDP_RETURN_IF_ERROR(be_->CopyFromHost(v.data(), t));
+  PTDP_ASSIGN_OR_RETURN(Tensor t, be_->AllocUninit(shape, dtype));
+  PTDP_RETURN_IF_ERROR(be_->CopyFromHost(noise_.At(t.numel(), seed), t));
   return t;
 }
 
@@ -191,9 +232,14 @@ size_t Bench::Variants(double elements, double e) const {
 Result<std::vector<Tensor>> Bench::Randoms(const Shape& shape, uint32_t seed, size_t n,
                                            double sigma, DType dtype) {
   Tensor all;
-  PTDP_ASSIGN_OR_RETURN(std::vector<Tensor> v, Slices(*be_, shape, dtype, n, &all));
-  const std::vector<float> values =
-      sigma > 0 ? Normal(all.numel(), sigma, seed) : Noise(all.numel(), seed);
+  PTDP_ASSIGN_OR_RETURN(std::vector<Tensor> v, Slices(*be_, shape, dtype, n, &all, true));
+  if (sigma <= 0) {
+    PTDP_RETURN_IF_ERROR(be_->CopyFromHost(noise_.At(all.numel(), seed), all));
+    return v;
+  }
+  const float* z = normal_.At(all.numel(), seed);
+  std::vector<float> values(size_t(all.numel()));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(sigma * double(z[i]));
   PTDP_RETURN_IF_ERROR(be_->CopyFromHost(values.data(), all));
   return v;
 }
@@ -447,10 +493,12 @@ Status Bench::ElementOps() {
 Status Bench::Allocs() {
   for (double bytes : grids_.alloc_bytes) {
     const int64_t n = std::max<int64_t>(1, int64_t(bytes) / 4);
-    // A training step's allocations get back blocks freed long before (the backend's cache):
-    // each call here replaces the oldest of nv live tensors, so the block it is handed (and
-    // zeroes) was last touched nv calls ago.
-    // (At most 4096 live: below some 2 KiB a block's zeroing is no longer what an Alloc costs.)
+    // A training step's allocations get back blocks freed before (the backend's cache): each
+    // call here replaces the oldest of nv live tensors. Uninitialised, as the runtime allocates
+    // what an op then overwrites (GptChunk::Out); the few tensors it zeroes pay the fill table
+    // on top (core/layer_ops.cc, AllocZeroed). Timing the zeroed Alloc charged a memset of
+    // blocks last touched nv calls ago to every output: 13 us for 128 KiB on the dev VM, or
+    // page faults (16 ms for 8 MiB) when the cache had no room, where the runtime pays ~0.5 us.
     const size_t nv = std::min<size_t>(Variants(bytes, 1), 4096);
     std::vector<Tensor> live(nv);
     size_t k = 0;
@@ -458,7 +506,7 @@ Status Bench::Allocs() {
     const double s = TimeCall([&] {
       Tensor& slot = live[k++ % nv];
       slot = Tensor();
-      auto t = be_->Alloc({n}, DType::kF32);
+      auto t = be_->AllocUninit({n}, DType::kF32);
       if (!t.ok()) failed = t.status();
       else slot = std::move(*t);
     });
@@ -475,6 +523,8 @@ Status Bench::Allocs() {
 Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& world,
                              std::atomic<int>& decide, std::vector<std::vector<double>>& seconds) {
   const int ranks = int(all.size());
+  // Measured once (not in each sweep): as many batches of a size as an op gets over the sweeps.
+  const int comm_batches = opt_.batches * opt_.passes;
   std::unique_ptr<Backend> be = world.backends(rank);
   if (!be) return Status::Error("the world gave no backend");
   PTDP_ASSIGN_OR_RETURN(auto comm, world.comms->Group(rank, all, kGroup));
@@ -555,7 +605,7 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
         calls *= 2;
       }
       std::vector<double> means = {elapsed / calls};
-      for (int b = 1; b < opt_.batches; ++b) {
+      for (int b = 1; b < comm_batches; ++b) {
         PTDP_RETURN_IF_ERROR(batch(calls, &elapsed));
         means.push_back(elapsed / calls);
       }
@@ -563,7 +613,7 @@ Status Bench::CollectiveRank(int rank, const std::vector<int>& all, BenchWorld& 
       if (kind == 5) {
         write_only = true;
         std::vector<double> w;
-        for (int b = 0; b < opt_.batches; ++b) {
+        for (int b = 0; b < comm_batches; ++b) {
           PTDP_RETURN_IF_ERROR(batch(calls, &elapsed));
           w.push_back(elapsed / calls);
         }
@@ -629,6 +679,32 @@ void Bench::AttentionStorage(MeasuredPrimitives* m) const {
   m->attention_saved_per_token = f16 / 16 - 16 * m->attention_saved_per_score;
 }
 
+Status Bench::OpsPass() {
+  PTDP_RETURN_IF_ERROR(Gemms().Prefixed("GEMMs"));
+  PTDP_RETURN_IF_ERROR(Attention().Prefixed("attention"));
+  PTDP_RETURN_IF_ERROR(AttentionBlocks().Prefixed("attention blocks"));
+  PTDP_RETURN_IF_ERROR(RowOps().Prefixed("row-wise ops"));
+  PTDP_RETURN_IF_ERROR(ElementOps().Prefixed("element-wise ops"));
+  return Allocs().Prefixed("allocation");
+}
+
+void Bench::MedianOverPasses() {
+  if (opt_.passes <= 1) return;
+  for (auto& [name, rows] : rows_) {
+    std::vector<std::vector<double>> merged;
+    std::map<std::vector<double>, std::vector<double>> times;  // leading values -> each sweep's
+    for (const std::vector<double>& row : rows) {
+      std::vector<double> key(row.begin(), row.end() - 1);
+      std::vector<double>& t = times[key];
+      if (t.empty()) merged.push_back(row);  // first seen: the table's order
+      t.push_back(row.back());
+    }
+    for (std::vector<double>& row : merged)
+      row.back() = Median(times[std::vector<double>(row.begin(), row.end() - 1)]);
+    rows = std::move(merged);
+  }
+}
+
 Result<MeasuredPrimitives> Bench::Run() {
   auto ops = make_world_(1);
   if (!ops.ok()) return ops.status();
@@ -637,18 +713,19 @@ Result<MeasuredPrimitives> Bench::Run() {
   if (!be_) return Status::Error("the one-rank world gave no backend");
   const MicrobenchGrids& g = grids_;
   const double gd = double(g.gemm_dims.size());
-  total_ = gd * gd * gd + double(g.attention_s.size() * g.attention_d.size()) +
-           double(g.row_rows.size() * g.row_cols.size()) + double(g.elements.size()) +
-           double(g.alloc_bytes.size()) +
-           (opt_.ops_only ? 0.0 : 6.0 * double(g.comm_ranks.size())) +
-           double(g.attention_s.size() * g.attention_d.size());
-  PTDP_RETURN_IF_ERROR(Gemms().Prefixed("GEMMs"));
-  PTDP_RETURN_IF_ERROR(Attention().Prefixed("attention"));
-  PTDP_RETURN_IF_ERROR(AttentionBlocks().Prefixed("attention blocks"));
-  PTDP_RETURN_IF_ERROR(RowOps().Prefixed("row-wise ops"));
-  PTDP_RETURN_IF_ERROR(ElementOps().Prefixed("element-wise ops"));
-  PTDP_RETURN_IF_ERROR(Allocs().Prefixed("allocation"));
-  if (!opt_.ops_only) PTDP_RETURN_IF_ERROR(Collectives());
+  const double per_pass = gd * gd * gd + double(g.attention_s.size() * g.attention_d.size()) +
+                     double(g.row_rows.size() * g.row_cols.size()) + double(g.elements.size()) +
+                     double(g.alloc_bytes.size()) +
+                     double(g.attention_s.size() * g.attention_d.size());
+  total_ = per_pass * opt_.passes + (opt_.ops_only ? 0.0 : 6.0 * double(g.comm_ranks.size()));
+  for (int pass = 0; pass < opt_.passes; ++pass) {
+    point_ = 0;
+    PTDP_RETURN_IF_ERROR(OpsPass());
+    // The collectives once, between the first sweep and the others (a spell of the host that
+    // slows them then is not also in the ops' median).
+    if (pass == 0 && !opt_.ops_only) PTDP_RETURN_IF_ERROR(Collectives());
+  }
+  MedianOverPasses();
   PTDP_RETURN_IF_ERROR(be_->Synchronize().Prefixed("the backend"));
   PTDP_RETURN_IF_ERROR(failed_.Prefixed("the backend"));
   MeasuredPrimitives m;
@@ -726,8 +803,9 @@ MicrobenchGrids SpeedProbeGrids() {
 Result<MeasuredPrimitives> RunMicrobenchmarks(const MakeWorld& make_world,
                                               const MicrobenchOptions& opt,
                                               const MicrobenchProgress& progress) {
-  if (opt.batches < 1 || !(opt.min_batch_s > 0))
-    return Status::Error("microbenchmarks: batches must be >= 1 and min_batch_s > 0");
+  if (opt.batches < 1 || opt.passes < 1 || !(opt.min_batch_s > 0))
+    return Status::Error(
+        "microbenchmarks: batches and passes must be >= 1 and min_batch_s > 0");
   Bench bench(make_world, opt, progress);
   return bench.Run();
 }

@@ -8,7 +8,8 @@
 // does not know which. The ops are timed on rank 0 of a one-rank world.
 //
 // Timing: one warm-up call, then `batches` batches, each repeating the call until
-// `min_batch_s` has passed; the time of a call is the median batch's mean. The median, not the
+// `min_batch_s` has passed; the time of a call is the median batch's mean; with `passes` > 1
+// the grids are swept that many times and a point's time is the median over the sweeps. The median, not the
 // fastest: `ptdp train` reports the median step, and on a virtual machine the speed of a vCPU
 // drifts with its host's load even when no other process of this machine runs (on the 2-core
 // dev VM the same 1x1x1 step took 75 ms one hour and 80-98 ms the next, with no steal time
@@ -45,7 +46,14 @@ struct MicrobenchOptions {
   bool quick = false;         // coarser, smaller grids (tests, `make demo`): a few seconds
   int max_ranks = 8;          // largest collective group measured (>= 2)
   double min_batch_s = 2e-3;  // each batch repeats a call for at least this long
-  int batches = 3;            // the median of this many batches
+  int batches = 3;            // per pass, the median of this many batches
+  // The ops' grids are swept this many times, one after the other, and each point's time is the
+  // median over the sweeps (of each sweep's median batch): a point's batches are spread over the
+  // whole calibration instead of a few milliseconds, so a slow spell of the host that covers part
+  // of it (a VM's neighbours; on a GPU, a clock dip) moves one sweep's figure, not the point's.
+  // Later sweeps reuse the first one's calls per batch (no second search). The collectives are
+  // measured once, after the first sweep.
+  int passes = 1;
   std::optional<MicrobenchGrids> grids;  // instead of the quick or full ones (tests)
   // Bytes of operands each op cycles through, so that a call finds its operands beyond the
   // nearest caches as in training (microbench.cc, kMinVariants); 0: ColdBytesOfThisHost().

@@ -275,6 +275,32 @@ TEST(LayerOps, TheRuntimeFlavourRunsTheSameGemmsAsItsOwnKernels) {
     }
     EXPECT_EQ(biases, 4);
     EXPECT_EQ(adds, 2);
+    // The dense layer's new tensors are all overwritten: none is zeroed.
+    for (const LayerOpList* list : {&b.forward, &b.backward})
+      for (const LayerOp& op : *list) EXPECT_NE(op.kernel, MemoryKernel::kFill) << op.name;
+  }
+  // With CP the runtime's attention backward adds each block's gradients into dQKV and the
+  // travelling dK/dV accumulator: both zeroed when allocated (the fill of their bytes).
+  {
+    Layout l = L(1, false);
+    l.cp = 2;
+    l.precision = Precision::kFp32;
+    OpShape rt = ShapeOf(l, 0);
+    rt.runtime = true;
+    LayerOps ops;
+    BuildLayerOps(m, rt, &ops);
+    std::vector<double> zeroed;
+    for (int i = 0; i < ops.backward.size; ++i) {
+      const LayerOp& op = ops.backward.ops[i];
+      if (op.kind != LayerOpKind::kMemory || op.kernel != MemoryKernel::kFill) continue;
+      ASSERT_GT(i, 0);
+      EXPECT_EQ(ops.backward.ops[i - 1].kernel, MemoryKernel::kAlloc);  // right after its alloc
+      EXPECT_EQ(ops.backward.ops[i - 1].bytes, op.bytes);
+      zeroed.push_back(op.bytes);
+    }
+    const double T = double(l.micro_batch) * m.seq_len / 2, h = m.hidden;  // this rank's tokens
+    EXPECT_EQ(zeroed, (std::vector<double>{T * 3 * h * 4, T * 2 * h * 4}));  // dQKV, dK/dV
+    for (const LayerOp& op : ops.forward) EXPECT_NE(op.kernel, MemoryKernel::kFill) << op.name;
   }
   // The stage input: Megatron computes on the received buffer, the runtime copies it.
   LayerOpList f, b;

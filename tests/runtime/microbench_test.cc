@@ -9,10 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 
 #include "runtime/cpu/cpu_backend.h"
+#include "runtime/forwarding_backend.h"
 #include "runtime/cpu/thread_communicator.h"
 
 namespace ptdp::rt {
@@ -244,6 +247,67 @@ TEST(Microbench, RefusesBadOptions) {
   auto m = RunMicrobenchmarks(CpuWorld, opt, {});
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("batches"), std::string::npos);
+  opt = Tiny();
+  opt.passes = 0;
+  m = RunMicrobenchmarks(CpuWorld, opt, {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("passes"), std::string::npos);
+}
+
+// A CPU backend whose GEMMs take 2 ms more while `slow` is set: the host in a slow spell.
+class SpellBackend : public ForwardingBackend {
+ public:
+  SpellBackend(std::shared_ptr<std::atomic<bool>> slow)
+      : ForwardingBackend(std::make_unique<CpuBackend>()), slow_(std::move(slow)) {}
+  void Matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha,
+              float beta) override {
+    if (slow_->load()) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    }
+    inner().Matmul(a, ta, b, tb, c, alpha, beta);
+  }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> slow_;
+};
+
+// With passes, a point's batches lie in different sweeps over the grids, and its time is the
+// median over the sweeps: a spell that slows the whole first sweep moves none of the points;
+// with one sweep (its batches back to back) the spell is the point's time.
+TEST(Microbench, ASlowSpellOverOneSweepMovesNoPoint) {
+  for (int passes : {3, 1}) {
+    auto slow = std::make_shared<std::atomic<bool>>(true);
+    MicrobenchOptions opt;
+    opt.min_batch_s = 1e-4;
+    opt.batches = 1;
+    opt.passes = passes;
+    opt.ops_only = true;
+    MicrobenchGrids g;
+    g.gemm_dims = {16};  // one point; the other tables are left out
+    opt.grids = g;
+    auto m = RunMicrobenchmarks(
+        [&](int) -> Result<BenchWorld> {
+          BenchWorld w;
+          w.comms = std::make_shared<ThreadWorld>(1, 30.0);
+          w.backends = [slow](int) { return std::make_unique<SpellBackend>(slow); };
+          return w;
+        },
+        opt,
+        // The spell ends with the first sweep (the point is a third of the work with 3 sweeps).
+        [&](double fraction, const std::string&) { *slow = fraction < 1.0 / passes - 1e-9; });
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    ASSERT_NE(m->Table("gemm_nt"), nullptr);
+    EXPECT_EQ(m->Table("layernorm_forward"), nullptr);
+    for (const char* t : {"gemm_nt", "gemm_nn", "gemm_tn"}) {
+      const double s = m->Table(t)->Seconds(16, 16, 16);
+      if (passes > 1)
+        EXPECT_LT(s, 1e-3) << t << ": the spell's sweep is out-voted";  // ~1 us unslowed
+      else
+        EXPECT_GE(s, 2e-3) << t << ": one sweep is what the spell made it";
+    }
+  }
 }
 
 }  // namespace
