@@ -27,6 +27,11 @@ namespace {
 // Above this share of the cores used by other processes, the measurement is the machine under
 // load (as in `ptdp compare`).
 constexpr double kBusyShare = 0.1;
+// The host's speed moved more than this between the sweeps over the op grids (max / min of their
+// speeds, less 1): calibrate warns and its --json says `host_unsteady`. Each point is the sweeps'
+// median, which a spell over one sweep does not move; a host slow for most of the calibration
+// still shows in every figure. Quiet calibrations on the 2-core dev VM drift 2-8%.
+constexpr double kUnsteadyDrift = 0.15;
 
 
 struct CalibrateFlags {
@@ -274,8 +279,19 @@ Status WriteCalibrated(const CalibrateFlags& f, const std::string& base_file, co
   return Status::Ok();
 }
 
+// "1.00x 1.12x 0.98x": each sweep's time against the points' medians.
+std::string SweepTimes(const rt::MicrobenchReport& r) {
+  std::string s;
+  for (double v : r.sweep_time) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%s%.2fx", s.empty() ? "" : " ", v);
+    s += b;
+  }
+  return s;
+}
+
 nlohmann::json SummaryJson(const CalibrateFlags& f, const MeasuredPrimitives& m, const Derived& d,
-                           double elapsed_s, double others) {
+                           double elapsed_s, double others, const rt::MicrobenchReport& r) {
   return {{"out", f.out},
           {"backend", m.backend},
           {"communicator", m.communicator},
@@ -288,7 +304,10 @@ nlohmann::json SummaryJson(const CalibrateFlags& f, const MeasuredPrimitives& m,
           {"p2p_latency_s", d.p2p_latency_s},
           {"tables", m.tables.size()},
           {"other_cpu_share", others >= 0 ? nlohmann::json(others) : nullptr},
-          {"machine_busy", others > kBusyShare}};
+          {"machine_busy", others > kBusyShare},
+          {"sweep_times", r.sweep_time},
+          {"host_drift", r.Drift()},
+          {"host_unsteady", r.Drift() > kUnsteadyDrift}};
 }
 
 int RunCalibrate(const CalibrateFlags& f) {
@@ -316,8 +335,9 @@ int RunCalibrate(const CalibrateFlags& f) {
   ProgressBar bar;
   OtherLoad load;
   const auto t0 = std::chrono::steady_clock::now();
-  auto measured = rt::RunMicrobenchmarks(p.make_world, opt,
-                                         [&](double frac, const std::string& what) { bar(frac, what); });
+  rt::MicrobenchReport report;
+  auto measured = rt::RunMicrobenchmarks(
+      p.make_world, opt, [&](double frac, const std::string& what) { bar(frac, what); }, &report);
   if (!measured.ok()) return Fail("calibrate: " + measured.status().message());
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MeasuredPrimitives& m = *measured;
@@ -333,14 +353,25 @@ int RunCalibrate(const CalibrateFlags& f) {
                 p.communicator == "threads" ? "" : p.precision == Precision::kFp32 ? " fp32 GEMMs;" : " bf16 GEMMs;",
                 100 * std::max(0.0, others));
   m.note = note;
+  if (!report.sweep_time.empty())
+    m.note += "; the sweeps took " + SweepTimes(report) + " the points' median times";
   const Derived d = Derive(m);
   const ClusterSpec c = Calibrated(*base, m, d);
   if (Status st = WriteCalibrated(f, *base_file, p, c); !st.ok()) return Fail(st.message());
   if (f.json) {
-    std::cout << DumpJson(SummaryJson(f, m, d, elapsed, others)) << "\n";
+    std::cout << DumpJson(SummaryJson(f, m, d, elapsed, others, report)) << "\n";
     return 0;
   }
   PrintSummary(m, p, d, c, elapsed);
+  if (!report.sweep_time.empty())
+    std::printf("the %zu sweeps over the op grids took %s the points' median times (each figure "
+                "is the median)\n",
+                report.sweep_time.size(), SweepTimes(report).c_str());
+  if (report.Drift() > kUnsteadyDrift)
+    std::printf("warning: the host's speed moved %.0f%% between the sweeps: a spell over one sweep "
+                "does not move the medians, but the figures are less steady than usual; run "
+                "calibrate again when the host is quiet\n",
+                100 * report.Drift());
   if (others > kBusyShare)
     std::printf("warning: other processes used %.0f%% of the cores while measuring: some figures "
                 "may be slower than this machine's own; run calibrate again when it is quiet\n",

@@ -54,7 +54,7 @@ const std::vector<TableKind>& MeasuredTableKinds() {
       {"fill", {{"elements", 1}}, "x = value (zeroing gradients)"},
       {"sum_squares", {{"elements", 1}}, "sum of squares (gradient norm)"},
       {"adamw", {{"elements", 1}}, "one AdamW step on fp32 param, grad, m, v"},
-      {"alloc", {{"bytes", 1}}, "allocate a zeroed tensor and release it"},
+      {"alloc", {{"bytes", 1}}, "allocate an uninitialised tensor and release it"},
       {"all_reduce", {{"ranks", 1}, {"bytes", 1}}, "all-reduce (sum) of a buffer of bytes"},
       {"all_gather", {{"ranks", 1}, {"bytes", 1}}, "all-gather; bytes of the gathered output"},
       {"reduce_scatter", {{"ranks", 1}, {"bytes", 1}},

@@ -130,6 +130,7 @@ class Bench {
       : make_world_(make_world), opt_(opt), progress_(progress), grids_(GridsFor(opt)) {}
 
   Result<MeasuredPrimitives> Run();
+  const MicrobenchReport& report() const { return report_; }
 
  private:
   // Seconds of one call of fn: the median batch's mean (see the header).
@@ -179,6 +180,7 @@ class Bench {
   BenchWorld ops_world_;         // the one-rank world whose rank 0 times the ops
   std::unique_ptr<Backend> be_;  // its backend (released before the world)
   std::map<std::string, std::vector<std::vector<double>>> rows_;
+  MicrobenchReport report_;
   NoiseStream noise_;    // the operands' values
   NormalStream normal_;  // GeLU's normal inputs
   double done_ = 0, total_ = 1;
@@ -690,6 +692,8 @@ Status Bench::OpsPass() {
 
 void Bench::MedianOverPasses() {
   if (opt_.passes <= 1) return;
+  std::vector<double> log_ratio(size_t(opt_.passes), 0.0);  // per sweep, over the op points
+  double points = 0;
   for (auto& [name, rows] : rows_) {
     std::vector<std::vector<double>> merged;
     std::map<std::vector<double>, std::vector<double>> times;  // leading values -> each sweep's
@@ -699,10 +703,17 @@ void Bench::MedianOverPasses() {
       if (t.empty()) merged.push_back(row);  // first seen: the table's order
       t.push_back(row.back());
     }
-    for (std::vector<double>& row : merged)
-      row.back() = Median(times[std::vector<double>(row.begin(), row.end() - 1)]);
+    for (std::vector<double>& row : merged) {
+      const std::vector<double>& t = times[std::vector<double>(row.begin(), row.end() - 1)];
+      row.back() = Median(t);
+      if (t.size() != size_t(opt_.passes) || !(row.back() > 0)) continue;  // a collective's
+      for (size_t k = 0; k < t.size(); ++k) log_ratio[k] += std::log(std::max(t[k], 1e-15) / row.back());
+      points += 1;
+    }
     rows = std::move(merged);
   }
+  if (points > 0)
+    for (double l : log_ratio) report_.sweep_time.push_back(std::exp(l / points));
 }
 
 Result<MeasuredPrimitives> Bench::Run() {
@@ -800,14 +811,23 @@ MicrobenchGrids SpeedProbeGrids() {
   return g;
 }
 
+double MicrobenchReport::Drift() const {
+  if (sweep_time.size() < 2) return 0;
+  const auto [lo, hi] = std::minmax_element(sweep_time.begin(), sweep_time.end());
+  return *hi / *lo - 1;
+}
+
 Result<MeasuredPrimitives> RunMicrobenchmarks(const MakeWorld& make_world,
                                               const MicrobenchOptions& opt,
-                                              const MicrobenchProgress& progress) {
+                                              const MicrobenchProgress& progress,
+                                              MicrobenchReport* report) {
   if (opt.batches < 1 || opt.passes < 1 || !(opt.min_batch_s > 0))
     return Status::Error(
         "microbenchmarks: batches and passes must be >= 1 and min_batch_s > 0");
   Bench bench(make_world, opt, progress);
-  return bench.Run();
+  auto m = bench.Run();
+  if (report) *report = bench.report();
+  return m;
 }
 
 }  // namespace ptdp::rt

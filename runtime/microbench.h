@@ -92,14 +92,26 @@ using MakeWorld = std::function<Result<BenchWorld>(int ranks)>;
 // Called after each measured point: fraction done in [0, 1] and what was just measured.
 using MicrobenchProgress = std::function<void(double fraction, const std::string& what)>;
 
+// How the host ran while it was measured: with passes > 1, each sweep's time against the
+// medians, the geometric mean over the op points of the sweep's time over the point's median (1:
+// as the median; 1.3: a spell that made that sweep 30% slower). Empty with one pass.
+struct MicrobenchReport {
+  std::vector<double> sweep_time;
+  // max / min of sweep_time, less 1 (0 with fewer than two sweeps): how far the host's speed
+  // moved during the measurement.
+  double Drift() const;
+};
+
 // Measures every table of MeasuredTableKinds() and the backend's attention storage: the ops on
 // rank 0 of make_world(1), the collectives on make_world(r) for each r of the grid's comm_ranks
 // (a world's communicators get Prepare()d with the benchmark's groups first, as NCCL needs).
 // Fills `tables`, `attention_saved_per_*` and `element_bytes`; the caller sets backend, host,
 // date, cores and communicator. Fails when a world cannot be made, the backend cannot allocate
 // or a collective fails (naming it).
+// `report`, when given, receives the sweeps' speeds.
 Result<MeasuredPrimitives> RunMicrobenchmarks(const MakeWorld& make_world,
                                               const MicrobenchOptions& opt,
-                                              const MicrobenchProgress& progress);
+                                              const MicrobenchProgress& progress,
+                                              MicrobenchReport* report = nullptr);
 
 }  // namespace ptdp::rt

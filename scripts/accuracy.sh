@@ -6,7 +6,8 @@
 # (compare's expert_load; the error at the planned load is printed beside it). A run is busy
 # when other processes took cores its ranks needed (a calibration: more than 10% of the cores)
 # meanwhile (`ptdp train`/`calibrate` measure it); busy runs are printed but left out of the
-# medians, and retried after a pause (up to 4 x RUNS attempts).
+# medians, and retried after a pause (up to 4 x RUNS attempts). A calibration whose sweeps ran
+# more than 15% apart (calibrate's host_unsteady) is taken again too, up to 5 times.
 # Prints each run's step-time and memory errors, then per layout the median over the quiet runs:
 # the figures of docs/cost-model.md, "Measured primitives". "at speed" is compare's error at the
 # host's speed during the run (host_speed: train's speed probe against the calibration), the
@@ -36,8 +37,14 @@ pct() { awk "BEGIN{printf \"%.0f\", 100*$1}"; }
 for attempt in 1 2 3 4 5; do
   "$ptdp" calibrate --backend cpu $quick --json --out "$out/calibrated.yaml" 2> /dev/null \
     > "$out/calibrate.json"
-  [ "$(field machine_busy "$out/calibrate.json")" = true ] || break
-  echo "calibration $attempt: busy (others used $(pct "$(field other_cpu_share "$out/calibrate.json")")% of the cores); again in 10 s"
+  busy=$(field machine_busy "$out/calibrate.json")
+  unsteady=$(field host_unsteady "$out/calibrate.json")
+  [ "$busy" = true ] || [ "$unsteady" = true ] || break
+  if [ "$busy" = true ]; then
+    echo "calibration $attempt: busy (others used $(pct "$(field other_cpu_share "$out/calibrate.json")")% of the cores); again in 10 s"
+  else
+    echo "calibration $attempt: the host's speed moved $(pct "$(field host_drift "$out/calibrate.json")")% between its sweeps; again in 10 s"
+  fi
   sleep 10
 done
 echo "calibrated in $(field elapsed_s "$out/calibrate.json") s: $out/calibrated.yaml"

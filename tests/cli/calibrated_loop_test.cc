@@ -70,6 +70,8 @@ TEST(CalibratedLoop, EachLayoutRunsAndComparesAfterCalibration) {
   CmdResult r = Shell(kBin + " calibrate --backend cpu --quick --out " + cal);
   ASSERT_EQ(r.code, 0) << r.out;
   ASSERT_NE(r.out.find("wrote " + cal), std::string::npos) << r.out;
+  // --quick: the median of 3 sweeps over the op grids, each sweep's time said.
+  EXPECT_NE(r.out.find("the 3 sweeps over the op grids took"), std::string::npos) << r.out;
 
   struct Case {
     const char* name;
