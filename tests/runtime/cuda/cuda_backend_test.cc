@@ -892,6 +892,47 @@ TEST_F(CudaBf16Test, FusedOpsStoreBf16AndKeepStatisticsFp32) {
   EXPECT_TRUE(gpu->Synchronize().ok());
 }
 
+// The flat element-wise kernels move 8 elements a thread with 16-byte loads where every operand
+// is 16-byte aligned, one at a time elsewhere and for the tail (kernels.cu, kVec): views at
+// offsets that break the alignment and sizes around multiples of 8 take each path and the
+// switch between them; every element is the CPU's bits either way (the same fp32 formula,
+// rounded once).
+TEST_F(CudaBf16Test, ElementWiseOpsOnViewsOfAnyAlignmentAndLength) {
+  for (int64_t offset : {0, 1, 3, 8}) {
+    for (int64_t n : {1, 7, 8, 9, 1003}) {
+      SCOPED_TRACE("offset " + std::to_string(offset) + ", n " + std::to_string(n));
+      const int64_t whole = n + 16;
+      auto view = [&](const Both& t) { return Both{t.c.View({n}, offset), t.g.View({n}, offset)}; };
+      Both xs = B({whole}, Random(size_t(whole), 120, -3, 3)), ys = B({whole});
+      Both dys = B({whole}, Random(size_t(whole), 121)), accs = F({whole}, Random(size_t(whole), 122));
+      Both x = view(xs), y = view(ys), dy = view(dys), acc = view(accs);
+      cpu.GeluForward(x.c, y.c);
+      gpu->GeluForward(x.g, y.g);
+      ExpectNear(y, 1e-6, kBf16Step, "gelu");
+      cpu.GeluBackward(dy.c, x.c, dy.c);
+      gpu->GeluBackward(dy.g, x.g, dy.g);
+      ExpectNear(dy, 1e-5, kBf16Step, "dgelu in place");
+      cpu.Add(x.c, y.c, y.c);
+      gpu->Add(x.g, y.g, y.g);
+      ExpectNear(y, 1e-6, kBf16Step, "bf16 + bf16");
+      cpu.Add(acc.c, x.c, acc.c);
+      gpu->Add(acc.g, x.g, acc.g);
+      ExpectEqual(acc, "fp32 += bf16");
+      cpu.Axpy(-0.3f, x.c, acc.c);
+      gpu->Axpy(-0.3f, x.g, acc.g);
+      ExpectNear(acc, 1e-7, 1e-6, "fp32 - 0.3 bf16");
+      cpu.Scale(0.5f, x.c);
+      gpu->Scale(0.5f, x.g);
+      ExpectEqual(x, "bf16 / 2");
+      cpu.Fill(-2.5f, y.c);
+      gpu->Fill(-2.5f, y.g);
+      ExpectEqual(y, "fill");
+      ExpectEqual(xs, "Scale's whole buffer: nothing outside the view written");
+      ExpectEqual(ys, "Fill's whole buffer: nothing outside the view written");
+    }
+  }
+}
+
 TEST_F(CudaBf16Test, EmbeddingCrossEntropyAndElementWise) {
   // Lookups copy bf16 rows; the backward adds them into an fp32 table in row order on both.
   const int64_t V = 50, h = 300, n = 1500, start = 30;
