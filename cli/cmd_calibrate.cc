@@ -306,6 +306,7 @@ nlohmann::json SummaryJson(const CalibrateFlags& f, const MeasuredPrimitives& m,
           {"other_cpu_share", others >= 0 ? nlohmann::json(others) : nullptr},
           {"machine_busy", others > kBusyShare},
           {"sweep_times", r.sweep_time},
+          {"busy_cores_slowdown", m.busy_cores_slowdown},
           {"host_drift", r.Drift()},
           {"host_unsteady", r.Drift() > kUnsteadyDrift}};
 }
@@ -346,6 +347,13 @@ int RunCalibrate(const CalibrateFlags& f) {
   m.host = HostName();
   m.date = Today();
   m.cores = p.cores;
+  // The CPU's cores computing at once run slower than one alone (the tables are timed on one):
+  // the speed probe on one thread and on every core (cli/speed_probe.h), ~2 s on 2 cores.
+  if (p.communicator == "threads" && p.cores > 1) {
+    auto busy = MeasureBusyCoresSlowdown(opt.act, p.cores);
+    if (!busy.ok()) return Fail("calibrate: " + busy.status().message());
+    m.busy_cores_slowdown = *busy;
+  }
   const double others = load.Share();
   char note[160];
   std::snprintf(note, sizeof note, "%s grids;%s other processes used %.0f%% of the cores meanwhile",
@@ -367,6 +375,10 @@ int RunCalibrate(const CalibrateFlags& f) {
     std::printf("the %zu sweeps over the op grids took %s the points' median times (each figure "
                 "is the median)\n",
                 report.sweep_time.size(), SweepTimes(report).c_str());
+  if (p.communicator == "threads" && m.cores > 1)
+    std::printf("with all %d cores busy each op took %.2fx as long as on one core alone "
+                "(busy_cores_slowdown: layouts of several ranks are predicted at that speed)\n",
+                m.cores, m.busy_cores_slowdown);
   if (report.Drift() > kUnsteadyDrift)
     std::printf("warning: the host's speed moved %.0f%% between the sweeps: a spell over one sweep "
                 "does not move the medians, but the figures are less steady than usual; run "

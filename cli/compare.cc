@@ -291,11 +291,13 @@ Result<Comparison> ComparePlan(const Plan& plan, const std::string& measured_fil
       probe_json.value("backend", std::string()) == cal.backend) {
     PTDP_ASSIGN_OR_RETURN(const MeasuredPrimitives probe,
                           SpeedProbeFromJson(probe_json, measured_file, &c.host_drift_within_run));
-    auto speed = CompareHostSpeed(cal, probe);
-    if (!speed.ok()) return speed.status().Prefixed(measured_file);
-    c.host_speed = *speed;
     if (probe_json.contains("threads") && probe_json["threads"].is_number_integer())
       c.host_probe_threads = std::max(1, probe_json["threads"].get<int>());
+    // On as many threads as the run kept cores busy: held against the calibration at that many
+    // busy cores (its busy_cores_slowdown), which the prediction already counts.
+    auto speed = CompareHostSpeed(cal, probe, c.host_probe_threads);
+    if (!speed.ok()) return speed.status().Prefixed(measured_file);
+    c.host_speed = *speed;
     ClusterSpec at_speed = w.cluster;
     at_speed.measured = AtHostSpeed(cal, c.host_speed);
     if (moe_load) at_speed.calibration["moe_dropless_load"] = c.measured_expert_load;

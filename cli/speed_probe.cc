@@ -91,6 +91,24 @@ Result<MeasuredPrimitives> RunSpeedProbe(const std::string& backend, rt::DType a
   return std::move(*runs[slowest]);
 }
 
+Result<double> MeasureBusyCoresSlowdown(rt::DType act, int cores) {
+  if (cores < 2) return Status::Error("busy-cores slowdown: needs at least 2 cores");
+  double log_ratio = 0;
+  for (int round = 0; round < 2; ++round) {
+    double logs[2] = {0, 0};
+    size_t points = 0;
+    for (int k = 0; k < 2; ++k) {
+      PTDP_ASSIGN_OR_RETURN(const MeasuredPrimitives m, RunSpeedProbe("cpu", act, k == 0 ? 1 : cores));
+      points = 0;
+      for (const auto& [name, table] : m.tables)
+        for (double t : table.seconds()) logs[k] += std::log(t), ++points;
+    }
+    if (points == 0) return Status::Error("busy-cores slowdown: the probe timed no point");
+    log_ratio += (logs[1] - logs[0]) / double(points);
+  }
+  return std::max(1.0, std::exp(log_ratio / 2));
+}
+
 nlohmann::json SpeedProbeJson(const std::string& backend, int threads,
                               const MeasuredPrimitives& before, const MeasuredPrimitives& after) {
   nlohmann::json points = nlohmann::json::array();

@@ -40,6 +40,12 @@ rt::MicrobenchOptions CalibrationOptions(const std::string& backend, bool quick,
 Result<MeasuredPrimitives> RunSpeedProbe(const std::string& backend, rt::DType act,
                                          int threads = 1);
 
+// MeasuredPrimitives::busy_cores_slowdown for `calibrate`: the probe on one thread and on
+// `cores` threads at once (the slowest), twice each in turn (1, cores, 1, cores) so that a
+// drift of the host over the four does not read as a slowdown; the geometric mean over the
+// points of the busy probes over the lone ones, at least 1. CPU backend, cores >= 2.
+Result<double> MeasureBusyCoresSlowdown(rt::DType act, int cores);
+
 // measured.json's `speed_probe`: {backend, threads, points: [{table, at, before_s, after_s}]}.
 // Precondition: before and after come from RunSpeedProbe on the same backend (the same points).
 nlohmann::json SpeedProbeJson(const std::string& backend, int threads,

@@ -78,6 +78,7 @@ inline constexpr Range kCalibrationNumber{"calibrated constant", 1e-9, 1e9, std:
 // Measured primitives (`measured:` of a calibrated cluster, core/measured.cc).
 inline constexpr Range kElementBytes{"bytes per element", 1, 64, std::nullopt};
 inline constexpr Range kAttentionSaved{"saved elements", 0, 1e9, std::nullopt};
+inline constexpr Range kBusyCoresSlowdown{"busy-cores slowdown", 1, 100, std::nullopt};
 inline constexpr Range kTableAxis{"table axis value", 1e-9, 1e18, std::nullopt};
 inline constexpr Range kMeasuredSeconds{"measured time", 1e-12, 1e6, Dimension::kDuration};       // a primitive's time
 // Plan predictions (core/plan.cc): outputs of the cost model, so only what any plan it writes

@@ -192,8 +192,14 @@ MeasuredTable MeasuredTable::Scaled(double factor) const {
   return MeasuredTable(axes_, std::move(seconds), exponents_);
 }
 
+double MeasuredPrimitives::BusyCoresFactor(double busy) const {
+  if (cores <= 1 || busy <= 1) return 1;
+  return 1 + (busy_cores_slowdown - 1) * (std::min(busy, double(cores)) - 1) / (cores - 1);
+}
+
 Result<HostSpeed> CompareHostSpeed(const MeasuredPrimitives& calibrated,
-                                   const MeasuredPrimitives& probe) {
+                                   const MeasuredPrimitives& probe, int threads) {
+  const double busy = calibrated.BusyCoresFactor(threads);
   HostSpeed speed;
   double all = 0;
   for (const auto& [name, table] : probe.tables) {
@@ -206,7 +212,7 @@ Result<HostSpeed> CompareHostSpeed(const MeasuredPrimitives& calibrated,
     double sum = 0;
     int n = 0;
     for (const std::vector<double>& row : table.Rows()) {
-      const double r = std::log(row.back() / cal->Seconds(row.data()));
+      const double r = std::log(row.back() / (cal->Seconds(row.data()) * busy));
       sum += r;
       ++n;
     }
@@ -285,6 +291,7 @@ Result<MeasuredPrimitives> MeasuredFromYaml(const YAML::Node& node, const std::s
   m.note = r.String("note", "");
   m.cores = r.PositiveIntAtMost("cores", kMaxCores, 1);
   m.element_bytes = r.Number("element_bytes", limits::kElementBytes, 4);
+  m.busy_cores_slowdown = r.Number("busy_cores_slowdown", limits::kBusyCoresSlowdown, 1);
   const YAML::Node saved = r.Child("attention_saved");
   const YAML::Node tables = r.Child("tables");
   if (!tables.IsDefined() || tables.IsNull()) r.Fail("tables", "missing required key");
@@ -329,6 +336,8 @@ std::string MeasuredToYaml(const MeasuredPrimitives& m) {
   if (!m.note.empty()) o << "  note: " << YamlQuote(m.note) << "\n";
   o << "  cores: " << m.cores << "                 # ranks that compute at once at full speed\n"
     << "  element_bytes: " << Num(m.element_bytes) << "         # bytes per stored tensor element\n"
+    << "  busy_cores_slowdown: " << Num(m.busy_cores_slowdown, 4)
+    << "   # each op's time with every core busy over one core alone\n"
     << "  attention_saved:         # elements saved per (batch, head) for the backward\n";
   if (m.attention_saved_per_score > 0)
     o << "    per_score: " << Num(m.attention_saved_per_score) << "\n";

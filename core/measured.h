@@ -108,7 +108,16 @@ struct MeasuredPrimitives {
   // few for a flash-style kernel that keeps only row statistics). Absent in the YAML: 0.
   double attention_saved_per_score = 0;
   double attention_saved_per_token = 0;
+  // How much longer an op takes on each core while every one of the `cores` computes than on
+  // one core alone (shared caches and memory bandwidth; a VM's vCPUs sharing physical cores):
+  // calibrate's speed probe on `cores` threads at once (the slowest) over the probe on one, CPU
+  // only. The tables are timed on one core. 1: not measured, or nothing shared (a GPU a rank).
+  double busy_cores_slowdown = 1;
   std::map<std::string, MeasuredTable> tables;  // by TableKind name
+
+  // The slowdown of `busy` ranks computing at once: 1 for one, busy_cores_slowdown with every
+  // core busy, in proportion to the busy cores beyond the first in between.
+  double BusyCoresFactor(double busy) const;
 
   bool empty() const { return tables.empty(); }
   // The table named `name`; nullptr when absent.
@@ -129,8 +138,11 @@ struct HostSpeed {
   int points = 0;                          // points compared
 };
 // Fails, naming the table, when `probe` holds a table `calibrated` lacks, or holds no point.
+// A probe that ran on `threads` threads at once (as many as the run kept cores busy) is held
+// against the calibration times calibrated.BusyCoresFactor(threads): the slowdown of busy cores
+// that the runtime model already applies is not the host's drift.
 Result<HostSpeed> CompareHostSpeed(const MeasuredPrimitives& calibrated,
-                                   const MeasuredPrimitives& probe);
+                                   const MeasuredPrimitives& probe, int threads = 1);
 // `calibrated` as the host ran during the probe: each table of speed.by_table scaled by its
 // ratio; the tables the probe did not time (collectives, p2p) as they are.
 MeasuredPrimitives AtHostSpeed(const MeasuredPrimitives& calibrated, const HostSpeed& speed);

@@ -75,9 +75,12 @@ Layout RuntimeModel::Executed(const Layout& l) const {
   return x;
 }
 
+// More ranks than cores take turns; the cores that compute at once each run slower than one
+// alone (calibrate's busy_cores_slowdown: on the 2-core dev VM 1.0-1.3x over an hour, which
+// put every 2-rank layout 14-27% above a prediction at one core's speed while 1x1x1 was on it).
 double RuntimeModel::Slowdown(const Layout& l) const {
   const double ranks = std::min(l.world(), gpus_per_node_);
-  return std::max(1.0, ranks / std::max(1, m_.cores));
+  return std::max(1.0, ranks / std::max(1, m_.cores)) * m_.BusyCoresFactor(ranks);
 }
 
 double RuntimeModel::Gemm(const char* table, double m, double n, double k, double slow) const {

@@ -62,6 +62,7 @@ MeasuredPrimitives Sample() {
   m.date = "2026-11-29";
   m.cores = 2;
   m.attention_saved_per_score = 1;
+  m.busy_cores_slowdown = 1.25;
   for (const TableKind& k : MeasuredTableKinds()) {
     std::vector<std::vector<double>> rows;
     std::vector<double> exponents;
@@ -91,6 +92,7 @@ TEST(MeasuredYamlTest, RoundTrip) {
   EXPECT_EQ(back->cores, 2);
   EXPECT_EQ(back->attention_saved_per_score, 1);
   EXPECT_EQ(back->attention_saved_per_token, 0);
+  EXPECT_EQ(back->busy_cores_slowdown, 1.25);
   ASSERT_EQ(back->tables.size(), m.tables.size());
   // Axis values come back exactly, times to the 6 digits written (measurements are noisier).
   for (const auto& [name, t] : m.tables) {
@@ -198,6 +200,29 @@ TEST(HostSpeedTest, RatiosPerTableAndOverallAndTheRescaledCalibration) {
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("copy"), std::string::npos);
   EXPECT_FALSE(CompareHostSpeed(cal, MeasuredPrimitives{}).ok());
+}
+
+// With every core busy each op runs busy_cores_slowdown times longer (in proportion to the busy
+// cores beyond the first); a probe that ran on that many threads is held against the
+// calibration at that speed, so the slowdown the model counts is not read as the host's drift.
+TEST(HostSpeedTest, BusyCoresAreHeldAgainstTheCalibrationAtTheirSpeed) {
+  MeasuredPrimitives cal = Sample();
+  cal.cores = 4;
+  cal.busy_cores_slowdown = 1.3;
+  EXPECT_DOUBLE_EQ(cal.BusyCoresFactor(1), 1.0);
+  EXPECT_DOUBLE_EQ(cal.BusyCoresFactor(2), 1.1);
+  EXPECT_DOUBLE_EQ(cal.BusyCoresFactor(4), 1.3);
+  EXPECT_DOUBLE_EQ(cal.BusyCoresFactor(16), 1.3);  // beyond the cores the ranks take turns
+  MeasuredPrimitives probe;
+  const MeasuredTable& nt = *cal.Table("gemm_nt");
+  probe.tables["gemm_nt"] =
+      *MeasuredTable::FromRows({{16, 16, 16, 1.3 * nt.Seconds(16, 16, 16)}}, {1, 1, 1}, "gemm_nt");
+  auto alone = CompareHostSpeed(cal, probe), busy = CompareHostSpeed(cal, probe, 4);
+  ASSERT_TRUE(alone.ok() && busy.ok());
+  EXPECT_NEAR(alone->overall, 1.3, 1e-12);  // one thread: 1.3x slower than calibrated
+  EXPECT_NEAR(busy->overall, 1.0, 1e-12);   // four: the calibrated busy speed
+  cal.cores = 1;  // one core: nothing runs beside it
+  EXPECT_DOUBLE_EQ(cal.BusyCoresFactor(2), 1.0);
 }
 
 }  // namespace ptdp

@@ -260,6 +260,16 @@ TEST(RuntimeModelTest, RanksBeyondTheCoresShareThem) {
   four.global_batch = 4;
   // 4 ranks on 2 cores: every op of a rank takes twice as long.
   EXPECT_NEAR(rm.Layer(four).fwd_compute_s, 2 * rm.Layer(one).fwd_compute_s, 1e-15);
+  // With both cores busy each runs 1.2x slower than one alone (calibrate's busy_cores_slowdown):
+  // 2 ranks' ops take 1.2x, 4 ranks' (both cores busy, taking turns) 2 x 1.2x; one rank's none.
+  p.busy_cores_slowdown = 1.2;
+  const RuntimeModel busy(Micro(2), p, 8);
+  Layout two;
+  two.dp = 2;
+  two.global_batch = 4;
+  EXPECT_NEAR(busy.Layer(one).fwd_compute_s, rm.Layer(one).fwd_compute_s, 1e-15);
+  EXPECT_NEAR(busy.Layer(two).fwd_compute_s, 1.2 * rm.Layer(two).fwd_compute_s, 1e-15);
+  EXPECT_NEAR(busy.Layer(four).fwd_compute_s, 2.4 * rm.Layer(one).fwd_compute_s, 1e-15);
 }
 
 TEST(RuntimeModelTest, AnalyticModelUsesItOnlyWithMeasuredPrimitives) {
