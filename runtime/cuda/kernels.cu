@@ -218,31 +218,48 @@ __global__ void ColumnFinalizeKernel(const float* partials, int64_t chunks, int6
 // ---- bias, GeLU, element-wise ----------------------------------------------------------------
 
 // Threads over columns (coalesced, one bias load each), blockIdx.y over rows: no division per
-// element (the 64-bit i % c of a flat loop costs more than the add).
-template <typename T>
-__global__ void AddBiasKernel(T* y, const T* bias, int64_t n, int64_t c) {
-  for (int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < c;
-       col += int64_t(gridDim.x) * blockDim.x) {
-    const float b = Ld(bias + col);
-    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
-      T* p = y + r * c + col;
-      St(p, Ld(p) + b);
-    }
+// element (the 64-bit i % c of a flat loop costs more than the add). W columns a thread (kVec
+// with 16-byte loads where c % 8 == 0 and the operands are 16-byte aligned, else 1): `row(i,
+// b)` handles elements i .. i + W - 1 of a row given their bias values b.
+template <int W, typename T, typename Row>
+__device__ __forceinline__ void ColumnBands(const T* bias, int64_t n, int64_t c, const Row& row) {
+  for (int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * W; col < c;
+       col += int64_t(gridDim.x) * blockDim.x * W) {
+    float b[W];
+    LdN<W>(bias + col, b);
+    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) row(r * c + col, b);
   }
 }
 
-// Threads over columns as AddBiasKernel; each element's (x + bias) + residual in fp32.
+template <typename T>
+__global__ void AddBiasKernel(T* y, const T* bias, int64_t n, int64_t c, bool vec) {
+  auto body = [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    ColumnBands<W>(bias, n, c, [&](int64_t i, const float (&b)[W]) {
+      float v[W];
+      LdN<W>(y + i, v);
+      for (int j = 0; j < W; ++j) v[j] = v[j] + b[j];
+      StN<W>(y + i, v);
+    });
+  };
+  vec ? body(std::integral_constant<int, kVec>{}) : body(std::integral_constant<int, 1>{});
+}
+
+// As AddBiasKernel; each element's (x + bias) + residual in fp32.
 template <typename T>
 __global__ void AddBiasResidualKernel(T* x, const T* bias, const T* residual, int64_t n,
-                                      int64_t c) {
-  for (int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < c;
-       col += int64_t(gridDim.x) * blockDim.x) {
-    const float b = Ld(bias + col);
-    for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
-      T* p = x + r * c + col;
-      St(p, (Ld(p) + b) + Ld(residual + r * c + col));
-    }
-  }
+                                      int64_t c, bool vec) {
+  auto body = [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    ColumnBands<W>(bias, n, c, [&](int64_t i, const float (&b)[W]) {
+      float v[W], res[W];
+      LdN<W>(x + i, v);
+      LdN<W>(residual + i, res);
+      for (int j = 0; j < W; ++j) v[j] = (v[j] + b[j]) + res[j];
+      StN<W>(x + i, v);
+    });
+  };
+  vec ? body(std::integral_constant<int, kVec>{}) : body(std::integral_constant<int, 1>{});
 }
 
 // Elements i .. i + W - 1 of a flat kernel: out = f(a) or f(a, b), element by element.
@@ -812,7 +829,9 @@ dim3 ColumnsByRowBands(int64_t n, int64_t c) {
 template <typename T>
 cudaError_t AddBias(T* y, const T* bias, int64_t n, int64_t c, cudaStream_t st) {
   if (n == 0 || c == 0) return cudaSuccess;
-  AddBiasKernel<T><<<ColumnsByRowBands(n, c), kThreads, 0, st>>>(y, bias, n, c);
+  const bool vec = c % kVec == 0 && Aligned16(y, bias);
+  AddBiasKernel<T><<<ColumnsByRowBands(n, vec ? c / kVec : c), kThreads, 0, st>>>(y, bias, n, c,
+                                                                                  vec);
   return cudaGetLastError();
 }
 
@@ -820,7 +839,9 @@ template <typename T>
 cudaError_t AddBiasResidual(T* x, const T* bias, const T* residual, int64_t n, int64_t c,
                             cudaStream_t st) {
   if (n == 0 || c == 0) return cudaSuccess;
-  AddBiasResidualKernel<T><<<ColumnsByRowBands(n, c), kThreads, 0, st>>>(x, bias, residual, n, c);
+  const bool vec = c % kVec == 0 && Aligned16(x, bias, residual);
+  AddBiasResidualKernel<T><<<ColumnsByRowBands(n, vec ? c / kVec : c), kThreads, 0, st>>>(
+      x, bias, residual, n, c, vec);
   return cudaGetLastError();
 }
 

@@ -931,6 +931,25 @@ TEST_F(CudaBf16Test, ElementWiseOpsOnViewsOfAnyAlignmentAndLength) {
       ExpectEqual(ys, "Fill's whole buffer: nothing outside the view written");
     }
   }
+  // The bias kernels take 8 columns a thread where c % 8 == 0 and every operand is aligned.
+  for (int64_t offset : {0, 1}) {
+    for (int64_t c : {7, 8, 24, 1000}) {
+      SCOPED_TRACE("offset " + std::to_string(offset) + ", c " + std::to_string(c));
+      const int64_t n = 5, whole = n * c + 16;
+      auto rows = [&](const Both& t) {
+        return Both{t.c.View({n, c}, offset), t.g.View({n, c}, offset)};
+      };
+      Both xs = B({whole}, Random(size_t(whole), 123)), rs = B({whole}, Random(size_t(whole), 124));
+      Both bias = B({c + 8}, Random(size_t(c + 8), 125));
+      Both x = rows(xs), res = rows(rs), b = {bias.c.View({c}, offset), bias.g.View({c}, offset)};
+      cpu.AddBias(x.c, b.c);
+      gpu->AddBias(x.g, b.g);
+      ExpectEqual(xs, "x + bias (the whole buffer)");
+      cpu.AddBiasResidual(x.c, b.c, res.c);
+      gpu->AddBiasResidual(x.g, b.g, res.g);
+      ExpectEqual(xs, "(x + bias) + residual (the whole buffer)");
+    }
+  }
 }
 
 TEST_F(CudaBf16Test, EmbeddingCrossEntropyAndElementWise) {
