@@ -27,8 +27,8 @@ namespace {
 // Above this share of the cores used by other processes, the measurement is the machine under
 // load (as in `ptdp compare`).
 constexpr double kBusyShare = 0.1;
-// The host's speed moved more than this between the sweeps over the op grids (max / min of their
-// speeds, less 1): calibrate warns and its --json says `host_unsteady`. Each point is the sweeps'
+// The host's speed moved more than this between the sweeps over the op grids (the slowest
+// sweep's time over the fastest's, less 1): calibrate warns and its --json says `host_unsteady`. Each point is the sweeps'
 // median, which a spell over one sweep does not move; a host slow for most of the calibration
 // still shows in every figure. Quiet calibrations on the 2-core dev VM drift 2-8%.
 constexpr double kUnsteadyDrift = 0.15;

@@ -266,7 +266,7 @@ Status Bench::Gemms() {
         // The forms as the model calls them: y = x w^T (nt), dx = dy w (nn), dw += dy^T x (tn,
         // beta 1). Every input, the weight and the accumulated dw included, is new each call:
         // between two uses of a layer's weight a step passes the other layers' data. The output
-        // of nt and nn is a fresh buffer in training, allocated and zeroed just before: one here.
+        // of nt and nn is a fresh buffer in training, allocated just before: one here.
         const size_t nv = Variants(m * k + n * k);
         const size_t nv_tn = Variants((m * k + n * k) * e_ + m * n * 4, 1);
         PTDP_ASSIGN_OR_RETURN(auto a_mk, Randoms({M, K}, 1, nv));
