@@ -349,7 +349,8 @@ int RunCalibrate(const CalibrateFlags& f) {
   m.cores = p.cores;
   // The CPU's cores computing at once run slower than one alone (the tables are timed on one):
   // the speed probe on one thread and on every core (cli/speed_probe.h), ~2 s on 2 cores.
-  if (p.communicator == "threads" && p.cores > 1) {
+  const bool busy_cores = p.communicator == "threads" && p.cores > 1;
+  if (busy_cores) {
     auto busy = MeasureBusyCoresSlowdown(opt.act, p.cores);
     if (!busy.ok()) return Fail("calibrate: " + busy.status().message());
     m.busy_cores_slowdown = *busy;
@@ -375,7 +376,7 @@ int RunCalibrate(const CalibrateFlags& f) {
     std::printf("the %zu sweeps over the op grids took %s the points' median times (each figure "
                 "is the median)\n",
                 report.sweep_time.size(), SweepTimes(report).c_str());
-  if (p.communicator == "threads" && m.cores > 1)
+  if (busy_cores)
     std::printf("with all %d cores busy each op took %.2fx as long as on one core alone "
                 "(busy_cores_slowdown: layouts of several ranks are predicted at that speed)\n",
                 m.cores, m.busy_cores_slowdown);

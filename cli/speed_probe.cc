@@ -17,6 +17,16 @@ std::string Count(size_t n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
 }
 
+// The sum of the logs of every time a probe took, and how many there were.
+double LogTotal(const MeasuredPrimitives& m, size_t* points = nullptr) {
+  double sum = 0;
+  size_t n = 0;
+  for (const auto& [name, table] : m.tables)
+    for (double t : table.seconds()) sum += std::log(t), ++n;
+  if (points) *points = n;
+  return sum;
+}
+
 }  // namespace
 
 rt::MakeWorld BenchWorlds(const std::string& backend, Precision precision) {
@@ -78,16 +88,10 @@ Result<MeasuredPrimitives> RunSpeedProbe(const std::string& backend, rt::DType a
   // The slowest thread's whole probe (the largest geometric mean over the points), not the
   // slowest time of each point: the maximum of N noisy timings of a point is biased up by the
   // noise, and it would mix cores; a synchronous step waits for the slowest core.
-  auto log_total = [](const MeasuredPrimitives& m) {
-    double sum = 0;
-    for (const auto& [name, table] : m.tables)
-      for (double t : table.seconds()) sum += std::log(t);
-    return sum;
-  };
   size_t slowest = 0;
-  double most = log_total(*runs[0]);
+  double most = LogTotal(*runs[0]);
   for (size_t t = 1; t < runs.size(); ++t)
-    if (const double x = log_total(*runs[t]); x > most) most = x, slowest = t;
+    if (const double x = LogTotal(*runs[t]); x > most) most = x, slowest = t;
   return std::move(*runs[slowest]);
 }
 
@@ -98,10 +102,9 @@ Result<double> MeasureBusyCoresSlowdown(rt::DType act, int cores) {
     double logs[2] = {0, 0};
     size_t points = 0;
     for (int k = 0; k < 2; ++k) {
-      PTDP_ASSIGN_OR_RETURN(const MeasuredPrimitives m, RunSpeedProbe("cpu", act, k == 0 ? 1 : cores));
-      points = 0;
-      for (const auto& [name, table] : m.tables)
-        for (double t : table.seconds()) logs[k] += std::log(t), ++points;
+      PTDP_ASSIGN_OR_RETURN(const MeasuredPrimitives m,
+                            RunSpeedProbe("cpu", act, k == 0 ? 1 : cores));
+      logs[k] = LogTotal(m, &points);
     }
     if (points == 0) return Status::Error("busy-cores slowdown: the probe timed no point");
     log_ratio += (logs[1] - logs[0]) / double(points);

@@ -695,19 +695,20 @@ void Bench::MedianOverPasses() {
   std::vector<double> log_ratio(size_t(opt_.passes), 0.0);  // per sweep, over the op points
   double points = 0;
   for (auto& [name, rows] : rows_) {
-    std::vector<std::vector<double>> merged;
-    std::map<std::vector<double>, std::vector<double>> times;  // leading values -> each sweep's
+    std::map<std::vector<double>, size_t> index;  // a point's leading values -> merged row
+    std::vector<std::vector<double>> merged, times;  // times[k]: point k's time in each sweep
     for (const std::vector<double>& row : rows) {
-      std::vector<double> key(row.begin(), row.end() - 1);
-      std::vector<double>& t = times[key];
-      if (t.empty()) merged.push_back(row);  // first seen: the table's order
-      t.push_back(row.back());
+      const auto [it, first] =
+          index.emplace(std::vector<double>(row.begin(), row.end() - 1), merged.size());
+      if (first) merged.push_back(row), times.emplace_back();  // the table's order
+      times[it->second].push_back(row.back());
     }
-    for (std::vector<double>& row : merged) {
-      const std::vector<double>& t = times[std::vector<double>(row.begin(), row.end() - 1)];
-      row.back() = Median(t);
-      if (t.size() != size_t(opt_.passes) || !(row.back() > 0)) continue;  // a collective's
-      for (size_t k = 0; k < t.size(); ++k) log_ratio[k] += std::log(std::max(t[k], 1e-15) / row.back());
+    for (size_t k = 0; k < merged.size(); ++k) {
+      const std::vector<double>& t = times[k];
+      const double median = merged[k].back() = Median(t);
+      if (t.size() != size_t(opt_.passes) || !(median > 0)) continue;  // a collective's
+      for (size_t s = 0; s < t.size(); ++s)
+        log_ratio[s] += std::log(std::max(t[s], 1e-15) / median);
       points += 1;
     }
     rows = std::move(merged);

@@ -543,8 +543,6 @@ struct LtCall {
   }
 };
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 // As Gemm: column-major C^T (p, m) = op(B)^T op(A)^T, b first. The bias runs along C^T's rows
@@ -562,7 +560,7 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
   uint32_t align = 256;
   for (const void* ptr : {a.data(), b.data(), bias.data(), c.data(),
                           act != nullptr ? act->data() : c.data()}) {
-    if (!Aligned16(ptr)) return false;
+    if (!kernels::Aligned16(ptr)) return false;
     if (reinterpret_cast<uintptr_t>(ptr) % 256 != 0) align = 16;
   }
   if (act != nullptr && p % 8 != 0) return false;  // the aux leading dimension's rule

@@ -73,7 +73,8 @@ __device__ __forceinline__ void LdN(const T* p, float (&v)[W]) {
     v[0] = Ld(p);
   } else if constexpr (std::is_same_v<T, float>) {
     static_assert(W == 8);
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    const float4* q = reinterpret_cast<const float4*>(p);
+    const float4 a = q[0], b = q[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   } else {
     static_assert(W == 8 && std::is_same_v<T, bf16>);
@@ -103,16 +104,23 @@ __device__ __forceinline__ void StN(T* p, const float (&v)[W]) {
   }
 }
 
-// Every pointer on a 16-byte boundary: the launchers' test for the vector path.
-template <typename... P>
-bool Aligned16(const P*... p) {
-  return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
+// Blocks of kThreads for a flat kernel over n elements: a thread per kVec of them on the vector
+// path (the tail's n mod kVec need no more threads).
+unsigned FlatBlocks(int64_t n, bool vec) { return Blocks(vec ? n / kVec + 1 : n, kThreads); }
+
+__device__ __forceinline__ int64_t ThreadIndex() {
+  return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t ThreadCount() { return int64_t(gridDim.x) * blockDim.x; }
+
+// body(std::integral_constant<int, W>) with W = kVec on the vector path, else 1.
+template <typename Body>
+__device__ __forceinline__ void WithWidth(bool vec, const Body& body) {
+  vec ? body(std::integral_constant<int, kVec>{}) : body(std::integral_constant<int, 1>{});
 }
 
-// ThreadIndex()/ThreadCount() are defined below; Body(std::integral_constant<int, W>, i) handles
-// elements i .. i + W - 1.
-__device__ __forceinline__ int64_t ThreadIndex();
-__device__ __forceinline__ int64_t ThreadCount();
+// Body(std::integral_constant<int, W>, i) handles elements i .. i + W - 1: groups of kVec on the
+// vector path, then the tail (or everything) one element at a time.
 template <typename Body>
 __device__ __forceinline__ void ForElements(int64_t n, bool vec, const Body& body) {
   int64_t start = 0;
@@ -126,10 +134,6 @@ __device__ __forceinline__ void ForElements(int64_t n, bool vec, const Body& bod
     body(std::integral_constant<int, 1>{}, i);
 }
 
-__device__ __forceinline__ int64_t ThreadIndex() {
-  return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t ThreadCount() { return int64_t(gridDim.x) * blockDim.x; }
 // One warp per row: blockDim.x is a multiple of 32, so a warp lies within one block.
 __device__ __forceinline__ int64_t WarpIndex() { return ThreadIndex() / kWarp; }
 __device__ __forceinline__ int64_t WarpCount() { return ThreadCount() / kWarp; }
@@ -242,7 +246,7 @@ __global__ void AddBiasKernel(T* y, const T* bias, int64_t n, int64_t c, bool ve
       StN<W>(y + i, v);
     });
   };
-  vec ? body(std::integral_constant<int, kVec>{}) : body(std::integral_constant<int, 1>{});
+  WithWidth(vec, body);
 }
 
 // As AddBiasKernel; each element's (x + bias) + residual in fp32.
@@ -259,7 +263,7 @@ __global__ void AddBiasResidualKernel(T* x, const T* bias, const T* residual, in
       StN<W>(x + i, v);
     });
   };
-  vec ? body(std::integral_constant<int, kVec>{}) : body(std::integral_constant<int, 1>{});
+  WithWidth(vec, body);
 }
 
 // Elements i .. i + W - 1 of a flat kernel: out = f(a) or f(a, b), element by element.
@@ -889,7 +893,7 @@ template <typename T>
 cudaError_t GeluForward(const T* x, T* y, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
   const bool vec = Aligned16(x, y);
-  GeluForwardKernel<T><<<Blocks(vec ? n / kVec + 1 : n, kThreads), kThreads, 0, st>>>(x, y, n, vec);
+  GeluForwardKernel<T><<<FlatBlocks(n, vec), kThreads, 0, st>>>(x, y, n, vec);
   return cudaGetLastError();
 }
 
@@ -897,8 +901,7 @@ template <typename T>
 cudaError_t GeluBackward(const T* dy, const T* x, T* dx, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
   const bool vec = Aligned16(dy, x, dx);
-  GeluBackwardKernel<T><<<Blocks(vec ? n / kVec + 1 : n, kThreads), kThreads, 0, st>>>(dy, x, dx,
-                                                                                       n, vec);
+  GeluBackwardKernel<T><<<FlatBlocks(n, vec), kThreads, 0, st>>>(dy, x, dx, n, vec);
   return cudaGetLastError();
 }
 
@@ -1057,8 +1060,7 @@ template <typename A, typename B, typename O>
 cudaError_t Add(const A* a, const B* b, O* out, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
   const bool vec = Aligned16(a, b, out);
-  AddKernel<A, B, O><<<Blocks(vec ? n / kVec + 1 : n, kThreads), kThreads, 0, st>>>(a, b, out, n,
-                                                                                    vec);
+  AddKernel<A, B, O><<<FlatBlocks(n, vec), kThreads, 0, st>>>(a, b, out, n, vec);
   return cudaGetLastError();
 }
 
@@ -1066,8 +1068,7 @@ template <typename X, typename Y>
 cudaError_t Axpy(float alpha, const X* x, Y* y, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
   const bool vec = Aligned16(x, y);
-  AxpyKernel<X, Y><<<Blocks(vec ? n / kVec + 1 : n, kThreads), kThreads, 0, st>>>(alpha, x, y, n,
-                                                                                  vec);
+  AxpyKernel<X, Y><<<FlatBlocks(n, vec), kThreads, 0, st>>>(alpha, x, y, n, vec);
   return cudaGetLastError();
 }
 
@@ -1075,7 +1076,7 @@ template <typename X>
 cudaError_t Scale(float alpha, X* x, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
   const bool vec = Aligned16(x);
-  ScaleKernel<X><<<Blocks(vec ? n / kVec + 1 : n, kThreads), kThreads, 0, st>>>(alpha, x, n, vec);
+  ScaleKernel<X><<<FlatBlocks(n, vec), kThreads, 0, st>>>(alpha, x, n, vec);
   return cudaGetLastError();
 }
 
@@ -1083,7 +1084,7 @@ template <typename X>
 cudaError_t Fill(float value, X* x, int64_t n, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
   const bool vec = Aligned16(x);
-  FillKernel<X><<<Blocks(vec ? n / kVec + 1 : n, kThreads), kThreads, 0, st>>>(value, x, n, vec);
+  FillKernel<X><<<FlatBlocks(n, vec), kThreads, 0, st>>>(value, x, n, vec);
   return cudaGetLastError();
 }
 

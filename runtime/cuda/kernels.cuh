@@ -27,6 +27,13 @@ namespace ptdp::rt::cuda::kernels {
 
 using bf16 = __nv_bfloat16;
 
+// Every pointer on a 16-byte boundary: what 16-byte vector loads (the element-wise kernels) and
+// cuBLASLt's epilogue GEMMs need.
+template <typename... P>
+bool Aligned16(const P*... p) {
+  return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
+}
+
 // ---- column sums in two passes (BiasGrad, LayerNorm's dgamma/dbeta) ------------------------------
 // Rows are cut into `chunks` runs of `rows_per_chunk` rows; pass 1 writes one partial sum per
 // (chunk, column) into a (chunks, C) scratch, pass 2 adds the chunks' partials in chunk order.
