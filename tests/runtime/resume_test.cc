@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "runtime/checkpoint.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
@@ -89,7 +91,10 @@ TrainingState ThroughFile(const TrainerConfig& cfg, TrainingState state, const s
   c.global_batch = cfg.layout.global_batch;
   c.layout = cfg.layout.ShortName();
   c.state = std::move(state);
-  const std::string path = ::testing::TempDir() + "/resume_" + name + ".ckpt";
+  // The process id too: ctest runs these tests at once in three processes (runtime_test and
+  // its kernels_baseline / kernels_avx2 runs), which renamed each other's temporary file.
+  const std::string path = ::testing::TempDir() + "/resume_" + std::to_string(::getpid()) + "_" +
+                           name + ".ckpt";
   Status w = WriteCheckpoint(path, c);
   EXPECT_TRUE(w.ok()) << w.message();
   auto r = ReadCheckpoint(path);
