@@ -21,6 +21,7 @@ LayerOp& LayerOpList::Add(LayerOpKind kind, const char* name) {
   op.expert = false;
   op.cp_block = 0;
   op.repeat = 1;
+  op.epilogue = GemmEpilogue::kNone;
   return op;
 }
 
@@ -201,36 +202,43 @@ void Overlaps(LayerOpList* l, int at, int with) {
 constexpr int kPipelineSplits = 4;
 
 // A norm's forward: its (Tl, h) output and, in the runtime, the output and its two (Tl)
-// statistics allocated first.
-void NormForward(const OpShape& s, const Dims& x, const char* name, LayerOpList* l) {
+// statistics allocated first. `residual` (the runtime's norm2): the projection's bias and the
+// residual added to its input in the same kernel (Backend::AddBiasResidualLayerNorm: reads the
+// input and the residual, writes the sum and the norm).
+void NormForward(const OpShape& s, const Dims& x, const char* name, LayerOpList* l,
+                 bool residual = false) {
   Alloc(l, s, x.Tl * x.h * x.e);
   Alloc(l, s, x.Tl * x.e);
   Alloc(l, s, x.Tl * x.e);
-  Memory(l, name, MemoryKernel::kNorm, x.Tl, x.h, 2 * x.Tl * x.h * x.e, !s.sp);
+  Memory(l, name, residual ? MemoryKernel::kBiasResidualNorm : MemoryKernel::kNorm, x.Tl, x.h,
+         (residual ? 4 : 2) * x.Tl * x.h * x.e, !s.sp);
 }
 
 // A norm, then a column-parallel GEMM of `out` local outputs fed by it: with SP the norm's
 // output is all-gathered first (TE: ring-exchange in t pieces under the GEMM with
 // --tp-comm-overlap); the fp8 cast rides on the norm; Megatron fuses the bias into the GEMM,
-// the runtime adds it (`bias`: its name, or null without biases).
-void NormColumnForward(const OpShape& s, const Dims& x, const char* norm, const char* gather,
-                       const char* gemm, const char* bias, double out, LayerOpList* l) {
-  NormForward(s, x, norm, l);
+// so does the runtime (`bias`: Backend::MatmulBias, the GEMM's epilogue). `residual`: as
+// NormForward's. Returns the GEMM.
+LayerOp& NormColumnForward(const OpShape& s, const Dims& x, const char* norm, const char* gather,
+                           const char* gemm, bool bias, double out, LayerOpList* l,
+                           bool residual = false) {
+  NormForward(s, x, norm, l, residual);
   int ag = -1;
   if (s.sp)
     ag = Comm(l, s, gather, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
               CommOverlap::kTpOverlap, -1, x.t);
-  Gemm(l, s, gemm, GemmPass::kFprop, x.T, out, x.h, /*fused=*/true);
+  LayerOp& g = Gemm(l, s, gemm, GemmPass::kFprop, x.T, out, x.h, /*fused=*/true);
   Overlaps(l, ag, Last(*l));
-  if (s.runtime && bias != nullptr)
-    Memory(l, bias, MemoryKernel::kBiasAdd, x.T, out, 2 * x.T * out * x.e, false);
+  if (s.runtime && bias) g.epilogue = GemmEpilogue::kBias;
+  return g;
 }
 
 // A row-parallel GEMM's output reduction: all-reduce, or with SP reduce-scatter (TE: pipelined
-// in 4 pieces under the GEMM with --tp-comm-overlap), then bias-dropout-add (the runtime: its
-// bias, then the residual add; no dropout).
+// in 4 pieces under the GEMM with --tp-comm-overlap), then bias-dropout-add. The runtime (no
+// dropout): the bias and the residual in one kernel (`add`: Backend::AddBiasResidual), or
+// with `into_norm` in the next norm's (NormForward's `residual`).
 void RowReduceAndAdd(const ModelSpec& M, const OpShape& s, const Dims& x, const char* ar,
-                     const char* rs, const char* bda, const char* bias, const char* add,
+                     const char* rs, const char* bda, const char* add, bool into_norm,
                      LayerOpList* l) {
   if (x.t > 1)
     Comm(l, s, s.sp ? rs : ar, s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce,
@@ -239,8 +247,9 @@ void RowReduceAndAdd(const ModelSpec& M, const OpShape& s, const Dims& x, const 
     Memory(l, bda, MemoryKernel::kBiasDropoutAdd, x.Tl, x.h, 3 * x.Tl * x.h * x.e, !s.sp);
     return;
   }
-  if (M.bias) Memory(l, bias, MemoryKernel::kBiasAdd, x.Tl, x.h, 2 * x.Tl * x.h * x.e, !s.sp);
-  Memory(l, add, MemoryKernel::kAdd, x.Tl, x.h, 3 * x.Tl * x.h * x.e, !s.sp);
+  if (into_norm) return;
+  Memory(l, add, M.bias ? MemoryKernel::kBiasResidual : MemoryKernel::kAdd, x.Tl, x.h,
+         3 * x.Tl * x.h * x.e, !s.sp);
 }
 
 // The attention core over this rank's s_l queries and all s keys, forward or backward: flash
@@ -342,7 +351,7 @@ double MlaDown(const ModelSpec& M) {
 }
 void MlaForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
   const double down = MlaDown(M);
-  NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv_down", nullptr, down, l);
+  NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv_down", false, down, l);
   Memory(l, "qkv_down.norm", MemoryKernel::kNorm, x.T, down - M.qk_pos_head_dim,
          2 * x.T * (down - M.qk_pos_head_dim) * x.e, true);
   const double q_in = M.q_lora_rank > 0 ? double(M.q_lora_rank) : x.h;
@@ -370,25 +379,31 @@ void AttentionForward(const ModelSpec& M, const OpShape& s, const Dims& x, Layer
   if (M.mla())
     MlaForward(M, s, x, l);
   else
-    NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv", M.bias ? "qkv.bias" : nullptr, x.Q,
-                      l);
+    NormColumnForward(s, x, "norm1", "qkv.all_gather", "qkv", M.bias, x.Q, l);
   if (M.position == PositionEmbedding::kRope)
     Memory(l, "rotary", MemoryKernel::kRotary, x.T, x.rot, 2 * x.T * x.rot * x.e, false);
   AttentionCore(s, x, /*backward=*/false, "attention", l);
   Gemm(l, s, "proj", GemmPass::kFprop, x.T, x.h, x.heads * x.hd_v);
+  // The runtime adds the projection's bias and the residual in norm2's kernel (MlpForward,
+  // RuntimeMoeForward).
   RowReduceAndAdd(M, s, x, "proj.all_reduce", "proj.reduce_scatter", "bias_dropout_add1",
-                  "proj.bias", "residual_add1", l);
+                  "bias_residual_add1", /*into_norm=*/true, l);
 }
 
 void MlpForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
-  NormColumnForward(s, x, "norm2", "fc1.all_gather", "fc1", M.bias ? "fc1.bias" : nullptr, x.Fi,
-                    l);
-  // GeLU reads F and writes F (bias fused: bias_gelu); SwiGLU reads 2F, writes F.
+  // The runtime: norm2 with the attention's bias and residual (AddBiasResidualLayerNorm).
+  LayerOp& fc1 = NormColumnForward(s, x, s.runtime ? "bias_residual_add1+norm2" : "norm2",
+                                   "fc1.all_gather", "fc1", M.bias, x.Fi, l, s.runtime);
+  // GeLU reads F and writes F (bias fused: bias_gelu); SwiGLU reads 2F, writes F. The runtime
+  // runs it in FC1's epilogue (MatmulBiasGelu: the pre-activation and the GeLU written).
   Alloc(l, s, x.T * x.F * x.e);
-  Memory(l, "activation", MemoryKernel::kActivation, x.T, x.F, (x.Fi + x.F) * x.T * x.e, false);
+  if (s.runtime)
+    fc1.epilogue = GemmEpilogue::kBiasGelu;
+  else
+    Memory(l, "activation", MemoryKernel::kActivation, x.T, x.F, (x.Fi + x.F) * x.T * x.e, false);
   Gemm(l, s, "fc2", GemmPass::kFprop, x.T, x.h, x.F, /*fused=*/true);  // TE: activation casts
   RowReduceAndAdd(M, s, x, "fc2.all_reduce", "fc2.reduce_scatter", "bias_dropout_add2",
-                  "fc2.bias", "residual_add2", l);
+                  "bias_residual_add2", /*into_norm=*/false, l);
 }
 
 // Backward of a row-parallel linear (proj, FC2): with SP, all-gather the output gradient
@@ -503,7 +518,7 @@ void RuntimeExpertGemms(LayerOpList* l, const Dims& x, const char* name, GemmPas
 
 void RuntimeMoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
   const double nk = x.Tl * x.topk, Rep = nk * s.expert_load, R = Rep * s.etp, G = x.G;
-  NormForward(s, x, "norm2", l);
+  NormForward(s, x, "bias_residual_add1+norm2", l, /*residual=*/true);
   if (s.sp)
     Comm(l, s, "shared.all_gather", CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
          CommOverlap::kBlocking, -1);

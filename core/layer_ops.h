@@ -72,6 +72,10 @@ enum class MemoryKernel : uint8_t {
   // its own, and it allocates each new tensor.
   kBiasAdd, kBiasGrad,             // bias broadcast over rows / its gradient, a column sum
   kAdd, kCopy,                     // residual add; a copy (the residual gradient, inputs)
+  // A row-parallel linear's bias and the residual added in one kernel (Backend::AddBiasResidual,
+  // FC2), and the same followed by the next LayerNorm (AddBiasResidualLayerNorm: the
+  // projection's output into norm2).
+  kBiasResidual, kBiasResidualNorm,
   kLossSum,                        // the micro-batch's loss, a sum of squares over T
   kAlloc,                          // a new tensor of `bytes`, uninitialised (GptChunk::Out)
   kFill,                           // zeroing a new accumulator (Backend::Alloc's zero-fill)
@@ -81,6 +85,11 @@ enum class MemoryKernel : uint8_t {
   kRouter, kRouterBackward,
   kPermute, kPermuteBackward,
 };
+
+// What a GEMM's epilogue adds to its output in ptdp's runtime (Backend::MatmulBias,
+// MatmulBiasGelu; cuBLASLt's CUBLASLT_EPILOGUE_BIAS and GELU_AUX_BIAS on CUDA): a bias, or a bias
+// and then GeLU (the pre-activation kept for the backward).
+enum class GemmEpilogue : uint8_t { kNone, kBias, kBiasGelu };
 
 // Trivially constructible (no member initialisers): a list of kMax ops costs nothing until
 // Add() fills one; Add() sets every field (kind and name as given, with -1, chunks and kernels
@@ -108,6 +117,7 @@ struct LayerOp {
   // launch): m, n, k are one group's; the FLOPs are all groups'. 1 for a plain GEMM.
   int groups;
   bool expert;  // kGemm: a routed experts' GEMM (grouped_gemm_eff applies)
+  GemmEpilogue epilogue;  // kGemm, the runtime only: its bias (and GeLU) in the same call
   // kAttention in ptdp's runtime with CP (Backend::AttentionBlockForward): 1 the rank's own
   // K/V block (ring step 0), 2 another rank's (m counts the c - 1 of them); 0 otherwise.
   int cp_block;
@@ -146,7 +156,9 @@ struct OpShape {
   double score_bytes = 0;
   // The layer as ptdp's runtime (runtime/gpt.cc, a GPT shape) executes it rather than
   // Megatron-Core: the same GEMMs and collectives, but biases, residual adds and positions as
-  // kernels of their own (kBiasAdd, kAdd, ...), every new tensor allocated (kAlloc), the SP
+  // its backend's calls (QKV and FC1 with their bias and GeLU as GEMM epilogues, the
+  // projection's bias and residual fused into norm2, FC2's into one kernel: kBiasResidual,
+  // kBiasResidualNorm, kAdd, ...), every new tensor allocated (kAlloc), the SP
   // input kept from the forward (no re-gather for wgrad), every collective blocking, and the
   // attention saving `saved_per_score` elements per score and `saved_per_token` per token and
   // head for its backward (the backend's AttentionSavedShape), or with CP its own ring of

@@ -33,6 +33,9 @@ struct TableKind {
   const char* name;
   std::vector<TableAxis> axes;
   const char* what;  // one line for the YAML comment and docs
+  // A calibration may lack it: the backend does not fuse what it times (the GEMM epilogues on
+  // the CPU), or the file predates it; the cost model then sums the separate ops' tables.
+  bool optional = false;
   // The axes' exponents, in order (MeasuredTable::FromRows's `exponents`).
   std::vector<double> Exponents() const;
 };

@@ -144,6 +144,7 @@ double RuntimeModel::TimeOnce(const Layout& l, const LayerOp& op) const {
   const bool fwd = op.pass == GemmPass::kFprop;
   switch (op.kind) {
     case LayerOpKind::kGemm: {
+      if (op.epilogue != GemmEpilogue::kNone) return EpilogueGemm(op, k);
       const char* table = op.pass == GemmPass::kFprop   ? "gemm_nt"
                           : op.pass == GemmPass::kDgrad ? "gemm_nn"
                                                         : "gemm_tn";
@@ -181,6 +182,32 @@ void RuntimeModel::TimeOps(const Layout& l, const LayerOpList& ops, double* comp
   for (const LayerOp& op : ops) *(op.kind == LayerOpKind::kComm ? tp : compute) += TimeOp(l, op);
 }
 
+// A linear layer's forward with its bias (and GeLU) in the call (Backend::MatmulBias,
+// MatmulBiasGelu): where the backend fuses them into the GEMM (CUDA's cuBLASLt epilogues) the
+// calibration timed the fused call over the GEMM grid; elsewhere (the CPU backend runs the GEMM,
+// then the bias, then the GeLU) it is their sum.
+double RuntimeModel::EpilogueGemm(const LayerOp& op, double k) const {
+  const bool gelu = op.epilogue == GemmEpilogue::kBiasGelu;
+  if (const MeasuredTable* t = m_.Table(gelu ? "gemm_nt_bias_gelu" : "gemm_nt_bias"))
+    return t->Seconds(op.m, op.n, op.k) * k;
+  return Gemm("gemm_nt", op.m, op.n, op.k, k) + Op("bias_add", op.m, op.n, k) +
+         (gelu ? Gelu("gelu_forward", op.m * op.n, k) : 0.0);
+}
+
+// The residual kernels: the bias and the residual added in one (AddBiasResidual), then the next
+// LayerNorm (AddBiasResidualLayerNorm); from a calibration that predates their tables, as the
+// separate kernels.
+double RuntimeModel::BiasResidual(const LayerOp& op, bool norm, double k) const {
+  if (norm) {
+    if (const MeasuredTable* t = m_.Table("bias_residual_layernorm"))
+      return t->Seconds(std::max(op.m, 1.0), std::max(op.n, 1.0)) * k;
+  }
+  const double add = m_.Table("bias_residual")
+                         ? Op("bias_residual", op.m, op.n, k)
+                         : Op("bias_add", op.m, op.n, k) + Op("add", op.m * op.n, k);
+  return add + (norm ? Op("layernorm_forward", op.m, op.n, k) : 0.0);
+}
+
 double RuntimeModel::MemoryOp(const LayerOp& op, double k) const {
   switch (op.kernel) {
     case MemoryKernel::kAlloc: return Alloc(op.bytes, k);
@@ -189,6 +216,8 @@ double RuntimeModel::MemoryOp(const LayerOp& op, double k) const {
     case MemoryKernel::kActivation: return Gelu("gelu_forward", op.m * op.n, k);
     case MemoryKernel::kActivationBackward: return Gelu("gelu_backward", op.m * op.n, k);
     case MemoryKernel::kBiasAdd: return Op("bias_add", op.m, op.n, k);
+    case MemoryKernel::kBiasResidual: return BiasResidual(op, /*norm=*/false, k);
+    case MemoryKernel::kBiasResidualNorm: return BiasResidual(op, /*norm=*/true, k);
     case MemoryKernel::kBiasGrad: return Op("bias_grad", op.m, op.n, k);
     case MemoryKernel::kAdd: return Op("add", op.m * op.n, k);
     case MemoryKernel::kCopy: return Op("copy", op.m * op.n, k);

@@ -5,7 +5,9 @@
 // Times are composed, not fitted: a layer, the embedding and the output layer are the op lists
 // of core/layer_ops.h in the runtime's flavour (OpShape::runtime: the GEMMs and collectives of
 // Megatron-Core's lists, plus the bias, residual and position kernels and the allocation of
-// each new tensor that the runtime runs), each op by its measured table (TimeOp); the backward
+// each new tensor that the runtime runs, as its backend's calls: a GEMM with its bias and GeLU,
+// a bias and residual with the next norm), each op by its measured table (TimeOp; a fused call
+// the calibration did not time as the sum of its parts); the backward
 // is its ops (dgrad and wgrad GEMMs at their own shapes, LN/GeLU/attention backward, bias
 // grads) rather than 2x the forward. AnalyticModel times the same lists through TimeOp, so
 // the analytic and the runtime model differ only in who times an op.
@@ -137,6 +139,8 @@ class RuntimeModel {
   double Op(const char* table, double a, double b, double slow) const;   // 2-axis tables
   double Alloc(double bytes, double slow) const;
   double MemoryOp(const LayerOp& op, double slow) const;  // a kMemory op by its table
+  double EpilogueGemm(const LayerOp& op, double slow) const;  // a GEMM with its bias (+ GeLU)
+  double BiasResidual(const LayerOp& op, bool norm, double slow) const;  // (+ the next norm)
   double TimeOnce(const Layout& l, const LayerOp& op) const;
   // The standard deviation of GeLU's inputs (its cost depends on it, see core/measured.cc).
   double GeluSigma() const;

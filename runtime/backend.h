@@ -140,6 +140,14 @@ class Backend {
     Matmul(a, trans_a, b, trans_b, c);
     AddBias(c, bias);
   }
+  // Whether MatmulBias and MatmulBiasGelu on `act` tensors run the bias (and the GeLU) inside
+  // the GEMM's own kernel, as CUDA's cuBLASLt epilogues do: calibrate then times those calls
+  // over the GEMM grid (gemm_nt_bias, gemm_nt_bias_gelu); false (the default): a GEMM, then
+  // the separate kernels, which their own tables time.
+  virtual bool FusesGemmEpilogues(DType act) const {
+    (void)act;
+    return false;
+  }
   // The same followed by GeLU (an MLP's FC1): pre = op(a) op(b) + bias (the GeLU's input, kept
   // for GeluBackward) and act = gelu of that fp32 sum, each rounded once where bf16
   // (CUBLASLT_EPILOGUE_GELU_AUX_BIAS: the activation of the unrounded pre-activation). pre

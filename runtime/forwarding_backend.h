@@ -70,6 +70,7 @@ class ForwardingBackend : public Backend {
   Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t d) const override {
     return in_->AttentionSavedShape(b, s, nh, d);
   }
+  bool FusesGemmEpilogues(DType act) const override { return in_->FusesGemmEpilogues(act); }
   void AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder o, Tensor& out,
                         Tensor& saved) override {
     in_->AttentionForward(qkv, nh, o, out, saved);

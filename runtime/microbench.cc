@@ -174,6 +174,7 @@ class Bench {
   const MicrobenchOptions opt_;
   const DType act_ = opt_.act;
   const double e_ = double(DTypeBytes(act_));  // bytes of an activation element
+  bool fused_epilogues_ = false;  // be_->FusesGemmEpilogues(act_), once it exists
   const MicrobenchProgress& progress_;
   const MicrobenchGrids grids_;
   const double cold_bytes_ = ColdBytes(opt_);
@@ -289,6 +290,18 @@ Status Bench::Gemms() {
               const size_t v = i++ % nv_tn;
               be_->Matmul(a_km[v], true, b_kn[v], false, dw[v], 1, 1);
             })});
+        if (fused_epilogues_) {  // QKV's and FC1's forward as the runtime calls them
+          PTDP_ASSIGN_OR_RETURN(Tensor bias, Random({N}, 8));
+          PTDP_ASSIGN_OR_RETURN(Tensor act, Random({M, N}, 9));
+          Add("gemm_nt_bias", {m, n, k, TimeCall([&] {
+                const size_t v = i++ % nv;
+                be_->MatmulBias(a_mk[v], false, w_nk[v], true, bias, c);
+              })});
+          Add("gemm_nt_bias_gelu", {m, n, k, TimeCall([&] {
+                const size_t v = i++ % nv;
+                be_->MatmulBiasGelu(a_mk[v], false, w_nk[v], true, bias, c, act);
+              })});
+        }
         Done("gemm " + Dims({m, n, k}));
       }
   return Status::Ok();
@@ -411,6 +424,17 @@ Status Bench::RowOps() {
           })});
       Add("bias_add", {rows, cols, TimeCall([&] { be_->AddBias(dy[k++ % nv], gamma); })});
       Add("bias_grad", {rows, cols, TimeCall([&] { be_->BiasGrad(dy[k++ % nv], dgamma); })});
+      // The residual kernels (FC2's output; the projection's into norm2) add into x: they
+      // accumulate over the calls, the sums staying far from overflow.
+      Add("bias_residual", {rows, cols, TimeCall([&] {
+            const size_t i = k++ % nv;
+            be_->AddBiasResidual(dx[i], gamma, x[i]);
+          })});
+      Add("bias_residual_layernorm", {rows, cols, TimeCall([&] {
+            const size_t i = k++ % nv;
+            be_->AddBiasResidualLayerNorm(dx[i], beta, x[i], gamma, beta, 1e-5f, y, mean[i],
+                                          rstd[i]);
+          })});
       // Token ids (rows) into a kVocab x cols table; cross entropy over (rows, cols) logits with
       // targets inside the shard.
       std::vector<int32_t> ids(static_cast<size_t>(N));
@@ -723,6 +747,7 @@ Result<MeasuredPrimitives> Bench::Run() {
   ops_world_ = std::move(*ops);
   if (ops_world_.backends) be_ = ops_world_.backends(0);
   if (!be_) return Status::Error("the one-rank world gave no backend");
+  fused_epilogues_ = be_->FusesGemmEpilogues(act_);
   const MicrobenchGrids& g = grids_;
   const double gd = double(g.gemm_dims.size());
   const double per_pass = gd * gd * gd + double(g.attention_s.size() * g.attention_d.size()) +
@@ -744,7 +769,8 @@ Result<MeasuredPrimitives> Bench::Run() {
   m.element_bytes = e_;
   AttentionStorage(&m);
   for (const TableKind& kind : MeasuredTableKinds()) {
-    if (opt_.ops_only && rows_[kind.name].empty()) continue;  // a collective's
+    // A collective's (ops only), or a fused call the backend does not have.
+    if ((opt_.ops_only || kind.optional) && rows_[kind.name].empty()) continue;
     PTDP_ASSIGN_OR_RETURN(m.tables[kind.name],
                           MeasuredTable::FromRows(rows_[kind.name], kind.Exponents(), kind.name));
   }

@@ -639,6 +639,11 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
   return true;
 }
 
+// The epilogue GEMMs take bf16 operands (EpilogueGemm falls back for a shape cuBLASLt declines).
+bool CudaBackend::FusesGemmEpilogues(DType act) const {
+  return impl_->options.epilogues && act == DType::kBF16;
+}
+
 void CudaBackend::MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                              const Tensor& bias, Tensor& c) {
   assert(bias.numel() == Cols(c));

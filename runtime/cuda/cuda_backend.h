@@ -113,6 +113,7 @@ class CudaBackend final : public Backend {
   void GeluForward(const Tensor& x, Tensor& y) override;
   void GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) override;
   Shape AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t d) const override;
+  bool FusesGemmEpilogues(DType act) const override;
   // Whether the attention core of heads of dimension d runs the flash kernels (AttentionKernel).
   bool UsesFlashAttention(int64_t d) const;
   void AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder order, Tensor& out,

@@ -73,7 +73,9 @@ TEST(CalibrateCuda, QuickCalibrationThenPlanTrainCompare) {
   EXPECT_EQ(m.backend, "cuda");
   EXPECT_EQ(m.communicator, gpus == 1 ? "device" : "nccl");
   EXPECT_EQ(m.cores, gpus);
-  EXPECT_DOUBLE_EQ(m.element_bytes, 4);  // the runtime keeps fp32 tensors on the GPU too
+  // bf16 tensors (calibrate's default on CUDA, as `ptdp train` runs bf16 plans): every table,
+  // the cuBLASLt epilogue GEMMs (gemm_nt_bias, gemm_nt_bias_gelu) included.
+  EXPECT_DOUBLE_EQ(m.element_bytes, 2);
   EXPECT_EQ(m.tables.size(), ptdp::MeasuredTableKinds().size());
   for (const auto& [name, t] : m.tables)
     for (double s : t.seconds()) EXPECT_TRUE(s > 0 && std::isfinite(s)) << name << ": " << s;

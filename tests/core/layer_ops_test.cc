@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -230,7 +231,8 @@ TEST(LayerOps, OutputLayerIsTheLogitsGemmAndCrossEntropy) {
 
 // The runtime's flavour (OpShape::runtime): the same GEMMs and TP collectives as Megatron's
 // list, every collective blocking, no re-gather of the SP input for wgrad, no Megatron-only
-// fused kernel, and what the runtime adds: its biases and residual adds as kernels, allocations.
+// fused kernel, and what the runtime adds: its biases and residual adds as its backend's calls,
+// allocations.
 TEST(LayerOps, TheRuntimeFlavourRunsTheSameGemmsAsItsOwnKernels) {
   const ModelSpec m = Gpt(256, 4);
   for (const bool sp : {false, true}) {
@@ -267,14 +269,27 @@ TEST(LayerOps, TheRuntimeFlavourRunsTheSameGemmsAsItsOwnKernels) {
     // Megatron re-gathers the SP input of QKV and FC1 for their wgrad; the runtime kept it.
     EXPECT_EQ(Count(a.backward, LayerOpKind::kComm) - Count(b.backward, LayerOpKind::kComm),
               sp ? 2 : 0);
-    // Forward: 4 biases (QKV, proj, FC1, FC2) and 2 residual adds as kernels.
-    int biases = 0, adds = 0;
+    // Forward, as runtime/gpt.cc calls its backend: QKV with its bias in the GEMM's epilogue
+    // (MatmulBias), FC1 with its bias and GeLU (MatmulBiasGelu), the projection's bias and
+    // residual in norm2's kernel (AddBiasResidualLayerNorm, in place of the plain norm), FC2's in
+    // one (AddBiasResidual); no bias, add or GeLU kernel of its own.
+    std::map<std::string, GemmEpilogue> epilogues;
+    std::multiset<MemoryKernel> kernels;
     for (const LayerOp& op : b.forward) {
-      biases += op.kind == LayerOpKind::kMemory && op.kernel == MemoryKernel::kBiasAdd;
-      adds += op.kind == LayerOpKind::kMemory && op.kernel == MemoryKernel::kAdd;
+      if (op.kind == LayerOpKind::kGemm) epilogues[op.name] = op.epilogue;
+      if (op.kind == LayerOpKind::kMemory && op.kernel != MemoryKernel::kAlloc)
+        kernels.insert(op.kernel);
     }
-    EXPECT_EQ(biases, 4);
-    EXPECT_EQ(adds, 2);
+    EXPECT_EQ(epilogues, (std::map<std::string, GemmEpilogue>{
+                             {"qkv", GemmEpilogue::kBias},
+                             {"proj", GemmEpilogue::kNone},
+                             {"fc1", GemmEpilogue::kBiasGelu},
+                             {"fc2", GemmEpilogue::kNone}}));
+    EXPECT_EQ(kernels, (std::multiset<MemoryKernel>{
+                           MemoryKernel::kNorm, MemoryKernel::kBiasResidualNorm,
+                           MemoryKernel::kBiasResidual}));
+    // Megatron's list: no epilogue marked (its bias-GeLU is a kernel of the list).
+    for (const LayerOp& op : a.forward) EXPECT_EQ(op.epilogue, GemmEpilogue::kNone) << op.name;
     // The dense layer's new tensors are all overwritten: none is zeroed.
     for (const LayerOpList* list : {&b.forward, &b.backward})
       for (const LayerOp& op : *list) EXPECT_NE(op.kernel, MemoryKernel::kFill) << op.name;

@@ -75,17 +75,35 @@ TEST(RuntimeModelTest, LayerIsTheSumOfItsOpsByHand) {
   l.global_batch = 1;
   const RuntimeLayerTimes lt = rm.Layer(l);
   // T = Tl = 2, h = 2, A = 2, Q = 6, F = 4, e = 4 bytes; ns per op (alloc = bytes):
-  // forward: LN block 16 + 2x8 + 4 = 36; QKV 48 + 2*2*6*2 + bias 12 = 108; attention saved
+  // forward: LN block 16 + 2x8 + 4 = 36; QKV with its bias 48 + 2*2*6*2 = 96; attention saved
   // P (1 head x 2x2 x 4 B) 16 + output 16 + core s^2 d = 8 -> 40; projection 16 + 16 = 32;
-  // bias 4 + add 4; LN block 36; fc1 32 + 32 + bias 8 = 72; GeLU 32 + 8 = 40; fc2 16 + 32 = 48;
-  // bias 4 + add 4. Sum 428.
-  EXPECT_NEAR(lt.fwd_compute_s, 428e-9, 1e-15);
+  // bias + residual + LN block 16 + 2x8 + 4 = 36; fc1 with bias and GeLU 32 + 32 = 64; the
+  // GeLU's output 32; fc2 16 + 32 = 48; bias + residual 4. Sum 388.
+  EXPECT_NEAR(lt.fwd_compute_s, 388e-9, 1e-15);
   // backward: grad buffer 16 + copy 4; bias grad 4; fc2 wgrad 32; dgrad 32 + 32; GeLU' 8; bias
   // grad 8; fc1 wgrad 32; dgrad 16 + 32; LN' 4; bias grad 4; proj wgrad 16; dgrad 16 + 16;
   // attention' 48 + 8; bias grad 12; QKV wgrad 48; dgrad 16 + 48; LN' 4. Sum 456.
   EXPECT_NEAR(lt.bwd_compute_s, 456e-9, 1e-15);
   EXPECT_EQ(lt.fwd_tp_s, 0);
   EXPECT_EQ(lt.bwd_tp_s, 0);
+}
+
+// A calibration without the fused calls' tables (a backend that runs them as separate kernels
+// and did not time them, or a file from before them) prices each call as its parts: QKV's bias
+// 12 more; the projection's bias 4, residual add 4 and LN 4 for its fused 4; FC1's bias 8 and
+// GeLU 8; FC2's bias 4 and add 4 for its 4. 388 + 12 + 8 + 16 + 4 = 428 ns.
+TEST(RuntimeModelTest, FusedCallsWithoutTheirTablesAreTheirParts) {
+  MeasuredPrimitives m = UnitPrimitives();
+  for (const TableKind& k : MeasuredTableKinds())
+    if (k.optional) m.tables.erase(k.name);
+  ASSERT_TRUE(m.CheckComplete("unit").ok());
+  Layout l;
+  l.global_batch = 1;
+  EXPECT_NEAR(RuntimeModel(Micro(), m, 8).Layer(l).fwd_compute_s, 428e-9, 1e-15);
+  // With bias_residual but not its LayerNorm form: that plus the LN.
+  m.tables["bias_residual"] = PowerLaw(*FindTableKind("bias_residual"), 3.0);
+  // FC2's bias and add 8 -> 12, the projection's 12 -> 12 + LN 4: 428 + 4 + 4 = 436.
+  EXPECT_NEAR(RuntimeModel(Micro(), m, 8).Layer(l).fwd_compute_s, 436e-9, 1e-15);
 }
 
 TEST(RuntimeModelTest, TensorParallelCollectivesByHand) {

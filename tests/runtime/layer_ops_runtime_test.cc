@@ -17,6 +17,7 @@
 #include "core/layer_ops.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/thread_communicator.h"
+#include "runtime/forwarding_backend.h"
 #include "runtime/gpt.h"
 
 namespace ptdp::rt {
@@ -168,6 +169,106 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LayerOpsRuntime,
                                   "_layers" + std::to_string(i.param.layers) +
                                   (i.param.ends ? "_ends" : "");
                          });
+
+// A CPU backend counting the calls of a layer's forward that the op list names one by one.
+class CallCounter final : public ForwardingBackend {
+ public:
+  CallCounter() : ForwardingBackend(std::make_unique<CpuBackend>()) {}
+  std::map<std::string, int> calls;
+  void MatmulBias(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& bias,
+                  Tensor& c) override {
+    ++calls["MatmulBias"];
+    inner().MatmulBias(a, ta, b, tb, bias, c);
+  }
+  void MatmulBiasGelu(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& bias,
+                      Tensor& pre, Tensor& act) override {
+    ++calls["MatmulBiasGelu"];
+    inner().MatmulBiasGelu(a, ta, b, tb, bias, pre, act);
+  }
+  void AddBias(Tensor& y, const Tensor& bias) override {
+    ++calls["AddBias"];
+    inner().AddBias(y, bias);
+  }
+  void AddBiasResidual(Tensor& x, const Tensor& bias, const Tensor& residual) override {
+    ++calls["AddBiasResidual"];
+    inner().AddBiasResidual(x, bias, residual);
+  }
+  void AddBiasResidualLayerNorm(Tensor& x, const Tensor& bias, const Tensor& residual,
+                                const Tensor& g, const Tensor& b, float eps, Tensor& y,
+                                Tensor& mean, Tensor& rstd) override {
+    ++calls["AddBiasResidualLayerNorm"];
+    inner().AddBiasResidualLayerNorm(x, bias, residual, g, b, eps, y, mean, rstd);
+  }
+  void LayerNormForward(const Tensor& x, const Tensor& g, const Tensor& b, float eps, Tensor& y,
+                        Tensor& mean, Tensor& rstd) override {
+    ++calls["LayerNormForward"];
+    inner().LayerNormForward(x, g, b, eps, y, mean, rstd);
+  }
+  void GeluForward(const Tensor& x, Tensor& y) override {
+    ++calls["GeluForward"];
+    inner().GeluForward(x, y);
+  }
+  void Add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    ++calls["Add"];
+    inner().Add(a, b, out);
+  }
+};
+
+// The calls that fuse a bias, GeLU, residual or norm into one (GEMM epilogues, the residual
+// kernels) are the ones the runtime's op list prices as one: a forward of two layers calls each
+// as often as two layers' lists name it, and no separate bias, GeLU or add.
+TEST(LayerOpsRuntimeCalls, TheForwardsFusedCallsAreTheListed) {
+  const ModelSpec m = Tiny();
+  constexpr int kLayers = 2;
+  Layout l;
+  l.micro_batch = int(kB);
+  l.precision = Precision::kFp32;
+  OpShape shape = ShapeOf(l, 0);
+  shape.runtime = true;
+  LayerOps ops;
+  BuildLayerOps(m, shape, &ops);
+  std::map<std::string, int> listed;
+  for (const LayerOp& op : ops.forward) {
+    if (op.kind == LayerOpKind::kGemm)
+      listed[op.epilogue == GemmEpilogue::kBias       ? "MatmulBias"
+             : op.epilogue == GemmEpilogue::kBiasGelu ? "MatmulBiasGelu"
+                                                      : "Matmul"] += kLayers;
+    if (op.kind != LayerOpKind::kMemory) continue;
+    const char* call = op.kernel == MemoryKernel::kBiasAdd            ? "AddBias"
+                       : op.kernel == MemoryKernel::kBiasResidual     ? "AddBiasResidual"
+                       : op.kernel == MemoryKernel::kBiasResidualNorm ? "AddBiasResidualLayerNorm"
+                       : op.kernel == MemoryKernel::kNorm             ? "LayerNormForward"
+                       : op.kernel == MemoryKernel::kActivation       ? "GeluForward"
+                       : op.kernel == MemoryKernel::kAdd              ? "Add"
+                                                                      : nullptr;
+    if (call) listed[call] += kLayers;
+  }
+  listed.erase("Matmul");  // the plain GEMMs: TheRuntimeRunsTheListedGemms
+
+  ThreadWorld world(1, 10.0);
+  auto comm = world.Group(0, {0}, "TP");
+  ASSERT_TRUE(comm.ok()) << comm.status().message();
+  CallCounter be;
+  GptChunkConfig c;
+  c.model = m;
+  c.n_layers = kLayers;
+  c.seed = 7;
+  auto chunk = GptChunk::Create(c, be, **comm);
+  ASSERT_TRUE(chunk.ok()) << chunk.status().message();
+  std::vector<float> x(size_t(m.seq_len * kB * m.hidden));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 13) - 6) * 0.05f;
+  Tensor input = *be.Alloc({m.seq_len, kB, m.hidden}, DType::kF32), targets;
+  ASSERT_TRUE(be.CopyFromHost(x.data(), input).ok());
+  be.calls.clear();
+  auto out = (*chunk)->Forward(0, input, targets, 1.0f);
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  // The chunk's input is copied in (kCopy), not added: the listed calls are the layers'.
+  EXPECT_EQ(be.calls, listed);
+  EXPECT_EQ(listed["MatmulBias"], kLayers);
+  EXPECT_EQ(listed["MatmulBiasGelu"], kLayers);
+  EXPECT_EQ(listed["AddBiasResidualLayerNorm"], kLayers);
+  EXPECT_EQ(listed["AddBiasResidual"], kLayers);
+}
 
 }  // namespace
 }  // namespace ptdp::rt

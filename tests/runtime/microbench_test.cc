@@ -29,6 +29,17 @@ Result<BenchWorld> CpuWorld(int ranks) {
   return w;
 }
 
+// Worlds of one rank whose backend `make` builds (the ops-only benchmarks ask for no other).
+template <typename Make>
+MakeWorld OneRankWorld(Make make) {
+  return [make](int) -> Result<BenchWorld> {
+    BenchWorld w;
+    w.comms = std::make_shared<ThreadWorld>(1, 30.0);
+    w.backends = [make](int) -> std::unique_ptr<Backend> { return make(); };
+    return w;
+  };
+}
+
 // A ThreadWorld that records Prepare() and Group() calls.
 class RecordingWorld : public CommunicatorFactory {
  public:
@@ -110,6 +121,12 @@ TEST(Microbench, MeasuresEveryTableOnTheCpuBackend) {
   EXPECT_DOUBLE_EQ(m->attention_saved_per_token, 0);
   EXPECT_DOUBLE_EQ(m->element_bytes, 4);
   EXPECT_EQ(m->Table("all_reduce")->axis_values()[0], std::vector<double>{2});
+  // The CPU backend runs a GEMM's bias and GeLU as kernels of their own (timed by bias_add and
+  // gelu_forward): no epilogue GEMM tables. Its residual kernels are timed as called.
+  EXPECT_EQ(m->Table("gemm_nt_bias"), nullptr);
+  EXPECT_EQ(m->Table("gemm_nt_bias_gelu"), nullptr);
+  EXPECT_NE(m->Table("bias_residual"), nullptr);
+  EXPECT_NE(m->Table("bias_residual_layernorm"), nullptr);
 }
 
 // The speed probe of `ptdp train`: ops only (no world of several ranks is asked for, no
@@ -289,13 +306,7 @@ TEST(Microbench, ASlowSpellOverOneSweepMovesNoPoint) {
     g.gemm_dims = {16};  // one point; the other tables are left out
     opt.grids = g;
     auto m = RunMicrobenchmarks(
-        [&](int) -> Result<BenchWorld> {
-          BenchWorld w;
-          w.comms = std::make_shared<ThreadWorld>(1, 30.0);
-          w.backends = [slow](int) { return std::make_unique<SpellBackend>(slow); };
-          return w;
-        },
-        opt,
+        OneRankWorld([slow] { return std::make_unique<SpellBackend>(slow); }), opt,
         // The spell ends with the first sweep (the point is a third of the work with 3 sweeps).
         [&](double fraction, const std::string&) { *slow = fraction < 1.0 / passes - 1e-9; },
         &report);
@@ -318,6 +329,57 @@ TEST(Microbench, ASlowSpellOverOneSweepMovesNoPoint) {
       else
         EXPECT_GE(s, 20e-3) << t << ": one sweep is what the spell made it";
     }
+  }
+}
+
+// A CPU backend that says it runs a GEMM's bias and GeLU in the GEMM's kernel on bf16 tensors
+// (as CUDA's cuBLASLt epilogues), counting the fused calls.
+class EpilogueBackend : public ForwardingBackend {
+ public:
+  explicit EpilogueBackend(std::shared_ptr<std::atomic<int>> calls)
+      : ForwardingBackend(std::make_unique<CpuBackend>()), calls_(std::move(calls)) {}
+  bool FusesGemmEpilogues(DType act) const override { return act == DType::kBF16; }
+  void MatmulBias(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& bias,
+                  Tensor& c) override {
+    ++*calls_;
+    inner().MatmulBias(a, ta, b, tb, bias, c);
+  }
+  void MatmulBiasGelu(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& bias,
+                      Tensor& pre, Tensor& act) override {
+    ++*calls_;
+    inner().MatmulBiasGelu(a, ta, b, tb, bias, pre, act);
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int>> calls_;
+};
+
+// Where the backend fuses them, the epilogue GEMMs are timed over the GEMM grid as the runtime
+// calls them (the cost model then prices QKV and FC1 by them); elsewhere not at all.
+TEST(Microbench, TimesTheGemmEpiloguesWhereTheBackendFusesThem) {
+  for (DType act : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(act == DType::kBF16 ? "bf16" : "fp32");
+    auto calls = std::make_shared<std::atomic<int>>(0);
+    MicrobenchOptions opt;
+    opt.min_batch_s = 1e-4;
+    opt.batches = 1;
+    opt.passes = 1;
+    opt.ops_only = true;
+    opt.act = act;
+    MicrobenchGrids g;
+    g.gemm_dims = {16, 32};  // the other tables are left out
+    opt.grids = g;
+    auto m = RunMicrobenchmarks(
+        OneRankWorld([calls] { return std::make_unique<EpilogueBackend>(calls); }), opt, nullptr);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    const bool fused = act == DType::kBF16;
+    for (const char* t : {"gemm_nt_bias", "gemm_nt_bias_gelu"}) {
+      ASSERT_EQ(m->Table(t) != nullptr, fused) << t;
+      if (!fused) continue;
+      EXPECT_EQ(m->Table(t)->axis_values()[2], (std::vector<double>{16, 32})) << t;
+      EXPECT_GT(m->Table(t)->Seconds(32, 32, 32), 0) << t;
+    }
+    EXPECT_EQ(*calls > 0, fused);
   }
 }
 
