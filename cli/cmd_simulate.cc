@@ -112,6 +112,17 @@ const char* OverlapText(const LayerOp& op) {
   return "";
 }
 
+// What a GEMM of ptdp's runtime adds in its epilogue (the call's bias, GeLU), as a suffix of
+// its name; "" for a plain one.
+const char* EpilogueText(const LayerOp& op) {
+  switch (op.epilogue) {
+    case GemmEpilogue::kNone: return "";
+    case GemmEpilogue::kBias: return "+bias";
+    case GemmEpilogue::kBiasGelu: return "+bias+gelu";
+  }
+  return "";
+}
+
 nlohmann::json OpsJson(const AnalyticModel& cost, const Layout& l) {
   nlohmann::json lists = nlohmann::json::array();
   for (const TimedList& t : TimedLists(cost, l)) {
@@ -125,6 +136,8 @@ nlohmann::json OpsJson(const AnalyticModel& cost, const Layout& l) {
                           {"end_s", t.each[i].end_s - t.start()}};
       if (op.kind == LayerOpKind::kGemm || op.kind == LayerOpKind::kAttention)
         o["shape"] = {op.m, op.n, op.k};
+      if (op.epilogue != GemmEpilogue::kNone)
+        o["epilogue"] = op.epilogue == GemmEpilogue::kBias ? "bias" : "bias_gelu";
       if (op.kind == LayerOpKind::kComm) {
         o["collective"] = ToString(op.comm);
         o["group"] = op.group == CommGroup::kTp ? "tp" : "cp";
@@ -162,7 +175,8 @@ void PrintOps(const AnalyticModel& cost, const Layout& l) {
       const bool comm = op.kind == LayerOpKind::kComm;
       std::string overlap = OverlapText(op);
       if (comm && op.with >= 0) overlap += std::string(" under ") + ops[op.with].name;
-      std::printf("  %-30s %-9s %-26s %10.1f %10s %10.1f  %s\n", op.name, ToString(op.kind),
+      const std::string name = std::string(op.name) + EpilogueText(op);
+      std::printf("  %-30s %-9s %-26s %10.1f %10s %10.1f  %s\n", name.c_str(), ToString(op.kind),
                   OpShapeText(op).c_str(), 1e6 * (comm ? t.each[i].comm_s : t.each[i].gpu_s),
                   comm ? std::to_string(int(1e6 * t.each[i].exposed_s + 0.5)).c_str() : "",
                   1e6 * (t.each[i].end_s - t.start()), overlap.c_str());

@@ -847,10 +847,9 @@ void BuildOutputOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, Laye
   if (s.sp)
     Comm(fwd, s, "output.all_gather", CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
          CommOverlap::kBlocking, -1);
-  Gemm(fwd, s, "logits", GemmPass::kFprop, x.T, Vl, x.h, /*fused=*/true);
-  // The runtime masks the padded vocabulary rows with a bias of -inf.
-  if (s.runtime)
-    Memory(fwd, "logits.vocab_mask", MemoryKernel::kBiasAdd, x.T, Vl, 2 * x.T * Vl * x.e, false);
+  LayerOp& logits = Gemm(fwd, s, "logits", GemmPass::kFprop, x.T, Vl, x.h, /*fused=*/true);
+  // The runtime masks the padded vocabulary rows with a bias of -1e30, the GEMM's (MatmulBias).
+  if (s.runtime) logits.epilogue = GemmEpilogue::kBias;
   // Vocab-parallel cross entropy on fp32 logits: max, exp-sum and target logit, each with a
   // small TP all-reduce (megatron/core/tensor_parallel/cross_entropy.py). The runtime keeps six
   // (T) vectors (targets, row max, sum, target logit, loss and its gradient scale) and sums the

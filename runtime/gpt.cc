@@ -534,8 +534,9 @@ Result<Tensor> GptChunk::OutputForward(const Tensor& x, const Tensor& targets, f
                        sv.lnf_rstd);
   PTDP_ASSIGN_OR_RETURN(sv.lnf_full, GatherSeq(lnf));
   PTDP_ASSIGN_OR_RETURN(sv.logits, Out({n, vocab_local_}));
-  be_.Matmul(sv.lnf_full, false, word_->value, true, sv.logits);
-  be_.AddBias(sv.logits, vocab_mask_);
+  // The padded vocabulary's mask as the GEMM's bias (on CUDA its epilogue: no pass of its own
+  // over the (tokens, vocabulary) logits).
+  be_.MatmulBias(sv.lnf_full, false, word_->value, true, vocab_mask_, sv.logits);
   PTDP_ASSIGN_OR_RETURN(sv.targets, SeqFirstIds(targets));
   const bool reduce = cfg_.tp > 1;
   PTDP_ASSIGN_OR_RETURN(sv.row_max, Stat({n}));

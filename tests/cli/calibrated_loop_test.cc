@@ -72,6 +72,13 @@ TEST(CalibratedLoop, EachLayoutRunsAndComparesAfterCalibration) {
   ASSERT_NE(r.out.find("wrote " + cal), std::string::npos) << r.out;
   // --quick: the median of 3 sweeps over the op grids, each sweep's time said.
   EXPECT_NE(r.out.find("the 3 sweeps over the op grids took"), std::string::npos) << r.out;
+  // simulate --ops on the calibrated cluster lists the runtime's calls, the fused ones as such.
+  r = Shell(kBin + " simulate --cluster " + cal + " --model " + kTiny +
+            " --global-batch 8 --gpus 1 --recompute none --ops");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* op : {"qkv+bias ", "fc1+bias+gelu ", "bias_residual_add1+norm2 ",
+                         "bias_residual_add2 ", "logits+bias "})
+    EXPECT_NE(r.out.find(op), std::string::npos) << op << "\n" << r.out;
 
   struct Case {
     const char* name;

@@ -215,8 +215,9 @@ class CallCounter final : public ForwardingBackend {
 };
 
 // The calls that fuse a bias, GeLU, residual or norm into one (GEMM epilogues, the residual
-// kernels) are the ones the runtime's op list prices as one: a forward of two layers calls each
-// as often as two layers' lists name it, and no separate bias, GeLU or add.
+// kernels) are the ones the runtime's op list prices as one: a forward of two layers with the
+// embedding and the output layer calls each as often as their lists name it, and no separate
+// bias or GeLU.
 TEST(LayerOpsRuntimeCalls, TheForwardsFusedCallsAreTheListed) {
   const ModelSpec m = Tiny();
   constexpr int kLayers = 2;
@@ -227,21 +228,27 @@ TEST(LayerOpsRuntimeCalls, TheForwardsFusedCallsAreTheListed) {
   shape.runtime = true;
   LayerOps ops;
   BuildLayerOps(m, shape, &ops);
+  LayerOpList embedding, output, unused;
+  BuildEmbeddingOps(m, shape, &embedding, &unused);
+  BuildOutputOps(m, shape, &output, &unused);
   std::map<std::string, int> listed;
-  for (const LayerOp& op : ops.forward) {
-    if (op.kind == LayerOpKind::kGemm)
-      listed[op.epilogue == GemmEpilogue::kBias       ? "MatmulBias"
-             : op.epilogue == GemmEpilogue::kBiasGelu ? "MatmulBiasGelu"
-                                                      : "Matmul"] += kLayers;
-    if (op.kind != LayerOpKind::kMemory) continue;
-    const char* call = op.kernel == MemoryKernel::kBiasAdd            ? "AddBias"
-                       : op.kernel == MemoryKernel::kBiasResidual     ? "AddBiasResidual"
-                       : op.kernel == MemoryKernel::kBiasResidualNorm ? "AddBiasResidualLayerNorm"
-                       : op.kernel == MemoryKernel::kNorm             ? "LayerNormForward"
-                       : op.kernel == MemoryKernel::kActivation       ? "GeluForward"
-                       : op.kernel == MemoryKernel::kAdd              ? "Add"
-                                                                      : nullptr;
-    if (call) listed[call] += kLayers;
+  for (const auto& [list, times] : {std::pair{&ops.forward, kLayers}, std::pair{&embedding, 1},
+                                    std::pair{&output, 1}}) {
+    for (const LayerOp& op : *list) {
+      if (op.kind == LayerOpKind::kGemm)
+        listed[op.epilogue == GemmEpilogue::kBias       ? "MatmulBias"
+               : op.epilogue == GemmEpilogue::kBiasGelu ? "MatmulBiasGelu"
+                                                        : "Matmul"] += times;
+      if (op.kind != LayerOpKind::kMemory) continue;
+      const char* call = op.kernel == MemoryKernel::kBiasAdd            ? "AddBias"
+                         : op.kernel == MemoryKernel::kBiasResidual     ? "AddBiasResidual"
+                         : op.kernel == MemoryKernel::kBiasResidualNorm ? "AddBiasResidualLayerNorm"
+                         : op.kernel == MemoryKernel::kNorm             ? "LayerNormForward"
+                         : op.kernel == MemoryKernel::kActivation       ? "GeluForward"
+                         : op.kernel == MemoryKernel::kAdd              ? "Add"
+                                                                        : nullptr;
+      if (call) listed[call] += times;
+    }
   }
   listed.erase("Matmul");  // the plain GEMMs: TheRuntimeRunsTheListedGemms
 
@@ -252,19 +259,22 @@ TEST(LayerOpsRuntimeCalls, TheForwardsFusedCallsAreTheListed) {
   GptChunkConfig c;
   c.model = m;
   c.n_layers = kLayers;
+  c.has_embedding = c.has_output = true;
   c.seed = 7;
   auto chunk = GptChunk::Create(c, be, **comm);
   ASSERT_TRUE(chunk.ok()) << chunk.status().message();
-  std::vector<float> x(size_t(m.seq_len * kB * m.hidden));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 13) - 6) * 0.05f;
-  Tensor input = *be.Alloc({m.seq_len, kB, m.hidden}, DType::kF32), targets;
-  ASSERT_TRUE(be.CopyFromHost(x.data(), input).ok());
+  std::vector<int32_t> ids(size_t(kB * m.seq_len));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 7 + 3) % m.vocab);
+  Tensor input = *be.Alloc({kB, m.seq_len}, DType::kI32);
+  Tensor targets = *be.Alloc({kB, m.seq_len}, DType::kI32);
+  ASSERT_TRUE(be.CopyFromHost(ids.data(), input).ok());
+  ASSERT_TRUE(be.CopyFromHost(ids.data(), targets).ok());
   be.calls.clear();
   auto out = (*chunk)->Forward(0, input, targets, 1.0f);
   ASSERT_TRUE(out.ok()) << out.status().message();
-  // The chunk's input is copied in (kCopy), not added: the listed calls are the layers'.
   EXPECT_EQ(be.calls, listed);
-  EXPECT_EQ(listed["MatmulBias"], kLayers);
+  EXPECT_EQ(listed["MatmulBias"], kLayers + 1);  // QKV's, and the logits' vocabulary mask
+  EXPECT_EQ(listed.count("AddBias"), 0u);
   EXPECT_EQ(listed["MatmulBiasGelu"], kLayers);
   EXPECT_EQ(listed["AddBiasResidualLayerNorm"], kLayers);
   EXPECT_EQ(listed["AddBiasResidual"], kLayers);
