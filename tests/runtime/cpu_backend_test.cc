@@ -31,6 +31,14 @@ constexpr double kFdRelTol = 1e-3;
 
 using testing::RandomFloats;
 
+// Options with a capacity and a cache of `cache_bytes` (0: none), the rest the defaults.
+CpuBackendOptions Memory(size_t capacity_bytes, size_t cache_bytes) {
+  CpuBackendOptions o;
+  o.capacity_bytes = capacity_bytes;
+  o.cache_bytes = cache_bytes;
+  return o;
+}
+
 class CpuBackendTest : public ::testing::TestWithParam<CpuKernelLevel> {
  protected:
   CpuBackendOptions Options() {
@@ -122,7 +130,7 @@ TEST_P(CpuBackendTest, AllocRefusesNegativeShapesAndCapacityOverflow) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("(2, -1)"), std::string::npos);
 
-  CpuBackend small(CpuBackendOptions{.capacity_bytes = 100});
+  CpuBackend small(Memory(100, CpuBackendOptions::kDefaultCacheBytes));
   Tensor a = *small.Alloc(Shape{20}, DType::kF32);        // 80 of 100 bytes
   Result<Tensor> b = small.Alloc(Shape{6}, DType::kF32);  // 24 more: 104 > 100
   ASSERT_FALSE(b.ok());
@@ -145,7 +153,7 @@ TEST_P(CpuBackendTest, TensorMayOutliveItsBackend) {
 // ---- host transfer and element-wise ---------------------------------------------------------
 
 TEST_P(CpuBackendTest, AFreedBlockIsReusedZeroedAndCountedAgain) {
-  CpuBackend be(CpuBackendOptions{0, 1 << 20});  // a cache whatever the build's default
+  CpuBackend be(Memory(0, 1 << 20));  // a cache whatever the build's default
   const void* first = nullptr;
   {
     Tensor a = *be.Alloc(Shape{1000}, DType::kF32);
@@ -166,7 +174,7 @@ TEST_P(CpuBackendTest, AFreedBlockIsReusedZeroedAndCountedAgain) {
 // different number of rows every step; exact size classes faulted in fresh pages for each), is
 // counted at the request's bytes, and goes back to the cache at its own size.
 TEST_P(CpuBackendTest, ACachedBlockServesSmallerRequestsUpToHalfItsSize) {
-  CpuBackend be(CpuBackendOptions{0, 1 << 20});
+  CpuBackend be(Memory(0, 1 << 20));
   const void* big = nullptr;
   { big = be.Alloc(Shape{5000}, DType::kF32)->data(); }  // 20000 bytes, a 20480-byte block
   {
@@ -187,7 +195,7 @@ TEST_P(CpuBackendTest, ACachedBlockServesSmallerRequestsUpToHalfItsSize) {
 TEST_P(CpuBackendTest, AllocUninitPoisonsWhenAskedAndAllocStillZeroes) {
   // Poisoned: every float NaN, from a fresh block and from a cached one that held 7s; Alloc of
   // the same block afterwards is zeros again; the bytes count as Alloc's.
-  CpuBackendOptions o{0, 1 << 20};
+  CpuBackendOptions o = Memory(0, 1 << 20);
   o.poison_uninit = true;
   CpuBackend be(o);
   const void* first = nullptr;
@@ -216,7 +224,7 @@ TEST_P(CpuBackendTest, NoCacheAndAFullCacheFreeAtOnce) {
   // With cache_bytes 4096, one freed 4000-byte block is kept: the newest, the older one goes back
   // to malloc to make room for it; with 0 nothing is kept (and nothing leaks: the sanitizer build
   // checks).
-  CpuBackend small(CpuBackendOptions{0, 4096});
+  CpuBackend small(Memory(0, 4096));
   const void* kept = nullptr;
   {
     Tensor a = *small.Alloc(Shape{1000}, DType::kF32);
@@ -229,7 +237,7 @@ TEST_P(CpuBackendTest, NoCacheAndAFullCacheFreeAtOnce) {
   // A full cache of large blocks makes room for a small one: the 8 KiB block goes, the small
   // one is served from the cache next.
   {
-    CpuBackend mixed(CpuBackendOptions{0, 8192});
+    CpuBackend mixed(Memory(0, 8192));
     const void* small_block = nullptr;
     {
       Tensor big = *mixed.Alloc(Shape{2048}, DType::kF32);  // 8192 bytes: fills the cache
@@ -241,7 +249,7 @@ TEST_P(CpuBackendTest, NoCacheAndAFullCacheFreeAtOnce) {
     Tensor again = *mixed.Alloc(Shape{16}, DType::kF32);
     EXPECT_EQ(again.data(), small_block);
   }
-  CpuBackend none(CpuBackendOptions{0, 0});
+  CpuBackend none(Memory(0, 0));
   for (int i = 0; i < 3; ++i) {
     Tensor t = *none.Alloc(Shape{64}, DType::kF32);
     EXPECT_EQ(none.CurrentBytes(), 256u);
