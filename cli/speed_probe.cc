@@ -62,6 +62,8 @@ rt::MicrobenchOptions CalibrationOptions(const std::string& backend, bool quick,
   // CUDA bf16 (the default): `ptdp train` runs bf16 plans with bf16 activations and weights
   // (TrainerConfig::bf16), so the ops are timed on bf16 tensors.
   opt.act = act;
+  // A GPU's grids reach a training step's sizes, its operands filled on the device.
+  opt.device = backend != "cpu";
   return opt;
 }
 
@@ -70,7 +72,7 @@ Result<MeasuredPrimitives> RunSpeedProbe(const std::string& backend, rt::DType a
   if (threads > 1 && backend != "cpu")
     return Status::Error("speed probe: several threads only on the CPU backend");
   rt::MicrobenchOptions opt = CalibrationOptions(backend, /*quick=*/false, act);
-  opt.grids = rt::SpeedProbeGrids();
+  opt.grids = rt::SpeedProbeGrids(opt.device);
   opt.ops_only = true;
   const Precision gemms = act == rt::DType::kBF16 ? Precision::kBf16 : Precision::kFp32;
   std::vector<Result<MeasuredPrimitives>> runs(size_t(threads), Status::Error("not run"));

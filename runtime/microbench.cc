@@ -156,6 +156,9 @@ class Bench {
   }
   Result<std::vector<Tensor>> Randoms(const Shape& shape, uint32_t seed, size_t n, double sigma,
                                       DType dtype);
+  // t's values: uniform in [-1, 1], or N(0, sigma^2) when sigma > 0; from the host's streams, or
+  // on a device from its pools (MicrobenchOptions::device).
+  Status Fill(Tensor& t, uint32_t seed, double sigma);
   void Done(const std::string& what);
   void Add(const char* table, std::vector<double> row) { rows_[table].push_back(std::move(row)); }
 
@@ -180,6 +183,8 @@ class Bench {
   const double cold_bytes_ = ColdBytes(opt_);
   BenchWorld ops_world_;         // the one-rank world whose rank 0 times the ops
   std::unique_ptr<Backend> be_;  // its backend (released before the world)
+  // On a device: kDevicePool fp32 values of noise_ and of normal_ there (released before be_).
+  Tensor uniform_pool_, normal_pool_;
   std::map<std::string, std::vector<std::vector<double>>> rows_;
   MicrobenchReport report_;
   NoiseStream noise_;    // the operands' values
@@ -222,8 +227,31 @@ double Bench::TimeCall(const std::function<void()>& fn) {
 
 Result<Tensor> Bench::Random(const Shape& shape, uint32_t seed, DType dtype) {
   PTDP_ASSIGN_OR_RETURN(Tensor t, be_->AllocUninit(shape, dtype));
-  PTDP_RETURN_IF_ERROR(be_->CopyFromHost(noise_.At(t.numel(), seed), t));
+  PTDP_RETURN_IF_ERROR(Fill(t, seed, 0));
   return t;
+}
+
+// A device's pools: 4M fp32 values each (16 MiB), copied once from the host's streams.
+constexpr int64_t kDevicePool = int64_t(1) << 22;
+
+Status Bench::Fill(Tensor& t, uint32_t seed, double sigma) {
+  const bool normal = sigma > 0;
+  if (opt_.device) {
+    Tensor& pool = normal ? normal_pool_ : uniform_pool_;
+    if (!pool.defined()) {
+      PTDP_ASSIGN_OR_RETURN(pool, be_->AllocUninit({kDevicePool}, DType::kF32));
+      PTDP_RETURN_IF_ERROR(be_->CopyFromHost(
+          normal ? normal_.At(kDevicePool, 0) : noise_.At(kDevicePool, 0), pool));
+    }
+    PTDP_RETURN_IF_ERROR(FillFromPool(*be_, pool, seed, t));
+    if (normal) be_->Scale(float(sigma), t);
+    return Status::Ok();
+  }
+  if (!normal) return be_->CopyFromHost(noise_.At(t.numel(), seed), t);
+  const float* z = normal_.At(t.numel(), seed);
+  std::vector<float> values(size_t(t.numel()));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(sigma * double(z[i]));
+  return be_->CopyFromHost(values.data(), t);
 }
 
 size_t Bench::Variants(double elements, double e) const {
@@ -236,14 +264,7 @@ Result<std::vector<Tensor>> Bench::Randoms(const Shape& shape, uint32_t seed, si
                                            double sigma, DType dtype) {
   Tensor all;
   PTDP_ASSIGN_OR_RETURN(std::vector<Tensor> v, Slices(*be_, shape, dtype, n, &all, true));
-  if (sigma <= 0) {
-    PTDP_RETURN_IF_ERROR(be_->CopyFromHost(noise_.At(all.numel(), seed), all));
-    return v;
-  }
-  const float* z = normal_.At(all.numel(), seed);
-  std::vector<float> values(size_t(all.numel()));
-  for (size_t i = 0; i < values.size(); ++i) values[i] = float(sigma * double(z[i]));
-  PTDP_RETURN_IF_ERROR(be_->CopyFromHost(values.data(), all));
+  PTDP_RETURN_IF_ERROR(Fill(all, seed, sigma));
   return v;
 }
 
@@ -307,14 +328,14 @@ Status Bench::Gemms() {
   return Status::Ok();
 }
 
-// One (batch, head) of the attention core: measured with 4 heads of batch 1 (seq-first, as the
-// model calls it), divided by 4.
+// One (batch, head) of the attention core: measured with the grids' attention_heads heads of
+// batch 1 (seq-first, as the model calls it), divided by their number.
 Status Bench::Attention() {
-  constexpr int64_t kHeads = 4;
+  const int64_t heads = grids_.attention_heads;
   for (double s : grids_.attention_s)
     for (double d : grids_.attention_d) {
-      const int64_t S = int64_t(s), A = kHeads * int64_t(d);
-      const Shape saved_shape = be_->AttentionSavedShape(1, S, kHeads, int64_t(d));
+      const int64_t S = int64_t(s), A = heads * int64_t(d);
+      const Shape saved_shape = be_->AttentionSavedShape(1, S, heads, int64_t(d));
       const size_t nv =
           Variants(e_ * double(S) * 4 * A + 4 * double(Shape(saved_shape).numel()), 1);
       PTDP_ASSIGN_OR_RETURN(auto qkv, Randoms({S, 1, 3 * A}, 6, nv));
@@ -324,34 +345,34 @@ Status Bench::Attention() {
       std::vector<Tensor> saved;
       for (size_t k = 0; k < nv; ++k) {
         PTDP_ASSIGN_OR_RETURN(Tensor t, be_->Alloc(saved_shape, DType::kF32));
-        be_->AttentionForward(qkv[k], kHeads, TokenOrder::kSeqFirst, out, t);
+        be_->AttentionForward(qkv[k], heads, TokenOrder::kSeqFirst, out, t);
         saved.push_back(std::move(t));
       }
       size_t k = 0;
       const double fwd = TimeCall([&] {
         const size_t i = k++ % nv;
-        be_->AttentionForward(qkv[i], kHeads, TokenOrder::kSeqFirst, out, saved[i]);
+        be_->AttentionForward(qkv[i], heads, TokenOrder::kSeqFirst, out, saved[i]);
       });
       const double bwd = TimeCall([&] {
         const size_t i = k++ % nv;
-        be_->AttentionBackward(dout[i], qkv[i], out, saved[i], kHeads, TokenOrder::kSeqFirst,
+        be_->AttentionBackward(dout[i], qkv[i], out, saved[i], heads, TokenOrder::kSeqFirst,
                                dqkv);
       });
-      Add("attention_forward", {s, d, fwd / kHeads});
-      Add("attention_backward", {s, d, bwd / kHeads});
+      Add("attention_forward", {s, d, fwd / heads});
+      Add("attention_backward", {s, d, bwd / heads});
       Done("attention s " + Dims({s}) + " d " + Dims({d}));
     }
   return Status::Ok();
 }
 
 // The CP ring's attention blocks, one (batch, head) as Attention(): s local rows (two chunks of
-// L = s/2) of 4 heads, as rank 0 of cp 2 against its own block (positions 0.. and 3L..) and as
+// L = s/2) of attention_heads heads, as rank 0 of cp 2 against its own block (positions 0.. and 3L..) and as
 // rank 1 (positions L.. and 2L..) against rank 0's, merged into an output (first = false).
 Status Bench::AttentionBlocks() {
-  constexpr int64_t kHeads = 4;
+  const int64_t heads = grids_.attention_heads;
   for (double s : grids_.attention_s)
     for (double d : grids_.attention_d) {
-      const int64_t S = int64_t(s), A = kHeads * int64_t(d), L = S / 2;
+      const int64_t S = int64_t(s), A = heads * int64_t(d), L = S / 2;
       const SeqBlock own{0, 3 * L, L}, other_q{L, 2 * L, L};
       const size_t nv = Variants(double(S) * 8 * A);
       const DType f32 = DType::kF32;  // the ring's merged output, lse and gradient accumulators
@@ -360,34 +381,34 @@ Status Bench::AttentionBlocks() {
       PTDP_ASSIGN_OR_RETURN(auto dout, Randoms({S, 1, A}, 23, nv));
       PTDP_ASSIGN_OR_RETURN(Tensor merged, Random({S, 1, A}, 24, f32));
       PTDP_ASSIGN_OR_RETURN(Tensor out, Random({S, 1, A}, 24));  // as stored, for the backward
-      PTDP_ASSIGN_OR_RETURN(Tensor lse, Random({1, kHeads, S}, 25, f32));
+      PTDP_ASSIGN_OR_RETURN(Tensor lse, Random({1, heads, S}, 25, f32));
       PTDP_ASSIGN_OR_RETURN(Tensor dqkv, Random({S, 1, 3 * A}, 26, f32));
       PTDP_ASSIGN_OR_RETURN(Tensor dkv, Random({S, 1, 2 * A}, 27, f32));
       for (int diagonal = 1; diagonal >= 0; --diagonal) {
         const SeqBlock& q = diagonal ? own : other_q;
         // A consistent output and log-sum-exp for the backward: the block merged into the
         // rank's own (the diagonal case: its own only).
-        be_->AttentionBlockForward(qkv[0], q, kv[0], diagonal ? own : q, kHeads, true, merged,
+        be_->AttentionBlockForward(qkv[0], q, kv[0], diagonal ? own : q, heads, true, merged,
                                    lse);
         if (!diagonal)
-          be_->AttentionBlockForward(qkv[0], q, kv[0], own, kHeads, false, merged, lse);
+          be_->AttentionBlockForward(qkv[0], q, kv[0], own, heads, false, merged, lse);
         be_->Copy(merged, out);
         size_t k = 0;
         PTDP_ASSIGN_OR_RETURN(Tensor out_f, Random({S, 1, A}, 28, f32));
-        PTDP_ASSIGN_OR_RETURN(Tensor lse_f, Random({1, kHeads, S}, 29, f32));
-        be_->AttentionBlockForward(qkv[0], q, kv[0], q, kHeads, true, out_f, lse_f);
+        PTDP_ASSIGN_OR_RETURN(Tensor lse_f, Random({1, heads, S}, 29, f32));
+        be_->AttentionBlockForward(qkv[0], q, kv[0], q, heads, true, out_f, lse_f);
         const double fwd = TimeCall([&] {
           const size_t i = k++ % nv;
-          be_->AttentionBlockForward(qkv[i], q, kv[i], own, kHeads, false, out_f, lse_f);
+          be_->AttentionBlockForward(qkv[i], q, kv[i], own, heads, false, out_f, lse_f);
         });
         const double bwd = TimeCall([&] {
           const size_t i = k++ % nv;
-          be_->AttentionBlockBackward(dout[i], qkv[i], q, kv[i], own, out, lse, kHeads, dqkv, dkv);
+          be_->AttentionBlockBackward(dout[i], qkv[i], q, kv[i], own, out, lse, heads, dqkv, dkv);
         });
         Add(diagonal ? "attention_block_diagonal_forward" : "attention_block_forward",
-            {s, d, fwd / kHeads});
+            {s, d, fwd / heads});
         Add(diagonal ? "attention_block_diagonal_backward" : "attention_block_backward",
-            {s, d, bwd / kHeads});
+            {s, d, bwd / heads});
       }
       Done("attention blocks s " + Dims({s}) + " d " + Dims({d}));
     }
@@ -795,10 +816,44 @@ double ColdBytesOfThisHost() {
   return std::max(kFloor, 4 * l2);
 }
 
+// A GPU's attention calls: 64 heads x s/64 query tiles of the flash kernels fill an H100's 132
+// SMs from s 256 (GPT-2 medium at micro-batch 8 runs 128 (batch, head)s a layer).
+constexpr int kDeviceAttentionHeads = 64;
+
 MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
   if (opt.grids) return *opt.grids;
   MicrobenchGrids g;
   const double max_ranks = std::max(2, opt.max_ranks);
+  g.gelu_sigma = Geometric(0.0625, 4, 4);
+  if (opt.device) {
+    // A GPU: up to a training step's sizes (GPT-2 medium at micro-batch 8: GEMMs of 8192 tokens,
+    // attention over s 1024 of 128 (batch, head)s, (8192, 50304) logits), where its efficiency
+    // levels off, so that what lies beyond scales as the axes' exponents say. Each grid's
+    // largest operands stay at a few GiB of device memory.
+    g.attention_heads = kDeviceAttentionHeads;
+    if (opt.quick) {
+      g.gemm_dims = Geometric(64, 8192, 2);
+      g.attention_s = Geometric(128, 4096, 2);
+      g.attention_d = {64, 128};
+      g.row_rows = Geometric(256, 16384, 4);
+      g.row_cols = Geometric(64, 16384, 4);
+      g.elements = Geometric(1024, 33554432, 8);
+      g.alloc_bytes = Geometric(256, 536870912, 8);
+      g.comm_ranks = Geometric(2, std::min(4.0, max_ranks), 2);
+      g.comm_bytes = Geometric(32, 67108864, 8);
+    } else {
+      g.gemm_dims = Geometric(32, 16384, 2);
+      g.attention_s = Geometric(64, 16384, 2);
+      g.attention_d = Geometric(32, 128, 2);
+      g.row_rows = Geometric(64, 16384, 4);
+      g.row_cols = Geometric(16, 16384, 4);
+      g.elements = Geometric(256, 134217728, 4);
+      g.alloc_bytes = Geometric(256, 1073741824, 4);
+      g.comm_ranks = Geometric(2, std::min(8.0, max_ranks), 2);
+      g.comm_bytes = Geometric(32, 268435456, 4);
+    }
+    return g;
+  }
   if (opt.quick) {
     g.gemm_dims = Geometric(16, 512, 2);
     g.attention_s = Geometric(16, 256, 2);
@@ -806,7 +861,6 @@ MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
     g.row_rows = Geometric(16, 1024, 4);
     g.row_cols = Geometric(16, 256, 4);
     g.elements = Geometric(64, 2097152, 8);
-    g.gelu_sigma = Geometric(0.0625, 4, 4);
     g.alloc_bytes = Geometric(256, 8388608, 8);
     g.comm_ranks = Geometric(2, std::min(4.0, max_ranks), 2);
     g.comm_bytes = Geometric(32, 2097152, 16);
@@ -817,7 +871,6 @@ MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
     g.row_rows = Geometric(16, 4096, 4);
     g.row_cols = Geometric(16, 1024, 4);
     g.elements = Geometric(64, 4194304, 4);
-    g.gelu_sigma = Geometric(0.0625, 4, 4);
     g.alloc_bytes = Geometric(256, 16777216, 4);
     g.comm_ranks = Geometric(2, std::min(8.0, max_ranks), 2);
     g.comm_bytes = Geometric(32, 8388608, 4);
@@ -825,17 +878,43 @@ MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
   return g;
 }
 
-MicrobenchGrids SpeedProbeGrids() {
+MicrobenchGrids SpeedProbeGrids(bool device) {
   MicrobenchGrids g;
+  g.gelu_sigma = {0.25};
+  g.alloc_bytes = {1048576};
+  if (device) {  // points of the device's quick and full grids, the GPU filled as there
+    g.attention_heads = kDeviceAttentionHeads;
+    g.gemm_dims = {256, 2048};
+    g.attention_s = {1024};
+    g.attention_d = {64};
+    g.row_rows = {1024};
+    g.row_cols = {1024};
+    g.elements = {4194304};
+    return g;
+  }
   g.gemm_dims = {64, 256};
   g.attention_s = {128};
   g.attention_d = {32};
   g.row_rows = {256};
   g.row_cols = {64};
   g.elements = {262144};
-  g.gelu_sigma = {0.25};
-  g.alloc_bytes = {1048576};
   return g;
+}
+
+Status FillFromPool(Backend& be, const Tensor& pool, uint32_t seed, Tensor& t) {
+  const int64_t p = pool.numel(), n = t.numel();
+  if (p < 1 || pool.dtype() != DType::kF32)
+    return Status::Error("FillFromPool: the pool must hold fp32 values");
+  if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16)
+    return Status::Error("FillFromPool: fills fp32 or bf16 tensors");
+  const Tensor flat = t.View({n});
+  for (int64_t off = 0, piece = 0; off < n; off += p, ++piece) {
+    const int64_t len = std::min(p, n - off);
+    const size_t start = (SeedOffset(seed) + size_t(piece) * 7919) % size_t(p - len + 1);
+    Tensor dst = flat.View({len}, off);
+    be.Copy(pool.View({len}, int64_t(start)), dst);
+  }
+  return Status::Ok();
 }
 
 double MicrobenchReport::Drift() const {

@@ -35,6 +35,10 @@ namespace ptdp::rt {
 struct MicrobenchGrids {
   std::vector<double> gemm_dims;        // m, n and k each take these values
   std::vector<double> attention_s, attention_d;
+  // Heads of batch 1 an attention call is timed with (its time / heads is the table's figure, one
+  // (batch, head)): a few on a CPU, where heads run one after another; enough on a GPU that its
+  // blocks (heads x query tiles) fill the device, as a training step's batch x heads do.
+  int attention_heads = 4;
   std::vector<double> row_rows, row_cols;
   std::vector<double> elements;         // element-wise ops
   std::vector<double> gelu_sigma;       // standard deviations of GeLU's normal inputs
@@ -66,6 +70,13 @@ struct MicrobenchOptions {
   // Only the ops on rank 0 (GEMMs, attention, row-wise, element-wise, allocation): no world of
   // several ranks, no collective tables (the speed probe of `ptdp train`).
   bool ops_only = false;
+  // The backend is a GPU: the grids reach a training step's sizes (a GPU's efficiency still
+  // climbs past the CPU grids' largest points: a 512^3 GEMM runs at a fraction of the rate of a
+  // 8192 x 4096 x 1024 one, which a table extrapolated from 512 would charge at the small one's
+  // rate), attention is timed with attention_heads enough to fill the device, and the operands
+  // are copied from pools of random values on the device (FillFromPool) rather than from the
+  // host, which for those grids would move tens of GB a sweep.
+  bool device = false;
 };
 // Four times this host's largest per-core cache below the shared one (L2, from
 // /sys/devices/system/cpu/cpu0/cache), at least 8 MiB; 8 MiB when sysfs does not say.
@@ -76,7 +87,12 @@ MicrobenchGrids GridsFor(const MicrobenchOptions& opt);
 // fifty timings in all (about half a second on the 2-core dev VM). `ptdp train` runs them with
 // ops_only before and after its steps; `ptdp compare` holds them against the calibration
 // (core/measured.h, HostSpeed).
-MicrobenchGrids SpeedProbeGrids();
+MicrobenchGrids SpeedProbeGrids(bool device = false);
+
+// Fills t (fp32 or bf16, contiguous) with values of `pool` (1-D, fp32, on t's backend), copied
+// on the backend in pieces of at most the pool's length, each from an offset that depends on
+// `seed` and on the piece (fp32 to bf16 rounded as Backend::Copy rounds).
+Status FillFromPool(Backend& be, const Tensor& pool, uint32_t seed, Tensor& t);
 
 // A world of ranks made together with their backends: a GPU communicator needs each rank's
 // stream, i.e. its backend, so the two come from one factory (cli/launch.h's MakeLaunch).

@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <set>
+#include <string>
 
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/forwarding_backend.h"
@@ -152,25 +154,109 @@ TEST(Microbench, TheSpeedProbeTimesOpsOnlyAtPointsOfEveryCalibration) {
                          "attention_block_backward", "layernorm_backward", "gelu_forward", "adamw",
                          "alloc"})
     ASSERT_NE(m->Table(op), nullptr) << op;
-  const MicrobenchGrids probe = SpeedProbeGrids();
+  for (bool device : {false, true}) {
+    for (bool quick : {true, false}) {
+      SCOPED_TRACE(device ? "device" : "cpu");
+      const MicrobenchGrids probe = SpeedProbeGrids(device);
+      MicrobenchOptions o;
+      o.quick = quick;
+      o.device = device;
+      const MicrobenchGrids g = GridsFor(o);
+      EXPECT_EQ(probe.attention_heads, g.attention_heads);  // per (batch, head) as calibrated
+      auto within = [&](const std::vector<double>& sub, const std::vector<double>& all,
+                        const char* what) {
+        for (double v : sub)
+          EXPECT_NE(std::find(all.begin(), all.end(), v), all.end())
+              << what << " " << v << (quick ? " (quick)" : " (full)");
+      };
+      within(probe.gemm_dims, g.gemm_dims, "gemm");
+      within(probe.attention_s, g.attention_s, "attention s");
+      within(probe.attention_d, g.attention_d, "attention d");
+      within(probe.row_rows, g.row_rows, "rows");
+      within(probe.row_cols, g.row_cols, "cols");
+      within(probe.elements, g.elements, "elements");
+      within(probe.gelu_sigma, g.gelu_sigma, "sigma");
+      within(probe.alloc_bytes, g.alloc_bytes, "alloc");
+    }
+  }
+}
+
+// A GPU's grids reach the sizes of a training step (GPT-2 medium at micro-batch 8 on one GPU:
+// GEMMs of 8192 tokens x 1024..4096, attention at s 1024 over 128 (batch, head)s, LayerNorm
+// over (8192, 1024), logits (8192, 50304), 700 MB of gradients to reduce), where its efficiency
+// has levelled off: beyond the grid a table scales its largest point's rate. The CPU's grids
+// stay small (one core is at its rate from a few hundred).
+TEST(Microbench, DeviceGridsReachATrainingStepsSizes) {
   for (bool quick : {true, false}) {
+    SCOPED_TRACE(quick ? "quick" : "full");
     MicrobenchOptions o;
     o.quick = quick;
-    const MicrobenchGrids g = GridsFor(o);
-    auto within = [&](const std::vector<double>& sub, const std::vector<double>& all,
-                      const char* what) {
-      for (double v : sub)
-        EXPECT_NE(std::find(all.begin(), all.end(), v), all.end())
-            << what << " " << v << (quick ? " (quick)" : " (full)");
-    };
-    within(probe.gemm_dims, g.gemm_dims, "gemm");
-    within(probe.attention_s, g.attention_s, "attention s");
-    within(probe.attention_d, g.attention_d, "attention d");
-    within(probe.row_rows, g.row_rows, "rows");
-    within(probe.row_cols, g.row_cols, "cols");
-    within(probe.elements, g.elements, "elements");
-    within(probe.gelu_sigma, g.gelu_sigma, "sigma");
-    within(probe.alloc_bytes, g.alloc_bytes, "alloc");
+    const MicrobenchGrids cpu = GridsFor(o);
+    o.device = true;
+    const MicrobenchGrids gpu = GridsFor(o);
+    auto top = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+    EXPECT_GE(top(gpu.gemm_dims), 8192);
+    EXPECT_GE(top(gpu.attention_s), 4096);
+    EXPECT_GE(top(gpu.attention_d), 128);
+    EXPECT_GE(gpu.attention_heads * 2, 128);  // with s / 64 >= 2 query tiles: 128 blocks
+    EXPECT_GE(top(gpu.row_rows), 8192);
+    EXPECT_GE(top(gpu.row_cols), 16384);
+    EXPECT_GE(top(gpu.elements), 32.0 * (1 << 20));
+    EXPECT_GE(top(gpu.comm_bytes), 64.0 * (1 << 20));
+    EXPECT_LE(top(cpu.gemm_dims), 1024);
+    EXPECT_EQ(cpu.attention_heads, 4);
+  }
+}
+
+// FillFromPool copies the pool's values on the backend, in pieces of at most its length, the
+// offsets inside it; bf16 targets get them rounded. Anything but an fp32 pool is refused.
+TEST(Microbench, FillFromPoolCopiesThePoolsValues) {
+  CpuBackend be;
+  const std::vector<float> values = {0.1f, -0.2f, 0.3f, -0.4f, 0.5f, -0.6f, 0.7f, -0.8f, 0.9f, -1.0f};
+  Tensor pool = *be.Alloc({10}, DType::kF32);
+  ASSERT_TRUE(be.CopyFromHost(values.data(), pool).ok());
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int64_t n : {1, 7, 10, 25}) {
+      SCOPED_TRACE(std::to_string(n));
+      Tensor t = *be.Alloc({n}, dt);
+      ASSERT_TRUE(FillFromPool(be, pool, 3, t).ok());
+      std::vector<float> got(static_cast<size_t>(n));
+      ASSERT_TRUE(be.CopyToHost(t, got.data()).ok());
+      for (int64_t off = 0; off < n; off += 10) {
+        // Each piece is a run of consecutive pool values.
+        const auto first = std::find_if(values.begin(), values.end(), [&](float v) {
+          return std::fabs(v - got[size_t(off)]) <= 0.01f;
+        });
+        ASSERT_NE(first, values.end());
+        const size_t start = size_t(first - values.begin());
+        for (int64_t i = off; i < std::min(n, off + 10); ++i) {
+          ASSERT_LT(start + size_t(i - off), values.size());
+          EXPECT_NEAR(got[size_t(i)], values[start + size_t(i - off)],
+                      dt == DType::kF32 ? 0.0 : 0.005);
+        }
+      }
+    }
+  }
+  Tensor f = *be.Alloc({4}, DType::kF32);
+  Tensor ints = *be.Alloc({10}, DType::kI32);
+  EXPECT_FALSE(FillFromPool(be, ints, 0, f).ok());
+  EXPECT_FALSE(FillFromPool(be, pool, 0, ints).ok());
+}
+
+// The device's way of filling operands, on the CPU backend: every table measured as with the
+// host's streams.
+TEST(Microbench, DeviceOperandsFromPoolsMeasureEveryOpTable) {
+  MicrobenchOptions opt = Tiny();
+  opt.device = true;
+  opt.ops_only = true;
+  opt.grids->attention_heads = 2;
+  auto m = RunMicrobenchmarks(CpuWorld, opt, nullptr);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  for (const char* op : {"gemm_nt", "gemm_tn", "attention_forward", "attention_block_backward",
+                         "layernorm_backward", "bias_residual_layernorm", "gelu_forward",
+                         "gelu_backward", "adamw", "alloc"}) {
+    ASSERT_NE(m->Table(op), nullptr) << op;
+    for (double s : m->Table(op)->seconds()) EXPECT_GT(s, 0) << op;
   }
 }
 
