@@ -171,7 +171,8 @@ Derived Derive(const MeasuredPrimitives& m) {
   for (const auto& row : m.Table("gemm_nt")->Rows())
     d.peak_flops = std::max(d.peak_flops, 2.0 * row[0] * row[1] * row[2] / row[3]);
   const auto copy = m.Table("copy")->Rows();
-  d.copy_bw = 2.0 * 4 * copy.back()[0] / copy.back()[1];  // read + write
+  // Read + write of the largest copy, of element_bytes each (2 for a bf16 calibration).
+  d.copy_bw = 2.0 * m.element_bytes * copy.back()[0] / copy.back()[1];
   const auto p2p = m.Table("send_recv")->Rows();
   d.p2p_latency_s = p2p.front()[1];
   // Bandwidth from the largest message's time less the smallest's (the latency). Both are
@@ -186,8 +187,8 @@ Derived Derive(const MeasuredPrimitives& m) {
 
 // The base cluster with the measured curves in place; `calibration:` keeps the base's entries.
 // On the CPU the peak, HBM and intra-node figures become the measured ones. A GPU keeps its
-// datasheet's: the grids' largest GEMM (1024^3) and copy (16 MiB) are far from what a GPU peaks
-// at, and with one GPU the "p2p" is a device copy, not the NVLink the base describes.
+// datasheet's: MFU is stated against the datasheet peak, and with one GPU the "p2p" is a device
+// copy, not the NVLink the base describes.
 ClusterSpec Calibrated(const ClusterSpec& base, const MeasuredPrimitives& m, const Derived& d) {
   ClusterSpec c = base;
   c.name = base.name + "-calibrated";
@@ -230,7 +231,9 @@ void PrintSummary(const MeasuredPrimitives& m, const Placement& p, const Derived
   const double unit = gpu ? 1e12 : 1e9;
   std::printf("GEMM (C = A B^T) throughput, %s:\n", gpu ? "TFLOP/s" : "GFLOP/s");
   const MeasuredTable& g = *m.Table("gemm_nt");
-  for (double dim : {16.0, 64.0, 256.0, 1024.0}) {
+  const std::vector<double> dims =
+      gpu ? std::vector<double>{64, 256, 1024, 4096, 8192} : std::vector<double>{16, 64, 256, 1024};
+  for (double dim : dims) {
     const double s = g.Seconds(dim, dim, dim);
     std::printf("  %5.0f^3  %8.2f\n", dim, 2 * dim * dim * dim / s / unit);
   }
