@@ -256,7 +256,8 @@ const MeasuredTable* MeasuredPrimitives::Table(const std::string& name) const {
 Status MeasuredPrimitives::CheckComplete(const std::string& file) const {
   std::string missing;
   for (const TableKind& k : MeasuredTableKinds())
-    if (!k.optional && !Table(k.name)) missing += (missing.empty() ? "" : ", ") + std::string(k.name);
+    if (!k.optional && !Table(k.name))
+      missing += (missing.empty() ? "" : ", ") + std::string(k.name);
   if (!missing.empty())
     return Status::Error(file + ": measured.tables lacks " + missing +
                          " (run `ptdp calibrate` to measure them all)");

@@ -366,8 +366,9 @@ Status Bench::Attention() {
 }
 
 // The CP ring's attention blocks, one (batch, head) as Attention(): s local rows (two chunks of
-// L = s/2) of attention_heads heads, as rank 0 of cp 2 against its own block (positions 0.. and 3L..) and as
-// rank 1 (positions L.. and 2L..) against rank 0's, merged into an output (first = false).
+// L = s/2) of attention_heads heads, as rank 0 of cp 2 against its own block (positions 0.. and
+// 3L..) and as rank 1 (positions L.. and 2L..) against rank 0's, merged into an output (first =
+// false).
 Status Bench::AttentionBlocks() {
   const int64_t heads = grids_.attention_heads;
   for (double s : grids_.attention_s)

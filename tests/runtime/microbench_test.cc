@@ -212,7 +212,8 @@ TEST(Microbench, DeviceGridsReachATrainingStepsSizes) {
 // offsets inside it; bf16 targets get them rounded. Anything but an fp32 pool is refused.
 TEST(Microbench, FillFromPoolCopiesThePoolsValues) {
   CpuBackend be;
-  const std::vector<float> values = {0.1f, -0.2f, 0.3f, -0.4f, 0.5f, -0.6f, 0.7f, -0.8f, 0.9f, -1.0f};
+  const std::vector<float> values = {0.1f,  -0.2f, 0.3f,  -0.4f, 0.5f,
+                                     -0.6f, 0.7f,  -0.8f, 0.9f,  -1.0f};
   Tensor pool = *be.Alloc({10}, DType::kF32);
   ASSERT_TRUE(be.CopyFromHost(values.data(), pool).ok());
   for (DType dt : {DType::kF32, DType::kBF16}) {
