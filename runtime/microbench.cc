@@ -821,61 +821,51 @@ double ColdBytesOfThisHost() {
 // SMs from s 256 (GPT-2 medium at micro-batch 8 runs 128 (batch, head)s a layer).
 constexpr int kDeviceAttentionHeads = 64;
 
+// Each axis of a grid: the powers of `factor` from lo to hi.
+struct Axis {
+  double lo, hi, factor;
+};
+// A kind of grid; the collectives' ranks run from 2 to max_ranks (the machine's, if fewer).
+struct GridSpec {
+  Axis gemm, attention_s, attention_d, rows, cols, elements, alloc, comm_bytes;
+  double max_ranks;
+};
+// The CPU's (one core reaches its rate from a few hundred) and a GPU's: up to a training step's
+// sizes (GPT-2 medium at micro-batch 8: GEMMs of 8192 tokens, attention over s 1024 of 128
+// (batch, head)s, (8192, 50304) logits), where its efficiency levels off, so that what lies
+// beyond scales as the axes' exponents say; each grid's largest operands stay at a few GiB of
+// device memory.
+// Each spec: gemm, attention s, attention d, rows; cols, elements, alloc, comm bytes; max ranks.
+constexpr GridSpec kCpuQuick{{16, 512, 2}, {16, 256, 2}, {16, 64, 2}, {16, 1024, 4},
+                             {16, 256, 4}, {64, 2097152, 8}, {256, 8388608, 8}, {32, 2097152, 16},
+                             4};
+constexpr GridSpec kCpuFull{{16, 1024, 2}, {16, 1024, 2}, {16, 128, 2}, {16, 4096, 4},
+                            {16, 1024, 4}, {64, 4194304, 4}, {256, 16777216, 4}, {32, 8388608, 4},
+                            8};
+constexpr GridSpec kDeviceQuick{{64, 8192, 2}, {128, 4096, 2}, {64, 128, 2}, {256, 16384, 4},
+                                {64, 16384, 4}, {1024, 33554432, 8}, {256, 536870912, 8},
+                                {32, 67108864, 8}, 4};
+constexpr GridSpec kDeviceFull{{32, 16384, 2}, {64, 16384, 2}, {32, 128, 2}, {64, 16384, 4},
+                               {16, 16384, 4}, {256, 134217728, 4}, {256, 1073741824, 4},
+                               {32, 268435456, 4}, 8};
+
 MicrobenchGrids GridsFor(const MicrobenchOptions& opt) {
   if (opt.grids) return *opt.grids;
+  const GridSpec& k = opt.device ? (opt.quick ? kDeviceQuick : kDeviceFull)
+                                 : (opt.quick ? kCpuQuick : kCpuFull);
+  auto axis = [](const Axis& a) { return Geometric(a.lo, a.hi, a.factor); };
   MicrobenchGrids g;
-  const double max_ranks = std::max(2, opt.max_ranks);
+  g.gemm_dims = axis(k.gemm);
+  g.attention_s = axis(k.attention_s);
+  g.attention_d = axis(k.attention_d);
+  if (opt.device) g.attention_heads = kDeviceAttentionHeads;
+  g.row_rows = axis(k.rows);
+  g.row_cols = axis(k.cols);
+  g.elements = axis(k.elements);
   g.gelu_sigma = Geometric(0.0625, 4, 4);
-  if (opt.device) {
-    // A GPU: up to a training step's sizes (GPT-2 medium at micro-batch 8: GEMMs of 8192 tokens,
-    // attention over s 1024 of 128 (batch, head)s, (8192, 50304) logits), where its efficiency
-    // levels off, so that what lies beyond scales as the axes' exponents say. Each grid's
-    // largest operands stay at a few GiB of device memory.
-    g.attention_heads = kDeviceAttentionHeads;
-    if (opt.quick) {
-      g.gemm_dims = Geometric(64, 8192, 2);
-      g.attention_s = Geometric(128, 4096, 2);
-      g.attention_d = {64, 128};
-      g.row_rows = Geometric(256, 16384, 4);
-      g.row_cols = Geometric(64, 16384, 4);
-      g.elements = Geometric(1024, 33554432, 8);
-      g.alloc_bytes = Geometric(256, 536870912, 8);
-      g.comm_ranks = Geometric(2, std::min(4.0, max_ranks), 2);
-      g.comm_bytes = Geometric(32, 67108864, 8);
-    } else {
-      g.gemm_dims = Geometric(32, 16384, 2);
-      g.attention_s = Geometric(64, 16384, 2);
-      g.attention_d = Geometric(32, 128, 2);
-      g.row_rows = Geometric(64, 16384, 4);
-      g.row_cols = Geometric(16, 16384, 4);
-      g.elements = Geometric(256, 134217728, 4);
-      g.alloc_bytes = Geometric(256, 1073741824, 4);
-      g.comm_ranks = Geometric(2, std::min(8.0, max_ranks), 2);
-      g.comm_bytes = Geometric(32, 268435456, 4);
-    }
-    return g;
-  }
-  if (opt.quick) {
-    g.gemm_dims = Geometric(16, 512, 2);
-    g.attention_s = Geometric(16, 256, 2);
-    g.attention_d = Geometric(16, 64, 2);
-    g.row_rows = Geometric(16, 1024, 4);
-    g.row_cols = Geometric(16, 256, 4);
-    g.elements = Geometric(64, 2097152, 8);
-    g.alloc_bytes = Geometric(256, 8388608, 8);
-    g.comm_ranks = Geometric(2, std::min(4.0, max_ranks), 2);
-    g.comm_bytes = Geometric(32, 2097152, 16);
-  } else {
-    g.gemm_dims = Geometric(16, 1024, 2);
-    g.attention_s = Geometric(16, 1024, 2);
-    g.attention_d = Geometric(16, 128, 2);
-    g.row_rows = Geometric(16, 4096, 4);
-    g.row_cols = Geometric(16, 1024, 4);
-    g.elements = Geometric(64, 4194304, 4);
-    g.alloc_bytes = Geometric(256, 16777216, 4);
-    g.comm_ranks = Geometric(2, std::min(8.0, max_ranks), 2);
-    g.comm_bytes = Geometric(32, 8388608, 4);
-  }
+  g.alloc_bytes = axis(k.alloc);
+  g.comm_ranks = Geometric(2, std::min(k.max_ranks, double(std::max(2, opt.max_ranks))), 2);
+  g.comm_bytes = axis(k.comm_bytes);
   return g;
 }
 
