@@ -99,6 +99,10 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp4|fp32 (default bf16; fp32 without a 16-bit peak, as on local-cpu)");
   app->add_option("--tp-comm-overlap", f->tp_overlap, "TE TP communication overlap on|off (default off)");
   app->add_option("--overlap-grad-reduce", f->grad_overlap, "overlap DP reduction with backward on|off (default on)");
+  app->add_flag("--grad-reduce-in-bf16", f->grad_reduce_in_bf16,
+                "Megatron's: keep the gradient buffers in bf16, so that micro-batches accumulate "
+                "and DP reduces 2-byte gradients (default: fp32, --bf16's "
+                "accumulate-allreduce-grads-in-fp32); needs bf16, fp8 or fp4");
   app->add_option("--ddp-bucket-size", f->ddp_bucket_size,
                   "parameters per gradient bucket with --overlap-grad-reduce (default Megatron's: "
                   "max(40M, 1M x DP x CP))");
@@ -290,6 +294,10 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &s.precision, &s.tp_comm_overlap,
                                   &s.overlap_grad_reduce, &s.overlap_p2p, &shard));
   PTDP_ASSIGN_OR_RETURN(s.ddp_bucket_size, BucketSizeFlag(f));
+  s.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
+  if (s.grad_reduce_in_bf16 && (s.precision == Precision::kFp16 || s.precision == Precision::kFp32))
+    return Status::Error(std::string("--grad-reduce-in-bf16 needs bf16 weights (--precision bf16, "
+                                     "fp8 or fp4), got ") + ToString(s.precision));
   s.sequence_parallel = sp;
   s.distributed_optimizer = dopt;
   s.shard_gradients = shard;
@@ -350,6 +358,7 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
                                   &l.overlap_grad_reduce, &l.overlap_p2p, &shard));
   PTDP_ASSIGN_OR_RETURN(l.ddp_bucket_size, BucketSizeFlag(f));
   l.shard_gradients = shard.value_or(false);
+  l.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
   const double headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
   PTDP_RETURN_IF_ERROR(CheckHeadroom(headroom));
   w.cost->set_memory_headroom(headroom);
@@ -387,7 +396,7 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
           {"num_microbatches", l.num_microbatches()},
           {"sequence_parallel", l.sequence_parallel}, {"recompute", ToString(l.recompute)},
           {"distributed_optimizer", l.distributed_optimizer},
-          {"shard_gradients", l.shard_gradients},
+          {"shard_gradients", l.shard_gradients}, {"grad_reduce_in_bf16", l.grad_reduce_in_bf16},
           {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},
           {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap},
           {"overlap_p2p", l.overlap_p2p}, {"pipeline_split", l.SplitName()},

@@ -58,6 +58,7 @@ struct LayoutFlags {
   std::optional<int64_t> ddp_bucket_size;  // Megatron's --ddp-bucket-size (parameters)
   std::optional<std::string> train_tokens;  // --train-tokens 15T: days and GPU-hours
   bool allow_tp_across_nodes = false;
+  bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16 (bf16 gradient buffers)
   bool json = false;
 };
 // The default of --memory-headroom: the share of HBM a plan leaves free on top of the cost

@@ -148,11 +148,12 @@ void FillPredicted(const World& w, const Layout& l, Comparison* c) {
     RuntimeOptimizerTimes opt;  // zero parts without a runtime model
     if (w.cost->runtime()) opt = w.cost->runtime()->Optimizer(x, rc.stage);
     Parts& p = rc.predicted;
-    p[kCompute] = s.compute_s - s.tp_s;
+    // --grad-reduce-in-bf16's rounding runs inside the backwards (measured as compute).
+    p[kCompute] = s.compute_s - s.tp_s + opt.round_s;
     p[kTpComm] = s.tp_s + opt.tp_s;
     p[kPpBubble] = s.p2p_blocked_s;
     p[kDpComm] = s.dp_s + opt.dp_s;
-    p[kOptimizer] = s.optimizer_s - opt.tp_s - opt.dp_s - opt.fill_s;
+    p[kOptimizer] = s.optimizer_s - opt.tp_s - opt.dp_s - opt.fill_s - opt.round_s;
     double busy = 0;
     for (int k = 0; k < kIdle; ++k) busy += p[k];
     p[kIdle] = std::max(0.0, s.end_s - busy);

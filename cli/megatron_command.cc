@@ -328,6 +328,9 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
     case Precision::kFp4: a.Add("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4"); break;
     case Precision::kFp32: break;  // Megatron's default
   }
+  // bf16 gradient buffers (accumulated and reduced in bf16): read under --bf16 only, which
+  // every precision CheckLayout lets it take emits.
+  if (l.grad_reduce_in_bf16) a.Add("--grad-reduce-in-bf16");
   // What the plan cannot know: placeholders.
   a.Add("--tokenizer-type HuggingFaceTokenizer --tokenizer-model ${TOKENIZER_MODEL}");
   a.Add("--data-path ${DATA_PATH}");

@@ -66,6 +66,14 @@ struct Layout {
   // are sharded over dp x cp too, reduce-scattered after every micro-batch's backward
   // (docs/user-guide/features/megatron_fsdp.md); needs the distributed optimizer.
   bool shard_gradients = false;
+  // Megatron --grad-reduce-in-bf16 (bf16 training: --bf16, also under fp8 and fp4): the DDP
+  // gradient buffers hold bf16, not fp32, so the micro-batches' gradients accumulate in bf16 and
+  // the DP reduction (all-reduce, or the distributed optimizer's reduce-scatter) moves 2 bytes a
+  // gradient; the optimizer reads them into fp32. Megatron: training/arguments.py (with --bf16,
+  // accumulate_allreduce_grads_in_fp32 is forced on unless this flag is set), training.py
+  // (grad_reduce_in_fp32 = accumulate_allreduce_grads_in_fp32), core/distributed/
+  // param_and_grad_buffer.py (grad_dtype = fp32 if grad_reduce_in_fp32 else param.dtype).
+  bool grad_reduce_in_bf16 = false;
   Precision precision = Precision::kBf16;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;  // interleaved iff vp > 1
   // Megatron --overlap-grad-reduce / --overlap-param-gather: DP collectives run under the
@@ -171,6 +179,7 @@ enum class Rejection {
   kA2aOverlap,         // --overlap-moe-expert-parallel-comm without ep > 1, or pp > 1 without vp, or full recompute
   kFlexNeedsEp,        // the flex dispatcher on a dense model or with ep 1
   kGradShardingNeedsDistOpt,  // shard_gradients without the distributed optimizer
+  kGradReduceBf16NeedsBf16,   // --grad-reduce-in-bf16 with fp16 or fp32 weights
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kScheduleMismatch,   // interleaved schedule iff v > 1
   kTpCrossesNode,      // TP group spans NVLink domains (legal for Megatron; planner rejects unless forced)

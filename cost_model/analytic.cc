@@ -654,12 +654,13 @@ double AnalyticModel::ExpertParamsOnStage(const Layout& l, int r) const {
   return experts;
 }
 
-// Bytes of one gradient: fp32 main grads (Megatron's --accumulate-allreduce-grads-in-fp32
-// default); Megatron-FSDP keeps and reduces them in the parameters' dtype
-// (--megatron-fsdp-main-grads-dtype auto: bf16 for a bf16 model; docs/user-guide/features/
-// megatron_fsdp.md).
+// Bytes of one gradient: fp32 main grads (Megatron's --accumulate-allreduce-grads-in-fp32,
+// which --bf16 turns on); with --grad-reduce-in-bf16 the DDP buffers take the parameters'
+// dtype, bf16 (core/distributed/param_and_grad_buffer.py: grad_dtype = param.dtype), and
+// Megatron-FSDP keeps and reduces them in that dtype too (--megatron-fsdp-main-grads-dtype
+// auto: bf16 for a bf16 model; docs/user-guide/features/megatron_fsdp.md).
 double AnalyticModel::GradBytes(const Layout& l) const {
-  return l.shard_gradients ? WeightBytes(l.precision) : 4.0;
+  return l.shard_gradients || l.grad_reduce_in_bf16 ? WeightBytes(l.precision) : 4.0;
 }
 
 AnalyticModel::GradReduce AnalyticModel::GradReduceTimes(const Layout& l, int stride, int size,
@@ -867,7 +868,7 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
       l.distributed_optimizer ? double(std::max(1, l.expert_dp())) : 1.0;
   MemoryBytes mem;
   mem.weights = params * WeightBytes(l.precision);
-  mem.grads = params * 4.0;
+  mem.grads = params * GradBytes(l);
   if (l.shard_gradients && l.distributed_optimizer) {
     // Megatron-FSDP optim_grads: the gradients (GradBytes) sharded over dp x cp, plus the
     // unsharded gradients of the two FSDP units (layers) in flight (its double buffer).
@@ -1002,7 +1003,8 @@ double AnalyticModel::EmbeddingReduceTime(const Layout& l) const {
   if (runtime_) return runtime_->EmbeddingReduce(l);
   // Tied embedding gradient between first and last stage (the embedding group).
   if (!model_.tied_embeddings || l.pp == 1) return 0;
-  const double emb = double(model_.padded_vocab(l.tp)) * model_.hidden / l.tp * 4.0;
+  // finalize_model_grads' _allreduce_word_embedding_grads reduces the main grads (GradBytes).
+  const double emb = double(model_.padded_vocab(l.tp)) * model_.hidden / l.tp * GradBytes(l);
   return Coll(Collective::kAllReduce, l.tp * l.cp * l.dp * (l.pp - 1), 2, emb);
 }
 

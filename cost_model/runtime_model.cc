@@ -71,7 +71,10 @@ Layout RuntimeModel::Executed(const Layout& l) const {
   x.shard_gradients = false;  // the runtime's distributed optimizer shards the optimizer only
   x.moe_a2a_overlap = false;  // its MoE exchanges block, with the all-to-all dispatcher
   x.moe_flex_dispatcher = false;
-  if (m_.element_bytes == 4) x.precision = Precision::kFp32;
+  if (m_.element_bytes == 4) {  // an fp32 runtime: nothing in bf16 (TrainerConfig::bf16 off)
+    x.precision = Precision::kFp32;
+    x.grad_reduce_in_bf16 = false;
+  }
   return x;
 }
 
@@ -364,23 +367,38 @@ double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
   // routed experts (GptChunk::grad_buffer): per bucket one all-reduce and one scale. With the
   // distributed optimizer, per tensor a reduce-scatter (of a zero-padded flat copy where the
   // group does not divide it: R slices of ks) and a scale of the slice.
-  const bool average = l.dp > 1;  // gradients are fp32 (4 bytes) whatever the weights' dtype
+  // Gradients are fp32 (4 bytes) whatever the weights' dtype; with --grad-reduce-in-bf16 the
+  // runtime rounds each bucket into its bf16 mirror, scales it there, reduces 2-byte elements
+  // and copies the result back (Trainer's ToWire), also where no peer shares it.
+  const bool average = l.dp > 1, bf16 = l.grad_reduce_in_bf16;
+  const double g = bf16 ? 2 : 4;
+  const double scale = average ? 1 : 0;
+  double bucketed = 0;
   for (const DpBucket& b : ChunkDpBuckets(l, r, c)) {
     const int d = b.expert ? ExpertDp(l) : l.dp * l.cp;
+    bucketed += b.numel;
+    const double to_wire = bf16 ? Op("copy", b.numel, k) + scale * Op("scale", b.numel, k) : 0;
     if (!b.scatter) {
-      s += Coll("all_reduce", d, b.numel * 4, l) + (average ? Op("scale", b.numel, k) : 0);
+      s += to_wire + Coll("all_reduce", d, b.numel * g, l) +
+           (bf16 ? Op("copy", b.numel, k) : scale * Op("scale", b.numel, k));
       continue;
     }
     const double ks = std::ceil(b.numel / d), padded = d * ks;
-    if (padded != b.numel) s += Alloc(padded * 4, k) + Op("copy", b.numel, k);
-    s += Coll("reduce_scatter", d, padded * 4, l) + Op("scale", ks, k);
+    if (padded != b.numel) s += Alloc(padded * g, k) + Op("copy", b.numel, k);
+    s += to_wire + Coll("reduce_scatter", d, padded * g, l) + Op(bf16 ? "copy" : "scale", ks, k);
   }
-  if (average && model_.moe() && ExpertDp(l) <= 1) {  // routed experts held once: scaled
-    double held_once = 0;
-    for (const RuntimeTensor& t : ChunkTensors(l, r, c))
-      if (t.expert) held_once += t.numel;
-    if (held_once > 0) s += Op("scale", held_once, k);
+  // What no peer shares (routed experts held once, or no DP x CP at all): scaled by 1/d, in
+  // bf16 through the mirror.
+  double alone = 0, held_once = 0;
+  for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
+    alone += t.numel;
+    if (t.expert) held_once += t.numel;
   }
+  alone -= bucketed;
+  if (bf16 && alone > 0)
+    s += 2 * Op("copy", alone, k) + scale * Op("scale", alone, k);
+  else if (average && model_.moe() && ExpertDp(l) <= 1 && held_once > 0)
+    s += Op("scale", held_once, k);
   return s;
 }
 
@@ -417,7 +435,9 @@ double RuntimeModel::EmbeddingReduce(const Layout& l) const {
   double n = x.Vl * x.h;
   const int R = l.dp * l.cp;
   if (l.distributed_optimizer && R > 1) n = std::ceil(n / R);
-  return Coll("all_reduce", 2, n * 4, l);  // fp32 gradients
+  if (!l.grad_reduce_in_bf16) return Coll("all_reduce", 2, n * 4, l);  // fp32 gradients
+  // --grad-reduce-in-bf16: through a bf16 copy and back.
+  return Coll("all_reduce", 2, n * 2, l) + 2 * Op("copy", n, Slowdown(l));
 }
 
 RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
@@ -465,13 +485,15 @@ RuntimeOptimizerTimes RuntimeModel::Optimizer(const Layout& l, int r) const {
     }
     if (open > 0) run(open);
     o.fill_s += Op("fill", grads, k);
+    if (l.grad_reduce_in_bf16)
+      o.round_s += double(l.num_microbatches() - 1) * 2 * Op("copy", grads, k);
     if (l.sequence_parallel && l.tp > 1 && tp_partial > 0)  // fp32 gradients
       o.tp_s += Coll("all_reduce", l.tp, tp_partial * 4, l);
   }
   // The squared norms (each element counted by one rank) summed over every rank at once.
   compute += Coll("all_reduce", l.world(), 8, l);
   if (r == l.pp - 1) o.dp_s = Coll("all_reduce", R, 4, l);  // the reported loss, DP x CP
-  o.total_s = compute + o.fill_s + o.tp_s + o.dp_s;
+  o.total_s = compute + o.fill_s + o.round_s + o.tp_s + o.dp_s;
   return o;
 }
 
@@ -573,18 +595,20 @@ MemoryBytes RuntimeModel::StageMemory(const Layout& l, int r, double workspace_b
   // The weights in the activations' dtype (e bytes); gradients, optimizer state and, when e is
   // under 4 (bf16, TrainerConfig::bf16), the fp32 main weights sliced like the moments: fp32.
   const bool main_weights = e < 4;
-  double params = 0, state = 0;
+  double params = 0, state = 0, wire_slices = 0;
   for (int c = 0; c < l.vp; ++c)
     for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
       params += t.numel;
       const int g = t.expert ? ExpertDp(l) : R;
       const bool sliced = l.distributed_optimizer && g > 1;
       const double slice = sliced ? std::ceil(t.numel / g) : t.numel;
+      if (sliced) wire_slices += slice;
       // AdamW m, v (+ the main weights) (+ the dist-opt grad slice)
       state += (main_weights ? 3 : 2) * std::max(1.0, slice) + (sliced ? slice : 0);
     }
   mem.weights = params * e;
-  mem.grads = params * 4;
+  // --grad-reduce-in-bf16: a bf16 mirror of every gradient (and of each dist-opt slice).
+  mem.grads = params * 4 + (l.grad_reduce_in_bf16 ? params * 2 + wire_slices * 2 : 0);
   mem.optimizer = state * 4;
   const double in_flight = InFlight(l, r);
   // A chunk's layers, dense and MoE, averaged over the rank's chunks.

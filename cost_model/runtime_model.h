@@ -52,6 +52,9 @@ struct RuntimeOptimizerTimes {
   double tp_s = 0;    // SP-partial grads over TP (FinalizeTpGrads)
   double dp_s = 0;    // the loss all-reduce over DP x CP (last stage)
   double fill_s = 0;  // zeroing the gradients at the start of the step
+  // --grad-reduce-in-bf16: rounding each chunk's gradients to bf16 after its backwards but the
+  // last (two copies through the bf16 mirror; measured as backward time)
+  double round_s = 0;
 };
 
 // A parameter tensor held by one rank.

@@ -217,6 +217,8 @@ struct ParamState {
   Tensor main;            // TrainerConfig::bf16: (owned) the fp32 main weights; value holds
                           // their bf16 rounding
   Tensor grad_slice;      // dist-opt: (k) this rank's reduce-scattered grad; else the grad
+  Tensor wire_slice;      // dist-opt with --grad-reduce-in-bf16: (k) the bf16 reduce-scatter's
+                          // output, copied into grad_slice
   bool decay = false;     // weight decay: 2-D weights but the position table
   // Counted in the global gradient norm by exactly one rank of the job: not a TP replica (tp
   // rank 0 only), not the last stage's tied word embedding, and (without dist-opt) index 0 of
@@ -300,6 +302,7 @@ struct Rank {
   struct GradBucket {
     Communicator* group = nullptr;
     Tensor grads;  // a view of the chunk's grad buffer
+    Tensor wire;   // --grad-reduce-in-bf16: the same view of the chunk's bf16 mirror
     int chunk = 0;
     // With the overlap: the grad-ready moments (GptChunk::GradsDoneAt) of its parameters,
     // distinct; empty when it waits for the reduction itself (SP's TP-partial gradients, summed
@@ -327,6 +330,9 @@ struct Rank {
   // backward; last_backward[c]: the index in this rank's schedule of chunk c's last backward.
   std::unique_ptr<GradReducer> reducer;
   std::vector<size_t> last_backward;
+  // --grad-reduce-in-bf16: per chunk, a bf16 tensor the size of its grad buffer (Megatron's
+  // bf16 gradient buffer; see Impl::bf16_grads).
+  std::vector<Tensor> grad_wire;
   // The optimizer's calls over the whole parameters (BuildState): runs that lie next to each
   // other in a chunk's buffers and share weight decay and norm role, each one SumSquares and one
   // AdamW (Megatron's multi-tensor apply); views of the chunk's value and grad buffers and of
@@ -467,6 +473,16 @@ struct Trainer::Impl {
   // --overlap-grad-reduce where the communicators can run beside compute
   // (CommunicatorFactory::CollectivesBesideCompute); else one bucket a group after the backward.
   bool overlap_grad = false;
+  // Megatron's --grad-reduce-in-bf16 (Layout::grad_reduce_in_bf16, bf16 runs only): its
+  // gradient buffers are bf16, so each micro-batch's gradients are added to bf16 sums and the
+  // DP reduction runs on bf16. Here the backward still adds into the fp32 grad buffer (every
+  // backend op's gradient output is fp32) and the rounding points are Megatron's: after each
+  // micro-batch's backward but the chunk's last the buffer is rounded to bf16 in place (through
+  // the bf16 mirror rk.grad_wire); at the reduction each bucket (each sliced parameter) is
+  // rounded into the mirror, scaled by 1/d there (Megatron scales before the collective), reduced
+  // in bf16 (the communicator sums in fp32 and rounds once, NCCL in its ring) and copied back
+  // into fp32 for the optimizer, as Megatron's optimizer reads the bf16 grads into fp32.
+  bool bf16_grads = false;
   // The shard degree of a parameter (etp for routed experts) and a rank's shard index of it.
   int Degree(const ParamSpec& ps) const { return ShardDegree(ps, t, etp); }
   int ShardOf(const ParamSpec& ps, int rank) const {
@@ -494,6 +510,13 @@ struct Trainer::Impl {
   Status ReduceGradients(Rank& rk);
   Result<Tensor> ScatterInput(Rank& rk, const ParamState& ps);
   Status LaunchScatter(Rank& rk, size_t k);
+  void LaunchBucket(Rank& rk, size_t k);
+  // --grad-reduce-in-bf16: `grads` rounded into `wire` (bf16), scaled there by 1/d.
+  void ToWire(Rank& rk, const Tensor& grads, Tensor& wire);
+  // The same buffers' bf16 view of a parameter's gradient (flattened).
+  Tensor WireOf(Rank& rk, const ParamState& ps) const;
+  // --grad-reduce-in-bf16: chunk c's grad buffer rounded to bf16 values in place.
+  void RoundGrads(Rank& rk, int c);
   Status ReduceEmbedding(Rank& rk);
   Status OptimizerStep(Rank& rk);
   Result<Tensor> GatherOutput(Rank& rk, const ParamState& ps);
@@ -597,6 +620,7 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
   moe = cfg.model.moe();
   ep = moe ? l.ep : 1;
   overlap_grad = l.overlap_grad_reduce && comms.CollectivesBesideCompute();
+  bf16_grads = l.grad_reduce_in_bf16;
   etp = moe ? l.expert_tp() : 1;
   grid = RankGrid(t, c, d, p, etp, ep);
   PTDP_ASSIGN_OR_RETURN(schedule, BuildSchedule(l.schedule, p, v, m, l.microbatch_group));
@@ -679,12 +703,12 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
     for (const Rank::GradBucket& bucket : rk.buckets)
       overlapped = overlapped || (!bucket.moments.empty() && bucket.group->size() > 1);
     for (const ParamState& ps : rk.state) overlapped = overlapped || (overlap_grad && ps.slices > 1);
+    const std::vector<ScheduleOp>& ops = schedule.ranks[size_t(rk.coord.pp)];
+    rk.last_backward.assign(size_t(v), ops.size());
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (ops[i].kind == OpKind::kBackward) rk.last_backward[size_t(ops[i].chunk)] = i;
     if (overlapped) {
       rk.reducer = std::make_unique<GradReducer>();
-      const std::vector<ScheduleOp>& ops = schedule.ranks[size_t(rk.coord.pp)];
-      rk.last_backward.assign(size_t(v), ops.size());
-      for (size_t i = 0; i < ops.size(); ++i)
-        if (ops[i].kind == OpKind::kBackward) rk.last_backward[size_t(ops[i].chunk)] = i;
       // --overlap-param-gather: the sliced parameters in the order the forward reads them
       // (chunk by chunk, embedding, layers, output), once.
       for (size_t k = 0; k < rk.state.size(); ++k)
@@ -751,6 +775,9 @@ Status Trainer::Impl::BuildState(Rank& rk) {
           PTDP_RETURN_IF_ERROR(InitMainWeights(be, *chunk, ps));
         }
         PTDP_ASSIGN_OR_RETURN(ps.grad_slice, be.Alloc({ps.k}, DType::kF32));
+        if (bf16_grads) {
+          PTDP_ASSIGN_OR_RETURN(ps.wire_slice, be.AllocUninit({ps.k}, DType::kBF16));
+        }
       } else {
         ps.grad_slice = cp.grad.View(Shape({ps.numel}));
       }
@@ -762,6 +789,12 @@ Status Trainer::Impl::BuildState(Rank& rk) {
   // (next to each other, same weight decay and norm role), each one call of SumSquares and of
   // AdamW. Every rank of a group has the same chunks and parameters, so they issue the same
   // collectives in the same order.
+  if (bf16_grads)
+    for (const auto& chunk : rk.chunks) {
+      Tensor wire;
+      PTDP_ASSIGN_OR_RETURN(wire, be.AllocUninit({chunk->grad_buffer().numel()}, DType::kBF16));
+      rk.grad_wire.push_back(std::move(wire));
+    }
   size_t i = 0;
   // Megatron's buckets (Layout::GradBucketParams), none (one per group) without
   // --overlap-grad-reduce; param_and_grad_buffer.py closes a bucket once it holds at least
@@ -830,6 +863,8 @@ Status Trainer::Impl::BuildState(Rank& rk) {
       Rank::GradBucket bucket;
       bucket.group = whole[sp.first]->group;
       bucket.grads = chunk->grad_buffer().View(Shape({numel(sp)}), whole[sp.first]->param->offset);
+      if (bf16_grads)
+        bucket.wire = rk.grad_wire[ci].View(Shape({numel(sp)}), whole[sp.first]->param->offset);
       bucket.chunk = int(ci);
       if (overlap_grad && !(tp_partial && whole[sp.first]->param->tp_partial_grad)) {
         for (size_t j = sp.first; j <= sp.last; ++j)
@@ -979,8 +1014,7 @@ Status Trainer::Impl::RunOps(Rank& rk) {
                 !std::binary_search(bucket.moments.begin(), bucket.moments.end(), moment))
               continue;
             if (--bucket.pending > 0) continue;
-            bucket.launched = true;
-            rk.reducer->Launch(bucket.group, bucket.grads, int(k));
+            LaunchBucket(rk, k);
           }
           for (size_t k = 0; k < rk.state.size(); ++k) {
             ParamState& ps = rk.state[k];
@@ -991,6 +1025,9 @@ Status Trainer::Impl::RunOps(Rank& rk) {
         };
       auto dx = chunk->Backward(op.microbatch, grad_out, done);
       if (!dx.ok()) return dx.status().Prefixed(what);
+      // --grad-reduce-in-bf16: the micro-batch's sums kept in bf16 (the last one's are rounded
+      // on their way to the reduction).
+      if (bf16_grads && rk.last_backward[size_t(op.chunk)] != i) RoundGrads(rk, op.chunk);
       if (!FirstStage(r, op.chunk)) to_send[{op.microbatch, op.chunk, true}] = std::move(dx).value();
       rk.clock.Stop(t0, StepEventKind::kBackward, op.microbatch, op.chunk, &RankTimes::backward_s);
     } else if (op.kind == OpKind::kReduceGradients) {
@@ -1023,10 +1060,8 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
     // --overlap-grad-reduce: what the backward did not hand over (SP's TP-partial gradients,
     // just summed over TP), then wait for all (Megatron's finish_grad_sync).
     for (size_t k = 0; k < rk.buckets.size(); ++k) {
-      Rank::GradBucket& bucket = rk.buckets[k];
-      if (bucket.launched || bucket.group->size() == 1) continue;
-      bucket.launched = true;
-      rk.reducer->Launch(bucket.group, bucket.grads, int(k));
+      const Rank::GradBucket& bucket = rk.buckets[k];
+      if (!bucket.launched && bucket.group->size() > 1) LaunchBucket(rk, k);
     }
     for (size_t k = 0; k < rk.state.size(); ++k)
       if (rk.state[k].slices > 1 && !rk.state[k].launched) PTDP_RETURN_IF_ERROR(LaunchScatter(rk, k));
@@ -1038,7 +1073,16 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
   }
   for (Rank::GradBucket& bucket : rk.buckets) {
     // A group of 1: routed experts held once, which saw every replica's tokens.
-    if (bucket.group->size() > 1 && !rk.reducer)
+    const bool peers = bucket.group->size() > 1;
+    if (bf16_grads) {  // scaled before the reduction, in bf16 (ToWire)
+      if (!(peers && rk.reducer)) {
+        ToWire(rk, bucket.grads, bucket.wire);
+        if (peers) PTDP_RETURN_IF_ERROR(bucket.group->AllReduce(bucket.wire, ReduceOp::kSum));
+      }
+      be.Copy(bucket.wire, bucket.grads);
+      continue;
+    }
+    if (peers && !rk.reducer)
       PTDP_RETURN_IF_ERROR(bucket.group->AllReduce(bucket.grads, ReduceOp::kSum));
     if (d > 1) be.Scale(inv_d, bucket.grads);
   }
@@ -1046,9 +1090,13 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
     if (ps.slices == 1) continue;  // in a bucket
     if (!rk.reducer) {
       PTDP_ASSIGN_OR_RETURN(const Tensor in, ScatterInput(rk, ps));
-      PTDP_RETURN_IF_ERROR(ps.group->ReduceScatter(in, ps.grad_slice, ReduceOp::kSum));
+      PTDP_RETURN_IF_ERROR(ps.group->ReduceScatter(in, bf16_grads ? ps.wire_slice : ps.grad_slice,
+                                                   ReduceOp::kSum));
     }
-    be.Scale(inv_d, ps.grad_slice);
+    if (bf16_grads)
+      be.Copy(ps.wire_slice, ps.grad_slice);
+    else
+      be.Scale(inv_d, ps.grad_slice);
   }
   rk.clock.Stop(t0, StepEventKind::kDpComm, -1, -1, &RankTimes::dp_comm_s);
   return Status::Ok();
@@ -1056,10 +1104,16 @@ Status Trainer::Impl::ReduceGradients(Rank& rk) {
 
 // The dist-opt reduce-scatter's input: the parameter's gradient flattened, zero-padded to R*k
 // (each rank's block k elements) in a new tensor where R does not divide it.
+// With --grad-reduce-in-bf16 the gradient goes rounded and scaled into its bf16 view (ToWire).
 Result<Tensor> Trainer::Impl::ScatterInput(Rank& rk, const ParamState& ps) {
-  const Tensor grad = ps.param->grad.View(Shape({ps.numel}));
+  Tensor grad = ps.param->grad.View(Shape({ps.numel}));
+  if (bf16_grads) {
+    Tensor wire = WireOf(rk, ps);
+    ToWire(rk, grad, wire);
+    grad = wire;
+  }
   if (ps.numel == ps.slices * ps.k) return grad;
-  PTDP_ASSIGN_OR_RETURN(Tensor padded, rk.backend->Alloc({ps.slices * ps.k}, DType::kF32));
+  PTDP_ASSIGN_OR_RETURN(Tensor padded, rk.backend->Alloc({ps.slices * ps.k}, grad.dtype()));
   Tensor head = padded.View(Shape({ps.numel}));
   rk.backend->Copy(grad, head);
   return padded;
@@ -1070,18 +1124,56 @@ Status Trainer::Impl::LaunchScatter(Rank& rk, size_t k) {
   ParamState& ps = rk.state[k];
   PTDP_ASSIGN_OR_RETURN(Tensor in, ScatterInput(rk, ps));
   ps.launched = true;
-  rk.reducer->LaunchReduceScatter(ps.group, in, ps.grad_slice, int(rk.buckets.size() + k));
+  rk.reducer->LaunchReduceScatter(ps.group, in, bf16_grads ? ps.wire_slice : ps.grad_slice,
+                                  int(rk.buckets.size() + k));
   rk.scatter_inputs.push_back(std::move(in));
   return Status::Ok();
+}
+
+// Hands rk.buckets[k]'s all-reduce to the reducer (with --grad-reduce-in-bf16, of its bf16
+// rounding, scaled first).
+void Trainer::Impl::LaunchBucket(Rank& rk, size_t k) {
+  Rank::GradBucket& bucket = rk.buckets[k];
+  bucket.launched = true;
+  if (bf16_grads) ToWire(rk, bucket.grads, bucket.wire);
+  rk.reducer->Launch(bucket.group, bf16_grads ? bucket.wire : bucket.grads, int(k));
+}
+
+// Megatron scales the bf16 buffer by 1/d before its collective
+// (distributed_data_parallel.py: gradient_scaling_factor; param_and_grad_buffer.py
+// start_grad_sync: grad_data *= gradient_scaling_factor), each step rounding to bf16.
+void Trainer::Impl::ToWire(Rank& rk, const Tensor& grads, Tensor& wire) {
+  rk.backend->Copy(grads, wire);
+  if (d > 1) rk.backend->Scale(1.0f / float(d), wire);
+}
+
+Tensor Trainer::Impl::WireOf(Rank& rk, const ParamState& ps) const {
+  return rk.grad_wire[size_t(ps.chunk)].View(Shape({ps.numel}), ps.param->offset);
+}
+
+void Trainer::Impl::RoundGrads(Rank& rk, int c) {
+  Tensor& wire = rk.grad_wire[size_t(c)];
+  Tensor grads = rk.chunks[size_t(c)]->grad_buffer();
+  rk.backend->Copy(grads, wire);
+  rk.backend->Copy(wire, grads);
 }
 
 // The tied word embedding: first and last stage each hold a copy; sum their grads (or slices).
 Status Trainer::Impl::ReduceEmbedding(Rank& rk) {
   if (p == 1 || !rk.emb) return Status::Ok();
   const PhaseClock::Open t0 = rk.clock.Start();
-  for (ParamState& ps : rk.state)
-    if (ps.param->spec.name == "embedding.word")
+  for (ParamState& ps : rk.state) {
+    if (ps.param->spec.name != "embedding.word") continue;
+    if (!bf16_grads) {
       PTDP_RETURN_IF_ERROR(rk.emb->AllReduce(ps.grad_slice, ReduceOp::kSum));
+      continue;
+    }
+    // --grad-reduce-in-bf16: finalize_model_grads sums the bf16 main grads.
+    Tensor wire = ps.slices > 1 ? ps.wire_slice : WireOf(rk, ps);
+    rk.backend->Copy(ps.grad_slice, wire);
+    PTDP_RETURN_IF_ERROR(rk.emb->AllReduce(wire, ReduceOp::kSum));
+    rk.backend->Copy(wire, ps.grad_slice);
+  }
   rk.clock.Stop(t0, StepEventKind::kEmbedding, -1, -1, &RankTimes::dp_comm_s);
   return Status::Ok();
 }
@@ -1407,6 +1499,9 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   if (l.shard_gradients)
     return Status::Error(where + ": gradient sharding (Megatron-FSDP optim_grads) is not "
                          "supported by the runtime; plan with --data-parallel-sharding-strategy optim");
+  if (l.grad_reduce_in_bf16 && !cfg.bf16)
+    return Status::Error(where + ": grad_reduce_in_bf16 (--grad-reduce-in-bf16) needs bf16 "
+                         "training (the plan's precision bf16, without --fp32-activations)");
   if (l.cp > 1 && cfg.model.seq_len % (2 * l.cp) != 0)
     return Status::Error(where + ": context parallelism needs seq_len " + Str(cfg.model.seq_len) +
                          " divisible by 2 * cp = " + Str(2 * l.cp) + " (load-balanced chunks)");

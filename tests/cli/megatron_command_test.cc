@@ -307,6 +307,28 @@ TEST(MegatronCommand, DdpBucketSize) {
   ExpectOneLineError(Ptdp(base + "--ddp-bucket-size -5"), "--ddp-bucket-size -5 must be a positive");
 }
 
+// --grad-reduce-in-bf16: carried into the command beside --bf16; refused (one line) where
+// Megatron would ignore it (fp16, fp32 weights).
+TEST(MegatronCommand, GradReduceInBf16) {
+  const std::string base = "simulate --cluster " + ClusterFile("dgx-h100") + " --model " +
+                           ModelFile("llama3-8b") + " --gpus 16 --tp 8 --global-batch 128 ";
+  CmdResult r = Ptdp(base + "--grad-reduce-in-bf16 --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.out;
+  Script s = Parse(r.out);
+  ExpectRunnable(s, 16);
+  EXPECT_TRUE(s.Has("--grad-reduce-in-bf16"));
+  EXPECT_TRUE(s.Has("--bf16"));
+  r = Ptdp(base + "--emit megatron");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(Parse(r.out).Has("--grad-reduce-in-bf16"));
+  ExpectOneLineError(Ptdp(base + "--grad-reduce-in-bf16 --precision fp16"),
+                     "--grad-reduce-in-bf16 needs bf16 weights");
+  ExpectOneLineError(Ptdp("plan --cluster " + ClusterFile("dgx-h100") + " --model " +
+                          ModelFile("llama3-8b") +
+                          " --gpus 16 --global-batch 128 --grad-reduce-in-bf16 --precision fp16"),
+                     "--grad-reduce-in-bf16 needs bf16 weights");
+}
+
 TEST(MegatronCommand, Llama3_70bWithSequenceParallelAndTpCommOverlap) {
   const std::string base = "simulate --cluster " + ClusterFile("dgx-h100") + " --model " +
                            ModelFile("llama3-70b") + " --gpus 64 --tp 4 --pp 4 --global-batch 128 ";

@@ -238,6 +238,7 @@ TEST(ExplainRejectionTest, ContainsTheNumbers) {
       {Rejection::kBatch, {.dp = 3, .mb = 2, .gb = 64}, {"64", "2", "dp 3"}},
       {Rejection::kSpNeedsTp, {.sp = true}, {"tp > 1"}},
       {Rejection::kGradShardingNeedsDistOpt, {}, {"distributed optimizer"}},
+      {Rejection::kGradReduceBf16NeedsBf16, {}, {"--grad-reduce-in-bf16", "bf16"}},
       {Rejection::kSeqCp, {.cp = 3}, {"2048", "cp 3"}},
       {Rejection::kScheduleMismatch, {.pp = 4, .schedule = 2}, {"interleaved", "vp 1"}},
       {Rejection::kWorldSize, {.tp = 2, .pp = 2, .dp = 2}, {"2*1*2*2 = 8"}},
@@ -380,6 +381,25 @@ TEST(CheckLayoutTest, GradientShardingNeedsTheDistributedOptimizer) {
   l.distributed_optimizer = true;
   EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
   EXPECT_EQ(l.Knobs(), "zero2");
+}
+
+// --grad-reduce-in-bf16 is read under --bf16 only (fp8 and fp4 train with bf16 weights):
+// with fp16 or fp32 weights it would be a flag Megatron ignores.
+TEST(CheckLayoutTest, GradReduceInBf16NeedsBf16Weights) {
+  Layout l = Make({.dp = 8});
+  l.grad_reduce_in_bf16 = true;
+  for (Precision p : {Precision::kBf16, Precision::kFp8, Precision::kFp4}) {
+    l.precision = p;
+    EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk) << ToString(p);
+  }
+  for (Precision p : {Precision::kFp16, Precision::kFp32}) {
+    l.precision = p;
+    EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kGradReduceBf16NeedsBf16) << ToString(p);
+    EXPECT_THAT(ExplainRejection(Rejection::kGradReduceBf16NeedsBf16, TestModel(), l),
+                HasSubstr(std::string("got ") + ToString(p)));
+  }
+  l.precision = Precision::kBf16;
+  EXPECT_EQ(l.Knobs(), "grad-bf16");
 }
 
 TEST(RejectionKeyTest, AllDistinctAndNamed) {

@@ -38,6 +38,7 @@ Plan SamplePlan() {
   l.overlap_grad_reduce = false;  // non-default, so the round trip must carry it
   l.ddp_bucket_size = 12345678;   // likewise (0 is Megatron's default)
   l.tp_comm_overlap = true;
+  l.grad_reduce_in_bf16 = true;   // non-default
   p.cluster_file = "configs/clusters/dgx-a100.yaml";
   p.cluster_name = "DGX A100 (8x A100 80GB, 8x HDR 200 Gb/s)";
   p.nodes = 16;
@@ -97,6 +98,8 @@ void ExpectSameLayout(const Layout& a, const Layout& b) {
   EXPECT_EQ(a.overlap_grad_reduce, b.overlap_grad_reduce);
   EXPECT_EQ(a.ddp_bucket_size, b.ddp_bucket_size);
   EXPECT_EQ(a.tp_comm_overlap, b.tp_comm_overlap);
+  EXPECT_EQ(a.grad_reduce_in_bf16, b.grad_reduce_in_bf16);
+  EXPECT_EQ(a.shard_gradients, b.shard_gradients);
 }
 
 // Doubles must come back bit-exact (EXPECT_EQ, not NEAR): the writer uses %.17g.

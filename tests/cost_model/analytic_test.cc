@@ -97,6 +97,20 @@ TEST_F(AnalyticTest, WeightsGradsOptimizerAre18BytesPerParam) {
   EXPECT_NEAR((d.weights + d.grads + d.optimizer) / params, 6.0 + 12.0 / 8, 1e-9);
 }
 
+// --grad-reduce-in-bf16: bf16 gradient buffers, 2 bytes instead of 4 (16 bytes a parameter,
+// 4 + 12/d with the distributed optimizer).
+TEST_F(AnalyticTest, GradReduceInBf16HalvesTheGradients) {
+  Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  l.grad_reduce_in_bf16 = true;
+  const MemoryBytes m = cost_.StageMemory(l, 5);
+  const double params = cost_.ParamsOnStage(l, 5);
+  EXPECT_NEAR(m.grads / params, 2.0, 1e-9);
+  EXPECT_NEAR((m.weights + m.grads + m.optimizer) / params, 16.0, 1e-9);
+  l.distributed_optimizer = true;
+  const MemoryBytes d = cost_.StageMemory(l, 5);
+  EXPECT_NEAR((d.weights + d.grads + d.optimizer) / params, 4.0 + 12.0 / 8, 1e-9);
+}
+
 TEST_F(AnalyticTest, FirstStageHoldsPMicroBatchesUnder1F1B) {
   // Stage r keeps min(p - r, m) micro-batches of L/p layers in flight: stage 0 has p = 16 of
   // them, stage 15 one. Layer activations with SP and selective: 34 sbh / t.
@@ -134,6 +148,10 @@ TEST_F(AnalyticTest, DataParallelAllReduceTime) {
   const double bytes = 4e9;
   const double expected = 2.0 * 7 / 8 * bytes / (25e9 * 0.9) + 2 * 7 * 5e-6;
   EXPECT_NEAR(cost_.DpTime(l, params) / expected, 1.0, 0.02);
+  // --grad-reduce-in-bf16: 2 bytes a gradient.
+  l.grad_reduce_in_bf16 = true;
+  const double half = 2.0 * 7 / 8 * bytes / 2 / (25e9 * 0.9) + 2 * 7 * 5e-6;
+  EXPECT_NEAR(cost_.DpTime(l, params) / half, 1.0, 0.02);
 }
 
 TEST_F(AnalyticTest, BubbleFollowsNarayanan) {

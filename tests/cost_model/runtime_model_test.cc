@@ -137,6 +137,17 @@ TEST(RuntimeModelTest, DataParallelReducesEveryTensor) {
   for (const RuntimeTensor& t : rm.ChunkTensors(l, 0, 0)) params += t.numel;
   EXPECT_EQ(params, double(m.total_params()));  // V is already a multiple of 128
   EXPECT_NEAR(rm.ChunkDp(l, 0, 0), expected * 1e-9, 1e-15);
+  // --grad-reduce-in-bf16: each bucket rounded into the bf16 mirror (a copy), scaled there, a
+  // 2-byte all-reduce, copied back; without peers (dp 1) only the two copies.
+  l.grad_reduce_in_bf16 = true;
+  EXPECT_NEAR(rm.ChunkDp(l, 0, 0), (params + params + 2 * 2 * params + params) * 1e-9, 1e-15);
+  l.dp = 1;
+  EXPECT_NEAR(rm.ChunkDp(l, 0, 0), 2 * params * 1e-9, 1e-15);
+  // After each backward but the last (m 4: three), the gradients rounded: two copies.
+  l.global_batch = 4;
+  EXPECT_NEAR(rm.Optimizer(l, 0).round_s, 3 * 2 * params * 1e-9, 1e-15);
+  l.grad_reduce_in_bf16 = false;
+  EXPECT_EQ(rm.Optimizer(l, 0).round_s, 0);
 }
 
 // The distributed optimizer over dp 3: per tensor a reduce-scatter (3 ranks x 4 bytes x the
@@ -164,6 +175,17 @@ TEST(RuntimeModelTest, DistributedOptimizerScattersEachTensorAndGathersAfterAdam
   }
   EXPECT_EQ(copies, 14);  // all 16 but QKV's weight (12) and bias (6)
   EXPECT_NEAR(rm.ChunkDp(l, 0, 0), scatter * 1e-9, 1e-15);
+  // --grad-reduce-in-bf16: the gradient rounded and scaled into the bf16 mirror, padded in
+  // bf16, 2-byte elements scattered, the slice copied back into fp32 (instead of its scale).
+  double bf16 = 0;
+  for (const RuntimeTensor& t : rm.ChunkTensors(l, 0, 0)) {
+    const double ks = std::ceil(t.numel / 3), padded = 3 * ks;
+    bf16 += 2 * t.numel + 3 * 2 * padded + ks;
+    if (padded != t.numel) bf16 += 2 * padded + t.numel;
+  }
+  l.grad_reduce_in_bf16 = true;
+  EXPECT_NEAR(rm.ChunkDp(l, 0, 0), bf16 * 1e-9, 1e-15);
+  l.grad_reduce_in_bf16 = false;
   EXPECT_NEAR(rm.ChunkDpGather(l, 0, 0), gather * 1e-9, 1e-15);
   EXPECT_EQ(rm.ChunkDpBuckets(l, 0, 0).size(), rm.ChunkTensors(l, 0, 0).size());
   // Beside the next forward (--overlap-param-gather), its parts wait: the embedding, each
@@ -346,6 +368,7 @@ struct MemCase {
   int tp, pp, dp, vp, b;
   bool sp, dopt;
   ScheduleKind schedule;
+  bool grad_bf16 = false;  // --grad-reduce-in-bf16 (bf16 runs)
 };
 
 // Trains one step of `l` on the CPU runtime (`beside`: its communicators say they run beside
@@ -394,6 +417,7 @@ void ExpectMemoryMatchesTheCpuRuntime(const std::vector<MemCase>& cases, bool bf
     l.sequence_parallel = c.sp;
     l.distributed_optimizer = c.dopt;
     l.schedule = c.schedule;
+    l.grad_reduce_in_bf16 = c.grad_bf16;
     const std::vector<double> peaks = MeasuredPeaks(m, l, bf16);
     ASSERT_EQ(peaks.size(), size_t(l.world())) << l.ShortName();
     const RankGrid grid(l.tp, l.dp, l.pp);
@@ -489,6 +513,17 @@ TEST(RuntimeModelTest, Bf16MemoryMatchesTheCpuRuntimesTrackedPeak) {
                                     {1, 1, 2, 1, 2, false, true, ScheduleKind::kOneFOneB},
                                     {2, 2, 2, 1, 1, true, true, ScheduleKind::kOneFOneB}},
                                    /*bf16=*/true);
+}
+
+// --grad-reduce-in-bf16: the bf16 mirror of the gradients (and of each dist-opt slice).
+TEST(RuntimeModelTest, Bf16GradientsMemoryMatchesTheCpuRuntimesTrackedPeak) {
+  ExpectMemoryMatchesTheCpuRuntime(
+      {{1, 1, 1, 1, 1, false, false, ScheduleKind::kOneFOneB, true},
+       {1, 2, 1, 1, 2, false, false, ScheduleKind::kOneFOneB, true},
+       {1, 1, 2, 1, 2, false, false, ScheduleKind::kOneFOneB, true},
+       {1, 1, 2, 1, 2, false, true, ScheduleKind::kOneFOneB, true},
+       {2, 2, 2, 1, 1, true, true, ScheduleKind::kOneFOneB, true}},
+      /*bf16=*/true);
 }
 
 }  // namespace

@@ -405,5 +405,135 @@ TEST(Bf16Training, CheckpointsResumeWithTheMainWeights) {
   EXPECT_NEAR(other.losses[0], whole.losses[2], 5e-3);
 }
 
+// Megatron's --grad-reduce-in-bf16: the gradients the optimizer reads are bf16 values (each
+// micro-batch's sums rounded, the reduction in bf16), in every reduction path: DP buckets, the
+// distributed optimizer's reduce-scatter, the tied embedding between pipeline stages, SP's
+// TP-partial gradients, routed experts held once. With beta1 = 0.5 and no clipping, AdamW's
+// first moment after one step is exactly half the gradient it read.
+TrainerConfig Bf16GradConfig(const Spec& s, bool bf16_grads, const ModelSpec& model) {
+  TrainerConfig c = Config(s, true, model);
+  c.layout.precision = Precision::kBf16;
+  c.layout.grad_reduce_in_bf16 = bf16_grads;
+  c.optimizer.beta1 = 0.5;
+  c.optimizer.clip_grad = 0;
+  return c;
+}
+
+bool MomentsAreHalfBf16Gradients(const TrainingState& state, std::string* first_bad) {
+  bool any = false;
+  for (const NamedTensor& t : state.tensors) {
+    if (t.name.rfind("adam_m/", 0) != 0) continue;
+    any = true;
+    std::vector<float> g(t.data);
+    for (float& x : g) x *= 2;
+    if (!AllBf16(g)) {
+      *first_bad = t.name;
+      return false;
+    }
+  }
+  return any;
+}
+
+struct GradCase {
+  const char* name;
+  ModelSpec model;
+  Spec spec;
+};
+
+std::vector<GradCase> GradCases() {
+  Spec dp2, dopt, pp2, tpsp, ep2;
+  dp2.dp = 2;
+  dopt.dp = 2, dopt.dopt = true;
+  pp2.pp = 2;
+  tpsp.tp = 2, tpsp.sp = true, tpsp.dp = 2;
+  ep2.dp = 2, ep2.ep = 2;
+  return {{"1x1x1", testing::TinyGpt(4), Spec{}},
+          {"dp2", testing::TinyGpt(4), dp2},
+          {"dp2 dist-opt", testing::TinyGpt(4), dopt},
+          {"pp2 (tied embedding)", testing::TinyGpt(4), pp2},
+          {"tp2 sp dp2", testing::TinyGpt(4), tpsp},
+          {"moe dp2 ep2 (experts held once)", testing::TinyMoe(), ep2}};
+}
+
+TEST(Bf16Training, GradReduceInBf16GivesTheOptimizerBf16Gradients) {
+  for (const GradCase& c : GradCases()) {
+    SCOPED_TRACE(c.name);
+    std::string bad;
+    const Bf16Run bf = Train(Bf16GradConfig(c.spec, true, c.model), 1);
+    ASSERT_EQ(bf.losses.size(), 1u);
+    EXPECT_TRUE(MomentsAreHalfBf16Gradients(bf.state, &bad)) << bad << " is not a bf16 gradient";
+    // The control: fp32 gradients (Megatron's default) are not all bf16 values.
+    const Bf16Run fp = Train(Bf16GradConfig(c.spec, false, c.model), 1);
+    ASSERT_EQ(fp.losses.size(), 1u);
+    EXPECT_FALSE(MomentsAreHalfBf16Gradients(fp.state, &bad));
+  }
+}
+
+// The same run with bf16 gradients: within bf16 tolerance of fp32 gradients, in each layout.
+TEST(Bf16Training, GradReduceInBf16StaysWithinBf16ToleranceOfFp32Gradients) {
+  for (const GradCase& c : GradCases()) {
+    SCOPED_TRACE(c.name);
+    TrainerConfig bf = Config(c.spec, true, c.model), fp = bf;
+    bf.layout.precision = fp.layout.precision = Precision::kBf16;
+    bf.layout.grad_reduce_in_bf16 = true;
+    const Bf16Run a = Train(bf, 3), b = Train(fp, 3);
+    ASSERT_EQ(a.losses.size(), 3u);
+    ASSERT_EQ(b.losses.size(), 3u);
+    double worst = 0;
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(a.losses[size_t(i)], b.losses[size_t(i)], 2e-3) << "step " << i;
+      worst = std::max(worst, std::fabs(a.losses[size_t(i)] - b.losses[size_t(i)]));
+    }
+    EXPECT_NE(a.losses[2], b.losses[2]) << "bf16 gradients changed nothing";
+    std::printf("  %s: largest loss difference, bf16 against fp32 gradients %.2e\n", c.name,
+                worst);
+  }
+}
+
+// The micro-batches accumulate in bf16: with two micro-batches the gradient is
+// round(round(G1) + G2), not the rounding of the fp32 sum round(G1 + G2) (what rounding only at
+// the reduction would give). Some elements differ; the first rounding moves each by at most
+// half a bf16 step of |G1|, which can exceed the sum's own step where G1 and G2 cancel, so the
+// bound is on the whole: the differences add up to well under a bf16 step (2^-8) of the sum.
+TEST(Bf16Training, GradReduceInBf16AccumulatesTheMicroBatchesInBf16) {
+  Spec two;
+  two.b = 4;  // global batch 8: two micro-batches
+  const ModelSpec model = testing::TinyGpt(4);
+  const Bf16Run bf = Train(Bf16GradConfig(two, true, model), 1);
+  const Bf16Run fp = Train(Bf16GradConfig(two, false, model), 1);
+  ASSERT_EQ(bf.state.tensors.size(), fp.state.tensors.size());
+  int64_t differ = 0, total = 0;
+  double diff_sum = 0, magnitude = 0;
+  for (size_t i = 0; i < bf.state.tensors.size(); ++i) {
+    const NamedTensor &a = bf.state.tensors[i], &b = fp.state.tensors[i];
+    if (a.name.rfind("adam_m/", 0) != 0) continue;
+    ASSERT_EQ(a.data.size(), b.data.size());
+    for (size_t e = 0; e < a.data.size(); ++e) {
+      const float accumulated = 2 * a.data[e], rounded_sum = Bf16Round(2 * b.data[e]);
+      ++total;
+      magnitude += std::fabs(rounded_sum);
+      if (accumulated == rounded_sum) continue;
+      ++differ;
+      diff_sum += std::fabs(accumulated - rounded_sum);
+    }
+  }
+  EXPECT_GT(differ, 0) << "no element shows the first micro-batch's rounding";
+  EXPECT_LT(diff_sum, std::ldexp(magnitude, -8));
+  std::printf("  %lld of %lld gradient elements differ from the rounded fp32 sum, by %.2e of "
+              "the sum's magnitude in all\n",
+              (long long)differ, (long long)total, diff_sum / magnitude);
+}
+
+// bf16 gradients need bf16 training (Megatron reads the flag under --bf16 only).
+TEST(Bf16Training, GradReduceInBf16NeedsBf16Training) {
+  TrainerConfig c = Bf16GradConfig(Spec{}, true, testing::TinyGpt(4));
+  c.bf16 = false;
+  ThreadWorld world(1, kTimeoutS);
+  auto tr = Trainer::Create(c, testing::CpuBackends(), world);
+  ASSERT_FALSE(tr.ok());
+  EXPECT_NE(tr.status().message().find("grad_reduce_in_bf16"), std::string::npos)
+      << tr.status().message();
+}
+
 }  // namespace
 }  // namespace ptdp::rt
