@@ -103,6 +103,9 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
                 "Megatron's: keep the gradient buffers in bf16, so that micro-batches accumulate "
                 "and DP reduces 2-byte gradients (default: fp32, --bf16's "
                 "accumulate-allreduce-grads-in-fp32); needs bf16, fp8 or fp4");
+  app->add_flag("--accumulate-allreduce-grads-in-fp32", f->accumulate_grads_in_fp32,
+                "Megatron's: fp32 gradient buffers under --precision fp16 (whose gradients are "
+                "fp16 without it); bf16 training has them already");
   app->add_option("--ddp-bucket-size", f->ddp_bucket_size,
                   "parameters per gradient bucket with --overlap-grad-reduce (default Megatron's: "
                   "max(40M, 1M x DP x CP))");
@@ -295,9 +298,13 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
                                   &s.overlap_grad_reduce, &s.overlap_p2p, &shard));
   PTDP_ASSIGN_OR_RETURN(s.ddp_bucket_size, BucketSizeFlag(f));
   s.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
+  s.accumulate_grads_in_fp32 = f.accumulate_grads_in_fp32;
   if (s.grad_reduce_in_bf16 && (s.precision == Precision::kFp16 || s.precision == Precision::kFp32))
     return Status::Error(std::string("--grad-reduce-in-bf16 needs bf16 weights (--precision bf16, "
                                      "fp8 or fp4), got ") + ToString(s.precision));
+  if (s.grad_reduce_in_bf16 && s.accumulate_grads_in_fp32)
+    return Status::Error("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 ask for "
+                         "bf16 and fp32 gradient buffers: give one");
   s.sequence_parallel = sp;
   s.distributed_optimizer = dopt;
   s.shard_gradients = shard;
@@ -359,6 +366,7 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_ASSIGN_OR_RETURN(l.ddp_bucket_size, BucketSizeFlag(f));
   l.shard_gradients = shard.value_or(false);
   l.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
+  l.accumulate_grads_in_fp32 = f.accumulate_grads_in_fp32;
   const double headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
   PTDP_RETURN_IF_ERROR(CheckHeadroom(headroom));
   w.cost->set_memory_headroom(headroom);
@@ -397,6 +405,7 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
           {"sequence_parallel", l.sequence_parallel}, {"recompute", ToString(l.recompute)},
           {"distributed_optimizer", l.distributed_optimizer},
           {"shard_gradients", l.shard_gradients}, {"grad_reduce_in_bf16", l.grad_reduce_in_bf16},
+          {"accumulate_allreduce_grads_in_fp32", l.accumulate_grads_in_fp32},
           {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},
           {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap},
           {"overlap_p2p", l.overlap_p2p}, {"pipeline_split", l.SplitName()},

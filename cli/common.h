@@ -59,6 +59,7 @@ struct LayoutFlags {
   std::optional<std::string> train_tokens;  // --train-tokens 15T: days and GPU-hours
   bool allow_tp_across_nodes = false;
   bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16 (bf16 gradient buffers)
+  bool accumulate_grads_in_fp32 = false;  // --accumulate-allreduce-grads-in-fp32 (fp16 runs)
   bool json = false;
 };
 // The default of --memory-headroom: the share of HBM a plan leaves free on top of the cost

@@ -331,6 +331,7 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
   // bf16 gradient buffers (accumulated and reduced in bf16): read under --bf16 only, which
   // every precision CheckLayout lets it take emits.
   if (l.grad_reduce_in_bf16) a.Add("--grad-reduce-in-bf16");
+  if (l.accumulate_grads_in_fp32) a.Add("--accumulate-allreduce-grads-in-fp32");
   // What the plan cannot know: placeholders.
   a.Add("--tokenizer-type HuggingFaceTokenizer --tokenizer-model ${TOKENIZER_MODEL}");
   a.Add("--data-path ${DATA_PATH}");

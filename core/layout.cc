@@ -75,6 +75,7 @@ std::string Layout::Knobs() const {
   if (recompute == Recompute::kFull) s += "rc-full ";
   if (distributed_optimizer) s += shard_gradients ? "zero2 " : "dopt ";
   if (grad_reduce_in_bf16) s += "grad-bf16 ";
+  if (accumulate_grads_in_fp32 && precision == Precision::kFp16) s += "grad-fp32 ";
   if (precision != Precision::kBf16) s += std::string(ToString(precision)) + " ";
   if (first_stage_layers > 0) s += "first" + std::to_string(first_stage_layers) + " ";
   if (last_stage_layers > 0) s += "last" + std::to_string(last_stage_layers) + " ";
@@ -340,7 +341,7 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kA2aOverlap: return "moe_a2a_overlap_illegal";
     case Rejection::kFlexNeedsEp: return "flex_dispatcher_needs_ep";
     case Rejection::kGradShardingNeedsDistOpt: return "grad_sharding_needs_distributed_optimizer";
-    case Rejection::kGradReduceBf16NeedsBf16: return "grad_reduce_in_bf16_needs_bf16";
+    case Rejection::kGradReduceDtype: return "grad_reduce_dtype_illegal";
     case Rejection::kSeqCp: return "seq_len_not_divisible_by_2cp";
     case Rejection::kScheduleMismatch: return "schedule_mismatch";
     case Rejection::kTpCrossesNode: return "tp_crosses_node";
@@ -428,9 +429,13 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
     case Rejection::kGradShardingNeedsDistOpt:
       o << "gradient sharding (optim_grads) needs the distributed optimizer (Megatron-FSDP sets it)";
       break;
-    case Rejection::kGradReduceBf16NeedsBf16:
-      o << "--grad-reduce-in-bf16 needs bf16 weights (precision bf16, fp8 or fp4), got "
-        << ToString(l.precision) << " (megatron/training/arguments.py reads it under --bf16 only)";
+    case Rejection::kGradReduceDtype:
+      if (l.accumulate_grads_in_fp32)
+        o << "--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 ask for bf16 and fp32 "
+             "gradient buffers (megatron/training/arguments.py lets the first win silently)";
+      else
+        o << "--grad-reduce-in-bf16 needs bf16 weights (precision bf16, fp8 or fp4), got "
+          << ToString(l.precision) << " (megatron/training/arguments.py reads it under --bf16 only)";
       break;
     case Rejection::kSeqCp:
       o << "seq_len " << m.seq_len << " % (2 * cp " << l.cp << ") != 0";
@@ -483,8 +488,9 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
     return Rejection::kA2aOverlap;
   if (l.moe_flex_dispatcher && (!m.moe() || l.ep < 2)) return Rejection::kFlexNeedsEp;
   if (l.shard_gradients && !l.distributed_optimizer) return Rejection::kGradShardingNeedsDistOpt;
-  if (l.grad_reduce_in_bf16 && (l.precision == Precision::kFp16 || l.precision == Precision::kFp32))
-    return Rejection::kGradReduceBf16NeedsBf16;
+  if (l.grad_reduce_in_bf16 && (l.precision == Precision::kFp16 ||
+                                l.precision == Precision::kFp32 || l.accumulate_grads_in_fp32))
+    return Rejection::kGradReduceDtype;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;
   if (l.global_batch % (int64_t(l.micro_batch) * l.dp) != 0) return Rejection::kBatch;
   const bool interleaved = l.schedule == ScheduleKind::kInterleaved;

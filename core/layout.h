@@ -74,6 +74,10 @@ struct Layout {
   // (grad_reduce_in_fp32 = accumulate_allreduce_grads_in_fp32), core/distributed/
   // param_and_grad_buffer.py (grad_dtype = fp32 if grad_reduce_in_fp32 else param.dtype).
   bool grad_reduce_in_bf16 = false;
+  // Megatron --accumulate-allreduce-grads-in-fp32: fp32 gradient buffers. --bf16 turns it on by
+  // itself (unless --grad-reduce-in-bf16); under --fp16 it is off by default, so an fp16 run's
+  // gradients are fp16 (grad_dtype = param.dtype) unless this is set.
+  bool accumulate_grads_in_fp32 = false;
   Precision precision = Precision::kBf16;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;  // interleaved iff vp > 1
   // Megatron --overlap-grad-reduce / --overlap-param-gather: DP collectives run under the
@@ -179,7 +183,7 @@ enum class Rejection {
   kA2aOverlap,         // --overlap-moe-expert-parallel-comm without ep > 1, or pp > 1 without vp, or full recompute
   kFlexNeedsEp,        // the flex dispatcher on a dense model or with ep 1
   kGradShardingNeedsDistOpt,  // shard_gradients without the distributed optimizer
-  kGradReduceBf16NeedsBf16,   // --grad-reduce-in-bf16 with fp16 or fp32 weights
+  kGradReduceDtype,    // --grad-reduce-in-bf16 with fp16/fp32 weights or with fp32 accumulation
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kScheduleMismatch,   // interleaved schedule iff v > 1
   kTpCrossesNode,      // TP group spans NVLink domains (legal for Megatron; planner rejects unless forced)

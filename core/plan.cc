@@ -109,6 +109,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
   lay.shard_gradients = l.Bool("shard_gradients", false);
   lay.grad_reduce_in_bf16 = l.Bool("grad_reduce_in_bf16", false);
+  lay.accumulate_grads_in_fp32 = l.Bool("accumulate_allreduce_grads_in_fp32", false);
   lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp4", "fp32"}, "bf16"));
   lay.schedule = *ParseScheduleKind(
       l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
@@ -205,6 +206,8 @@ std::string PlanToYaml(const Plan& plan) {
     << "  overlap_p2p: " << Bool(l.overlap_p2p) << "  # interleaved schedules only\n";
   if (l.ddp_bucket_size > 0) o << "  ddp_bucket_size: " << l.ddp_bucket_size << "  # --ddp-bucket-size\n";
   if (l.grad_reduce_in_bf16) o << "  grad_reduce_in_bf16: true  # --grad-reduce-in-bf16\n";
+  if (l.accumulate_grads_in_fp32)
+    o << "  accumulate_allreduce_grads_in_fp32: true  # --accumulate-allreduce-grads-in-fp32\n";
   if (l.moe_a2a_overlap) o << "  moe_a2a_overlap: true  # --overlap-moe-expert-parallel-comm\n";
   if (l.moe_flex_dispatcher) o << "  moe_flex_dispatcher: true  # --moe-token-dispatcher-type flex\n";
   // The pipeline split as Megatron's flags give it, then what it places (checked on reading).

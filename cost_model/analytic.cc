@@ -654,13 +654,20 @@ double AnalyticModel::ExpertParamsOnStage(const Layout& l, int r) const {
   return experts;
 }
 
-// Bytes of one gradient: fp32 main grads (Megatron's --accumulate-allreduce-grads-in-fp32,
-// which --bf16 turns on); with --grad-reduce-in-bf16 the DDP buffers take the parameters'
-// dtype, bf16 (core/distributed/param_and_grad_buffer.py: grad_dtype = param.dtype), and
-// Megatron-FSDP keeps and reduces them in that dtype too (--megatron-fsdp-main-grads-dtype
-// auto: bf16 for a bf16 model; docs/user-guide/features/megatron_fsdp.md).
+// Bytes of one gradient. The DDP buffers are fp32 with --accumulate-allreduce-grads-in-fp32,
+// else the parameters' dtype (core/distributed/param_and_grad_buffer.py: grad_dtype = fp32 if
+// grad_reduce_in_fp32 else param.dtype; training.py passes accumulate_allreduce_grads_in_fp32).
+// training/arguments.py turns it on for --bf16 unless --grad-reduce-in-bf16, and leaves it off
+// for --fp16: an fp16 run's gradients are fp16 unless the flag is given. Megatron-FSDP keeps
+// and reduces them in the parameters' dtype (--megatron-fsdp-main-grads-dtype auto: bf16 for a
+// bf16 model; docs/user-guide/features/megatron_fsdp.md).
 double AnalyticModel::GradBytes(const Layout& l) const {
-  return l.shard_gradients || l.grad_reduce_in_bf16 ? WeightBytes(l.precision) : 4.0;
+  if (l.shard_gradients) return WeightBytes(l.precision);
+  switch (l.precision) {
+    case Precision::kFp32: return 4.0;
+    case Precision::kFp16: return l.accumulate_grads_in_fp32 ? 4.0 : 2.0;
+    default: return l.grad_reduce_in_bf16 ? 2.0 : 4.0;  // bf16 weights (fp8, fp4 too)
+  }
 }
 
 AnalyticModel::GradReduce AnalyticModel::GradReduceTimes(const Layout& l, int stride, int size,

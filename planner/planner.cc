@@ -329,6 +329,7 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   l.precision = s.precision;
                   l.overlap_grad_reduce = s.overlap_grad_reduce;
                   l.grad_reduce_in_bf16 = s.grad_reduce_in_bf16;
+                  l.accumulate_grads_in_fp32 = s.accumulate_grads_in_fp32;
                   l.ddp_bucket_size = s.ddp_bucket_size;
                   // --tp-comm-overlap where it can apply: Megatron asserts it needs SP.
                   l.tp_comm_overlap = s.tp_comm_overlap && sp;

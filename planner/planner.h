@@ -75,6 +75,7 @@ struct SearchSpace {
   bool allow_tp_across_nodes = false;     // otherwise such layouts are rejected (named reason)
   bool overlap_grad_reduce = true;
   bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16 on every layout
+  bool accumulate_grads_in_fp32 = false;  // --accumulate-allreduce-grads-in-fp32 likewise
   int64_t ddp_bucket_size = 0;  // Layout::ddp_bucket_size
   bool tp_comm_overlap = false;
   bool overlap_p2p = true;                // --overlap-p2p-communication

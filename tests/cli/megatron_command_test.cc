@@ -327,6 +327,14 @@ TEST(MegatronCommand, GradReduceInBf16) {
                           ModelFile("llama3-8b") +
                           " --gpus 16 --global-batch 128 --grad-reduce-in-bf16 --precision fp16"),
                      "--grad-reduce-in-bf16 needs bf16 weights");
+  ExpectOneLineError(Ptdp(base + "--grad-reduce-in-bf16 --accumulate-allreduce-grads-in-fp32"),
+                     "ask for bf16 and fp32 gradient buffers");
+  // fp16's gradients are fp16 unless accumulated in fp32 (emitted).
+  r = Ptdp(base + "--precision fp16 --accumulate-allreduce-grads-in-fp32 --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.out;
+  s = Parse(r.out);
+  EXPECT_TRUE(s.Has("--fp16"));
+  EXPECT_TRUE(s.Has("--accumulate-allreduce-grads-in-fp32"));
 }
 
 TEST(MegatronCommand, Llama3_70bWithSequenceParallelAndTpCommOverlap) {

@@ -238,7 +238,7 @@ TEST(ExplainRejectionTest, ContainsTheNumbers) {
       {Rejection::kBatch, {.dp = 3, .mb = 2, .gb = 64}, {"64", "2", "dp 3"}},
       {Rejection::kSpNeedsTp, {.sp = true}, {"tp > 1"}},
       {Rejection::kGradShardingNeedsDistOpt, {}, {"distributed optimizer"}},
-      {Rejection::kGradReduceBf16NeedsBf16, {}, {"--grad-reduce-in-bf16", "bf16"}},
+      {Rejection::kGradReduceDtype, {}, {"--grad-reduce-in-bf16", "bf16"}},
       {Rejection::kSeqCp, {.cp = 3}, {"2048", "cp 3"}},
       {Rejection::kScheduleMismatch, {.pp = 4, .schedule = 2}, {"interleaved", "vp 1"}},
       {Rejection::kWorldSize, {.tp = 2, .pp = 2, .dp = 2}, {"2*1*2*2 = 8"}},
@@ -385,7 +385,7 @@ TEST(CheckLayoutTest, GradientShardingNeedsTheDistributedOptimizer) {
 
 // --grad-reduce-in-bf16 is read under --bf16 only (fp8 and fp4 train with bf16 weights):
 // with fp16 or fp32 weights it would be a flag Megatron ignores.
-TEST(CheckLayoutTest, GradReduceInBf16NeedsBf16Weights) {
+TEST(CheckLayoutTest, GradientBufferDtypeFlags) {
   Layout l = Make({.dp = 8});
   l.grad_reduce_in_bf16 = true;
   for (Precision p : {Precision::kBf16, Precision::kFp8, Precision::kFp4}) {
@@ -394,12 +394,21 @@ TEST(CheckLayoutTest, GradReduceInBf16NeedsBf16Weights) {
   }
   for (Precision p : {Precision::kFp16, Precision::kFp32}) {
     l.precision = p;
-    EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kGradReduceBf16NeedsBf16) << ToString(p);
-    EXPECT_THAT(ExplainRejection(Rejection::kGradReduceBf16NeedsBf16, TestModel(), l),
+    EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kGradReduceDtype) << ToString(p);
+    EXPECT_THAT(ExplainRejection(Rejection::kGradReduceDtype, TestModel(), l),
                 HasSubstr(std::string("got ") + ToString(p)));
   }
   l.precision = Precision::kBf16;
   EXPECT_EQ(l.Knobs(), "grad-bf16");
+  // Both buffer dtypes at once: a contradiction (Megatron lets --grad-reduce-in-bf16 win).
+  l.accumulate_grads_in_fp32 = true;
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kGradReduceDtype);
+  EXPECT_THAT(ExplainRejection(Rejection::kGradReduceDtype, TestModel(), l),
+              HasSubstr("--accumulate-allreduce-grads-in-fp32"));
+  l.grad_reduce_in_bf16 = false;
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
+  l.precision = Precision::kFp16;
+  EXPECT_EQ(l.Knobs(), "grad-fp32 fp16");
 }
 
 TEST(RejectionKeyTest, AllDistinctAndNamed) {

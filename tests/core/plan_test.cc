@@ -99,6 +99,7 @@ void ExpectSameLayout(const Layout& a, const Layout& b) {
   EXPECT_EQ(a.ddp_bucket_size, b.ddp_bucket_size);
   EXPECT_EQ(a.tp_comm_overlap, b.tp_comm_overlap);
   EXPECT_EQ(a.grad_reduce_in_bf16, b.grad_reduce_in_bf16);
+  EXPECT_EQ(a.accumulate_grads_in_fp32, b.accumulate_grads_in_fp32);
   EXPECT_EQ(a.shard_gradients, b.shard_gradients);
 }
 

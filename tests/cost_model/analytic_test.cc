@@ -111,6 +111,22 @@ TEST_F(AnalyticTest, GradReduceInBf16HalvesTheGradients) {
   EXPECT_NEAR((d.weights + d.grads + d.optimizer) / params, 4.0 + 12.0 / 8, 1e-9);
 }
 
+// --fp16: Megatron keeps the gradient buffers in the parameters' dtype unless
+// --accumulate-allreduce-grads-in-fp32 (which --bf16 turns on by itself).
+TEST_F(AnalyticTest, Fp16GradientsAreFp16UnlessAccumulatedInFp32) {
+  Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  l.precision = Precision::kFp16;
+  const double params = cost_.ParamsOnStage(l, 5);
+  EXPECT_NEAR(cost_.StageMemory(l, 5).grads / params, 2.0, 1e-9);
+  const double fp16_dp = cost_.DpTime(l, 1e9);
+  l.accumulate_grads_in_fp32 = true;
+  EXPECT_NEAR(cost_.StageMemory(l, 5).grads / params, 4.0, 1e-9);
+  EXPECT_GT(cost_.DpTime(l, 1e9), 1.8 * fp16_dp);
+  l.precision = Precision::kBf16;  // on by default there
+  l.accumulate_grads_in_fp32 = false;
+  EXPECT_NEAR(cost_.StageMemory(l, 5).grads / params, 4.0, 1e-9);
+}
+
 TEST_F(AnalyticTest, FirstStageHoldsPMicroBatchesUnder1F1B) {
   // Stage r keeps min(p - r, m) micro-batches of L/p layers in flight: stage 0 has p = 16 of
   // them, stage 15 one. Layer activations with SP and selective: 34 sbh / t.
