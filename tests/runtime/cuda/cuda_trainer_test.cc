@@ -157,6 +157,27 @@ TEST(CudaTrainer, Bf16MatchesTheCpuAndLayoutsAgree) {
   }
 }
 
+// --grad-reduce-in-bf16 on the GPU (the bf16 mirror's copies and scale, DeviceWorld's bf16
+// all-reduce, reduce-scatter and the tied embedding's all-reduce) against the CPU's run of the
+// same layouts: within bf16 tolerance, as the bf16 runs above.
+TEST(CudaTrainer, GradReduceInBf16MatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const Spec& s : {Spec{"dp2", 1, 1, 2}, Spec{"dp2_dopt", 1, 1, 2, 1, false, true},
+                        Spec{"pp2", 1, 2}}) {
+    TrainerConfig c = Config(s, Tokens());
+    c.bf16 = true;
+    c.layout.precision = Precision::kBf16;
+    c.layout.grad_reduce_in_bf16 = true;
+    ThreadWorld cpu_world(c.layout.world(), 60.0);
+    const Curve cpu = Train(c, [](int) { return std::make_unique<CpuBackend>(); }, cpu_world);
+    const Curve gpu = TrainOnGpu(c);
+    ASSERT_EQ(gpu.loss.size(), size_t(kSteps)) << s.name;
+    ASSERT_EQ(cpu.loss.size(), size_t(kSteps)) << s.name;
+    for (int i = 0; i < kSteps; ++i)
+      EXPECT_NEAR(gpu.loss[size_t(i)], cpu.loss[size_t(i)], 2e-3) << s.name << " step " << i;
+  }
+}
+
 class CudaLayouts : public ::testing::TestWithParam<Spec> {};
 
 TEST_P(CudaLayouts, LossesEqualTheSingleRankRun) {
