@@ -374,19 +374,22 @@ int RunTrain(const TrainFlags& f) {
               plan->model.name.c_str(), l.ShortName().c_str(), l.Knobs().c_str(),
               ToString(l.schedule), launch->where.c_str(), static_cast<long long>(l.global_batch),
               static_cast<long long>(plan->model.seq_len), f.steps);
+  // With --grad-reduce-in-bf16 the gradients are accumulated and reduced in bf16.
+  const char* grads = l.grad_reduce_in_bf16
+                          ? "fp32 main weights and optimizer state; gradients accumulated over "
+                            "the micro-batches and reduced in bf16 (--grad-reduce-in-bf16)"
+                          : "fp32 main weights, gradients and optimizer state";
   if (f.backend == "cuda" && cfg.bf16)
     std::printf("(CUDA: bf16 mixed precision: bf16 activations and weights, bf16 GEMMs and "
-                "flash attention on tensor cores with fp32 accumulation; fp32 main weights, "
-                "gradients and optimizer state)\n");
+                "flash attention on tensor cores with fp32 accumulation; %s)\n", grads);
   else if (f.backend == "cuda")
     std::printf("(CUDA: %s GEMMs on tensor cores with fp32 accumulation; fp32 master weights, "
                 "optimizer state and activations)\n",
                 l.precision == Precision::kFp32 ? "fp32" : "bf16");
   else if (cfg.bf16)
     std::printf("(CPU: bf16 mixed precision: activations and weights stored in bf16, computed "
-                "in fp32 and rounded on each store; fp32 main weights, gradients and optimizer "
-                "state; a CPU calibration times fp32 tensors, so compare's figures are for an "
-                "fp32 run)\n");
+                "in fp32 and rounded on each store; %s; a CPU calibration times fp32 tensors, so "
+                "compare's figures are for an fp32 run)\n", grads);
   else if (l.precision != Precision::kFp32)
     std::printf("(the CPU backend computes in fp32; the plan's %s changes memory and time on "
                 "GPUs, not the results)\n",

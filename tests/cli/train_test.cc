@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -82,6 +83,27 @@ TEST(Train, RefusesWhatItCannotHonour) {
   r = Ptdp("train " + plan + " --corpus /nonexistent.txt --steps 1");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("/nonexistent.txt"), std::string::npos) << r.out;
+}
+
+// --grad-reduce-in-bf16 end to end: a bf16 plan (made for H100s, rehearsed on CPU rank threads)
+// trains with its gradients reduced in bf16 and says so; --fp32-activations (no bf16 training)
+// cannot honour it and is refused with one line.
+TEST(Train, GradReduceInBf16PlanTrainsAndSaysSo) {
+  const std::string path = ::testing::TempDir() + "/grad-bf16.plan.yaml";
+  CmdResult r = Ptdp("plan --cluster " + kSrc + "/configs/clusters/dgx-h100.yaml --model " + kTiny +
+                     " --gpus 2 --dp 2 --global-batch 8 --micro-batch 2 --grad-reduce-in-bf16 "
+                     "--refine 0 --out " + path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = Ptdp("train " + path + " --backend cpu --steps 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("[grad-bf16]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("reduced in bf16 (--grad-reduce-in-bf16)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step    2/2 | loss"), std::string::npos) << r.out;
+  r = Ptdp("train " + path + " --backend cpu --steps 1 --fp32-activations");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("grad_reduce_in_bf16 (--grad-reduce-in-bf16) needs bf16 training"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
 }
 
 // --timeout becomes a deadline in every collective: values that cannot be one are refused at
