@@ -48,6 +48,19 @@ Plan MakePlan(const World& w, const LayoutFlags& f, const RankedLayout& row) {
   return plan;
 }
 
+// Megatron's --grad-reduce-in-bf16 on a layout that does not fit: what the layout would need
+// with bf16 gradient buffers, as advice ("" where it does not apply or saves nothing).
+std::string GradBf16Advice(const World& w, const RankedLayout& row) {
+  Layout l = row.layout;
+  if (l.grad_reduce_in_bf16 || l.shard_gradients) return "";
+  l.grad_reduce_in_bf16 = true;
+  if (CheckLayout(w.model, l) != Rejection::kOk) return "";
+  const Estimate e = w.cost->Evaluate(l);
+  if (e.memory.total >= row.estimate.memory.total) return "";
+  return "--grad-reduce-in-bf16 (Megatron's bf16 gradient buffers) would bring it to " +
+         FormatBytes(e.memory.total) + (e.fits ? ", which fits" : "");
+}
+
 // The rejection keys with their counts, largest first.
 std::vector<std::pair<std::string, int64_t>> RejectionsByCount(const PlanResult& r) {
   std::vector<std::pair<std::string, int64_t>> out;
@@ -200,11 +213,13 @@ int RunPlan(const PlanFlags& f) {
     if (!lf.pp.empty()) fixed += " --pp";
     if (!lf.cp.empty()) fixed += " --cp";
     const double need = r.unfitting.empty() ? 0 : r.unfitting.front().estimate.memory.total;
+    const std::string bf16 = r.unfitting.empty() ? "" : GradBf16Advice(*w, r.unfitting.front());
     return Fail("no legal layout fits in GPU memory: the smallest needs " + FormatBytes(need) +
                 " of " + FormatBytes(w->cluster.gpu.memory_bytes * (1 - w->cost->memory_headroom())) +
                 " usable" + (fixed.empty() ? "; more GPUs (--nodes) or a smaller global batch"
                                            : "; relax what is fixed (" + fixed.substr(1) +
-                                                 "), or use more GPUs (--nodes)"));
+                                                 "), or use more GPUs (--nodes)") +
+                (bf16.empty() ? "" : "; " + bf16));
   }
   if (!f.out.empty()) {
     Status st = WritePlanFile(*chosen, f.out);

@@ -329,6 +329,24 @@ TEST(MegatronCommand, GradReduceInBf16) {
                      "--grad-reduce-in-bf16 needs bf16 weights");
   ExpectOneLineError(Ptdp(base + "--grad-reduce-in-bf16 --accumulate-allreduce-grads-in-fp32"),
                      "ask for bf16 and fp32 gradient buffers");
+  // Nothing fits: the advice says what bf16 gradient buffers would make of the smallest (llama3-8b
+  // at tp 2, micro-batch 2 on two H100s: 79.7 GiB of 76 usable, 71.9 with them, on 2026-12-06),
+  // and is not repeated to a plan that has them already.
+  const std::string tight = "plan --cluster " + ClusterFile("dgx-h100") + " --model " +
+                            ModelFile("llama3-8b") +
+                            " --gpus 2 --tp 2 --global-batch 64 --top 1 --refine 0 ";
+  // (the table of the smallest, then the error line)
+  r = Ptdp(tight + "--micro-batch 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("ptdp: no legal layout fits in GPU memory: the smallest needs "),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; --grad-reduce-in-bf16 (Megatron's bf16 gradient buffers) would bring it "
+                       "to "),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" GiB, which fits\n"), std::string::npos) << r.out;
+  r = Ptdp(tight + "--micro-batch 4 --recompute full --grad-reduce-in-bf16");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.out.find("would bring it to"), std::string::npos) << r.out;
   // fp16's gradients are fp16 unless accumulated in fp32 (emitted).
   r = Ptdp(base + "--precision fp16 --accumulate-allreduce-grads-in-fp32 --emit megatron");
   ASSERT_EQ(r.code, 0) << r.out;
