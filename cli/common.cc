@@ -299,12 +299,13 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_ASSIGN_OR_RETURN(s.ddp_bucket_size, BucketSizeFlag(f));
   s.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
   s.accumulate_grads_in_fp32 = f.accumulate_grads_in_fp32;
-  if (s.grad_reduce_in_bf16 && (s.precision == Precision::kFp16 || s.precision == Precision::kFp32))
-    return Status::Error(std::string("--grad-reduce-in-bf16 needs bf16 weights (--precision bf16, "
-                                     "fp8 or fp4), got ") + ToString(s.precision));
-  if (s.grad_reduce_in_bf16 && s.accumulate_grads_in_fp32)
-    return Status::Error("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 ask for "
-                         "bf16 and fp32 gradient buffers: give one");
+  // The gradient buffer flags hold for every layout alike: refused once, as CheckLayout would.
+  Layout grads;
+  grads.precision = s.precision;
+  grads.grad_reduce_in_bf16 = s.grad_reduce_in_bf16;
+  grads.accumulate_grads_in_fp32 = s.accumulate_grads_in_fp32;
+  if (GradReduceDtypeIllegal(grads))
+    return Status::Error(ExplainRejection(Rejection::kGradReduceDtype, w.model, grads));
   s.sequence_parallel = sp;
   s.distributed_optimizer = dopt;
   s.shard_gradients = shard;

@@ -456,6 +456,11 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
   return o.str();
 }
 
+bool GradReduceDtypeIllegal(const Layout& l) {
+  return l.grad_reduce_in_bf16 && (l.precision == Precision::kFp16 ||
+                                   l.precision == Precision::kFp32 || l.accumulate_grads_in_fp32);
+}
+
 Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
   if (m.heads % l.tp != 0) return Rejection::kHeadsTp;
   if (m.kv_heads % l.tp != 0 && l.tp % m.kv_heads != 0) return Rejection::kKvHeadsTp;
@@ -488,9 +493,7 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
     return Rejection::kA2aOverlap;
   if (l.moe_flex_dispatcher && (!m.moe() || l.ep < 2)) return Rejection::kFlexNeedsEp;
   if (l.shard_gradients && !l.distributed_optimizer) return Rejection::kGradShardingNeedsDistOpt;
-  if (l.grad_reduce_in_bf16 && (l.precision == Precision::kFp16 ||
-                                l.precision == Precision::kFp32 || l.accumulate_grads_in_fp32))
-    return Rejection::kGradReduceDtype;
+  if (GradReduceDtypeIllegal(l)) return Rejection::kGradReduceDtype;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;
   if (l.global_batch % (int64_t(l.micro_batch) * l.dp) != 0) return Rejection::kBatch;
   const bool interleaved = l.schedule == ScheduleKind::kInterleaved;

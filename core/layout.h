@@ -198,6 +198,10 @@ const char* RejectionKey(Rejection r);
 // One-line explanation with the offending values.
 std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l);
 
+// --grad-reduce-in-bf16 where Megatron would not honour it: fp16 or fp32 weights (it is read
+// under --bf16 only), or beside --accumulate-allreduce-grads-in-fp32 (Rejection::kGradReduceDtype).
+bool GradReduceDtypeIllegal(const Layout& l);
+
 // Megatron's legality rules, cheapest first; returns the first broken one. Does not check
 // world size, node boundaries, precision or memory (callers know those).
 Rejection CheckLayout(const ModelSpec& m, const Layout& l);

@@ -389,16 +389,18 @@ double RuntimeModel::ChunkDp(const Layout& l, int r, int c) const {
   }
   // What no peer shares (routed experts held once, or no DP x CP at all): scaled by 1/d, in
   // bf16 through the mirror.
-  double alone = 0, held_once = 0;
+  const bool held_once = average && model_.moe() && ExpertDp(l) <= 1;
+  if (!bf16 && !held_once) return s;
+  double alone = 0, experts = 0;
   for (const RuntimeTensor& t : ChunkTensors(l, r, c)) {
     alone += t.numel;
-    if (t.expert) held_once += t.numel;
+    if (t.expert) experts += t.numel;
   }
   alone -= bucketed;
   if (bf16 && alone > 0)
     s += 2 * Op("copy", alone, k) + scale * Op("scale", alone, k);
-  else if (average && model_.moe() && ExpertDp(l) <= 1 && held_once > 0)
-    s += Op("scale", held_once, k);
+  else if (!bf16 && experts > 0)
+    s += Op("scale", experts, k);
   return s;
 }
 

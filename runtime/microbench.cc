@@ -873,22 +873,14 @@ MicrobenchGrids SpeedProbeGrids(bool device) {
   MicrobenchGrids g;
   g.gelu_sigma = {0.25};
   g.alloc_bytes = {1048576};
-  if (device) {  // points of the device's quick and full grids, the GPU filled as there
-    g.attention_heads = kDeviceAttentionHeads;
-    g.gemm_dims = {256, 2048};
-    g.attention_s = {1024};
-    g.attention_d = {64};
-    g.row_rows = {1024};
-    g.row_cols = {1024};
-    g.elements = {4194304};
-    return g;
-  }
-  g.gemm_dims = {64, 256};
-  g.attention_s = {128};
-  g.attention_d = {32};
-  g.row_rows = {256};
-  g.row_cols = {64};
-  g.elements = {262144};
+  // A device's points lie on its quick and full grids, the GPU filled as there.
+  if (device) g.attention_heads = kDeviceAttentionHeads;
+  g.gemm_dims = device ? std::vector<double>{256, 2048} : std::vector<double>{64, 256};
+  g.attention_s = {device ? 1024.0 : 128.0};
+  g.attention_d = {device ? 64.0 : 32.0};
+  g.row_rows = {device ? 1024.0 : 256.0};
+  g.row_cols = {device ? 1024.0 : 64.0};
+  g.elements = {device ? 4194304.0 : 262144.0};
   return g;
 }
 
