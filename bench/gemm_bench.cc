@@ -5,8 +5,9 @@
 // output, the weight gradient an fp32 accumulator), and fp32 tensors in both GEMM precisions
 // (`bf16`: cuBLAS rounds the fp32 operands, FAST_16BF; `fp32`). Then the causal attention core
 // (AttentionForward, AttentionBackward) on bf16 token rows at GPT-2 medium's shape (b 8, s 1024,
-// 16 heads of 64) and a Llama one (b 2, s 4096, 32 heads of 128), with the flash kernels and the
-// unfused path. Figures (docs/benchmarks.md):
+// 16 heads of 64) and a Llama one (b 2, s 4096, 32 heads of 128), with both flash kernels
+// (`flash`: WMMA; `flash-mma`: registers, FlashVariant::kMma) and the unfused path. Figures
+// (docs/benchmarks.md):
 //   TFLOP/s = 2 M N K per GEMM / wall seconds (10 GEMMs enqueued, then one Synchronize);
 //             attention: the causal half of its products, as FlashAttention reports it:
 //             forward 2 b nh s^2 d (q k^T and P v, each 2 s^2 d, halved), backward 2.5 times
@@ -84,9 +85,8 @@ constexpr GemmShape kShapes[] = {
 
 // One backend per precision and attention kernel, created on first use (nullptr when that fails).
 CudaBackend* Backend(GemmPrecision p, AttentionKernel k = AttentionKernel::kFlash) {
-  static std::unique_ptr<CudaBackend> backends[2][2];
-  std::unique_ptr<CudaBackend>& be =
-      backends[p == GemmPrecision::kBf16 ? 0 : 1][k == AttentionKernel::kFlash ? 0 : 1];
+  static std::unique_ptr<CudaBackend> backends[2][3];
+  std::unique_ptr<CudaBackend>& be = backends[p == GemmPrecision::kBf16 ? 0 : 1][int(k)];
   if (!be) {
     CudaBackendOptions o;
     o.gemm = p;
@@ -181,7 +181,7 @@ void BM_Attention(benchmark::State& state, AttentionShape g, AttentionKernel ker
     state.SkipWithError("no CUDA backend (see stderr)");
     return;
   }
-  if ((kernel == AttentionKernel::kFlash) != be->UsesFlashAttention(g.d)) {
+  if ((kernel != AttentionKernel::kUnfused) != be->UsesFlashAttention(g.d)) {
     state.SkipWithError("the flash kernels do not run this head size on this GPU");
     return;
   }
@@ -263,10 +263,13 @@ int main(int argc, char** argv) {
     }
   }
   for (const AttentionShape& g : kAttention)
-    for (AttentionKernel k : {AttentionKernel::kFlash, AttentionKernel::kUnfused})
+    for (AttentionKernel k :
+         {AttentionKernel::kFlash, AttentionKernel::kFlashMma, AttentionKernel::kUnfused})
       for (bool backward : {false, true}) {
-        const std::string name = std::string("attention/") + g.name +
-                                 (k == AttentionKernel::kFlash ? "/flash" : "/unfused") +
+        const char* kernel = k == AttentionKernel::kFlash      ? "/flash"
+                             : k == AttentionKernel::kFlashMma ? "/flash-mma"
+                                                               : "/unfused";
+        const std::string name = std::string("attention/") + g.name + kernel +
                                  (backward ? "/backward" : "/forward");
         benchmark::RegisterBenchmark(name.c_str(), BM_Attention, g, k, backward,
                                      peak ? peak->bf16_tflops : 0.0)

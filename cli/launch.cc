@@ -31,8 +31,9 @@ struct CudaRanks {
 };
 
 // The CUDA backends' switches from the environment (runtime/cuda/cuda_backend.h), to compare
-// paths or to fall back: PTDP_CUDA_ATTENTION=flash (the default: the flash kernels, heads of
-// d <= 128) or unfused (cuBLAS and a softmax kernel, P kept); PTDP_CUDA_EPILOGUE=on (the
+// paths or to fall back: PTDP_CUDA_ATTENTION=flash (the default: the WMMA flash kernels, heads
+// of d <= 128), flash-mma (the register-resident flash kernels, not yet run on a GPU) or unfused
+// (cuBLAS and a softmax kernel, P kept); PTDP_CUDA_EPILOGUE=on (the
 // default: bias and GeLU in cuBLASLt's epilogues) or off (the separate ops).
 struct CudaKnobs {
   rt::cuda::AttentionKernel attention = rt::cuda::AttentionKernel::kFlash;
@@ -44,8 +45,10 @@ Result<CudaKnobs> CudaKnobsFromEnv() {
   const std::string v = env ? env : "";
   if (v == "unfused")
     k.attention = rt::cuda::AttentionKernel::kUnfused;
+  else if (v == "flash-mma")
+    k.attention = rt::cuda::AttentionKernel::kFlashMma;
   else if (!v.empty() && v != "flash")
-    return Status::Error("PTDP_CUDA_ATTENTION '" + v + "': expected flash or unfused");
+    return Status::Error("PTDP_CUDA_ATTENTION '" + v + "': expected flash, flash-mma or unfused");
   const char* epi = std::getenv("PTDP_CUDA_EPILOGUE");
   const std::string e = epi ? epi : "";
   if (e == "off")

@@ -10,12 +10,12 @@
 # that would not fit is skipped and says so): the device's toolkit and driver; the binaries
 # (carried from the dev machine, .gpu-carry/ by scripts/gpu-carry.sh, else built here);
 # the GPU unit tests (every kernel against the CPU backend, the flash attention kernels among
-# them); the GEMM and attention benchmark (flash against unfused); GPT-2 medium 1x1x1 at
-# micro-batch 8 and 16 (MFU); tp 2 and pp 2 on the one GPU (DeviceWorld) against the 1x1x1
-# losses; `calibrate --backend cuda --quick` and `compare` on the calibrated cluster; last, 1x1x1
-# with PTDP_CUDA_ATTENTION=unfused, with PTDP_CUDA_EPILOGUE=off (bias and GeLU as separate
-# kernels) and with --fp32-activations (the path before bf16 storage), speed and losses against
-# the bf16 flash run.
+# them); the GEMM and attention benchmark (both flash kernels against unfused); GPT-2 medium
+# 1x1x1 at micro-batch 8 and 16 (MFU); tp 2 and pp 2 on the one GPU (DeviceWorld) against the
+# 1x1x1 losses; `calibrate --backend cuda --quick` and `compare` on the calibrated cluster; last,
+# 1x1x1 with PTDP_CUDA_ATTENTION=flash-mma (the register-resident flash kernels) and =unfused,
+# with PTDP_CUDA_EPILOGUE=off (bias and GeLU as separate kernels) and with --fp32-activations
+# (the path before bf16 storage), speed and losses against the bf16 flash run.
 #
 #   device run, carry [".gpu-carry", ".gpu-deps"], command: bash scripts/gpu-check.sh
 #   scripts/gpu-check.sh [OUT_DIR]     # default $OUT; GPU_CHECK_BUDGET_S (default 450) seconds
@@ -222,7 +222,10 @@ if stage calibrate 120 "$ptdp" calibrate --backend cuda --quick --out "$cal"; th
   done
 fi
 
-# ---- 7. the unfused attention core (P kept, cuBLAS) against the flash kernels: speed, losses
+# ---- 7. the register-resident flash kernels (flash-mma, written without a GPU) and the unfused
+# attention core (P kept, cuBLAS) against the default WMMA flash kernels: speed, losses
+PTDP_CUDA_ATTENTION=flash-mma train 1x1x1-mb8-flash-mma 1 "--tp 1 --pp 1 --micro-batch 8"
+against_1x1x1 1x1x1-mb8-flash-mma
 PTDP_CUDA_ATTENTION=unfused train 1x1x1-mb8-unfused 1 "--tp 1 --pp 1 --micro-batch 8"
 against_1x1x1 1x1x1-mb8-unfused
 

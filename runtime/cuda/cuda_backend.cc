@@ -785,13 +785,22 @@ void CudaBackend::GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) {
 
 // ---- attention --------------------------------------------------------------------------------
 
+namespace {
+// Which flash kernels AttentionKernel names (kUnfused: none, never asked).
+kernels::FlashVariant VariantOf(AttentionKernel k) {
+  return k == AttentionKernel::kFlashMma ? kernels::FlashVariant::kMma
+                                         : kernels::FlashVariant::kWmma;
+}
+}  // namespace
+
 // bf16 plans with heads of d <= 128 on sm_80+ run the flash kernels and save the log-sum-exp
 // (b, nh, s); the unfused path saves the softmax probabilities P (b, nh, s, s), zero above the
 // diagonal, as the CPU backend.
 bool CudaBackend::UsesFlashAttention(int64_t d) const {
   return impl_->options.gemm == GemmPrecision::kBf16 &&
-         impl_->options.attention == AttentionKernel::kFlash &&
-         kernels::FlashAttentionSupported(d, impl_->cc_major, impl_->smem_optin);
+         impl_->options.attention != AttentionKernel::kUnfused &&
+         kernels::FlashAttentionSupported(d, impl_->cc_major, impl_->smem_optin,
+                                          VariantOf(impl_->options.attention));
 }
 
 Shape CudaBackend::AttentionSavedShape(int64_t b, int64_t s, int64_t nh, int64_t d) const {
@@ -817,7 +826,8 @@ void CudaBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder ord
       using T = decltype(tag);
       return kernels::FlashAttentionForward(In<T>(qkv),
                                             kernels::HeadLayout{b, s, nh, d, 3, seq_first},
-                                            Out<T>(out), MutF32(saved), st);
+                                            Out<T>(out), MutF32(saved), st,
+                                            VariantOf(impl_->options.attention));
     })));
     return;
   }
@@ -871,7 +881,8 @@ void CudaBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const
       using T = decltype(tag);
       return kernels::FlashAttentionBackward(In<T>(dout), In<T>(qkv), In<T>(out), F32(saved),
                                              kernels::HeadLayout{b, s, nh, d, 3, seq_first},
-                                             MutF32(*delta), Out<T>(dqkv), st);
+                                             MutF32(*delta), Out<T>(dqkv), st,
+                                             VariantOf(impl_->options.attention));
     })));
     return;
   }

@@ -36,7 +36,9 @@ namespace ptdp::rt::cuda {
 enum class GemmPrecision { kBf16, kFp32 };
 // The attention core of bf16 plans: the flash kernels (flash_attention.cuh; heads of d <= 128 on
 // sm_80 and later) or the unfused cuBLAS path, which fp32 plans and larger heads always take.
-enum class AttentionKernel { kFlash, kUnfused };
+// kFlash runs the WMMA flash kernels, kFlashMma the register-resident ones (FlashVariant::kMma:
+// written without a GPU, opt-in until a GPU has timed both).
+enum class AttentionKernel { kFlash, kFlashMma, kUnfused };
 
 struct CudaBackendOptions {
   int device = 0;                             // CUDA device ordinal

@@ -16,6 +16,8 @@
 // computed in fp32 as for fp32 rows and stored rounded to nearest even.
 #include "runtime/cuda/flash_attention.cuh"
 
+#include "runtime/cuda/flash_fragments.h"
+
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -330,17 +332,25 @@ template <int D>
 struct BackwardTiles {
   bf16 *qs, *dos, *ks, *vs, *ps, *dss;
   float *ss, *dps, *lse_s, *delta_s;
-  __device__ explicit BackwardTiles(unsigned char* smem) {
+  // score_tiles false: the register-resident kernels' layout (MmaSmem), the row statistics
+  // right after V and no score or probability tiles.
+  __device__ explicit BackwardTiles(unsigned char* smem, bool score_tiles = true) {
     constexpr int ld = Smem<D>::LdH;
     qs = reinterpret_cast<bf16*>(smem);
     dos = qs + kTile * ld;
     ks = dos + kTile * ld;
     vs = ks + kTile * ld;
-    ss = reinterpret_cast<float*>(vs + kTile * ld);
-    dps = ss + kTile * kLdS;
-    ps = reinterpret_cast<bf16*>(dps + kTile * kLdS);
-    dss = ps + kTile * kLdP;
-    lse_s = reinterpret_cast<float*>(dss + kTile * kLdP);
+    if (score_tiles) {
+      ss = reinterpret_cast<float*>(vs + kTile * ld);
+      dps = ss + kTile * kLdS;
+      ps = reinterpret_cast<bf16*>(dps + kTile * kLdS);
+      dss = ps + kTile * kLdP;
+      lse_s = reinterpret_cast<float*>(dss + kTile * kLdP);
+    } else {
+      ss = dps = nullptr;
+      ps = dss = nullptr;
+      lse_s = reinterpret_cast<float*>(vs + kTile * ld);
+    }
     delta_s = lse_s + kTile;
   }
   // Q and dO of the 64 queries from q0 with their lse and delta (all threads).
@@ -462,56 +472,404 @@ __global__ void __launch_bounds__(kFlashThreads)
 #endif
 }
 
+// ---- the register-resident variant (FlashVariant::kMma) ----------------------------------------
+//
+// FlashAttention-2 as its paper has it: each warp keeps its 16 rows' scores, probabilities and
+// output accumulators in registers, as the fragments of PTX's mma.sync.m16n8k16 (bf16 inputs,
+// fp32 accumulators), instead of passing them through shared memory between WMMA calls as the
+// kernels above do. Only the Q/K/V/dO row tiles are in shared memory (28 KiB a block at D = 64 in
+// the forward instead of 70 KiB), read into fragments with ldmatrix. The fragment layouts are
+// PTX ISA's ("Matrix Fragments for mma.m16n8k16 with floating point type"): lane = 4 g + t holds
+// accumulator elements (g, 2t), (g, 2t+1) [c0, c1] and (g+8, 2t), (g+8, 2t+1) [c2, c3] of each
+// 16 x 8 tile; an A fragment (16 x 16) is {(g, 2t..), (g+8, 2t..), (g, 8+2t..), (g+8, 8+2t..)};
+// a B fragment (16 x 8, k x n) is {(2t.., g), (8+2t.., g)}. Two adjacent accumulator tiles are
+// therefore the A fragment of the next product (P V, dS K, ...) once rounded to bf16, the
+// register reuse FlashAttention-2 is built on. Same tiles (64 x 64), same rounding points, same
+// two deterministic backward kernels and the same results up to the order of fp32 additions.
+#ifdef PTDP_FLASH_TENSOR_CORES
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8. Lane 4g + t
+// receives elements (g, 2t) and (g, 2t+1) of each matrix (transposed: (2t, g) and (2t+1, g)).
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+
+// c (16 x 8, fp32) += a (16 x 16, bf16) b (16 x 8, bf16).
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two fp32 values rounded to nearest even as one bf16 pair, `lo` in the low half (the element
+// of the smaller column, as ldmatrix and mma order them).
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// s (16 x 64: eight 16 x 8 accumulator tiles) = a (16 x D) times b^T, b (64 x D); both
+// row-major bf16 tiles in shared memory with row length LdH. The A fragment of k-step kk: lane l
+// points at row (l % 8) + 8 ((l / 8) % 2), column 16 kk + 8 (l / 16). B = b^T is column-major,
+// i.e. b's rows as stored: matrices {rows n0.., k 0-7}, {n0.., k 8-15}, {n0+8.., k 0-7},
+// {n0+8.., k 8-15} are b0, b1 of tile n0 and b0, b1 of tile n0 + 8.
+template <int D>
+__device__ __forceinline__ void MmaScores(const bf16* a, const bf16* b, float (&s)[8][4]) {
+  constexpr int ld = Smem<D>::LdH;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t fa[4];
+    LdMatrixX4(fa, a + fragments::ARow(lane) * ld + 16 * kk + fragments::ACol(lane));
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t fb[4];
+      LdMatrixX4(fb, b + (16 * np + fragments::BtRow(lane)) * ld + 16 * kk + fragments::BtCol(lane));
+      Mma16816(s[2 * np], fa, fb[0], fb[1]);
+      Mma16816(s[2 * np + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+// acc (16 x D: D/8 accumulator tiles) += p (16 x 64 accumulator tiles, rounded to bf16 here)
+// times b (64 x D, row-major bf16 in shared memory, row length LdH). Tiles 2kk and 2kk+1 of p are
+// the A fragment of k-step kk; B (k x n) is b as stored, so ldmatrix transposes: matrices {rows
+// 16kk.., cols n0..}, {16kk+8.., n0..}, {16kk.., n0+8..}, {16kk+8.., n0+8..} are b0, b1 of tile
+// n0 and b0, b1 of tile n0 + 8.
+template <int D>
+__device__ __forceinline__ void MmaAccumulate(const float (&p)[8][4], const bf16* b,
+                                              float (&acc)[D / 8][4]) {
+  constexpr int ld = Smem<D>::LdH;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t fa[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float* acc_tile = p[fragments::AccTileOfReg(kk, r)];
+      fa[r] = PackBf16(acc_tile[fragments::AccElemOfReg(r)],
+                       acc_tile[fragments::AccElemOfReg(r) + 1]);
+    }
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t fb[4];
+      LdMatrixX4Trans(fb, b + (16 * kk + fragments::BRow(lane)) * ld + 16 * np +
+                              fragments::BCol(lane));
+      Mma16816(acc[2 * np], fa, fb[0], fb[1]);
+      Mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+// Stores a warp's accumulator rows: element (g + 8h, 8n + 2t + e) of acc, times scale[h], into
+// column col0 + 8n + 2t + e (< d) of the token row of position t_g + 8h (< s).
 template <int D, typename T>
-cudaError_t Forward(const T* qkv, HeadLayout lay, T* out, float* lse, cudaStream_t st) {
-  const size_t bytes = Smem<D>::kForward;
-  cudaError_t e = cudaFuncSetAttribute(FlashForwardKernel<D, T>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+__device__ __forceinline__ void MmaStoreRows(const float (&acc)[D / 8][4], const float (&scale)[2],
+                                             const HeadLayout& lay, int64_t w, int64_t col0,
+                                             int64_t bi, int64_t t_g, T* dst) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t t = t_g + 8 * h;  // fragments::CRow(lane, 2h) - CRow(lane, 0) = 8h
+    if (t >= lay.s) continue;
+    T* row = dst + TokenRow(lay, bi, t) * w + col0;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        const int c = 8 * n + fragments::CCol(lane, e);
+        if (c < lay.d) StoreFloat(row + c, acc[n][e] * scale[h]);
+      }
+  }
+}
+
+// Max and sum over the four lanes of a quad (the lanes holding one accumulator row).
+__device__ __forceinline__ float QuadMax(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float QuadSum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+#endif
+
+// Shared memory of the register-resident kernels: the Q, K, V row tiles (forward); Q, dO, K, V
+// and the queries' lse and delta (backward).
+template <int D>
+struct MmaSmem {
+  static constexpr size_t kForward = 3 * Smem<D>::kRowTile;
+  static constexpr size_t kBackward = 4 * Smem<D>::kRowTile + Smem<D>::kRowStats;
+};
+
+// Grid (L, query tiles), the last query tile first, as FlashForwardKernel. Warp w holds queries
+// q0 + 16w + g and + 8 (lane 4g + t).
+template <int D, typename T>
+__global__ void __launch_bounds__(kFlashThreads)
+    FlashMmaForwardKernel(const T* qkv, HeadLayout lay, float scale2, T* out, float* lse) {
+#ifdef PTDP_FLASH_TENSOR_CORES
+  constexpr int ld = Smem<D>::LdH;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* ks = qs + kTile * ld;
+  bf16* vs = ks + kTile * ld;
+
+  const auto [l, bi, j, a, w, warp, lane, r, half] = PlaceOf(lay);
+  const int64_t qt = int64_t(gridDim.y) - 1 - blockIdx.y, q0 = qt * kTile;
+  const int64_t row0 = q0 + 16 * warp;                   // the warp's first query
+  const int64_t t_g = row0 + fragments::CRow(lane, 0);  // the lane's first row; the second + 8
+
+  LoadRows<D>(qkv, lay, w, j * lay.d, bi, q0, qs);
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};  // sum: this lane's part
+  for (int64_t kt = 0; kt <= qt; ++kt) {
+    const int64_t k0 = kt * kTile;
+    __syncthreads();  // every warp is done with the previous K and V
+    LoadRows<D>(qkv, lay, w, a + j * lay.d, bi, k0, ks);
+    LoadRows<D>(qkv, lay, w, 2 * a + j * lay.d, bi, k0, vs);
+    __syncthreads();
+    float s[8][4];
+    MmaScores<D>(qs + 16 * warp * ld, ks, s);
+    // Online softmax (base 2). Key k0 <= q0 <= the row's position is visible to every row of
+    // the tile, so each row's tile maximum is finite.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t kpos = k0 + 8 * n + fragments::CCol(lane, e);
+        const int64_t qpos = row0 + fragments::CRow(lane, e);
+        const float x = kpos <= qpos && kpos < lay.s ? s[n][e] * scale2 : -INFINITY;
+        s[n][e] = x;
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m[h], QuadMax(tile_max[h]));
+      alpha[h] = exp2f(m[h] - m_new);  // 0 on the first tile (m = -inf)
+      m[h] = m_new;
+      sum[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[n][e] - m[e >> 1]);
+        s[n][e] = p;
+        sum[e >> 1] += p;
+      }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
+    MmaAccumulate<D>(s, vs, o);  // O += P V
+  }
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float total = QuadSum(sum[h]);
+    inv[h] = 1.0f / total;
+    const int64_t t = t_g + 8 * h;
+    if (lane % 4 == 0 && t < lay.s) lse[l * lay.s + t] = (m[h] + log2f(total)) * kLn2;
+  }
+  MmaStoreRows<D>(o, inv, lay, a, j * lay.d, bi, t_g, out);
+#endif
+}
+
+// dK, dV of one key tile over the query tiles that see it; grid as FlashBackwardKvKernel. Warp w
+// holds keys k0 + 16w + g and + 8; its score tiles are transposed (rows keys, columns queries):
+// S^T = K Q^T, dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q from the same registers.
+template <int D, typename T>
+__global__ void __launch_bounds__(kFlashThreads)
+    FlashMmaBackwardKvKernel(const T* dout, const T* qkv, const float* lse, const float* delta,
+                             HeadLayout lay, float scale, T* dqkv) {
+#ifdef PTDP_FLASH_TENSOR_CORES
+  constexpr int ld = Smem<D>::LdH;
+  extern __shared__ __align__(128) unsigned char smem[];
+  BackwardTiles<D> t(smem, /*score_tiles=*/false);  // S, dP, P and dS are registers here
+  bf16 *qs = t.qs, *dos = t.dos, *ks = t.ks, *vs = t.vs;
+  const float *lse_s = t.lse_s, *delta_s = t.delta_s;
+
+  const auto [l, bi, j, a, w, warp, lane, r, half] = PlaceOf(lay);
+  const int64_t tiles = gridDim.y, kt = blockIdx.y, k0 = kt * kTile;
+  const int64_t key0 = k0 + 16 * warp;                   // the warp's first key
+  const int64_t key_g = key0 + fragments::CRow(lane, 0);
+  const float scale2 = scale * kLog2e;
+
+  t.LoadKeys(qkv, lay, l, k0);
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
+  for (int64_t qt = kt; qt < tiles; ++qt) {
+    const int64_t q0 = qt * kTile;
+    __syncthreads();  // every warp is done with the previous Q and dO
+    t.LoadQueries(qkv, dout, lse, delta, lay, l, q0);
+    __syncthreads();
+    float p[8][4], ds[8][4];
+    MmaScores<D>(ks + 16 * warp * ld, qs, p);   // S^T
+    MmaScores<D>(vs + 16 * warp * ld, dos, ds); // dP^T
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = 8 * n + fragments::CCol(lane, e);
+        const int64_t qpos = q0 + qi, kpos = key0 + fragments::CRow(lane, e);
+        const bool seen = kpos <= qpos && qpos < lay.s;
+        const float pe = seen ? exp2f(p[n][e] * scale2 - lse_s[qi]) : 0.0f;
+        p[n][e] = pe;
+        ds[n][e] = pe * (ds[n][e] - delta_s[qi]);
+      }
+    MmaAccumulate<D>(p, dos, dv);  // dV += P^T dO
+    MmaAccumulate<D>(ds, qs, dk);  // dK += dS^T Q
+  }
+  const float one[2] = {1.0f, 1.0f}, sc[2] = {scale, scale};
+  MmaStoreRows<D>(dv, one, lay, w, 2 * a + j * lay.d, bi, key_g, dqkv);
+  MmaStoreRows<D>(dk, sc, lay, w, a + j * lay.d, bi, key_g, dqkv);
+#endif
+}
+
+// dQ of one query tile over the key tiles it sees; grid as FlashBackwardQKernel. Warp w holds
+// queries q0 + 16w + g and + 8: S = Q K^T, dP = dO V^T, dQ += dS K.
+template <int D, typename T>
+__global__ void __launch_bounds__(kFlashThreads)
+    FlashMmaBackwardQKernel(const T* dout, const T* qkv, const float* lse, const float* delta,
+                            HeadLayout lay, float scale, T* dqkv) {
+#ifdef PTDP_FLASH_TENSOR_CORES
+  constexpr int ld = Smem<D>::LdH;
+  extern __shared__ __align__(128) unsigned char smem[];
+  BackwardTiles<D> t(smem, /*score_tiles=*/false);  // S, dP, P and dS are registers here
+  bf16 *qs = t.qs, *dos = t.dos, *ks = t.ks, *vs = t.vs;
+  const float *lse_s = t.lse_s, *delta_s = t.delta_s;
+
+  const auto [l, bi, j, a, w, warp, lane, r, half] = PlaceOf(lay);
+  const int row_g = 16 * warp + fragments::CRow(lane, 0);  // tile rows row_g and row_g + 8
+  const int64_t qt = int64_t(gridDim.y) - 1 - blockIdx.y, q0 = qt * kTile;
+  const int64_t t_g = q0 + row_g;
+  const float scale2 = scale * kLog2e;
+
+  t.LoadQueries(qkv, dout, lse, delta, lay, l, q0);
+  float dq[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+  for (int64_t kt = 0; kt <= qt; ++kt) {
+    const int64_t k0 = kt * kTile;
+    __syncthreads();  // every warp is done with the previous K and V (and sees the row stats)
+    t.LoadKeys(qkv, lay, l, k0);
+    __syncthreads();
+    const float lse_r[2] = {lse_s[row_g], lse_s[row_g + 8]};
+    const float delta_r[2] = {delta_s[row_g], delta_s[row_g + 8]};
+    float p[8][4], ds[8][4];
+    MmaScores<D>(qs + 16 * warp * ld, ks, p);    // S
+    MmaScores<D>(dos + 16 * warp * ld, vs, ds);  // dP
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        const int64_t kpos = k0 + 8 * n + fragments::CCol(lane, e);
+        const int64_t qpos = q0 + 16 * warp + fragments::CRow(lane, e);
+        const bool seen = kpos <= qpos && qpos < lay.s;
+        const float pe = seen ? exp2f(p[n][e] * scale2 - lse_r[h]) : 0.0f;
+        ds[n][e] = pe * (ds[n][e] - delta_r[h]);
+      }
+    MmaAccumulate<D>(ds, ks, dq);  // dQ += dS K
+  }
+  const float sc[2] = {scale, scale};
+  MmaStoreRows<D>(dq, sc, lay, w, j * lay.d, bi, t_g, dqkv);
+#endif
+}
+
+// The kernels of one variant and head size (D): forward, and the backward's two.
+template <int D, typename T>
+struct Kernels {
+  using ForwardFn = void (*)(const T*, HeadLayout, float, T*, float*);
+  using BackwardFn = void (*)(const T*, const T*, const float*, const float*, HeadLayout, float, T*);
+  ForwardFn forward;
+  BackwardFn kv, q;
+  size_t forward_bytes, backward_bytes;
+};
+template <int D, typename T>
+Kernels<D, T> KernelsOf(FlashVariant v) {
+  if (v == FlashVariant::kMma)
+    return {FlashMmaForwardKernel<D, T>, FlashMmaBackwardKvKernel<D, T>,
+            FlashMmaBackwardQKernel<D, T>, MmaSmem<D>::kForward, MmaSmem<D>::kBackward};
+  return {FlashForwardKernel<D, T>, FlashBackwardKvKernel<D, T>, FlashBackwardQKernel<D, T>,
+          Smem<D>::kForward, Smem<D>::kBackward};
+}
+
+template <typename F>
+cudaError_t AllowSmem(F* kernel, size_t bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+}
+
+template <int D, typename T>
+cudaError_t Forward(FlashVariant v, const T* qkv, HeadLayout lay, T* out, float* lse,
+                    cudaStream_t st) {
+  const Kernels<D, T> k = KernelsOf<D, T>(v);
+  const cudaError_t e = AllowSmem(k.forward, k.forward_bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(lay.b * lay.nh), unsigned((lay.s + kTile - 1) / kTile));
   const float scale2 = kLog2e / std::sqrt(float(lay.d));
-  FlashForwardKernel<D, T><<<grid, kFlashThreads, bytes, st>>>(qkv, lay, scale2, out, lse);
+  k.forward<<<grid, kFlashThreads, k.forward_bytes, st>>>(qkv, lay, scale2, out, lse);
   return cudaGetLastError();
 }
 
 template <int D, typename T>
-cudaError_t Backward(const T* dout, const T* qkv, const float* lse, const float* delta,
-                     HeadLayout lay, T* dqkv, cudaStream_t st) {
-  const size_t bytes = Smem<D>::kBackward;
-  cudaError_t e = cudaFuncSetAttribute(FlashBackwardKvKernel<D, T>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(FlashBackwardQKernel<D, T>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+cudaError_t Backward(FlashVariant v, const T* dout, const T* qkv, const float* lse,
+                     const float* delta, HeadLayout lay, T* dqkv, cudaStream_t st) {
+  const Kernels<D, T> k = KernelsOf<D, T>(v);
+  cudaError_t e = AllowSmem(k.kv, k.backward_bytes);
+  if (e == cudaSuccess) e = AllowSmem(k.q, k.backward_bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(lay.b * lay.nh), unsigned((lay.s + kTile - 1) / kTile));
   const float scale = 1.0f / std::sqrt(float(lay.d));
-  FlashBackwardKvKernel<D, T>
-      <<<grid, kFlashThreads, bytes, st>>>(dout, qkv, lse, delta, lay, scale, dqkv);
-  FlashBackwardQKernel<D, T>
-      <<<grid, kFlashThreads, bytes, st>>>(dout, qkv, lse, delta, lay, scale, dqkv);
+  k.kv<<<grid, kFlashThreads, k.backward_bytes, st>>>(dout, qkv, lse, delta, lay, scale, dqkv);
+  k.q<<<grid, kFlashThreads, k.backward_bytes, st>>>(dout, qkv, lse, delta, lay, scale, dqkv);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-bool FlashAttentionSupported(int64_t d, int major, int64_t smem_optin) {
+bool FlashAttentionSupported(int64_t d, int major, int64_t smem_optin, FlashVariant v) {
   if (!Supported(d) || major < 8) return false;
-  const size_t need = d <= 64 ? Smem<64>::kBackward : Smem<128>::kBackward;
+  size_t need = d <= 64 ? Smem<64>::kBackward : Smem<128>::kBackward;
+  if (v == FlashVariant::kMma) need = d <= 64 ? MmaSmem<64>::kBackward : MmaSmem<128>::kBackward;
   return int64_t(need) <= smem_optin;
 }
 
 template <typename T>
 cudaError_t FlashAttentionForward(const T* qkv, HeadLayout lay, T* out, float* lse,
-                                  cudaStream_t st) {
+                                  cudaStream_t st, FlashVariant v) {
   if (lay.b * lay.nh * lay.s == 0) return cudaSuccess;
   if (!Supported(lay.d) || lay.nmat != 3) return cudaErrorInvalidValue;
-  return lay.d <= 64 ? Forward<64>(qkv, lay, out, lse, st) : Forward<128>(qkv, lay, out, lse, st);
+  return lay.d <= 64 ? Forward<64>(v, qkv, lay, out, lse, st)
+                     : Forward<128>(v, qkv, lay, out, lse, st);
 }
 
 template <typename T>
 cudaError_t FlashAttentionBackward(const T* dout, const T* qkv, const T* out, const float* lse,
-                                   HeadLayout lay, float* delta, T* dqkv, cudaStream_t st) {
+                                   HeadLayout lay, float* delta, T* dqkv, cudaStream_t st,
+                                   FlashVariant v) {
   const int64_t rows = lay.b * lay.nh * lay.s;
   if (rows == 0) return cudaSuccess;
   if (!Supported(lay.d) || lay.nmat != 3) return cudaErrorInvalidValue;
@@ -521,19 +879,19 @@ cudaError_t FlashAttentionBackward(const T* dout, const T* qkv, const T* out, co
   FlashDeltaKernel<T><<<unsigned(blocks), 256, 0, st>>>(dout, out, lay_o, delta);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  return lay.d <= 64 ? Backward<64>(dout, qkv, lse, delta, lay, dqkv, st)
-                     : Backward<128>(dout, qkv, lse, delta, lay, dqkv, st);
+  return lay.d <= 64 ? Backward<64>(v, dout, qkv, lse, delta, lay, dqkv, st)
+                     : Backward<128>(v, dout, qkv, lse, delta, lay, dqkv, st);
 }
 
 template cudaError_t FlashAttentionForward<float>(const float*, HeadLayout, float*, float*,
-                                                  cudaStream_t);
+                                                  cudaStream_t, FlashVariant);
 template cudaError_t FlashAttentionForward<bf16>(const bf16*, HeadLayout, bf16*, float*,
-                                                 cudaStream_t);
+                                                 cudaStream_t, FlashVariant);
 template cudaError_t FlashAttentionBackward<float>(const float*, const float*, const float*,
                                                    const float*, HeadLayout, float*, float*,
-                                                   cudaStream_t);
+                                                   cudaStream_t, FlashVariant);
 template cudaError_t FlashAttentionBackward<bf16>(const bf16*, const bf16*, const bf16*,
                                                   const float*, HeadLayout, float*, bf16*,
-                                                  cudaStream_t);
+                                                  cudaStream_t, FlashVariant);
 
 }  // namespace ptdp::rt::cuda::kernels

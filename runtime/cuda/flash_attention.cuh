@@ -34,22 +34,35 @@ namespace ptdp::rt::cuda::kernels {
 
 constexpr int64_t kFlashMaxHeadDim = 128;
 
+// Two implementations of the same contract, tiles and rounding points:
+// - kWmma: WMMA 16x16x16 fragments; each warp's scores, probabilities and output rows pass
+//   through shared memory between products (WMMA does not say which element a lane holds).
+//   70 KiB of shared memory a forward block at d = 64; the default.
+// - kMma: PTX mma.sync.m16n8k16 and ldmatrix, whose fragment layouts PTX specifies, so scores,
+//   probabilities and accumulators stay in registers (FlashAttention-2's design; 28 KiB a
+//   forward block at d = 64). Written without a GPU (2026-12-06); selected by
+//   PTDP_CUDA_ATTENTION=flash-mma until a GPU has tested and timed it against kWmma.
+enum class FlashVariant { kWmma, kMma };
+
 // Whether the flash kernels run head dimension d on a device of compute capability `major` with
 // `smem_optin` bytes of shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin):
-// bf16 tensor cores need sm_80 or later, and the backward's tiles about 123 KiB at d > 64.
-bool FlashAttentionSupported(int64_t d, int major, int64_t smem_optin);
+// bf16 tensor cores need sm_80 or later, and the backward's tiles about 123 KiB at d > 64
+// (kWmma; kMma: 69 KiB).
+bool FlashAttentionSupported(int64_t d, int major, int64_t smem_optin,
+                             FlashVariant v = FlashVariant::kWmma);
 
 // out (rows of `lay` with nmat 1) = causal softmax(q k^T / sqrt(d)) v; lse (L, s) = the natural
 // log-sum-exp of each query's scaled scores. `lay` describes qkv (nmat = 3).
 // T: float or bf16 (kernels.cuh), the storage of qkv, out, dout and dqkv; lse and delta fp32.
 template <typename T>
 cudaError_t FlashAttentionForward(const T* qkv, HeadLayout lay, T* out, float* lse,
-                                  cudaStream_t st);
+                                  cudaStream_t st, FlashVariant v = FlashVariant::kWmma);
 
 // dqkv (shape of qkv, every element written) = the gradient given dout, the forward's qkv, out
 // and lse. delta: scratch of L s floats (rowsum(dO * O) per query).
 template <typename T>
 cudaError_t FlashAttentionBackward(const T* dout, const T* qkv, const T* out, const float* lse,
-                                   HeadLayout lay, float* delta, T* dqkv, cudaStream_t st);
+                                   HeadLayout lay, float* delta, T* dqkv, cudaStream_t st,
+                                   FlashVariant v = FlashVariant::kWmma);
 
 }  // namespace ptdp::rt::cuda::kernels

@@ -190,7 +190,7 @@ TEST(CudaModule, BackendCudaSaysWhyInOneLine) {
 TEST(CudaModule, UnknownAttentionKernelIsRefusedFirst) {
   // Checked before the module and the GPUs: the same line in every build, with or without one.
   ExpectOneLineError(TrainCuda("PTDP_CUDA_ATTENTION=fast"),
-                     "PTDP_CUDA_ATTENTION 'fast': expected flash or unfused", 1);
+                     "PTDP_CUDA_ATTENTION 'fast': expected flash, flash-mma or unfused", 1);
   ExpectOneLineError(TrainCuda("PTDP_CUDA_EPILOGUE=maybe"),
                      "PTDP_CUDA_EPILOGUE 'maybe': expected on or off", 1);
 }

@@ -483,10 +483,14 @@ struct AttnCase {
   int64_t b = 2, s = 67, nh = 3, d = 16;
 };
 
+std::string KernelName(AttentionKernel k) {
+  return k == AttentionKernel::kFlash ? "flash" : k == AttentionKernel::kFlashMma ? "flash_mma"
+                                                                                  : "unfused";
+}
+
 std::string CaseName(const AttnCase& c) {
   std::string n = Name(c.precision);
-  if (c.precision == GemmPrecision::kBf16)
-    n += c.kernel == AttentionKernel::kFlash ? "_flash" : "_unfused";
+  if (c.precision == GemmPrecision::kBf16) n += "_" + KernelName(c.kernel);
   n += c.order == TokenOrder::kBatchFirst ? "_batch_first" : "_seq_first";
   return n + "_b" + std::to_string(c.b) + "_s" + std::to_string(c.s) + "_nh" +
          std::to_string(c.nh) + "_d" + std::to_string(c.d);
@@ -500,31 +504,34 @@ class CudaAttentionTest : public CudaTest, public ::testing::WithParamInterface<
 };
 // s = 67: rows longer than a warp and not a multiple of it or of the flash tiles (64); nh = 3
 // heads of d = 16 (padded to 64 by the flash kernels). Then the flash kernels' real head sizes
-// (64: GPT-2; 128: Llama; 80 and 96 padded to 128) over several tiles, and a one-token sequence.
-INSTANTIATE_TEST_SUITE_P(
-    Cuda, CudaAttentionTest,
-    ::testing::Values(
-        AttnCase{GemmPrecision::kFp32, TokenOrder::kBatchFirst},
-        AttnCase{GemmPrecision::kFp32, TokenOrder::kSeqFirst},
-        AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst, AttentionKernel::kUnfused},
-        AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst, AttentionKernel::kUnfused},
-        AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst},
-        AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst},
-        AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst, AttentionKernel::kFlash, 1, 130, 2,
-                 64},
-        AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst, AttentionKernel::kFlash, 2, 200,
-                 2, 128},
-        AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst, AttentionKernel::kFlash, 3, 129, 2,
-                 96},
-        AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst, AttentionKernel::kFlash, 2, 1, 2,
-                 80}),
-    [](const ::testing::TestParamInfo<AttnCase>& i) { return CaseName(i.param); });
+// (64: GPT-2; 128: Llama; 80 and 96 padded to 128) over several tiles, and a one-token sequence;
+// each for both flash variants (FlashVariant: WMMA, and the register-resident mma.sync kernels).
+std::vector<AttnCase> AttentionCases() {
+  std::vector<AttnCase> cases = {
+      AttnCase{GemmPrecision::kFp32, TokenOrder::kBatchFirst},
+      AttnCase{GemmPrecision::kFp32, TokenOrder::kSeqFirst},
+      AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst, AttentionKernel::kUnfused},
+      AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst, AttentionKernel::kUnfused}};
+  for (AttentionKernel k : {AttentionKernel::kFlash, AttentionKernel::kFlashMma}) {
+    cases.push_back(AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst, k});
+    cases.push_back(AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst, k});
+    cases.push_back(AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst, k, 1, 130, 2, 64});
+    cases.push_back(AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst, k, 2, 200, 2, 128});
+    cases.push_back(AttnCase{GemmPrecision::kBf16, TokenOrder::kSeqFirst, k, 3, 129, 2, 96});
+    cases.push_back(AttnCase{GemmPrecision::kBf16, TokenOrder::kBatchFirst, k, 2, 1, 2, 80});
+  }
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaAttentionTest, ::testing::ValuesIn(AttentionCases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& i) {
+                           return CaseName(i.param);
+                         });
 
 TEST_P(CudaAttentionTest, ForwardAndBackwardAgainstCpu) {
   const AttnCase& c = GetParam();
   const int64_t b = c.b, s = c.s, nh = c.nh, d = c.d, a = nh * d;
   const bool bf16 = c.precision == GemmPrecision::kBf16;
-  const bool flash = bf16 && c.kernel == AttentionKernel::kFlash;
+  const bool flash = bf16 && c.kernel != AttentionKernel::kUnfused;
   const TokenOrder order = c.order;
   // Every GPU this is built for (sm_80, sm_90) runs the flash kernels: a silent fallback to the
   // unfused path would test the wrong kernel.
@@ -559,6 +566,16 @@ TEST_P(CudaAttentionTest, ForwardAndBackwardAgainstCpu) {
   // and the softmax backward's subtraction: 5% of the largest gradient.
   const std::vector<float> want = CpuHost(dqkv.c);
   ExpectClose(GpuHost(dqkv.g), want, (bf16 ? 5e-2 : 1e-4) * MaxAbs(want), 0, "dqkv");
+  if (flash) {
+    // No atomics: the same inputs again give bit-identical out, lse and dqkv.
+    Tensor out2 = GpuF(out_shape), saved2 = GpuF(gpu->AttentionSavedShape(b, s, nh, d));
+    Tensor dqkv2 = GpuF(in_shape);
+    gpu->AttentionForward(qkv.g, nh, order, out2, saved2);
+    gpu->AttentionBackward(dout.g, qkv.g, out2, saved2, nh, order, dqkv2);
+    ExpectBitIdentical(GpuHost(out2), GpuHost(out.g), "out again");
+    ExpectBitIdentical(GpuHost(saved2), GpuHost(saved.g), "lse again");
+    ExpectBitIdentical(GpuHost(dqkv2), GpuHost(dqkv.g), "dqkv again");
+  }
   EXPECT_TRUE(gpu->Synchronize().ok());
 }
 
@@ -1032,12 +1049,13 @@ TEST_F(CudaBf16Test, AttentionOnBf16Rows) {
   };
   for (const Case& c : {Case{AttentionKernel::kFlash, TokenOrder::kSeqFirst, 2, 67, 3, 16},
                         Case{AttentionKernel::kFlash, TokenOrder::kBatchFirst, 2, 200, 2, 128},
+                        Case{AttentionKernel::kFlashMma, TokenOrder::kSeqFirst, 2, 67, 3, 16},
+                        Case{AttentionKernel::kFlashMma, TokenOrder::kBatchFirst, 2, 200, 2, 128},
                         Case{AttentionKernel::kUnfused, TokenOrder::kSeqFirst, 2, 67, 3, 16}}) {
     Open(GemmPrecision::kBf16, 0, c.kernel);
     const int64_t a = c.nh * c.d;
-    const std::string what = std::string(c.kernel == AttentionKernel::kFlash ? "flash" : "unfused") +
-                             " d " + std::to_string(c.d);
-    ASSERT_EQ(gpu->UsesFlashAttention(c.d), c.kernel == AttentionKernel::kFlash) << what;
+    const std::string what = KernelName(c.kernel) + " d " + std::to_string(c.d);
+    ASSERT_EQ(gpu->UsesFlashAttention(c.d), c.kernel != AttentionKernel::kUnfused) << what;
     const bool bf = c.order == TokenOrder::kBatchFirst;
     const Shape in = bf ? Shape{c.b, c.s, 3 * a} : Shape{c.s, c.b, 3 * a};
     const Shape os = bf ? Shape{c.b, c.s, a} : Shape{c.s, c.b, a};
