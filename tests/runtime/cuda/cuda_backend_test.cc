@@ -981,23 +981,28 @@ TEST_F(CudaBf16Test, EmbeddingCrossEntropyAndElementWise) {
   cpu.EmbeddingBackward(dout.c, tokens.c, start, dtable.c);
   gpu->EmbeddingBackward(dout.g, tokens.g, start, dtable.g);
   ExpectEqual(dtable, "dtable (fp32)");
-  // Cross entropy of bf16 logits: fp32 row figures, bf16 logit gradients in place.
-  const int64_t N = 5, Vl = 4000;
-  Both logits = B({N, Vl}, Random(size_t(N * Vl), 93, -8, 8));
-  Both targets = I({N}, {1000, 5, 4999, 2000, 1001}), mx = F({N}), se = F({N}), z = F({N});
-  cpu.CrossEntropyMax(logits.c, mx.c);
-  gpu->CrossEntropyMax(logits.g, mx.g);
-  ExpectEqual(mx, "row_max");
-  cpu.CrossEntropySumExp(logits.c, mx.c, se.c);
-  gpu->CrossEntropySumExp(logits.g, mx.g, se.g);  // row_max is bit-identical (above)
-  ExpectNear(se, 0, 2e-6, "sum_exp");
-  cpu.CrossEntropyTarget(logits.c, targets.c, 1000, z.c);
-  gpu->CrossEntropyTarget(logits.g, targets.g, 1000, z.g);
-  ExpectEqual(z, "target_logit");
-  Both gmx = F({N}, CpuHost(mx.c)), gse = F({N}, CpuHost(se.c));
-  cpu.CrossEntropyBackward(logits.c, targets.c, 1000, gmx.c, gse.c, 1.0f / N, logits.c);
-  gpu->CrossEntropyBackward(logits.g, targets.g, 1000, gmx.g, gse.g, 1.0f / N, logits.g);
-  ExpectNear(logits, 1e-9, kBf16Step, "dlogits in place (bf16)");
+  // Cross entropy of bf16 logits: fp32 row figures, bf16 logit gradients in place. A shard
+  // width that is a multiple of 8 (the kernels' 16-byte loads) and one that is not (one element
+  // at a time).
+  for (const int64_t Vl : {int64_t(4000), int64_t(4001)}) {
+    const int64_t N = 5;
+    const std::string w = " (shard of " + std::to_string(Vl) + ")";
+    Both logits = B({N, Vl}, Random(size_t(N * Vl), 93, -8, 8));
+    Both targets = I({N}, {1000, 5, 4999, 2000, 1001}), mx = F({N}), se = F({N}), z = F({N});
+    cpu.CrossEntropyMax(logits.c, mx.c);
+    gpu->CrossEntropyMax(logits.g, mx.g);
+    ExpectEqual(mx, "row_max" + w);
+    cpu.CrossEntropySumExp(logits.c, mx.c, se.c);
+    gpu->CrossEntropySumExp(logits.g, mx.g, se.g);  // row_max is bit-identical (above)
+    ExpectNear(se, 0, 2e-6, "sum_exp" + w);
+    cpu.CrossEntropyTarget(logits.c, targets.c, 1000, z.c);
+    gpu->CrossEntropyTarget(logits.g, targets.g, 1000, z.g);
+    ExpectEqual(z, "target_logit" + w);
+    Both gmx = F({N}, CpuHost(mx.c)), gse = F({N}, CpuHost(se.c));
+    cpu.CrossEntropyBackward(logits.c, targets.c, 1000, gmx.c, gse.c, 1.0f / N, logits.c);
+    gpu->CrossEntropyBackward(logits.g, targets.g, 1000, gmx.g, gse.g, 1.0f / N, logits.g);
+    ExpectNear(logits, 1e-9, kBf16Step, "dlogits in place (bf16)" + w);
+  }
   // Element-wise ops in every dtype mix the model uses: bf16 + bf16 -> bf16 (the residual),
   // fp32 + bf16 -> fp32 (the MoE combine's accumulator), in place; each one fp32 add.
   const int64_t e = 70001;
