@@ -112,13 +112,14 @@ const char* OverlapText(const LayerOp& op) {
   return "";
 }
 
-// What a GEMM of ptdp's runtime adds in its epilogue (the call's bias, GeLU), as a suffix of
-// its name; "" for a plain one.
+// What a GEMM of ptdp's runtime adds in its epilogue (the call's bias, GeLU, GeLU's gradient),
+// as a suffix of its name; "" for a plain one.
 const char* EpilogueText(const LayerOp& op) {
   switch (op.epilogue) {
     case GemmEpilogue::kNone: return "";
     case GemmEpilogue::kBias: return "+bias";
     case GemmEpilogue::kBiasGelu: return "+bias+gelu";
+    case GemmEpilogue::kGeluBackward: return "+gelu.backward";
   }
   return "";
 }

@@ -407,16 +407,17 @@ void MlpForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList
 }
 
 // Backward of a row-parallel linear (proj, FC2): with SP, all-gather the output gradient
-// (TE: ring-exchange under dgrad), then dgrad and wgrad.
-void RowParallelBackward(const OpShape& s, const Dims& x, const char* name_ag,
-                         const char* dgrad, const char* wgrad, double in, LayerOpList* l) {
+// (TE: ring-exchange under dgrad), then dgrad and wgrad. Returns the dgrad GEMM.
+LayerOp& RowParallelBackward(const OpShape& s, const Dims& x, const char* name_ag,
+                             const char* dgrad, const char* wgrad, double in, LayerOpList* l) {
   int gather = -1;
   if (s.sp)
     gather = Comm(l, s, name_ag, CommKind::kAllGather, CommGroup::kTp, x.T * x.h * x.e,
                   CommOverlap::kTpOverlap, -1, x.t);
-  Gemm(l, s, dgrad, GemmPass::kDgrad, x.T, in, x.h);
+  LayerOp& d = Gemm(l, s, dgrad, GemmPass::kDgrad, x.T, in, x.h);
   Overlaps(l, gather, Last(*l));
   Gemm(l, s, wgrad, GemmPass::kWgrad, x.h, in, x.T);  // dW (out = h) x (in)
+  return d;
 }
 
 // Backward of a column-parallel linear (QKV, FC1) of `out` local outputs: with SP the input is
@@ -778,9 +779,14 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out, bool moe
   } else {
     BiasDropoutAddBackward(M, s, x, /*first=*/true, "bias_dropout_add2.backward",
                            "fc2.bias.grad", &b);
-    RowParallelBackward(s, x, "fc2.all_gather.backward", "fc2.dgrad", "fc2.wgrad", x.F, &b);
-    Memory(&b, "activation.backward", MemoryKernel::kActivationBackward, x.T, x.F,
-           (2 * x.Fi + x.F) * x.T * x.e, false);
+    LayerOp& fc2_dgrad =
+        RowParallelBackward(s, x, "fc2.all_gather.backward", "fc2.dgrad", "fc2.wgrad", x.F, &b);
+    // The runtime runs GeLU's gradient in FC2's dgrad (MatmulGeluBackward).
+    if (s.runtime)
+      fc2_dgrad.epilogue = GemmEpilogue::kGeluBackward;
+    else
+      Memory(&b, "activation.backward", MemoryKernel::kActivationBackward, x.T, x.F,
+             (2 * x.Fi + x.F) * x.T * x.e, false);
     ColumnParallelBackward(s, x, "fc1.input_all_gather", s.sp ? "fc1.reduce_scatter.backward"
                                                               : "fc1.all_reduce.backward",
                            "fc1.dgrad", "fc1.wgrad", M.bias ? "fc1.bias.grad" : nullptr, x.Fi,

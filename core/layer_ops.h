@@ -87,9 +87,10 @@ enum class MemoryKernel : uint8_t {
 };
 
 // What a GEMM's epilogue adds to its output in ptdp's runtime (Backend::MatmulBias,
-// MatmulBiasGelu; cuBLASLt's CUBLASLT_EPILOGUE_BIAS and GELU_AUX_BIAS on CUDA): a bias, or a bias
-// and then GeLU (the pre-activation kept for the backward).
-enum class GemmEpilogue : uint8_t { kNone, kBias, kBiasGelu };
+// MatmulBiasGelu, MatmulGeluBackward; cuBLASLt's CUBLASLT_EPILOGUE_BIAS, GELU_AUX_BIAS and DGELU
+// on CUDA): a bias, or a bias and then GeLU (the pre-activation kept for the backward), or
+// GeLU's gradient at the kept pre-activation (FC2's dgrad).
+enum class GemmEpilogue : uint8_t { kNone, kBias, kBiasGelu, kGeluBackward };
 
 // Trivially constructible (no member initialisers): a list of kMax ops costs nothing until
 // Add() fills one; Add() sets every field (kind and name as given, with -1, chunks and kernels
@@ -117,7 +118,7 @@ struct LayerOp {
   // launch): m, n, k are one group's; the FLOPs are all groups'. 1 for a plain GEMM.
   int groups;
   bool expert;  // kGemm: a routed experts' GEMM (grouped_gemm_eff applies)
-  GemmEpilogue epilogue;  // kGemm, the runtime only: its bias (and GeLU) in the same call
+  GemmEpilogue epilogue;  // kGemm, the runtime only: its bias (and GeLU) or GeLU's gradient in the same call
   // kAttention in ptdp's runtime with CP (Backend::AttentionBlockForward): 1 the rank's own
   // K/V block (ring step 0), 2 another rank's (m counts the c - 1 of them); 0 otherwise.
   int cp_block;

@@ -29,6 +29,9 @@ const std::vector<TableKind>& MeasuredTableKinds() {
        "C(m,n) = A(m,k) B(n,k)^T + bias(n) in one call (the GEMM's epilogue)", true},
       {"gemm_nt_bias_gelu", {{"m", 1}, {"n", 1}, {"k", 1}},
        "the same, then GeLU; the pre-activation kept (FC1's forward)", true},
+      {"gemm_nn_dgelu", {{"m", 1}, {"n", 1}, {"k", 1}},
+       "C(m,n) = gelu'(P(m,n)) * (A(m,k) B(k,n)) in one call: FC2's input gradient through the "
+       "GeLU", true},
       {"attention_forward", {{"s", 2}, {"d", 1}},
        "causal attention core of one (batch, head): QK^T, softmax, PV"},
       {"attention_backward", {{"s", 2}, {"d", 1}}, "its backward, one (batch, head)"},

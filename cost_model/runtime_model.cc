@@ -186,10 +186,16 @@ void RuntimeModel::TimeOps(const Layout& l, const LayerOpList& ops, double* comp
 }
 
 // A linear layer's forward with its bias (and GeLU) in the call (Backend::MatmulBias,
-// MatmulBiasGelu): where the backend fuses them into the GEMM (CUDA's cuBLASLt epilogues) the
-// calibration timed the fused call over the GEMM grid; elsewhere (the CPU backend runs the GEMM,
-// then the bias, then the GeLU) it is their sum.
+// MatmulBiasGelu), or FC2's dgrad through GeLU's gradient (MatmulGeluBackward): where the
+// backend fuses them into the GEMM (CUDA's cuBLASLt epilogues) the calibration timed the fused
+// call over the GEMM grid; elsewhere (the CPU backend runs the GEMM, then the bias, then the
+// GeLU or its gradient) it is their sum.
 double RuntimeModel::EpilogueGemm(const LayerOp& op, double k) const {
+  if (op.epilogue == GemmEpilogue::kGeluBackward) {
+    if (const MeasuredTable* t = m_.Table("gemm_nn_dgelu"))
+      return t->Seconds(op.m, op.n, op.k) * k;
+    return Gemm("gemm_nn", op.m, op.n, op.k, k) + Gelu("gelu_backward", op.m * op.n, k);
+  }
   const bool gelu = op.epilogue == GemmEpilogue::kBiasGelu;
   if (const MeasuredTable* t = m_.Table(gelu ? "gemm_nt_bias_gelu" : "gemm_nt_bias"))
     return t->Seconds(op.m, op.n, op.k) * k;

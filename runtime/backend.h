@@ -140,10 +140,11 @@ class Backend {
     Matmul(a, trans_a, b, trans_b, c);
     AddBias(c, bias);
   }
-  // Whether MatmulBias and MatmulBiasGelu on `act` tensors run the bias (and the GeLU) inside
-  // the GEMM's own kernel, as CUDA's cuBLASLt epilogues do: calibrate then times those calls
-  // over the GEMM grid (gemm_nt_bias, gemm_nt_bias_gelu); false (the default): a GEMM, then
-  // the separate kernels, which their own tables time.
+  // Whether MatmulBias, MatmulBiasGelu and MatmulGeluBackward on `act` tensors run the bias
+  // (and the GeLU or its gradient) inside the GEMM's own kernel, as CUDA's cuBLASLt epilogues
+  // do: calibrate then times those calls over the GEMM grid (gemm_nt_bias, gemm_nt_bias_gelu,
+  // gemm_nn_dgelu); false (the default): a GEMM, then the separate kernels, which their own
+  // tables time.
   virtual bool FusesGemmEpilogues(DType act) const {
     (void)act;
     return false;
@@ -156,6 +157,16 @@ class Backend {
                               const Tensor& bias, Tensor& pre, Tensor& act) {
     MatmulBias(a, trans_a, b, trans_b, bias, pre);
     GeluForward(pre, act);
+  }
+  // An MLP's input gradient through its GeLU (FC2's dgrad): dx = gelu'(pre) * (op(a) op(b)),
+  // dx and pre (M, P), the product in fp32 and dx rounded once where bf16 (cuBLASLt's
+  // CUBLASLT_EPILOGUE_DGELU with pre as the aux input, as llm.c's backward does). dx and pre do
+  // not overlap. The default is Matmul then GeluBackward (a bf16 dx rounded twice); the CPU
+  // backend computes the fused result (the reference), CUDA fuses it.
+  virtual void MatmulGeluBackward(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                                  const Tensor& pre, Tensor& dx) {
+    Matmul(a, trans_a, b, trans_b, dx);
+    GeluBackward(dx, pre, dx);
   }
 
   // ---- bias ---------------------------------------------------------------------------------

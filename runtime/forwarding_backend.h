@@ -45,6 +45,10 @@ class ForwardingBackend : public Backend {
                       Tensor& pre, Tensor& act) override {
     in_->MatmulBiasGelu(a, ta, b, tb, bias, pre, act);
   }
+  void MatmulGeluBackward(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& pre,
+                          Tensor& dx) override {
+    in_->MatmulGeluBackward(a, ta, b, tb, pre, dx);
+  }
   void AddBias(Tensor& y, const Tensor& bias) override { in_->AddBias(y, bias); }
   void AddBiasResidual(Tensor& x, const Tensor& bias, const Tensor& residual) override {
     in_->AddBiasResidual(x, bias, residual);

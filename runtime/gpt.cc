@@ -632,8 +632,8 @@ Result<Tensor> GptChunk::LayerBackward(const LayerRefs& w, const Tensor& dout, i
   PTDP_ASSIGN_OR_RETURN(Tensor dfc2, GatherSeq(dout));  // g backward (SP: all-gather)
   be_.Matmul(dfc2, true, sv.gelu, false, w.fc2_w->grad, 1.0f, 1.0f);
   PTDP_ASSIGN_OR_RETURN(Tensor dh, Out({n, ffn_}));
-  be_.Matmul(dfc2, false, w.fc2_w->value, false, dh);
-  be_.GeluBackward(dh, sv.fc1, dh);
+  // FC2's dgrad through the GeLU in one call (CUDA: cuBLASLt's DGELU epilogue).
+  be_.MatmulGeluBackward(dfc2, false, w.fc2_w->value, false, sv.fc1, dh);
   be_.BiasGrad(dh, w.fc1_b->grad);
   be_.Matmul(dh, true, sv.ln2_full, false, w.fc1_w->grad, 1.0f, 1.0f);
   PTDP_ASSIGN_OR_RETURN(Tensor dln2_full, Out({n, h_}));

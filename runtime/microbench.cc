@@ -311,9 +311,10 @@ Status Bench::Gemms() {
               const size_t v = i++ % nv_tn;
               be_->Matmul(a_km[v], true, b_kn[v], false, dw[v], 1, 1);
             })});
-        if (fused_epilogues_) {  // QKV's and FC1's forward as the runtime calls them
+        if (fused_epilogues_) {  // QKV's and FC1's forward, FC2's dgrad as the runtime calls them
           PTDP_ASSIGN_OR_RETURN(Tensor bias, Random({N}, 8));
           PTDP_ASSIGN_OR_RETURN(Tensor act, Random({M, N}, 9));
+          PTDP_ASSIGN_OR_RETURN(Tensor pre, Random({M, N}, 10));
           Add("gemm_nt_bias", {m, n, k, TimeCall([&] {
                 const size_t v = i++ % nv;
                 be_->MatmulBias(a_mk[v], false, w_nk[v], true, bias, c);
@@ -321,6 +322,10 @@ Status Bench::Gemms() {
           Add("gemm_nt_bias_gelu", {m, n, k, TimeCall([&] {
                 const size_t v = i++ % nv;
                 be_->MatmulBiasGelu(a_mk[v], false, w_nk[v], true, bias, c, act);
+              })});
+          Add("gemm_nn_dgelu", {m, n, k, TimeCall([&] {
+                const size_t v = i++ % nv;
+                be_->MatmulGeluBackward(a_mk[v], false, w_kn[v], false, pre, c);
               })});
         }
         Done("gemm " + Dims({m, n, k}));

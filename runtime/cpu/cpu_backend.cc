@@ -366,6 +366,14 @@ void CpuBackend::MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, 
   GeluForward(pre, act);
 }
 
+void CpuBackend::MatmulGeluBackward(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                                    const Tensor& pre, Tensor& dx) {
+  assert(SameDType(a, b, pre, dx) && pre.numel() == dx.numel());
+  if (Widened(&CpuBackend::MatmulGeluBackward, a, trans_a, b, trans_b, pre, dx)) return;
+  Matmul(a, trans_a, b, trans_b, dx);
+  GeluBackward(dx, pre, dx);
+}
+
 // ---- bias -----------------------------------------------------------------------------------
 
 void CpuBackend::AddBiasResidual(Tensor& x, const Tensor& bias, const Tensor& residual) {

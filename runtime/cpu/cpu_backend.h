@@ -109,6 +109,8 @@ class CpuBackend final : public Backend {
                   const Tensor& bias, Tensor& c) override;
   void MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                       const Tensor& bias, Tensor& pre, Tensor& act) override;
+  void MatmulGeluBackward(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                          const Tensor& pre, Tensor& dx) override;
   void AddBias(Tensor& y, const Tensor& bias) override;
   // backend.h's fused result: on bf16 tensors the fp32 sum on widened copies, rounded once (then
   // the base class's LayerNorm of x as stored, in AddBiasResidualLayerNorm).

@@ -147,10 +147,10 @@ struct CudaBackend::Impl {
   std::shared_ptr<SharedState> shared = std::make_shared<SharedState>();
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  cublasLtHandle_t lt = nullptr;  // the epilogue GEMMs (MatmulBias, MatmulBiasGelu)
-  // cuBLASLt's choice per epilogue GEMM shape (m, p, k, trans_a, trans_b, gelu, the pointers'
-  // alignment); nullopt: it has none (the op falls back to the unfused calls).
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, uint32_t>,
+  cublasLtHandle_t lt = nullptr;  // the epilogue GEMMs (MatmulBias, MatmulBiasGelu, ...Backward)
+  // cuBLASLt's choice per epilogue GEMM shape (m, p, k, trans_a, trans_b, the epilogue, the
+  // pointers' alignment); nullopt: it has none (the op falls back to the unfused calls).
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int, uint32_t>,
            std::optional<cublasLtMatmulAlgo_t>>
       lt_algos;
   std::vector<cudaEvent_t> events;  // Mark(): created once, reused after ClearMarks
@@ -197,11 +197,15 @@ struct CudaBackend::Impl {
   void Gemm(const char* op, const Operand& a, const Operand& b, void* c, DType c_dtype,
             int64_t m, int64_t p, int64_t k, float alpha, float beta, int64_t batch,
             int64_t stride_c);
-  // Row-major c (m, p) = op(a) op(b) + bias [and act = gelu(c)] in one cuBLASLt call on bf16
-  // operands (fp32 accumulation, the epilogue on the fp32 sum, each output rounded once).
+  // One cuBLASLt call on bf16 operands, row-major outputs (m, p), fp32 accumulation, the
+  // epilogue on the fp32 product, each output rounded once:
+  //   kBias:     d = op(a) op(b) + bias;
+  //   kBiasGelu: aux = op(a) op(b) + bias (the pre-activation, written), d = gelu of that sum;
+  //   kDGelu:    d = gelu'(aux) * op(a) op(b) (aux, the pre-activation, read).
   // False (nothing enqueued) where cuBLASLt has no algorithm for it; a failure is recorded.
-  bool EpilogueGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                    const Tensor& bias, Tensor& c, Tensor* act);
+  enum class Epilogue { kBias, kBiasGelu, kDGelu };
+  bool EpilogueGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Epilogue e,
+                    const Tensor* bias, const Tensor* aux, Tensor& d);
   // out[0] += sum(x) or sum(x^2), deterministic (kernels::SumPartials, SumFinalize).
   void Reduce(const char* op, const Tensor& x, bool squares, Tensor& out);
   // A host <-> device copy, waited for. A pending failure is returned first (and the copy
@@ -547,23 +551,27 @@ struct LtCall {
 
 // As Gemm: column-major C^T (p, m) = op(B)^T op(A)^T, b first. The bias runs along C^T's rows
 // (p, the output features: cuBLASLt's "bias vector length matches D's rows"), broadcast over
-// its m columns; with GeLU the pre-activation (cuBLASLt's aux output) goes to c, ld p, and the
-// activation to *act. Source: the cuBLAS docs (cublasLtMatmulDescAttributes_t,
-// cublasLtEpilogue_t); llm.c's matmul_cublaslt does the same for its FC layers.
+// its m columns; the aux matrix (the pre-activation: written by GELU_AUX_BIAS, read by DGELU)
+// has the output's shape, ld p. Source: the cuBLAS docs (cublasLtMatmulDescAttributes_t,
+// cublasLtEpilogue_t); llm.c's matmul_cublaslt does the same for its FC layers (GELU_AUX_BIAS
+// forward, DGELU backward).
 bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                                     const Tensor& bias, Tensor& c, Tensor* act) {
+                                     Epilogue e, const Tensor* bias, const Tensor* aux,
+                                     Tensor& d) {
   const int64_t m = trans_a ? Cols(a) : Rows(a), k = trans_a ? Rows(a) : Cols(a);
   const int64_t p = trans_b ? Rows(b) : Cols(b);
   if (m == 0 || p == 0 || k == 0) return false;
   for (int64_t dim : {m, p, k}) if (dim > INT_MAX) return false;
+  const bool with_bias = e != Epilogue::kDGelu, with_aux = e != Epilogue::kBias;
+  assert(with_bias == (bias != nullptr) && with_aux == (aux != nullptr));
   // cuBLASLt's heuristic assumes 256-byte aligned matrices unless told less (a view may be 16).
   uint32_t align = 256;
-  for (const void* ptr : {a.data(), b.data(), bias.data(), c.data(),
-                          act != nullptr ? act->data() : c.data()}) {
+  for (const void* ptr : {a.data(), b.data(), d.data(), with_bias ? bias->data() : d.data(),
+                          with_aux ? aux->data() : d.data()}) {
     if (!kernels::Aligned16(ptr)) return false;
     if (reinterpret_cast<uintptr_t>(ptr) % 256 != 0) align = 16;
   }
-  if (act != nullptr && p % 8 != 0) return false;  // the aux leading dimension's rule
+  if (with_aux && p % 8 != 0) return false;  // the aux leading dimension's rule
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   LtCall call;
@@ -572,22 +580,24 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
   };
   if (!ok(cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate"))
     return true;
-  const cublasLtEpilogue_t epilogue =
-      act != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-  const void* bias_ptr = bias.data();
-  void* aux = c.data();
+  const cublasLtEpilogue_t epilogue = e == Epilogue::kBias       ? CUBLASLT_EPILOGUE_BIAS
+                                      : e == Epilogue::kBiasGelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                 : CUBLASLT_EPILOGUE_DGELU;
+  const void* bias_ptr = with_bias ? bias->data() : nullptr;
+  void* aux_ptr = with_aux ? aux->data() : nullptr;
   const int64_t ld_aux = p;
   bool set = ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b,
                                                sizeof(op_b)), "TRANSA") &&
              ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a,
                                                sizeof(op_a)), "TRANSB") &&
              ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                               sizeof(epilogue)), "EPILOGUE") &&
-             ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                               &bias_ptr, sizeof(bias_ptr)), "BIAS_POINTER");
-  if (set && act != nullptr)
+                                               sizeof(epilogue)), "EPILOGUE");
+  if (set && with_bias)
+    set = ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                            &bias_ptr, sizeof(bias_ptr)), "BIAS_POINTER");
+  if (set && with_aux)
     set = ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                            &aux, sizeof(aux)), "EPILOGUE_AUX_POINTER") &&
+                                            &aux_ptr, sizeof(aux_ptr)), "EPILOGUE_AUX_POINTER") &&
           ok(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                             &ld_aux, sizeof(ld_aux)), "EPILOGUE_AUX_LD");
   // The stored matrices read column-major: b (Rows(b), Cols(b)) row-major is (Cols(b), Rows(b)).
@@ -599,7 +609,7 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
         ok(cublasLtMatrixLayoutCreate(&call.out, CUDA_R_16BF, uint64_t(p), uint64_t(m), p),
            "layout c");
   if (!set) return true;  // recorded
-  const auto key = std::make_tuple(m, p, k, trans_a, trans_b, act != nullptr, align);
+  const auto key = std::make_tuple(m, p, k, trans_a, trans_b, int(e), align);
   auto it = lt_algos.find(key);
   if (it == lt_algos.end()) {
     const uint64_t bytes = kCublasWorkspaceBytes;
@@ -627,10 +637,11 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
   }
   if (!it->second) return false;
   const float alpha = 1.0f, beta = 0.0f;
-  void* d = act != nullptr ? act->data() : c.data();
+  void* out = d.data();
   const cublasStatus_t s =
-      cublasLtMatmul(lt, call.desc, &alpha, b.data(), call.first, a.data(), call.second, &beta, d,
-                     call.out, d, call.out, &*it->second, workspace, kCublasWorkspaceBytes, stream);
+      cublasLtMatmul(lt, call.desc, &alpha, b.data(), call.first, a.data(), call.second, &beta,
+                     out, call.out, out, call.out, &*it->second, workspace, kCublasWorkspaceBytes,
+                     stream);
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
     it->second.reset();  // declined at launch (nothing enqueued): the separate ops from now on
     return false;
@@ -649,7 +660,7 @@ void CudaBackend::MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, boo
   assert(bias.numel() == Cols(c));
   if (impl_->options.epilogues && a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 &&
       bias.dtype() == DType::kBF16 && c.dtype() == DType::kBF16 && impl_->Begin() &&
-      impl_->EpilogueGemm(a, trans_a, b, trans_b, bias, c, nullptr))
+      impl_->EpilogueGemm(a, trans_a, b, trans_b, Impl::Epilogue::kBias, &bias, nullptr, c))
     return;
   Backend::MatmulBias(a, trans_a, b, trans_b, bias, c);
 }
@@ -660,9 +671,19 @@ void CudaBackend::MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b,
   if (impl_->options.epilogues && a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 &&
       bias.dtype() == DType::kBF16 && pre.dtype() == DType::kBF16 &&
       act.dtype() == DType::kBF16 && impl_->Begin() &&
-      impl_->EpilogueGemm(a, trans_a, b, trans_b, bias, pre, &act))
+      impl_->EpilogueGemm(a, trans_a, b, trans_b, Impl::Epilogue::kBiasGelu, &bias, &pre, act))
     return;
   Backend::MatmulBiasGelu(a, trans_a, b, trans_b, bias, pre, act);
+}
+
+void CudaBackend::MatmulGeluBackward(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                                     const Tensor& pre, Tensor& dx) {
+  assert(pre.numel() == dx.numel() && pre.data() != dx.data());
+  if (impl_->options.epilogues && a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 &&
+      pre.dtype() == DType::kBF16 && dx.dtype() == DType::kBF16 && impl_->Begin() &&
+      impl_->EpilogueGemm(a, trans_a, b, trans_b, Impl::Epilogue::kDGelu, nullptr, &pre, dx))
+    return;
+  Backend::MatmulGeluBackward(a, trans_a, b, trans_b, pre, dx);
 }
 
 // ---- bias -------------------------------------------------------------------------------------

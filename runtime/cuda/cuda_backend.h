@@ -96,10 +96,13 @@ class CudaBackend final : public Backend {
               float alpha = 1.0f, float beta = 0.0f) override;
   void MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                      float alpha = 1.0f, float beta = 0.0f) override;
-  // bf16: one cuBLASLt GEMM with the bias (and GeLU) epilogue, each output rounded once, as the
-  // CPU backend computes; fp32, or a shape cuBLASLt declines: Matmul, AddBias (and GeluForward).
+  // bf16: one cuBLASLt GEMM with the bias (and GeLU) epilogue, or GeLU's gradient (DGELU), each
+  // output rounded once, as the CPU backend computes; fp32, or a shape cuBLASLt declines: Matmul,
+  // AddBias (and GeluForward), or Matmul and GeluBackward.
   void MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                   const Tensor& bias, Tensor& c) override;
+  void MatmulGeluBackward(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                          const Tensor& pre, Tensor& dx) override;
   void MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                       const Tensor& bias, Tensor& pre, Tensor& act) override;
   void AddBias(Tensor& y, const Tensor& bias) override;

@@ -74,7 +74,7 @@ TEST(CalibrateCuda, QuickCalibrationThenPlanTrainCompare) {
   EXPECT_EQ(m.communicator, gpus == 1 ? "device" : "nccl");
   EXPECT_EQ(m.cores, gpus);
   // bf16 tensors (calibrate's default on CUDA, as `ptdp train` runs bf16 plans): every table,
-  // the cuBLASLt epilogue GEMMs (gemm_nt_bias, gemm_nt_bias_gelu) included.
+  // the cuBLASLt epilogue GEMMs (gemm_nt_bias, gemm_nt_bias_gelu, gemm_nn_dgelu) included.
   EXPECT_DOUBLE_EQ(m.element_bytes, 2);
   EXPECT_EQ(m.tables.size(), ptdp::MeasuredTableKinds().size());
   for (const auto& [name, t] : m.tables)

@@ -191,6 +191,43 @@ TEST(Bf16Ops, EpilogueGemmsRoundTheFp32SumOnce) {
   EXPECT_GT(twice, 0);  // so the comparison above could tell the two apart
 }
 
+// FC2's dgrad through the GeLU (Backend::MatmulGeluBackward; cuBLASLt's DGELU epilogue on a
+// GPU): in fp32 exactly Matmul then GeluBackward; on bf16 tensors gelu'(pre) times the fp32
+// product rounded once, not the product rounded and then the gradient rounded again.
+TEST(Bf16Ops, GeluBackwardEpilogueRoundsOnce) {
+  CpuBackend be;
+  std::mt19937 rng(14);
+  const int64_t m = 6, k = 40, p = 24;
+  const std::vector<float> dy = Bf16Values(rng, size_t(m * k)), w = Bf16Values(rng, size_t(k * p));
+  std::vector<float> pre = Bf16Values(rng, size_t(m * p));
+  for (float& v : pre) v *= 4;  // across GeLU's bend (a power of two: still bf16 values)
+  auto read = [&](const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    EXPECT_TRUE(be.CopyToHost(t, v.data()).ok());
+    return v;
+  };
+  Tensor dy32 = Make(be, DType::kF32, dy, {m, k}), w32 = Make(be, DType::kF32, w, {k, p});
+  Tensor pre32 = Make(be, DType::kF32, pre, {m, p});
+  Tensor sep = *be.Alloc({m, p}, DType::kF32), fused = *be.Alloc({m, p}, DType::kF32);
+  be.Matmul(dy32, false, w32, false, sep);
+  be.GeluBackward(sep, pre32, sep);
+  be.MatmulGeluBackward(dy32, false, w32, false, pre32, fused);
+  const std::vector<float> want = read(sep);
+  EXPECT_EQ(read(fused), want);
+  Tensor dy16 = Make(be, DType::kBF16, dy, {m, k}), w16 = Make(be, DType::kBF16, w, {k, p});
+  Tensor pre16 = Make(be, DType::kBF16, pre, {m, p});
+  Tensor dx16 = *be.Alloc({m, p}, DType::kBF16), two = *be.Alloc({m, p}, DType::kBF16);
+  be.MatmulGeluBackward(dy16, false, w16, false, pre16, dx16);
+  const std::vector<float> dx = read(dx16);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(dx[i], Bf16Round(want[i])) << i;
+  be.Matmul(dy16, false, w16, false, two);
+  be.GeluBackward(two, pre16, two);
+  const std::vector<float> unfused = read(two);
+  int twice = 0;
+  for (size_t i = 0; i < dx.size(); ++i) twice += unfused[i] != dx[i];
+  EXPECT_GT(twice, 0);  // so the comparison above could tell the two apart
+}
+
 // The residual connection (Backend::AddBiasResidual, and with the next LayerNorm
 // AddBiasResidualLayerNorm): fp32 exactly AddBias then Add (then LayerNormForward); bf16 the
 // fp32 (x + bias) + residual rounded once, and the LayerNorm of the sum as stored.

@@ -208,6 +208,15 @@ class CallCounter final : public ForwardingBackend {
     ++calls["GeluForward"];
     inner().GeluForward(x, y);
   }
+  void MatmulGeluBackward(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& pre,
+                          Tensor& dx) override {
+    ++calls["MatmulGeluBackward"];
+    inner().MatmulGeluBackward(a, ta, b, tb, pre, dx);
+  }
+  void GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) override {
+    ++calls["GeluBackward"];
+    inner().GeluBackward(dy, x, dx);
+  }
   void Add(const Tensor& a, const Tensor& b, Tensor& out) override {
     ++calls["Add"];
     inner().Add(a, b, out);
@@ -217,8 +226,8 @@ class CallCounter final : public ForwardingBackend {
 // The calls that fuse a bias, GeLU, residual or norm into one (GEMM epilogues, the residual
 // kernels) are the ones the runtime's op list prices as one: a forward of two layers with the
 // embedding and the output layer calls each as often as their lists name it, and no separate
-// bias or GeLU.
-TEST(LayerOpsRuntimeCalls, TheForwardsFusedCallsAreTheListed) {
+// bias or GeLU; the backward runs GeLU's gradient inside FC2's dgrad, as listed.
+TEST(LayerOpsRuntimeCalls, TheFusedCallsAreTheListed) {
   const ModelSpec m = Tiny();
   constexpr int kLayers = 2;
   Layout l;
@@ -278,6 +287,22 @@ TEST(LayerOpsRuntimeCalls, TheForwardsFusedCallsAreTheListed) {
   EXPECT_EQ(listed["MatmulBiasGelu"], kLayers);
   EXPECT_EQ(listed["AddBiasResidualLayerNorm"], kLayers);
   EXPECT_EQ(listed["AddBiasResidual"], kLayers);
+
+  // The backward: FC2's dgrad takes GeLU's gradient in its call, as the list prices it.
+  int listed_dgelu = 0, listed_gelu_backward = 0;
+  for (const LayerOp& op : ops.backward) {
+    listed_dgelu += op.kind == LayerOpKind::kGemm && op.epilogue == GemmEpilogue::kGeluBackward;
+    listed_gelu_backward +=
+        op.kind == LayerOpKind::kMemory && op.kernel == MemoryKernel::kActivationBackward;
+  }
+  EXPECT_EQ(listed_dgelu, 1);
+  EXPECT_EQ(listed_gelu_backward, 0);
+  Tensor grad = *be.Alloc({kB, m.seq_len, m.hidden}, DType::kF32);
+  be.calls.clear();
+  auto back = (*chunk)->Backward(0, grad);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(be.calls["MatmulGeluBackward"], kLayers * listed_dgelu);
+  EXPECT_EQ(be.calls.count("GeluBackward"), 0u);
 }
 
 }  // namespace

@@ -127,6 +127,7 @@ TEST(Microbench, MeasuresEveryTableOnTheCpuBackend) {
   // gelu_forward): no epilogue GEMM tables. Its residual kernels are timed as called.
   EXPECT_EQ(m->Table("gemm_nt_bias"), nullptr);
   EXPECT_EQ(m->Table("gemm_nt_bias_gelu"), nullptr);
+  EXPECT_EQ(m->Table("gemm_nn_dgelu"), nullptr);
   EXPECT_NE(m->Table("bias_residual"), nullptr);
   EXPECT_NE(m->Table("bias_residual_layernorm"), nullptr);
 }
@@ -436,13 +437,18 @@ class EpilogueBackend : public ForwardingBackend {
     ++*calls_;
     inner().MatmulBiasGelu(a, ta, b, tb, bias, pre, act);
   }
+  void MatmulGeluBackward(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& pre,
+                          Tensor& dx) override {
+    ++*calls_;
+    inner().MatmulGeluBackward(a, ta, b, tb, pre, dx);
+  }
 
  private:
   std::shared_ptr<std::atomic<int>> calls_;
 };
 
 // Where the backend fuses them, the epilogue GEMMs are timed over the GEMM grid as the runtime
-// calls them (the cost model then prices QKV and FC1 by them); elsewhere not at all.
+// calls them (the cost model then prices QKV, FC1 and FC2's dgrad by them); elsewhere not at all.
 TEST(Microbench, TimesTheGemmEpiloguesWhereTheBackendFusesThem) {
   for (DType act : {DType::kBF16, DType::kF32}) {
     SCOPED_TRACE(act == DType::kBF16 ? "bf16" : "fp32");
@@ -460,7 +466,7 @@ TEST(Microbench, TimesTheGemmEpiloguesWhereTheBackendFusesThem) {
         OneRankWorld([calls] { return std::make_unique<EpilogueBackend>(calls); }), opt, nullptr);
     ASSERT_TRUE(m.ok()) << m.status().message();
     const bool fused = act == DType::kBF16;
-    for (const char* t : {"gemm_nt_bias", "gemm_nt_bias_gelu"}) {
+    for (const char* t : {"gemm_nt_bias", "gemm_nt_bias_gelu", "gemm_nn_dgelu"}) {
       ASSERT_EQ(m->Table(t) != nullptr, fused) << t;
       if (!fused) continue;
       EXPECT_EQ(m->Table(t)->axis_values()[2], (std::vector<double>{16, 32})) << t;

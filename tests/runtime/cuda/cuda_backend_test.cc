@@ -851,6 +851,13 @@ TEST_F(CudaBf16Test, EpilogueGemmsAgainstTheCpu) {
     gpu->MatmulBiasGelu(a.g, false, w.g, true, bias.g, pre.g, act.g);
     ExpectNear(pre, 1e-5 * std::sqrt(double(K)), kBf16Step, "pre-activation");
     ExpectNear(act, 1e-5 * std::sqrt(double(K)), kBf16Step, "gelu(a w^T + bias)");
+    // FC2's dgrad through the GeLU (DGELU epilogue; p = 100 falls back to Matmul and
+    // GeluBackward, which round dx twice: within the same step).
+    Both wkn = B({K, p}, Random(size_t(K * p), 183)), at = B({M, p}, Random(size_t(M * p), 184, -3, 3));
+    Both dx = B({M, p});
+    cpu.MatmulGeluBackward(a.c, false, wkn.c, false, at.c, dx.c);
+    gpu->MatmulGeluBackward(a.g, false, wkn.g, false, at.g, dx.g);
+    ExpectNear(dx, 1e-5 * std::sqrt(double(K)), kBf16Step, "gelu'(pre) * (a w)");
   }
   EXPECT_TRUE(gpu->Synchronize().ok());
 }
