@@ -344,44 +344,62 @@ __global__ void FillKernel(float value, X* x, int64_t n, bool vec) {
 // Two passes over the row (mean, then the biased variance of x - mean) as the CPU backend does.
 // y may alias x: each lane writes only the elements it reads in the last loop, after both warp
 // reductions (which every lane reaches only once its reads are done).
-// One warp's LayerNorm of row `row` (xr) into y, given each lane's sum of its elements (i = lane,
-// lane + 32, ...): the mean, the biased variance of x - mean (a second pass), the output, and
-// the row's mean and rstd.
-template <typename T>
+// One warp a row; each lane takes W consecutive elements at a time (elements W lane .. +W-1,
+// then 32 W further on): W = kVec with 16-byte loads and stores where the row length is a
+// multiple of kVec and every operand 16-byte aligned (the launchers' RowsVec), else 1. The
+// per-element arithmetic is the same either way; the lanes' partial sums take their elements in
+// another order, so the W = 8 and W = 1 sums may differ in the last bits (deterministic each).
+// One warp's LayerNorm of row `row` (xr) into y, given each lane's sum of its elements: the mean,
+// the biased variance of x - mean (a second pass), the output, and the row's mean and rstd.
+template <int W, typename T>
 __device__ void NormaliseRow(const T* xr, float lane_sum, const T* gamma, const T* beta,
                              float eps, int64_t row, int64_t c, int lane, T* y, float* mean,
                              float* rstd) {
   const float m = WarpSum(lane_sum) / float(c);
   float var = 0.0f;
-  for (int64_t i = lane; i < c; i += kWarp) {
-    const float d = Ld(xr + i) - m;
-    var += d * d;
+  for (int64_t i = int64_t(lane) * W; i < c; i += int64_t(kWarp) * W) {
+    float x[W];
+    LdN<W>(xr + i, x);
+    for (int k = 0; k < W; ++k) {
+      const float d = x[k] - m;
+      var += d * d;
+    }
   }
   const float s = 1.0f / sqrtf(WarpSum(var) / float(c) + eps);
   T* yr = y + row * c;
-  for (int64_t i = lane; i < c; i += kWarp)
-    St(yr + i, (Ld(xr + i) - m) * s * Ld(gamma + i) + Ld(beta + i));
+  for (int64_t i = int64_t(lane) * W; i < c; i += int64_t(kWarp) * W) {
+    float x[W], g[W], b[W];
+    LdN<W>(xr + i, x);
+    LdN<W>(gamma + i, g);
+    LdN<W>(beta + i, b);
+    for (int k = 0; k < W; ++k) x[k] = (x[k] - m) * s * g[k] + b[k];
+    StN<W>(yr + i, x);
+  }
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = s;
   }
 }
 
-template <typename T>
+template <int W, typename T>
 __global__ void LayerNormForwardKernel(const T* x, const T* gamma, const T* beta, float eps,
                                        int64_t n, int64_t c, T* y, float* mean, float* rstd) {
   const int lane = Lane();
   for (int64_t row = WarpIndex(); row < n; row += WarpCount()) {
     const T* xr = x + row * c;
     float sum = 0.0f;
-    for (int64_t i = lane; i < c; i += kWarp) sum += Ld(xr + i);
-    NormaliseRow(xr, sum, gamma, beta, eps, row, c, lane, y, mean, rstd);
+    for (int64_t i = int64_t(lane) * W; i < c; i += int64_t(kWarp) * W) {
+      float v[W];
+      LdN<W>(xr + i, v);
+      for (int k = 0; k < W; ++k) sum += v[k];
+    }
+    NormaliseRow<W>(xr, sum, gamma, beta, eps, row, c, lane, y, mean, rstd);
   }
 }
 
 // AddBiasResidual, then NormaliseRow on the stored (rounded) sums: each lane re-reads only the
 // elements it stored itself, so no synchronisation is needed.
-template <typename T>
+template <int W, typename T>
 __global__ void AddBiasResidualLayerNormKernel(T* x, const T* bias, const T* residual,
                                                const T* gamma, const T* beta, float eps,
                                                int64_t n, int64_t c, T* y, float* mean,
@@ -391,15 +409,21 @@ __global__ void AddBiasResidualLayerNormKernel(T* x, const T* bias, const T* res
     T* xr = x + row * c;
     const T* rr = residual + row * c;
     float sum = 0.0f;
-    for (int64_t i = lane; i < c; i += kWarp) {
-      St(xr + i, (Ld(xr + i) + Ld(bias + i)) + Ld(rr + i));
-      sum += Ld(xr + i);  // as stored
+    for (int64_t i = int64_t(lane) * W; i < c; i += int64_t(kWarp) * W) {
+      float v[W], b[W], r[W];
+      LdN<W>(xr + i, v);
+      LdN<W>(bias + i, b);
+      LdN<W>(rr + i, r);
+      for (int k = 0; k < W; ++k) v[k] = (v[k] + b[k]) + r[k];
+      StN<W>(xr + i, v);
+      LdN<W>(xr + i, v);  // as stored
+      for (int k = 0; k < W; ++k) sum += v[k];
     }
-    NormaliseRow<T>(xr, sum, gamma, beta, eps, row, c, lane, y, mean, rstd);
+    NormaliseRow<W>(xr, sum, gamma, beta, eps, row, c, lane, y, mean, rstd);
   }
 }
 
-template <typename T>
+template <int W, typename T>
 __global__ void LayerNormBackwardInputKernel(const T* dy, const T* x, const T* gamma,
                                              const float* mean, const float* rstd, int64_t n,
                                              int64_t c, T* dx) {
@@ -410,19 +434,33 @@ __global__ void LayerNormBackwardInputKernel(const T* dy, const T* x, const T* g
     const float m = mean[row], s = rstd[row];
     // mean(gamma * dy) and mean(gamma * dy * xhat) over the row.
     float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
-    for (int64_t i = lane; i < c; i += kWarp) {
-      const float xhat = (Ld(xr + i) - m) * s;
-      const float dnorm = Ld(gamma + i) * Ld(gr + i);
-      dnorm_sum += dnorm;
-      dnorm_norm_sum += dnorm * xhat;
+    for (int64_t i = int64_t(lane) * W; i < c; i += int64_t(kWarp) * W) {
+      float xv[W], g[W], d[W];
+      LdN<W>(xr + i, xv);
+      LdN<W>(gamma + i, g);
+      LdN<W>(gr + i, d);
+      for (int k = 0; k < W; ++k) {
+        const float xhat = (xv[k] - m) * s;
+        const float dnorm = g[k] * d[k];
+        dnorm_sum += dnorm;
+        dnorm_norm_sum += dnorm * xhat;
+      }
     }
     const float dnorm_mean = WarpSum(dnorm_sum) / float(c);
     const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / float(c);
     T* dr = dx + row * c;
-    for (int64_t i = lane; i < c; i += kWarp) {
-      const float xhat = (Ld(xr + i) - m) * s;
-      const float dnorm = Ld(gamma + i) * Ld(gr + i);
-      St(dr + i, Ld(dr + i) + (dnorm - dnorm_mean - xhat * dnorm_norm_mean) * s);
+    for (int64_t i = int64_t(lane) * W; i < c; i += int64_t(kWarp) * W) {
+      float xv[W], g[W], d[W], out[W];
+      LdN<W>(xr + i, xv);
+      LdN<W>(gamma + i, g);
+      LdN<W>(gr + i, d);
+      LdN<W>(dr + i, out);
+      for (int k = 0; k < W; ++k) {
+        const float xhat = (xv[k] - m) * s;
+        const float dnorm = g[k] * d[k];
+        out[k] = out[k] + (dnorm - dnorm_mean - xhat * dnorm_norm_mean) * s;
+      }
+      StN<W>(dr + i, out);
     }
   }
 }
@@ -883,13 +921,24 @@ cudaError_t AddBiasResidual(T* x, const T* bias, const T* residual, int64_t n, i
   return cudaGetLastError();
 }
 
+// The row kernels' vector path (LayerNorm's): whole kVec groups in every row of c, every
+// operand 16-byte aligned (then so is every row).
+template <typename... P>
+bool RowsVec(int64_t c, const P*... p) {
+  return c % kVec == 0 && Aligned16(p...);
+}
+
 template <typename T>
 cudaError_t AddBiasResidualLayerNorm(T* x, const T* bias, const T* residual, const T* gamma,
                                      const T* beta, float eps, int64_t n, int64_t c, T* y,
                                      float* mean, float* rstd, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  AddBiasResidualLayerNormKernel<T><<<RowBlocks(n), kThreads, 0, st>>>(
-      x, bias, residual, gamma, beta, eps, n, c, y, mean, rstd);
+  if (RowsVec(c, x, bias, residual, gamma, beta, y))
+    AddBiasResidualLayerNormKernel<kVec, T><<<RowBlocks(n), kThreads, 0, st>>>(
+        x, bias, residual, gamma, beta, eps, n, c, y, mean, rstd);
+  else
+    AddBiasResidualLayerNormKernel<1, T><<<RowBlocks(n), kThreads, 0, st>>>(
+        x, bias, residual, gamma, beta, eps, n, c, y, mean, rstd);
   return cudaGetLastError();
 }
 
@@ -897,8 +946,12 @@ template <typename T>
 cudaError_t LayerNormForward(const T* x, const T* gamma, const T* beta, float eps, int64_t n,
                              int64_t c, T* y, float* mean, float* rstd, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  LayerNormForwardKernel<T><<<RowBlocks(n), kThreads, 0, st>>>(x, gamma, beta, eps, n, c, y,
-                                                               mean, rstd);
+  if (RowsVec(c, x, gamma, beta, y))
+    LayerNormForwardKernel<kVec, T><<<RowBlocks(n), kThreads, 0, st>>>(x, gamma, beta, eps, n, c,
+                                                                        y, mean, rstd);
+  else
+    LayerNormForwardKernel<1, T><<<RowBlocks(n), kThreads, 0, st>>>(x, gamma, beta, eps, n, c, y,
+                                                                     mean, rstd);
   return cudaGetLastError();
 }
 
@@ -907,8 +960,12 @@ cudaError_t LayerNormBackwardInput(const T* dy, const T* x, const T* gamma, cons
                                    const float* rstd, int64_t n, int64_t c, T* dx,
                                    cudaStream_t st) {
   if (n == 0 || c == 0) return cudaSuccess;
-  LayerNormBackwardInputKernel<T><<<RowBlocks(n), kThreads, 0, st>>>(dy, x, gamma, mean, rstd, n,
-                                                                     c, dx);
+  if (RowsVec(c, dy, x, gamma, dx))
+    LayerNormBackwardInputKernel<kVec, T><<<RowBlocks(n), kThreads, 0, st>>>(dy, x, gamma, mean,
+                                                                              rstd, n, c, dx);
+  else
+    LayerNormBackwardInputKernel<1, T><<<RowBlocks(n), kThreads, 0, st>>>(dy, x, gamma, mean,
+                                                                           rstd, n, c, dx);
   return cudaGetLastError();
 }
 

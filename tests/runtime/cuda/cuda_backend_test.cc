@@ -431,8 +431,9 @@ TEST_F(CudaTest, BiasGradOverManyChunksIsExact) {
 }
 
 TEST_F(CudaTest, LayerNormForwardAndBackward) {
-  // C = 3 (fewer columns than a warp's lanes) and C = 1031 (each lane loops), N = 300 rows.
-  for (int64_t C : {int64_t(3), int64_t(1031)}) {
+  // C = 3 (fewer columns than a warp's lanes), C = 1031 (each lane loops) and C = 1024 (8
+  // columns a lane with 16-byte loads, the kernels' vector path), N = 300 rows.
+  for (int64_t C : {int64_t(3), int64_t(1031), int64_t(1024)}) {
     const int64_t N = 300;
     const std::string at = " at C = " + std::to_string(C);
     Both x = F({N, C}, Random(size_t(N * C), 15, -2, 3)), gamma = F({C}, Random(size_t(C), 16));
@@ -865,20 +866,25 @@ TEST_F(CudaBf16Test, EpilogueGemmsAgainstTheCpu) {
 // The residual connection and the fused residual + LayerNorm kernel against the CPU's reference
 // (the fp32 sum rounded once; the norm of the stored sum).
 TEST_F(CudaBf16Test, ResidualAndLayerNormAgainstTheCpu) {
-  const int64_t n = 37, c = 1100;
-  Both x = B({n, c}, Random(size_t(n * c), 190, -2, 2)), r = B({n, c}, Random(size_t(n * c), 191));
-  Both bias = B({c}, Random(size_t(c), 192)), gamma = B({c}, Random(size_t(c), 193));
-  Both beta = B({c}, Random(size_t(c), 194));
-  Both x2 = B({n, c}, CpuHost(x.c)), y = B({n, c}), mean = F({n}), rstd = F({n});
-  cpu.AddBiasResidual(x.c, bias.c, r.c);
-  gpu->AddBiasResidual(x.g, bias.g, r.g);
-  ExpectNear(x, 1e-6, kBf16Step, "x + bias + residual");
-  cpu.AddBiasResidualLayerNorm(x2.c, bias.c, r.c, gamma.c, beta.c, 1e-5f, y.c, mean.c, rstd.c);
-  gpu->AddBiasResidualLayerNorm(x2.g, bias.g, r.g, gamma.g, beta.g, 1e-5f, y.g, mean.g, rstd.g);
-  ExpectNear(x2, 1e-6, kBf16Step, "the residual stream");
-  ExpectNear(y, 2e-5, kBf16Step, "its LayerNorm");
-  ExpectNear(mean, 1e-6, 1e-5, "mean (fp32)");
-  ExpectNear(rstd, 0, 1e-5, "rstd (fp32)");
+  // c = 1100: one element a lane at a time; c = 1024: 8 with 16-byte loads (the vector path).
+  for (const int64_t c : {int64_t(1100), int64_t(1024)}) {
+    SCOPED_TRACE("c = " + std::to_string(c));
+    const int64_t n = 37;
+    Both x = B({n, c}, Random(size_t(n * c), 190, -2, 2)), r = B({n, c}, Random(size_t(n * c), 191));
+    Both bias = B({c}, Random(size_t(c), 192)), gamma = B({c}, Random(size_t(c), 193));
+    Both beta = B({c}, Random(size_t(c), 194));
+    Both x2 = B({n, c}, CpuHost(x.c)), y = B({n, c}), mean = F({n}), rstd = F({n});
+    cpu.AddBiasResidual(x.c, bias.c, r.c);
+    gpu->AddBiasResidual(x.g, bias.g, r.g);
+    ExpectNear(x, 1e-6, kBf16Step, "x + bias + residual");
+    cpu.AddBiasResidualLayerNorm(x2.c, bias.c, r.c, gamma.c, beta.c, 1e-5f, y.c, mean.c, rstd.c);
+    gpu->AddBiasResidualLayerNorm(x2.g, bias.g, r.g, gamma.g, beta.g, 1e-5f, y.g, mean.g,
+                                  rstd.g);
+    ExpectNear(x2, 1e-6, kBf16Step, "the residual stream");
+    ExpectNear(y, 2e-5, kBf16Step, "its LayerNorm");
+    ExpectNear(mean, 1e-6, 1e-5, "mean (fp32)");
+    ExpectNear(rstd, 0, 1e-5, "rstd (fp32)");
+  }
   EXPECT_TRUE(gpu->Synchronize().ok());
 }
 
