@@ -849,18 +849,31 @@ __global__ void SumFinalizeKernel(const double* partials, int64_t blocks, float*
 
 // ---- AdamW -------------------------------------------------------------------------------------
 
+// kVec elements a thread with 16-byte loads and stores (two float4 per array) where all four
+// arrays are 16-byte aligned, else one; each element's arithmetic the same either way.
 __global__ void AdamWKernel(float* param, const float* grad, float* m, float* v, int64_t n,
-                            AdamWArgs a) {
-  for (int64_t i = ThreadIndex(); i < n; i += ThreadCount()) {
-    const float g = grad[i] * a.grad_scale;
-    const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
-    const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float m_hat = mi / a.bias_correction1;
-    const float v_hat = vi / a.bias_correction2;
-    param[i] -= a.lr * (m_hat / (sqrtf(v_hat) + a.eps) + a.weight_decay * param[i]);
-  }
+                            AdamWArgs a, bool vec) {
+  ForElements(n, vec, [&](auto width, int64_t i) {
+    constexpr int W = decltype(width)::value;
+    float pw[W], gw[W], mw[W], vw[W];
+    LdN<W>(param + i, pw);
+    LdN<W>(grad + i, gw);
+    LdN<W>(m + i, mw);
+    LdN<W>(v + i, vw);
+    for (int k = 0; k < W; ++k) {
+      const float g = gw[k] * a.grad_scale;
+      const float mi = a.beta1 * mw[k] + (1.0f - a.beta1) * g;
+      const float vi = a.beta2 * vw[k] + (1.0f - a.beta2) * g * g;
+      mw[k] = mi;
+      vw[k] = vi;
+      const float m_hat = mi / a.bias_correction1;
+      const float v_hat = vi / a.bias_correction2;
+      pw[k] -= a.lr * (m_hat / (sqrtf(v_hat) + a.eps) + a.weight_decay * pw[k]);
+    }
+    StN<W>(m + i, mw);
+    StN<W>(v + i, vw);
+    StN<W>(param + i, pw);
+  });
 }
 
 }  // namespace
@@ -1212,7 +1225,8 @@ cudaError_t SumFinalize(const double* partials, int64_t blocks, float* out, cuda
 cudaError_t AdamW(float* param, const float* grad, float* m, float* v, int64_t n, AdamWArgs a,
                   cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  AdamWKernel<<<Blocks(n, kThreads), kThreads, 0, st>>>(param, grad, m, v, n, a);
+  const bool vec = Aligned16(param, grad, m, v);
+  AdamWKernel<<<FlatBlocks(n, vec), kThreads, 0, st>>>(param, grad, m, v, n, a, vec);
   return cudaGetLastError();
 }
 
