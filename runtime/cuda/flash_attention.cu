@@ -477,8 +477,9 @@ __global__ void __launch_bounds__(kFlashThreads)
 // FlashAttention-2 as its paper has it: each warp keeps its 16 rows' scores, probabilities and
 // output accumulators in registers, as the fragments of PTX's mma.sync.m16n8k16 (bf16 inputs,
 // fp32 accumulators), instead of passing them through shared memory between WMMA calls as the
-// kernels above do. Only the Q/K/V/dO row tiles are in shared memory (28 KiB a block at D = 64 in
-// the forward instead of 70 KiB), read into fragments with ldmatrix. The fragment layouts are
+// kernels above do. Only the Q/K/V/dO row tiles are in shared memory (45 KiB a block at D = 64 in
+// the forward instead of 70 KiB, two K/V buffers: the next key tile arrives by cp.async while
+// the warps compute on this one), read into fragments with ldmatrix. The fragment layouts are
 // PTX ISA's ("Matrix Fragments for mma.m16n8k16 with floating point type"): lane = 4 g + t holds
 // accumulator elements (g, 2t), (g, 2t+1) [c0, c1] and (g+8, 2t), (g+8, 2t+1) [c2, c3] of each
 // 16 x 8 tile; an A fragment (16 x 16) is {(g, 2t..), (g+8, 2t..), (g, 8+2t..), (g+8, 8+2t..)};
@@ -598,6 +599,45 @@ __device__ __forceinline__ void MmaStoreRows(const float (&acc)[D / 8][4], const
   }
 }
 
+// cp.async (sm_80): 16 bytes from global to shared memory without passing through registers,
+// completing in the background; src_bytes 0 fills the 16 bytes with zeros (nothing is read).
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)),
+               "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// A row tile as LoadRows<D> fills it, started in the background where it can be (bf16 rows
+// with d a multiple of 8 and src 16-byte aligned: LoadRows' vector path, each 16-byte piece a
+// cp.async, zeros past the sequence or the head dimension); otherwise loaded now by LoadRows.
+// Either way the tile is complete for this thread after CpAsyncCommit and CpAsyncWait, and for
+// the block after a __syncthreads.
+template <int D>
+__device__ void LoadRowsAsync(const bf16* src, const HeadLayout& lay, int64_t w, int64_t col0,
+                              int64_t bi, int64_t t0, bf16* dst) {
+  if (lay.d % 8 != 0 || (reinterpret_cast<uintptr_t>(src) & 15) != 0) {
+    LoadRows<D>(src, lay, w, col0, bi, t0, dst);
+    return;
+  }
+  for (int idx = threadIdx.x; idx < kTile * D / 8; idx += kFlashThreads) {
+    const int r = idx / (D / 8), c = (idx % (D / 8)) * 8;
+    const int64_t t = t0 + r;
+    const bool in = t < lay.s && c < lay.d;
+    CpAsync16(dst + r * Smem<D>::LdH + c, in ? src + TokenRow(lay, bi, t) * w + col0 + c : src,
+              in ? 16 : 0);
+  }
+}
+template <int D>
+__device__ void LoadRowsAsync(const float* src, const HeadLayout& lay, int64_t w, int64_t col0,
+                              int64_t bi, int64_t t0, bf16* dst) {
+  LoadRows<D>(src, lay, w, col0, bi, t0, dst);  // rounded to bf16 on the way: no cp.async
+}
+
 // Max and sum over the four lanes of a quad (the lanes holding one accumulator row).
 __device__ __forceinline__ float QuadMax(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -609,11 +649,12 @@ __device__ __forceinline__ float QuadSum(float x) {
 }
 #endif
 
-// Shared memory of the register-resident kernels: the Q, K, V row tiles (forward); Q, dO, K, V
-// and the queries' lse and delta (backward).
+// Shared memory of the register-resident kernels: the Q tile and two K and two V tiles (the
+// forward loads the next key tile while it computes on this one); Q, dO, K, V and the queries'
+// lse and delta (backward).
 template <int D>
 struct MmaSmem {
-  static constexpr size_t kForward = 3 * Smem<D>::kRowTile;
+  static constexpr size_t kForward = 5 * Smem<D>::kRowTile;
   static constexpr size_t kBackward = 4 * Smem<D>::kRowTile + Smem<D>::kRowStats;
 };
 
@@ -626,25 +667,39 @@ __global__ void __launch_bounds__(kFlashThreads)
   constexpr int ld = Smem<D>::LdH;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* ks = qs + kTile * ld;
-  bf16* vs = ks + kTile * ld;
+  bf16* kv_tiles = qs + kTile * ld;  // K of buffer 0, V of 0, K of 1, V of 1
 
   const auto [l, bi, j, a, w, warp, lane, r, half] = PlaceOf(lay);
   const int64_t qt = int64_t(gridDim.y) - 1 - blockIdx.y, q0 = qt * kTile;
   const int64_t row0 = q0 + 16 * warp;                   // the warp's first query
   const int64_t t_g = row0 + fragments::CRow(lane, 0);  // the lane's first row; the second + 8
+  // Key tile kt into buffer kt % 2, in the background where LoadRowsAsync can.
+  auto load_keys = [&](int64_t kt) {
+    bf16* ks = kv_tiles + (kt % 2) * 2 * kTile * ld;
+    LoadRowsAsync<D>(qkv, lay, w, a + j * lay.d, bi, kt * kTile, ks);
+    LoadRowsAsync<D>(qkv, lay, w, 2 * a + j * lay.d, bi, kt * kTile, ks + kTile * ld);
+    CpAsyncCommit();
+  };
 
   LoadRows<D>(qkv, lay, w, j * lay.d, bi, q0, qs);
+  load_keys(0);
   float o[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};  // sum: this lane's part
   for (int64_t kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = kt * kTile;
-    __syncthreads();  // every warp is done with the previous K and V
-    LoadRows<D>(qkv, lay, w, a + j * lay.d, bi, k0, ks);
-    LoadRows<D>(qkv, lay, w, 2 * a + j * lay.d, bi, k0, vs);
-    __syncthreads();
+    // Start tile kt + 1 (into the buffer every warp finished with at the end of kt - 1), then
+    // wait for tile kt only.
+    if (kt < qt) {
+      load_keys(kt + 1);
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();  // tile kt (and Q) complete for every thread
+    const bf16* ks = kv_tiles + (kt % 2) * 2 * kTile * ld;
+    const bf16* vs = ks + kTile * ld;
     float s[8][4];
     MmaScores<D>(qs + 16 * warp * ld, ks, s);
     // Online softmax (base 2). Key k0 <= q0 <= the row's position is visible to every row of
@@ -681,6 +736,7 @@ __global__ void __launch_bounds__(kFlashThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
     MmaAccumulate<D>(s, vs, o);  // O += P V
+    __syncthreads();  // every warp is done with buffer kt % 2 before tile kt + 2 goes there
   }
   float inv[2];
 #pragma unroll

@@ -39,8 +39,8 @@ constexpr int64_t kFlashMaxHeadDim = 128;
 //   through shared memory between products (WMMA does not say which element a lane holds).
 //   70 KiB of shared memory a forward block at d = 64; the default.
 // - kMma: PTX mma.sync.m16n8k16 and ldmatrix, whose fragment layouts PTX specifies, so scores,
-//   probabilities and accumulators stay in registers (FlashAttention-2's design; 28 KiB a
-//   forward block at d = 64). Written without a GPU (2026-12-06); selected by
+//   probabilities and accumulators stay in registers (FlashAttention-2's design; 45 KiB a
+//   forward block at d = 64, the next K/V tile loading by cp.async during this one's products). Written without a GPU (2026-12-06); selected by
 //   PTDP_CUDA_ATTENTION=flash-mma until a GPU has tested and timed it against kWmma.
 enum class FlashVariant { kWmma, kMma };
 
