@@ -332,25 +332,17 @@ template <int D>
 struct BackwardTiles {
   bf16 *qs, *dos, *ks, *vs, *ps, *dss;
   float *ss, *dps, *lse_s, *delta_s;
-  // score_tiles false: the register-resident kernels' layout (MmaSmem), the row statistics
-  // right after V and no score or probability tiles.
-  __device__ explicit BackwardTiles(unsigned char* smem, bool score_tiles = true) {
+  __device__ explicit BackwardTiles(unsigned char* smem) {
     constexpr int ld = Smem<D>::LdH;
     qs = reinterpret_cast<bf16*>(smem);
     dos = qs + kTile * ld;
     ks = dos + kTile * ld;
     vs = ks + kTile * ld;
-    if (score_tiles) {
-      ss = reinterpret_cast<float*>(vs + kTile * ld);
-      dps = ss + kTile * kLdS;
-      ps = reinterpret_cast<bf16*>(dps + kTile * kLdS);
-      dss = ps + kTile * kLdP;
-      lse_s = reinterpret_cast<float*>(dss + kTile * kLdP);
-    } else {
-      ss = dps = nullptr;
-      ps = dss = nullptr;
-      lse_s = reinterpret_cast<float*>(vs + kTile * ld);
-    }
+    ss = reinterpret_cast<float*>(vs + kTile * ld);
+    dps = ss + kTile * kLdS;
+    ps = reinterpret_cast<bf16*>(dps + kTile * kLdS);
+    dss = ps + kTile * kLdP;
+    lse_s = reinterpret_cast<float*>(dss + kTile * kLdP);
     delta_s = lse_s + kTile;
   }
   // Q and dO of the 64 queries from q0 with their lse and delta (all threads).
@@ -650,12 +642,12 @@ __device__ __forceinline__ float QuadSum(float x) {
 #endif
 
 // Shared memory of the register-resident kernels: the Q tile and two K and two V tiles (the
-// forward loads the next key tile while it computes on this one); Q, dO, K, V and the queries'
-// lse and delta (backward).
+// forward loads the next key tile while it computes on this one); in the backward two fixed
+// tiles, two buffers of two streamed ones and two of row statistics (MmaBackwardTiles).
 template <int D>
 struct MmaSmem {
   static constexpr size_t kForward = 5 * Smem<D>::kRowTile;
-  static constexpr size_t kBackward = 4 * Smem<D>::kRowTile + Smem<D>::kRowStats;
+  static constexpr size_t kBackward = 6 * Smem<D>::kRowTile + 2 * Smem<D>::kRowStats;
 };
 
 // Grid (L, query tiles), the last query tile first, as FlashForwardKernel. Warp w holds queries
@@ -674,10 +666,11 @@ __global__ void __launch_bounds__(kFlashThreads)
   const int64_t row0 = q0 + 16 * warp;                   // the warp's first query
   const int64_t t_g = row0 + fragments::CRow(lane, 0);  // the lane's first row; the second + 8
   // Key tile kt into buffer kt % 2, in the background where LoadRowsAsync can.
+  const int64_t width = w, batch = bi, k_col = a + j * lay.d, v_col = 2 * a + j * lay.d;
   auto load_keys = [&](int64_t kt) {
     bf16* ks = kv_tiles + (kt % 2) * 2 * kTile * ld;
-    LoadRowsAsync<D>(qkv, lay, w, a + j * lay.d, bi, kt * kTile, ks);
-    LoadRowsAsync<D>(qkv, lay, w, 2 * a + j * lay.d, bi, kt * kTile, ks + kTile * ld);
+    LoadRowsAsync<D>(qkv, lay, width, k_col, batch, kt * kTile, ks);
+    LoadRowsAsync<D>(qkv, lay, width, v_col, batch, kt * kTile, ks + kTile * ld);
     CpAsyncCommit();
   };
 
@@ -750,6 +743,48 @@ __global__ void __launch_bounds__(kFlashThreads)
 #endif
 }
 
+// Shared memory of the register-resident backward kernels (MmaSmem<D>::kBackward): two fixed row
+// tiles (the dK/dV kernel's K and V; the dQ kernel's Q and dO), two buffers of two streamed row
+// tiles (Q and dO; K and V), and two buffers of row statistics (lse in base 2 and delta of the
+// streamed queries; the dQ kernel keeps its own queries' in buffer 0). Buffer b + 1 mod 2 is
+// filled (cp.async where LoadRowsAsync can) while the warps compute on buffer b.
+template <int D>
+struct MmaBackwardTiles {
+  static constexpr int ld = Smem<D>::LdH;
+  bf16* fixed;    // two row tiles
+  bf16* streamed; // buffer b: two row tiles from streamed + 2 b kTile ld
+  float* stats;   // buffer b: lse (kTile) then delta (kTile) from stats + 2 b kTile
+  __device__ explicit MmaBackwardTiles(unsigned char* smem) {
+    fixed = reinterpret_cast<bf16*>(smem);
+    streamed = fixed + 2 * kTile * ld;
+    stats = reinterpret_cast<float*>(streamed + 4 * kTile * ld);
+  }
+  __device__ bf16* Fixed(int i) const { return fixed + i * kTile * ld; }
+  __device__ bf16* Streamed(int64_t b, int i) const { return streamed + (2 * (b % 2) + i) * kTile * ld; }
+  __device__ float* Lse(int64_t b) const { return stats + 2 * (b % 2) * kTile; }
+  __device__ float* Delta(int64_t b) const { return Lse(b) + kTile; }
+  // The 64 queries from q0: Q and dO into (first, second), their lse and delta into buffer b.
+  template <typename T>
+  __device__ void Queries(const T* qkv, const T* dout, const float* lse, const float* delta,
+                          const HeadLayout& lay, int64_t l, int64_t q0, bf16* first,
+                          bf16* second, int64_t b) const {
+    const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
+    HeadLayout lay_o = lay;
+    lay_o.nmat = 1;
+    LoadRowsAsync<D>(qkv, lay, 3 * a, j * lay.d, bi, q0, first);
+    LoadRowsAsync<D>(dout, lay_o, a, j * lay.d, bi, q0, second);
+    LoadRowStats(lse, delta, l, lay.s, q0, Lse(b), Delta(b));
+  }
+  // The 64 keys from k0: K and V into (first, second).
+  template <typename T>
+  __device__ void Keys(const T* qkv, const HeadLayout& lay, int64_t l, int64_t k0, bf16* first,
+                       bf16* second) const {
+    const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
+    LoadRowsAsync<D>(qkv, lay, 3 * a, a + j * lay.d, bi, k0, first);
+    LoadRowsAsync<D>(qkv, lay, 3 * a, 2 * a + j * lay.d, bi, k0, second);
+  }
+};
+
 // dK, dV of one key tile over the query tiles that see it; grid as FlashBackwardKvKernel. Warp w
 // holds keys k0 + 16w + g and + 8; its score tiles are transposed (rows keys, columns queries):
 // S^T = K Q^T, dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q from the same registers.
@@ -760,27 +795,40 @@ __global__ void __launch_bounds__(kFlashThreads)
 #ifdef PTDP_FLASH_TENSOR_CORES
   constexpr int ld = Smem<D>::LdH;
   extern __shared__ __align__(128) unsigned char smem[];
-  BackwardTiles<D> t(smem, /*score_tiles=*/false);  // S, dP, P and dS are registers here
-  bf16 *qs = t.qs, *dos = t.dos, *ks = t.ks, *vs = t.vs;
-  const float *lse_s = t.lse_s, *delta_s = t.delta_s;
+  const MmaBackwardTiles<D> t(smem);
+  const bf16 *ks = t.Fixed(0), *vs = t.Fixed(1);
 
   const auto [l, bi, j, a, w, warp, lane, r, half] = PlaceOf(lay);
   const int64_t tiles = gridDim.y, kt = blockIdx.y, k0 = kt * kTile;
   const int64_t key0 = k0 + 16 * warp;                   // the warp's first key
   const int64_t key_g = key0 + fragments::CRow(lane, 0);
   const float scale2 = scale * kLog2e;
+  // Query tile qt into buffer qt - kt (mod 2).
+  const int64_t head = l;
+  auto load_queries = [&](int64_t qt) {
+    t.Queries(qkv, dout, lse, delta, lay, head, qt * kTile, t.Streamed(qt - kt, 0),
+              t.Streamed(qt - kt, 1), qt - kt);
+    CpAsyncCommit();
+  };
 
-  t.LoadKeys(qkv, lay, l, k0);
+  t.Keys(qkv, lay, l, k0, t.Fixed(0), t.Fixed(1));
+  load_queries(kt);  // one group: K, V and the first query tile
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
   for (int64_t qt = kt; qt < tiles; ++qt) {
-    const int64_t q0 = qt * kTile;
-    __syncthreads();  // every warp is done with the previous Q and dO
-    t.LoadQueries(qkv, dout, lse, delta, lay, l, q0);
-    __syncthreads();
+    const int64_t q0 = qt * kTile, b = qt - kt;
+    if (qt + 1 < tiles) {  // into the buffer every warp finished with at the end of qt - 1
+      load_queries(qt + 1);
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();  // query tile qt (and K, V) complete for every thread
+    const bf16 *qs = t.Streamed(b, 0), *dos = t.Streamed(b, 1);
+    const float *lse_s = t.Lse(b), *delta_s = t.Delta(b);
     float p[8][4], ds[8][4];
     MmaScores<D>(ks + 16 * warp * ld, qs, p);   // S^T
     MmaScores<D>(vs + 16 * warp * ld, dos, ds); // dP^T
@@ -797,6 +845,7 @@ __global__ void __launch_bounds__(kFlashThreads)
       }
     MmaAccumulate<D>(p, dos, dv);  // dV += P^T dO
     MmaAccumulate<D>(ds, qs, dk);  // dK += dS^T Q
+    __syncthreads();  // every warp is done with buffer b before query tile qt + 2 goes there
   }
   const float one[2] = {1.0f, 1.0f}, sc[2] = {scale, scale};
   MmaStoreRows<D>(dv, one, lay, w, 2 * a + j * lay.d, bi, key_g, dqkv);
@@ -813,25 +862,37 @@ __global__ void __launch_bounds__(kFlashThreads)
 #ifdef PTDP_FLASH_TENSOR_CORES
   constexpr int ld = Smem<D>::LdH;
   extern __shared__ __align__(128) unsigned char smem[];
-  BackwardTiles<D> t(smem, /*score_tiles=*/false);  // S, dP, P and dS are registers here
-  bf16 *qs = t.qs, *dos = t.dos, *ks = t.ks, *vs = t.vs;
-  const float *lse_s = t.lse_s, *delta_s = t.delta_s;
+  const MmaBackwardTiles<D> t(smem);
+  const bf16 *qs = t.Fixed(0), *dos = t.Fixed(1);
+  const float *lse_s = t.Lse(0), *delta_s = t.Delta(0);
 
   const auto [l, bi, j, a, w, warp, lane, r, half] = PlaceOf(lay);
   const int row_g = 16 * warp + fragments::CRow(lane, 0);  // tile rows row_g and row_g + 8
   const int64_t qt = int64_t(gridDim.y) - 1 - blockIdx.y, q0 = qt * kTile;
   const int64_t t_g = q0 + row_g;
   const float scale2 = scale * kLog2e;
+  // Key tile kt into buffer kt (mod 2).
+  const int64_t head = l;
+  auto load_keys = [&](int64_t kt) {
+    t.Keys(qkv, lay, head, kt * kTile, t.Streamed(kt, 0), t.Streamed(kt, 1));
+    CpAsyncCommit();
+  };
 
-  t.LoadQueries(qkv, dout, lse, delta, lay, l, q0);
+  t.Queries(qkv, dout, lse, delta, lay, l, q0, t.Fixed(0), t.Fixed(1), 0);
+  load_keys(0);  // one group: Q, dO and the first key tile
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   for (int64_t kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = kt * kTile;
-    __syncthreads();  // every warp is done with the previous K and V (and sees the row stats)
-    t.LoadKeys(qkv, lay, l, k0);
-    __syncthreads();
+    if (kt < qt) {  // into the buffer every warp finished with at the end of kt - 1
+      load_keys(kt + 1);
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();  // key tile kt (and Q, dO, the row stats) complete for every thread
+    const bf16 *ks = t.Streamed(kt, 0), *vs = t.Streamed(kt, 1);
     const float lse_r[2] = {lse_s[row_g], lse_s[row_g + 8]};
     const float delta_r[2] = {delta_s[row_g], delta_s[row_g + 8]};
     float p[8][4], ds[8][4];
@@ -849,6 +910,7 @@ __global__ void __launch_bounds__(kFlashThreads)
         ds[n][e] = pe * (ds[n][e] - delta_r[h]);
       }
     MmaAccumulate<D>(ds, ks, dq);  // dQ += dS K
+    __syncthreads();  // every warp is done with buffer kt before key tile kt + 2 goes there
   }
   const float sc[2] = {scale, scale};
   MmaStoreRows<D>(dq, sc, lay, w, j * lay.d, bi, t_g, dqkv);

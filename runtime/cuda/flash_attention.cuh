@@ -46,8 +46,8 @@ enum class FlashVariant { kWmma, kMma };
 
 // Whether the flash kernels run head dimension d on a device of compute capability `major` with
 // `smem_optin` bytes of shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin):
-// bf16 tensor cores need sm_80 or later, and the backward's tiles about 123 KiB at d > 64
-// (kWmma; kMma: 69 KiB).
+// bf16 tensor cores need sm_80 or later, and the backward's tiles about 121 KiB at d > 64
+// (kWmma; kMma: 103 KiB).
 bool FlashAttentionSupported(int64_t d, int major, int64_t smem_optin,
                              FlashVariant v = FlashVariant::kWmma);
 
