@@ -172,6 +172,18 @@ if stage gemm-bench 45 "$bin/bench/gemm_bench" --benchmark_min_time=0.1 > "$work
 cat "$work/gemm.log"
 grep -E "^gemm.*TFLOP|peak" "$work/gemm.log" | head -32 | sed 's/^/  /' >> "$summary"
 grep -E "^attention/" "$work/gemm.log" | sed 's/^/  /' >> "$summary"
+# Which flash kernels to make the default: each shape and pass, flash-mma's time over flash's.
+python3 - "$work/gemm.log" <<'PY' 2>&1 | sed 's/^/  /' | tee -a "$summary"
+import re, sys
+t = {}
+for line in open(sys.argv[1]):
+    m = re.match(r'attention/(\S+?)/(flash|flash-mma|unfused)/(forward|backward)\S*\s+([0-9.]+) (ns|us|ms|s)\b', line)
+    if m:
+        t[(m[1], m[3], m[2])] = float(m[4]) * {'ns': 1e-9, 'us': 1e-6, 'ms': 1e-3, 's': 1.0}[m[5]]
+for (shape, pas, k), v in sorted(t.items()):
+    if k == 'flash' and (shape, pas, 'flash-mma') in t:
+        print('attention %s %s: flash-mma takes %.2f of flash\'s time' % (shape, pas, t[(shape, pas, 'flash-mma')] / v))
+PY
 
 # ---- 5. GPT-2 medium on the GPU: 1x1x1 at micro-batch 8 and 16 (MFU), tp 2 and pp 2 on one GPU
 model=configs/models/gpt2-medium.yaml
