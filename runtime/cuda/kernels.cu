@@ -155,58 +155,78 @@ __device__ __forceinline__ float WarpMax(float v) {
 
 // ---- column sums ---------------------------------------------------------------------------
 
-// Thread (x, y) of block (bx, by) sums column bx*32 + x over rows r0 + y, r0 + y + 8, ... of
-// chunk by; the 8 lanes of a column are then added in lane order.
-template <typename T>
+// Thread (x, y) of block (bx, by) sums columns (bx*32 + x) W .. + W-1 over rows r0 + y, r0 + y
+// + 8, ... of chunk by; the 8 lanes of a column are then added in lane order.
+// W consecutive columns a thread (kVec with 16-byte loads where c % kVec == 0 and the rows are
+// aligned, else 1; the launchers' ColumnsVec): each column still sums the same rows in the same
+// order and its lanes in lane order, so both paths give the same bits.
+template <int W, typename T>
 __global__ void BiasGradPartialsKernel(const T* dy, int64_t n, int64_t c, int64_t rows_per_chunk,
                                        float* partials) {
-  __shared__ float acc[kColLanes][kColTile + 1];
-  const int64_t col = int64_t(blockIdx.x) * kColTile + threadIdx.x;
+  __shared__ float acc[kColLanes][W][kColTile + 1];
+  const int64_t col = (int64_t(blockIdx.x) * kColTile + threadIdx.x) * W;
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < n ? r0 + rows_per_chunk : n;
-  float sum = 0.0f;
+  float sum[W];
+  for (int k = 0; k < W; ++k) sum[k] = 0.0f;
   if (col < c) {
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColLanes) sum += Ld(dy + r * c + col);
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColLanes) {
+      float v[W];
+      LdN<W>(dy + r * c + col, v);
+      for (int k = 0; k < W; ++k) sum[k] += v[k];
+    }
   }
-  acc[threadIdx.y][threadIdx.x] = sum;
+  for (int k = 0; k < W; ++k) acc[threadIdx.y][k][threadIdx.x] = sum[k];
   __syncthreads();
   if (threadIdx.y == 0 && col < c) {
-    float total = 0.0f;
-    for (int k = 0; k < kColLanes; ++k) total += acc[k][threadIdx.x];
-    partials[int64_t(blockIdx.y) * c + col] = total;
+    for (int k = 0; k < W; ++k) {
+      float total = 0.0f;
+      for (int y = 0; y < kColLanes; ++y) total += acc[y][k][threadIdx.x];
+      partials[int64_t(blockIdx.y) * c + col + k] = total;
+    }
   }
 }
 
-template <typename T>
+template <int W, typename T>
 __global__ void LayerNormParamPartialsKernel(const T* dy, const T* x, const float* mean,
                                              const float* rstd, int64_t n, int64_t c,
                                              int64_t rows_per_chunk, float* dgamma_partials,
                                              float* dbeta_partials) {
-  __shared__ float acc_g[kColLanes][kColTile + 1];
-  __shared__ float acc_b[kColLanes][kColTile + 1];
-  const int64_t col = int64_t(blockIdx.x) * kColTile + threadIdx.x;
+  __shared__ float acc_g[kColLanes][W][kColTile + 1];
+  __shared__ float acc_b[kColLanes][W][kColTile + 1];
+  const int64_t col = (int64_t(blockIdx.x) * kColTile + threadIdx.x) * W;
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < n ? r0 + rows_per_chunk : n;
-  float sum_g = 0.0f, sum_b = 0.0f;
+  float sum_g[W], sum_b[W];
+  for (int k = 0; k < W; ++k) sum_g[k] = sum_b[k] = 0.0f;
   if (col < c) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kColLanes) {
-      const float g = Ld(dy + r * c + col);
-      const float xhat = (Ld(x + r * c + col) - mean[r]) * rstd[r];
-      sum_g += xhat * g;
-      sum_b += g;
+      float g[W], xv[W];
+      LdN<W>(dy + r * c + col, g);
+      LdN<W>(x + r * c + col, xv);
+      const float m = mean[r], s = rstd[r];
+      for (int k = 0; k < W; ++k) {
+        const float xhat = (xv[k] - m) * s;
+        sum_g[k] += xhat * g[k];
+        sum_b[k] += g[k];
+      }
     }
   }
-  acc_g[threadIdx.y][threadIdx.x] = sum_g;
-  acc_b[threadIdx.y][threadIdx.x] = sum_b;
+  for (int k = 0; k < W; ++k) {
+    acc_g[threadIdx.y][k][threadIdx.x] = sum_g[k];
+    acc_b[threadIdx.y][k][threadIdx.x] = sum_b[k];
+  }
   __syncthreads();
   if (threadIdx.y == 0 && col < c) {
-    float total_g = 0.0f, total_b = 0.0f;
-    for (int k = 0; k < kColLanes; ++k) {
-      total_g += acc_g[k][threadIdx.x];
-      total_b += acc_b[k][threadIdx.x];
+    for (int k = 0; k < W; ++k) {
+      float total_g = 0.0f, total_b = 0.0f;
+      for (int y = 0; y < kColLanes; ++y) {
+        total_g += acc_g[y][k][threadIdx.x];
+        total_b += acc_b[y][k][threadIdx.x];
+      }
+      dgamma_partials[int64_t(blockIdx.y) * c + col + k] = total_g;
+      dbeta_partials[int64_t(blockIdx.y) * c + col + k] = total_b;
     }
-    dgamma_partials[int64_t(blockIdx.y) * c + col] = total_g;
-    dbeta_partials[int64_t(blockIdx.y) * c + col] = total_b;
   }
 }
 
@@ -888,14 +908,27 @@ RowSplit SplitRows(int64_t n) {
   return split;
 }
 
+// The column-sum kernels' vector path (kVec columns a thread): whole groups in every row, the
+// rows 16-byte aligned. Their grid: blocks of kColTile threads x w columns, one row per chunk.
+template <typename... P>
+bool ColumnsVec(int64_t c, const P*... p) {
+  return c % kVec == 0 && Aligned16(p...);
+}
+dim3 ColumnGrid(int64_t c, int64_t w, const RowSplit& split) {
+  return dim3(unsigned((c + kColTile * w - 1) / (kColTile * w)), unsigned(split.chunks));
+}
+
 template <typename T>
 cudaError_t BiasGradPartials(const T* dy, int64_t n, int64_t c, RowSplit split, float* partials,
                              cudaStream_t st) {
   if (split.chunks == 0 || c == 0) return cudaSuccess;
-  const dim3 grid(unsigned((c + kColTile - 1) / kColTile), unsigned(split.chunks));
-  BiasGradPartialsKernel<T><<<grid, dim3(kColTile, kColLanes), 0, st>>>(dy, n, c,
-                                                                         split.rows_per_chunk,
-                                                                         partials);
+  const dim3 block(kColTile, kColLanes);
+  if (ColumnsVec(c, dy))
+    BiasGradPartialsKernel<kVec, T><<<ColumnGrid(c, kVec, split), block, 0, st>>>(
+        dy, n, c, split.rows_per_chunk, partials);
+  else
+    BiasGradPartialsKernel<1, T><<<ColumnGrid(c, 1, split), block, 0, st>>>(
+        dy, n, c, split.rows_per_chunk, partials);
   return cudaGetLastError();
 }
 
@@ -987,9 +1020,13 @@ cudaError_t LayerNormParamPartials(const T* dy, const T* x, const float* mean, c
                                    int64_t n, int64_t c, RowSplit split, float* dgamma_partials,
                                    float* dbeta_partials, cudaStream_t st) {
   if (split.chunks == 0 || c == 0) return cudaSuccess;
-  const dim3 grid(unsigned((c + kColTile - 1) / kColTile), unsigned(split.chunks));
-  LayerNormParamPartialsKernel<T><<<grid, dim3(kColTile, kColLanes), 0, st>>>(
-      dy, x, mean, rstd, n, c, split.rows_per_chunk, dgamma_partials, dbeta_partials);
+  const dim3 block(kColTile, kColLanes);
+  if (ColumnsVec(c, dy, x))
+    LayerNormParamPartialsKernel<kVec, T><<<ColumnGrid(c, kVec, split), block, 0, st>>>(
+        dy, x, mean, rstd, n, c, split.rows_per_chunk, dgamma_partials, dbeta_partials);
+  else
+    LayerNormParamPartialsKernel<1, T><<<ColumnGrid(c, 1, split), block, 0, st>>>(
+        dy, x, mean, rstd, n, c, split.rows_per_chunk, dgamma_partials, dbeta_partials);
   return cudaGetLastError();
 }
 

@@ -418,6 +418,11 @@ TEST_F(CudaTest, AddBiasAndBiasGrad) {
   cpu.BiasGrad(y.c, db.c);
   gpu->BiasGrad(y.g, db.g);
   ExpectNear(db, 1e-4, 0, "dbias");
+  // 1024 columns: 8 a thread with 16-byte loads (C = 70 above: one).
+  Both y8 = F({N, 1024}, Random(size_t(N * 1024), 15)), db8 = F({1024}, Random(1024, 16));
+  cpu.BiasGrad(y8.c, db8.c);
+  gpu->BiasGrad(y8.g, db8.g);
+  ExpectNear(db8, 1e-4, 0, "dbias, 1024 columns");
 }
 
 TEST_F(CudaTest, BiasGradOverManyChunksIsExact) {
