@@ -141,6 +141,45 @@ __device__ void LoadRowStats(const float* lse, const float* delta, int64_t l, in
   }
 }
 
+// Defined with the register-resident kernels below (cp.async).
+template <int D>
+__device__ void LoadRowsAsync(const bf16* src, const HeadLayout& lay, int64_t w, int64_t col0,
+                              int64_t bi, int64_t t0, bf16* dst);
+template <int D>
+__device__ void LoadRowsAsync(const float* src, const HeadLayout& lay, int64_t w, int64_t col0,
+                              int64_t bi, int64_t t0, bf16* dst);
+
+// One row tile: by LoadRows, or started in the background by LoadRowsAsync (kAsync).
+template <int D, bool kAsync, typename T>
+__device__ void LoadTile(const T* src, const HeadLayout& lay, int64_t w, int64_t col0, int64_t bi,
+                         int64_t t0, bf16* dst) {
+  if constexpr (kAsync)
+    LoadRowsAsync<D>(src, lay, w, col0, bi, t0, dst);
+  else
+    LoadRows<D>(src, lay, w, col0, bi, t0, dst);
+}
+
+// Q and dO of the 64 queries from q0 into (qs, dos), their lse (base 2) and delta into (lse_s,
+// delta_s); K and V of the 64 keys from k0 into (ks, vs). All threads; head l = bi nh + j.
+template <int D, bool kAsync, typename T>
+__device__ void LoadQueryTiles(const T* qkv, const T* dout, const float* lse, const float* delta,
+                               const HeadLayout& lay, int64_t l, int64_t q0, bf16* qs, bf16* dos,
+                               float* lse_s, float* delta_s) {
+  const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
+  HeadLayout lay_o = lay;
+  lay_o.nmat = 1;
+  LoadTile<D, kAsync>(qkv, lay, 3 * a, j * lay.d, bi, q0, qs);
+  LoadTile<D, kAsync>(dout, lay_o, a, j * lay.d, bi, q0, dos);
+  LoadRowStats(lse, delta, l, lay.s, q0, lse_s, delta_s);
+}
+template <int D, bool kAsync, typename T>
+__device__ void LoadKeyTiles(const T* qkv, const HeadLayout& lay, int64_t l, int64_t k0, bf16* ks,
+                             bf16* vs) {
+  const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
+  LoadTile<D, kAsync>(qkv, lay, 3 * a, a + j * lay.d, bi, k0, ks);
+  LoadTile<D, kAsync>(qkv, lay, 3 * a, 2 * a + j * lay.d, bi, k0, vs);
+}
+
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define PTDP_FLASH_TENSOR_CORES 1
 namespace wmma = nvcuda::wmma;
@@ -349,19 +388,12 @@ struct BackwardTiles {
   template <typename T>
   __device__ void LoadQueries(const T* qkv, const T* dout, const float* lse, const float* delta,
                               const HeadLayout& lay, int64_t l, int64_t q0) {
-    const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
-    HeadLayout lay_o = lay;
-    lay_o.nmat = 1;
-    LoadRows<D>(qkv, lay, 3 * a, j * lay.d, bi, q0, qs);
-    LoadRows<D>(dout, lay_o, a, j * lay.d, bi, q0, dos);
-    LoadRowStats(lse, delta, l, lay.s, q0, lse_s, delta_s);
+    LoadQueryTiles<D, false>(qkv, dout, lse, delta, lay, l, q0, qs, dos, lse_s, delta_s);
   }
   // K and V of the 64 keys from k0 (all threads).
   template <typename T>
   __device__ void LoadKeys(const T* qkv, const HeadLayout& lay, int64_t l, int64_t k0) {
-    const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
-    LoadRows<D>(qkv, lay, 3 * a, a + j * lay.d, bi, k0, ks);
-    LoadRows<D>(qkv, lay, 3 * a, 2 * a + j * lay.d, bi, k0, vs);
+    LoadKeyTiles<D, false>(qkv, lay, l, k0, ks, vs);
   }
 };
 
@@ -763,25 +795,18 @@ struct MmaBackwardTiles {
   __device__ bf16* Streamed(int64_t b, int i) const { return streamed + (2 * (b % 2) + i) * kTile * ld; }
   __device__ float* Lse(int64_t b) const { return stats + 2 * (b % 2) * kTile; }
   __device__ float* Delta(int64_t b) const { return Lse(b) + kTile; }
-  // The 64 queries from q0: Q and dO into (first, second), their lse and delta into buffer b.
+  // The 64 queries from q0: Q and dO into (first, second), their lse and delta into buffer b;
+  // the 64 keys from k0: K and V into (first, second). In the background where they can be.
   template <typename T>
   __device__ void Queries(const T* qkv, const T* dout, const float* lse, const float* delta,
                           const HeadLayout& lay, int64_t l, int64_t q0, bf16* first,
                           bf16* second, int64_t b) const {
-    const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
-    HeadLayout lay_o = lay;
-    lay_o.nmat = 1;
-    LoadRowsAsync<D>(qkv, lay, 3 * a, j * lay.d, bi, q0, first);
-    LoadRowsAsync<D>(dout, lay_o, a, j * lay.d, bi, q0, second);
-    LoadRowStats(lse, delta, l, lay.s, q0, Lse(b), Delta(b));
+    LoadQueryTiles<D, true>(qkv, dout, lse, delta, lay, l, q0, first, second, Lse(b), Delta(b));
   }
-  // The 64 keys from k0: K and V into (first, second).
   template <typename T>
   __device__ void Keys(const T* qkv, const HeadLayout& lay, int64_t l, int64_t k0, bf16* first,
                        bf16* second) const {
-    const int64_t bi = l / lay.nh, j = l % lay.nh, a = lay.nh * lay.d;
-    LoadRowsAsync<D>(qkv, lay, 3 * a, a + j * lay.d, bi, k0, first);
-    LoadRowsAsync<D>(qkv, lay, 3 * a, 2 * a + j * lay.d, bi, k0, second);
+    LoadKeyTiles<D, true>(qkv, lay, l, k0, first, second);
   }
 };
 

@@ -452,34 +452,36 @@ __global__ void LayerNormBackwardInputKernel(const T* dy, const T* x, const T* g
     const T* gr = dy + row * c;
     const T* xr = x + row * c;
     const float m = mean[row], s = rstd[row];
-    // mean(gamma * dy) and mean(gamma * dy * xhat) over the row.
-    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
-    for (int64_t i = int64_t(lane) * W; i < c; i += int64_t(kWarp) * W) {
-      float xv[W], g[W], d[W];
-      LdN<W>(xr + i, xv);
+    // xhat and gamma * dy of elements i .. i + W - 1 (both passes read them).
+    auto norms = [&](int64_t i, float (&xhat)[W], float (&dnorm)[W]) {
+      float g[W], d[W];
+      LdN<W>(xr + i, xhat);
       LdN<W>(gamma + i, g);
       LdN<W>(gr + i, d);
       for (int k = 0; k < W; ++k) {
-        const float xhat = (xv[k] - m) * s;
-        const float dnorm = g[k] * d[k];
-        dnorm_sum += dnorm;
-        dnorm_norm_sum += dnorm * xhat;
+        xhat[k] = (xhat[k] - m) * s;
+        dnorm[k] = g[k] * d[k];
+      }
+    };
+    // mean(gamma * dy) and mean(gamma * dy * xhat) over the row.
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+    for (int64_t i = int64_t(lane) * W; i < c; i += int64_t(kWarp) * W) {
+      float xhat[W], dnorm[W];
+      norms(i, xhat, dnorm);
+      for (int k = 0; k < W; ++k) {
+        dnorm_sum += dnorm[k];
+        dnorm_norm_sum += dnorm[k] * xhat[k];
       }
     }
     const float dnorm_mean = WarpSum(dnorm_sum) / float(c);
     const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / float(c);
     T* dr = dx + row * c;
     for (int64_t i = int64_t(lane) * W; i < c; i += int64_t(kWarp) * W) {
-      float xv[W], g[W], d[W], out[W];
-      LdN<W>(xr + i, xv);
-      LdN<W>(gamma + i, g);
-      LdN<W>(gr + i, d);
+      float xhat[W], dnorm[W], out[W];
+      norms(i, xhat, dnorm);
       LdN<W>(dr + i, out);
-      for (int k = 0; k < W; ++k) {
-        const float xhat = (xv[k] - m) * s;
-        const float dnorm = g[k] * d[k];
-        out[k] = out[k] + (dnorm - dnorm_mean - xhat * dnorm_norm_mean) * s;
-      }
+      for (int k = 0; k < W; ++k)
+        out[k] = out[k] + (dnorm[k] - dnorm_mean - xhat[k] * dnorm_norm_mean) * s;
       StN<W>(dr + i, out);
     }
   }
