@@ -146,7 +146,7 @@ if [ -z "$bin" ]; then
   gen=""; command -v ninja > /dev/null && gen="-G Ninja"
   # shellcheck disable=SC2086  # gen is one or two words
   stage configure 60 cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DPTDP_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON || exit 1
+    -DCMAKE_CUDA_ARCHITECTURES=90-real -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON || exit 1
   stage build 240 cmake --build build-gpu -j "$(nproc)" --target ptdp ptdp_cuda ptdp_share \
     cuda_check_test cuda_backend_test cuda_gpt_test device_world_test nccl_world_test \
     cuda_trainer_test calibrate_cuda_test gemm_bench comm_bench || exit 1
