@@ -27,7 +27,8 @@
 // Under AddressSanitizer (`make test-asan`) the binary is a Debug -O1 build whose allocations,
 // copies and thread hand-offs cost several times more than its arithmetic: the calibrated
 // primitives are not that binary's step (CI measured -20% to -38% on every layout). There the
-// loop runs once per layout and checks everything but the step-time bound.
+// loop runs once per layout, 4 steps without the host speed probe, and checks everything but
+// the step-time bound (and not alone: RUN_SERIAL is for the timing, tests/cli/CMakeLists.txt).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -60,6 +61,12 @@ constexpr bool kSanitized = true;
 constexpr bool kSanitized = false;
 #endif
 constexpr int kAttempts = kSanitized ? 1 : 5;
+// Training steps of a run and of them timed: the median of 10; under the sanitizers (no time
+// checked) 3, enough for compare, and no host speed probe (a small calibration at each run's
+// start and end; Compare.HoldsTheHostSpeedAgainstTheCalibration runs it under the sanitizers).
+constexpr int kSteps = kSanitized ? 4 : 12;
+constexpr int kWarmupSteps = kSanitized ? 1 : 2;
+constexpr const char* kTrainExtra = kSanitized ? " --no-speed-probe" : "";
 // Attempts from this one on each run on a fresh calibration (see the top).
 constexpr int kFreshCalibrationFrom = 2;
 
@@ -121,12 +128,14 @@ TEST(CalibratedLoop, EachLayoutRunsAndComparesAfterCalibration) {
         tried += std::string(tried.empty() ? "" : ", ") + "recalibrated";
       }
       const std::string measured = dir + "/" + c.name + ".measured.json";
-      r = Shell(kBin + " train " + plan + " --steps 12 --timing-warmup 2 --out " + measured);
+      r = Shell(kBin + " train " + plan + " --steps " + std::to_string(kSteps) +
+                " --timing-warmup " + std::to_string(kWarmupSteps) + kTrainExtra + " --out " +
+                measured);
       ASSERT_EQ(r.code, 0) << r.out;
       r = Shell(kBin + " compare " + plan + " " + measured + " --json", false);
       ASSERT_EQ(r.code, 0) << r.out;
       const auto j = nlohmann::json::parse(r.out);
-      EXPECT_EQ(j["timed_steps"], 10);
+      EXPECT_EQ(j["timed_steps"], kSteps - kWarmupSteps);
       const double planned = j["step_time_error_pct"], mem = j["memory_error_pct"];
       const double step =
           c.at_measured_load ? j["expert_load"]["step_time_error_pct"].get<double>() : planned;
