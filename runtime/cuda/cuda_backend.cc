@@ -202,7 +202,8 @@ struct CudaBackend::Impl {
   //   kBias:     d = op(a) op(b) + bias;
   //   kBiasGelu: aux = op(a) op(b) + bias (the pre-activation, written), d = gelu of that sum;
   //   kDGelu:    d = gelu'(aux) * op(a) op(b) (aux, the pre-activation, read).
-  // False (nothing enqueued) where cuBLASLt has no algorithm for it; a failure is recorded.
+  // False (nothing enqueued) for a tensor that is not bf16, with the epilogues off, or where
+  // cuBLASLt has no algorithm for it; a failure is recorded.
   enum class Epilogue { kBias, kBiasGelu, kDGelu };
   bool EpilogueGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Epilogue e,
                     const Tensor* bias, const Tensor* aux, Tensor& d);
@@ -564,6 +565,11 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
   for (int64_t dim : {m, p, k}) if (dim > INT_MAX) return false;
   const bool with_bias = e != Epilogue::kDGelu, with_aux = e != Epilogue::kBias;
   assert(with_bias == (bias != nullptr) && with_aux == (aux != nullptr));
+  // Only bf16 tensors, and only with the epilogues on (PTDP_CUDA_EPILOGUE): else the caller's
+  // separate ops.
+  if (!options.epilogues) return false;
+  for (const Tensor* t : {&a, &b, bias, aux, static_cast<const Tensor*>(&d)})
+    if (t != nullptr && t->dtype() != DType::kBF16) return false;
   // cuBLASLt's heuristic assumes 256-byte aligned matrices unless told less (a view may be 16).
   uint32_t align = 256;
   for (const void* ptr : {a.data(), b.data(), d.data(), with_bias ? bias->data() : d.data(),
@@ -658,8 +664,7 @@ bool CudaBackend::FusesGemmEpilogues(DType act) const {
 void CudaBackend::MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                              const Tensor& bias, Tensor& c) {
   assert(bias.numel() == Cols(c));
-  if (impl_->options.epilogues && a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 &&
-      bias.dtype() == DType::kBF16 && c.dtype() == DType::kBF16 && impl_->Begin() &&
+  if (impl_->Begin() &&
       impl_->EpilogueGemm(a, trans_a, b, trans_b, Impl::Epilogue::kBias, &bias, nullptr, c))
     return;
   Backend::MatmulBias(a, trans_a, b, trans_b, bias, c);
@@ -668,9 +673,7 @@ void CudaBackend::MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, boo
 void CudaBackend::MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                                  const Tensor& bias, Tensor& pre, Tensor& act) {
   assert(bias.numel() == Cols(pre) && act.numel() == pre.numel());
-  if (impl_->options.epilogues && a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 &&
-      bias.dtype() == DType::kBF16 && pre.dtype() == DType::kBF16 &&
-      act.dtype() == DType::kBF16 && impl_->Begin() &&
+  if (impl_->Begin() &&
       impl_->EpilogueGemm(a, trans_a, b, trans_b, Impl::Epilogue::kBiasGelu, &bias, &pre, act))
     return;
   Backend::MatmulBiasGelu(a, trans_a, b, trans_b, bias, pre, act);
@@ -679,8 +682,7 @@ void CudaBackend::MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b,
 void CudaBackend::MatmulGeluBackward(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                                      const Tensor& pre, Tensor& dx) {
   assert(pre.numel() == dx.numel() && pre.data() != dx.data());
-  if (impl_->options.epilogues && a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 &&
-      pre.dtype() == DType::kBF16 && dx.dtype() == DType::kBF16 && impl_->Begin() &&
+  if (impl_->Begin() &&
       impl_->EpilogueGemm(a, trans_a, b, trans_b, Impl::Epilogue::kDGelu, nullptr, &pre, dx))
     return;
   Backend::MatmulGeluBackward(a, trans_a, b, trans_b, pre, dx);

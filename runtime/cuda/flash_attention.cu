@@ -662,6 +662,20 @@ __device__ void LoadRowsAsync(const float* src, const HeadLayout& lay, int64_t w
   LoadRows<D>(src, lay, w, col0, bi, t0, dst);  // rounded to bf16 on the way: no cp.async
 }
 
+// One step of the two-buffer pipeline: start the next tile where there is one (start_next loads
+// and commits it into the buffer every warp finished with at the end of the previous step), wait
+// for this step's tile only, then make it visible to the block.
+template <typename StartNext>
+__device__ __forceinline__ void PipelineStep(bool has_next, const StartNext& start_next) {
+  if (has_next) {
+    start_next();
+    CpAsyncWait<1>();
+  } else {
+    CpAsyncWait<0>();
+  }
+  __syncthreads();
+}
+
 // Max and sum over the four lanes of a quad (the lanes holding one accumulator row).
 __device__ __forceinline__ float QuadMax(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -697,12 +711,11 @@ __global__ void __launch_bounds__(kFlashThreads)
   const int64_t qt = int64_t(gridDim.y) - 1 - blockIdx.y, q0 = qt * kTile;
   const int64_t row0 = q0 + 16 * warp;                   // the warp's first query
   const int64_t t_g = row0 + fragments::CRow(lane, 0);  // the lane's first row; the second + 8
-  // Key tile kt into buffer kt % 2, in the background where LoadRowsAsync can.
-  const int64_t width = w, batch = bi, k_col = a + j * lay.d, v_col = 2 * a + j * lay.d;
+  // Key tile kt's K (then V) buffer: kt % 2; loaded in the background where it can be.
+  auto keys_of = [&](int64_t kt) { return kv_tiles + (kt % 2) * 2 * kTile * ld; };
+  const int64_t head = l;
   auto load_keys = [&](int64_t kt) {
-    bf16* ks = kv_tiles + (kt % 2) * 2 * kTile * ld;
-    LoadRowsAsync<D>(qkv, lay, width, k_col, batch, kt * kTile, ks);
-    LoadRowsAsync<D>(qkv, lay, width, v_col, batch, kt * kTile, ks + kTile * ld);
+    LoadKeyTiles<D, true>(qkv, lay, head, kt * kTile, keys_of(kt), keys_of(kt) + kTile * ld);
     CpAsyncCommit();
   };
 
@@ -714,16 +727,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};  // sum: this lane's part
   for (int64_t kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = kt * kTile;
-    // Start tile kt + 1 (into the buffer every warp finished with at the end of kt - 1), then
-    // wait for tile kt only.
-    if (kt < qt) {
-      load_keys(kt + 1);
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();  // tile kt (and Q) complete for every thread
-    const bf16* ks = kv_tiles + (kt % 2) * 2 * kTile * ld;
+    PipelineStep(kt < qt, [&] { load_keys(kt + 1); });  // key tile kt (and Q) complete
+    const bf16* ks = keys_of(kt);
     const bf16* vs = ks + kTile * ld;
     float s[8][4];
     MmaScores<D>(qs + 16 * warp * ld, ks, s);
@@ -845,13 +850,7 @@ __global__ void __launch_bounds__(kFlashThreads)
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
   for (int64_t qt = kt; qt < tiles; ++qt) {
     const int64_t q0 = qt * kTile, b = qt - kt;
-    if (qt + 1 < tiles) {  // into the buffer every warp finished with at the end of qt - 1
-      load_queries(qt + 1);
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();  // query tile qt (and K, V) complete for every thread
+    PipelineStep(qt + 1 < tiles, [&] { load_queries(qt + 1); });  // query tile qt (and K, V)
     const bf16 *qs = t.Streamed(b, 0), *dos = t.Streamed(b, 1);
     const float *lse_s = t.Lse(b), *delta_s = t.Delta(b);
     float p[8][4], ds[8][4];
@@ -910,13 +909,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   for (int64_t kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = kt * kTile;
-    if (kt < qt) {  // into the buffer every warp finished with at the end of kt - 1
-      load_keys(kt + 1);
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();  // key tile kt (and Q, dO, the row stats) complete for every thread
+    PipelineStep(kt < qt, [&] { load_keys(kt + 1); });  // key tile kt (and Q, dO, row stats)
     const bf16 *ks = t.Streamed(kt, 0), *vs = t.Streamed(kt, 1);
     const float lse_r[2] = {lse_s[row_g], lse_s[row_g + 8]};
     const float delta_r[2] = {delta_s[row_g], delta_s[row_g + 8]};
