@@ -512,6 +512,19 @@ __global__ void __launch_bounds__(kFlashThreads)
 // register reuse FlashAttention-2 is built on. Same tiles (64 x 64), same rounding points, same
 // two deterministic backward kernels and the same results up to the order of fp32 additions.
 #ifdef PTDP_FLASH_TENSOR_CORES
+#ifdef PTDP_CUDA_EMU
+// On the host (runtime/cuda/emu): the instructions as PTX ISA defines them, warp by warp.
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const bf16* p) {
+  ::ptdp::emu::LdMatrixX4(r, p, false);
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const bf16* p) {
+  ::ptdp::emu::LdMatrixX4(r, p, true);
+}
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  ::ptdp::emu::Mma16816(c, a, b0, b1);
+}
+#else
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -538,6 +551,8 @@ __device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+#endif  // PTDP_CUDA_EMU
 
 // Two fp32 values rounded to nearest even as one bf16 pair, `lo` in the low half (the element
 // of the smaller column, as ldmatrix and mma order them).
@@ -625,6 +640,16 @@ __device__ __forceinline__ void MmaStoreRows(const float (&acc)[D / 8][4], const
 
 // cp.async (sm_80): 16 bytes from global to shared memory without passing through registers,
 // completing in the background; src_bytes 0 fills the 16 bytes with zeros (nothing is read).
+#ifdef PTDP_CUDA_EMU
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
+  ::ptdp::emu::detail::CpAsync16(dst, src, src_bytes);
+}
+__device__ __forceinline__ void CpAsyncCommit() { ::ptdp::emu::detail::CpAsyncCommit(); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  ::ptdp::emu::detail::CpAsyncWait(N);
+}
+#else
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)),
                "l"(src), "r"(src_bytes));
@@ -635,6 +660,7 @@ template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+#endif  // PTDP_CUDA_EMU
 
 // A row tile as LoadRows<D> fills it, started in the background where it can be (bf16 rows
 // with d a multiple of 8 and src 16-byte aligned: LoadRows' vector path, each 16-byte piece a
