@@ -224,10 +224,11 @@ inline void mma_sync(fragment<accumulator, M, N, K, C>& d, const fragment<matrix
 
 // ---- the CUDA language, on the host ---------------------------------------------------------------
 // cuda_runtime.h defines __global__, __device__, __host__ and __shared__ empty for a host
-// compiler: shared memory becomes function statics (one block runs at a time, all its threads on
-// this thread).
+// compiler: shared memory becomes function statics, one per host thread (a thread runs one block
+// at a time, all its CUDA threads as fibers; host threads, e.g. DeviceWorld's ranks, run their
+// kernels side by side).
 #undef __shared__
-#define __shared__ static
+#define __shared__ static thread_local
 #define __launch_bounds__(...)
 #define threadIdx (::ptdp::emu::detail::Current().thread_idx)
 #define blockIdx (::ptdp::emu::detail::Current().block_idx)
