@@ -98,6 +98,18 @@ void WarpStep(int op, F&& f) {
       const_cast<void*>(static_cast<const void*>(&f)), nullptr);
 }
 
+// `f` (which writes `bytes` <= 4096 at `out`) run by one lane of the warp, the others taking a
+// copy of its result: for warp-wide operations whose inputs every lane holds alike (WMMA's
+// mma_sync on whole-tile fragments), done once instead of 32 times.
+void WarpOnceImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes);
+template <typename F>
+void WarpOnce(int op, F&& f, void* out, size_t bytes) {
+  using Fn = std::remove_reference_t<F>;
+  WarpOnceImpl(
+      op, [](void* fn) { (*static_cast<Fn*>(fn))(); },
+      const_cast<void*>(static_cast<const void*>(&f)), out, bytes);
+}
+
 // cp.async: copy `src_bytes` (0..16) of src to dst and zero the rest of the 16 bytes.
 void CpAsync16(void* dst, const void* src, int src_bytes);
 void CpAsyncCommit();
@@ -212,12 +224,20 @@ inline void mma_sync(fragment<accumulator, M, N, K, C>& d, const fragment<matrix
                      const fragment<matrix_b, M, N, K, A, LB>& b,
                      const fragment<accumulator, M, N, K, C>& c) {
   fragment<accumulator, M, N, K, C> out;
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) {
-      float sum = float(c.x[i * N + j]);
-      for (int k = 0; k < K; ++k) sum += float(a.x[i * K + k]) * float(b.x[k * N + j]);
-      out.x[i * N + j] = C(sum);
-    }
+  ::ptdp::emu::detail::WarpOnce(
+      8,
+      [&] {
+        float fa[M * K], fb[K * N];
+        for (int i = 0; i < M * K; ++i) fa[i] = float(a.x[i]);
+        for (int i = 0; i < K * N; ++i) fb[i] = float(b.x[i]);
+        for (int i = 0; i < M; ++i)
+          for (int j = 0; j < N; ++j) {
+            float sum = float(c.x[i * N + j]);
+            for (int k = 0; k < K; ++k) sum += fa[i * K + k] * fb[k * N + j];
+            out.x[i * N + j] = C(sum);
+          }
+      },
+      &out, sizeof out);
   d = out;
 }
 }  // namespace nvcuda::wmma

@@ -135,6 +135,7 @@ struct Warp {
   uint64_t gen = 0;  // phases completed
   int op[kWarp] = {};
   unsigned char slot[kWarp][64] = {};
+  unsigned char shared[4096] = {};  // WarpOnce's result
 };
 
 struct Emu {
@@ -452,6 +453,41 @@ void WarpCollective(int op, unsigned mask, const void* in, size_t in_bytes, Comp
     }
   if (compute != nullptr) compute(w.slot, lane, out, extra);
   WarpPhase(w);  // every lane has read the slots before any lane writes them again
+}
+
+void WarpOnceImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes) {
+  Emu& e = E();
+  if (bytes > sizeof(Warp::shared)) {
+    std::fprintf(stderr, "ptdp::emu: WarpOnce of %zu bytes\n", bytes);
+    std::abort();
+  }
+  const int lane = e.current % kWarp;
+  Warp& w = e.warps[size_t(e.current / kWarp)];
+  struct Ctx {
+    void (*call)(void*);
+    void* f;
+    void* out;
+    size_t bytes;
+    Warp* w;
+  } ctx{call, f, out, bytes, &w};
+  // Phase 1 (all lanes arrive) and, between it and phase 2, lane 0 computes and publishes.
+  WarpCollective(op, 0xffffffffu, nullptr, 0,
+                 [](const unsigned char (*)[64], int l, void* c, const void*) {
+                   if (l != 0) return;
+                   auto* x = static_cast<Ctx*>(c);
+                   x->call(x->f);
+                   std::memcpy(x->w->shared, x->out, x->bytes);
+                 },
+                 &ctx, nullptr);
+  // Phase 3 and 4: the other lanes copy lane 0's result before anyone may publish again.
+  WarpCollective(op, 0xffffffffu, nullptr, 0,
+                 [](const unsigned char (*)[64], int l, void* c, const void*) {
+                   if (l == 0) return;
+                   auto* x = static_cast<Ctx*>(c);
+                   std::memcpy(x->out, x->w->shared, x->bytes);
+                 },
+                 &ctx, nullptr);
+  (void)lane;
 }
 
 void SyncWarp(unsigned mask) { WarpCollective(2, mask, nullptr, 0, nullptr, nullptr, nullptr); }

@@ -14,6 +14,8 @@
 //   cuBLASLt: the same product with the epilogues the backend uses (BIAS, GELU_AUX_BIAS, DGELU;
 //   GeLU the tanh approximation, cuBLASLt's).
 // - Events: host clock readings (the emulator runs each kernel at its launch).
+// - NCCL: communicators of one rank, whose collectives copy (one device: NcclWorld's one rank
+//   per GPU); more ranks are refused with a message.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -26,6 +28,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 #include <algorithm>
 #include <cstdio>
@@ -217,6 +220,30 @@ bool Read(const void* buf, size_t size, V* out) {
   return true;
 }
 
+thread_local std::string nccl_last;
+ncclResult_t NcclFail(ncclResult_t r, const std::string& why) {
+  nccl_last = why;
+  return r;
+}
+struct Comm {};
+ncclComm_t NewComm() { return reinterpret_cast<ncclComm_t>(new Comm); }
+ncclResult_t FreeComm(ncclComm_t c) {
+  delete reinterpret_cast<Comm*>(c);
+  return ncclSuccess;
+}
+ncclResult_t CopyElems(void* dst, const void* src, size_t count, ncclDataType_t t) {
+  size_t size = 0;
+  switch (t) {
+    case ncclInt8: case ncclUint8: size = 1; break;
+    case ncclFloat16: case ncclBfloat16: size = 2; break;
+    case ncclInt32: case ncclUint32: case ncclFloat32: size = 4; break;
+    case ncclInt64: case ncclUint64: case ncclFloat64: size = 8; break;
+    default: return NcclFail(ncclInvalidArgument, "data type " + std::to_string(int(t)));
+  }
+  if (dst != src && count > 0) std::memmove(dst, src, count * size);
+  return ncclSuccess;
+}
+
 }  // namespace
 
 extern "C" {
@@ -356,6 +383,9 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = new CUevent_st;
   return cudaSuccess;
 }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaStreamQuery(cudaStream_t) { return KernelFault(); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
   return cudaSuccess;
@@ -561,12 +591,79 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// ---- NCCL (versions and messages only: the emulated backend runs without NcclWorld) -------------
+// ---- NCCL: communicators of one rank (the emulator has one device) ---------------------------------
 ncclResult_t ncclGetVersion(int* version) {
   *version = NCCL_VERSION_CODE;
   return ncclSuccess;
 }
-const char* ncclGetErrorString(ncclResult_t) { return "NCCL is not part of the CUDA emulator"; }
-const char* ncclGetLastError(ncclComm_t) { return ""; }
+const char* ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    default: return "internal error";
+  }
+}
+const char* ncclGetLastError(ncclComm_t) { return nccl_last.c_str(); }
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  *id = ncclUniqueId{};
+  std::snprintf(id->internal, sizeof id->internal, "ptdp-cuda-emulator");
+  return ncclSuccess;
+}
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId, int rank,
+                                    ncclConfig_t*) {
+  if (nranks != 1 || rank != 0)
+    return NcclFail(ncclInvalidUsage, "the CUDA emulator runs NCCL communicators of one rank (" +
+                                          std::to_string(nranks) + " asked)");
+  *comm = NewComm();
+  return ncclSuccess;
+}
+ncclResult_t ncclCommSplit(ncclComm_t, int color, int, ncclComm_t* newcomm, ncclConfig_t*) {
+  *newcomm = color == NCCL_SPLIT_NOCOLOR ? nullptr : NewComm();
+  return ncclSuccess;
+}
+ncclResult_t ncclCommCount(const ncclComm_t, int* count) {
+  *count = 1;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t, int* rank) {
+  *rank = 0;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* e) {
+  *e = ncclSuccess;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
+ncclResult_t ncclCommDestroy(ncclComm_t comm) { return FreeComm(comm); }
+ncclResult_t ncclCommAbort(ncclComm_t comm) { return FreeComm(comm); }
+ncclResult_t ncclGroupStart() { return ncclSuccess; }
+ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+// With one rank every collective is a copy of the input.
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t,
+                           ncclRedOp_t, ncclComm_t, cudaStream_t) {
+  return CopyElems(recv, send, count, t);
+}
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t t,
+                           ncclComm_t, cudaStream_t) {
+  return CopyElems(recv, send, count, t);
+}
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t t,
+                               ncclRedOp_t, ncclComm_t, cudaStream_t) {
+  return CopyElems(recv, send, count, t);
+}
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root,
+                           ncclComm_t, cudaStream_t) {
+  if (root != 0) return NcclFail(ncclInvalidArgument, "broadcast root " + std::to_string(root));
+  return CopyElems(recv, send, count, t);
+}
+ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int peer, ncclComm_t, cudaStream_t) {
+  return NcclFail(ncclInvalidUsage, "send to peer " + std::to_string(peer) +
+                                        " in a one-rank communicator");
+}
+ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int peer, ncclComm_t, cudaStream_t) {
+  return NcclFail(ncclInvalidUsage, "receive from peer " + std::to_string(peer) +
+                                        " in a one-rank communicator");
+}
 
 }  // extern "C"
