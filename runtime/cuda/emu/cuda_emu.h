@@ -20,7 +20,8 @@
 //   memory above 48 KiB without cudaFuncSetAttribute(MaxDynamicSharedMemorySize) raising the
 //   kernel's limit, or above the device's 227 KiB (sm_90);
 // - deadlock: a pass over the block's fibers in which none advances.
-// Options (SetOptions) vary what the hardware leaves free, so that races show as wrong results:
+// Options (SetOptions; a host thread's first from PTDP_CUDA_EMU_SCHEDULE) vary what the hardware
+// leaves free, so that races show as wrong results:
 // the order in which a block's threads and the grid's blocks run (forward or reverse), and when a
 // cp.async copy lands (at once, or only when cp.async.wait_group makes the thread wait for it:
 // the latest a GPU may land it).
@@ -52,6 +53,7 @@ namespace ptdp::emu {
 struct Options {
   bool reverse = false;     // threads of a block and blocks of a grid in reverse order
   bool late_async = false;  // cp.async copies land at the cp.async.wait_group that waits for them
+  bool report = true;       // print each failure to stderr as it happens
 };
 void SetOptions(const Options& o);
 Options GetOptions();
@@ -81,7 +83,8 @@ cudaError_t LastError();
 void SyncThreads();
 void SyncWarp(unsigned mask);
 // A warp-collective operation: every lane of the warp deposits `in` (in_bytes <= 64) with the
-// operation's id, waits for all lanes, then calls compute(all lanes' deposits, lane, out).
+// operation's id, waits for all lanes, then calls compute(all lanes' deposits, lane, out); the
+// deposits stay valid until the warp's next collective.
 using Compute = void (*)(const unsigned char (*in)[64], int lane, void* out, const void* extra);
 void WarpCollective(int op, unsigned mask, const void* in, size_t in_bytes, Compute compute,
                     void* out, const void* extra);
@@ -96,6 +99,18 @@ void WarpStep(int op, F&& f) {
       op, 0xffffffffu, nullptr, 0,
       [](const unsigned char (*)[64], int, void* fn, const void*) { (*static_cast<Fn*>(fn))(); },
       const_cast<void*>(static_cast<const void*>(&f)), nullptr);
+}
+
+// A warp-wide load: `f` (which reads memory into `bytes` <= 4096 at `out`) run by the first lane
+// of the warp to arrive, before the others have (so before their earlier stores: without a
+// __syncwarp those need not be visible, and here they are not); every lane then takes its copy.
+void WarpLoadImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes);
+template <typename F>
+void WarpLoad(int op, F&& f, void* out, size_t bytes) {
+  using Fn = std::remove_reference_t<F>;
+  WarpLoadImpl(
+      op, [](void* fn) { (*static_cast<Fn*>(fn))(); },
+      const_cast<void*>(static_cast<const void*>(&f)), out, bytes);
 }
 
 // `f` (which writes `bytes` <= 4096 at `out`) run by one lane of the warp, the others taking a
@@ -168,9 +183,9 @@ Launcher<P...> Launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem =
 }  // namespace ptdp::emu
 
 // ---- WMMA (nvcuda::wmma): every lane holds the whole tile --------------------------------------
-// Loads and stores are warp steps (detail::WarpStep): the lanes of a warp load together and store
-// together, as the _sync operations do, so that a load after a store of the same tile sees the
-// store and never another lane's later one.
+// Loads read the tile once, when the first lane of the warp arrives (detail::WarpLoad: other
+// lanes' stores not yet ordered by a __syncwarp are not seen); stores are warp steps
+// (detail::WarpStep: every lane has arrived, so every lane's earlier load of the tile is done).
 namespace nvcuda::wmma {
 struct row_major {};
 struct col_major {};
@@ -194,21 +209,28 @@ inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, const V& v) {
 template <typename Use, int M, int N, int K, typename T, typename L>
 inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ld) {
   using F = fragment<Use, M, N, K, T, L>;
-  ::ptdp::emu::detail::WarpStep(6, [&] {
-    for (int r = 0; r < F::kRows; ++r)
-      for (int c = 0; c < F::kCols; ++c)
-        f.x[r * F::kCols + c] =
-            std::is_same_v<L, col_major> ? p[size_t(c) * ld + r] : p[size_t(r) * ld + c];
-  });
+  ::ptdp::emu::detail::WarpLoad(
+      6,
+      [&] {
+        for (int r = 0; r < F::kRows; ++r)
+          for (int c = 0; c < F::kCols; ++c)
+            f.x[r * F::kCols + c] =
+                std::is_same_v<L, col_major> ? p[size_t(c) * ld + r] : p[size_t(r) * ld + c];
+      },
+      f.x, sizeof f.x);
 }
 template <int M, int N, int K, typename T>
 inline void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ld,
                              layout_t layout) {
-  ::ptdp::emu::detail::WarpStep(6, [&] {
-    for (int r = 0; r < M; ++r)
-      for (int c = 0; c < N; ++c)
-        f.x[r * N + c] = layout == mem_col_major ? p[size_t(c) * ld + r] : p[size_t(r) * ld + c];
-  });
+  ::ptdp::emu::detail::WarpLoad(
+      6,
+      [&] {
+        for (int r = 0; r < M; ++r)
+          for (int c = 0; c < N; ++c)
+            f.x[r * N + c] =
+                layout == mem_col_major ? p[size_t(c) * ld + r] : p[size_t(r) * ld + c];
+      },
+      f.x, sizeof f.x);
 }
 template <int M, int N, int K, typename T>
 inline void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ld,

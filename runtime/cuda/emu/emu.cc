@@ -24,6 +24,7 @@
 #define PTDP_EMU_ASAN 1
 #endif
 #ifdef PTDP_EMU_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -85,6 +86,9 @@ void SwitchTo(Context& save, Context& to) {
 
 // A fresh context that starts entry() on the stack [stack, stack + bytes); entry never returns.
 void MakeContext(Context& c, char* stack, size_t bytes, void (*entry)()) {
+#ifdef PTDP_EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(stack, bytes);  // the redzones of the stack's previous fiber
+#endif
 #if defined(__x86_64__)
   auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15);
   auto* sp = reinterpret_cast<uint64_t*>(top);
@@ -133,9 +137,13 @@ struct Warp {
   int lanes = 0;     // threads of the block in this warp
   int arrived = 0;   // lanes at the current phase
   uint64_t gen = 0;  // phases completed
-  int op[kWarp] = {};
-  unsigned char slot[kWarp][64] = {};
-  unsigned char shared[4096] = {};  // WarpOnce's result
+  // Two banks of deposits, alternating from one collective to the next: a lane can deposit
+  // for the next collective while others still read this one's (it cannot get two ahead: the
+  // next collective waits for every lane), so one barrier a collective suffices.
+  int op[2][kWarp] = {};
+  unsigned char slot[2][kWarp][64] = {};
+  unsigned char shared[4096] = {};     // WarpOnce's result
+  unsigned char loaded[2][4096] = {};  // WarpLoad's tile, per bank
 };
 
 struct Emu {
@@ -166,14 +174,36 @@ struct Emu {
   size_t main_size = 0;
 };
 
+// The options a host thread starts with: PTDP_CUDA_EMU_SCHEDULE = in-order (the default),
+// reversed or late-cp-async (ctest runs the emulated GPU tests in each).
+Options FromEnvironment() {
+  Options o;
+  const char* s = std::getenv("PTDP_CUDA_EMU_SCHEDULE");
+  const std::string v = s ? s : "";
+  if (v == "reversed") o.reverse = true;
+  if (v == "late-cp-async") o.late_async = true;
+  if (!v.empty() && v != "in-order" && v != "reversed" && v != "late-cp-async") {
+    std::fprintf(stderr, "PTDP_CUDA_EMU_SCHEDULE '%s': expected in-order, reversed or late-cp-async\n",
+                 v.c_str());
+    std::abort();
+  }
+  return o;
+}
+
 Emu& E() {
   static thread_local Emu e;
+  static thread_local const bool configured = (e.options = FromEnvironment(), true);
+  (void)configured;
   return e;
 }
 
 void Fail(const std::string& what) {
   Emu& e = E();
-  if (e.failure.empty()) e.failure = what;
+  if (e.failure.empty()) {
+    e.failure = what;
+    // The backend above sees only cudaErrorLaunchFailure: say why where a person reads it.
+    if (e.options.report) std::fprintf(stderr, "ptdp CUDA emulator: %s\n", what.c_str());
+  }
   e.abort = true;
   e.sticky = cudaErrorLaunchFailure;
 }
@@ -442,17 +472,17 @@ void WarpCollective(int op, unsigned mask, const void* in, size_t in_bytes, Comp
       Park();
     }
   }
-  w.op[lane] = op;
-  if (in_bytes > 0) std::memcpy(w.slot[lane], in, in_bytes);
+  const int bank = int(w.gen & 1);
+  w.op[bank][lane] = op;
+  if (in_bytes > 0) std::memcpy(w.slot[bank][lane], in, in_bytes);
   WarpPhase(w);
   for (int l = 0; l < w.lanes; ++l)
-    if (w.op[l] != op) {
+    if (w.op[bank][l] != op) {
       Fail(Where() + ": lanes of one warp at different warp operations (" + std::to_string(op) +
-           " and " + std::to_string(w.op[l]) + ")");
+           " and " + std::to_string(w.op[bank][l]) + ")");
       Park();
     }
-  if (compute != nullptr) compute(w.slot, lane, out, extra);
-  WarpPhase(w);  // every lane has read the slots before any lane writes them again
+  if (compute != nullptr) compute(w.slot[bank], lane, out, extra);
 }
 
 void WarpOnceImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes) {
@@ -470,7 +500,7 @@ void WarpOnceImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes)
     size_t bytes;
     Warp* w;
   } ctx{call, f, out, bytes, &w};
-  // Phase 1 (all lanes arrive) and, between it and phase 2, lane 0 computes and publishes.
+  // All lanes arrive; then lane 0 computes and publishes.
   WarpCollective(op, 0xffffffffu, nullptr, 0,
                  [](const unsigned char (*)[64], int l, void* c, const void*) {
                    if (l != 0) return;
@@ -479,7 +509,8 @@ void WarpOnceImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes)
                    std::memcpy(x->w->shared, x->out, x->bytes);
                  },
                  &ctx, nullptr);
-  // Phase 3 and 4: the other lanes copy lane 0's result before anyone may publish again.
+  // All lanes arrive again (lane 0 has published); then the others copy its result. Lane 0
+  // cannot publish again before they have: the next WarpOnce waits for every lane.
   WarpCollective(op, 0xffffffffu, nullptr, 0,
                  [](const unsigned char (*)[64], int l, void* c, const void*) {
                    if (l == 0) return;
@@ -488,6 +519,23 @@ void WarpOnceImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes)
                  },
                  &ctx, nullptr);
   (void)lane;
+}
+
+void WarpLoadImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes) {
+  Emu& e = E();
+  if (bytes > sizeof(Warp::loaded[0])) {
+    std::fprintf(stderr, "ptdp::emu: WarpLoad of %zu bytes\n", bytes);
+    std::abort();
+  }
+  Warp& w = e.warps[size_t(e.current / kWarp)];
+  const int bank = int(w.gen & 1);  // the bank of the collective below (no yield in between)
+  const bool first = w.arrived == 0;
+  if (first) {
+    call(f);
+    std::memcpy(w.loaded[bank], out, bytes);
+  }
+  WarpCollective(op, 0xffffffffu, nullptr, 0, nullptr, nullptr, nullptr);
+  if (!first) std::memcpy(out, w.loaded[bank], bytes);
 }
 
 void SyncWarp(unsigned mask) { WarpCollective(2, mask, nullptr, 0, nullptr, nullptr, nullptr); }
@@ -578,8 +626,12 @@ void LdMatrixX4(uint32_t (&r)[4], const void* p, bool trans) {
     detail::Fail(detail::Where() + ": ldmatrix row address not on a 16-byte boundary");
     detail::Park();
   }
+  // Each lane's row is read as the lane arrives: a row another lane has yet to store (no
+  // __syncwarp or __syncthreads between) is read as it was.
+  uint16_t row[8];
+  std::memcpy(row, p, sizeof row);
   detail::WarpCollective(
-      trans ? 4 : 3, 0xffffffffu, &p, sizeof p,
+      trans ? 4 : 3, 0xffffffffu, row, sizeof row,
       [](const unsigned char (*in)[64], int lane, void* out, const void* extra) {
         const bool tr = *static_cast<const bool*>(extra);
         auto* reg = static_cast<uint32_t*>(out);
@@ -587,10 +639,8 @@ void LdMatrixX4(uint32_t (&r)[4], const void* p, bool trans) {
         for (int i = 0; i < 4; ++i) {
           uint16_t h[2];
           for (int e = 0; e < 2; ++e) {
-            const int row = tr ? 2 * t + e : g, col = tr ? g : 2 * t + e;
-            const uint16_t* rowp;
-            std::memcpy(&rowp, in[8 * i + row], sizeof rowp);
-            h[e] = rowp[col];
+            const int rw = tr ? 2 * t + e : g, col = tr ? g : 2 * t + e;
+            std::memcpy(&h[e], in[8 * i + rw] + 2 * col, 2);
           }
           reg[i] = uint32_t(h[0]) | (uint32_t(h[1]) << 16);
         }

@@ -71,12 +71,23 @@ std::map<void*, size_t>& Allocations() {
   return a;
 }
 
+size_t allocated = 0;  // bytes live on the emulated device (guarded by mu)
+
+// The device's memory is kDeviceBytes: more fails as cudaMalloc does, without asking the host.
 cudaError_t Allocate(void** p, size_t bytes) {
   if (p == nullptr) return Err(cudaErrorInvalidValue);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (bytes > kDeviceBytes - allocated) return Err(cudaErrorMemoryAllocation);
+    allocated += bytes;
+  }
   const size_t rounded = ((bytes == 0 ? 1 : bytes) + 255) / 256 * 256;
   void* q = std::aligned_alloc(256, rounded);
-  if (q == nullptr) return Err(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(mu);
+  if (q == nullptr) {
+    allocated -= bytes;
+    return Err(cudaErrorMemoryAllocation);
+  }
   Allocations()[q] = bytes;
   *p = q;
   return cudaSuccess;
@@ -86,7 +97,10 @@ cudaError_t Release(void* p) {
   if (p == nullptr) return cudaSuccess;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (Allocations().erase(p) == 0) return Err(cudaErrorInvalidValue);
+    auto it = Allocations().find(p);
+    if (it == Allocations().end()) return Err(cudaErrorInvalidValue);
+    allocated -= it->second;
+    Allocations().erase(it);
   }
   std::free(p);
   return cudaSuccess;
