@@ -20,6 +20,12 @@
 #   device run, carry [".gpu-carry", ".gpu-deps"], command: bash scripts/gpu-check.sh
 #   scripts/gpu-check.sh [OUT_DIR]     # default $OUT; GPU_CHECK_BUDGET_S (default 450) seconds
 #
+# A dry run without a GPU, of the script itself (its stages, the JSON it reads, the summary):
+# GPU_CHECK_EMULATE=build runs it on the CUDA emulator (runtime/cuda/emu) with build/'s binaries
+# and lib/ptdp/libptdp_cuda_emu.so, the emulated GPU tests, gpt-tiny for GPT-2 medium, no speed
+# probe, no GEMM benchmark and no calibration (the emulator's speed means nothing), e.g.
+#   GPU_CHECK_EMULATE=build GPU_CHECK_STEPS=4 GPU_CHECK_BUDGET_S=3000 scripts/gpu-check.sh /tmp/dry
+#
 # Nothing is unpacked into / (the device machine's notes warn against it): the build fallback
 # unpacks .gpu-deps/*.deb (scripts/gpu-deps.sh) into .gpu-deps/root and points CMake there.
 set -uo pipefail
@@ -52,7 +58,7 @@ finish() {
 trap finish EXIT
 # stage NAME LIMIT_S CMD...: CMD under a limit cut to the budget left (skipped below 20 s).
 stage() {
-  local name=$1 limit=$2 l rc
+  local name=$1 limit=$(( $2 * limit_scale )) l rc
   shift 2
   l=$(left)
   if (( l < 20 )); then
@@ -76,11 +82,22 @@ json() {  # json FILE PYTHON-EXPRESSION-OF-j: prints it, or "?"
 
 # ---- 1. the device: GPU, driver, toolkit, the CUDA libraries the binaries load
 say "== ptdp GPU check $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2> /dev/null || echo '?')"
-if ! nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader \
+emulate=${GPU_CHECK_EMULATE:-}
+train_flags=()
+limit_scale=1  # stage limits are a GPU's; the emulator's runs take several times longer
+if [ -n "$emulate" ]; then
+  export PTDP_CUDA_MODULE=$PWD/$emulate/lib/ptdp/libptdp_cuda_emu.so
+  [ -f "$PTDP_CUDA_MODULE" ] || { say "no emulated CUDA module: $PTDP_CUDA_MODULE"; exit 1; }
+  say "gpu: the CUDA emulator ($PTDP_CUDA_MODULE): a dry run of this script"
+  bin=$emulate
+  tests=("$emulate"/tests/runtime/cuda/*_emu_test)
+  train_flags=(--no-speed-probe)
+  limit_scale=8
+elif ! nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader \
      > "$work/gpu.txt" 2>&1; then
   say "no usable GPU: $(cat "$work/gpu.txt")"
   exit 1
-fi
+else
 say "gpu: $(head -1 "$work/gpu.txt")"
 say "toolkit: $(nvcc --version 2> /dev/null | tail -1 || echo 'no nvcc')"
 libpath=()
@@ -101,6 +118,7 @@ done
 [ -d /usr/local/cuda/lib64 ] && libpath+=(/usr/local/cuda/lib64)
 LD_LIBRARY_PATH="$(IFS=:; echo "${libpath[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
+fi
 
 # ---- 2. the binaries: carried, else built here
 usable() {  # usable DIR: its ptdp loads the CUDA module and sees a GPU
@@ -108,9 +126,8 @@ usable() {  # usable DIR: its ptdp loads the CUDA module and sees a GPU
   "$1/ptdp" info --json > "$work/info.json" 2> "$work/info.err" || return 1
   [ "$(json "$work/info.json" "'cuda' in j['backends']")" = True ]
 }
-bin=""
-tests=()
-if [ -d .gpu-carry/build ]; then
+[ -n "$emulate" ] || { bin=""; tests=(); }
+if [ -z "$bin" ] && [ -d .gpu-carry/build ]; then
   say "carried: $(head -2 .gpu-carry/MANIFEST 2> /dev/null | tr '\n' ' ')"
   built_from=$(awk 'NR == 1 {print $2}' .gpu-carry/MANIFEST 2> /dev/null)
   here=$(git rev-parse --short HEAD 2> /dev/null || echo '?')
@@ -168,7 +185,10 @@ for t in "${tests[@]}"; do
 done
 
 # ---- 4. GEMM (cuBLAS, the shapes the model runs) and communicators
-if stage gemm-bench 45 "$bin/bench/gemm_bench" --benchmark_min_time=0.1 > "$work/gemm.log" 2>&1; then :; fi
+if [ -n "$emulate" ]; then
+  say "gemm-bench: skipped (emulated)"
+  : > "$work/gemm.log"
+elif stage gemm-bench 45 "$bin/bench/gemm_bench" --benchmark_min_time=0.1 > "$work/gemm.log" 2>&1; then :; fi
 cat "$work/gemm.log"
 grep -E "^gemm.*TFLOP|peak" "$work/gemm.log" | head -32 | sed 's/^/  /' >> "$summary"
 grep -E "^attention/" "$work/gemm.log" | sed 's/^/  /' >> "$summary"
@@ -186,7 +206,8 @@ for (shape, pas, k), v in sorted(t.items()):
 PY
 
 # ---- 5. GPT-2 medium on the GPU: 1x1x1 at micro-batch 8 and 16 (MFU), tp 2 and pp 2 on one GPU
-model=configs/models/gpt2-medium.yaml
+model=${GPU_CHECK_MODEL:-configs/models/gpt2-medium.yaml}
+[ -n "$emulate" ] && model=${GPU_CHECK_MODEL:-configs/models/gpt-tiny.yaml}
 cluster=configs/clusters/dgx-h200.yaml
 steps=${GPU_CHECK_STEPS:-20}
 train() {  # train NAME GPUS "PLAN FLAGS" [TRAIN FLAGS...]
@@ -197,7 +218,7 @@ train() {  # train NAME GPUS "PLAN FLAGS" [TRAIN FLAGS...]
     --global-batch 16 --recompute none $flags --top 1 --out "$work/$name.plan.yaml" \
     > "$work/plan-$name.log" 2>&1 || { cat "$work/plan-$name.log"; return 1; }
   stage "train $name" 75 "$ptdp" train "$work/$name.plan.yaml" --backend cuda --steps "$steps" \
-    --timing-warmup 3 --out "$work/$name.measured.json" "$@"
+    --timing-warmup 3 --out "$work/$name.measured.json" "${train_flags[@]}" "$@"
   local m=$work/$name.measured.json
   [ -f "$m" ] || return 1
   say "  $name: step $(json "$m" "'%.1f ms' % (1e3 * j['summary']['median_step_time_s'])"), $(json "$m" "'%.0f tokens/s' % j['summary']['tokens_per_s']"), MFU $(json "$m" "'%.1f%%' % (100 * j['summary']['mfu'])"), peak $(json "$m" "'%.1f GiB' % (max(r['peak_memory_bytes'] for r in j['timing']['ranks']) / 2**30)"), loss $(json "$m" "'%.4f -> %.4f' % (j['steps'][0]['loss'], j['steps'][-1]['loss'])")"
@@ -223,7 +244,9 @@ against_1x1x1 tp2 pp2
 
 # ---- 6. calibrate this GPU, then compare the runs above with the calibrated cluster's model
 cal=$work/calibrated.yaml
-if stage calibrate 120 "$ptdp" calibrate --backend cuda --quick --out "$cal"; then
+if [ -n "$emulate" ]; then
+  say "calibrate: skipped (emulated)"
+elif stage calibrate 120 "$ptdp" calibrate --backend cuda --quick --out "$cal"; then
   for name in 1x1x1-mb8 1x1x1-mb16 tp2 pp2; do
     [ -f "$work/$name.measured.json" ] || continue
     "$ptdp" compare "$work/$name.plan.yaml" "$work/$name.measured.json" --cluster "$cal" \

@@ -60,7 +60,7 @@ Options GetOptions();
 // The first failure since the last call ("" if none), then cleared. A failed launch also sets the
 // sticky error cudaGetLastError() returns (cudaErrorLaunchFailure, or the configuration error).
 std::string TakeFailure();
-// Launches run since the process started (tests check that an op launched something).
+// Kernel launches since the process started, by every thread.
 int64_t Launches();
 
 namespace detail {
@@ -78,7 +78,8 @@ unsigned char* DynamicShared();
 using Body = void (*)(void* ctx);
 void Run(const void* kernel, dim3 grid, dim3 block, size_t smem, Body body, void* ctx);
 cudaError_t SetMaxDynamicShared(const void* kernel, int bytes);
-cudaError_t LastError();
+cudaError_t LastError();  // cudaGetLastError: the launch error, configuration errors cleared
+cudaError_t Fault();      // the sticky fault of a failed kernel (cudaSuccess if none), kept
 
 void SyncThreads();
 void SyncWarp(unsigned mask);

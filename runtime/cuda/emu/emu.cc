@@ -5,6 +5,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -66,6 +67,9 @@ ptdp_emu_switch:
 
 namespace ptdp::emu {
 namespace detail {
+
+std::atomic<int64_t> total_launches{0};  // every thread's (Launches())
+
 namespace {
 
 struct Context {
@@ -126,8 +130,10 @@ struct Fiber {
   std::unique_ptr<char[]> stack;
   Thread thread;
   bool done = false;
-  // What the fiber waits at (for the deadlock message): 0 running, 1 barrier, 2 warp op.
+  // What the fiber waits at: 0 nothing, 1 the block's barrier, 2 its warp's; until the
+  // barrier's generation passes wait_gen (the scheduler does not resume it before).
   int waiting = 0;
+  uint64_t wait_gen = 0;
   std::vector<Copy> open_group;            // cp.async copies not yet committed
   std::deque<std::vector<Copy>> in_flight;  // committed groups, oldest first
   void* fake_stack = nullptr;                // AddressSanitizer's, while switched away
@@ -150,7 +156,6 @@ struct Emu {
   Options options;
   std::string failure;
   cudaError_t sticky = cudaSuccess;
-  int64_t launches = 0;
   std::map<const void*, int> max_smem;  // cudaFuncSetAttribute per kernel
 
   // The running launch.
@@ -190,10 +195,15 @@ Options FromEnvironment() {
   return o;
 }
 
+// The calling thread's emulator. (Not initial-exec TLS, which would be cheaper: the emulated
+// CUDA module is dlopen'ed, and the static TLS block has no room left for it then.)
 Emu& E() {
   static thread_local Emu e;
-  static thread_local const bool configured = (e.options = FromEnvironment(), true);
-  (void)configured;
+  static thread_local bool configured = false;
+  if (__builtin_expect(!configured, 0)) {
+    e.options = FromEnvironment();
+    configured = true;
+  }
   return e;
 }
 
@@ -301,6 +311,8 @@ void RunBlock(const uint3& block_idx) {
     f.thread.block_idx = block_idx;
     f.done = false;
     f.waiting = 0;
+    f.open_group.clear();  // a stopped kernel's copies never land
+    f.in_flight.clear();
     MakeContext(f.ctx, f.stack.get(), kStackBytes, ThreadMain);
   }
   int alive = n;
@@ -310,6 +322,9 @@ void RunBlock(const uint3& block_idx) {
       const int i = e.options.reverse ? n - 1 - k : k;
       Fiber& f = e.fibers[size_t(i)];
       if (f.done) continue;
+      // Still waiting: not resumed (it would only yield back).
+      if (f.waiting == 1 && e.bar_gen == f.wait_gen) continue;
+      if (f.waiting == 2 && e.warps[size_t(i / kWarp)].gen == f.wait_gen) continue;
       e.current = i;
 #ifdef PTDP_EMU_ASAN
       __sanitizer_start_switch_fiber(&e.sched_fake_stack, f.stack.get(), kStackBytes);
@@ -360,13 +375,18 @@ cudaError_t LastError() {
   return s;
 }
 
+cudaError_t Fault() {
+  const cudaError_t s = E().sticky;
+  return s == cudaErrorLaunchFailure ? s : cudaSuccess;
+}
+
 void Run(const void* kernel, dim3 grid, dim3 block, size_t smem, Body body, void* ctx) {
   Emu& e = E();
   if (e.running) {
     std::fprintf(stderr, "ptdp::emu: a kernel launched from inside a kernel\n");
     std::abort();
   }
-  ++e.launches;
+  ++total_launches;
   if (e.sticky == cudaErrorLaunchFailure) return;  // a sticky fault: nothing runs any more
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   const bool bad_block = threads == 0 || threads > 1024 || block.z > 64;
@@ -420,6 +440,7 @@ void SyncThreads() {
   ++e.progress;
   MaybeReleaseBarrier();
   f.waiting = 1;
+  f.wait_gen = gen;
   while (e.bar_gen == gen) {
     if (e.abort) Park();
     Yield();
@@ -441,6 +462,7 @@ void WarpPhase(Warp& w) {
   }
   Fiber& f = e.fibers[size_t(e.current)];
   f.waiting = 2;
+  f.wait_gen = gen;
   while (w.gen == gen) {
     if (e.abort) Park();
     Yield();
@@ -590,7 +612,7 @@ std::string TakeFailure() {
   if (detail::E().sticky == cudaErrorLaunchFailure) detail::E().sticky = cudaSuccess;
   return f;
 }
-int64_t Launches() { return detail::E().launches; }
+int64_t Launches() { return detail::total_launches.load(); }
 
 // ---- ldmatrix and mma.sync, as PTX ISA defines them -------------------------------------------
 namespace {

@@ -14,8 +14,9 @@
 //   cuBLASLt: the same product with the epilogues the backend uses (BIAS, GELU_AUX_BIAS, DGELU;
 //   GeLU the tanh approximation, cuBLASLt's).
 // - Events: host clock readings (the emulator runs each kernel at its launch).
-// - NCCL: communicators of one rank, whose collectives copy (one device: NcclWorld's one rank
-//   per GPU); more ranks are refused with a message.
+// - NCCL: communicators of one rank, whose collectives copy and whose sends to itself meet its
+//   receives in a group (one device: NcclWorld's one rank per GPU); more ranks are refused with
+//   a message.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -27,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -55,6 +57,33 @@ struct cublasLtContext {};
 namespace {
 
 constexpr int kDevices = 1;
+
+// PTDP_CUDA_EMU_STATS=1: at exit, what the process asked of the emulated GPU (kernel launches,
+// library calls, host synchronizations and copies): the counts a real GPU's run makes too, e.g.
+// per training step, where each synchronization drains the GPU's queue.
+struct Stats {
+  std::atomic<int64_t> gemms{0}, lt_gemms{0}, syncs{0}, d2h{0}, h2d{0}, d2d{0}, mallocs{0},
+      frees{0}, nccl{0};
+  ~Stats() {
+    const char* on = std::getenv("PTDP_CUDA_EMU_STATS");
+    if (on == nullptr || *on == '\0' || *on == '0') return;
+    std::fprintf(stderr,
+                 "ptdp CUDA emulator: %lld kernel launches, %lld cuBLAS and %lld cuBLASLt GEMMs, "
+                 "%lld NCCL calls, %lld host synchronizations, copies %lld to the host, %lld from "
+                 "it, %lld on the device, %lld allocations, %lld frees\n",
+                 (long long)ptdp::emu::Launches(), (long long)gemms.load(),
+                 (long long)lt_gemms.load(), (long long)nccl.load(), (long long)syncs.load(),
+                 (long long)d2h.load(), (long long)h2d.load(), (long long)d2d.load(),
+                 (long long)mallocs.load(), (long long)frees.load());
+  }
+};
+Stats stats;
+
+void CountCopy(cudaMemcpyKind kind) {
+  if (kind == cudaMemcpyDeviceToHost) ++stats.d2h;
+  else if (kind == cudaMemcpyHostToDevice) ++stats.h2d;
+  else ++stats.d2d;
+}
 constexpr size_t kDeviceBytes = size_t(80) << 30;
 
 thread_local int current_device = 0;
@@ -76,6 +105,7 @@ size_t allocated = 0;  // bytes live on the emulated device (guarded by mu)
 // The device's memory is kDeviceBytes: more fails as cudaMalloc does, without asking the host.
 cudaError_t Allocate(void** p, size_t bytes) {
   if (p == nullptr) return Err(cudaErrorInvalidValue);
+  ++stats.mallocs;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (bytes > kDeviceBytes - allocated) return Err(cudaErrorMemoryAllocation);
@@ -95,6 +125,7 @@ cudaError_t Allocate(void** p, size_t bytes) {
 
 cudaError_t Release(void* p) {
   if (p == nullptr) return cudaSuccess;
+  ++stats.frees;
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = Allocations().find(p);
@@ -106,11 +137,9 @@ cudaError_t Release(void* p) {
   return cudaSuccess;
 }
 
-// The sticky failure of a kernel (cuda_emu.h), as an asynchronous fault surfaces on a GPU.
-cudaError_t KernelFault() {
-  const cudaError_t e = ptdp::emu::detail::LastError();
-  return e;
-}
+// The sticky failure of a kernel (cuda_emu.h), as an asynchronous fault surfaces on a GPU at
+// the next synchronization.
+cudaError_t KernelFault() { return ptdp::emu::detail::Fault(); }
 
 float Bf16ToFloat(uint16_t b) {
   const uint32_t bits = uint32_t(b) << 16;
@@ -245,16 +274,38 @@ ncclResult_t FreeComm(ncclComm_t c) {
   delete reinterpret_cast<Comm*>(c);
   return ncclSuccess;
 }
-ncclResult_t CopyElems(void* dst, const void* src, size_t count, ncclDataType_t t) {
-  size_t size = 0;
+size_t ElemBytes(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: size = 1; break;
-    case ncclFloat16: case ncclBfloat16: size = 2; break;
-    case ncclInt32: case ncclUint32: case ncclFloat32: size = 4; break;
-    case ncclInt64: case ncclUint64: case ncclFloat64: size = 8; break;
-    default: return NcclFail(ncclInvalidArgument, "data type " + std::to_string(int(t)));
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
   }
+}
+ncclResult_t CopyElems(void* dst, const void* src, size_t count, ncclDataType_t t) {
+  const size_t size = ElemBytes(t);
+  if (size == 0) return NcclFail(ncclInvalidArgument, "data type " + std::to_string(int(t)));
   if (dst != src && count > 0) std::memmove(dst, src, count * size);
+  return ncclSuccess;
+}
+// Point-to-point in a one-rank communicator: to and from rank 0 itself, inside a group.
+struct SelfCopy {
+  void* ptr;
+  size_t bytes;
+};
+thread_local int nccl_group_depth = 0;
+thread_local std::vector<SelfCopy> nccl_sends, nccl_recvs;
+ncclResult_t SelfTransfer(std::vector<SelfCopy>& queue, void* buf, size_t count, ncclDataType_t t,
+                          int peer, const char* what) {
+  if (peer != 0)
+    return NcclFail(ncclInvalidArgument, std::string(what) + " peer " + std::to_string(peer) +
+                                             " in a one-rank communicator");
+  if (nccl_group_depth == 0)
+    return NcclFail(ncclInvalidUsage, std::string(what) + " self outside a group (it would wait "
+                                                          "for itself)");
+  if (ElemBytes(t) == 0) return NcclFail(ncclInvalidArgument, "data type " + std::to_string(int(t)));
+  queue.push_back(SelfCopy{buf, count * ElemBytes(t)});
   return ncclSuccess;
 }
 
@@ -264,12 +315,15 @@ extern "C" {
 
 // ---- runtime: errors and versions ------------------------------------------------------------------
 cudaError_t cudaGetLastError(void) {
-  cudaError_t e = KernelFault();
+  cudaError_t e = ptdp::emu::detail::LastError();  // a launch's error first
   if (e == cudaSuccess) e = runtime_error;
   runtime_error = cudaSuccess;
   return e;
 }
-cudaError_t cudaPeekAtLastError(void) { return runtime_error; }
+cudaError_t cudaPeekAtLastError(void) {
+  const cudaError_t e = KernelFault();
+  return e != cudaSuccess ? e : runtime_error;
+}
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "cudaSuccess";
@@ -343,7 +397,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   }
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return KernelFault(); }
+cudaError_t cudaDeviceSynchronize(void) {
+  ++stats.syncs;
+  return KernelFault();
+}
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
   static CUmemPoolHandle_st the_pool;
   if (device < 0 || device >= kDevices) return Err(cudaErrorInvalidDevice);
@@ -357,16 +414,21 @@ cudaError_t cudaMalloc(void** p, size_t bytes) { return Allocate(p, bytes); }
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return Allocate(p, bytes); }
 cudaError_t cudaFree(void* p) { return Release(p); }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return Release(p); }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  CountCopy(kind);
+  ++stats.syncs;  // synchronous
   if (n > 0) std::memmove(dst, src, n);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  CountCopy(kind);
   if (n > 0) std::memmove(dst, src, n);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
-                              size_t width, size_t height, cudaMemcpyKind, cudaStream_t) {
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
+  CountCopy(kind);
   if (width > dpitch || width > spitch) return Err(cudaErrorInvalidPitchValue);
   for (size_t r = 0; r < height; ++r)
     std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
@@ -392,7 +454,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete s;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return KernelFault(); }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  ++stats.syncs;
+  return KernelFault();
+}
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = new CUevent_st;
   return cudaSuccess;
@@ -409,7 +474,10 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
   e->recorded = true;
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return KernelFault(); }
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  ++stats.syncs;
+  return KernelFault();
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   if (!a->recorded || !b->recorded) return Err(cudaErrorInvalidResourceHandle);
   *ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
@@ -450,6 +518,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa, cublasOper
                             cudaDataType at, int lda, const void* B, cudaDataType bt, int ldb,
                             const void* beta, void* C, cudaDataType ct, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
+  ++stats.gemms;
   return Gemm(transa, transb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, compute);
 }
 
@@ -461,6 +530,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t tran
                                           const void* beta, void* C, cudaDataType ct, int ldc,
                                           long long stride_c, int batch,
                                           cublasComputeType_t compute, cublasGemmAlgo_t) {
+  ++stats.gemms;
   auto at_ = [](const void* p, cudaDataType t, long long off) {
     return static_cast<const char*>(p) + off * (t == CUDA_R_16BF ? 2 : 4);
   };
@@ -564,6 +634,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
                               cublasLtMatrixLayout_t bdesc, const void* beta, const void* C,
                               cublasLtMatrixLayout_t cdesc, void* D, cublasLtMatrixLayout_t ddesc,
                               const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
+  ++stats.lt_gemms;
   LtDesc x;
   LtLayout la, lb, lc, ld;
   {
@@ -651,33 +722,58 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* e) {
 ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
 ncclResult_t ncclCommDestroy(ncclComm_t comm) { return FreeComm(comm); }
 ncclResult_t ncclCommAbort(ncclComm_t comm) { return FreeComm(comm); }
-ncclResult_t ncclGroupStart() { return ncclSuccess; }
-ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+ncclResult_t ncclGroupStart() {
+  ++nccl_group_depth;
+  return ncclSuccess;
+}
+// The group's sends to self meet its receives from self in order, as NCCL pairs them.
+ncclResult_t ncclGroupEnd() {
+  if (nccl_group_depth == 0) return NcclFail(ncclInvalidUsage, "ncclGroupEnd without a start");
+  if (--nccl_group_depth > 0) return ncclSuccess;
+  std::vector<SelfCopy> sends, recvs;
+  sends.swap(nccl_sends);
+  recvs.swap(nccl_recvs);
+  if (sends.size() != recvs.size())
+    return NcclFail(ncclInvalidUsage, std::to_string(sends.size()) + " sends to self, " +
+                                          std::to_string(recvs.size()) + " receives");
+  for (size_t i = 0; i < sends.size(); ++i) {
+    if (sends[i].bytes != recvs[i].bytes)
+      return NcclFail(ncclInvalidUsage, "send and receive to self of different sizes");
+    if (sends[i].bytes > 0) std::memmove(recvs[i].ptr, sends[i].ptr, sends[i].bytes);
+  }
+  return ncclSuccess;
+}
 // With one rank every collective is a copy of the input.
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t,
                            ncclRedOp_t, ncclComm_t, cudaStream_t) {
+  ++stats.nccl;
   return CopyElems(recv, send, count, t);
 }
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t t,
                            ncclComm_t, cudaStream_t) {
+  ++stats.nccl;
   return CopyElems(recv, send, count, t);
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t t,
                                ncclRedOp_t, ncclComm_t, cudaStream_t) {
+  ++stats.nccl;
   return CopyElems(recv, send, count, t);
 }
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root,
                            ncclComm_t, cudaStream_t) {
+  ++stats.nccl;
   if (root != 0) return NcclFail(ncclInvalidArgument, "broadcast root " + std::to_string(root));
   return CopyElems(recv, send, count, t);
 }
-ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int peer, ncclComm_t, cudaStream_t) {
-  return NcclFail(ncclInvalidUsage, "send to peer " + std::to_string(peer) +
-                                        " in a one-rank communicator");
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t,
+                      cudaStream_t) {
+  ++stats.nccl;
+  return SelfTransfer(nccl_sends, const_cast<void*>(buf), count, t, peer, "send to");
 }
-ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int peer, ncclComm_t, cudaStream_t) {
-  return NcclFail(ncclInvalidUsage, "receive from peer " + std::to_string(peer) +
-                                        " in a one-rank communicator");
+ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t,
+                      cudaStream_t) {
+  ++stats.nccl;
+  return SelfTransfer(nccl_recvs, buf, count, t, peer, "receive from");
 }
 
 }  // extern "C"

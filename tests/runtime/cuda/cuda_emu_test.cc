@@ -1,33 +1,16 @@
-// The CUDA backend's own kernels (runtime/cuda/kernels.cu, flash_attention.cu) run on the CPU by
-// the CUDA emulator (runtime/cuda/emu/cuda_emu.h) and compared with the CPU backend, the same
-// references and tolerances as the GPU tests (cuda_backend_test.cc) use. Runs on every machine
-// the CUDA backend builds on, GPU or not: the kernels' indexing, bounds (under the sanitizers),
-// barriers, warp collectives, shared-memory layouts and launch configurations are checked here
-// first; the GPU tests remain the judge of the device itself (cuda_emu.h says what differs).
-// Each kernel test runs in three schedules (EmuSchedule): threads and blocks in order, in reverse
-// order, and with cp.async copies landing as late as a GPU may land them, so that a missing
-// barrier or wait shows as a wrong result in at least one.
+// The CUDA emulator itself (runtime/cuda/emu/cuda_emu.h): warp shuffles, barriers and shared
+// memory in both schedules, and the failures it reports where CUDA leaves the behaviour undefined
+// or refuses a launch. The backend's kernels run on it in the GPU tests' emulated twins
+// (cuda_backend_emu_test and the others, in each schedule: tests/runtime/cuda/CMakeLists.txt).
 #include "runtime/cuda/emu/cuda_emu.h"
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "runtime/cpu/cpu_backend.h"
-#include "runtime/cuda/flash_attention.cuh"
-#include "runtime/cuda/kernels.cuh"
-
 namespace ptdp::rt::cuda {
 namespace {
-
-namespace k = kernels;
-using bf16 = __nv_bfloat16;
 
 // ---- the emulator itself ---------------------------------------------------------------------------
 
@@ -109,149 +92,6 @@ TEST(CudaEmu, ReportsWhatAGpuLeavesUndefined) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   EXPECT_EQ(emu::TakeFailure(), "");
   emu::SetOptions({});
-}
-
-// ---- kernels against the CPU backend -------------------------------------------------------------
-
-std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-double MaxAbs(const std::vector<float>& v) {
-  double m = 0.0;
-  for (float x : v) m = std::max(m, double(std::fabs(x)));
-  return m;
-}
-
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, double abs_tol,
-                 double rel_tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int bad = 0;
-  double worst = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - double(want[i]));
-    if (!(err <= worst)) worst = err;  // NaN included
-    if (!(err <= abs_tol + rel_tol * std::fabs(want[i])) && bad++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs CPU " << want[i];
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size()
-                    << " elements out of tolerance, largest error " << worst;
-}
-
-struct Schedule {
-  const char* name;
-  emu::Options options;
-};
-const Schedule kSchedules[] = {{"in_order", {false, false, true}},
-                               {"reversed", {true, false, true}},
-                               {"late_cp_async", {false, true, true}}};
-
-class EmuKernelTest : public ::testing::TestWithParam<Schedule> {
- protected:
-  void SetUp() override {
-    emu::SetOptions(GetParam().options);
-    emu::TakeFailure();
-  }
-  void TearDown() override {
-    EXPECT_EQ(emu::TakeFailure(), "") << "the emulator's checks";
-    emu::SetOptions({});
-  }
-  // A tensor of the CPU backend holding v (fp32, or rounded to bf16).
-  Tensor T(const Shape& shape, DType dt, const std::vector<float>& v = {}) {
-    Tensor t = *cpu.Alloc(shape, dt);
-    if (!v.empty()) {
-      EXPECT_TRUE(cpu.CopyFromHost(v.data(), t).ok());
-    }
-    return t;
-  }
-  std::vector<float> Host(const Tensor& t) {
-    std::vector<float> v(size_t(t.numel()));
-    EXPECT_TRUE(cpu.CopyToHost(t, v.data()).ok());
-    return v;
-  }
-  template <typename X>
-  static X* P(const Tensor& t) {
-    return static_cast<X*>(t.data());
-  }
-  CpuBackend cpu;
-};
-INSTANTIATE_TEST_SUITE_P(Emu, EmuKernelTest, ::testing::ValuesIn(kSchedules),
-                         [](const ::testing::TestParamInfo<Schedule>& i) { return std::string(i.param.name); });
-
-// ---- flash attention ------------------------------------------------------------------------------
-
-struct FlashCase {
-  k::FlashVariant variant;
-  TokenOrder order;
-  int64_t b, s, nh, d;
-};
-
-std::string Describe(const FlashCase& c) {
-  return std::string(c.variant == k::FlashVariant::kMma ? "mma" : "wmma") +
-         (c.order == TokenOrder::kBatchFirst ? " batch-first" : " seq-first") + " b " +
-         std::to_string(c.b) + " s " + std::to_string(c.s) + " nh " + std::to_string(c.nh) +
-         " d " + std::to_string(c.d);
-}
-
-// The GPU test's shapes (cuda_backend_test.cc, AttentionCases) that the emulator runs in seconds:
-// d 16 (padded to 64), 64 over three tiles, 96 and 80 (padded to 128), one token; both variants.
-std::vector<FlashCase> FlashCases() {
-  std::vector<FlashCase> cases;
-  for (k::FlashVariant v : {k::FlashVariant::kWmma, k::FlashVariant::kMma}) {
-    cases.push_back({v, TokenOrder::kSeqFirst, 2, 67, 3, 16});
-    cases.push_back({v, TokenOrder::kBatchFirst, 1, 130, 1, 64});
-    cases.push_back({v, TokenOrder::kSeqFirst, 1, 80, 1, 96});
-    cases.push_back({v, TokenOrder::kBatchFirst, 2, 1, 2, 80});
-  }
-  return cases;
-}
-
-TEST_P(EmuKernelTest, FlashAttentionAgainstCpu) {
-  for (const FlashCase& c : FlashCases()) {
-    for (DType dt : {DType::kBF16, DType::kF32}) {
-      const std::string what = Describe(c) + (dt == DType::kBF16 ? " bf16 rows" : " fp32 rows");
-      const int64_t a = c.nh * c.d;
-      const bool bf = c.order == TokenOrder::kBatchFirst;
-      const Shape in = bf ? Shape{c.b, c.s, 3 * a} : Shape{c.s, c.b, 3 * a};
-      const Shape os = bf ? Shape{c.b, c.s, a} : Shape{c.s, c.b, a};
-      Tensor qkv = T(in, dt, Random(size_t(c.b * c.s * 3 * a), 98));
-      Tensor out = T(os, dt), saved = T(cpu.AttentionSavedShape(c.b, c.s, c.nh, c.d), DType::kF32);
-      cpu.AttentionForward(qkv, c.nh, c.order, out, saved);
-      const k::HeadLayout lay{c.b, c.s, c.nh, c.d, 3, !bf};
-      Tensor eout = T(os, dt), lse = T({c.b, c.nh, c.s}, DType::kF32);
-      Tensor dout = T(os, dt, Random(size_t(c.b * c.s * a), 99));
-      Tensor dqkv = T(in, dt), edqkv = T(in, dt), delta = T({c.b, c.nh, c.s}, DType::kF32);
-      cudaError_t e;
-      if (dt == DType::kBF16) {
-        e = k::FlashAttentionForward(P<bf16>(qkv), lay, P<bf16>(eout), P<float>(lse), nullptr,
-                                     c.variant);
-      } else {
-        e = k::FlashAttentionForward(P<float>(qkv), lay, P<float>(eout), P<float>(lse), nullptr,
-                                     c.variant);
-      }
-      ASSERT_EQ(e, cudaSuccess) << what << ": " << emu::TakeFailure();
-      ASSERT_EQ(emu::TakeFailure(), "") << what;
-      // The GPU test's tolerance (cuda_backend_test.cc, ForwardAndBackwardAgainstCpu).
-      ExpectClose(Host(eout), Host(out), 0.02, 0, what + " out");
-      cpu.AttentionBackward(dout, qkv, out, saved, c.nh, c.order, dqkv);
-      if (dt == DType::kBF16) {
-        e = k::FlashAttentionBackward(P<bf16>(dout), P<bf16>(qkv), P<bf16>(eout), P<float>(lse),
-                                      lay, P<float>(delta), P<bf16>(edqkv), nullptr, c.variant);
-      } else {
-        e = k::FlashAttentionBackward(P<float>(dout), P<float>(qkv), P<float>(eout),
-                                      P<float>(lse), lay, P<float>(delta), P<float>(edqkv),
-                                      nullptr, c.variant);
-      }
-      ASSERT_EQ(e, cudaSuccess) << what << ": " << emu::TakeFailure();
-      ASSERT_EQ(emu::TakeFailure(), "") << what;
-      const std::vector<float> want = Host(dqkv);
-      ExpectClose(Host(edqkv), want, 5e-2 * MaxAbs(want), 0, what + " dqkv");
-    }
-  }
 }
 
 }  // namespace

@@ -147,7 +147,10 @@ std::vector<GroupSet> TestSets(int n) {
 }
 
 std::vector<int> HalfOf(int n, int r) {
-  for (const auto& g : TestSets(n)[1].groups)
+  // A named copy: a range-for over a member of the temporary TestSets(n) would read it after its
+  // end (C++20 extends only the range expression's own temporary).
+  const std::vector<GroupSet> sets = TestSets(n);
+  for (const auto& g : sets[1].groups)
     if (std::find(g.begin(), g.end(), r) != g.end()) return g;
   return {};
 }
