@@ -11,8 +11,8 @@
 # (carried from the dev machine, .gpu-carry/ by scripts/gpu-carry.sh, else built here);
 # the GPU unit tests (every kernel against the CPU backend, the flash attention kernels among
 # them); the GEMM and attention benchmark (both flash kernels against unfused); GPT-2 medium
-# 1x1x1 at micro-batch 8 and 16 (MFU); tp 2 and pp 2 on the one GPU (DeviceWorld) against the
-# 1x1x1 losses; `calibrate --backend cuda --quick` and `compare` on the calibrated cluster; last,
+# 1x1x1 at micro-batch 8 and 16 (MFU), and its device time op by op (PTDP_CUDA_PROFILE); tp 2
+# and pp 2 on the one GPU (DeviceWorld) against the 1x1x1 losses; `calibrate --backend cuda --quick` and `compare` on the calibrated cluster; last,
 # 1x1x1 with PTDP_CUDA_ATTENTION=flash-mma (the register-resident flash kernels) and =unfused,
 # with PTDP_CUDA_EPILOGUE=off (bias and GeLU as separate kernels) and with --fp32-activations
 # (the path before bf16 storage), speed and losses against the bf16 flash run.
@@ -225,6 +225,15 @@ train() {  # train NAME GPUS "PLAN FLAGS" [TRAIN FLAGS...]
 }
 train 1x1x1-mb8 1 "--tp 1 --pp 1 --micro-batch 8"
 train 1x1x1-mb16 1 "--tp 1 --pp 1 --micro-batch 16"
+# Where the 1x1x1 step's device time goes, op by op and shape by shape (PTDP_CUDA_PROFILE: events
+# around each op, so not a timed run), the largest first, into the summary.
+if [ -f "$work/1x1x1-mb8.plan.yaml" ]; then
+  PTDP_CUDA_PROFILE=1 stage "profile 1x1x1-mb8" 60 "$ptdp" train "$work/1x1x1-mb8.plan.yaml" \
+    --backend cuda --steps 5 --timing-warmup 1 --out "$work/profile.measured.json" \
+    "${train_flags[@]}" > "$work/profile.log" 2>&1
+  cat "$work/profile.log"
+  sed -n '/^CUDA op profile/,/ all$/p' "$work/profile.log" | head -32 | sed 's/^/  /' >> "$summary"
+fi
 train tp2 2 "--tp 2 --pp 1 --micro-batch 8" --one-gpu
 train pp2 2 "--tp 1 --pp 2 --micro-batch 8" --one-gpu
 ref=$work/1x1x1-mb8.measured.json

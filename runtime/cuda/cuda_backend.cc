@@ -11,9 +11,11 @@
 
 #include <cassert>
 #include <climits>
+#include <cstdio>
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <mutex>
 #include <optional>
@@ -26,6 +28,7 @@
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/flash_attention.cuh"
 #include "runtime/cuda/kernels.cuh"
+#include "runtime/cuda/op_profile.h"
 
 namespace ptdp::rt::cuda {
 namespace {
@@ -165,19 +168,58 @@ struct CudaBackend::Impl {
   ~Impl();
   Status Init();
 
-  // Called first by every compute op: makes the device current and clears a stale error of an
-  // earlier call (already returned by that call) so that it is not blamed on this op's
-  // launches. False when a failure is pending: the op is then skipped.
-  bool Begin() {
-    if (shared->failed.load()) return false;
+  // PTDP_CUDA_PROFILE=1: device time per op (op_profile.h), printed when the backend goes.
+  std::unique_ptr<OpProfile> profile;
+
+  // An op in progress (Begin's result): false when the op must be skipped; ends the op's
+  // profile record when it goes (at the end of the op's function).
+  class Op {
+   public:
+    Op(Impl* im, bool ok) : im_(im), ok_(ok) {}
+    Op(const Op&) = delete;
+    Op& operator=(const Op&) = delete;
+    ~Op() {
+      if (im_ != nullptr && im_->profile) im_->profile->End(im_->stream);
+    }
+    explicit operator bool() const { return ok_; }
+
+   private:
+    Impl* im_;
+    bool ok_;
+  };
+  // Called first by every compute op (`name`: its name, for the profile; nullptr for none):
+  // makes the device current and clears a stale error of an earlier call (already returned by
+  // that call) so that it is not blamed on this op's launches. False when a failure is pending:
+  // the op is then skipped.
+  Op Begin(const char* name) {
+    if (shared->failed.load()) return Op(nullptr, false);
     Status s = PTDP_CUDA_STATUS(cudaSetDevice(options.device));
     if (!s.ok()) {
       (void)cudaGetLastError();
       shared->Record(s);
-      return false;
+      return Op(nullptr, false);
     }
     (void)cudaGetLastError();
-    return true;
+    if (!profile || name == nullptr) return Op(nullptr, true);
+    profile->Begin(name, stream);
+    return Op(this, true);
+  }
+  // The running op's shape and floating-point operations, for the profile.
+  void Annotate(int64_t m, int64_t p, int64_t k, int64_t batch) {
+    if (!profile) return;
+    std::string shape = std::to_string(m) + "x" + std::to_string(p) + "x" + std::to_string(k);
+    if (batch != 1) shape = std::to_string(batch) + " x " + shape;
+    profile->Annotate(shape, 2.0 * double(m) * double(p) * double(k) * double(batch));
+  }
+  // The causal attention core's useful FLOPs (no recomputation): 2 b nh s^2 d forward (two
+  // products, half of each score matrix), twice that backward.
+  void AnnotateAttention(int64_t b, int64_t s, int64_t nh, int64_t d, bool backward, bool flash) {
+    if (!profile) return;
+    const std::string shape = std::string(flash ? "flash" : "unfused") + " b" + std::to_string(b) +
+                              " s" + std::to_string(s) + " nh" + std::to_string(nh) + " d" +
+                              std::to_string(d);
+    const double fwd = 2.0 * double(b) * double(nh) * double(s) * double(s) * double(d);
+    profile->Annotate(shape, backward ? 2.0 * fwd : fwd);
   }
   // Records a failure (the next Synchronize returns it); true when s is OK.
   bool Check(const Status& s) {
@@ -271,6 +313,7 @@ Status CudaBackend::Impl::Init() {
   PTDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace, kCublasWorkspaceBytes));
   PTDP_CUDA_RETURN_IF_ERROR(cublasSetWorkspace(cublas, workspace, kCublasWorkspaceBytes));
   PTDP_CUDA_RETURN_IF_ERROR(cublasLtCreate(&lt));
+  if (OpProfile::Requested()) profile = std::make_unique<OpProfile>();
   std::lock_guard<std::mutex> lock(shared->mu);
   shared->stream = stream;
   return Status::Ok();
@@ -280,6 +323,12 @@ CudaBackend::Impl::~Impl() {
   if (stream != nullptr) {
     (void)cudaSetDevice(options.device);
     (void)cudaStreamSynchronize(stream);
+  }
+  if (profile) {
+    (void)profile->Resolve();
+    const std::string table = profile->Table(name);
+    if (!table.empty()) std::fprintf(stderr, "%s", table.c_str());
+    profile.reset();
   }
   {
     std::lock_guard<std::mutex> lock(shared->mu);
@@ -372,6 +421,7 @@ void CudaBackend::ResetPeak() { impl_->shared->peak.store(impl_->shared->current
 Status CudaBackend::Synchronize() {
   Status s = PTDP_CUDA_STATUS(cudaSetDevice(impl_->options.device));
   if (s.ok()) s = PTDP_CUDA_STATUS(cudaStreamSynchronize(impl_->stream));
+  if (s.ok() && impl_->profile) s = impl_->profile->Resolve();
   if (!s.ok()) {
     (void)cudaGetLastError();
     impl_->shared->Record(s);
@@ -384,7 +434,7 @@ Status CudaBackend::Synchronize() {
 int CudaBackend::Mark() {
   Impl& im = *impl_;
   const int index = int(im.marks);
-  if (!im.Begin()) {
+  if (!im.Begin(nullptr)) {
     ++im.marks;
     return index;
   }
@@ -405,7 +455,7 @@ double CudaBackend::MarkSeconds(int a, int b) {
   Impl& im = *impl_;
   if (a < 0 || b < 0 || size_t(std::max(a, b)) >= std::min(im.marks, im.events.size()))
     return 0.0;
-  if (!im.Begin()) return 0.0;
+  if (!im.Begin(nullptr)) return 0.0;
   float ms = 0.0f;
   if (!im.Check(PTDP_CUDA_STATUS(cudaEventSynchronize(im.events[size_t(b)])))) return 0.0;
   if (!im.Check(PTDP_CUDA_STATUS(
@@ -490,6 +540,7 @@ void CudaBackend::Impl::Gemm(const char* op, const Operand& a, const Operand& b,
       a.dtype == DType::kBF16 || options.gemm != GemmPrecision::kBf16
           ? CUBLAS_COMPUTE_32F
           : CUBLAS_COMPUTE_32F_FAST_16BF;
+  Annotate(m, p, k, batch);
   const cudaDataType_t ab = CudaType(a.dtype), ct = CudaType(c_dtype);
   const cublasOperation_t op_a = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -510,7 +561,8 @@ void CudaBackend::Matmul(const Tensor& a, bool trans_a, const Tensor& b, bool tr
   const int64_t m = trans_a ? Cols(a) : Rows(a), k = trans_a ? Rows(a) : Cols(a);
   const int64_t p = trans_b ? Rows(b) : Cols(b);
   assert(Rows(c) == m && Cols(c) == p && (trans_b ? Cols(b) : Rows(b)) == k);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Gemm("Matmul", TensorOperand(a, Rows(a), Cols(a), trans_a, 0),
               TensorOperand(b, Rows(b), Cols(b), trans_b, 0), c.data(), c.dtype(), m, p, k, alpha,
               beta, 1, 0);
@@ -524,7 +576,8 @@ void CudaBackend::MatmulBatched(const Tensor& a, bool trans_a, const Tensor& b, 
   const int64_t ar = a.shape()[1], ac = a.shape()[2], br = b.shape()[1], bc = b.shape()[2];
   const int64_t m = trans_a ? ac : ar, k = trans_a ? ar : ac, p = trans_b ? br : bc;
   assert(c.shape()[1] == m && c.shape()[2] == p && (trans_b ? bc : br) == k);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Gemm("MatmulBatched", TensorOperand(a, ar, ac, trans_a, ar * ac),
               TensorOperand(b, br, bc, trans_b, br * bc), c.data(), c.dtype(), m, p, k, alpha,
               beta, batch, m * p);
@@ -642,6 +695,7 @@ bool CudaBackend::Impl::EpilogueGemm(const Tensor& a, bool trans_a, const Tensor
     it = lt_algos.emplace(key, algo).first;
   }
   if (!it->second) return false;
+  Annotate(m, p, k, 1);
   const float alpha = 1.0f, beta = 0.0f;
   void* out = d.data();
   const cublasStatus_t s =
@@ -664,7 +718,8 @@ bool CudaBackend::FusesGemmEpilogues(DType act) const {
 void CudaBackend::MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                              const Tensor& bias, Tensor& c) {
   assert(bias.numel() == Cols(c));
-  if (impl_->Begin() &&
+  const auto began = impl_->Begin(__func__);
+  if (began &&
       impl_->EpilogueGemm(a, trans_a, b, trans_b, Impl::Epilogue::kBias, &bias, nullptr, c))
     return;
   Backend::MatmulBias(a, trans_a, b, trans_b, bias, c);
@@ -673,7 +728,8 @@ void CudaBackend::MatmulBias(const Tensor& a, bool trans_a, const Tensor& b, boo
 void CudaBackend::MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                                  const Tensor& bias, Tensor& pre, Tensor& act) {
   assert(bias.numel() == Cols(pre) && act.numel() == pre.numel());
-  if (impl_->Begin() &&
+  const auto began = impl_->Begin(__func__);
+  if (began &&
       impl_->EpilogueGemm(a, trans_a, b, trans_b, Impl::Epilogue::kBiasGelu, &bias, &pre, act))
     return;
   Backend::MatmulBiasGelu(a, trans_a, b, trans_b, bias, pre, act);
@@ -682,7 +738,8 @@ void CudaBackend::MatmulBiasGelu(const Tensor& a, bool trans_a, const Tensor& b,
 void CudaBackend::MatmulGeluBackward(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                                      const Tensor& pre, Tensor& dx) {
   assert(pre.numel() == dx.numel() && pre.data() != dx.data());
-  if (impl_->Begin() &&
+  const auto began = impl_->Begin(__func__);
+  if (began &&
       impl_->EpilogueGemm(a, trans_a, b, trans_b, Impl::Epilogue::kDGelu, nullptr, &pre, dx))
     return;
   Backend::MatmulGeluBackward(a, trans_a, b, trans_b, pre, dx);
@@ -692,7 +749,8 @@ void CudaBackend::MatmulGeluBackward(const Tensor& a, bool trans_a, const Tensor
 
 void CudaBackend::AddBias(Tensor& y, const Tensor& bias) {
   assert(bias.numel() == Cols(y));
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(y.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::AddBias(Out<T>(y), In<T>(bias), Rows(y), Cols(y), impl_->stream);
@@ -702,7 +760,8 @@ void CudaBackend::AddBias(Tensor& y, const Tensor& bias) {
 void CudaBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
   const int64_t n = Rows(dy), c = Cols(dy);
   assert(dbias.numel() == c);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   const kernels::RowSplit split = kernels::SplitRows(n);
   if (split.chunks == 0 || c == 0) return;
   Result<Tensor> partials = impl_->Scratch("BiasGrad", Shape{split.chunks, c});
@@ -719,7 +778,8 @@ void CudaBackend::BiasGrad(const Tensor& dy, Tensor& dbias) {
 
 void CudaBackend::AddBiasResidual(Tensor& x, const Tensor& bias, const Tensor& residual) {
   assert(bias.numel() == Cols(x) && residual.numel() == x.numel());
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::AddBiasResidual(Out<T>(x), In<T>(bias), In<T>(residual), Rows(x), Cols(x),
@@ -733,7 +793,8 @@ void CudaBackend::AddBiasResidualLayerNorm(Tensor& x, const Tensor& bias, const 
   const int64_t n = Rows(x), c = Cols(x);
   assert(bias.numel() == c && residual.numel() == x.numel() && y.numel() == x.numel());
   assert(gamma.numel() == c && beta.numel() == c && mean.numel() == n && rstd.numel() == n);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::AddBiasResidualLayerNorm(Out<T>(x), In<T>(bias), In<T>(residual),
@@ -747,7 +808,8 @@ void CudaBackend::LayerNormForward(const Tensor& x, const Tensor& gamma, const T
   const int64_t n = Rows(x), c = Cols(x);
   assert(y.numel() == x.numel() && gamma.numel() == c && beta.numel() == c);
   assert(mean.numel() == n && rstd.numel() == n);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::LayerNormForward(In<T>(x), In<T>(gamma), In<T>(beta), eps, n, c, Out<T>(y),
@@ -762,7 +824,8 @@ void CudaBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Ten
   assert(dy.numel() == x.numel() && dx.numel() == x.numel());
   assert(gamma.numel() == c && dgamma.numel() == c && dbeta.numel() == c);
   assert(mean.numel() == n && rstd.numel() == n);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   cudaStream_t st = impl_->stream;
   impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -790,7 +853,8 @@ void CudaBackend::LayerNormBackward(const Tensor& dy, const Tensor& x, const Ten
 
 void CudaBackend::GeluForward(const Tensor& x, Tensor& y) {
   assert(y.numel() == x.numel());
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::GeluForward(In<T>(x), Out<T>(y), x.numel(), impl_->stream);
@@ -799,7 +863,8 @@ void CudaBackend::GeluForward(const Tensor& x, Tensor& y) {
 
 void CudaBackend::GeluBackward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   assert(dy.numel() == x.numel() && dx.numel() == x.numel());
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::GeluBackward(In<T>(dy), In<T>(x), Out<T>(dx), x.numel(), impl_->stream);
@@ -841,7 +906,9 @@ void CudaBackend::AttentionForward(const Tensor& qkv, int64_t nh, TokenOrder ord
   const int64_t a = Cols(qkv) / 3, d = a / nh, l = b * nh, x = l * s * d;
   assert(Cols(qkv) == 3 * a && a == nh * d && out.numel() == b * s * a);
   assert(saved.shape() == AttentionSavedShape(b, s, nh, d));
-  if (!impl_->Begin() || x == 0) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began || x == 0) return;
+  impl_->AnnotateAttention(b, s, nh, d, /*backward=*/false, UsesFlashAttention(d));
   const bool seq_first = order == TokenOrder::kSeqFirst;
   cudaStream_t st = impl_->stream;
   if (UsesFlashAttention(d)) {
@@ -893,7 +960,9 @@ void CudaBackend::AttentionBackward(const Tensor& dout, const Tensor& qkv, const
   assert(a == nh * d && dout.numel() == b * s * a && dqkv.shape() == qkv.shape());
   assert(out.numel() == dout.numel());
   assert(saved.shape() == AttentionSavedShape(b, s, nh, d));
-  if (!impl_->Begin() || x == 0) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began || x == 0) return;
+  impl_->AnnotateAttention(b, s, nh, d, /*backward=*/true, UsesFlashAttention(d));
   const bool seq_first = order == TokenOrder::kSeqFirst;
   cudaStream_t st = impl_->stream;
   const char* op = "AttentionBackward";
@@ -971,7 +1040,8 @@ void CudaBackend::AttentionBlockForward(const Tensor& qkv, const SeqBlock& qpos,
                                         Tensor& lse) {
   assert(qkv.shape().rank() == 3 && kv.shape().rank() == 3 && Cols(kv) * 3 == Cols(qkv) * 2);
   assert(qkv.shape()[0] == 2 * qpos.len && kv.shape()[0] == 2 * kpos.len);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::AttentionBlockForward(In<T>(qkv), In<T>(kv), BlockArgs(qkv, qpos, kpos, nh),
@@ -985,7 +1055,8 @@ void CudaBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv,
                                          const Tensor& lse, int64_t nh, Tensor& dqkv,
                                          Tensor& dkv) {
   assert(dqkv.shape() == qkv.shape() && dkv.shape() == kv.shape());
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::AttentionBlockBackward(In<T>(dout), In<T>(qkv), In<T>(kv), In<T>(out),
@@ -996,7 +1067,8 @@ void CudaBackend::AttentionBlockBackward(const Tensor& dout, const Tensor& qkv,
 
 void CudaBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {
   assert(scale.numel() == Rows(x) && out.numel() == x.numel());
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto xt) {
     return ByType(out.dtype(), [&](auto ot) {
       using X = decltype(xt);
@@ -1009,7 +1081,8 @@ void CudaBackend::ScaleRows(const Tensor& x, const Tensor& scale, Tensor& out) {
 
 void CudaBackend::RowDot(const Tensor& a, const Tensor& b, Tensor& out) {
   assert(b.numel() == a.numel() && out.numel() == Rows(a));
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(a.dtype(), [&](auto at) {
     return ByType(b.dtype(), [&](auto bt) {
       using A = decltype(at);
@@ -1023,7 +1096,8 @@ void CudaBackend::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, i
                               int64_t ncols) {
   const int64_t rows = Rows(src), ws = Cols(src), wd = Cols(dst);
   assert(Rows(dst) == rows && src_col + ncols <= ws && dst_col + ncols <= wd);
-  if (!impl_->Begin() || rows == 0 || ncols == 0) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began || rows == 0 || ncols == 0) return;
   assert(src.dtype() == dst.dtype());
   const size_t f = DTypeBytes(src.dtype());
   impl_->Check(PTDP_CUDA_STATUS(cudaMemcpy2DAsync(
@@ -1038,7 +1112,8 @@ void CudaBackend::EmbeddingForward(const Tensor& tokens, const Tensor& table, in
                                    Tensor& out) {
   const int64_t n = tokens.numel(), v = Rows(table), h = Cols(table);
   assert(out.numel() == n * h);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(table.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::EmbeddingForward(I32(tokens), n, In<T>(table), v, h, vocab_start, Out<T>(out),
@@ -1050,7 +1125,8 @@ void CudaBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, in
                                     Tensor& dtable) {
   const int64_t n = tokens.numel(), v = Rows(dtable), h = Cols(dtable);
   assert(dout.numel() == n * h);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(dout.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::EmbeddingBackward(In<T>(dout), I32(tokens), n, vocab_start, v, h,
@@ -1062,7 +1138,8 @@ void CudaBackend::EmbeddingBackward(const Tensor& dout, const Tensor& tokens, in
 
 void CudaBackend::CrossEntropyMax(const Tensor& logits, Tensor& row_max) {
   assert(row_max.numel() == Rows(logits));
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::CrossEntropyMax(In<T>(logits), Rows(logits), Cols(logits), MutF32(row_max),
@@ -1073,7 +1150,8 @@ void CudaBackend::CrossEntropyMax(const Tensor& logits, Tensor& row_max) {
 void CudaBackend::CrossEntropySumExp(const Tensor& logits, const Tensor& row_max,
                                      Tensor& sum_exp) {
   assert(row_max.numel() == Rows(logits) && sum_exp.numel() == Rows(logits));
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::CrossEntropySumExp(In<T>(logits), F32(row_max), Rows(logits), Cols(logits),
@@ -1084,7 +1162,8 @@ void CudaBackend::CrossEntropySumExp(const Tensor& logits, const Tensor& row_max
 void CudaBackend::CrossEntropyTarget(const Tensor& logits, const Tensor& targets,
                                      int64_t vocab_start, Tensor& target_logit) {
   assert(targets.numel() == Rows(logits) && target_logit.numel() == Rows(logits));
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::CrossEntropyTarget(In<T>(logits), I32(targets), Rows(logits), Cols(logits),
@@ -1096,7 +1175,8 @@ void CudaBackend::CrossEntropyLoss(const Tensor& row_max, const Tensor& sum_exp,
                                    const Tensor& target_logit, Tensor& loss) {
   const int64_t n = row_max.numel();
   assert(sum_exp.numel() == n && target_logit.numel() == n && loss.numel() == n);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(kernels::CrossEntropyLoss(
       F32(row_max), F32(sum_exp), F32(target_logit), n, MutF32(loss), impl_->stream)));
 }
@@ -1107,7 +1187,8 @@ void CudaBackend::CrossEntropyBackward(const Tensor& logits, const Tensor& targe
   const int64_t n = Rows(logits), v = Cols(logits);
   assert(targets.numel() == n && row_max.numel() == n && sum_exp.numel() == n);
   assert(dlogits.numel() == logits.numel());
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::CrossEntropyBackward(In<T>(logits), I32(targets), n, v, vocab_start,
@@ -1120,7 +1201,8 @@ void CudaBackend::CrossEntropyBackward(const Tensor& logits, const Tensor& targe
 
 void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
   assert(a.numel() == out.numel() && b.numel() == out.numel());
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(a.dtype(), [&](auto at) {
     return ByType(b.dtype(), [&](auto bt) {
       return ByType(out.dtype(), [&](auto ot) {
@@ -1135,7 +1217,8 @@ void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void CudaBackend::Axpy(float alpha, const Tensor& x, Tensor& y) {
   assert(x.numel() == y.numel());
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto xt) {
     return ByType(y.dtype(), [&](auto yt) {
       using X = decltype(xt);
@@ -1146,7 +1229,8 @@ void CudaBackend::Axpy(float alpha, const Tensor& x, Tensor& y) {
 }
 
 void CudaBackend::Scale(float alpha, Tensor& x) {
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::Scale(alpha, Out<T>(x), x.numel(), impl_->stream);
@@ -1154,7 +1238,8 @@ void CudaBackend::Scale(float alpha, Tensor& x) {
 }
 
 void CudaBackend::Fill(float value, Tensor& x) {
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Check(PTDP_CUDA_STATUS(ByType(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     return kernels::Fill(value, Out<T>(x), x.numel(), impl_->stream);
@@ -1163,7 +1248,8 @@ void CudaBackend::Fill(float value, Tensor& x) {
 
 void CudaBackend::Copy(const Tensor& src, Tensor& dst) {
   assert(src.numel() == dst.numel());
-  if (!impl_->Begin() || src.numel() == 0) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began || src.numel() == 0) return;
   if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
     impl_->Check(PTDP_CUDA_STATUS(
         kernels::ToBf16(F32(src), Out<kernels::bf16>(dst), src.numel(), impl_->stream)));
@@ -1193,13 +1279,15 @@ void CudaBackend::Impl::Reduce(const char* op, const Tensor& x, bool squares, Te
 
 void CudaBackend::SumSquares(const Tensor& x, Tensor& out) {
   assert(out.numel() == 1);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Reduce("SumSquares", x, /*squares=*/true, out);
 }
 
 void CudaBackend::Sum(const Tensor& x, Tensor& out) {
   assert(out.numel() == 1);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   impl_->Reduce("Sum", x, /*squares=*/false, out);
 }
 
@@ -1209,7 +1297,8 @@ void CudaBackend::AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                         const AdamWConfig& cfg) {
   assert(grad.numel() == param.numel() && m.numel() == param.numel() &&
          v.numel() == param.numel() && cfg.step >= 1);
-  if (!impl_->Begin()) return;
+  const auto began = impl_->Begin(__func__);
+  if (!began) return;
   // The bias corrections as the CPU backend computes them (fp32 pow on the host).
   const kernels::AdamWArgs args{cfg.lr,
                                 cfg.beta1,

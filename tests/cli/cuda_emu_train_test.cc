@@ -34,7 +34,8 @@ class CudaEmuTrain : public ::testing::Test {
   // Plans gpt-tiny with `layout` on `gpus` GPUs and trains it `steps` steps with the CUDA
   // backend; returns measured.json.
   nlohmann::json Train(const std::string& name, int gpus, const std::string& layout,
-                       const std::string& env = "", const std::string& flags = "") {
+                       const std::string& env = "", const std::string& flags = "",
+                       std::string* log = nullptr) {
     const std::string plan = dir + "/" + name + ".plan.yaml", out = dir + "/" + name + ".json";
     CmdResult r = Ptdp("plan --cluster " + kSrc + "/configs/clusters/dgx-h200.yaml --model " +
                        kSrc + "/configs/models/gpt-tiny.yaml --gpus " + std::to_string(gpus) +
@@ -45,6 +46,7 @@ class CudaEmuTrain : public ::testing::Test {
                  flags + " --out " + out,
              env);
     EXPECT_EQ(r.code, 0) << r.out;
+    if (log != nullptr) *log = r.out;
     std::ifstream f(out);
     if (!f) return nlohmann::json();
     return nlohmann::json::parse(f);
@@ -96,6 +98,21 @@ TEST_F(CudaEmuTrain, LayoutsAndKernelChoicesAgreeWithOneGpu) {
     const std::vector<double> got = Losses(Train(run.name, run.gpus, run.layout, run.env, run.flags));
     EXPECT_LT(MaxDiff(ref, got), 5e-3) << run.name;
   }
+}
+
+// PTDP_CUDA_PROFILE=1: when the backend goes, a table of the device time per op and shape
+// (runtime/cuda/op_profile.h), the GEMMs and attention with their TFLOP/s; gpu-check puts it in
+// its summary. The emulator's times mean nothing: this checks what the table holds.
+TEST_F(CudaEmuTrain, ProfileListsTheOpsWithShapes) {
+  std::string log;
+  Train("profile", 1, "--tp 1 --pp 1", "PTDP_CUDA_PROFILE=1", "", &log);
+  ASSERT_NE(log.find("CUDA op profile, CUDA device 0"), std::string::npos) << log;
+  // gpt-tiny: b 2, s 64, 4 heads of 16; hidden 64, vocabulary 256, 2 micro-batches of 128 tokens.
+  for (const char* row : {"AttentionForward flash b2 s64 nh4 d16", "AttentionBackward flash",
+                          "MatmulBiasGelu 128x256x64", "LayerNormForward", "AdamW",
+                          "(between ops", " all"})
+    EXPECT_NE(log.find(row), std::string::npos) << row << "\n" << log;
+  EXPECT_EQ(log.find("Mark"), std::string::npos) << "phase marks are not ops";
 }
 
 }  // namespace
