@@ -102,28 +102,32 @@ void WarpStep(int op, F&& f) {
       const_cast<void*>(static_cast<const void*>(&f)), nullptr);
 }
 
+// A callable as a plain function and its object (what the out-of-line Impl functions take).
+struct Callback {
+  void (*call)(void*);
+  void* f;
+};
+template <typename F>
+Callback AsCallback(F& f) {
+  return {[](void* fn) { (*static_cast<F*>(fn))(); }, const_cast<void*>(static_cast<const void*>(&f))};
+}
+
 // A warp-wide load: `f` (which reads memory into `bytes` <= 4096 at `out`) run by the first lane
 // of the warp to arrive, before the others have (so before their earlier stores: without a
 // __syncwarp those need not be visible, and here they are not); every lane then takes its copy.
-void WarpLoadImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes);
+void WarpLoadImpl(int op, Callback f, void* out, size_t bytes);
 template <typename F>
 void WarpLoad(int op, F&& f, void* out, size_t bytes) {
-  using Fn = std::remove_reference_t<F>;
-  WarpLoadImpl(
-      op, [](void* fn) { (*static_cast<Fn*>(fn))(); },
-      const_cast<void*>(static_cast<const void*>(&f)), out, bytes);
+  WarpLoadImpl(op, AsCallback(f), out, bytes);
 }
 
 // `f` (which writes `bytes` <= 4096 at `out`) run by one lane of the warp, the others taking a
 // copy of its result: for warp-wide operations whose inputs every lane holds alike (WMMA's
 // mma_sync on whole-tile fragments), done once instead of 32 times.
-void WarpOnceImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes);
+void WarpOnceImpl(int op, Callback f, void* out, size_t bytes);
 template <typename F>
 void WarpOnce(int op, F&& f, void* out, size_t bytes) {
-  using Fn = std::remove_reference_t<F>;
-  WarpOnceImpl(
-      op, [](void* fn) { (*static_cast<Fn*>(fn))(); },
-      const_cast<void*>(static_cast<const void*>(&f)), out, bytes);
+  WarpOnceImpl(op, AsCallback(f), out, bytes);
 }
 
 // cp.async: copy `src_bytes` (0..16) of src to dst and zero the rest of the 16 bytes.

@@ -432,6 +432,20 @@ void Run(const void* kernel, dim3 grid, dim3 block, size_t smem, Body body, void
   e.running = false;
 }
 
+namespace {
+// Parks the calling fiber until `counter` (a barrier's generation) passes `gen`: kind 1 the
+// block's barrier, 2 its warp's (what the scheduler checks before resuming it).
+void WaitFor(Fiber& f, int kind, uint64_t gen, const uint64_t& counter) {
+  f.waiting = kind;
+  f.wait_gen = gen;
+  while (counter == gen) {
+    if (E().abort) Park();
+    Yield();
+  }
+  f.waiting = 0;
+}
+}  // namespace
+
 void SyncThreads() {
   Emu& e = E();
   Fiber& f = e.fibers[size_t(e.current)];
@@ -439,13 +453,7 @@ void SyncThreads() {
   ++e.bar_arrived;
   ++e.progress;
   MaybeReleaseBarrier();
-  f.waiting = 1;
-  f.wait_gen = gen;
-  while (e.bar_gen == gen) {
-    if (e.abort) Park();
-    Yield();
-  }
-  f.waiting = 0;
+  WaitFor(f, 1, gen, e.bar_gen);
 }
 
 namespace {
@@ -460,14 +468,7 @@ void WarpPhase(Warp& w) {
     ++w.gen;
     return;
   }
-  Fiber& f = e.fibers[size_t(e.current)];
-  f.waiting = 2;
-  f.wait_gen = gen;
-  while (w.gen == gen) {
-    if (e.abort) Park();
-    Yield();
-  }
-  f.waiting = 0;
+  WaitFor(e.fibers[size_t(e.current)], 2, gen, w.gen);
 }
 }  // namespace
 
@@ -507,7 +508,7 @@ void WarpCollective(int op, unsigned mask, const void* in, size_t in_bytes, Comp
   if (compute != nullptr) compute(w.slot[bank], lane, out, extra);
 }
 
-void WarpOnceImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes) {
+void WarpOnceImpl(int op, Callback f, void* out, size_t bytes) {
   Emu& e = E();
   if (bytes > sizeof(Warp::shared)) {
     std::fprintf(stderr, "ptdp::emu: WarpOnce of %zu bytes\n", bytes);
@@ -516,18 +517,17 @@ void WarpOnceImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes)
   const int lane = e.current % kWarp;
   Warp& w = e.warps[size_t(e.current / kWarp)];
   struct Ctx {
-    void (*call)(void*);
-    void* f;
+    Callback f;
     void* out;
     size_t bytes;
     Warp* w;
-  } ctx{call, f, out, bytes, &w};
+  } ctx{f, out, bytes, &w};
   // All lanes arrive; then lane 0 computes and publishes.
   WarpCollective(op, 0xffffffffu, nullptr, 0,
                  [](const unsigned char (*)[64], int l, void* c, const void*) {
                    if (l != 0) return;
                    auto* x = static_cast<Ctx*>(c);
-                   x->call(x->f);
+                   x->f.call(x->f.f);
                    std::memcpy(x->w->shared, x->out, x->bytes);
                  },
                  &ctx, nullptr);
@@ -543,7 +543,7 @@ void WarpOnceImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes)
   (void)lane;
 }
 
-void WarpLoadImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes) {
+void WarpLoadImpl(int op, Callback f, void* out, size_t bytes) {
   Emu& e = E();
   if (bytes > sizeof(Warp::loaded[0])) {
     std::fprintf(stderr, "ptdp::emu: WarpLoad of %zu bytes\n", bytes);
@@ -553,7 +553,7 @@ void WarpLoadImpl(int op, void (*call)(void*), void* f, void* out, size_t bytes)
   const int bank = int(w.gen & 1);  // the bank of the collective below (no yield in between)
   const bool first = w.arrived == 0;
   if (first) {
-    call(f);
+    f.call(f.f);
     std::memcpy(w.loaded[bank], out, bytes);
   }
   WarpCollective(op, 0xffffffffu, nullptr, 0, nullptr, nullptr, nullptr);
