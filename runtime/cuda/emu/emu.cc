@@ -164,7 +164,8 @@ struct Emu {
   std::vector<unsigned char> smem;
   Body body = nullptr;
   void* body_ctx = nullptr;
-  std::vector<Fiber> fibers;
+  std::vector<Fiber> fibers;  // the first nthreads are this launch's block
+  int nthreads = 0;
   int current = -1;
   Context scheduler;
   int exited = 0;
@@ -255,7 +256,7 @@ void PerformCopies(const std::vector<Copy>& group) {
 
 void MaybeReleaseBarrier() {
   Emu& e = E();
-  const int n = int(e.fibers.size());
+  const int n = e.nthreads;
   if (e.bar_arrived > 0 && e.bar_arrived + e.exited == n) {
     if (e.exited > 0) {
       Fail("__syncthreads reached by " + std::to_string(e.bar_arrived) + " of " +
@@ -338,8 +339,8 @@ void RunBlock(const uint3& block_idx) {
     }
     if (alive > 0 && e.progress == before && !e.abort) {
       int at_barrier = 0, at_warp = 0;
-      for (const Fiber& f : e.fibers)
-        if (!f.done) (f.waiting == 1 ? at_barrier : at_warp) += 1;
+      for (int i = 0; i < n; ++i)
+        if (!e.fibers[size_t(i)].done) (e.fibers[size_t(i)].waiting == 1 ? at_barrier : at_warp) += 1;
       Fail("deadlock: " + std::to_string(at_barrier) + " threads wait at __syncthreads, " +
            std::to_string(at_warp) + " at warp-collective operations, " +
            std::to_string(e.exited) + " returned");
@@ -419,10 +420,11 @@ void Run(const void* kernel, dim3 grid, dim3 block, size_t smem, Body body, void
   e.smem.assign(smem + 16, 0xff);
   e.body = body;
   e.body_ctx = ctx;
+  // The fibers (and their stacks) of the largest block so far stay for the next launches.
   if (e.fibers.size() < threads) e.fibers.resize(threads);
   for (Fiber& f : e.fibers)
     if (!f.stack) f.stack.reset(new char[kStackBytes]);
-  e.fibers.resize(threads);
+  e.nthreads = int(threads);
   const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
   for (uint64_t k = 0; k < blocks && !e.abort; ++k) {
     const uint64_t b = e.options.reverse ? blocks - 1 - k : k;
