@@ -1,18 +1,19 @@
-// A CUDA emulator for the backend's own kernels (kernels.cu, flash_attention.cu), so that every
-// kernel runs and is checked on a machine without a GPU (tests/runtime/cuda_emu_test.cc). The
-// .cu files are compiled as C++ with this header included first (runtime/cuda/emu/
-// CMakeLists.txt; cmake/cuda_emu_source.cmake rewrites each `kernel<<<grid, block, smem,
+// A CUDA emulator for the backend's own kernels (kernels.cu, flash_attention.cu, device_reduce.cu),
+// so that every kernel runs and is checked on a machine without a GPU (README.md here; the GPU
+// tests' emulated twins in tests/runtime/cuda, with fake_cuda.cc standing in for the CUDA
+// libraries). The .cu files are compiled as C++ with this header included first
+// (runtime/cuda/emu/CMakeLists.txt; to_cpp.pl rewrites each `kernel<<<grid, block, smem,
 // stream>>>(args)` into `::ptdp::emu::Launch(kernel, grid, block, smem, stream)(args)` and each
 // `extern __shared__ ... name[];` into a pointer to the launch's dynamic shared memory).
 //
-// What runs: every thread of a block is a fiber (ucontext) on the calling thread; a block's
+// What runs: every thread of a block is a fiber on the calling thread (emu.cc); a block's
 // fibers run in turn, each until it reaches a barrier or a warp-collective operation, then the
 // next; blocks run one after the other. So the kernels' index arithmetic, bounds, shared-memory
 // layout, barriers and warp collectives run as written, on host memory (device pointers are host
 // pointers here), and the sanitizers (make test-asan) see every out-of-bounds access.
 //
-// What is checked beyond the results (each a failure Failure() reports, with the kernel
-// stopped):
+// What is checked beyond the results (each a failure TakeFailure() returns and stderr shows, the
+// kernel stopped):
 // - a __syncthreads that not every thread of the block reaches (a thread that returned early, or
 //   threads at different barriers), and warp collectives (__shfl_xor_sync, __syncwarp, ldmatrix,
 //   mma.sync) that not all 32 lanes of the mask reach, or reach with different operations;
@@ -21,15 +22,16 @@
 //   kernel's limit, or above the device's 227 KiB (sm_90);
 // - deadlock: a pass over the block's fibers in which none advances.
 // Options (SetOptions; a host thread's first from PTDP_CUDA_EMU_SCHEDULE) vary what the hardware
-// leaves free, so that races show as wrong results:
-// the order in which a block's threads and the grid's blocks run (forward or reverse), and when a
-// cp.async copy lands (at once, or only when cp.async.wait_group makes the thread wait for it:
-// the latest a GPU may land it).
+// leaves free, so that races show as wrong results: the order in which a block's threads and the
+// grid's blocks run (forward or reverse), and when a cp.async copy lands (at once, or only when
+// cp.async.wait_group makes the thread wait for it: the latest a GPU may land it). Within a warp,
+// WMMA loads read the tile when the first lane arrives and ldmatrix each row as its lane
+// arrives, so a store not yet ordered by __syncwarp is not seen.
 //
 // What is not the GPU's: WMMA fragments hold the whole tile in every lane (the layout is
-// unspecified by CUDA; our kernels only scale every element alike); the tensor-core products
-// (WMMA, mma.sync) sum in fp32 in k order; device math (expf, exp2f, rsqrtf, tanhf) is the
-// host's; memory ordering between threads is sequential. Results therefore match the GPU's
+// unspecified by CUDA; our kernels only scale every element alike) and the product is computed
+// once a warp; the tensor-core products (WMMA, mma.sync) sum in fp32 in k order; device math
+// (expf, exp2f, rsqrtf, tanhf) is the host's; between warps memory is sequentially consistent. Results therefore match the GPU's
 // within the tolerances of the GPU tests, not bit for bit; the GPU tests (tests/runtime/cuda)
 // stay the judge of the device.
 #pragma once
