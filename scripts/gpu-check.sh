@@ -232,7 +232,7 @@ if [ -f "$work/1x1x1-mb8.plan.yaml" ]; then
     --backend cuda --steps 5 --timing-warmup 1 --out "$work/profile.measured.json" \
     "${train_flags[@]}" > "$work/profile.log" 2>&1
   cat "$work/profile.log"
-  sed -n '/^CUDA op profile/,/ all$/p' "$work/profile.log" | head -32 | sed 's/^/  /' >> "$summary"
+  sed -n '/^CUDA op profile/,/ all$/p' "$work/profile.log" | head -44 | sed 's/^/  /' >> "$summary"
 fi
 train tp2 2 "--tp 2 --pp 1 --micro-batch 8" --one-gpu
 train pp2 2 "--tp 1 --pp 2 --micro-batch 8" --one-gpu
