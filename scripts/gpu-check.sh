@@ -12,10 +12,11 @@
 # the GPU unit tests (every kernel against the CPU backend, the flash attention kernels among
 # them); the GEMM and attention benchmark (both flash kernels against unfused); GPT-2 medium
 # 1x1x1 at micro-batch 8 and 16 (MFU), and its device time op by op (PTDP_CUDA_PROFILE); tp 2
-# and pp 2 on the one GPU (DeviceWorld) against the 1x1x1 losses; `calibrate --backend cuda --quick` and `compare` on the calibrated cluster; last,
-# 1x1x1 with PTDP_CUDA_ATTENTION=flash-mma (the register-resident flash kernels) and =unfused,
-# with PTDP_CUDA_EPILOGUE=off (bias and GeLU as separate kernels) and with --fp32-activations
-# (the path before bf16 storage), speed and losses against the bf16 flash run.
+# and pp 2 on the one GPU (DeviceWorld) against the 1x1x1 losses; `calibrate --backend cuda
+# --quick` and `compare` on the calibrated cluster; last, 1x1x1 with
+# PTDP_CUDA_ATTENTION=flash-mma (the register-resident flash kernels) and =unfused, with
+# PTDP_CUDA_EPILOGUE=off (bias and GeLU as separate kernels) and with --fp32-activations (the
+# path before bf16 storage), speed and losses against the bf16 flash run.
 #
 #   device run, carry [".gpu-carry", ".gpu-deps"], command: bash scripts/gpu-check.sh
 #   scripts/gpu-check.sh [OUT_DIR]     # default $OUT; GPU_CHECK_BUDGET_S (default 450) seconds
