@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/bf16.h"
 #include "runtime/cuda/emu/cuda_emu.h"
 
 #if defined(__has_feature)
@@ -516,7 +517,6 @@ void WarpOnceImpl(int op, Callback f, void* out, size_t bytes) {
     std::fprintf(stderr, "ptdp::emu: WarpOnce of %zu bytes\n", bytes);
     std::abort();
   }
-  const int lane = e.current % kWarp;
   Warp& w = e.warps[size_t(e.current / kWarp)];
   struct Ctx {
     Callback f;
@@ -542,7 +542,6 @@ void WarpOnceImpl(int op, Callback f, void* out, size_t bytes) {
                    std::memcpy(x->out, x->w->shared, x->bytes);
                  },
                  &ctx, nullptr);
-  (void)lane;
 }
 
 void WarpLoadImpl(int op, Callback f, void* out, size_t bytes) {
@@ -619,18 +618,9 @@ int64_t Launches() { return detail::total_launches.load(); }
 // ---- ldmatrix and mma.sync, as PTX ISA defines them -------------------------------------------
 namespace {
 
-float Bf16Lo(uint32_t r) {
-  const uint32_t bits = (r & 0xffffu) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-float Bf16Hi(uint32_t r) {
-  const uint32_t bits = r & 0xffff0000u;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+// The two bf16 halves of a 32-bit register, the lower first (runtime/bf16.h).
+float Bf16Lo(uint32_t r) { return rt::Bf16ToFloat(uint16_t(r & 0xffffu)); }
+float Bf16Hi(uint32_t r) { return rt::Bf16ToFloat(uint16_t(r >> 16)); }
 
 struct MmaIn {
   float c[4];

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "runtime/bf16.h"
 #include "runtime/cuda/emu/cuda_emu.h"
 
 // cuda_emu.h's macros are for kernel sources; here are the functions themselves.
@@ -141,20 +142,9 @@ cudaError_t Release(void* p) {
 // the next synchronization.
 cudaError_t KernelFault() { return ptdp::emu::detail::Fault(); }
 
-float Bf16ToFloat(uint16_t b) {
-  const uint32_t bits = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-uint16_t FloatToBf16(float f) {  // round to nearest even, NaN kept quiet
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return uint16_t(bits >> 16);
-}
-float Round(float f) { return Bf16ToFloat(FloatToBf16(f)); }
+using ptdp::rt::Bf16Bits;  // runtime/bf16.h: CUDA's round to nearest even, on the host
+using ptdp::rt::Bf16Round;
+using ptdp::rt::Bf16ToFloat;
 
 float Load(const void* p, cudaDataType t, int64_t i) {
   return t == CUDA_R_16BF ? Bf16ToFloat(static_cast<const uint16_t*>(p)[i])
@@ -162,7 +152,7 @@ float Load(const void* p, cudaDataType t, int64_t i) {
 }
 void Store(void* p, cudaDataType t, int64_t i, float v) {
   if (t == CUDA_R_16BF) {
-    static_cast<uint16_t*>(p)[i] = FloatToBf16(v);
+    static_cast<uint16_t*>(p)[i] = Bf16Bits(v);
   } else {
     static_cast<float*>(p)[i] = v;
   }
@@ -181,12 +171,12 @@ Matrix Product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
   for (int64_t i = 0; i < m; ++i)
     for (int64_t l = 0; l < k; ++l) {
       const float v = Load(a, at, ta ? l + i * lda : i + l * lda);
-      A[size_t(i * k + l)] = round_inputs ? Round(v) : v;
+      A[size_t(i * k + l)] = round_inputs ? Bf16Round(v) : v;
     }
   for (int64_t j = 0; j < n; ++j)
     for (int64_t l = 0; l < k; ++l) {
       const float v = Load(b, bt, tb ? j + l * ldb : l + j * ldb);
-      B[size_t(j * k + l)] = round_inputs ? Round(v) : v;
+      B[size_t(j * k + l)] = round_inputs ? Bf16Round(v) : v;
     }
   Matrix p{m, n, std::vector<float>(size_t(m * n))};
   for (int64_t j = 0; j < n; ++j)
