@@ -42,14 +42,33 @@ std::vector<NamedList> OpLists(const AnalyticModel& cost, const Layout& l) {
   std::vector<NamedList> out;
   const ModelSpec& m = cost.model();
   const OpShape shape = cost.Shape(l);
+  if (m.hybrid()) {  // each kind of layer the pattern has: "mamba layer forward", ...
+    const LayerCounts n = m.layer_counts(0, m.layers);
+    for (int k = 0; k < kLayerKinds; ++k) {
+      if (n.n[size_t(k)] <= 0) continue;
+      LayerOps ops;
+      BuildLayerOps(m, shape, &ops, LayerKind(k));
+      static const char* const kNames[kLayerKinds][3] = {
+          {"layer forward", "layer recompute", "layer backward"},
+          {"moe layer forward", "moe layer recompute", "moe layer backward"},
+          {"mamba layer forward", "mamba layer recompute", "mamba layer backward"},
+          {"attention layer forward", "attention layer recompute", "attention layer backward"},
+          {"mlp layer forward", "mlp layer recompute", "mlp layer backward"},
+          {"moe-mlp layer forward", "moe-mlp layer recompute", "moe-mlp layer backward"}};
+      const char* const* name = kNames[k];
+      out.push_back({name[0], ops.forward, {}});
+      if (ops.recompute.size > 0) out.push_back({name[1], ops.recompute, {}});
+      out.push_back({name[2], ops.backward, ops.recompute});
+    }
+  }
   // An MoE model: its dense layers (if any) and its MoE layers, each their own lists.
-  const bool dense = m.moe_layers() < m.layers;
+  const bool dense = !m.hybrid() && m.moe_layers() < m.layers;
   if (dense) {
     out.push_back({"layer forward", layer.forward, {}});
     if (layer.recompute.size > 0) out.push_back({"layer recompute", layer.recompute, {}});
     out.push_back({"layer backward", layer.backward, layer.recompute});
   }
-  if (m.moe()) {
+  if (m.moe() && !m.hybrid()) {
     LayerOps moe;
     BuildLayerOps(m, shape, &moe, /*moe=*/true);
     out.push_back({"moe layer forward", moe.forward, {}});

@@ -88,7 +88,8 @@ TorchrunGrid ChooseTorchrunGrid(int world, int tp, int gpus_per_node, int nodes,
 }
 
 std::string MoeLayerFreq(const ModelSpec& m) {
-  if (!m.moe() || m.moe_layers() == m.layers) return "";
+  // A hybrid model places its MoE layers by its pattern (E).
+  if (!m.moe() || m.hybrid() || m.moe_layers() == m.layers) return "";
   const int64_t first = std::min(m.moe_dense_layers_first, m.layers);
   const int64_t step = std::max<int64_t>(1, m.moe_layer_step);
   const int64_t periods = (m.layers - first) / step;
@@ -195,6 +196,16 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
   a.Add("--num-layers " + std::to_string(m.layers) + " --hidden-size " + std::to_string(m.hidden) +
         " --ffn-hidden-size " + std::to_string(m.ffn_hidden) + " --num-attention-heads " +
         std::to_string(m.heads));
+  // A hybrid model (pretrain_hybrid.py): its pattern (arguments.py derives --num-layers from
+  // it; the same count here) and the Mamba-2 mixer's sizes (TransformerConfig's mamba_* fields).
+  if (m.hybrid()) {
+    a.Add("--hybrid-layer-pattern '" + m.hybrid_pattern + "'");
+    if (m.mamba_num_heads > 0)
+      a.Add("--mamba-num-heads " + std::to_string(m.mamba_num_heads) + " --mamba-head-dim " +
+            std::to_string(m.mamba_head_dim) + " --mamba-num-groups " +
+            std::to_string(m.mamba_num_groups) + " --mamba-state-dim " +
+            std::to_string(m.mamba_state_dim));
+  }
   // Multi-latent attention excludes --group-query-attention (validate_args).
   if (m.kv_heads != m.heads && !m.mla())
     a.Add("--group-query-attention --num-query-groups " + std::to_string(m.kv_heads));
@@ -223,6 +234,9 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
       warnings.push_back("ALiBi: Megatron-LM has no ALiBi position bias (BLOOM trained with "
                          "Megatron-DeepSpeed); this command builds no position embedding in its "
                          "place (--position-embedding-type none)");
+      a.Add("--position-embedding-type none");
+      break;
+    case PositionEmbedding::kNone:
       a.Add("--position-embedding-type none");
       break;
   }
@@ -338,12 +352,13 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
   a.Add("--train-iters " + (train_iters > 0 ? std::to_string(train_iters) : "${TRAIN_ITERS}"));
   a.Add("--lr ${LR} --min-lr ${MIN_LR} --lr-decay-style cosine --lr-warmup-iters ${LR_WARMUP_ITERS}");
 
-  // ---- The script.
+  // ---- The script. Hybrid models train with pretrain_hybrid.py (its HybridModel builder).
+  const char* script = m.hybrid() ? "pretrain_hybrid.py" : "pretrain_gpt.py";
   std::ostringstream o;
   o << CommentLines("# Megatron-LM launch of a ptdp plan:",
                     m.name + " on " + plan.cluster_name + ", " + std::to_string(world) +
                         " GPUs as " + l.ShortName() + " [" + l.Knobs() + "].")
-    << "# Run it from a Megatron-LM checkout (pretrain_gpt.py)"
+    << "# Run it from a Megatron-LM checkout (" << script << ")"
     << (grid.nnodes > 1 ? ", once on each of the " + std::to_string(grid.nnodes) + " nodes" : "")
     << ".\n# Fill in first: the command reads these shell variables and stops if one is unset.\n";
   for (const Placeholder& p : fill) {
@@ -379,7 +394,7 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
   o << "torchrun --nproc_per_node=" << grid.nproc_per_node << " --nnodes=" << grid.nnodes;
   if (grid.nnodes > 1)
     o << " --node_rank=${NODE_RANK} --master_addr=${MASTER_ADDR} --master_port=${MASTER_PORT:-6000}";
-  o << " pretrain_gpt.py \\\n" << a.Join();
+  o << " " << script << " \\\n" << a.Join();
   return o.str();
 }
 

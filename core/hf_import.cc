@@ -143,7 +143,6 @@ struct Unmodelled {
 };
 // Model types whose layers are not attention + MLP blocks.
 constexpr Unmodelled kUnmodelledTypes[] = {
-    {"nemotron_h", "Mamba-2 (state-space) layers"},
     {"jamba", "Mamba (state-space) layers"},
     {"mamba", "Mamba (state-space) layers"},
     {"mamba2", "Mamba-2 (state-space) layers"},
@@ -174,7 +173,8 @@ Status RefuseUnmodelled(Reader& r) {
     if (type == u.type)
       return Status::Error(r.file() + ": key '" + r.Name("model_type") + "' = \"" + type +
                            "\": " + u.what + ", which ptdp does not model (it plans attention "
-                           "+ MLP decoders)");
+                           "+ MLP decoders and nemotron_h's Mamba-2 hybrids)");
+  if (type == "nemotron_h") return Status::Ok();  // its reader reads the Mamba keys
   for (const auto& [key, value] : r.json().items()) {
     std::string what;
     if (key == "hybrid_override_pattern" || key == "layers_block_type")
@@ -618,12 +618,91 @@ Result<ModelSpec> ReadNeox(Reader& r, SeqLen* seq) {
   return m;
 }
 
+// Nemotron-H and Nemotron 3 (transformers' NemotronHConfig): Megatron-Core hybrids, one block per
+// layer as hybrid_override_pattern says (M Mamba-2, * attention, - MLP, E MoE); squared-ReLU
+// MLPs, RMSNorm, no position embedding, Mamba-2 mixers of mamba_num_heads x mamba_head_dim
+// (else expand x hidden / head_dim), n_groups groups of ssm_state_size. What Megatron's
+// MambaMixer cannot train is refused: a conv1d other than 4 taps, projection biases
+// (use_bias), no conv bias. chunk_size is not read: Megatron's mixer scans in chunks of 128.
+Result<ModelSpec> ReadNemotronH(Reader& r, SeqLen* seq) {
+  ModelSpec m;
+  m.layers = r.Need("num_hidden_layers");
+  m.hidden = r.Need("hidden_size");
+  m.heads = r.Need("num_attention_heads");
+  m.kv_heads = r.Int("num_key_value_heads", m.heads);
+  m.ffn_hidden = r.Need("intermediate_size");
+  m.vocab = r.Need("vocab_size");
+  ReadHeadDim(r, r.Has("head_dim") ? "head_dim" : "attention_head_dim", &m);
+  ReadActivation(r, "mlp_hidden_act", "relu2", /*gated=*/false, &m);
+  m.norm = Norm::kRmsNorm;
+  m.position = PositionEmbedding::kNone;
+  m.tied_embeddings = r.Bool("tie_word_embeddings", false);
+  m.bias = r.Bool("attention_bias", false) || r.Bool("mlp_bias", false);
+  m.dropout = ReadDropout(r.json());
+  m.hybrid_pattern = r.Str("hybrid_override_pattern", "");
+  if (!r.ok()) return r.status();
+  if (m.hybrid_pattern.empty()) r.Fail("hybrid_override_pattern", "is missing or empty");
+  for (char c : m.hybrid_pattern)
+    if (c != 'M' && c != '*' && c != '-' && c != 'E') {
+      r.Fail("hybrid_override_pattern", std::string("has '") + c + "', not a layer symbol ptdp "
+                                        "models (M Mamba-2, * attention, - MLP, E MoE)");
+      break;
+    }
+  if (r.ok() && int64_t(m.hybrid_pattern.size()) != m.layers)
+    r.Fail("hybrid_override_pattern", "has " + std::to_string(m.hybrid_pattern.size()) +
+                                          " layers but num_hidden_layers is " +
+                                          std::to_string(m.layers));
+  if (m.hybrid_pattern.find('M') != std::string::npos) {
+    m.mamba_head_dim = r.Need("mamba_head_dim");
+    m.mamba_state_dim = r.Need("ssm_state_size");
+    m.mamba_num_groups = r.Int("n_groups", 8);
+    if (r.Has("mamba_num_heads")) {
+      m.mamba_num_heads = r.Need("mamba_num_heads");
+    } else if (m.mamba_head_dim > 0) {
+      const double expand = r.Number("expand", 2);
+      m.mamba_num_heads = int64_t(expand * double(m.hidden)) / m.mamba_head_dim;
+    }
+    if (r.Int("conv_kernel", 4) != 4)
+      r.Fail("conv_kernel", "is not 4: Megatron's MambaMixer convolves over 4 taps");
+    if (r.Bool("use_bias", false))
+      r.Fail("use_bias", "is true: Megatron's MambaMixer has no in_proj/out_proj biases");
+    if (!r.Bool("use_conv_bias", true))
+      r.Fail("use_conv_bias", "is false: Megatron's MambaMixer always has a conv1d bias");
+  }
+  if (m.hybrid_pattern.find('E') != std::string::npos) {
+    const auto [key, experts] = ExpertCount(r);
+    if (experts == 0 && r.ok())
+      r.Fail("hybrid_override_pattern", "has E (MoE) layers but the config gives no experts "
+                                        "(n_routed_experts)");
+    m.num_experts = experts;
+    m.moe_topk = r.Need("num_experts_per_tok");
+    m.moe_ffn_hidden = r.Int("moe_intermediate_size", m.ffn_hidden);
+    m.moe_shared_ffn_hidden =
+        r.Count("moe_shared_expert_intermediate_size", 0) * r.Int("n_shared_experts", 1);
+    // Nemotron 3's router scores with a sigmoid and a bias (Megatron-LM's Nemotron-3 Nano
+    // example: --moe-router-score-function sigmoid --moe-router-enable-expert-bias).
+    m.moe_router = MoeRouter::kSigmoid;
+    m.moe_routing = MoeRouting::kDropless;
+  } else {
+    RefuseExperts(r, "a NemotronH pattern without E layers");
+  }
+  *seq = StatedPretrainingContext(r);
+  const int64_t max_pos = r.Count("max_position_embeddings", 0);
+  if (seq->value == 0 && max_pos > 0 && max_pos <= 8192)
+    *seq = {max_pos, "max_position_embeddings, the pre-training context of the Nemotron-H "
+                     "models (8,192 tokens: Nemotron-H report, arXiv 2504.03624)"};
+  else if (seq->value == 0)
+    *seq = DefaultSeqLen(r);
+  if (!r.ok()) return r.status();
+  return m;
+}
+
 // ---- Dispatch ---------------------------------------------------------------------------------
 
 const char* const kSupported =
     "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, "
     "kimi_k2, gemma2, gemma3, gemma3_text, phi3, gpt_oss, falcon (RefinedWeb, "
-    "RefinedWebModel), gpt_neox, gpt2";
+    "RefinedWebModel), gpt_neox, gpt2, nemotron_h";
 
 // The family of a Llama-style model_type; false when it is not one.
 bool LlamaStyle(const std::string& type, Family* f) {
@@ -717,6 +796,8 @@ Result<ModelSpec> ImportHfJson(const Json& top, const std::string& file) {
     read = ReadFalcon(r, type, &seq);
   else if (type == "gpt_neox")
     read = ReadNeox(r, &seq);
+  else if (type == "nemotron_h")
+    read = ReadNemotronH(r, &seq);
   else if (LlamaStyle(type, &family))
     read = ReadDecoder(r, family, &seq);
   else

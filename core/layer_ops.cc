@@ -80,6 +80,9 @@ struct Dims {
   double E, topk, G, Fe, Fei, Fs, Fsi, Tr;
   double rot;  // elements per token RoPE rotates
   double kvw;  // K and V elements per token on this rank (the CP ring's message)
+  // Mamba-2 (hybrid models) per TP rank: d_inner, the in_proj's outputs, the conv channels;
+  // the scan's forward FLOPs and bytes per token of this rank (MambaForward).
+  double mi, min, mconv, mscan_flops, mscan_bytes;
 };
 
 Dims DimsOf(const ModelSpec& M, const OpShape& s) {
@@ -119,6 +122,18 @@ Dims DimsOf(const ModelSpec& M, const OpShape& s) {
   x.Fsi = M.gated() ? 2 * x.Fs : x.Fs;
   // Tokens enter the MoE block split over TP (SP) or, without SP (t 1 or ep 1), whole.
   x.Tr = x.Tl * x.topk * s.expert_load * (s.sp ? s.etp : 1);
+  x.mi = double(M.mamba_inner()) / t;
+  x.min = double(M.mamba_in_proj()) / t;
+  x.mconv = double(M.mamba_conv_channels()) / t;
+  {
+    // With CP each rank scans the whole sequence for heads/(t c): per token of its own the
+    // same work as heads/t without CP.
+    const double nh = double(M.mamba_num_heads) / t, g = double(M.mamba_num_groups) / t;
+    const double P = double(M.mamba_head_dim), N = double(M.mamba_state_dim);
+    const double Q = double(ModelSpec::kMambaChunk), taps = double(ModelSpec::kMambaConvKernel);
+    x.mscan_flops = nh * (2 * Q * P + 4 * N * P) + g * 2 * Q * N + 2 * taps * x.mconv;
+    x.mscan_bytes = x.e * (3 * x.mconv + nh + 4 * x.mi) + 12 * nh * P * N / Q + 8 * Q * g;
+  }
   return x;
 }
 
@@ -740,25 +755,122 @@ void MoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpLis
          !s.sp);
 }
 
+// The dense MLP block's backward: bias-dropout-add, FC2 (the runtime: GeLU's gradient in its
+// dgrad), the activation, FC1, norm2.
+void MlpBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* b) {
+  BiasDropoutAddBackward(M, s, x, /*first=*/true, "bias_dropout_add2.backward", "fc2.bias.grad",
+                         b);
+  LayerOp& fc2_dgrad =
+      RowParallelBackward(s, x, "fc2.all_gather.backward", "fc2.dgrad", "fc2.wgrad", x.F, b);
+  // The runtime runs GeLU's gradient in FC2's dgrad (MatmulGeluBackward).
+  if (s.runtime)
+    fc2_dgrad.epilogue = GemmEpilogue::kGeluBackward;
+  else
+    Memory(b, "activation.backward", MemoryKernel::kActivationBackward, x.T, x.F,
+           (2 * x.Fi + x.F) * x.T * x.e, false);
+  ColumnParallelBackward(s, x, "fc1.input_all_gather", s.sp ? "fc1.reduce_scatter.backward"
+                                                            : "fc1.all_reduce.backward",
+                         "fc1.dgrad", "fc1.wgrad", M.bias ? "fc1.bias.grad" : nullptr, x.Fi, b);
+  Memory(b, "norm2.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e, !s.sp);
+}
+
+// The attention block's backward: bias-dropout-add, the projection, the attention core,
+// rotary, QKV (or MLA's projections), norm1.
+void AttentionBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* b) {
+  BiasDropoutAddBackward(M, s, x, /*first=*/false, "bias_dropout_add1.backward",
+                         "proj.bias.grad", b);
+  RowParallelBackward(s, x, "proj.all_gather.backward", "proj.dgrad", "proj.wgrad", x.A, b);
+  AttentionCore(s, x, /*backward=*/true, "attention.backward", b);
+  if (M.position == PositionEmbedding::kRope)
+    Memory(b, "rotary.backward", MemoryKernel::kRotaryBackward, x.T, x.rot,
+           2 * x.T * x.rot * x.e, false);
+  if (M.mla()) {
+    MlaBackward(M, s, x, b);
+  } else {
+    ColumnParallelBackward(s, x, "qkv.input_all_gather", s.sp ? "qkv.reduce_scatter.backward"
+                                                              : "qkv.all_reduce.backward",
+                           "qkv.dgrad", "qkv.wgrad", M.bias ? "qkv.bias.grad" : nullptr, x.Q,
+                           b);
+  }
+  Memory(b, "norm1.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e, !s.sp);
+}
+
+// The Mamba-2 mixer (megatron/core/ssm/mamba_mixer.py, training's memory-efficient path):
+// norm and in_proj (column-parallel: z, x, B, C, dt), with CP the all-to-all that trades the
+// sequence split for a head split (mamba_context_parallel.py pre_conv_ssm: each rank then scans
+// the whole sequence for heads/(t c) heads), the fused conv1d + SSD chunked scan + gated
+// RMSNorm (mamba_ssm's mamba_split_conv1d_scan_combined, Triton), the all-to-all back, out_proj
+// (row-parallel) and the residual add. The scan: per token and head 2QP (the intra-chunk
+// (L o C B^T) X) + 4NP (chunk states B^T X and the inter-chunk C h), per group 2QN (C B^T),
+// the conv's 2 x 4 taps per channel (Mamba-2 paper, Dao & Gu 2024, sec. 6 "SSD algorithm");
+// its bytes: the conv's input read twice and output once, dt, y written, the gated norm's
+// y, z and output, and the fp32 chunk states (written, passed, read: 12 NP/Q per token and
+// head) and the C B^T blocks (8 Q per token and group).
+void MambaForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
+  NormColumnForward(s, x, "norm", "in_proj.all_gather", "in_proj", /*bias=*/false, x.min, l);
+  if (s.cp > 1)
+    Comm(l, s, "mamba.cp_all_to_all", CommKind::kAllToAll, CommGroup::kCp, x.T * x.min * x.e,
+         CommOverlap::kBlocking, -1);
+  LayerOp& scan = Memory(l, "ssm_scan", MemoryKernel::kSsmScan, x.T, x.mi, x.T * x.mscan_bytes,
+                         false);
+  scan.flops = x.T * x.mscan_flops;
+  scan.kernels = 7;  // conv1d, chunk cumsum, chunk state, state passing, C B^T, chunk scan, norm
+  if (s.cp > 1)
+    Comm(l, s, "mamba.cp_all_to_all.out", CommKind::kAllToAll, CommGroup::kCp, x.T * x.mi * x.e,
+         CommOverlap::kBlocking, -1);
+  Gemm(l, s, "out_proj", GemmPass::kFprop, x.T, x.h, x.mi, /*fused=*/true);
+  RowReduceAndAdd(M, s, x, "out_proj.all_reduce", "out_proj.reduce_scatter",
+                  "residual_add", "residual_add", /*into_norm=*/false, l);
+}
+
+// Its backward: the residual, out_proj, the scan's backward (twice the forward's FLOPs; it
+// reruns the conv, reads what the forward read and writes the in_proj output's gradient), the
+// all-to-alls, in_proj, the norm.
+void MambaBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* b) {
+  BiasDropoutAddBackward(M, s, x, /*first=*/true, "residual_add.backward", nullptr, b);
+  RowParallelBackward(s, x, "out_proj.all_gather.backward", "out_proj.dgrad", "out_proj.wgrad",
+                      x.mi, b);
+  if (s.cp > 1)
+    Comm(b, s, "mamba.cp_all_to_all.backward", CommKind::kAllToAll, CommGroup::kCp,
+         x.T * x.mi * x.e, CommOverlap::kBlocking, -1);
+  LayerOp& scan = Memory(b, "ssm_scan.backward", MemoryKernel::kSsmScanBackward, x.T, x.mi,
+                         x.T * (2 * x.mscan_bytes + x.min * x.e), false);
+  scan.flops = 2 * x.T * x.mscan_flops;
+  scan.kernels = 12;
+  if (s.cp > 1)
+    Comm(b, s, "mamba.cp_all_to_all.out.backward", CommKind::kAllToAll, CommGroup::kCp,
+         x.T * x.min * x.e, CommOverlap::kBlocking, -1);
+  ColumnParallelBackward(s, x, "in_proj.input_all_gather", s.sp ? "in_proj.reduce_scatter.backward"
+                                                                : "in_proj.all_reduce.backward",
+                         "in_proj.dgrad", "in_proj.wgrad", nullptr, x.min, b);
+  Memory(b, "norm.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e, !s.sp);
+}
+
 }  // namespace
 
 void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out, bool moe) {
+  BuildLayerOps(M, s, out, moe && M.moe() ? LayerKind::kMoe : LayerKind::kDense);
+}
+
+void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out, LayerKind kind) {
   const Dims x = DimsOf(M, s);
   out->forward.size = out->backward.size = out->recompute.size = 0;
-  moe = moe && M.moe();
-  auto mlp_forward = [&](LayerOpList* l) {
+  const bool attention = HasAttention(kind), mamba = kind == LayerKind::kMamba;
+  const bool moe = HasMoe(kind) && M.moe();
+  const bool mlp = kind == LayerKind::kDense || kind == LayerKind::kMlp;
+  auto forward = [&](LayerOpList* l) {
+    if (attention) AttentionForward(M, s, x, l);
+    if (mamba) MambaForward(M, s, x, l);
     if (moe) MoeForward(M, s, x, l);
-    else MlpForward(M, s, x, l);
+    if (mlp) MlpForward(M, s, x, l);
   };
-  AttentionForward(M, s, x, &out->forward);
-  mlp_forward(&out->forward);
+  forward(&out->forward);
 
   if (s.recompute == Recompute::kFull) {
-    AttentionForward(M, s, x, &out->recompute);
-    mlp_forward(&out->recompute);
+    forward(&out->recompute);
   } else if (s.recompute == Recompute::kSelective && s.runtime) {
     // The runtime reruns its attention core, allocations and CP ring included.
-    AttentionCore(s, x, /*backward=*/false, "attention.recompute", &out->recompute);
+    if (attention) AttentionCore(s, x, /*backward=*/false, "attention.recompute", &out->recompute);
   } else if (s.recompute == Recompute::kSelective) {
     // Megatron's selective recompute reruns the core attention (Korthikanti 2022 sec. 5).
     LayerOpList& r = out->recompute;
@@ -773,45 +885,11 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out, bool moe
   }
 
   LayerOpList& b = out->backward;
-  // MLP block, in reverse.
-  if (moe) {
-    MoeBackward(M, s, x, &b);
-  } else {
-    BiasDropoutAddBackward(M, s, x, /*first=*/true, "bias_dropout_add2.backward",
-                           "fc2.bias.grad", &b);
-    LayerOp& fc2_dgrad =
-        RowParallelBackward(s, x, "fc2.all_gather.backward", "fc2.dgrad", "fc2.wgrad", x.F, &b);
-    // The runtime runs GeLU's gradient in FC2's dgrad (MatmulGeluBackward).
-    if (s.runtime)
-      fc2_dgrad.epilogue = GemmEpilogue::kGeluBackward;
-    else
-      Memory(&b, "activation.backward", MemoryKernel::kActivationBackward, x.T, x.F,
-             (2 * x.Fi + x.F) * x.T * x.e, false);
-    ColumnParallelBackward(s, x, "fc1.input_all_gather", s.sp ? "fc1.reduce_scatter.backward"
-                                                              : "fc1.all_reduce.backward",
-                           "fc1.dgrad", "fc1.wgrad", M.bias ? "fc1.bias.grad" : nullptr, x.Fi,
-                           &b);
-    Memory(&b, "norm2.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
-           !s.sp);
-  }
-  // Attention block.
-  BiasDropoutAddBackward(M, s, x, /*first=*/false, "bias_dropout_add1.backward",
-                         "proj.bias.grad", &b);
-  RowParallelBackward(s, x, "proj.all_gather.backward", "proj.dgrad", "proj.wgrad", x.A, &b);
-  AttentionCore(s, x, /*backward=*/true, "attention.backward", &b);
-  if (M.position == PositionEmbedding::kRope)
-    Memory(&b, "rotary.backward", MemoryKernel::kRotaryBackward, x.T, x.rot,
-           2 * x.T * x.rot * x.e, false);
-  if (M.mla()) {
-    MlaBackward(M, s, x, &b);
-  } else {
-    ColumnParallelBackward(s, x, "qkv.input_all_gather", s.sp ? "qkv.reduce_scatter.backward"
-                                                              : "qkv.all_reduce.backward",
-                           "qkv.dgrad", "qkv.wgrad", M.bias ? "qkv.bias.grad" : nullptr, x.Q,
-                           &b);
-  }
-  Memory(&b, "norm1.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e,
-         !s.sp);
+  // The blocks in reverse: the MLP (dense or MoE), then attention (or the Mamba mixer).
+  if (moe) MoeBackward(M, s, x, &b);
+  if (mlp) MlpBackward(M, s, x, &b);
+  if (attention) AttentionBackward(M, s, x, &b);
+  if (mamba) MambaBackward(M, s, x, &b);
 }
 
 void BuildEmbeddingOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd) {

@@ -84,6 +84,9 @@ enum class MemoryKernel : uint8_t {
   // combine, weighted by the router's probabilities).
   kRouter, kRouterBackward,
   kPermute, kPermuteBackward,
+  // A hybrid model's Mamba-2 mixer between in_proj and out_proj: conv1d, the SSD chunked scan
+  // and the gated RMSNorm (mamba_ssm's mamba_split_conv1d_scan_combined), FLOPs in `flops`.
+  kSsmScan, kSsmScanBackward,
 };
 
 // What a GEMM's epilogue adds to its output in ptdp's runtime (Backend::MatmulBias,
@@ -183,6 +186,9 @@ struct LayerOps {
 // `moe`: the layer's MLP is the MoE block (router, dispatch, grouped experts, combine, shared
 // experts) rather than the dense MLP. Attention is multi-latent (MLA) when the model says so.
 void BuildLayerOps(const ModelSpec& m, const OpShape& s, LayerOps* out, bool moe = false);
+// A layer of kind `kind` (core/model.h): a transformer layer, or a hybrid model's one-block
+// Mamba, attention, MLP or MoE layer (each with its pre-norm and residual add).
+void BuildLayerOps(const ModelSpec& m, const OpShape& s, LayerOps* out, LayerKind kind);
 
 // The first stage's embedding (vocab-parallel lookup, its TP reduction, positions) and the last
 // stage's output layer (final norm, logits GEMM, vocab-parallel cross entropy), forward and

@@ -343,6 +343,7 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kGradShardingNeedsDistOpt: return "grad_sharding_needs_distributed_optimizer";
     case Rejection::kGradReduceDtype: return "grad_reduce_dtype_illegal";
     case Rejection::kSeqCp: return "seq_len_not_divisible_by_2cp";
+    case Rejection::kHybrid: return "hybrid_model_rule";
     case Rejection::kScheduleMismatch: return "schedule_mismatch";
     case Rejection::kTpCrossesNode: return "tp_crosses_node";
     case Rejection::kPrecisionUnsupported: return "precision_unsupported_by_gpu";
@@ -350,6 +351,43 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kCount: break;
   }
   return "?";
+}
+
+// A hybrid model's layout rules, "" when none is broken: megatron/core/ssm/mamba_mixer.py
+// (mamba heads and groups % t), mamba_context_parallel.py (heads/t % c; groups/t and c, one
+// divides the other), hybrid_layer_allocation.py select_pipeline_segment (a pattern without
+// '|' separators: no virtual stages; uneven splits by first/last-stage counts only) and
+// arguments.py (no --pipeline-model-parallel-layout with --hybrid-layer-pattern); no EP
+// all-to-all overlap (combined 1F1B needs GPTModel's build_schedule_plan).
+std::string HybridLayoutProblem(const ModelSpec& m, const Layout& l) {
+  if (!m.hybrid()) return "";
+  const std::string n = std::to_string(m.mamba_num_heads), g = std::to_string(m.mamba_num_groups);
+  if (l.pipeline_layout)
+    return "a hybrid model's pipeline split is its pattern's (--hybrid-layer-pattern '|'), "
+           "not a --pipeline-model-parallel-layout string";
+  if (l.vp > 1)
+    return "virtual pipeline stages (vp " + std::to_string(l.vp) + ") need '|' stage separators "
+           "in the hybrid pattern, which ptdp does not model";
+  if (l.embedding_in_split || l.loss_in_split)
+    return "a hybrid model splits its pattern's layers only (no embedding/loss in the split)";
+  // combined_1f1b.py runs the model's build_schedule_plan, which GPTModel has and HybridModel
+  // (megatron/core/models/hybrid/hybrid_model.py) has not.
+  if (l.moe_a2a_overlap)
+    return "--overlap-moe-expert-parallel-comm needs the model's build_schedule_plan, which "
+           "Megatron's HybridModel lacks";
+  if (m.mamba_num_heads == 0) return "";
+  if (m.mamba_num_heads % l.tp != 0 || m.mamba_num_groups % l.tp != 0)
+    return "mamba_num_heads " + n + " and mamba_num_groups " + g + " must be multiples of tp " +
+           std::to_string(l.tp);
+  if (l.cp > 1) {
+    const int64_t heads = m.mamba_num_heads / l.tp, groups = m.mamba_num_groups / l.tp;
+    if (heads % l.cp != 0)
+      return "mamba_num_heads " + n + " must be a multiple of tp*cp " + std::to_string(l.tp * l.cp);
+    if (groups % l.cp != 0 && l.cp % groups != 0)
+      return "mamba_num_groups/tp " + std::to_string(groups) + " and cp " + std::to_string(l.cp) +
+             ": neither divides the other";
+  }
+  return "";
 }
 
 std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
@@ -440,6 +478,12 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
     case Rejection::kSeqCp:
       o << "seq_len " << m.seq_len << " % (2 * cp " << l.cp << ") != 0";
       break;
+    case Rejection::kHybrid: {
+      const std::string why = HybridLayoutProblem(m, l);
+      o << (why.empty() ? "a hybrid model's layout rule (none broken by this model and layout)"
+                        : why);
+      break;
+    }
     case Rejection::kScheduleMismatch:
       o << "schedule " << ToString(l.schedule) << " with vp " << l.vp
         << ": interleaved needs vp > 1 and vp > 1 needs interleaved";
@@ -464,6 +508,7 @@ bool GradReduceDtypeIllegal(const Layout& l) {
 Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
   if (m.heads % l.tp != 0) return Rejection::kHeadsTp;
   if (m.kv_heads % l.tp != 0 && l.tp % m.kv_heads != 0) return Rejection::kKvHeadsTp;
+  if (m.hybrid() && !HybridLayoutProblem(m, l).empty()) return Rejection::kHybrid;
   if (l.pipeline_layout) {
     if (!SplitProblem(m, l).empty()) return Rejection::kPipelineLayout;
   } else if (l.first_stage_layers > 0 || l.last_stage_layers > 0) {

@@ -185,6 +185,7 @@ enum class Rejection {
   kGradShardingNeedsDistOpt,  // shard_gradients without the distributed optimizer
   kGradReduceDtype,    // --grad-reduce-in-bf16 with fp16/fp32 weights or with fp32 accumulation
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
+  kHybrid,             // a hybrid model's rules: Mamba heads/groups over t and c, no vp or layout string
   kScheduleMismatch,   // interleaved schedule iff v > 1
   kTpCrossesNode,      // TP group spans NVLink domains (legal for Megatron; planner rejects unless forced)
   kPrecisionUnsupported,  // e.g. fp8 on a GPU without an fp8 peak
@@ -201,6 +202,9 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l);
 // --grad-reduce-in-bf16 where Megatron would not honour it: fp16 or fp32 weights (it is read
 // under --bf16 only), or beside --accumulate-allreduce-grads-in-fp32 (Rejection::kGradReduceDtype).
 bool GradReduceDtypeIllegal(const Layout& l);
+// What a hybrid model (ModelSpec::hybrid_pattern) forbids in this layout (Rejection::kHybrid),
+// or "" when nothing.
+std::string HybridLayoutProblem(const ModelSpec& m, const Layout& l);
 
 // Megatron's legality rules, cheapest first; returns the first broken one. Does not check
 // world size, node boundaries, precision or memory (callers know those).

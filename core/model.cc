@@ -2,8 +2,10 @@
 // core/hf_import.cc).
 #include "core/model.h"
 
+#include <algorithm>
 #include <charconv>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "core/yaml_reader.h"
@@ -25,6 +27,7 @@ const char* ToString(PositionEmbedding p) {
     case PositionEmbedding::kLearned: return "learned";
     case PositionEmbedding::kRope: return "rope";
     case PositionEmbedding::kAlibi: return "alibi";
+    case PositionEmbedding::kNone: return "none";
   }
   return "?";
 }
@@ -39,7 +42,62 @@ const char* ToString(MoeRouting r) {
   return "?";
 }
 
+const char* ToString(LayerKind k) {
+  switch (k) {
+    case LayerKind::kDense: return "dense";
+    case LayerKind::kMoe: return "moe";
+    case LayerKind::kMamba: return "mamba";
+    case LayerKind::kAttention: return "attention";
+    case LayerKind::kMlp: return "mlp";
+    case LayerKind::kMoeMlp: return "moe-mlp";
+  }
+  return "?";
+}
+
+double LayerCounts::total() const {
+  double t = 0;
+  for (double v : n) t += v;
+  return t;
+}
+
+double LayerCounts::attention() const {
+  return (*this)[LayerKind::kDense] + (*this)[LayerKind::kMoe] + (*this)[LayerKind::kAttention];
+}
+
+LayerCounts LayerCounts::Scaled(double f) const {
+  LayerCounts c = *this;
+  for (double& v : c.n) v *= f;
+  return c;
+}
+
+LayerKind ModelSpec::layer_kind(int64_t i) const {
+  if (hybrid()) {
+    switch (i >= 0 && i < int64_t(hybrid_pattern.size()) ? hybrid_pattern[size_t(i)] : '*') {
+      case 'M': return LayerKind::kMamba;
+      case '-': return LayerKind::kMlp;
+      case 'E': return LayerKind::kMoeMlp;
+      default: return LayerKind::kAttention;
+    }
+  }
+  return is_moe_layer(i) ? LayerKind::kMoe : LayerKind::kDense;
+}
+
+LayerCounts ModelSpec::layer_counts(int64_t first, int64_t n) const {
+  LayerCounts c;
+  if (n <= 0) return c;
+  if (hybrid()) {
+    for (int64_t i = first; i < first + n; ++i) c[layer_kind(i)] += 1;
+    return c;
+  }
+  const int64_t e = moe_layers_in(first, n);
+  c[LayerKind::kMoe] = double(e);
+  c[LayerKind::kDense] = double(n - e);
+  return c;
+}
+
 bool ModelSpec::is_moe_layer(int64_t i) const {
+  if (hybrid())
+    return i >= 0 && i < int64_t(hybrid_pattern.size()) && hybrid_pattern[size_t(i)] == 'E';
   if (!moe() || i < moe_dense_layers_first) return false;
   const int64_t step = moe_layer_step > 0 ? moe_layer_step : 1;
   return (i - moe_dense_layers_first) % step == step - 1;
@@ -52,6 +110,11 @@ int64_t ModelSpec::windowed_layers() const {
 }
 
 int64_t ModelSpec::moe_layers_in(int64_t first, int64_t n) const {
+  if (hybrid()) {
+    int64_t e = 0;
+    for (int64_t i = std::max<int64_t>(0, first); i < first + n; ++i) e += is_moe_layer(i);
+    return e;
+  }
   if (!moe() || n <= 0) return 0;
   const int64_t step = moe_layer_step > 0 ? moe_layer_step : 1;
   // MoE layers among [0, x): those j = D + q*step + step-1 < x, q >= 0.
@@ -122,7 +185,44 @@ int64_t ModelSpec::moe_mlp_params() const {
   return hidden * num_experts + routed_expert_params() + shared + NormParams(*this, hidden);
 }
 
+int64_t ModelSpec::mamba_params() const {
+  // megatron/core/ssm/mamba_mixer.py: in_proj (no bias), conv1d weight [channels, 1, 4] and
+  // bias, A_log, D and dt_bias per head, the gated RMSNorm over d_inner, out_proj (no bias);
+  // the layer's pre-norm (MambaLayer).
+  return NormParams(*this, hidden) + mamba_linear_params() +
+         mamba_conv_channels() * (kMambaConvKernel + 1) + 3 * mamba_num_heads + mamba_inner();
+}
+
+int64_t ModelSpec::kind_params(LayerKind k) const {
+  switch (k) {
+    case LayerKind::kDense: return attention_params() + dense_mlp_params();
+    case LayerKind::kMoe: return attention_params() + moe_mlp_params();
+    case LayerKind::kMamba: return mamba_params();
+    case LayerKind::kAttention: return attention_params();
+    case LayerKind::kMlp: return dense_mlp_params();
+    case LayerKind::kMoeMlp: return moe_mlp_params();
+  }
+  return 0;
+}
+
+int64_t ModelSpec::kind_active_linear_params(LayerKind k) const {
+  switch (k) {
+    case LayerKind::kDense: return attention_linear_params() + dense_mlp_linear_params();
+    case LayerKind::kMoe: return attention_linear_params() + moe_mlp_active_linear_params();
+    case LayerKind::kMamba: return mamba_linear_params();
+    case LayerKind::kAttention: return attention_linear_params();
+    case LayerKind::kMlp: return dense_mlp_linear_params();
+    case LayerKind::kMoeMlp: return moe_mlp_active_linear_params();
+  }
+  return 0;
+}
+
 int64_t ModelSpec::layer_params(int64_t first, int64_t n) const {
+  if (hybrid()) {
+    int64_t p = 0;
+    for (int64_t i = first; i < first + n; ++i) p += kind_params(layer_kind(i));
+    return p;
+  }
   const int64_t e = moe_layers_in(first, n);
   return n * attention_params() + (n - e) * dense_mlp_params() + e * moe_mlp_params();
 }
@@ -190,6 +290,74 @@ int64_t DefaultFfn(int64_t hidden) { return hidden <= kMaxHidden ? 4 * hidden : 
 struct Problem {
   std::string key, what;
 };
+// A hybrid pattern's rules (megatron/core/models/hybrid/hybrid_layer_allocation.py and
+// megatron/core/ssm/mamba_mixer.py's asserts), and the Mamba sizes.
+Problem HybridProblem(const ModelSpec& m) {
+  auto n = [](int64_t v) { return std::to_string(v); };
+  const std::string& p = m.hybrid_pattern;
+  int64_t mamba = 0, experts = 0;
+  for (char c : p) {
+    if (c == '|')
+      return {"hybrid_pattern", "'" + p + "': pipeline separators '|' are not modelled (the "
+                                "planner chooses the split; give the plan's pipeline sizes)"};
+    if (c == '/')
+      return {"hybrid_pattern", "'" + p + "': multi-token-prediction patterns ('/') are not "
+                                "modelled"};
+    if (c == 'G' || c == 'D' || c == '+')
+      return {"hybrid_pattern", "'" + p + "': layer symbol '" + std::string(1, c) +
+                                "' (gated delta net, DeepSeek sparse attention, MLA) is not "
+                                "modelled; M, *, - and E are"};
+    if (c != 'M' && c != '*' && c != '-' && c != 'E')
+      return {"hybrid_pattern", "'" + p + "': '" + std::string(1, c) +
+                                "' is not a layer symbol (M Mamba, * attention, - MLP, E MoE)"};
+    mamba += c == 'M';
+    experts += c == 'E';
+  }
+  const bool mamba_set = m.mamba_state_dim || m.mamba_head_dim || m.mamba_num_groups ||
+                         m.mamba_num_heads;
+  if (p.empty()) {
+    if (mamba_set)
+      return {m.mamba_state_dim ? "mamba_state_dim" : m.mamba_head_dim ? "mamba_head_dim"
+              : m.mamba_num_groups ? "mamba_num_groups" : "mamba_num_heads",
+              "is set but hybrid_pattern is empty (no Mamba layers)"};
+    return {};
+  }
+  if (int64_t(p.size()) != m.layers)
+    return {"hybrid_pattern", "has " + n(int64_t(p.size())) + " layer symbols but layers is " +
+                              n(m.layers)};
+  if ((experts > 0) != m.moe())
+    return {"hybrid_pattern", experts > 0 ? "has E (MoE) layers but num_experts is 0"
+                                          : "has no E layer but num_experts is set"};
+  if (m.moe() && (m.moe_dense_layers_first != 0 || m.moe_layer_step != 1))
+    return {m.moe_dense_layers_first ? "moe_dense_layers_first" : "moe_layer_step",
+            "is set, but a hybrid_pattern places the MoE layers (E)"};
+  const char* feature = m.mla() ? "kv_lora_rank (MLA layers, '+')"
+                        : m.mtp_layers ? "mtp_layers"
+                        : m.sliding_window ? "sliding_window"
+                        : m.parallel_attn_mlp ? "parallel_attn_mlp" : nullptr;
+  if (feature)
+    return {feature, "is not modelled with a hybrid_pattern"};
+  if (mamba == 0) {
+    if (mamba_set)
+      return {"hybrid_pattern", "has no M (Mamba) layer but the mamba_* sizes are set"};
+    return {};
+  }
+  for (const auto& [key, v, limit] : std::vector<std::tuple<const char*, int64_t, int64_t>>{
+           {"mamba_state_dim", m.mamba_state_dim, 1024},
+           {"mamba_head_dim", m.mamba_head_dim, kMaxHeadDim},
+           {"mamba_num_groups", m.mamba_num_groups, kMaxHidden},
+           {"mamba_num_heads", m.mamba_num_heads, kMaxHidden}})
+    if (v < 1 || v > limit)
+      return {key, "'" + n(v) + "' must be within 1.." + n(limit) + " (hybrid_pattern has M layers)"};
+  if (m.mamba_num_heads % m.mamba_num_groups != 0)
+    return {"mamba_num_groups", "'" + n(m.mamba_num_groups) + "' does not divide mamba_num_heads " +
+                                    n(m.mamba_num_heads)};
+  if (m.mamba_inner() > kMaxFfnHidden)
+    return {"mamba_num_heads", "mamba_num_heads x mamba_head_dim " + n(m.mamba_inner()) +
+                                   " is larger than the limit " + n(kMaxFfnHidden)};
+  return {};
+}
+
 Problem FeatureProblem(const ModelSpec& m) {
   auto n = [](int64_t v) { return std::to_string(v); };
   for (const auto& [key, v] : std::vector<std::pair<const char*, int64_t>>{
@@ -255,7 +423,7 @@ Problem FeatureProblem(const ModelSpec& m) {
                                           "' must be within 0..layers and needs sliding_window"};
   if (m.mtp_layers < 0 || m.mtp_layers > 16)
     return {"mtp_layers", "'" + n(m.mtp_layers) + "' must be within 0..16"};
-  return {};
+  return HybridProblem(m);
 }
 }  // namespace
 
@@ -296,9 +464,11 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                                          : Activation::kGelu;
   m.norm = r.Enum("norm", {"layernorm", "rmsnorm"}, "layernorm") == "rmsnorm" ? Norm::kRmsNorm
                                                                              : Norm::kLayerNorm;
-  const std::string pos = r.Enum("position_embedding", {"learned", "rope", "alibi"}, "learned");
+  const std::string pos =
+      r.Enum("position_embedding", {"learned", "rope", "alibi", "none"}, "learned");
   m.position = pos == "rope"    ? PositionEmbedding::kRope
                : pos == "alibi" ? PositionEmbedding::kAlibi
+               : pos == "none"  ? PositionEmbedding::kNone
                                 : PositionEmbedding::kLearned;
   m.tied_embeddings = r.Bool("tied_embeddings", true);
   m.bias = r.Bool("bias", true);
@@ -331,6 +501,16 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
   m.qk_pos_head_dim = r.NonNegativeInt("qk_pos_head_dim", 0);
   m.v_head_dim = r.NonNegativeInt("v_head_dim", 0);
   m.mtp_layers = r.NonNegativeInt("mtp_layers", 0);
+  m.hybrid_pattern = r.String("hybrid_pattern", "");
+  // Megatron's defaults (arguments.py: --mamba-state-dim 128, --mamba-head-dim 64,
+  // --mamba-num-groups 8; heads: MambaMixer's expand 2, i.e. 2 h / head_dim) when the pattern
+  // has M layers and the key is absent.
+  const bool mamba = m.hybrid_pattern.find('M') != std::string::npos;
+  m.mamba_state_dim = r.NonNegativeInt("mamba_state_dim", mamba ? 128 : 0);
+  m.mamba_head_dim = r.NonNegativeInt("mamba_head_dim", mamba ? 64 : 0);
+  m.mamba_num_groups = r.NonNegativeInt("mamba_num_groups", mamba ? 8 : 0);
+  m.mamba_num_heads = r.NonNegativeInt(
+      "mamba_num_heads", mamba && m.mamba_head_dim > 0 ? 2 * m.hidden / m.mamba_head_dim : 0);
   // A size past its limit first: it explains any rule it breaks below.
   for (const auto& [name, value, limit] : SizeLimits(m))
     if (value > limit)
@@ -411,6 +591,12 @@ std::string ModelToYaml(const ModelSpec& m, const std::string& in) {
       << in << "qk_pos_head_dim: " << m.qk_pos_head_dim << "\n"
       << in << "v_head_dim: " << m.v_head_dim << "\n";
   if (m.mtp_layers) o << in << "mtp_layers: " << m.mtp_layers << "\n";
+  if (m.hybrid()) o << in << "hybrid_pattern: " << YamlQuote(m.hybrid_pattern) << "\n";
+  if (m.mamba_num_heads)
+    o << in << "mamba_state_dim: " << m.mamba_state_dim << "\n"
+      << in << "mamba_head_dim: " << m.mamba_head_dim << "\n"
+      << in << "mamba_num_groups: " << m.mamba_num_groups << "\n"
+      << in << "mamba_num_heads: " << m.mamba_num_heads << "\n";
   return o.str();
 }
 
@@ -428,6 +614,7 @@ Status CheckGptShaped(const ModelSpec& m) {
       m.moe() && m.moe_routing != MoeRouting::kDropless
           ? (m.moe_routing == MoeRouting::kCapacity ? "MoE token dropping (moe_routing capacity)"
                                                     : "forced MoE load balancing (moe_routing balanced)")
+                        : m.hybrid() ? "hybrid layer patterns (hybrid_pattern: Mamba, attention-only and MLP-only layers)"
                         : m.mla() ? "multi-latent attention (kv_lora_rank)"
                         : m.mtp_layers > 0 ? "multi-token prediction (mtp_layers)"
                         : m.kv_channels > 0 && m.kv_channels * m.heads != m.hidden

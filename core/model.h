@@ -4,6 +4,7 @@
 // V vocabulary, t tensor-parallel size.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -25,9 +26,35 @@ enum class MoeRouter { kSoftmax, kSigmoid };
 // C with --moe-pad-expert-input-to-capacity: every expert computes C T k / E tokens).
 enum class MoeRouting { kDropless, kBalanced, kCapacity };
 enum class Norm { kLayerNorm, kRmsNorm };
-// Learned absolute positions (GPT: s*h parameters), rotary (Llama), or ALiBi's per-head linear
-// bias (BLOOM: no parameters, no rotary kernel; flash attention applies it in the kernel).
-enum class PositionEmbedding { kLearned, kRope, kAlibi };
+// Learned absolute positions (GPT: s*h parameters), rotary (Llama), ALiBi's per-head linear
+// bias (BLOOM: no parameters, no rotary kernel; flash attention applies it in the kernel), or
+// none (Megatron --position-embedding-type none: Nemotron-H's attention layers, NoPE).
+enum class PositionEmbedding { kLearned, kRope, kAlibi, kNone };
+
+// The kinds of layer a model is built from. A transformer layer: attention and a dense MLP
+// (kDense) or an MoE MLP (kMoe). A hybrid model's layers (Megatron-Core's hybrid stack,
+// --hybrid-layer-pattern; megatron/core/models/hybrid/hybrid_layer_allocation.py) are one
+// block each, with its pre-norm and residual: a Mamba-2 mixer (symbol M), self-attention (*),
+// a dense MLP (-) or an MoE MLP (E).
+enum class LayerKind : uint8_t { kDense, kMoe, kMamba, kAttention, kMlp, kMoeMlp };
+inline constexpr int kLayerKinds = 6;
+const char* ToString(LayerKind k);
+// Whether a layer of kind k has attention, an MoE MLP, a Mamba mixer.
+inline bool HasAttention(LayerKind k) {
+  return k == LayerKind::kDense || k == LayerKind::kMoe || k == LayerKind::kAttention;
+}
+inline bool HasMoe(LayerKind k) { return k == LayerKind::kMoe || k == LayerKind::kMoeMlp; }
+
+// Layers of each kind in a range of layers (fractional for an average pipeline chunk).
+struct LayerCounts {
+  std::array<double, kLayerKinds> n{};
+  double& operator[](LayerKind k) { return n[size_t(k)]; }
+  double operator[](LayerKind k) const { return n[size_t(k)]; }
+  double total() const;
+  double moe() const { return (*this)[LayerKind::kMoe] + (*this)[LayerKind::kMoeMlp]; }
+  double attention() const;  // layers with attention
+  LayerCounts Scaled(double f) const;
+};
 
 const char* ToString(Activation a);
 const char* ToString(Norm n);
@@ -103,12 +130,45 @@ struct ModelSpec {
   // layer each plus a 2h x h projection and two norms, sharing the embedding and output layer
   // (--mtp-num-layers). Not in total_params() (DeepSeek counts 671B without its 14B MTP).
   int64_t mtp_layers = 0;
+  // A hybrid model (Megatron-Core's HybridModel, pretrain_hybrid.py --hybrid-layer-pattern):
+  // one symbol per layer, M a Mamba-2 mixer, * self-attention, - a dense MLP of ffn_hidden,
+  // E an MoE MLP; layers is its length. Empty: a transformer (every layer attention + MLP,
+  // MoE ones as moe_dense_layers_first and moe_layer_step say).
+  std::string hybrid_pattern;
+  // The Mamba-2 mixer (megatron/core/ssm/mamba_mixer.py; --mamba-state-dim, --mamba-head-dim,
+  // --mamba-num-groups, --mamba-num-heads): mamba_num_heads heads of mamba_head_dim channels
+  // (d_inner = heads x head_dim), B and C in mamba_num_groups groups of mamba_state_dim, a
+  // 4-tap causal conv1d over x, B and C, the SSD scan in chunks of 128 tokens, a gated RMSNorm,
+  // no linear biases. Set exactly when the pattern has an M.
+  int64_t mamba_state_dim = 0, mamba_head_dim = 0, mamba_num_groups = 0, mamba_num_heads = 0;
+  static constexpr int64_t kMambaConvKernel = 4;  // MambaMixer's d_conv
+  static constexpr int64_t kMambaChunk = 128;     // MambaMixer's chunk_size
 
   bool moe() const { return num_experts > 0; }
+  bool hybrid() const { return !hybrid_pattern.empty(); }
+  // The kind of layer i (0-based) and the counts of each kind among layers [first, first+n).
+  LayerKind layer_kind(int64_t i) const;
+  LayerCounts layer_counts(int64_t first, int64_t n) const;
+  // Mamba-2 sizes: d_inner, the in_proj's outputs (z, x, B, C, dt: 2 d_inner + 2 g N +
+  // heads) and the conv1d's channels (x, B, C: d_inner + 2 g N).
+  int64_t mamba_inner() const { return mamba_num_heads * mamba_head_dim; }
+  int64_t mamba_in_proj() const {
+    return 2 * mamba_inner() + 2 * mamba_num_groups * mamba_state_dim + mamba_num_heads;
+  }
+  int64_t mamba_conv_channels() const { return mamba_inner() + 2 * mamba_num_groups * mamba_state_dim; }
+  // One Mamba layer's weights (its pre-norm, in_proj, conv1d with bias, A, D, dt bias, the
+  // gated norm, out_proj) and its linear weights alone (in_proj and out_proj).
+  int64_t mamba_params() const;
+  int64_t mamba_linear_params() const { return hidden * mamba_in_proj() + mamba_inner() * hidden; }
+  // All weights of one layer of kind k (an MoE kind with all E routed experts), and the linear
+  // weights one token meets in it (an MoE kind: the k routed experts, shared ones, router).
+  int64_t kind_params(LayerKind k) const;
+  int64_t kind_active_linear_params(LayerKind k) const;
   bool mla() const { return kv_lora_rank > 0; }
   bool gated() const { return activation == Activation::kSwiglu || activation == Activation::kGeglu; }
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden / heads; }
-  // Whether layer i (0-based) has an MoE MLP, and how many of layers [first, first+n) do.
+  // Whether layer i (0-based) has an MoE MLP, and how many of layers [first, first+n) do
+  // (a hybrid model's E layers).
   bool is_moe_layer(int64_t i) const;
   int64_t moe_layers_in(int64_t first, int64_t n) const;
   int64_t moe_layers() const { return moe_layers_in(0, layers); }
@@ -166,7 +226,8 @@ Status CheckGptShaped(const ModelSpec& m);
 // kv_channels, rotary_base, rotary_percent, parallel_attn_mlp, num_experts, moe_topk,
 // moe_ffn_hidden, moe_shared_ffn_hidden, moe_dense_layers_first, moe_layer_step, moe_router,
 // moe_routing, moe_capacity_factor, moe_aux_loss_coeff, q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_head_dim,
-// v_head_dim, mtp_layers, sliding_window, global_attention_every). Unknown or missing keys and bad values are errors naming file:line,
+// v_head_dim, mtp_layers, sliding_window, global_attention_every, hybrid_pattern,
+// mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads). Unknown or missing keys and bad values are errors naming file:line,
 // key and value.
 Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                                 const std::string& path);
@@ -174,7 +235,8 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
 Result<ModelSpec> LoadModelFile(const std::string& path);
 // Imports a Hugging Face config.json (core/hf_import.cc): Llama, Mistral, Mixtral, Qwen2,
 // Qwen2-MoE, Qwen3 (dense and MoE), DeepSeek-V2/V3, Kimi K2, Gemma 2/3, Phi-3, GPT-OSS, Falcon,
-// GPT-NeoX and GPT-2, each by its model_type's reader; layers ptdp does not model (Mamba,
+// GPT-NeoX, GPT-2 and the Nemotron-H / Nemotron 3 hybrids (nemotron_h: Mamba-2, attention, MLP
+// and MoE layers by hybrid_override_pattern), each by its model_type's reader; layers ptdp does not model (Mamba outside nemotron_h,
 // linear attention) and keys it cannot express are refused with the file, key and value. A
 // folder reads its config.json, as from_pretrained(folder) does. The name is _name_or_path,
 // else the folder (DIR/config.json) or file name; seq_len is the pre-training context the

@@ -96,6 +96,8 @@ AnalyticModel::AnalyticModel(const ModelSpec& model, const Topology& topo,
     : model_(model), topo_(&topo), k_(k) {
   ResetMemo();
   layer_params_.dense_layer = double(model.params_per_layer());
+  for (int k = 0; k < kLayerKinds; ++k)
+    layer_params_.kind[size_t(k)] = double(model.kind_params(LayerKind(k)));
   if (model.moe()) {
     layer_params_.routed = double(model.routed_expert_params());
     layer_params_.moe_layer_shared =
@@ -271,6 +273,12 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
         break;
       case LayerOpKind::kAttention: t = op.flops / (peak16 * k_.attention_eff); break;
       case LayerOpKind::kMemory: {
+        if (op.kernel == MemoryKernel::kSsmScan || op.kernel == MemoryKernel::kSsmScanBackward) {
+          // A chain of kernels, some moving bytes (conv1d, cumsum, state passing, the norm),
+          // some doing the FLOPs (chunk state, C B^T, chunk scan): their times add.
+          t = op.bytes / hbm + op.flops / (peak16 * k_.ssm_scan_eff);
+          break;
+        }
         const bool norm_like = op.kernel == MemoryKernel::kNorm ||
                                op.kernel == MemoryKernel::kPermute ||
                                op.kernel == MemoryKernel::kPermuteBackward ||
@@ -315,7 +323,9 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
             cc.entries[j].bytes == op.bytes)
           c = cc.entries[j].seconds;
       if (c < 0) {
-        c = kind == Collective::kAllToAll ? AllToAll(stride, size, op.bytes, l.moe_flex_dispatcher)
+        c = kind == Collective::kAllToAll
+                ? AllToAll(stride, size, op.bytes,
+                           op.group == CommGroup::kEp && l.moe_flex_dispatcher)
                                           : Coll(kind, stride, size, op.bytes);
         if (cc.size < CollCache::kMax)
           cc.entries[cc.size++] = {kind, uint8_t(op.group), op.bytes, c};
@@ -400,50 +410,82 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
   return e.times;
 }
 
-LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
-  const LayerOps ops = Ops(l);
-  CollCache colls;  // the same collectives recur across the lists: time each once
-  const OpListTimes f = TimeOps(l, ops.forward, {}, nullptr, &colls);
-  const OpListTimes rc = TimeOps(l, ops.recompute, {}, nullptr, &colls);
-  const OpListTimes br = TimeOps(l, ops.backward, rc, nullptr, &colls);  // recompute first
-  LayerTimes lt;
+OneLayerTimes AnalyticModel::KindTimes(const Layout& l, LayerKind kind, CollCache* colls) const {
+  LayerOps ops;
+  BuildLayerOps(model_, Shape(l), &ops, kind);
+  const bool a2a_overlap = HasMoe(kind) && l.moe_a2a_overlap;
+  OpTimes ef, eb;  // each op's times, read only with the all-to-all overlap
+  const OpListTimes f = TimeOps(l, ops.forward, {}, a2a_overlap ? &ef : nullptr, colls);
+  const OpListTimes rc = TimeOps(l, ops.recompute, {}, nullptr, colls);
+  const OpListTimes br = TimeOps(l, ops.backward, rc, a2a_overlap ? &eb : nullptr, colls);
   // The GPU waits for a host that dispatches slower than it computes: the difference counts as
   // compute (the kernels are there, only later).
-  lt.fwd_tp_s = f.exposed_s;
-  lt.fwd_compute_s = f.busy() - f.exposed_s;
-  lt.recompute_s = rc.busy();
-  lt.bwd_tp_s = br.exposed_s;
-  lt.bwd_compute_s = br.busy() - br.exposed_s;
-  const OpShape shape = Shape(l);
-  if (model_.moe()) {
-    LayerOps moe;
-    BuildLayerOps(model_, shape, &moe, /*moe=*/true);
-    OpTimes ef, eb;
-    const OpListTimes mf = TimeOps(l, moe.forward, {}, &ef, &colls);
-    const OpListTimes mrc = TimeOps(l, moe.recompute, {}, nullptr, &colls);
-    const OpListTimes mbr = TimeOps(l, moe.backward, mrc, &eb, &colls);
-    lt.moe = {mf.busy() - mf.exposed_s, mbr.busy() - mbr.exposed_s, mrc.busy(), mf.exposed_s,
-              mbr.exposed_s};
-    if (l.moe_a2a_overlap) {
-      // --overlap-moe-expert-parallel-comm: one micro-batch's forward and another's backward
-      // run layer by layer together, each one's all-to-alls under the other's compute
-      // (megatron/core/pipeline_parallel/ combined 1F1B): what the pair's compute cannot cover
-      // stays exposed, the hidden rest costs overlap_interference.
-      auto a2a = [](const LayerOpList& ops, const OpTimes& t) {
-        double s = 0;
-        for (int i = 0; i < ops.size; ++i)
-          if (ops[i].kind == LayerOpKind::kComm && ops[i].comm == CommKind::kAllToAll)
-            s += t[i].exposed_s;
-        return s;
-      };
-      const double af = a2a(moe.forward, ef), ab = a2a(moe.backward, eb);
-      const double window = lt.moe.fwd_compute_s + lt.moe.bwd_compute_s;
-      const double left = std::max(0.0, af + ab - window);
-      const double hidden = af + ab - left;
-      lt.moe.fwd_tp_s -= af;
-      lt.moe.bwd_tp_s += left - ab + k_.overlap_interference * hidden;
-    }
+  OneLayerTimes t;
+  t.fwd_compute_s = f.busy() - f.exposed_s;
+  t.bwd_compute_s = br.busy() - br.exposed_s;
+  t.recompute_s = rc.busy();
+  t.fwd_tp_s = f.exposed_s;
+  t.bwd_tp_s = br.exposed_s;
+  if (a2a_overlap) {
+    // --overlap-moe-expert-parallel-comm: one micro-batch's forward and another's backward
+    // run layer by layer together, each one's all-to-alls under the other's compute
+    // (megatron/core/pipeline_parallel/ combined 1F1B): what the pair's compute cannot cover
+    // stays exposed, the hidden rest costs overlap_interference.
+    auto a2a = [](const LayerOpList& ops, const OpTimes& t) {
+      double s = 0;
+      for (int i = 0; i < ops.size; ++i)
+        if (ops[i].kind == LayerOpKind::kComm && ops[i].comm == CommKind::kAllToAll &&
+            ops[i].group == CommGroup::kEp)
+          s += t[i].exposed_s;
+      return s;
+    };
+    const double af = a2a(ops.forward, ef), ab = a2a(ops.backward, eb);
+    const double window = t.fwd_compute_s + t.bwd_compute_s;
+    const double left = std::max(0.0, af + ab - window);
+    const double hidden = af + ab - left;
+    t.fwd_tp_s -= af;
+    t.bwd_tp_s += left - ab + k_.overlap_interference * hidden;
   }
+  t.fwd_gpu_s = f.busy_s - f.exposed_s + t.fwd_tp_s;
+  t.bwd_gpu_s = br.busy_s - br.exposed_s + t.bwd_tp_s;
+  t.fwd_host_s = f.host_s;
+  t.bwd_host_s = br.host_s;
+  return t;
+}
+
+LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
+  CollCache colls;  // the same collectives recur across the lists: time each once
+  LayerTimes lt;
+  auto set_top = [&lt](const OneLayerTimes& t) {
+    lt.fwd_compute_s = t.fwd_compute_s;
+    lt.bwd_compute_s = t.bwd_compute_s;
+    lt.recompute_s = t.recompute_s;
+    lt.fwd_tp_s = t.fwd_tp_s;
+    lt.bwd_tp_s = t.bwd_tp_s;
+  };
+  if (model_.hybrid()) {
+    // Each kind the pattern has, and the mean layer in the top-level fields.
+    const LayerCounts all = model_.layer_counts(0, model_.layers);
+    OneLayerTimes mean;
+    for (int k = 0; k < kLayerKinds; ++k) {
+      const double n = all.n[size_t(k)];
+      if (n <= 0) continue;
+      const OneLayerTimes t = KindTimes(l, LayerKind(k), &colls);
+      lt.kinds[size_t(k)] = t;
+      const double w = n / double(model_.layers);
+      mean.fwd_compute_s += w * t.fwd_compute_s;
+      mean.bwd_compute_s += w * t.bwd_compute_s;
+      mean.recompute_s += w * t.recompute_s;
+      mean.fwd_tp_s += w * t.fwd_tp_s;
+      mean.bwd_tp_s += w * t.bwd_tp_s;
+    }
+    set_top(mean);
+    lt.moe = lt.kinds[size_t(LayerKind::kMoeMlp)];
+  } else {
+    set_top(KindTimes(l, LayerKind::kDense, &colls));
+    if (model_.moe()) lt.moe = KindTimes(l, LayerKind::kMoe, &colls);
+  }
+  const OpShape shape = Shape(l);
   // The embedding and the output layer, each a forward and a backward list.
   LayerOpList fwd, bwd;
   auto pass = [&](PassTimes* p) {
@@ -477,12 +519,12 @@ LayerTimes AnalyticModel::ComputeLayer(const Layout& l) const {
 StageTimes AnalyticModel::Stage(const Layout& l, int r) const { return StageFrom(l, r, Layer(l)); }
 
 StageTimes AnalyticModel::StageFrom(const Layout& l, int r, const LayerTimes& lt) const {
-  return Work(l, RankLayers(model_, l, r), RankMoeLayers(l, r), r == 0, r == l.pp - 1, lt);
+  return Work(l, RankLayerCounts(l, r), r == 0, r == l.pp - 1, lt);
 }
 
 StageTimes AnalyticModel::Chunk(const Layout& l, int r, int c, const LayerTimes& lt) const {
-  return Work(l, ChunkLayerCount(l, r, c), ChunkMoeLayerCount(l, r, c), r == 0 && c == 0,
-              r == l.pp - 1 && c == l.vp - 1, lt);
+  return Work(l, ChunkLayerCounts(l, r, c), r == 0 && c == 0, r == l.pp - 1 && c == l.vp - 1,
+              lt);
 }
 
 double AnalyticModel::ChunkLayerCount(const Layout& l, int r, int c) const {
@@ -494,6 +536,33 @@ double AnalyticModel::ChunkMoeLayerCount(const Layout& l, int r, int c) const {
   if (!model_.moe()) return 0;
   if (r < 0 || c < 0) return double(model_.moe_layers()) / (double(l.pp) * l.vp);
   return ChunkMoeLayers(model_, l, r, c);
+}
+
+LayerCounts AnalyticModel::ChunkLayerCounts(const Layout& l, int r, int c) const {
+  if (!model_.hybrid()) {  // dense and MoE transformer layers
+    LayerCounts n;
+    n[LayerKind::kMoe] = ChunkMoeLayerCount(l, r, c);
+    n[LayerKind::kDense] = ChunkLayerCount(l, r, c) - n[LayerKind::kMoe];
+    return n;
+  }
+  if (r < 0 || c < 0)
+    return model_.layer_counts(0, model_.layers).Scaled(1.0 / (double(l.pp) * l.vp));
+  return model_.layer_counts(ChunkFirstLayer(model_, l, r, c), ChunkLayers(model_, l, r, c));
+}
+
+LayerCounts AnalyticModel::RankLayerCounts(const Layout& l, int r) const {
+  if (!model_.hybrid()) {
+    LayerCounts n;
+    n[LayerKind::kMoe] = RankMoeLayers(l, r);
+    n[LayerKind::kDense] = double(RankLayers(model_, l, r)) - n[LayerKind::kMoe];
+    return n;
+  }
+  LayerCounts n;
+  for (int c = 0; c < l.vp; ++c) {
+    const LayerCounts k = ChunkLayerCounts(l, r, c);
+    for (int i = 0; i < kLayerKinds; ++i) n.n[size_t(i)] += k.n[size_t(i)];
+  }
+  return n;
 }
 
 double AnalyticModel::RankMoeLayers(const Layout& l, int r) const {
@@ -515,22 +584,37 @@ static void ForStageClasses(const Layout& l, F&& f) {
   if (p > 2) f(1, double(p - 2));
 }
 
-StageTimes AnalyticModel::Work(const Layout& l, double layers, double moe_layers,
-                               bool embedding, bool output, const LayerTimes& lt) const {
+StageTimes AnalyticModel::Work(const Layout& l, LayerCounts layers, bool embedding, bool output,
+                               const LayerTimes& lt) const {
   StageTimes st;
   // The last stage also runs the MTP modules: a layer each (of the last layer's kind) and
   // their extra output pass.
   const double mtp = output ? double(model_.mtp_layers) : 0;
-  if (mtp > 0) {
-    if (model_.is_moe_layer(model_.layers - 1)) moe_layers += mtp;
-    layers += mtp;
+  if (mtp > 0) layers[model_.layer_kind(model_.layers - 1)] += mtp;
+  double fc = 0, bc = 0, ftp = 0, btp = 0;
+  auto add = [&](double n, const OneLayerTimes& t) {
+    fc += n * t.fwd_compute_s;
+    bc += n * t.bwd_compute_s;
+    ftp += n * t.fwd_tp_s;
+    btp += n * t.bwd_tp_s;
+  };
+  if (model_.hybrid()) {
+    // The GPU's and the host's time over the stage's layers, the larger of the two.
+    double fg = 0, bg = 0, fh = 0, bh = 0;
+    for (int k = 0; k < kLayerKinds; ++k) {
+      const double n = layers.n[size_t(k)];
+      const OneLayerTimes& t = lt.kinds[size_t(k)];
+      if (n <= 0) continue;
+      fg += n * t.fwd_gpu_s, bg += n * t.bwd_gpu_s, fh += n * t.fwd_host_s, bh += n * t.bwd_host_s;
+      ftp += n * t.fwd_tp_s, btp += n * t.bwd_tp_s;
+    }
+    fc += std::max(fg, fh) - ftp;
+    bc += std::max(bg, bh) - btp;
+  } else {
+    add(layers[LayerKind::kDense], {lt.fwd_compute_s, lt.bwd_compute_s, lt.recompute_s,
+                                    lt.fwd_tp_s, lt.bwd_tp_s});
+    add(layers[LayerKind::kMoe], lt.moe);
   }
-  const double dense = layers - moe_layers;
-  const OneLayerTimes& e = lt.moe;
-  double fc = dense * lt.fwd_compute_s + moe_layers * e.fwd_compute_s;
-  double bc = dense * lt.bwd_compute_s + moe_layers * e.bwd_compute_s;
-  double ftp = dense * lt.fwd_tp_s + moe_layers * e.fwd_tp_s;
-  double btp = dense * lt.bwd_tp_s + moe_layers * e.bwd_tp_s;
   fc += mtp * lt.mtp.fwd_compute_s;
   bc += mtp * lt.mtp.bwd_compute_s;
   ftp += mtp * lt.mtp.fwd_tp_s;
@@ -572,9 +656,17 @@ double AnalyticModel::P2pTime(const Layout& l) const {
 // routed experts (over ep x etp), each chunk's layers with their own kinds.
 void AnalyticModel::RankLayerParams(const Layout& l, int r, double* dense, double* experts) const {
   const ModelSpec& M = model_;
-  if (!M.moe()) {
+  if (!M.moe() && !M.hybrid()) {
     *dense = double(RankLayers(M, l, r)) * layer_params_.dense_layer / l.tp;
     *experts = 0;
+    return;
+  }
+  if (M.hybrid()) {  // each kind its weights; the E layers' routed experts over ep x etp
+    const LayerCounts n = RankLayerCounts(l, r);
+    double shared = 0;
+    for (int k = 0; k < kLayerKinds; ++k) shared += n.n[size_t(k)] * layer_params_.kind[size_t(k)];
+    *dense = (shared - n.moe() * layer_params_.routed) / l.tp;
+    *experts = n.moe() * layer_params_.routed / (double(l.ep) * l.expert_tp());
     return;
   }
   // The layers of rank r depend on the split only: a small per-thread memo of (dense, MoE)
@@ -779,7 +871,18 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double expert_pa
 // of f_s. MLA keeps the two latents and their norms (4 (q_lora + kv_lora + qk_pos) bytes per
 // token, replicated) and its q, k, v and output per head.
 double AnalyticModel::LayerActivationBytes(const Layout& l, bool moe) const {
-  if (runtime_) return runtime_->LayerActivationBytes(l, moe);
+  return LayerActivationBytes(l, moe ? LayerKind::kMoe : LayerKind::kDense);
+}
+
+// A hybrid model's one-block layers keep their block's share: the norm input and residual
+// bytes of one block (4 sbh, + sbh of dropout mask), and the attention's, the MLP's or the MoE
+// block's terms as above; a Mamba layer its in_proj output (z, x, B, C, dt), the scan's
+// output before the gated norm and out_proj's input (mamba_ssm's
+// mamba_split_conv1d_scan_combined saves zxBCdt and out_x; the chunk states are recomputed
+// in its backward), all split over TP (with CP each rank holds heads/(t c) of the whole
+// sequence: as many).
+double AnalyticModel::LayerActivationBytes(const Layout& l, LayerKind kind) const {
+  if (runtime_) return runtime_->LayerActivationBytes(l, HasMoe(kind));
   const ModelSpec& M = model_;
   const double t = l.tp, b = l.micro_batch, s = M.seq_len, sl = s / l.cp, h = M.hidden,
                a = M.heads;
@@ -788,28 +891,35 @@ double AnalyticModel::LayerActivationBytes(const Layout& l, bool moe) const {
   const bool sp = l.sequence_parallel && l.tp > 1;
   if (l.recompute == Recompute::kFull)  // only the layer input is kept
     return 2.0 * sbh / (sp ? t : 1) * fp32;
+  const bool attn = HasAttention(kind), moe = HasMoe(kind) && M.moe();
+  const bool dense_mlp = kind == LayerKind::kDense || kind == LayerKind::kMlp;
+  const bool mamba = kind == LayerKind::kMamba;
   // Fused (flash) attention never stores the s x s scores, nor does selective recompute.
   const bool fused_attention = k_.softmax_bytes_per_score == 0;
   const bool sel = l.recompute == Recompute::kSelective;
-  const double score_term = (fused_attention || sel) ? 0 : (M.dropout ? 5.0 : 2.0) * a * s / h;
-  double replicated = 8.0 + (M.dropout ? 2.0 : 0.0);
+  const double score_term =
+      (!attn || fused_attention || sel) ? 0 : (M.dropout ? 5.0 : 2.0) * a * s / h;
+  const int blocks = int(attn) + int(dense_mlp || moe) + int(mamba);
+  double replicated = blocks * (4.0 + (M.dropout ? 1.0 : 0.0));
   // Q, K, V and the output, in units of h (GPT: 2 + 4 k/a + 2).
-  double attention;
-  if (M.mla()) {
+  double attention = 0;
+  if (attn && M.mla()) {
     const double qk = double(M.qk_head_dim + M.qk_pos_head_dim), v = double(M.v_head_dim);
     attention = 2.0 * a * (2 * qk + 2 * v) / h;
     replicated += 4.0 * double(M.q_lora_rank + M.kv_lora_rank + M.qk_pos_head_dim) / h;
-  } else {
+  } else if (attn) {
     const double hd = double(M.head_dim());
     attention = 2.0 * (2 * a * hd + 2 * double(M.kv_heads) * hd) / h;
   }
   const double f = double(M.ffn_hidden) / h;
   const double fc1_out = M.gated() ? 2 * f : f;
-  const double mlp = moe ? 0 : 2.0 * fc1_out + 2.0 * f;
-  const double split = attention + mlp;
+  const double mlp = dense_mlp ? 2.0 * fc1_out + 2.0 * f : 0;
+  const double ssm =
+      mamba ? 2.0 * double(M.mamba_in_proj() + 2 * M.mamba_inner()) / h : 0;
+  const double split = attention + mlp + ssm;
   double bytes = sp ? sbh / t * (replicated + split + score_term)
                     : sbh * (replicated + (split + score_term) / t);
-  if (moe && M.moe()) {
+  if (moe) {
     const double T = sl * b, Tl = sp ? T / t : T, load = ExpertLoad(l), etp = l.expert_tp();
     const double k = double(M.moe_topk), E = double(M.num_experts);
     const double Fe = double(M.moe_ffn_hidden) / etp, Fei = M.gated() ? 2 * Fe : Fe;
@@ -821,17 +931,22 @@ double AnalyticModel::LayerActivationBytes(const Layout& l, bool moe) const {
   return bytes * fp32;  // table 2 is for 16-bit
 }
 
+double AnalyticModel::KindsActivationBytes(const Layout& l, const LayerCounts& n) const {
+  double bytes = 0;
+  for (int k = 0; k < kLayerKinds; ++k)
+    if (n.n[size_t(k)] > 0) bytes += n.n[size_t(k)] * LayerActivationBytes(l, LayerKind(k));
+  return bytes;
+}
+
 // Activation bytes held on stage r at its peak: per-layer bytes times the layers of the
 // micro-batches in flight (megatron-reference.md section 3), plus embedding and logits.
 double AnalyticModel::Activations(const Layout& l, int r) const {
   const ModelSpec& M = model_;
   const double t = l.tp, sbh = double(M.seq_len) / l.cp * l.micro_batch * M.hidden;
-  const double rank_layers = double(RankLayers(M, l, r)), moe_layers = RankMoeLayers(l, r);
-  const double dense_bytes = LayerActivationBytes(l);
-  const double moe_bytes = moe_layers > 0 ? LayerActivationBytes(l, /*moe=*/true) : 0;
-  // The rank's layers, dense and MoE, per chunk on average.
-  const double per_chunk =
-      ((rank_layers - moe_layers) * dense_bytes + moe_layers * moe_bytes) / l.vp;
+  const LayerCounts counts = RankLayerCounts(l, r);
+  const double moe_layers = counts.moe();
+  // The rank's layers, each kind its bytes, per chunk on average.
+  const double per_chunk = KindsActivationBytes(l, counts) / l.vp;
   const double m = double(l.num_microbatches());
   double chunks_in_flight;
   if (l.schedule == ScheduleKind::kGPipe) {
@@ -846,15 +961,20 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
   if (l.recompute == Recompute::kFull) {  // one layer's full activations while recomputing
     Layout none = l;
     none.recompute = Recompute::kNone;
-    bytes += LayerActivationBytes(none, moe_layers > 0);
+    double most = LayerActivationBytes(none, moe_layers > 0);
+    if (M.hybrid()) {  // the rank's largest layer
+      most = 0;
+      for (int k = 0; k < kLayerKinds; ++k)
+        if (counts.n[size_t(k)] > 0) most = std::max(most, LayerActivationBytes(none, LayerKind(k)));
+    }
+    bytes += most;
   }
   if (r == 0) bytes += chunks_in_flight / l.vp * sbh * 3.0 / (l.sequence_parallel ? t : 1);
   if (r == l.pp - 1) {  // output layer and loss (megatron-reference.md section 7), + MTP's
     const double mtp = double(M.mtp_layers);
     bytes += (1 + mtp) * 4.0 * sbh * (1 + double(M.padded_vocab(l.tp)) / M.hidden) / t;
     if (mtp > 0)
-      bytes += chunks_in_flight / l.vp * mtp *
-               LayerActivationBytes(l, M.is_moe_layer(M.layers - 1));
+      bytes += chunks_in_flight / l.vp * mtp * LayerActivationBytes(l, M.layer_kind(M.layers - 1));
   }
   return bytes;
 }
@@ -895,24 +1015,27 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
 }
 
 namespace {
-// Forward FLOPs per token of a dense and of an MoE layer: 2 x the linear weights a token meets
-// plus its attention scores, 2 s a (d_qk + d_v) (4 s h for GPT shapes; full, not causal-halved,
-// as Korthikanti counts).
-double LayerFwdFlops(const ModelSpec& M, bool moe) {
+// Forward FLOPs per token of a layer of kind k: 2 x the linear weights a token meets plus its
+// attention scores, 2 s a (d_qk + d_v) (4 s h for GPT shapes; full, not causal-halved, as
+// Korthikanti counts); a Mamba layer's scan as Megatron counts it, 7 d_inner N
+// (megatron/training/training.py mamba_layer_flops).
+double LayerFwdFlops(const ModelSpec& M, LayerKind k) {
   const double qk = M.mla() ? double(M.qk_head_dim + M.qk_pos_head_dim) : double(M.head_dim());
   const double v = M.mla() ? double(M.v_head_dim) : double(M.head_dim());
-  const double attention = 2.0 * double(M.seq_len) * double(M.heads) * (qk + v);
-  const double mlp = moe ? double(M.moe_mlp_active_linear_params())
-                         : double(M.dense_mlp_linear_params());
-  return 2.0 * (double(M.attention_linear_params()) + mlp) + attention;
+  const double attention =
+      HasAttention(k) ? 2.0 * double(M.seq_len) * double(M.heads) * (qk + v) : 0;
+  const double scan =
+      k == LayerKind::kMamba ? 7.0 * double(M.mamba_inner()) * double(M.mamba_state_dim) : 0;
+  return 2.0 * double(M.kind_active_linear_params(k)) + attention + scan;
 }
 // All layers' forward FLOPs per token (MTP modules with their layer, projection and logits).
 double ModelFwdFlopsPerToken(const ModelSpec& M) {
-  const double moe = double(M.moe_layers()), dense = double(M.layers) - moe;
-  double f = dense * LayerFwdFlops(M, false) + moe * LayerFwdFlops(M, true) +
-             2.0 * M.hidden * M.vocab;
+  const LayerCounts n = M.layer_counts(0, M.layers);
+  double f = 2.0 * M.hidden * M.vocab;
+  for (int k = 0; k < kLayerKinds; ++k)
+    if (n.n[size_t(k)] > 0) f += n.n[size_t(k)] * LayerFwdFlops(M, LayerKind(k));
   if (M.mtp_layers > 0)
-    f += double(M.mtp_layers) * (LayerFwdFlops(M, M.is_moe_layer(M.layers - 1)) +
+    f += double(M.mtp_layers) * (LayerFwdFlops(M, M.layer_kind(M.layers - 1)) +
                                  4.0 * M.hidden * M.hidden + 2.0 * M.hidden * M.vocab);
   return f;
 }
@@ -934,7 +1057,7 @@ double AnalyticModel::HardwareFlops(const Layout& l) const {
   if (l.recompute == Recompute::kFull)  // Narayanan eq. 3: the forward once more
     extra = tokens * (ModelFwdFlopsPerToken(M) - 2.0 * M.hidden * M.vocab);
   if (l.recompute == Recompute::kSelective)  // Korthikanti: s/(3h) instead of s/(6h)
-    extra = tokens * M.layers * 12.0 * M.seq_len * M.hidden;
+    extra = tokens * M.layer_counts(0, M.layers).attention() * 12.0 * M.seq_len * M.hidden;
   return ModelFlops(l) + extra;
 }
 
@@ -1037,10 +1160,7 @@ double AnalyticModel::StaticMemory(const Layout& l, int r) const {
 }
 
 double AnalyticModel::ChunkActivationBytes(const Layout& l, int r, int c) const {
-  const double n = ChunkLayerCount(l, r, c), moe = ChunkMoeLayerCount(l, r, c);
-  double bytes = (n - moe) * LayerActivationBytes(l);
-  if (moe > 0) bytes += moe * LayerActivationBytes(l, /*moe=*/true);
-  return bytes * (1 + k_.fragmentation);
+  return KindsActivationBytes(l, ChunkLayerCounts(l, r, c)) * (1 + k_.fragmentation);
 }
 
 double AnalyticModel::ChunkParams(const Layout& l, int r, int c) const {

@@ -29,6 +29,11 @@ struct PassTimes {
 // Times of one micro-batch through one transformer layer of one kind, seconds.
 struct OneLayerTimes {
   double fwd_compute_s = 0, bwd_compute_s = 0, recompute_s = 0, fwd_tp_s = 0, bwd_tp_s = 0;
+  // The GPU's time (kernels and exposed communication) and the host's dispatch time of the
+  // forward and of the backward (with its recompute), apart: a hybrid model's stage takes the
+  // larger of their sums over its layers (the host runs ahead across the one-block layers as
+  // it does within a transformer layer).
+  double fwd_gpu_s = 0, bwd_gpu_s = 0, fwd_host_s = 0, bwd_host_s = 0;
 };
 
 // Times of one micro-batch through one transformer layer on one GPU, seconds.
@@ -47,6 +52,9 @@ struct LayerTimes {
   // One multi-token-prediction module beyond its transformer layer (DeepSeek-V3: two norms and
   // the 2h x h projection, then the shared output layer and loss again), on the last stage.
   PassTimes mtp;
+  // A hybrid model's layers by kind (LayerKind: Mamba, attention, MLP, MoE), those it has; the
+  // fields above are then its mean layer (the pattern's average), `moe` its E layer.
+  std::array<OneLayerTimes, kLayerKinds> kinds{};
 };
 
 // Times of an operation list (TimeOps).
@@ -156,6 +164,9 @@ class AnalyticModel : public Estimator {
   // Layers of that chunk (fractional for the average chunk), and of them the MoE layers.
   double ChunkLayerCount(const Layout& l, int r, int c) const;
   double ChunkMoeLayerCount(const Layout& l, int r, int c) const;
+  // The same by kind (LayerKind), and those of all the chunks of pipeline rank r.
+  LayerCounts ChunkLayerCounts(const Layout& l, int r, int c) const;
+  LayerCounts RankLayerCounts(const Layout& l, int r) const;
   // MoE layers of pipeline rank r (all its chunks).
   double RankMoeLayers(const Layout& l, int r) const;
   // Static memory of stage r: weights, grads, optimizer and other, without activations.
@@ -216,6 +227,8 @@ class AnalyticModel : public Estimator {
   // Activation bytes one layer keeps for one micro-batch (Korthikanti 2022 table 2); `moe`:
   // an MoE layer's (its MLP part for the routed and shared experts).
   double LayerActivationBytes(const Layout& l, bool moe = false) const;
+  // The same for a layer of kind k (a hybrid model's Mamba, attention, MLP and MoE layers).
+  double LayerActivationBytes(const Layout& l, LayerKind k) const;
   double ModelFlops(const Layout& l) const;            // per step (Korthikanti model FLOPs)
   double HardwareFlops(const Layout& l) const;         // per step, recompute included
   double P2pTime(const Layout& l) const;               // one boundary transfer, seconds
@@ -250,10 +263,15 @@ class AnalyticModel : public Estimator {
  private:
   // Stage(l, r) given the layer times (computed once per layout in Evaluate).
   StageTimes StageFrom(const Layout& l, int r, const LayerTimes& lt) const;
-  StageTimes Work(const Layout& l, double layers, double moe_layers, bool embedding,
-                  bool output, const LayerTimes& lt) const;
+  StageTimes Work(const Layout& l, LayerCounts layers, bool embedding, bool output,
+                  const LayerTimes& lt) const;
+  // One layer of kind k: its op lists timed (an MoE kind with --overlap-moe-expert-parallel-comm
+  // hiding its all-to-alls under the paired micro-batch's compute).
+  OneLayerTimes KindTimes(const Layout& l, LayerKind k, CollCache* colls) const;
   double Coll(Collective c, int stride, int size, double bytes) const;
   double Activations(const Layout& l, int r) const;
+  // Activation bytes of `n` layers, each kind its LayerActivationBytes.
+  double KindsActivationBytes(const Layout& l, const LayerCounts& n) const;
 
   ModelSpec model_;
   const Topology* topo_;
@@ -266,6 +284,7 @@ class AnalyticModel : public Estimator {
   // routed experts.
   struct LayerParams {
     double dense_layer = 0, moe_layer_shared = 0, routed = 0;
+    std::array<double, kLayerKinds> kind{};  // all weights of one layer of each kind
   } layer_params_;
   void RankLayerParams(const Layout& l, int r, double* dense, double* experts) const;
   // The gradient reduction of `params` over `size` ranks `stride` apart: the reduce-scatter (or

@@ -65,6 +65,10 @@ const std::vector<ConstantInfo>& ConstantTable() {
       {"moe_dropless_load", &C::moe_dropless_load, "x mean tokens per expert",
        "most loaded expert rank in dropless routing (aux-loss balanced); not fitted",
        ConstantRange{1, false, 64}},
+      {"ssm_scan_eff", &C::ssm_scan_eff, "fraction of 16-bit peak",
+       "hybrid models' Mamba-2 conv1d + SSD chunked scan + gated norm (mamba_ssm Triton "
+       "kernels) on their FLOPs; fitted on the hybrid recipes (data/published/fit.yaml)",
+       kEfficiency},
       {"overlap_interference", &C::overlap_interference, "fraction",
        "hidden communication's cost to the kernel it overlaps (SMs, HBM); fitted per GPU", kFraction},
       {"pp_exposed", &C::pp_exposed, "fraction", "Megatron 1F1B p2p is blocking", kFraction},

@@ -72,6 +72,11 @@ struct CostConstants {
   // of the same shape: per-expert launches or grouped kernels, the permuted operands.
   double grouped_gemm_eff = 0.85;
   double moe_dropless_load = 1.2;
+  // Hybrid models: the Mamba-2 mixer's conv1d + SSD chunked scan + gated norm (Triton kernels)
+  // on its FLOPs, as a fraction of the 16-bit peak; its time is that plus its bytes at
+  // hbm_eff (a chain of kernels, some memory-bound, some not: core/layer_ops.cc MambaForward).
+  // Default: ~50 TFLOP/s on an H100, what the Blackwell fits reach in absolute terms (30-70).
+  double ssm_scan_eff = 0.05;
   // Share of pipeline p2p time left exposed on the critical path.
   double pp_exposed = 1.0;
   // Optimizer: bytes of HBM traffic per parameter updated (AdamW on fp32 master weights:

@@ -244,6 +244,7 @@ double RuntimeModel::MemoryOp(const LayerOp& op, double k) const {
     case MemoryKernel::kFp8Cast:
     case MemoryKernel::kRouter: case MemoryKernel::kRouterBackward:
     case MemoryKernel::kPermute: case MemoryKernel::kPermuteBackward:
+    case MemoryKernel::kSsmScan: case MemoryKernel::kSsmScanBackward:
       break;
   }
   assert(false && "a Megatron-only kernel in a runtime op list");

@@ -127,13 +127,17 @@ std::map<std::string, double> FitConstants(const std::vector<MeasuredRun>& all,
   // The Mixture-of-Experts constants change no dense row: the others are fitted on the dense
   // rows, then these on the MoE rows with the others fixed (so MoE rows never move a dense
   // constant, and a dense fit is the same with or without MoE rows in the data).
-  auto moe_only = [](const std::string& name) {
-    return name == "all_to_all_eff" || name == "grouped_gemm_eff" || name == "moe_dropless_load";
+  // Likewise the hybrid models' constant, last, on the hybrid rows with the others fixed.
+  enum Pass { kDensePass, kMoePass, kHybridPass };
+  auto pass_of = [](const std::string& name) {
+    if (name == "all_to_all_eff" || name == "grouped_gemm_eff" || name == "moe_dropless_load")
+      return kMoePass;
+    return name == "ssm_scan_eff" ? kHybridPass : kDensePass;
   };
-  auto descend = [&](const std::vector<MeasuredRun>& rows, bool moe) {
+  auto descend = [&](const std::vector<MeasuredRun>& rows, Pass pass) {
     std::vector<FitParam> ps;
     for (const FitParam& p : params)
-      if (moe_only(p.name) == moe) ps.push_back(p);
+      if (pass_of(p.name) == pass) ps.push_back(p);
     if (ps.empty() || rows.empty()) return;
     double best = MeanAbsError(rows, c);
     for (int round = 0; round < rounds; ++round) {
@@ -154,10 +158,12 @@ std::map<std::string, double> FitConstants(const std::vector<MeasuredRun>& all,
       }
     }
   };
-  std::vector<MeasuredRun> dense, moe;
-  for (const MeasuredRun& r : runs) (r.model.moe() ? moe : dense).push_back(r);
-  descend(dense, false);
-  descend(moe, true);
+  std::vector<MeasuredRun> dense, moe, hybrid;
+  for (const MeasuredRun& r : runs)
+    (r.model.hybrid() ? hybrid : r.model.moe() ? moe : dense).push_back(r);
+  descend(dense, kDensePass);
+  descend(moe, kMoePass);
+  descend(hybrid, kHybridPass);
   std::map<std::string, double> out;
   for (const FitParam& p : params) out[p.name] = value(p);
   return out;

@@ -51,7 +51,8 @@ std::vector<ValidationRow> PredictRuns(const std::vector<MeasuredRun>& runs,
 // Coordinate descent on the named constants of clusters[gpu].calibration (multiplicative steps,
 // bounded to [lo, hi] per constant) minimising the mean absolute step-time error of the runs
 // of that GPU. The Mixture-of-Experts constants (all_to_all_eff, grouped_gemm_eff,
-// moe_dropless_load) are fitted on the MoE rows after the others on the dense rows. Returns the
+// moe_dropless_load) are fitted on the (non-hybrid) MoE rows after the others on the dense rows,
+// the hybrid models' ssm_scan_eff last on the hybrid rows. Returns the
 // fitted values; `clusters` is updated in place.
 struct FitParam {
   std::string name;

@@ -30,7 +30,9 @@ capacity factor of a token-dropping recipe), expert parallelism (an unstated etp
 default, tp) and the pipeline split (the first/last-stage counts a row's notes derive from its
 recipe's code, or, where the table gives only "61 layers over S stages", Megatron-Bridge's
 balanced layout string: the embedding's and the loss's stages one layer lighter, the MTP layer
-with the loss). Hybrid Mamba-MoE rows (Nemotron 3) are not carried: ptdp does not model Mamba.
+with the loss). Hybrid Mamba-MoE rows (Nemotron 3) are carried where the registry gives their
+layer pattern and Mamba sizes (Nano): the pattern as hybrid_pattern, squared-ReLU experts, sigmoid
+router, no position embedding.
 """
 import re
 import sys
@@ -208,8 +210,14 @@ def moe_model(e, reg):
     r = dict(reg.get(model.get("key"), {}))
     r.update({k: v for k, v in model.items() if v is not None})
     cfg = r.get("moe_cfg") or {}
-    if r.get("hybrid") or r.get("hybrid_layer_counts"):
-        return None, "hybrid Mamba-MoE model: ptdp does not model Mamba layers"
+    hyb = r.get("hybrid") or {}
+    if (r.get("hybrid_layer_counts") or fam == "nemotron-3") and not hyb.get("pattern"):
+        return None, ("hybrid Mamba-MoE model (%s): its layer pattern and Mamba sizes are not in "
+                      "the source (%s)" % (fam, r.get("arch_source", "no arch_source")))
+    if hyb and r.get("vocab") is None:
+        # The registry leaves it out; the Nemotron-H / Nemotron 3 tokenizer's 131,072 entries
+        # (the HF config.json of nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B: vocab_size 131072).
+        r["vocab"] = 131072
     for k in ("layers", "hidden", "heads", "vocab"):
         if r.get(k) is None:
             return None, "model.%s not given" % k
@@ -225,6 +233,17 @@ def moe_model(e, reg):
              bias=False, dropout=False)
     if r.get("head_dim") and r["head_dim"] != r["hidden"] // r["heads"]:
         m["kv_channels"] = r["head_dim"]
+    if hyb:
+        # A hybrid (Megatron-Core hybrid stack) Nemotron: its pattern (M Mamba-2, * attention,
+        # E MoE), the Mamba sizes of the registry (groups: Megatron's default 8, as
+        # Nemotron3NanoProvider leaves it), squared-ReLU experts, no position embedding
+        # (Megatron-LM's Nemotron-3 Nano example: --position-embedding-type none --squared-relu).
+        m.update(layers=len(hyb["pattern"]), activation="squared_relu",
+                 position_embedding="none")
+        m["hybrid_pattern"] = hyb["pattern"]
+        m.update(mamba_state_dim=hyb["mamba_state_dim"], mamba_head_dim=hyb["mamba_head_dim"],
+                 mamba_num_groups=hyb.get("mamba_num_groups", 8),
+                 mamba_num_heads=hyb["mamba_num_heads"])
     m.update(num_experts=cfg["num_experts"], moe_topk=cfg["topk"], moe_ffn_hidden=cfg["expert_ffn"])
     if cfg.get("shared_experts"):
         m["moe_shared_ffn_hidden"] = cfg["shared_experts"] * cfg["shared_expert_ffn"]
@@ -235,8 +254,8 @@ def moe_model(e, reg):
         m["moe_layer_step"] = 2  # '[0,1]*24': layers 1, 3, 5, ... are MoE
     elif freq and not freq.startswith("1") and not freq.startswith("[0]*"):
         return None, "MoE layer pattern %r not understood" % freq
-    m["moe_router"] = "sigmoid" if "sigmoid" in str(cfg.get("router", "")) or fam == "llama4" \
-        else "softmax"
+    m["moe_router"] = "sigmoid" if ("sigmoid" in str(cfg.get("router", ""))
+                                    or fam in ("llama4", "nemotron-3")) else "softmax"
     policy = str(lay.get("moe_token_policy") or "")
     notes = " ".join(str(n) for n in (e.get("notes") or []))
     if cfg.get("capacity_factor") or "capacity_factor" in notes:
@@ -281,6 +300,11 @@ def convert_moe(e, reg):
         step, step_derived = derived["step_time_s"], True
     else:
         return None, "no step time or tokens/s (TFLOP/s are counted differently per source)"
+    rc = lay.get("recompute")
+    if isinstance(rc, list) and "moe" in rc:
+        # --recompute-modules moe reruns each MoE block's forward: neither selective (the
+        # attention core) nor full recompute.
+        return None, "recompute modules %s: partial-layer recompute ptdp does not model" % rc
     tp, pp, cp = lay["tp"], lay["pp"], lay.get("cp") or 1
     vp = lay.get("vp") or 1
     if pp == 1:
@@ -370,7 +394,8 @@ runs:
 """
 
 MOE_HEADER = """\
-# Published, measured Mixture-of-Experts training runs (DeepSeek-V3, Grok-1, Llama 4, Mixtral) on
+# Published, measured Mixture-of-Experts training runs (DeepSeek-V3, Grok-1, Llama 4, Mixtral,
+# the hybrid Mamba-MoE Nemotron 3 Nano) on
 # H100 and Blackwell with their full layouts: the MoE rows of the team's megatron_recipes
 # collection, carried over by scripts/import-published.py --moe (data/published/README.md; its
 # docstring states each interpretation). Every step time is derived from the published tokens/s
@@ -401,7 +426,7 @@ def main():
             gpu = str(e["hardware"].get("gpu", ""))
             if not e["model"].get("moe") or not gpu.startswith(("H100", "B200", "B300", "GB200", "GB300")):
                 continue
-            if e["model"].get("family") not in MOE_FAMILIES:
+            if e["model"].get("family") not in MOE_FAMILIES + ("nemotron-3",):
                 row, why = None, ("hybrid Mamba-MoE model (%s): ptdp does not model Mamba layers"
                                   % e["model"].get("family"))
             else:

@@ -54,7 +54,8 @@ const std::set<std::string>& MegatronFlags() {
 struct Script {
   std::string text;
   std::vector<std::string> comments, checks;  // "# ..." lines; ': "${X:?...}"' lines
-  std::vector<std::string> torchrun;          // tokens before pretrain_gpt.py
+  std::vector<std::string> torchrun;          // tokens before pretrain_gpt.py (or _hybrid)
+  std::string script;                         // the training script torchrun runs
   std::vector<std::pair<std::string, std::string>> args;  // flag, its values joined by ' '
   int nproc = 0, nnodes = 0;
 
@@ -95,7 +96,7 @@ Script Parse(const std::string& out) {
   for (std::string t; tokens >> t;) {
     if (t == "\\") continue;
     if (!after) {
-      if (t == "pretrain_gpt.py") after = true;
+      if (t == "pretrain_gpt.py" || t == "pretrain_hybrid.py") after = true, s.script = t;
       else s.torchrun.push_back(t);
       continue;
     }
@@ -596,6 +597,41 @@ TEST(MegatronCommand, DeepSeekV3) {
       PatternEval(Unquote(s.Value("--moe-layer-freq"))).Run();
   for (int i = 0; i < int(pattern.size()); ++i)
     EXPECT_EQ(pattern[i] == 1, plan.model.is_moe_layer(i)) << "layer " << i;
+}
+
+// Nemotron 3 Nano, a hybrid model: pretrain_hybrid.py with its pattern and Mamba sizes (as in
+// Megatron-LM's examples/post_training/modelopt/conf/nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.sh),
+// no --moe-layer-freq (the pattern places the E layers), no position embedding.
+TEST(MegatronCommand, Nemotron3NanoHybrid) {
+  Layout l = Lay(1, 1, 8, 512);
+  l.ep = 8;
+  l.micro_batch = 2;
+  const Plan plan = MakePlan("nemotron3-nano", l);
+  ASSERT_EQ(CheckLayout(plan.model, l), Rejection::kOk)
+      << ExplainRejection(CheckLayout(plan.model, l), plan.model, l);
+  const Script s = Parse(MegatronCommand(plan));
+  ExpectRunnable(s, 8);
+  EXPECT_EQ(s.script, "pretrain_hybrid.py");
+  EXPECT_NE(s.text.find("Megatron-LM checkout (pretrain_hybrid.py)"), std::string::npos);
+  EXPECT_EQ(s.Value("--hybrid-layer-pattern"),
+            "'MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME'");
+  EXPECT_EQ(s.Value("--num-layers"), "52");  // the pattern's length, as arguments.py derives
+  EXPECT_EQ(s.Value("--mamba-num-heads"), "64");
+  EXPECT_EQ(s.Value("--mamba-head-dim"), "64");
+  EXPECT_EQ(s.Value("--mamba-num-groups"), "8");
+  EXPECT_EQ(s.Value("--mamba-state-dim"), "128");
+  EXPECT_EQ(s.Value("--position-embedding-type"), "none");
+  EXPECT_EQ(s.Value("--num-experts"), "128");
+  EXPECT_EQ(s.Value("--moe-router-topk"), "6");
+  EXPECT_EQ(s.Value("--moe-shared-expert-intermediate-size"), "3712");
+  EXPECT_EQ(s.Value("--num-query-groups"), "2");
+  EXPECT_EQ(s.Value("--kv-channels"), "128");
+  EXPECT_TRUE(s.Has("--squared-relu"));
+  EXPECT_FALSE(s.Has("--moe-layer-freq"));
+  EXPECT_FALSE(s.Has("--rotary-base"));
+  // A transformer's command stays pretrain_gpt.py.
+  EXPECT_EQ(Parse(MegatronCommand(MakePlan("llama3-8b", Lay(1, 1, 8, 128)))).script,
+            "pretrain_gpt.py");
 }
 
 TEST(MegatronCommand, Llama4MaverickInterleavesMoeLayers) {

@@ -227,8 +227,14 @@ TEST(Standalone, HfImportStatesItsSequenceLength) {
   EXPECT_EQ(nlohmann::json::parse(s.out)["seq_len"], 2048);
   EXPECT_FALSE(nlohmann::json::parse(s.out).contains("seq_len_note"));
   ExpectOneLineError(PtdpElsewhere("plan --cluster dgx-h100 --model 'hf:" + kSrc +
-                                   "/tests/data/hf/Nemotron-H-8B-Base-8K.json' --global-batch 64"),
-                     "key 'model_type' = \"nemotron_h\": Mamba-2 (state-space) layers");
+                                   "/tests/data/hf/Qwen3-Next-80B-A3B-Instruct.json' --global-batch 64"),
+                     "key 'model_type' = \"qwen3_next\": Gated DeltaNet (linear-attention) layers");
+  // A Nemotron-H hybrid imports and plans: Mamba-2, attention and MLP layers.
+  const CmdResult h = PtdpElsewhere("plan --cluster dgx-h100 --model 'hf:" + kSrc +
+                                    "/tests/data/hf/Nemotron-H-8B-Base-8K.json' --gpus 8 "
+                                    "--global-batch 64 --top 1 --json");
+  ASSERT_EQ(h.code, 0) << h.out;
+  EXPECT_EQ(nlohmann::json::parse(h.out)["seq_len"], 8192);
 }
 
 TEST(Standalone, EmitTakesOnlyWhatItKnows) {
