@@ -455,13 +455,18 @@ struct Family {
   bool llama_max_pos = false;
 };
 
+// The sizes every Llama-style config names alike (and NemotronH's).
+void ReadSizes(Reader& r, ModelSpec* m) {
+  m->layers = r.Need("num_hidden_layers");
+  m->hidden = r.Need("hidden_size");
+  m->heads = r.Need("num_attention_heads");
+  m->kv_heads = r.Int("num_key_value_heads", m->heads);
+  m->ffn_hidden = r.Need("intermediate_size");
+}
+
 Result<ModelSpec> ReadDecoder(Reader& r, const Family& f, SeqLen* seq) {
   ModelSpec m;
-  m.layers = r.Need("num_hidden_layers");
-  m.hidden = r.Need("hidden_size");
-  m.heads = r.Need("num_attention_heads");
-  m.kv_heads = r.Int("num_key_value_heads", m.heads);
-  m.ffn_hidden = r.Need("intermediate_size");
+  ReadSizes(r, &m);
   m.vocab = f.vocab_default > 0 ? r.Int("vocab_size", f.vocab_default) : r.Need("vocab_size");
   ReadHeadDim(r, "head_dim", &m);
   if (f.act_alt_key && r.Has(f.act_alt_key))
@@ -626,11 +631,7 @@ Result<ModelSpec> ReadNeox(Reader& r, SeqLen* seq) {
 // (use_bias), no conv bias. chunk_size is not read: Megatron's mixer scans in chunks of 128.
 Result<ModelSpec> ReadNemotronH(Reader& r, SeqLen* seq) {
   ModelSpec m;
-  m.layers = r.Need("num_hidden_layers");
-  m.hidden = r.Need("hidden_size");
-  m.heads = r.Need("num_attention_heads");
-  m.kv_heads = r.Int("num_key_value_heads", m.heads);
-  m.ffn_hidden = r.Need("intermediate_size");
+  ReadSizes(r, &m);
   m.vocab = r.Need("vocab_size");
   ReadHeadDim(r, r.Has("head_dim") ? "head_dim" : "attention_head_dim", &m);
   ReadActivation(r, "mlp_hidden_act", "relu2", /*gated=*/false, &m);

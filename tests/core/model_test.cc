@@ -382,6 +382,40 @@ TEST(ModelYamlTest, ModelToYamlRoundTrips) {
   EXPECT_TRUE(MustLoad("configs/models/gpt3-175b.yaml").dropout);
 }
 
+// A hybrid model's keys: the pattern and the Mamba sizes round trip; left out, the sizes take
+// Megatron's defaults (state 128, head dim 64, groups 8, heads 2 h / head dim); errors name the
+// file, line and key.
+TEST(ModelYamlTest, HybridPatternAndMambaSizes) {
+  const ModelSpec nano = MustLoad("configs/models/nemotron3-nano.yaml");
+  EXPECT_EQ(nano.hybrid_pattern.size(), 52u);
+  EXPECT_EQ(nano.position, PositionEmbedding::kNone);
+  EXPECT_NEAR(double(nano.total_params()), 31.6e9, 0.005 * 31.6e9);  // model card: 31.6B
+  Result<ModelSpec> back = LoadModelFile(WriteTemp("nano.yaml", ModelToYaml(nano, "")));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->hybrid_pattern, nano.hybrid_pattern);
+  EXPECT_EQ(back->mamba_num_heads, 64);
+  EXPECT_EQ(back->mamba_head_dim, 64);
+  EXPECT_EQ(back->mamba_num_groups, 8);
+  EXPECT_EQ(back->mamba_state_dim, 128);
+  EXPECT_EQ(back->position, PositionEmbedding::kNone);
+  EXPECT_EQ(back->total_params(), nano.total_params());
+  const std::string base =
+      "name: h\nlayers: 4\nhidden: 1024\nheads: 8\nseq_len: 2048\nvocab: 1000\n";
+  Result<ModelSpec> d = LoadModelFile(WriteTemp("h.yaml", base + "hybrid_pattern: \"M*M-\"\n"));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->mamba_state_dim, 128);
+  EXPECT_EQ(d->mamba_head_dim, 64);
+  EXPECT_EQ(d->mamba_num_groups, 8);
+  EXPECT_EQ(d->mamba_num_heads, 32);  // 2 x 1024 / 64
+  Result<ModelSpec> bad = LoadModelFile(WriteTemp("bad.yaml", base + "hybrid_pattern: \"M*M\"\n"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("hybrid_pattern"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("has 3 layer symbols but layers is 4"), std::string::npos);
+  bad = LoadModelFile(WriteTemp("bad2.yaml", base + "mamba_head_dim: 64\n"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("mamba_head_dim"), std::string::npos);
+}
+
 TEST(ModelYamlTest, ToStringSpellingsAreTheYamlValues) {
   EXPECT_STREQ(ToString(Activation::kGelu), "gelu");
   EXPECT_STREQ(ToString(Activation::kSwiglu), "swiglu");
@@ -391,6 +425,7 @@ TEST(ModelYamlTest, ToStringSpellingsAreTheYamlValues) {
   EXPECT_STREQ(ToString(PositionEmbedding::kLearned), "learned");
   EXPECT_STREQ(ToString(PositionEmbedding::kRope), "rope");
   EXPECT_STREQ(ToString(PositionEmbedding::kAlibi), "alibi");
+  EXPECT_STREQ(ToString(PositionEmbedding::kNone), "none");
 }
 
 // ---------------------------------------------------------------------------------------------
