@@ -10,6 +10,10 @@
 #include <cstdio>
 
 namespace ptdp {
+
+namespace {
+double ModelFwdFlopsPerToken(const ModelSpec& M);  // below, with the FLOP counts
+}  // namespace
 namespace {
 
 // What stays exposed of `total` seconds of n collectives run one after another beside a window
@@ -98,6 +102,16 @@ AnalyticModel::AnalyticModel(const ModelSpec& model, const Topology& topo,
   layer_params_.dense_layer = double(model.params_per_layer());
   for (int k = 0; k < kLayerKinds; ++k)
     layer_params_.kind[size_t(k)] = double(model.kind_params(LayerKind(k)));
+  fwd_flops_per_token_ = ModelFwdFlopsPerToken(model);
+  attention_layers_ = model.layer_counts(0, model.layers).attention();
+  if (model.hybrid()) {
+    auto before = std::make_shared<std::vector<LayerCounts>>(size_t(model.layers) + 1);
+    for (int64_t i = 0; i < model.layers; ++i) {
+      (*before)[size_t(i) + 1] = (*before)[size_t(i)];
+      (*before)[size_t(i) + 1][model.layer_kind(i)] += 1;
+    }
+    kinds_before_ = std::move(before);
+  }
   if (model.moe()) {
     layer_params_.routed = double(model.routed_expert_params());
     layer_params_.moe_layer_shared =
@@ -545,9 +559,15 @@ LayerCounts AnalyticModel::ChunkLayerCounts(const Layout& l, int r, int c) const
     n[LayerKind::kDense] = ChunkLayerCount(l, r, c) - n[LayerKind::kMoe];
     return n;
   }
-  if (r < 0 || c < 0)
-    return model_.layer_counts(0, model_.layers).Scaled(1.0 / (double(l.pp) * l.vp));
-  return model_.layer_counts(ChunkFirstLayer(model_, l, r, c), ChunkLayers(model_, l, r, c));
+  const std::vector<LayerCounts>& before = *kinds_before_;
+  if (r < 0 || c < 0) return before.back().Scaled(1.0 / (double(l.pp) * l.vp));
+  const int64_t first = std::clamp<int64_t>(ChunkFirstLayer(model_, l, r, c), 0, model_.layers);
+  const int64_t last =
+      std::clamp<int64_t>(first + ChunkLayers(model_, l, r, c), first, model_.layers);
+  LayerCounts n;
+  for (int k = 0; k < kLayerKinds; ++k)
+    n.n[size_t(k)] = before[size_t(last)].n[size_t(k)] - before[size_t(first)].n[size_t(k)];
+  return n;
 }
 
 LayerCounts AnalyticModel::RankLayerCounts(const Layout& l, int r) const {
@@ -1047,7 +1067,7 @@ double AnalyticModel::ModelFlops(const Layout& l) const {
   // k routed experts, the shared ones and the router (the weights a token meets).
   const ModelSpec& M = model_;
   const double tokens = double(l.global_batch) * M.seq_len;
-  return 3.0 * tokens * ModelFwdFlopsPerToken(M);
+  return 3.0 * tokens * fwd_flops_per_token_;
 }
 
 double AnalyticModel::HardwareFlops(const Layout& l) const {
@@ -1055,9 +1075,9 @@ double AnalyticModel::HardwareFlops(const Layout& l) const {
   const double tokens = double(l.global_batch) * M.seq_len;
   double extra = 0;
   if (l.recompute == Recompute::kFull)  // Narayanan eq. 3: the forward once more
-    extra = tokens * (ModelFwdFlopsPerToken(M) - 2.0 * M.hidden * M.vocab);
+    extra = tokens * (fwd_flops_per_token_ - 2.0 * M.hidden * M.vocab);
   if (l.recompute == Recompute::kSelective)  // Korthikanti: s/(3h) instead of s/(6h)
-    extra = tokens * M.layer_counts(0, M.layers).attention() * 12.0 * M.seq_len * M.hidden;
+    extra = tokens * attention_layers_ * 12.0 * M.seq_len * M.hidden;
   return ModelFlops(l) + extra;
 }
 

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/layer_ops.h"
 #include "core/layout.h"
@@ -277,6 +278,11 @@ class AnalyticModel : public Estimator {
   const Topology* topo_;
   CostConstants k_;
   std::shared_ptr<const RuntimeModel> runtime_;  // set when the cluster has measured primitives
+  // A hybrid model's layer kinds before each layer (prefix sums: kinds_before_[i] counts layers
+  // [0, i)), so that a chunk's counts cost O(1) in the planner's hot path; shared by copies.
+  std::shared_ptr<const std::vector<LayerCounts>> kinds_before_;
+  double fwd_flops_per_token_ = 0;  // the model's forward FLOPs per token (ModelFlops)
+  double attention_layers_ = 0;     // layers with attention (selective recompute's FLOPs)
   // Identifies this model's data for Layer()'s per-thread memo (copies share it: same data).
   uint64_t id_ = 0;
   double headroom_ = 0;
