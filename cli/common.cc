@@ -92,6 +92,10 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
                   "share of GPU memory left free on top of the per-GPU reserve (default 0.05)");
   app->add_option("--sp", f->sp, "sequence parallelism on|off");
   app->add_option("--recompute", f->recompute, "activation recompute none|selective|full");
+  app->add_option("--recompute-modules", f->recompute_modules,
+                  "Megatron's: what selective recompute reruns, any of core_attn (its "
+                  "default), mla_up_proj, layernorm, mlp, moe, moe_act, shared_experts (implies "
+                  "--recompute selective)");
   app->add_option("--dist-opt", f->dist_opt, "distributed optimizer on|off");
   app->add_option("--data-parallel-sharding-strategy", f->dp_sharding,
                   "Megatron's: no_shard (no distributed optimizer), optim (the distributed "
@@ -203,6 +207,16 @@ Result<int64_t> BucketSizeFlag(const LayoutFlags& f) {
   return *f.ddp_bucket_size;
 }
 
+// --recompute-modules as Layout::recompute_modules bits (0 when not given).
+Result<uint8_t> RecomputeModulesFlag(const LayoutFlags& f) {
+  if (f.recompute_modules.empty()) return uint8_t(0);
+  std::string joined;
+  for (const std::string& v : f.recompute_modules) joined += v + " ";
+  auto m = ParseRecomputeModules(joined);
+  if (!m.ok()) return m.status().Prefixed("--recompute-modules");
+  return *m;
+}
+
 Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<bool>* dopt,
                   std::optional<Recompute>* rc, Precision* prec, bool* tpo, bool* gro,
                   bool* p2p, std::optional<bool>* shard) {
@@ -212,6 +226,12 @@ Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<b
     auto r = ParseRecompute(*f.recompute);
     if (!r.ok()) return r.status().Prefixed("--recompute");
     *rc = *r;
+  }
+  if (!f.recompute_modules.empty()) {  // Megatron: with --recompute-granularity selective only
+    if (rc->has_value() && **rc != Recompute::kSelective)
+      return Status::Error("--recompute-modules needs --recompute selective, not --recompute " +
+                           std::string(ToString(**rc)));
+    *rc = Recompute::kSelective;
   }
   if (f.precision) {
     auto p = ParsePrecision(*f.precision);
@@ -310,6 +330,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   s.distributed_optimizer = dopt;
   s.shard_gradients = shard;
   s.recompute = rc;
+  PTDP_ASSIGN_OR_RETURN(s.recompute_modules, RecomputeModulesFlag(f));
   PTDP_ASSIGN_OR_RETURN(const bool split, ApplySplit(f.split, &s.split));
   if (split) s.split_search = SplitSearch::kFixed;
   s.memory_headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
@@ -374,6 +395,7 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   l.sequence_parallel = sp.value_or(false);
   l.distributed_optimizer = dopt.value_or(false);
   l.recompute = rc.value_or(Recompute::kNone);
+  PTDP_ASSIGN_OR_RETURN(l.recompute_modules, RecomputeModulesFlag(f));
   l.schedule = l.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
   PTDP_RETURN_IF_ERROR(ValidateLayout(w.model, l, w.gpus, w.cluster.nvlink_domain_gpus(),
                                       f.allow_tp_across_nodes));
@@ -404,6 +426,9 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
           {"micro_batch", l.micro_batch}, {"global_batch", l.global_batch},
           {"num_microbatches", l.num_microbatches()},
           {"sequence_parallel", l.sequence_parallel}, {"recompute", ToString(l.recompute)},
+          {"recompute_modules", l.recompute == Recompute::kSelective
+                                    ? RecomputeModulesString(l.recompute_modules)
+                                    : std::string()},
           {"distributed_optimizer", l.distributed_optimizer},
           {"shard_gradients", l.shard_gradients}, {"grad_reduce_in_bf16", l.grad_reduce_in_bf16},
           {"accumulate_allreduce_grads_in_fp32", l.accumulate_grads_in_fp32},

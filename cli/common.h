@@ -48,6 +48,8 @@ struct LayoutFlags {
   // --expert-tensor-parallel-size (--etp; unset: tp, Megatron's default).
   std::vector<int> ep, etp;
   std::optional<int64_t> global_batch;
+  // Megatron's --recompute-modules (names, by spaces or commas): selective recompute of those.
+  std::vector<std::string> recompute_modules;
   std::optional<std::string> sp, recompute, dist_opt, precision, tp_overlap, grad_overlap,
       p2p_overlap;
   std::optional<int> seq_len;

@@ -172,7 +172,14 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
     warnings.push_back("the plan asks for TP communication overlap without sequence "
                        "parallelism; Megatron-LM refuses --tp-comm-overlap without "
                        "--sequence-parallel, so it is left out");
-  if (l.recompute == Recompute::kSelective) a.Add("--recompute-activations");
+  // --recompute-activations is selective recompute of core_attn; other modules by name.
+  if (l.recompute == Recompute::kSelective && (l.recompute_modules & ~kRecomputeCoreAttn)) {
+    std::string mods = RecomputeModulesString(l.recompute_modules);
+    std::replace(mods.begin(), mods.end(), ',', ' ');
+    a.Add("--recompute-granularity selective --recompute-modules " + mods);
+  } else if (l.recompute == Recompute::kSelective) {
+    a.Add("--recompute-activations");
+  }
   if (l.recompute == Recompute::kFull)
     a.Add("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
   {
@@ -335,7 +342,18 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
   switch (l.precision) {
     case Precision::kBf16: a.Add("--bf16"); break;
     case Precision::kFp16: a.Add("--fp16"); break;
-    case Precision::kFp8: a.Add("--bf16 --fp8-format hybrid"); break;
+    case Precision::kFp8:
+      // transformer_config.py: delayed scaling (the default recipe) refuses moe_act and
+      // layernorm recompute; per-tensor current scaling takes them.
+      if (l.RecomputedModules() & (kRecomputeMoeAct | kRecomputeLayernorm)) {
+        a.Add("--bf16 --fp8-format hybrid --fp8-recipe tensorwise");
+        warnings.push_back("moe_act / layernorm recompute with fp8: Megatron refuses them "
+                           "with delayed scaling, so the command asks for --fp8-recipe "
+                           "tensorwise (Transformer Engine >= 2.6)");
+      } else {
+        a.Add("--bf16 --fp8-format hybrid");
+      }
+      break;
     // NVFP4 through Transformer Engine: TransformerConfig.fp4 ('e2m1', --fp4-format) and
     // fp4_recipe ('nvfp4' or 'custom', --fp4-recipe); bf16 stays the parameters' and
     // activations' type.

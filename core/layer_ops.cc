@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <string_view>
 
 namespace ptdp {
 
@@ -46,6 +47,7 @@ OpShape ShapeOf(const Layout& l, double score_bytes) {
   s.sp = l.sequence_parallel && l.tp > 1;
   s.act_bytes = l.precision == Precision::kFp32 ? 4.0 : 2.0;
   s.recompute = l.recompute;
+  s.recompute_modules = l.RecomputedModules();
   // fp4 (NVFP4) quantizes the same operands: counted with fp8's bytes, an upper bound (the
   // 4-bit copies are half the size, plus one scale per 16 elements).
   s.fp8 = l.precision == Precision::kFp8 || l.precision == Precision::kFp4;
@@ -846,6 +848,33 @@ void MambaBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpL
   Memory(b, "norm.backward", MemoryKernel::kNormBackward, x.Tl, x.h, 4 * x.Tl * x.h * x.e, !s.sp);
 }
 
+// Whether a forward op belongs to a module --recompute-modules reruns (by the op's kind and
+// the names the builders above give: core_attn the attention core, layernorm the layers'
+// norms, mla_up_proj MLA's q and kv up projections, mlp the dense MLP's FC1, activation and FC2
+// with their collectives, moe the MoE block from the router to the combine and its shared
+// experts, moe_act the routed experts' activation, shared_experts the shared experts' MLP).
+bool InRecomputeModules(const LayerOp& op, uint8_t modules) {
+  const std::string_view n = op.name ? op.name : "";
+  auto starts = [&n](std::string_view p) { return n.substr(0, p.size()) == p; };
+  if ((modules & kRecomputeCoreAttn) &&
+      (op.kind == LayerOpKind::kAttention ||
+       (op.kind == LayerOpKind::kMemory && op.kernel == MemoryKernel::kSoftmax)))
+    return true;
+  if ((modules & kRecomputeLayernorm) && op.kind == LayerOpKind::kMemory &&
+      op.kernel == MemoryKernel::kNorm && starts("norm"))
+    return true;
+  if ((modules & kRecomputeMlaUpProj) && (n == "q_up" || n == "kv_up")) return true;
+  if ((modules & kRecomputeMlp) && (starts("fc1") || starts("fc2") || n == "activation"))
+    return true;
+  if ((modules & kRecomputeMoe) &&
+      (starts("router") || starts("permute") || starts("dispatch.") || starts("experts.") ||
+       starts("combine.") || starts("unpermute") || starts("shared.")))
+    return true;
+  if ((modules & kRecomputeMoeAct) && n == "experts.activation") return true;
+  if ((modules & kRecomputeSharedExperts) && starts("shared.")) return true;
+  return false;
+}
+
 }  // namespace
 
 void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out, bool moe) {
@@ -872,15 +901,27 @@ void BuildLayerOps(const ModelSpec& M, const OpShape& s, LayerOps* out, LayerKin
     // The runtime reruns its attention core, allocations and CP ring included.
     if (attention) AttentionCore(s, x, /*backward=*/false, "attention.recompute", &out->recompute);
   } else if (s.recompute == Recompute::kSelective) {
-    // Megatron's selective recompute reruns the core attention (Korthikanti 2022 sec. 5).
+    // Megatron's selective recompute reruns the modules --recompute-modules names (default the
+    // core attention, Korthikanti 2022 sec. 5) from their kept inputs, in forward order; a
+    // collective overlapping an op that is not rerun becomes blocking.
+    const LayerOpList& f = out->forward;
     LayerOpList& r = out->recompute;
-    for (const LayerOp& op : out->forward) {
-      const bool core = op.kind == LayerOpKind::kAttention ||
-                        (op.kind == LayerOpKind::kMemory && op.kernel == MemoryKernel::kSoftmax);
-      if (!core) continue;
+    std::array<int, LayerOpList::kMax> at;
+    for (int i = 0; i < f.size; ++i)
+      at[size_t(i)] = InRecomputeModules(f[i], s.recompute_modules) ? r.size++ : -1;
+    r.size = 0;
+    for (int i = 0; i < f.size; ++i) {
+      if (at[size_t(i)] < 0) continue;
+      const LayerOp& op = f[i];
       LayerOp& c = r.Add(op.kind, op.name);
       c = op;
-      c.name = op.kind == LayerOpKind::kAttention ? "attention.recompute" : "softmax.recompute";
+      if (op.kind == LayerOpKind::kAttention) c.name = "attention.recompute";
+      if (op.kind == LayerOpKind::kMemory && op.kernel == MemoryKernel::kSoftmax)
+        c.name = "softmax.recompute";
+      if (op.kind == LayerOpKind::kComm && op.with >= 0) {
+        c.with = at[size_t(op.with)];
+        if (c.with < 0) c.overlap = CommOverlap::kBlocking;
+      }
     }
   }
 

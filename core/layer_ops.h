@@ -149,6 +149,9 @@ struct OpShape {
   bool sp = false;            // sequence parallel (t > 1)
   double act_bytes = 2;       // bytes per activation element (4 in fp32)
   Recompute recompute = Recompute::kNone;
+  // With selective recompute, the modules it reruns (Layout::RecomputedModules: core_attn unless
+  // --recompute-modules names others); 0 otherwise.
+  uint8_t recompute_modules = 0;
   // fp8 GEMMs (Transformer Engine, --fp8-format): each fprop and dgrad GEMM first casts its
   // (m x k) activation or gradient operand to fp8 with a transposed copy for the later wgrad
   // (TE's cast_transpose: read 2 bytes, write 1 + 1 per element; after a norm the cast is

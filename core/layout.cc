@@ -41,6 +41,46 @@ Result<Recompute> ParseRecompute(const std::string& s) {
   if (s == "full") return Recompute::kFull;
   return Status::Error("recompute '" + s + "' is not one of: none, selective, full");
 }
+namespace {
+constexpr const char* kRecomputeModuleNames[] = {"core_attn", "mla_up_proj", "layernorm", "mlp",
+                                                 "moe", "moe_act", "shared_experts"};
+}  // namespace
+
+std::string RecomputeModulesString(uint8_t modules) {
+  if (modules == 0) modules = kRecomputeCoreAttn;
+  std::string s;
+  for (int i = 0; i < 7; ++i)
+    if (modules & (1u << i)) s += std::string(s.empty() ? "" : ",") + kRecomputeModuleNames[i];
+  return s;
+}
+
+Result<uint8_t> ParseRecomputeModules(const std::string& text) {
+  uint8_t bits = 0;
+  std::string name;
+  auto flush = [&]() -> Status {
+    if (name.empty()) return Status::Ok();
+    for (int i = 0; i < 7; ++i)
+      if (name == kRecomputeModuleNames[i]) {
+        bits |= uint8_t(1u << i);
+        name.clear();
+        return Status::Ok();
+      }
+    return Status::Error("recompute module '" + name + "' is not one of: " +
+                         RecomputeModulesString(kAllRecomputeModules) + " (Megatron's "
+                         "--recompute-modules)");
+  };
+  for (char c : text) {
+    if (c == ',' || c == ' ') {
+      PTDP_RETURN_IF_ERROR(flush());
+    } else {
+      name += c;
+    }
+  }
+  PTDP_RETURN_IF_ERROR(flush());
+  if (bits == 0) return Status::Error("recompute modules '" + text + "': none named");
+  return bits;
+}
+
 Result<Precision> ParsePrecision(const std::string& s) {
   if (s == "bf16") return Precision::kBf16;
   if (s == "fp16") return Precision::kFp16;
@@ -71,7 +111,10 @@ std::string Layout::ShortName() const {
 std::string Layout::Knobs() const {
   std::string s;
   if (sequence_parallel) s += "sp ";
-  if (recompute == Recompute::kSelective) s += "rc-sel ";
+  if (recompute == Recompute::kSelective)
+    s += recompute_modules && recompute_modules != kRecomputeCoreAttn
+             ? "rc-sel(" + RecomputeModulesString(recompute_modules) + ") "
+             : std::string("rc-sel ");
   if (recompute == Recompute::kFull) s += "rc-full ";
   if (distributed_optimizer) s += shard_gradients ? "zero2 " : "dopt ";
   if (grad_reduce_in_bf16) s += "grad-bf16 ";
@@ -339,6 +382,7 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kExpertTpFfn: return "expert_ffn_not_divisible_by_etp";
     case Rejection::kEpTpNeedsSp: return "moe_with_tp_needs_sequence_parallel";
     case Rejection::kA2aOverlap: return "moe_a2a_overlap_illegal";
+    case Rejection::kRecomputeModules: return "recompute_modules_illegal";
     case Rejection::kFlexNeedsEp: return "flex_dispatcher_needs_ep";
     case Rejection::kGradShardingNeedsDistOpt: return "grad_sharding_needs_distributed_optimizer";
     case Rejection::kGradReduceDtype: return "grad_reduce_dtype_illegal";
@@ -387,6 +431,28 @@ std::string HybridLayoutProblem(const ModelSpec& m, const Layout& l) {
       return "mamba_num_groups/tp " + std::to_string(groups) + " and cp " + std::to_string(l.cp) +
              ": neither divides the other";
   }
+  return "";
+}
+
+// Megatron's rules for --recompute-modules (transformer_config.py __post_init__): with
+// --recompute-granularity selective only; mla_up_proj needs MLA; moe, moe_act and
+// shared_experts an MoE model (shared_experts its shared experts); moe not with
+// --overlap-moe-expert-parallel-comm.
+std::string RecomputeModulesProblem(const ModelSpec& m, const Layout& l) {
+  const uint8_t mods = l.recompute_modules;
+  if (mods == 0) return "";
+  const std::string named = "recompute modules " + RecomputeModulesString(mods);
+  if (l.recompute != Recompute::kSelective)
+    return named + " need selective recompute (--recompute-granularity selective), not " +
+           ToString(l.recompute);
+  if ((mods & kRecomputeMlaUpProj) && !m.mla())
+    return named + ": mla_up_proj needs multi-latent attention (kv_lora_rank)";
+  if ((mods & (kRecomputeMoe | kRecomputeMoeAct | kRecomputeSharedExperts)) && !m.moe())
+    return named + ": moe, moe_act and shared_experts need an MoE model";
+  if ((mods & kRecomputeSharedExperts) && m.moe_shared_ffn_hidden == 0)
+    return named + ": shared_experts needs shared experts (moe_shared_ffn_hidden)";
+  if ((mods & kRecomputeMoe) && l.moe_a2a_overlap)
+    return named + ": moe cannot be recomputed with --overlap-moe-expert-parallel-comm";
   return "";
 }
 
@@ -464,6 +530,13 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
         << "), virtual stages when pp > 1 (pp " << l.pp << ", vp " << l.vp
         << ") and no full recompute (transformer_config.py)";
       break;
+    case Rejection::kRecomputeModules: {
+      const std::string why = RecomputeModulesProblem(m, l);
+      o << (why.empty() ? "recompute modules " + RecomputeModulesString(l.recompute_modules) +
+                              " (none illegal for this model and layout)"
+                        : why);
+      break;
+    }
     case Rejection::kGradShardingNeedsDistOpt:
       o << "gradient sharding (optim_grads) needs the distributed optimizer (Megatron-FSDP sets it)";
       break;
@@ -537,6 +610,7 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
                             l.recompute == Recompute::kFull))
     return Rejection::kA2aOverlap;
   if (l.moe_flex_dispatcher && (!m.moe() || l.ep < 2)) return Rejection::kFlexNeedsEp;
+  if (!RecomputeModulesProblem(m, l).empty()) return Rejection::kRecomputeModules;
   if (l.shard_gradients && !l.distributed_optimizer) return Rejection::kGradShardingNeedsDistOpt;
   if (GradReduceDtypeIllegal(l)) return Rejection::kGradReduceDtype;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;

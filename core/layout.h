@@ -45,6 +45,24 @@ struct PipelineLayout {
 // repeat; commas are cosmetic. Errors name the string and the character.
 Result<PipelineLayout> ParsePipelineLayout(const std::string& text);
 
+// Megatron's --recompute-modules (with --recompute-granularity selective, transformer_config.py
+// recompute_modules): the parts of each layer the backward reruns instead of keeping their
+// activations. A bit set; none set is Megatron's default, core_attn.
+enum RecomputeModule : uint8_t {
+  kRecomputeCoreAttn = 1,        // core_attn: the attention core (flash: its output kept)
+  kRecomputeMlaUpProj = 2,       // mla_up_proj: MLA's q and kv up projections
+  kRecomputeLayernorm = 4,       // layernorm: the input and pre-MLP norms
+  kRecomputeMlp = 8,             // mlp: the dense MLP (FC1, activation, FC2)
+  kRecomputeMoe = 16,            // moe: the whole MoE block (router to combine, shared experts)
+  kRecomputeMoeAct = 32,         // moe_act: the routed experts' activation
+  kRecomputeSharedExperts = 64,  // shared_experts: the shared experts' MLP
+};
+inline constexpr uint8_t kAllRecomputeModules = 127;
+// "core_attn,moe_act" (Megatron's names, in bit order) of a set; "core_attn" for 0.
+std::string RecomputeModulesString(uint8_t modules);
+// Parses names separated by commas or spaces; an unknown name is an error naming it and the list.
+Result<uint8_t> ParseRecomputeModules(const std::string& s);
+
 struct Layout {
   int tp = 1;                       // tensor-parallel size t
   int pp = 1;                       // pipeline-parallel size p
@@ -61,6 +79,14 @@ struct Layout {
   int microbatch_group = 0;         // interleaving group size g; 0 means p (Megatron default)
   bool sequence_parallel = false;   // Korthikanti SP (needs t > 1)
   Recompute recompute = Recompute::kNone;
+  // With selective recompute: the modules it reruns (RecomputeModule bits; 0: core_attn,
+  // Megatron's default). 0 with none or full recompute.
+  uint8_t recompute_modules = 0;
+  // The modules selective recompute reruns (core_attn when none are named); 0 without it.
+  uint8_t RecomputedModules() const {
+    return recompute != Recompute::kSelective ? 0
+           : recompute_modules ? recompute_modules : uint8_t(kRecomputeCoreAttn);
+  }
   bool distributed_optimizer = false;  // ZeRO-1 style sharded optimizer over DP
   // Megatron-FSDP's --data-parallel-sharding-strategy optim_grads (ZeRO-2): the fp32 gradients
   // are sharded over dp x cp too, reduce-scattered after every micro-batch's backward
@@ -181,6 +207,7 @@ enum class Rejection {
   kExpertTpFfn,        // expert FFN % etp != 0
   kEpTpNeedsSp,        // a MoE model with t > 1 and no SP (Megatron's MoELayer refuses to train)
   kA2aOverlap,         // --overlap-moe-expert-parallel-comm without ep > 1, or pp > 1 without vp, or full recompute
+  kRecomputeModules,   // --recompute-modules without selective recompute, or naming a part the model lacks
   kFlexNeedsEp,        // the flex dispatcher on a dense model or with ep 1
   kGradShardingNeedsDistOpt,  // shard_gradients without the distributed optimizer
   kGradReduceDtype,    // --grad-reduce-in-bf16 with fp16/fp32 weights or with fp32 accumulation
@@ -205,6 +232,8 @@ bool GradReduceDtypeIllegal(const Layout& l);
 // What a hybrid model (ModelSpec::hybrid_pattern) forbids in this layout (Rejection::kHybrid),
 // or "" when nothing.
 std::string HybridLayoutProblem(const ModelSpec& m, const Layout& l);
+// What Megatron refuses in the layout's --recompute-modules (Rejection::kRecomputeModules), or "".
+std::string RecomputeModulesProblem(const ModelSpec& m, const Layout& l);
 
 // Megatron's legality rules, cheapest first; returns the first broken one. Does not check
 // world size, node boundaries, precision or memory (callers know those).

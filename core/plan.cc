@@ -106,6 +106,15 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.microbatch_group = l.NonNegativeIntAtMost("microbatch_group", kMaxGlobalBatch, 0);
   lay.sequence_parallel = l.Bool("sequence_parallel", false);
   lay.recompute = *ParseRecompute(l.Enum("recompute", {"none", "selective", "full"}, "none"));
+  if (l.Has("recompute_modules")) {  // Megatron's --recompute-modules, with selective recompute
+    const std::string mods = l.String("recompute_modules", "");
+    const Result<uint8_t> bits = ParseRecomputeModules(mods);
+    if (!bits.ok()) l.Fail("recompute_modules", bits.status().message());
+    else if (lay.recompute != Recompute::kSelective)
+      l.Fail("recompute_modules", "needs recompute: selective");
+    else
+      lay.recompute_modules = *bits;
+  }
   lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
   lay.shard_gradients = l.Bool("shard_gradients", false);
   lay.grad_reduce_in_bf16 = l.Bool("grad_reduce_in_bf16", false);
@@ -197,6 +206,10 @@ std::string PlanToYaml(const Plan& plan) {
     << "  microbatch_group: " << l.microbatch_group << "  # 0 = pp (Megatron default)\n"
     << "  sequence_parallel: " << Bool(l.sequence_parallel) << "\n"
     << "  recompute: " << ToString(l.recompute) << "\n"
+    << (l.recompute == Recompute::kSelective && l.recompute_modules
+            ? "  recompute_modules: \"" + RecomputeModulesString(l.recompute_modules) +
+                  "\"  # Megatron's --recompute-modules\n"
+            : std::string())
     << "  distributed_optimizer: " << Bool(l.distributed_optimizer) << "\n"
     << "  shard_gradients: " << Bool(l.shard_gradients) << "  # Megatron-FSDP optim_grads (ZeRO-2)\n"
     << "  precision: " << ToString(l.precision) << "\n"

@@ -103,7 +103,9 @@ AnalyticModel::AnalyticModel(const ModelSpec& model, const Topology& topo,
   for (int k = 0; k < kLayerKinds; ++k)
     layer_params_.kind[size_t(k)] = double(model.kind_params(LayerKind(k)));
   fwd_flops_per_token_ = ModelFwdFlopsPerToken(model);
-  attention_layers_ = model.layer_counts(0, model.layers).attention();
+  const LayerCounts all = model.layer_counts(0, model.layers);
+  attention_layers_ = all.attention();
+  dense_mlp_layers_ = all[LayerKind::kDense] + all[LayerKind::kMlp];
   if (model.hybrid()) {
     auto before = std::make_shared<std::vector<LayerCounts>>(size_t(model.layers) + 1);
     for (int64_t i = 0; i < model.layers; ++i) {
@@ -392,6 +394,7 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
     int tp, cp, micro_batch, ep, etp;
     bool sp, tp_comm_overlap, a2a_overlap, flex;
     Recompute recompute;
+    uint8_t recompute_modules;
     Precision precision;
     bool operator==(const Key&) const = default;
   };
@@ -406,13 +409,14 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
   const Key key{id_, runtime_ ? l.world() : 0, l.tp, l.cp, l.micro_batch,
                 model_.moe() ? l.ep : 1, model_.moe() ? l.expert_tp() : 1,
                 l.sequence_parallel && l.tp > 1, l.tp_comm_overlap, l.moe_a2a_overlap,
-                l.moe_flex_dispatcher, l.recompute, l.precision};
+                l.moe_flex_dispatcher, l.recompute, l.RecomputedModules(), l.precision};
   uint64_t h = key.model;
   for (uint64_t v : {uint64_t(key.world), uint64_t(key.tp), uint64_t(key.cp),
                      uint64_t(key.micro_batch), uint64_t(key.ep) * 4096 + uint64_t(key.etp),
                      uint64_t(key.sp) * 8 + key.tp_comm_overlap * 4 + key.a2a_overlap * 2 +
                          key.flex,
-                     uint64_t(key.recompute) * 8 + uint64_t(key.precision)}) {
+                     uint64_t(key.recompute) * 8 + uint64_t(key.precision) +
+                         uint64_t(key.recompute_modules) * 64}) {
     h = (h ^ v) + 0x9E3779B97F4A7C15ull;  // splitmix64's finaliser per field
     h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
     h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
@@ -920,12 +924,17 @@ double AnalyticModel::LayerActivationBytes(const Layout& l, LayerKind kind) cons
   const double score_term =
       (!attn || fused_attention || sel) ? 0 : (M.dropout ? 5.0 : 2.0) * a * s / h;
   const int blocks = int(attn) + int(dense_mlp || moe) + int(mamba);
-  double replicated = blocks * (4.0 + (M.dropout ? 1.0 : 0.0));
+  // --recompute-modules (selective): what the backward reruns is not kept (layernorm: each
+  // block's norm output, 2 sbh; mlp: the dense MLP's inside; moe: the MoE block's; moe_act: the
+  // experts' activation output; shared_experts: theirs; mla_up_proj: MLA's q, k and v).
+  const uint8_t rm = l.RecomputedModules();
+  double replicated = blocks * (4.0 + (M.dropout ? 1.0 : 0.0) -
+                                ((rm & kRecomputeLayernorm) ? 2.0 : 0.0));
   // Q, K, V and the output, in units of h (GPT: 2 + 4 k/a + 2).
   double attention = 0;
   if (attn && M.mla()) {
     const double qk = double(M.qk_head_dim + M.qk_pos_head_dim), v = double(M.v_head_dim);
-    attention = 2.0 * a * (2 * qk + 2 * v) / h;
+    attention = (rm & kRecomputeMlaUpProj) ? 2.0 * a * v / h : 2.0 * a * (2 * qk + 2 * v) / h;
     replicated += 4.0 * double(M.q_lora_rank + M.kv_lora_rank + M.qk_pos_head_dim) / h;
   } else if (attn) {
     const double hd = double(M.head_dim());
@@ -933,20 +942,22 @@ double AnalyticModel::LayerActivationBytes(const Layout& l, LayerKind kind) cons
   }
   const double f = double(M.ffn_hidden) / h;
   const double fc1_out = M.gated() ? 2 * f : f;
-  const double mlp = dense_mlp ? 2.0 * fc1_out + 2.0 * f : 0;
+  const double mlp = dense_mlp && !(rm & kRecomputeMlp) ? 2.0 * fc1_out + 2.0 * f : 0;
   const double ssm =
       mamba ? 2.0 * double(M.mamba_in_proj() + 2 * M.mamba_inner()) / h : 0;
   const double split = attention + mlp + ssm;
   double bytes = sp ? sbh / t * (replicated + split + score_term)
                     : sbh * (replicated + (split + score_term) / t);
-  if (moe) {
+  if (moe && !(rm & kRecomputeMoe)) {
     const double T = sl * b, Tl = sp ? T / t : T, load = ExpertLoad(l), etp = l.expert_tp();
     const double k = double(M.moe_topk), E = double(M.num_experts);
     const double Fe = double(M.moe_ffn_hidden) / etp, Fei = M.gated() ? 2 * Fe : Fe;
     const double Tr = Tl * k * load * (sp ? etp : 1);
-    bytes += Tr * (2 * h + 2 * Fei + 2 * Fe) + Tl * k * load * 2 * h + Tl * E * 5;
+    bytes += Tr * (2 * h + 2 * Fei + ((rm & kRecomputeMoeAct) ? 0 : 2 * Fe)) +
+             Tl * k * load * 2 * h + Tl * E * 5;
     const double fs = double(M.moe_shared_ffn_hidden);
-    if (fs > 0) bytes += T * (2 * (M.gated() ? 2 * fs : fs) + 2 * fs) / t;
+    if (fs > 0 && !(rm & kRecomputeSharedExperts))
+      bytes += T * (2 * (M.gated() ? 2 * fs : fs) + 2 * fs) / t;
   }
   return bytes * fp32;  // table 2 is for 16-bit
 }
@@ -1076,8 +1087,23 @@ double AnalyticModel::HardwareFlops(const Layout& l) const {
   double extra = 0;
   if (l.recompute == Recompute::kFull)  // Narayanan eq. 3: the forward once more
     extra = tokens * (fwd_flops_per_token_ - 2.0 * M.hidden * M.vocab);
-  if (l.recompute == Recompute::kSelective)  // Korthikanti: s/(3h) instead of s/(6h)
+  const uint8_t rm = l.RecomputedModules();
+  if (rm & kRecomputeCoreAttn)  // Korthikanti: s/(3h) instead of s/(6h)
     extra = tokens * attention_layers_ * 12.0 * M.seq_len * M.hidden;
+  // The other modules' GEMMs once more (2 x the weights a token meets in them).
+  const double moe_layers = double(M.moe_layers());
+  if (rm & kRecomputeMlp) extra += tokens * dense_mlp_layers_ * 2.0 * double(M.dense_mlp_linear_params());
+  if (rm & kRecomputeMoe) {
+    extra += tokens * moe_layers * 2.0 * double(M.moe_mlp_active_linear_params());
+  } else if (rm & kRecomputeSharedExperts) {
+    extra += tokens * moe_layers * 2.0 * (M.gated() ? 3.0 : 2.0) * M.hidden * M.moe_shared_ffn_hidden;
+  }
+  if ((rm & kRecomputeMlaUpProj) && M.mla()) {
+    const double q_in = M.q_lora_rank > 0 ? double(M.q_lora_rank) : double(M.hidden);
+    const double up = q_in * M.heads * double(M.qk_head_dim + M.qk_pos_head_dim) +
+                      double(M.kv_lora_rank) * M.heads * double(M.qk_head_dim + M.v_head_dim);
+    extra += tokens * attention_layers_ * 2.0 * up;
+  }
   return ModelFlops(l) + extra;
 }
 

@@ -68,6 +68,16 @@ Status CheckSearchSpace(const ModelSpec& model, const ClusterSpec& cluster,
   if (s.global_batch <= 0 || s.global_batch > kMaxGlobalBatch)
     return Status::Error("--global-batch " + std::to_string(s.global_batch) + " must be in 1.." +
                          std::to_string(kMaxGlobalBatch));
+  if (s.recompute_modules) {  // what the model lacks, said once (every layout would refuse it)
+    Layout l;
+    l.recompute = Recompute::kSelective;
+    l.recompute_modules = s.recompute_modules;
+    const std::string why = RecomputeModulesProblem(model, l);
+    if (!why.empty()) return Status::Error("--recompute-modules: " + why);
+    if (s.runtime_layouts && (s.recompute_modules & ~kRecomputeCoreAttn))
+      return Status::Error("--recompute-modules " + RecomputeModulesString(s.recompute_modules) +
+                           ": ptdp's runtime reruns the attention core only (core_attn)");
+  }
   if (s.world <= 0 || s.world > cluster.world())
     return Status::Error("--gpus " + std::to_string(s.world) + ": the cluster has " +
                          std::to_string(cluster.world()) + " GPUs");
@@ -324,6 +334,7 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   l.global_batch = s.global_batch;
                   l.sequence_parallel = sp;
                   l.recompute = rc;
+                  l.recompute_modules = rc == Recompute::kSelective ? s.recompute_modules : 0;
                   l.distributed_optimizer = dopt;
                   l.shard_gradients = shard;
                   l.precision = s.precision;

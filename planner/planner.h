@@ -70,6 +70,9 @@ struct SearchSpace {
   // micro-batch), never for ptdp's runtime.
   Choice<bool> shard_gradients;
   Choice<Recompute> recompute;
+  // --recompute-modules: what the selective layouts rerun (Layout::recompute_modules; 0:
+  // core_attn, Megatron's default).
+  uint8_t recompute_modules = 0;
   Precision precision = Precision::kBf16;
   int max_micro_batch = 16;               // largest b tried when b is searched
   bool allow_tp_across_nodes = false;     // otherwise such layouts are rejected (named reason)

@@ -1499,6 +1499,10 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   if (l.shard_gradients)
     return Status::Error(where + ": gradient sharding (Megatron-FSDP optim_grads) is not "
                          "supported by the runtime; plan with --data-parallel-sharding-strategy optim");
+  if (l.RecomputedModules() & ~uint8_t(kRecomputeCoreAttn))
+    return Status::Error(where + ": recompute modules " +
+                         RecomputeModulesString(l.recompute_modules) + ": the runtime's selective "
+                         "recompute reruns the attention core only (core_attn)");
   if (l.grad_reduce_in_bf16 && !cfg.bf16)
     return Status::Error(where + ": grad_reduce_in_bf16 (--grad-reduce-in-bf16) needs bf16 "
                          "training (the plan's precision bf16, without --fp32-activations)");

@@ -634,6 +634,31 @@ TEST(MegatronCommand, Nemotron3NanoHybrid) {
             "pretrain_gpt.py");
 }
 
+// --recompute-modules: named modules instead of --recompute-activations; moe_act and layernorm
+// with fp8 need current scaling (Megatron refuses them with the default delayed recipe).
+TEST(MegatronCommand, RecomputeModules) {
+  Layout l = Lay(1, 1, 8, 512);
+  l.ep = 8;
+  l.recompute = Recompute::kSelective;
+  l.recompute_modules = kRecomputeMoeAct | kRecomputeLayernorm;
+  l.precision = Precision::kFp8;
+  Plan plan = MakePlan("nemotron3-nano", l);
+  ASSERT_EQ(CheckLayout(plan.model, l), Rejection::kOk)
+      << ExplainRejection(CheckLayout(plan.model, l), plan.model, l);
+  Script s = Parse(MegatronCommand(plan));
+  ExpectRunnable(s, 8);
+  EXPECT_EQ(s.Value("--recompute-granularity"), "selective");
+  EXPECT_EQ(s.Value("--recompute-modules"), "layernorm moe_act");
+  EXPECT_FALSE(s.Has("--recompute-activations"));
+  EXPECT_EQ(s.Value("--fp8-recipe"), "tensorwise");
+  // core_attn alone is --recompute-activations, fp8 keeps Megatron's default recipe.
+  plan.layout.recompute_modules = 0;
+  s = Parse(MegatronCommand(plan));
+  EXPECT_TRUE(s.Has("--recompute-activations"));
+  EXPECT_FALSE(s.Has("--recompute-modules"));
+  EXPECT_FALSE(s.Has("--fp8-recipe"));
+}
+
 TEST(MegatronCommand, Llama4MaverickInterleavesMoeLayers) {
   Layout l = Lay(4, 4, 8, 1024);
   l.sequence_parallel = true;

@@ -259,6 +259,32 @@ TEST(PlanRoundTripTest, Fp4Precision) {
   EXPECT_THAT(back.status().message(), HasSubstr("fp4"));
 }
 
+TEST(PlanRoundTripTest, RecomputeModules) {
+  Plan p = SamplePlan();
+  p.layout.recompute = Recompute::kSelective;
+  p.layout.recompute_modules = kRecomputeMlp | kRecomputeLayernorm;
+  const std::string text = PlanToYaml(p);
+  EXPECT_NE(text.find("  recompute_modules: \"layernorm,mlp\""), std::string::npos) << text;
+  Result<Plan> back = PlanFromYamlText(text, "plan.yaml");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->layout.recompute_modules, kRecomputeMlp | kRecomputeLayernorm);
+  ExpectSamePlan(p, *back);
+  std::string bad = text;
+  bad.replace(bad.find("layernorm,mlp"), 13, "layernorm,mpl");
+  back = PlanFromYamlText(bad, "plan.yaml");
+  ASSERT_FALSE(back.ok());
+  EXPECT_THAT(back.status().message(), HasSubstr("layout.recompute_modules"));
+  EXPECT_THAT(back.status().message(), HasSubstr("'mpl'"));
+  bad = text;
+  bad.replace(bad.find("recompute: selective"), 20, "recompute: full     ");
+  back = PlanFromYamlText(bad, "plan.yaml");
+  ASSERT_FALSE(back.ok());
+  EXPECT_THAT(back.status().message(), HasSubstr("needs recompute: selective"));
+  // Without modules the key is left out, as before.
+  p.layout.recompute_modules = 0;
+  EXPECT_EQ(PlanToYaml(p).find("recompute_modules"), std::string::npos);
+}
+
 TEST(PlanRoundTripTest, ThroughAFile) {
   const Plan p = WithPrediction(SamplePlan());
   const std::string path = ::testing::TempDir() + "/plan_roundtrip.yaml";

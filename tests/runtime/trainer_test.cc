@@ -409,6 +409,16 @@ TEST(Trainer, RefusesPlansItCannotHonour) {
   TrainerConfig swiglu = Config(testing::TinyLayout(Spec{}));
   swiglu.model.activation = Activation::kSwiglu;
   EXPECT_FALSE(Trainer::Create(swiglu, testing::CpuBackends(), world).ok());
+  // Selective recompute of anything but the attention core (--recompute-modules) is Megatron's.
+  TrainerConfig mods = Config(testing::TinyLayout(Spec{}));
+  mods.layout.recompute = Recompute::kSelective;
+  mods.layout.recompute_modules = kRecomputeMlp;
+  auto bad_mods = Trainer::Create(mods, testing::CpuBackends(), world);
+  ASSERT_FALSE(bad_mods.ok());
+  EXPECT_NE(bad_mods.status().message().find("recompute modules mlp"), std::string::npos)
+      << bad_mods.status().message();
+  mods.layout.recompute_modules = kRecomputeCoreAttn;
+  EXPECT_TRUE(Trainer::Create(mods, testing::CpuBackends(), world).ok());
 }
 
 // The DP reduction runs one all-reduce over a chunk's whole grad buffer (a bucket, as Megatron's
