@@ -32,7 +32,8 @@ recipe's code, or, where the table gives only "61 layers over S stages", Megatro
 balanced layout string: the embedding's and the loss's stages one layer lighter, the MTP layer
 with the loss). Hybrid Mamba-MoE rows (Nemotron 3) are carried where the registry gives their
 layer pattern and Mamba sizes (Nano): the pattern as hybrid_pattern, squared-ReLU experts, sigmoid
-router, no position embedding.
+router, no position embedding. A recompute that names modules ('selective: mla_up_proj', a list)
+is Megatron's --recompute-modules (recompute_modules).
 """
 import re
 import sys
@@ -286,6 +287,33 @@ def balanced_layout(layers, stages, mtp):
     return "E%s|%s%s%sL" % ("t" * first, mid, "t" * last, "m" * mtp)
 
 
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe", "moe_act",
+                     "shared_experts")
+
+
+def recompute_of(rc):
+    """(recompute, recompute_modules or None) of a row's recompute field, or (None, why): a list
+    or 'selective: a, b (...)' names Megatron's --recompute-modules (MLA's 'up_proj' is
+    mla_up_proj); 'full...' is full recompute; nothing, [] or 'none...' is none."""
+    if rc is None or rc == [] or str(rc).startswith("none"):
+        return "none", None
+    if isinstance(rc, list):
+        names = [str(n) for n in rc]
+    elif str(rc).startswith("full"):
+        return "full", None
+    elif str(rc).startswith("selective"):
+        text = str(rc).split(":", 1)[1] if ":" in str(rc) else "core_attn"
+        text = re.sub(r"\([^)]*\)", "", text)  # '(launch.sh RM, v25.05.x)': a note
+        names = [n.strip().split(" ")[0] for n in text.split(",")]
+        names = ["mla_up_proj" if n == "up_proj" else n for n in names if n]
+    else:
+        return None, "recompute %r not understood" % rc
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown:
+        return None, "recompute modules %s: %s not modelled" % (names, unknown)
+    return "selective", ",".join(n for n in RECOMPUTE_MODULES if n in names)
+
+
 def convert_moe(e, reg):
     m, why = moe_model(e, reg)
     if not m:
@@ -300,11 +328,9 @@ def convert_moe(e, reg):
         step, step_derived = derived["step_time_s"], True
     else:
         return None, "no step time or tokens/s (TFLOP/s are counted differently per source)"
-    rc = lay.get("recompute")
-    if isinstance(rc, list) and "moe" in rc:
-        # --recompute-modules moe reruns each MoE block's forward: neither selective (the
-        # attention core) nor full recompute.
-        return None, "recompute modules %s: partial-layer recompute ptdp does not model" % rc
+    rc, modules = recompute_of(lay.get("recompute"))
+    if rc is None:
+        return None, modules
     tp, pp, cp = lay["tp"], lay["pp"], lay.get("cp") or 1
     vp = lay.get("vp") or 1
     if pp == 1:
@@ -319,16 +345,17 @@ def convert_moe(e, reg):
     # the NeMo-era dgxc recipes ran Megatron's default, tp.
     etp = lay.get("etp") or (1 if str(e["id"]).startswith("mb_") else tp)
     prec = str(lay.get("precision") or "BF16").upper()
-    rc = str(lay.get("recompute") or "none")
     l = dict(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, ep=ep, etp=etp, micro_batch=lay["microbatch"],
              global_batch=lay["global_batch"], sequence_parallel=tp > 1,
-             # 'selective: mla_up_proj' recomputes MLA's up projections, not the attention core:
-             # its time is a few GEMMs, left out (none) rather than taken as selective.
-             recompute="full" if rc.startswith("full") else "none",
+             # Megatron's --recompute-modules as the row names them ('selective: mla_up_proj'
+             # reruns MLA's up projections, not the attention core).
+             recompute=rc,
              distributed_optimizer=True,
              precision="fp4" if "FP4" in prec else "fp8" if "FP8" in prec else "bf16",
              schedule="interleaved" if vp > 1 else "1f1b", overlap_grad_reduce=True,
              tp_comm_overlap=tp > 1)
+    if modules and modules != "core_attn":
+        l["recompute_modules"] = modules
     # The same presets turn on the EP all-to-all overlap for DeepSeek-V3 on H100 only
     # (DEEPSEEK_V3_H100_BASE_CONFIG moe_a2a_overlap=True; GB200/GB300/B200 False).
     if (str(e["id"]).startswith("mb_") and model.get("family") == "deepseek-v3"
