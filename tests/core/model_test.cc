@@ -386,6 +386,13 @@ TEST(ModelYamlTest, ModelToYamlRoundTrips) {
 // Megatron's defaults (state 128, head dim 64, groups 8, heads 2 h / head dim); errors name the
 // file, line and key.
 TEST(ModelYamlTest, HybridPatternAndMambaSizes) {
+  // The shipped Nemotron-H 8B is what its Hugging Face config imports as.
+  const ModelSpec h8 = MustLoad("configs/models/nemotron-h-8b.yaml");
+  const Result<ModelSpec> h8_hf = ImportHfConfig(SourcePath("tests/data/hf/Nemotron-H-8B-Base-8K.json"));
+  ASSERT_TRUE(h8_hf.ok()) << h8_hf.status().message();
+  EXPECT_EQ(h8.hybrid_pattern, h8_hf->hybrid_pattern);
+  EXPECT_EQ(h8.total_params(), h8_hf->total_params());
+  EXPECT_EQ(h8.seq_len, h8_hf->seq_len);
   const ModelSpec nano = MustLoad("configs/models/nemotron3-nano.yaml");
   EXPECT_EQ(nano.hybrid_pattern.size(), 52u);
   EXPECT_EQ(nano.position, PositionEmbedding::kNone);
