@@ -12,9 +12,8 @@
 namespace ptdp {
 
 namespace {
+
 double ModelFwdFlopsPerToken(const ModelSpec& M);  // below, with the FLOP counts
-}  // namespace
-namespace {
 
 // What stays exposed of `total` seconds of n collectives run one after another beside a window
 // of `window` seconds whose j-th part needs (or produces) the j-th of them at j/n of it:
