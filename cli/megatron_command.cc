@@ -342,18 +342,19 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
   switch (l.precision) {
     case Precision::kBf16: a.Add("--bf16"); break;
     case Precision::kFp16: a.Add("--fp16"); break;
-    case Precision::kFp8:
+    case Precision::kFp8: {
       // transformer_config.py: delayed scaling (the default recipe) refuses moe_act and
       // layernorm recompute; per-tensor current scaling takes them.
+      std::string s = "--bf16 --fp8-format hybrid";
       if (l.RecomputedModules() & (kRecomputeMoeAct | kRecomputeLayernorm)) {
-        a.Add("--bf16 --fp8-format hybrid --fp8-recipe tensorwise");
+        s += " --fp8-recipe tensorwise";
         warnings.push_back("moe_act / layernorm recompute with fp8: Megatron refuses them "
                            "with delayed scaling, so the command asks for --fp8-recipe "
                            "tensorwise (Transformer Engine >= 2.6)");
-      } else {
-        a.Add("--bf16 --fp8-format hybrid");
       }
+      a.Add(s);
       break;
+    }
     // NVFP4 through Transformer Engine: TransformerConfig.fp4 ('e2m1', --fp4-format) and
     // fp4_recipe ('nvfp4' or 'custom', --fp4-recipe); bf16 stays the parameters' and
     // activations' type.

@@ -105,6 +105,7 @@ AnalyticModel::AnalyticModel(const ModelSpec& model, const Topology& topo,
   const LayerCounts all = model.layer_counts(0, model.layers);
   attention_layers_ = all.attention();
   dense_mlp_layers_ = all[LayerKind::kDense] + all[LayerKind::kMlp];
+  moe_layers_ = all.moe();
   if (model.hybrid()) {
     auto before = std::make_shared<std::vector<LayerCounts>>(size_t(model.layers) + 1);
     for (int64_t i = 0; i < model.layers; ++i) {
@@ -1090,12 +1091,11 @@ double AnalyticModel::HardwareFlops(const Layout& l) const {
   if (rm & kRecomputeCoreAttn)  // Korthikanti: s/(3h) instead of s/(6h)
     extra = tokens * attention_layers_ * 12.0 * M.seq_len * M.hidden;
   // The other modules' GEMMs once more (2 x the weights a token meets in them).
-  const double moe_layers = double(M.moe_layers());
   if (rm & kRecomputeMlp) extra += tokens * dense_mlp_layers_ * 2.0 * double(M.dense_mlp_linear_params());
   if (rm & kRecomputeMoe) {
-    extra += tokens * moe_layers * 2.0 * double(M.moe_mlp_active_linear_params());
+    extra += tokens * moe_layers_ * 2.0 * double(M.moe_mlp_active_linear_params());
   } else if (rm & kRecomputeSharedExperts) {
-    extra += tokens * moe_layers * 2.0 * (M.gated() ? 3.0 : 2.0) * M.hidden * M.moe_shared_ffn_hidden;
+    extra += tokens * moe_layers_ * 2.0 * (M.gated() ? 3.0 : 2.0) * M.hidden * M.moe_shared_ffn_hidden;
   }
   if ((rm & kRecomputeMlaUpProj) && M.mla()) {
     const double q_in = M.q_lora_rank > 0 ? double(M.q_lora_rank) : double(M.hidden);

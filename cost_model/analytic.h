@@ -284,6 +284,7 @@ class AnalyticModel : public Estimator {
   double fwd_flops_per_token_ = 0;  // the model's forward FLOPs per token (ModelFlops)
   double attention_layers_ = 0;     // layers with attention (selective recompute's FLOPs)
   double dense_mlp_layers_ = 0;     // layers with a dense MLP (--recompute-modules mlp)
+  double moe_layers_ = 0;           // layers with an MoE MLP (--recompute-modules moe, ...)
   // Identifies this model's data for Layer()'s per-thread memo (copies share it: same data).
   uint64_t id_ = 0;
   double headroom_ = 0;
