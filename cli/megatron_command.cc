@@ -206,7 +206,8 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
   // A hybrid model (pretrain_hybrid.py): its pattern (arguments.py derives --num-layers from
   // it; the same count here) and the Mamba-2 mixer's sizes (TransformerConfig's mamba_* fields).
   if (m.hybrid()) {
-    a.Add("--hybrid-layer-pattern '" + m.hybrid_pattern + "'");
+    // The unified form: the MTP depths after '/' (arguments.py infers --mtp-num-layers).
+    a.Add("--hybrid-layer-pattern '" + m.unified_hybrid_pattern() + "'");
     if (m.mamba_num_heads > 0)
       a.Add("--mamba-num-heads " + std::to_string(m.mamba_num_heads) + " --mamba-head-dim " +
             std::to_string(m.mamba_head_dim) + " --mamba-num-groups " +
@@ -291,6 +292,7 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
           std::to_string(m.moe_topk) + " --moe-ffn-hidden-size " + std::to_string(m.moe_ffn_hidden));
     if (m.moe_shared_ffn_hidden > 0)  // all shared experts together
       a.Add("--moe-shared-expert-intermediate-size " + std::to_string(m.moe_shared_ffn_hidden));
+    if (m.moe_latent_size > 0) a.Add("--moe-latent-size " + std::to_string(m.moe_latent_size));
     // An integer N puts MoE on layers 0, N, 2N, ...: a list says which layers exactly.
     const std::string freq = MoeLayerFreq(m);
     if (!freq.empty()) a.Add("--moe-layer-freq '" + freq + "'");
@@ -335,7 +337,9 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
     // has it (MLA's default rope type is YaRN), and MLA fuses only YaRN RoPE.
     a.Add("--qk-layernorm --rope-type rope --no-rope-fusion");
   }
-  if (m.mtp_layers > 0) a.Add("--mtp-num-layers " + std::to_string(m.mtp_layers));
+  if (m.mtp_layers > 0)
+    a.Add("--mtp-num-layers " + std::to_string(m.mtp_layers) +
+          (m.mtp_repeated ? " --mtp-use-repeated-layer" : ""));
 
   a.Add("--micro-batch-size " + std::to_string(l.micro_batch) + " --global-batch-size " +
         std::to_string(l.global_batch));

@@ -316,6 +316,8 @@ void ReadMoe(Reader& r, ModelSpec* m) {
   if (scoring == "sigmoid") m->moe_router = MoeRouter::kSigmoid;
   else if (scoring != "softmax") r.Fail("scoring_func", "is not a router ptdp models (softmax, sigmoid)");
   m->moe_routing = MoeRouting::kDropless;
+  // LatentMoE (Megatron-Bridge maps the HF key to --moe-latent-size).
+  m->moe_latent_size = r.Count("moe_latent_size", 0);
   if (!r.ok() || m->layers <= 0 || m->layers > kMaxLayers) return;  // ValidateModel says why
 
   // Which layers are MoE, by each family's rule (all of them hold at once).
@@ -680,12 +682,34 @@ Result<ModelSpec> ReadNemotronH(Reader& r, SeqLen* seq) {
     m.moe_ffn_hidden = r.Int("moe_intermediate_size", m.ffn_hidden);
     m.moe_shared_ffn_hidden =
         r.Count("moe_shared_expert_intermediate_size", 0) * r.Int("n_shared_experts", 1);
+    // Nemotron 3 Super and Ultra: LatentMoE (nemotron_h_bridge.py maps moe_latent_size).
+    m.moe_latent_size = r.Count("moe_latent_size", 0);
     // Nemotron 3's router scores with a sigmoid and a bias (Megatron-LM's Nemotron-3 Nano
     // example: --moe-router-score-function sigmoid --moe-router-enable-expert-bias).
     m.moe_router = MoeRouter::kSigmoid;
     m.moe_routing = MoeRouting::kDropless;
   } else {
     RefuseExperts(r, "a NemotronH pattern without E layers");
+    if (r.Count("moe_latent_size", 0) > 0)
+      r.Fail("moe_latent_size", "is set but the pattern has no E (MoE) layer");
+  }
+  // Multi-token prediction (Nemotron 3 Super, Ultra): num_nextn_predict_layers depths of
+  // mtp_hybrid_override_pattern's layers (nemotron_h_bridge.py requires the pattern with it).
+  m.mtp_layers = r.Count("num_nextn_predict_layers", 0);
+  if (m.mtp_layers > 0) {
+    m.mtp_pattern = r.Str("mtp_hybrid_override_pattern", "");
+    if (r.ok() && m.mtp_pattern.empty())
+      r.Fail("mtp_hybrid_override_pattern", "is missing: num_nextn_predict_layers " +
+                                                std::to_string(m.mtp_layers) +
+                                                " needs the MTP depth's layer pattern");
+    for (char c : m.mtp_pattern)
+      if (c != 'M' && c != '*' && c != '-' && c != 'E') {
+        r.Fail("mtp_hybrid_override_pattern",
+               std::string("has '") + c + "', not a layer symbol ptdp models (M, *, -, E)");
+        break;
+      }
+    if (r.ok() && m.mtp_pattern.find('E') != std::string::npos && !m.moe())
+      r.Fail("mtp_hybrid_override_pattern", "has E (MoE) layers but the model has no experts");
   }
   *seq = StatedPretrainingContext(r);
   const int64_t max_pos = r.Count("max_position_embeddings", 0);

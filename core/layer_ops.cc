@@ -80,6 +80,9 @@ struct Dims {
   // Fe = f_e/etp (Fei: 2 Fe gated), the shared experts' Fs = f_s/t (Fsi), and the routed
   // assignments this rank's experts compute, Tr = Tl k x load (x etp: gathered over expert TP).
   double E, topk, G, Fe, Fei, Fs, Fsi, Tr;
+  // The width the routed tokens carry through the dispatch, the experts and the combine: h,
+  // or LatentMoE's latent size L (lat, 0 without: the h x L projections on either side).
+  double hm, lat;
   double rot;  // elements per token RoPE rotates
   double kvw;  // K and V elements per token on this rank (the CP ring's message)
   // Mamba-2 (hybrid models) per TP rank: d_inner, the in_proj's outputs, the conv channels;
@@ -124,6 +127,8 @@ Dims DimsOf(const ModelSpec& M, const OpShape& s) {
   x.Fsi = M.gated() ? 2 * x.Fs : x.Fs;
   // Tokens enter the MoE block split over TP (SP) or, without SP (t 1 or ep 1), whole.
   x.Tr = x.Tl * x.topk * s.expert_load * (s.sp ? s.etp : 1);
+  x.lat = double(M.moe_latent_size);
+  x.hm = double(M.moe_width());
   x.mi = double(M.mamba_inner()) / t;
   x.min = double(M.mamba_in_proj()) / t;
   x.mconv = double(M.mamba_conv_channels()) / t;
@@ -501,7 +506,7 @@ LayerOp& GroupedGemm(LayerOpList* l, const OpShape& s, const Dims& x, const char
 void EtpReduce(LayerOpList* l, const OpShape& s, const Dims& x, const char* rs, const char* ar) {
   if (s.etp > 1)
     Comm(l, s, s.sp ? rs : ar, s.sp ? CommKind::kReduceScatter : CommKind::kAllReduce,
-         CommGroup::kEtp, x.Tr * x.h * x.e, CommOverlap::kBlocking, -1);
+         CommGroup::kEtp, x.Tr * x.hm * x.e, CommOverlap::kBlocking, -1);
 }
 void EpAllToAll(LayerOpList* l, const OpShape& s, const char* name, double bytes) {
   if (s.ep > 1)
@@ -680,26 +685,32 @@ void RuntimeMoeBackward(const OpShape& s, const Dims& x, LayerOpList* b) {
 // activation and FC2 on the Tr assignments this rank computes, reduce-scatter over expert TP,
 // the all-to-all back and the weighted un-permutation; the shared experts, a TP-parallel MLP on
 // the same input, add to it.
+// The MoE block (megatron/core/transformer/moe/moe_layer.py): norm, router, with LatentMoE
+// fc1_latent_proj (h to L on this rank's tokens: the weights are replicated over TP), the
+// permutation and the dispatch of the routed tokens at the latent width, the experts, the
+// combine, and fc2_latent_proj back to h; the shared experts on the norm's output.
 void MoeForward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpList* l) {
   if (s.runtime) return RuntimeMoeForward(M, s, x, l);
   NormForward(s, x, "norm2", l);
   Gemm(l, s, "router", GemmPass::kFprop, x.Tl, x.E, x.h, /*fused=*/true);
   Memory(l, "router.topk", MemoryKernel::kRouter, x.Tl, x.E, 3 * x.Tl * x.E * 4, false);
-  Memory(l, "permute", MemoryKernel::kPermute, x.Tl * x.topk, x.h,
-         (1 + x.topk) * x.Tl * x.h * x.e, false);
-  const double sent = x.Tl * x.topk * s.expert_load * x.h * x.e;
+  if (x.lat > 0) Gemm(l, s, "latent.fc1", GemmPass::kFprop, x.Tl, x.lat, x.h, /*fused=*/true);
+  Memory(l, "permute", MemoryKernel::kPermute, x.Tl * x.topk, x.hm,
+         (1 + x.topk) * x.Tl * x.hm * x.e, false);
+  const double sent = x.Tl * x.topk * s.expert_load * x.hm * x.e;
   EpAllToAll(l, s, "dispatch.all_to_all", sent);
   if (s.etp > 1 && s.sp)
-    Comm(l, s, "dispatch.all_gather", CommKind::kAllGather, CommGroup::kEtp, x.Tr * x.h * x.e,
+    Comm(l, s, "dispatch.all_gather", CommKind::kAllGather, CommGroup::kEtp, x.Tr * x.hm * x.e,
          CommOverlap::kBlocking, -1);
-  GroupedGemm(l, s, x, "experts.fc1", GemmPass::kFprop, x.Tr, x.Fei, x.h);
+  GroupedGemm(l, s, x, "experts.fc1", GemmPass::kFprop, x.Tr, x.Fei, x.hm);
   Memory(l, "experts.activation", MemoryKernel::kActivation, x.Tr, x.Fe,
          (x.Fei + x.Fe) * x.Tr * x.e, false);
-  GroupedGemm(l, s, x, "experts.fc2", GemmPass::kFprop, x.Tr, x.h, x.Fe);
+  GroupedGemm(l, s, x, "experts.fc2", GemmPass::kFprop, x.Tr, x.hm, x.Fe);
   EtpReduce(l, s, x, "combine.reduce_scatter", "combine.all_reduce");
   EpAllToAll(l, s, "combine.all_to_all", sent);
-  Memory(l, "unpermute", MemoryKernel::kPermute, x.Tl * x.topk, x.h,
-         (1 + x.topk) * x.Tl * x.h * x.e, false);
+  Memory(l, "unpermute", MemoryKernel::kPermute, x.Tl * x.topk, x.hm,
+         (1 + x.topk) * x.Tl * x.hm * x.e, false);
+  if (x.lat > 0) Gemm(l, s, "latent.fc2", GemmPass::kFprop, x.Tl, x.h, x.lat);
   if (x.Fs > 0) {  // shared experts: a TP-split MLP of f_s on the norm's output
     int ag = -1;
     if (s.sp)
@@ -732,23 +743,31 @@ void MoeBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpLis
                                 : "shared.fc1.all_reduce.backward",
                            "shared.fc1.dgrad", "shared.fc1.wgrad", nullptr, x.Fsi, b);
   }
-  const double sent = x.Tl * x.topk * s.expert_load * x.h * x.e;
-  Memory(b, "unpermute.backward", MemoryKernel::kPermuteBackward, x.Tl * x.topk, x.h,
-         (1 + x.topk) * x.Tl * x.h * x.e, false);
+  if (x.lat > 0) {
+    Gemm(b, s, "latent.fc2.dgrad", GemmPass::kDgrad, x.Tl, x.lat, x.h);
+    Gemm(b, s, "latent.fc2.wgrad", GemmPass::kWgrad, x.h, x.lat, x.Tl);
+  }
+  const double sent = x.Tl * x.topk * s.expert_load * x.hm * x.e;
+  Memory(b, "unpermute.backward", MemoryKernel::kPermuteBackward, x.Tl * x.topk, x.hm,
+         (1 + x.topk) * x.Tl * x.hm * x.e, false);
   EpAllToAll(b, s, "combine.all_to_all.backward", sent);
   if (s.etp > 1 && s.sp)
     Comm(b, s, "combine.all_gather.backward", CommKind::kAllGather, CommGroup::kEtp,
-         x.Tr * x.h * x.e, CommOverlap::kBlocking, -1);
-  GroupedGemm(b, s, x, "experts.fc2.dgrad", GemmPass::kDgrad, x.Tr, x.Fe, x.h);
-  GroupedGemm(b, s, x, "experts.fc2.wgrad", GemmPass::kWgrad, x.h, x.Fe, x.Tr);
+         x.Tr * x.hm * x.e, CommOverlap::kBlocking, -1);
+  GroupedGemm(b, s, x, "experts.fc2.dgrad", GemmPass::kDgrad, x.Tr, x.Fe, x.hm);
+  GroupedGemm(b, s, x, "experts.fc2.wgrad", GemmPass::kWgrad, x.hm, x.Fe, x.Tr);
   Memory(b, "experts.activation.backward", MemoryKernel::kActivationBackward, x.Tr, x.Fe,
          (2 * x.Fei + x.Fe) * x.Tr * x.e, false);
-  GroupedGemm(b, s, x, "experts.fc1.dgrad", GemmPass::kDgrad, x.Tr, x.h, x.Fei);
-  GroupedGemm(b, s, x, "experts.fc1.wgrad", GemmPass::kWgrad, x.Fei, x.h, x.Tr);
+  GroupedGemm(b, s, x, "experts.fc1.dgrad", GemmPass::kDgrad, x.Tr, x.hm, x.Fei);
+  GroupedGemm(b, s, x, "experts.fc1.wgrad", GemmPass::kWgrad, x.Fei, x.hm, x.Tr);
   EtpReduce(b, s, x, "dispatch.reduce_scatter.backward", "dispatch.all_reduce.backward");
   EpAllToAll(b, s, "dispatch.all_to_all.backward", sent);
-  Memory(b, "permute.backward", MemoryKernel::kPermuteBackward, x.Tl * x.topk, x.h,
-         (1 + x.topk) * x.Tl * x.h * x.e, false);
+  Memory(b, "permute.backward", MemoryKernel::kPermuteBackward, x.Tl * x.topk, x.hm,
+         (1 + x.topk) * x.Tl * x.hm * x.e, false);
+  if (x.lat > 0) {
+    Gemm(b, s, "latent.fc1.dgrad", GemmPass::kDgrad, x.Tl, x.h, x.lat);
+    Gemm(b, s, "latent.fc1.wgrad", GemmPass::kWgrad, x.lat, x.h, x.Tl);
+  }
   Memory(b, "router.backward", MemoryKernel::kRouterBackward, x.Tl, x.E, 3 * x.Tl * x.E * 4,
          false);
   Gemm(b, s, "router.dgrad", GemmPass::kDgrad, x.Tl, x.h, x.E);
@@ -851,8 +870,8 @@ void MambaBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpL
 // Whether a forward op belongs to a module --recompute-modules reruns (by the op's kind and
 // the names the builders above give: core_attn the attention core, layernorm the layers'
 // norms, mla_up_proj MLA's q and kv up projections, mlp the dense MLP's FC1, activation and FC2
-// with their collectives, moe the MoE block from the router to the combine and its shared
-// experts, moe_act the routed experts' activation, shared_experts the shared experts' MLP).
+// with their collectives, moe the MoE block from the router to the combine (LatentMoE's
+// projections with it) and its shared experts, moe_act the routed experts' activation, shared_experts the shared experts' MLP).
 bool InRecomputeModules(const LayerOp& op, uint8_t modules) {
   const std::string_view n = op.name ? op.name : "";
   auto starts = [&n](std::string_view p) { return n.substr(0, p.size()) == p; };
@@ -867,8 +886,8 @@ bool InRecomputeModules(const LayerOp& op, uint8_t modules) {
   if ((modules & kRecomputeMlp) && (starts("fc1") || starts("fc2") || n == "activation"))
     return true;
   if ((modules & kRecomputeMoe) &&
-      (starts("router") || starts("permute") || starts("dispatch.") || starts("experts.") ||
-       starts("combine.") || starts("unpermute") || starts("shared.")))
+      (starts("router") || starts("latent.") || starts("permute") || starts("dispatch.") ||
+       starts("experts.") || starts("combine.") || starts("unpermute") || starts("shared.")))
     return true;
   if ((modules & kRecomputeMoeAct) && n == "experts.activation") return true;
   if ((modules & kRecomputeSharedExperts) && starts("shared.")) return true;

@@ -70,16 +70,64 @@ LayerCounts LayerCounts::Scaled(double f) const {
   return c;
 }
 
-LayerKind ModelSpec::layer_kind(int64_t i) const {
-  if (hybrid()) {
-    switch (i >= 0 && i < int64_t(hybrid_pattern.size()) ? hybrid_pattern[size_t(i)] : '*') {
-      case 'M': return LayerKind::kMamba;
-      case '-': return LayerKind::kMlp;
-      case 'E': return LayerKind::kMoeMlp;
-      default: return LayerKind::kAttention;
-    }
+namespace {
+LayerKind KindOfSymbol(char c) {
+  switch (c) {
+    case 'M': return LayerKind::kMamba;
+    case '-': return LayerKind::kMlp;
+    case 'E': return LayerKind::kMoeMlp;
+    default: return LayerKind::kAttention;
   }
+}
+}  // namespace
+
+LayerKind ModelSpec::layer_kind(int64_t i) const {
+  if (hybrid())
+    return KindOfSymbol(i >= 0 && i < int64_t(hybrid_pattern.size()) ? hybrid_pattern[size_t(i)]
+                                                                     : '*');
   return is_moe_layer(i) ? LayerKind::kMoe : LayerKind::kDense;
+}
+
+LayerCounts ModelSpec::mtp_layer_counts() const {
+  LayerCounts c;
+  if (mtp_layers <= 0) return c;
+  if (hybrid() && !mtp_pattern.empty()) {
+    for (char ch : mtp_pattern) c[KindOfSymbol(ch)] += 1;
+  } else {
+    c[layer_kind(layers - 1)] = 1;
+  }
+  return c;
+}
+
+std::string ModelSpec::unified_hybrid_pattern() const {
+  std::string p = hybrid_pattern;
+  for (int64_t d = 0; d < mtp_layers && !mtp_pattern.empty(); ++d) p += "/" + mtp_pattern;
+  return p;
+}
+
+Status SplitHybridPattern(const std::string& unified, std::string* main, std::string* mtp,
+                          int64_t* depths) {
+  const size_t slash = unified.find('/');
+  *main = unified.substr(0, slash);
+  mtp->clear();
+  *depths = 0;
+  if (slash == std::string::npos) return Status::Ok();
+  size_t at = slash;
+  while (at != std::string::npos) {
+    const size_t next = unified.find('/', at + 1);
+    const std::string part =
+        unified.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
+    if (part.empty())
+      return Status::Error("'" + unified + "': an MTP depth after '/' is empty");
+    if (*depths > 0 && part != *mtp)
+      return Status::Error("'" + unified + "': MTP depth " + std::to_string(*depths + 1) + " is '" +
+                           part + "' but depth 1 is '" + *mtp +
+                           "' (Megatron requires every depth the same)");
+    *mtp = part;
+    ++*depths;
+    at = next;
+  }
+  return Status::Ok();
 }
 
 LayerCounts ModelSpec::layer_counts(int64_t first, int64_t n) const {
@@ -153,7 +201,9 @@ int64_t ModelSpec::dense_mlp_linear_params() const {
 
 int64_t ModelSpec::moe_mlp_active_linear_params() const {
   const int64_t shared = (gated() ? 3 : 2) * hidden * moe_shared_ffn_hidden;
-  return hidden * num_experts + moe_topk * expert_params() + shared;  // router + k + shared
+  // router + k experts + latent projections + shared
+  return hidden * num_experts + moe_topk * expert_params() + 2 * hidden * moe_latent_size +
+         shared;
 }
 
 int64_t ModelSpec::attention_params() const {
@@ -174,15 +224,21 @@ int64_t ModelSpec::dense_mlp_params() const {
 
 int64_t ModelSpec::routed_expert_params() const {
   int64_t one = expert_params();
-  if (bias) one += (gated() ? 2 * moe_ffn_hidden : moe_ffn_hidden) + hidden;
+  if (bias) one += (gated() ? 2 * moe_ffn_hidden : moe_ffn_hidden) + moe_width();
   return num_experts * one;
+}
+
+int64_t ModelSpec::latent_params() const {
+  if (moe_latent_size <= 0) return 0;
+  return 2 * hidden * moe_latent_size + (bias ? moe_latent_size + hidden : 0);
 }
 
 int64_t ModelSpec::moe_mlp_params() const {
   int64_t shared = (gated() ? 3 : 2) * hidden * moe_shared_ffn_hidden;
   if (bias && moe_shared_ffn_hidden > 0)
     shared += (gated() ? 2 : 1) * moe_shared_ffn_hidden + hidden;
-  return hidden * num_experts + routed_expert_params() + shared + NormParams(*this, hidden);
+  return hidden * num_experts + routed_expert_params() + latent_params() + shared +
+         NormParams(*this, hidden);
 }
 
 int64_t ModelSpec::mamba_params() const {
@@ -233,9 +289,17 @@ int64_t ModelSpec::routed_params(int64_t first, int64_t n) const {
 
 int64_t ModelSpec::mtp_params() const {
   // DeepSeek-V3 section 2.2: norms of the hidden state and of the next token's embedding, a
-  // 2h x h projection, one transformer layer (the MLP of the last layer's kind).
-  const int64_t mlp = is_moe_layer(layers - 1) ? moe_mlp_params() : dense_mlp_params();
-  return 2 * NormParams(*this, hidden) + 2 * hidden * hidden + attention_params() + mlp;
+  // 2h x h projection, one transformer layer (the MLP of the last layer's kind), or a hybrid
+  // model's depth pattern (multi_token_prediction.py: the same enorm, hnorm, eh_proj).
+  const LayerCounts c = mtp_layer_counts();
+  int64_t layers_p = 0;
+  for (int k = 0; k < kLayerKinds; ++k)
+    layers_p += int64_t(c.n[size_t(k)]) * kind_params(LayerKind(k));
+  return 2 * NormParams(*this, hidden) + 2 * hidden * hidden + layers_p;
+}
+
+int64_t ModelSpec::mtp_routed_params() const {
+  return moe() ? int64_t(mtp_layer_counts().moe()) * routed_expert_params() : 0;
 }
 
 int64_t ModelSpec::padded_vocab(int64_t tp) const {
@@ -301,8 +365,7 @@ Problem HybridProblem(const ModelSpec& m) {
       return {"hybrid_pattern", "'" + p + "': pipeline separators '|' are not modelled (the "
                                 "planner chooses the split; give the plan's pipeline sizes)"};
     if (c == '/')
-      return {"hybrid_pattern", "'" + p + "': multi-token-prediction patterns ('/') are not "
-                                "modelled"};
+      return {"hybrid_pattern", "'" + p + "': the MTP depths after '/' belong in mtp_pattern"};
     if (c == 'G' || c == 'D' || c == '+')
       return {"hybrid_pattern", "'" + p + "': layer symbol '" + std::string(1, c) +
                                 "' (gated delta net, DeepSeek sparse attention, MLA) is not "
@@ -315,6 +378,23 @@ Problem HybridProblem(const ModelSpec& m) {
   }
   const bool mamba_set = m.mamba_state_dim || m.mamba_head_dim || m.mamba_num_groups ||
                          m.mamba_num_heads;
+  // The MTP depth pattern: Megatron's MTP symbols (no pipeline separators), on a hybrid model
+  // with mtp_layers depths.
+  for (char c : m.mtp_pattern) {
+    if (c != 'M' && c != '*' && c != '-' && c != 'E')
+      return {"hybrid_pattern", "MTP depth '" + m.mtp_pattern + "': '" + std::string(1, c) +
+                                "' is not a layer symbol ptdp models in an MTP depth (M, *, "
+                                "-, E)"};
+    mamba += c == 'M';
+    experts += c == 'E';
+  }
+  if (!m.mtp_pattern.empty() && (p.empty() || m.mtp_layers < 1))
+    return {"hybrid_pattern", p.empty() ? "MTP depth '" + m.mtp_pattern +
+                                              "' needs a main pattern before the '/'"
+                                        : "MTP depth '" + m.mtp_pattern + "' with mtp_layers 0"};
+  if (!p.empty() && m.mtp_layers > 0 && m.mtp_pattern.empty())
+    return {"mtp_layers", "'" + n(m.mtp_layers) + "' on a hybrid model needs its depths in "
+                          "hybrid_pattern ('MAIN/DEPTH/...', e.g. '.../*E/*E' for two)"};
   if (p.empty()) {
     if (mamba_set)
       return {m.mamba_state_dim ? "mamba_state_dim" : m.mamba_head_dim ? "mamba_head_dim"
@@ -332,7 +412,6 @@ Problem HybridProblem(const ModelSpec& m) {
     return {m.moe_dense_layers_first ? "moe_dense_layers_first" : "moe_layer_step",
             "is set, but a hybrid_pattern places the MoE layers (E)"};
   const char* feature = m.mla() ? "kv_lora_rank (MLA layers, '+')"
-                        : m.mtp_layers ? "mtp_layers"
                         : m.sliding_window ? "sliding_window"
                         : m.parallel_attn_mlp ? "parallel_attn_mlp" : nullptr;
   if (feature)
@@ -423,6 +502,15 @@ Problem FeatureProblem(const ModelSpec& m) {
                                           "' must be within 0..layers and needs sliding_window"};
   if (m.mtp_layers < 0 || m.mtp_layers > 16)
     return {"mtp_layers", "'" + n(m.mtp_layers) + "' must be within 0..16"};
+  if (m.mtp_repeated && m.mtp_layers == 0)
+    return {"mtp_repeated_layer", "is true but the model has no MTP layers"};
+  // arguments.py: a positive latent size, on an MoE model.
+  if (m.moe_latent_size < 0 || m.moe_latent_size > kMaxHidden)
+    return {"moe_latent_size", "'" + n(m.moe_latent_size) + "' must be within 0.." +
+                                   n(kMaxHidden)};
+  if (m.moe_latent_size > 0 && !m.moe())
+    return {"moe_latent_size", "is set but num_experts is 0 (latent projections are for MoE "
+                               "layers)"};
   return HybridProblem(m);
 }
 }  // namespace
@@ -501,7 +589,23 @@ Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
   m.qk_pos_head_dim = r.NonNegativeInt("qk_pos_head_dim", 0);
   m.v_head_dim = r.NonNegativeInt("v_head_dim", 0);
   m.mtp_layers = r.NonNegativeInt("mtp_layers", 0);
-  m.hybrid_pattern = r.String("hybrid_pattern", "");
+  m.mtp_repeated = r.Bool("mtp_repeated_layer", false);
+  m.moe_latent_size = r.NonNegativeInt("moe_latent_size", 0);
+  {
+    // Megatron's unified pattern: the MTP depths after '/' set mtp_layers (arguments.py infers
+    // --mtp-num-layers from it; a different one given is refused here, not overridden).
+    const std::string unified = r.String("hybrid_pattern", "");
+    int64_t depths = 0;
+    if (Status st = SplitHybridPattern(unified, &m.hybrid_pattern, &m.mtp_pattern, &depths);
+        !st.ok()) {
+      r.Fail("hybrid_pattern", st.message());
+    } else if (depths > 0) {
+      if (r.Has("mtp_layers") && m.mtp_layers != depths)
+        r.Fail("mtp_layers", "'" + std::to_string(m.mtp_layers) + "' but hybrid_pattern has " +
+                                 std::to_string(depths) + " MTP depths after '/'");
+      m.mtp_layers = depths;
+    }
+  }
   // Megatron's defaults (arguments.py: --mamba-state-dim 128, --mamba-head-dim 64,
   // --mamba-num-groups 8; heads: MambaMixer's expand 2, i.e. 2 h / head_dim) when the pattern
   // has M layers and the key is absent.
@@ -590,8 +694,10 @@ std::string ModelToYaml(const ModelSpec& m, const std::string& in) {
       << in << "qk_head_dim: " << m.qk_head_dim << "\n"
       << in << "qk_pos_head_dim: " << m.qk_pos_head_dim << "\n"
       << in << "v_head_dim: " << m.v_head_dim << "\n";
+  if (m.moe_latent_size) o << in << "moe_latent_size: " << m.moe_latent_size << "\n";
   if (m.mtp_layers) o << in << "mtp_layers: " << m.mtp_layers << "\n";
-  if (m.hybrid()) o << in << "hybrid_pattern: " << YamlQuote(m.hybrid_pattern) << "\n";
+  if (m.mtp_repeated) o << in << "mtp_repeated_layer: true\n";
+  if (m.hybrid()) o << in << "hybrid_pattern: " << YamlQuote(m.unified_hybrid_pattern()) << "\n";
   if (m.mamba_num_heads)
     o << in << "mamba_state_dim: " << m.mamba_state_dim << "\n"
       << in << "mamba_head_dim: " << m.mamba_head_dim << "\n"
@@ -616,6 +722,7 @@ Status CheckGptShaped(const ModelSpec& m) {
                                                     : "forced MoE load balancing (moe_routing balanced)")
                         : m.hybrid() ? "hybrid layer patterns (hybrid_pattern: Mamba, attention-only and MLP-only layers)"
                         : m.mla() ? "multi-latent attention (kv_lora_rank)"
+                        : m.moe_latent_size > 0 ? "LatentMoE projections (moe_latent_size)"
                         : m.mtp_layers > 0 ? "multi-token prediction (mtp_layers)"
                         : m.kv_channels > 0 && m.kv_channels * m.heads != m.hidden
                             ? "a head size other than hidden/heads (kv_channels)"

@@ -130,6 +130,21 @@ struct ModelSpec {
   // layer each plus a 2h x h projection and two norms, sharing the embedding and output layer
   // (--mtp-num-layers). Not in total_params() (DeepSeek counts 671B without its 14B MTP).
   int64_t mtp_layers = 0;
+  // A hybrid model's MTP depths are blocks of their own pattern (Megatron's unified
+  // --hybrid-layer-pattern "MAIN/DEPTH/DEPTH...", hybrid_layer_allocation.parse_hybrid_pattern:
+  // every depth the same symbols; Nemotron 3 Super "*E", attention then MoE): mtp_pattern is
+  // one depth's symbols, mtp_layers the number of depths. Empty for a transformer, whose MTP
+  // layer is one layer of its last layer's kind.
+  std::string mtp_pattern;
+  // One MTP depth's weights applied at every depth (Megatron --mtp-use-repeated-layer;
+  // Nemotron 3 Super's recipes: 2 depths, one set of weights).
+  bool mtp_repeated = false;
+  // LatentMoE (Nemotron 3 Super and Ultra; Megatron --moe-latent-size, moe_layer.py): each MoE
+  // layer projects its normalised input from h to moe_latent_size (fc1_latent_proj) before the
+  // dispatch; the routed experts read and write that width, the combine returns it and
+  // fc2_latent_proj projects it back to h. The router and the shared experts see h; the two
+  // projections are replicated over TP (parallel_mode "duplicated"). 0: none.
+  int64_t moe_latent_size = 0;
   // A hybrid model (Megatron-Core's HybridModel, pretrain_hybrid.py --hybrid-layer-pattern):
   // one symbol per layer, M a Mamba-2 mixer, * self-attention, - a dense MLP of ffn_hidden,
   // E an MoE MLP; layers is its length. Empty: a transformer (every layer attention + MLP,
@@ -145,6 +160,19 @@ struct ModelSpec {
   static constexpr int64_t kMambaChunk = 128;     // MambaMixer's chunk_size
 
   bool moe() const { return num_experts > 0; }
+  // The width the routed experts read and write, and the dispatch and combine carry: the
+  // latent size with LatentMoE, else h.
+  int64_t moe_width() const { return moe_latent_size > 0 ? moe_latent_size : hidden; }
+  // One MoE layer's latent projections (h x latent each way, biases with `bias`); 0 without.
+  int64_t latent_params() const;
+  // One MTP depth's layers by kind (a hybrid model's mtp_pattern; a transformer's one layer of
+  // its last layer's kind), and how many sets of MTP weights the model holds (1 when
+  // repeated).
+  LayerCounts mtp_layer_counts() const;
+  int64_t mtp_weight_copies() const { return mtp_repeated ? 1 : mtp_layers; }
+  // The pattern as Megatron's --hybrid-layer-pattern spells it: the main pattern, then "/" and
+  // the MTP pattern once per depth.
+  std::string unified_hybrid_pattern() const;
   bool hybrid() const { return !hybrid_pattern.empty(); }
   // The kind of layer i (0-based) and the counts of each kind among layers [first, first+n).
   LayerKind layer_kind(int64_t i) const;
@@ -179,9 +207,10 @@ struct ModelSpec {
   int64_t dense_mlp_params() const;
   int64_t moe_mlp_params() const;
   int64_t routed_expert_params() const;  // E experts of one MoE layer
-  int64_t expert_params() const { return moe_ffn_hidden * hidden * (gated() ? 3 : 2); }  // one
-  // Weights of one MTP module (its layer, projection and norms).
+  int64_t expert_params() const { return moe_ffn_hidden * moe_width() * (gated() ? 3 : 2); }  // one
+  // Weights of one MTP module (its layers, projection and norms), and its routed experts.
   int64_t mtp_params() const;
+  int64_t mtp_routed_params() const;
   // Linear (GEMM) weights one token meets in the attention and in a dense or MoE MLP (the
   // k routed experts, the shared ones and the router).
   int64_t attention_linear_params() const;
@@ -212,6 +241,12 @@ struct ModelSpec {
 // The size limits (kMaxLayers, kMaxHidden, kMaxFfnHidden, kMaxSeqLen, kMaxVocab) are in
 // core/limits.h with every other range.
 
+// Splits Megatron's unified hybrid pattern "MAIN/DEPTH/DEPTH..." (parse_hybrid_pattern) into
+// the main pattern, one MTP depth's pattern and the number of depths (0 and "" without '/');
+// an error saying what is wrong when the depths differ or a '/' has no depth after it.
+Status SplitHybridPattern(const std::string& unified, std::string* main, std::string* mtp,
+                          int64_t* depths);
+
 // Checks the cross-field rules (positive sizes within the limits above, h % a, a % k, ...).
 // `where` prefixes messages.
 Status ValidateModel(const ModelSpec& m, const std::string& where);
@@ -226,8 +261,9 @@ Status CheckGptShaped(const ModelSpec& m);
 // kv_channels, rotary_base, rotary_percent, parallel_attn_mlp, num_experts, moe_topk,
 // moe_ffn_hidden, moe_shared_ffn_hidden, moe_dense_layers_first, moe_layer_step, moe_router,
 // moe_routing, moe_capacity_factor, moe_aux_loss_coeff, q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_head_dim,
-// v_head_dim, mtp_layers, sliding_window, global_attention_every, hybrid_pattern,
-// mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads). Unknown or missing keys and bad values are errors naming file:line,
+// v_head_dim, mtp_layers, mtp_repeated_layer, moe_latent_size, sliding_window,
+// global_attention_every, hybrid_pattern (Megatron's unified form: "MAIN/DEPTH/..." gives the
+// MTP depths), mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads). Unknown or missing keys and bad values are errors naming file:line,
 // key and value.
 Result<ModelSpec> ModelFromYaml(const YAML::Node& node, const std::string& file,
                                 const std::string& path);

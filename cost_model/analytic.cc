@@ -116,6 +116,7 @@ AnalyticModel::AnalyticModel(const ModelSpec& model, const Topology& topo,
   }
   if (model.moe()) {
     layer_params_.routed = double(model.routed_expert_params());
+    layer_params_.latent = double(model.latent_params());
     layer_params_.moe_layer_shared =
         double(model.attention_params() + model.moe_mlp_params()) - layer_params_.routed;
   }
@@ -611,10 +612,13 @@ static void ForStageClasses(const Layout& l, F&& f) {
 StageTimes AnalyticModel::Work(const Layout& l, LayerCounts layers, bool embedding, bool output,
                                const LayerTimes& lt) const {
   StageTimes st;
-  // The last stage also runs the MTP modules: a layer each (of the last layer's kind) and
-  // their extra output pass.
+  // The last stage also runs the MTP modules: each depth's layers (a transformer's one layer
+  // of its last layer's kind, a hybrid model's depth pattern) and their extra output pass.
   const double mtp = output ? double(model_.mtp_layers) : 0;
-  if (mtp > 0) layers[model_.layer_kind(model_.layers - 1)] += mtp;
+  if (mtp > 0) {
+    const LayerCounts depth = model_.mtp_layer_counts();
+    for (int k = 0; k < kLayerKinds; ++k) layers.n[size_t(k)] += mtp * depth.n[size_t(k)];
+  }
   double fc = 0, bc = 0, ftp = 0, btp = 0;
   auto add = [&](double n, const OneLayerTimes& t) {
     fc += n * t.fwd_compute_s;
@@ -689,7 +693,8 @@ void AnalyticModel::RankLayerParams(const Layout& l, int r, double* dense, doubl
     const LayerCounts n = RankLayerCounts(l, r);
     double shared = 0;
     for (int k = 0; k < kLayerKinds; ++k) shared += n.n[size_t(k)] * layer_params_.kind[size_t(k)];
-    *dense = (shared - n.moe() * layer_params_.routed) / l.tp;
+    *dense = (shared - n.moe() * layer_params_.routed) / l.tp +
+             n.moe() * layer_params_.latent * (1 - 1.0 / l.tp);
     *experts = n.moe() * layer_params_.routed / (double(l.ep) * l.expert_tp());
     return;
   }
@@ -730,8 +735,10 @@ void AnalyticModel::RankLayerParams(const Layout& l, int r, double* dense, doubl
     }
     slot = {key, n_all - n_moe, n_moe};
   }
+  // LatentMoE's projections are replicated over TP (parallel_mode "duplicated").
   *dense = (slot.dense_layers * layer_params_.dense_layer +
-            slot.moe_layers * layer_params_.moe_layer_shared) / l.tp;
+            slot.moe_layers * layer_params_.moe_layer_shared) / l.tp +
+           slot.moe_layers * layer_params_.latent * (1 - 1.0 / l.tp);
   *experts = slot.moe_layers * layer_params_.routed / (double(l.ep) * l.expert_tp());
 }
 
@@ -748,7 +755,7 @@ double AnalyticModel::ParamsOnStage(const Layout& l, int r) const {
     const double final_norm = M.norm == Norm::kLayerNorm ? 2.0 * M.hidden : M.hidden;
     p += final_norm;
     if (!M.tied_embeddings || l.pp > 1) p += vocab_rows;  // untied, or the tied copy on the last stage
-    p += double(M.mtp_layers) * MtpParamsPerGpu(l);
+    p += double(M.mtp_weight_copies()) * MtpParamsPerGpu(l);
   }
   return p;
 }
@@ -756,8 +763,10 @@ double AnalyticModel::ParamsOnStage(const Layout& l, int r) const {
 double AnalyticModel::MtpParamsPerGpu(const Layout& l) const {
   const ModelSpec& M = model_;
   if (M.mtp_layers == 0) return 0;
-  const double routed = M.is_moe_layer(M.layers - 1) ? double(M.routed_expert_params()) : 0;
-  return (double(M.mtp_params()) - routed) / l.tp + routed / (double(l.ep) * l.expert_tp());
+  const double routed = double(M.mtp_routed_params());
+  const double latent = M.mtp_layer_counts().moe() * double(M.latent_params());
+  return (double(M.mtp_params()) - routed - latent) / l.tp + latent +
+         routed / (double(l.ep) * l.expert_tp());
 }
 
 double AnalyticModel::ExpertParamsOnStage(const Layout& l, int r) const {
@@ -765,8 +774,9 @@ double AnalyticModel::ExpertParamsOnStage(const Layout& l, int r) const {
   if (!M.moe()) return 0;
   double dense, experts;
   RankLayerParams(l, r, &dense, &experts);
-  if (r == l.pp - 1 && M.is_moe_layer(M.layers - 1))
-    experts += double(M.mtp_layers) * layer_params_.routed / (double(l.ep) * l.expert_tp());
+  if (r == l.pp - 1 && M.mtp_layers > 0)
+    experts += double(M.mtp_weight_copies()) * double(M.mtp_routed_params()) /
+               (double(l.ep) * l.expert_tp());
   return experts;
 }
 
@@ -953,8 +963,10 @@ double AnalyticModel::LayerActivationBytes(const Layout& l, LayerKind kind) cons
     const double k = double(M.moe_topk), E = double(M.num_experts);
     const double Fe = double(M.moe_ffn_hidden) / etp, Fei = M.gated() ? 2 * Fe : Fe;
     const double Tr = Tl * k * load * (sp ? etp : 1);
-    bytes += Tr * (2 * h + 2 * Fei + ((rm & kRecomputeMoeAct) ? 0 : 2 * Fe)) +
-             Tl * k * load * 2 * h + Tl * E * 5;
+    // The routed tokens at the dispatch width (LatentMoE: L, and fc2_latent_proj's input).
+    const double hm = double(M.moe_width()), lat = double(M.moe_latent_size);
+    bytes += Tr * (2 * hm + 2 * Fei + ((rm & kRecomputeMoeAct) ? 0 : 2 * Fe)) +
+             Tl * k * load * 2 * hm + Tl * E * 5 + Tl * 2 * lat;
     const double fs = double(M.moe_shared_ffn_hidden);
     if (fs > 0 && !(rm & kRecomputeSharedExperts))
       bytes += T * (2 * (M.gated() ? 2 * fs : fs) + 2 * fs) / t;
@@ -1005,7 +1017,7 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
     const double mtp = double(M.mtp_layers);
     bytes += (1 + mtp) * 4.0 * sbh * (1 + double(M.padded_vocab(l.tp)) / M.hidden) / t;
     if (mtp > 0)
-      bytes += chunks_in_flight / l.vp * mtp * LayerActivationBytes(l, M.layer_kind(M.layers - 1));
+      bytes += chunks_in_flight / l.vp * mtp * KindsActivationBytes(l, M.mtp_layer_counts());
   }
   return bytes;
 }
@@ -1065,9 +1077,13 @@ double ModelFwdFlopsPerToken(const ModelSpec& M) {
   double f = 2.0 * M.hidden * M.vocab;
   for (int k = 0; k < kLayerKinds; ++k)
     if (n.n[size_t(k)] > 0) f += n.n[size_t(k)] * LayerFwdFlops(M, LayerKind(k));
-  if (M.mtp_layers > 0)
-    f += double(M.mtp_layers) * (LayerFwdFlops(M, M.layer_kind(M.layers - 1)) +
-                                 4.0 * M.hidden * M.hidden + 2.0 * M.hidden * M.vocab);
+  if (M.mtp_layers > 0) {
+    const LayerCounts depth = M.mtp_layer_counts();
+    double layers_f = 0;
+    for (int k = 0; k < kLayerKinds; ++k)
+      if (depth.n[size_t(k)] > 0) layers_f += depth.n[size_t(k)] * LayerFwdFlops(M, LayerKind(k));
+    f += double(M.mtp_layers) * (layers_f + 4.0 * M.hidden * M.hidden + 2.0 * M.hidden * M.vocab);
+  }
   return f;
 }
 }  // namespace

@@ -291,7 +291,8 @@ class AnalyticModel : public Estimator {
   // Weights of one layer, computed once: a dense layer, an MoE layer's non-expert part, and its
   // routed experts.
   struct LayerParams {
-    double dense_layer = 0, moe_layer_shared = 0, routed = 0;
+    // latent: one MoE layer's LatentMoE projections, whole on every TP rank.
+    double dense_layer = 0, moe_layer_shared = 0, routed = 0, latent = 0;
     std::array<double, kLayerKinds> kind{};  // all weights of one layer of each kind
   } layer_params_;
   void RankLayerParams(const Layout& l, int r, double* dense, double* experts) const;

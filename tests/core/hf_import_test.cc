@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+
+#include <yaml-cpp/yaml.h>
 
 #include "core/model.h"
 #include "tests/core/test_util.h"
@@ -446,6 +450,42 @@ TEST(HfImport, Nemotron3NanoHybridMoe) {
   EXPECT_THAT(with(R"("MEMEM*)", R"("MEM*)"), HasSubstr("has 50 layers but num_hidden_layers is 52"));
   EXPECT_THAT(with(R"("n_routed_experts": 128,)", ""),
               HasSubstr("has E (MoE) layers but the config gives no experts"));
+}
+
+// Nemotron 3 Super: LatentMoE (experts on moe_latent_size 1024) and one MTP depth of
+// mtp_hybrid_override_pattern ("*E"): 120.7B weights without MTP (the BF16 release's
+// safetensors headers: 123.6B with its 2.94B MTP).
+TEST(HfImport, Nemotron3SuperLatentMoeAndMtp) {
+  const Result<ModelSpec> r =
+      ImportHfConfig(SourcePath("tests/data/hf/NVIDIA-Nemotron-3-Super-120B-A12B.json"));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->layers, 88);
+  EXPECT_EQ(r->moe_layers(), 40);
+  EXPECT_EQ(r->moe_latent_size, 1024);
+  EXPECT_EQ(r->moe_width(), 1024);
+  EXPECT_EQ(r->mtp_layers, 1);
+  EXPECT_EQ(r->mtp_pattern, "*E");
+  EXPECT_FALSE(r->mtp_repeated);
+  EXPECT_EQ(r->unified_hybrid_pattern().substr(r->unified_hybrid_pattern().size() - 3), "/*E");
+  EXPECT_NEAR(double(r->total_params()) / 1e9, 120.67, 0.05);
+  EXPECT_NEAR(double(r->mtp_params()) / 1e9, 2.94, 0.01);
+  EXPECT_NEAR(double(r->active_params()) / 1e9, 12.8, 0.1);  // card: 12B active
+  // Read back from its YAML, the same model.
+  auto again = ModelFromYaml(YAML::Load(ModelToYaml(*r, "")), "super.yaml", "");
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(ModelToYaml(*again, ""), ModelToYaml(*r, ""));
+  // An MTP count without its depth's pattern, or symbols ptdp does not model, are refused.
+  std::ifstream in(SourcePath("tests/data/hf/NVIDIA-Nemotron-3-Super-120B-A12B.json"));
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string j = text;
+    j.replace(j.find(from), from.size(), to);
+    return ImportError("super", j);
+  };
+  EXPECT_THAT(with(R"("mtp_hybrid_override_pattern": "*E")", R"("mtp_hybrid_override_pattern": "")"),
+              HasSubstr("needs the MTP depth's layer pattern"));
+  EXPECT_THAT(with(R"("mtp_hybrid_override_pattern": "*E")", R"("mtp_hybrid_override_pattern": "*G")"),
+              HasSubstr("has 'G'"));
 }
 
 TEST(HfImportRefusals, UnmodelledLayers) {

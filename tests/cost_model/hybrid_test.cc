@@ -111,7 +111,8 @@ TEST(HybridModel, RefusesWhatItDoesNotModel) {
             std::string::npos);
   m = Mamba();
   m.mtp_layers = 1;
-  EXPECT_NE(problem(m).find("mtp_layers is not modelled with a hybrid_pattern"), std::string::npos);
+  // MTP on a hybrid model: the depths in the pattern ('MAIN/DEPTH'), not a bare count.
+  EXPECT_NE(problem(m).find("mtp_layers '1' on a hybrid model needs its depths"), std::string::npos);
   // The runtime trains transformers only.
   EXPECT_FALSE(CheckGptShaped(Mamba()).ok());
 }
