@@ -32,7 +32,8 @@ recipe's code, or, where the table gives only "61 layers over S stages", Megatro
 balanced layout string: the embedding's and the loss's stages one layer lighter, the MTP layer
 with the loss). Hybrid Mamba-MoE rows (Nemotron 3) are carried where the registry gives their
 layer pattern and Mamba sizes (Nano): the pattern as hybrid_pattern, squared-ReLU experts, sigmoid
-router, no position embedding. A recompute that names modules ('selective: mla_up_proj', a list)
+router, no position embedding; Nemotron 3 Super's dimensions, which the registry leaves out, come
+from its published config (ARCH_SUPPLEMENT: LatentMoE, two repeated "*E" MTP depths). A recompute that names modules ('selective: mla_up_proj', a list)
 is Megatron's --recompute-modules (recompute_modules).
 """
 import re
@@ -203,6 +204,26 @@ def convert_recipe(e):
 
 MOE_FAMILIES = ("deepseek-v3", "grok-1", "llama4", "mixtral")
 
+# Architectures the source's registry names without dimensions ("arch_source: name only"),
+# read here from their published configs. Nemotron 3 Super: the Hugging Face config.json of
+# nvidia/NVIDIA-Nemotron-3-Super-120B-A12B (hybrid_override_pattern, mamba_num_heads 128,
+# mamba_head_dim 64, n_groups 8, ssm_state_size 128, 32 heads / 2 KV heads of 128, 512 routed
+# experts top-22 of 2688 on moe_latent_size 1024, one shared expert of 5376, vocab 131072,
+# mtp_hybrid_override_pattern "*E"); its Megatron-Bridge recipes (recipes/nemotronh/h100/
+# nemotron_3_super.py, which the perf recipes start from) train mtp_num_layers 2 with
+# mtp_use_repeated_layer.
+ARCH_SUPPLEMENT = {
+    "nemotron_3_super": dict(
+        layers=88, hidden=4096, heads=32, kv_heads=2, head_dim=128, vocab=131072,
+        hybrid=dict(pattern="MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*"
+                            "EMEMEMEMEM*EMEMEMEM*EMEMEMEME",
+                    mamba_state_dim=128, mamba_num_heads=128, mamba_head_dim=64,
+                    mamba_num_groups=8, mtp_pattern="*E", mtp_depths=2, mtp_repeated=True),
+        moe_cfg=dict(num_experts=512, topk=22, expert_ffn=2688, shared_experts=1,
+                     shared_expert_ffn=5376, latent_size=1024),
+        arch_source="HF config.json of nvidia/NVIDIA-Nemotron-3-Super-120B-A12B"),
+}
+
 
 def moe_model(e, reg):
     """The model keys of a MoE row, or (None, why)."""
@@ -210,6 +231,7 @@ def moe_model(e, reg):
     fam = model.get("family")
     r = dict(reg.get(model.get("key"), {}))
     r.update({k: v for k, v in model.items() if v is not None})
+    r.update(ARCH_SUPPLEMENT.get(model.get("key"), {}))
     cfg = r.get("moe_cfg") or {}
     hyb = r.get("hybrid") or {}
     if (r.get("hybrid_layer_counts") or fam == "nemotron-3") and not hyb.get("pattern"):
@@ -241,13 +263,17 @@ def moe_model(e, reg):
         # (Megatron-LM's Nemotron-3 Nano example: --position-embedding-type none --squared-relu).
         m.update(layers=len(hyb["pattern"]), activation="squared_relu",
                  position_embedding="none")
-        m["hybrid_pattern"] = hyb["pattern"]
+        m["hybrid_pattern"] = hyb["pattern"] + ("/" + hyb.get("mtp_pattern", "")) * hyb.get("mtp_depths", 0)
+        if hyb.get("mtp_repeated"):
+            m["mtp_repeated_layer"] = True
         m.update(mamba_state_dim=hyb["mamba_state_dim"], mamba_head_dim=hyb["mamba_head_dim"],
                  mamba_num_groups=hyb.get("mamba_num_groups", 8),
                  mamba_num_heads=hyb["mamba_num_heads"])
     m.update(num_experts=cfg["num_experts"], moe_topk=cfg["topk"], moe_ffn_hidden=cfg["expert_ffn"])
     if cfg.get("shared_experts"):
         m["moe_shared_ffn_hidden"] = cfg["shared_experts"] * cfg["shared_expert_ffn"]
+    if cfg.get("latent_size"):
+        m["moe_latent_size"] = cfg["latent_size"]
     freq = str(cfg.get("moe_layer_freq") or "")
     if cfg.get("dense_layers_first"):
         m["moe_dense_layers_first"] = cfg["dense_layers_first"]
@@ -345,6 +371,13 @@ def convert_moe(e, reg):
     # the NeMo-era dgxc recipes ran Megatron's default, tp.
     etp = lay.get("etp") or (1 if str(e["id"]).startswith("mb_") else tp)
     prec = str(lay.get("precision") or "BF16").upper()
+    if model.get("key") == "nemotron_3_super" and "FP4" in prec:
+        # nemotron_3_super_bf16_with_nvfp4_mixed and te_quant.cfg (perf_recipes/nemotronh/):
+        # attention's QKV and projection, the latent projections, MTP and the last 14 layers in
+        # BF16, the Mamba out_proj in MXFP8, the rest NVFP4.
+        return None, ("NVFP4 here is a per-module mix (attention, latent projections, MTP and "
+                      "the last 14 layers BF16; Mamba out_proj MXFP8): one precision per layout "
+                      "cannot state it")
     l = dict(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, ep=ep, etp=etp, micro_batch=lay["microbatch"],
              global_batch=lay["global_batch"], sequence_parallel=tp > 1,
              # Megatron's --recompute-modules as the row names them ('selective: mla_up_proj'
@@ -367,6 +400,15 @@ def convert_moe(e, reg):
     # domain, as at B200 26.04's ep 32 over 4 nodes).
     if str(e["id"]).startswith("mb_") and model.get("family") == "deepseek-v3" and ep > 1:
         l["moe_flex_dispatcher"] = True
+    # Nemotron 3 Super's perf recipes all set moe_token_dispatcher_type "flex" with the
+    # hybridep backend (perf_recipes/nemotronh/{b200,b300,gb200,gb300}/nemotronh.py).
+    # Their shared defaults (perf_recipes/nemotronh/common.py
+    # _apply_nemotron_3_super_perf_defaults) reduce gradients in bf16 (grad_reduce_in_fp32
+    # False).
+    if model.get("key") == "nemotron_3_super":
+        if ep > 1:
+            l["moe_flex_dispatcher"] = True
+        l["grad_reduce_in_bf16"] = True
     layers, stages = m["layers"], pp * vp
     notes = " ".join(str(n) for n in (e.get("notes") or []))
     fl = re.search(r"first (\d+), .*? last (\d+)", notes)
@@ -422,7 +464,7 @@ runs:
 
 MOE_HEADER = """\
 # Published, measured Mixture-of-Experts training runs (DeepSeek-V3, Grok-1, Llama 4, Mixtral,
-# the hybrid Mamba-MoE Nemotron 3 Nano) on
+# the hybrid Mamba-MoE Nemotron 3 Nano and Super) on
 # H100 and Blackwell with their full layouts: the MoE rows of the team's megatron_recipes
 # collection, carried over by scripts/import-published.py --moe (data/published/README.md; its
 # docstring states each interpretation). Every step time is derived from the published tokens/s
