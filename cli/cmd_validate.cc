@@ -18,6 +18,9 @@
 namespace ptdp::cli {
 namespace {
 
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+
 struct ValidateFlags {
   std::vector<std::string> runs;  // published runs files (default: the shipped ones)
   std::string data;           // a folder with vtrain_single_node/measured.csv (not shipped)
@@ -185,11 +188,14 @@ int RunValidate(const ValidateFlags& f) {
   std::vector<HeldOutSource> loso;
   if (f.loso) loso = LeaveOneSourceOut(runs, clusters, *sets);
   std::map<std::string, std::vector<ValidationRow>> groups;
-  std::vector<ValidationRow> steps;
+  std::vector<ValidationRow> steps, over;
   for (const auto& r : rows) {
     groups[r.group].push_back(r);
     if (r.group.rfind("layer", 0) != 0) steps.push_back(r);
+    if (r.over_capacity()) over.push_back(r);
   }
+  size_t with_memory = 0;
+  for (const auto& r : steps) with_memory += r.capacity_bytes > 0;
   if (f.json) {
     nlohmann::json j;
     auto stats = [](const std::vector<ValidationRow>& rs) {
@@ -218,6 +224,12 @@ int RunValidate(const ValidateFlags& f) {
       }
     }
     j["all_steps"] = stats(steps);
+    j["memory_checked_rows"] = with_memory;
+    j["over_capacity"] = nlohmann::json::array();
+    for (const auto& r : over)
+      j["over_capacity"].push_back({{"id", r.id}, {"group", r.group},
+                                    {"predicted_gib", r.memory_bytes / kGiB},
+                                    {"capacity_gib", r.capacity_bytes / kGiB}});
     j["rows"] = nlohmann::json::array();
     for (const auto& r : rows)
       j["rows"].push_back({{"id", r.id}, {"group", r.group}, {"source", r.source},
@@ -239,6 +251,13 @@ int RunValidate(const ValidateFlags& f) {
   std::printf("\nall step-time rows: %zu, mean |err| %.1f%%, median %.1f%%, max %.1f%% (%s)\n",
               all.rows, 100 * all.mean_abs, 100 * all.median_abs, 100 * all.max_abs,
               all.worst.c_str());
+  // Every measured run ran: a layout the memory model puts over its GPU's capacity is a memory
+  // error (the one check of the memory model the published step times allow).
+  std::printf("memory: %zu of %zu published layouts predicted over their GPU's capacity "
+              "(they ran)%s\n", over.size(), with_memory, over.empty() ? "" : ":");
+  for (const auto& r : over)
+    std::printf("    %-50s predicted %6.1f GiB > capacity %6.1f GiB\n", r.id.c_str(),
+                r.memory_bytes / kGiB, r.capacity_bytes / kGiB);
   std::printf("\nby source (bias: mean signed error, > 0 predicts too slow):\n");
   for (const SourceStats& s : sources) PrintSource(s);
   if (f.loso) {

@@ -44,7 +44,11 @@ std::vector<SourceStats> BySource(const std::vector<ValidationRow>& rows) {
 
 namespace {
 
-Result<double> PredictOne(const MeasuredRun& run, const ClusterSpec& base) {
+struct RunPrediction {
+  double step_s = 0, memory_bytes = 0, capacity_bytes = 0;
+};
+
+Result<RunPrediction> PredictOne(const MeasuredRun& run, const ClusterSpec& base) {
   ClusterSpec c = base;
   c.nodes = std::max(1, (run.gpus + c.gpus_per_node - 1) / c.gpus_per_node);
   // Whole NVLink domains: a 256-GPU run on NVL72 racks (64 trays) sits on 4 racks (72 trays).
@@ -54,13 +58,13 @@ Result<double> PredictOne(const MeasuredRun& run, const ClusterSpec& base) {
   PTDP_ASSIGN_OR_RETURN(AnalyticModel cost, AnalyticModel::Create(run.model, topo));
   if (run.per_layer) {  // Korthikanti table 4: fwd + bwd of one layer, TP communication included
     const LayerTimes lt = cost.Layer(run.layout);
-    return lt.fwd_compute_s + lt.bwd_compute_s + lt.fwd_tp_s + lt.bwd_tp_s;
+    return RunPrediction{lt.fwd_compute_s + lt.bwd_compute_s + lt.fwd_tp_s + lt.bwd_tp_s, 0, 0};
   }
   const Rejection why = CheckLayout(run.model, run.layout);
   if (why != Rejection::kOk) return Status::Error(ExplainRejection(why, run.model, run.layout));
   const Estimate e = cost.Evaluate(run.layout);
   PTDP_RETURN_IF_ERROR(CheckEstimate(run.layout, e));
-  return e.step_time_s;
+  return RunPrediction{e.step_time_s, e.memory.total, e.memory.capacity};
 }
 
 std::string GroupOf(const MeasuredRun& run) {
@@ -79,7 +83,7 @@ double MeanAbsError(const std::vector<MeasuredRun>& runs, const ClusterSpec& c) 
     auto p = PredictOne(run, c);
     if (!p.ok()) continue;
     auto& [sum, n] = by_source[run.source];
-    sum += std::fabs((*p - run.measured_s) / run.measured_s);
+    sum += std::fabs((p->step_s - run.measured_s) / run.measured_s);
     ++n;
   }
   double total = 0;
@@ -104,7 +108,8 @@ std::vector<ValidationRow> PredictRuns(const std::vector<MeasuredRun>& runs,
       skipped->push_back(run.id + ": " + p.status().message());
       continue;
     }
-    rows.push_back({run.id, GroupOf(run), run.measured_s, *p, run.source, run.gpu});
+    rows.push_back({run.id, GroupOf(run), run.measured_s, p->step_s, run.source, run.gpu,
+                    p->memory_bytes, p->capacity_bytes});
   }
   return rows;
 }

@@ -19,7 +19,12 @@ struct ValidationRow {
   double predicted_s = 0;
   std::string source;     // MeasuredRun::source
   std::string gpu;        // "A100", "H100"
+  // The memory the model predicts per GPU (the most loaded stage) and the GPU's capacity, in
+  // bytes; 0 for per-layer rows. A run that was measured ran: over capacity is a memory-model
+  // error.
+  double memory_bytes = 0, capacity_bytes = 0;
   double error() const { return (predicted_s - measured_s) / measured_s; }  // signed
+  bool over_capacity() const { return capacity_bytes > 0 && memory_bytes > capacity_bytes; }
 };
 
 struct ErrorStats {

@@ -84,6 +84,19 @@ TEST_F(ValidationTest, MegatronRecipes) {
   }
 }
 
+// Each step row carries the memory the model predicts for its layout and its GPU's capacity
+// (what `validate` checks: a measured run ran, so it fit); per-layer rows carry none.
+TEST_F(ValidationTest, RowsCarryTheirPredictedMemory) {
+  for (const ValidationRow& r : groups_["published (H100)"]) {
+    EXPECT_NEAR(r.capacity_bytes, 80.0 * (1 << 30), 1.0) << r.id;
+    EXPECT_GT(r.memory_bytes, 1e9) << r.id;
+  }
+  for (const ValidationRow& r : groups_["layer (A100)"]) {
+    EXPECT_EQ(r.capacity_bytes, 0) << r.id;
+    EXPECT_FALSE(r.over_capacity());
+  }
+}
+
 TEST_F(ValidationTest, KorthikantiLayers) {
   const ErrorStats s = Summarize(groups_["layer (A100)"]);
   EXPECT_EQ(s.rows, 5u);
