@@ -88,8 +88,14 @@ std::string ReadEntry(const YAML::Node& e, MeasuredRun* run) {
   l.precision = Contains(prec, "fp8") || Contains(prec, "FP8")   ? Precision::kFp8
                 : Contains(prec, "fp4") || Contains(prec, "FP4") ? Precision::kFp4
                                                                  : Precision::kBf16;
+  // Unstated in a NeMo-based recipe row: distributed_fused_adam (NeMo-Framework-Launcher's
+  // GPT-3, Llama and Nemotron configs) or Megatron-Bridge's use_distributed_optimizer, as the
+  // rows that state it say ("DDP (distributed optimizer not stated)" is that default).
   const std::string opt = Str(lay["optimizer_sharding"]);
-  l.distributed_optimizer = Contains(opt, "distributed") || Contains(opt, "FSDP");
+  const bool recipe = Contains(run->id, "nemo2407") || Contains(run->id, "megatron_bridge") ||
+                      Contains(run->id, "dgxc_");
+  l.distributed_optimizer =
+      Contains(opt, "distributed") || Contains(opt, "FSDP") || (opt.empty() && recipe);
   l.overlap_grad_reduce = true;
   // TP communication overlap: stated in some entries' notes; the NeMo-based recipes (dgxc,
   // NeMo 24.07 table, Megatron-Bridge) turn on Transformer Engine's userbuffer overlap in all

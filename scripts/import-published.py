@@ -92,11 +92,14 @@ def convert(e):
              sequence_parallel=bool(lay["sp"]) if given(lay, "sp") else tp > 1,
              recompute="full" if rc.startswith("full") else
                        "selective" if rc.startswith("selective") else "none",
-             # Unstated: NeMo's performance recipes run distributed_fused_adam (NeMo-Framework-
-             # Launcher's GPT-3, Llama and Nemotron configs) and Megatron-Bridge's
-             # use_distributed_optimizer, as the rows that state it say; "DDP (distributed
-             # optimizer not stated)" is the same default. FSDP shards the optimizer too.
-             distributed_optimizer=not opt or "distributed" in opt or "FSDP" in opt,
+             # Unstated in a NeMo-based recipe row (NeMo 24.07, dgxc, Megatron-Bridge): their
+             # performance recipes run distributed_fused_adam (NeMo-Framework-Launcher's GPT-3,
+             # Llama and Nemotron configs) or Megatron-Bridge's use_distributed_optimizer, as the
+             # rows that state it say; "DDP (distributed optimizer not stated)" is that default.
+             # FSDP shards the optimizer too. (Korthikanti's layers: no optimizer in the time.)
+             distributed_optimizer="distributed" in opt or "FSDP" in opt
+                                   or (not opt and ("nemo2407" in ident or "megatron_bridge" in ident
+                                                    or "dgxc_" in ident)),
              precision="fp8" if ("fp8" in prec or "FP8" in prec) else "bf16",
              schedule="interleaved" if vp > 1 else "1f1b",
              overlap_grad_reduce=True,
