@@ -52,7 +52,7 @@ Plan MakePlan(const World& w, const LayoutFlags& f, const RankedLayout& row) {
 // with bf16 gradient buffers, as advice ("" where it does not apply or saves nothing).
 std::string GradBf16Advice(const World& w, const RankedLayout& row) {
   Layout l = row.layout;
-  if (l.grad_reduce_in_bf16 || l.shard_gradients) return "";
+  if (l.grad_reduce_in_bf16 || l.shard_gradients) return "";  // (ZeRO-3 too: shard_params needs it)
   l.grad_reduce_in_bf16 = true;
   if (CheckLayout(w.model, l) != Rejection::kOk) return "";
   const Estimate e = w.cost->Evaluate(l);

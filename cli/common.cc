@@ -99,7 +99,8 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--dist-opt", f->dist_opt, "distributed optimizer on|off");
   app->add_option("--data-parallel-sharding-strategy", f->dp_sharding,
                   "Megatron's: no_shard (no distributed optimizer), optim (the distributed "
-                  "optimizer), optim_grads (Megatron-FSDP ZeRO-2: gradients sharded too)");
+                  "optimizer), optim_grads (Megatron-FSDP ZeRO-2: gradients sharded too), "
+                  "optim_grads_params (ZeRO-3: weights too, gathered per layer)");
   app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp4|fp32 (default bf16; fp32 without a 16-bit peak, as on local-cpu)");
   app->add_option("--tp-comm-overlap", f->tp_overlap, "TE TP communication overlap on|off (default off)");
   app->add_option("--overlap-grad-reduce", f->grad_overlap, "overlap DP reduction with backward on|off (default on)");
@@ -219,7 +220,7 @@ Result<uint8_t> RecomputeModulesFlag(const LayoutFlags& f) {
 
 Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<bool>* dopt,
                   std::optional<Recompute>* rc, Precision* prec, bool* tpo, bool* gro,
-                  bool* p2p, std::optional<bool>* shard) {
+                  bool* p2p, std::optional<bool>* shard, std::optional<bool>* zero3) {
   if (f.sp) { PTDP_ASSIGN_OR_RETURN(bool v, ParseOnOff("--sp", *f.sp)); *sp = v; }
   if (f.dist_opt) { PTDP_ASSIGN_OR_RETURN(bool v, ParseOnOff("--dist-opt", *f.dist_opt)); *dopt = v; }
   if (f.recompute) {
@@ -245,18 +246,16 @@ Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<b
   }
   if (f.dp_sharding) {
     const std::string& v = *f.dp_sharding;
-    if (v == "optim_grads_params")
-      return Status::Error("--data-parallel-sharding-strategy optim_grads_params: ZeRO-3 (sharded "
-                           "parameters) is not modelled; optim_grads or optim are");
-    if (v != "no_shard" && v != "optim" && v != "optim_grads")
+    if (v != "no_shard" && v != "optim" && v != "optim_grads" && v != "optim_grads_params")
       return Status::Error("--data-parallel-sharding-strategy '" + v +
-                           "' is not one of: no_shard, optim, optim_grads");
+                           "' is not one of: no_shard, optim, optim_grads, optim_grads_params");
     const bool want_dopt = v != "no_shard";
     if (*dopt && **dopt != want_dopt)
       return Status::Error("--data-parallel-sharding-strategy " + v + " contradicts --dist-opt " +
                            (**dopt ? "on" : "off"));
     *dopt = want_dopt;
-    *shard = v == "optim_grads";
+    *shard = v == "optim_grads" || v == "optim_grads_params";
+    *zero3 = v == "optim_grads_params";
   }
   return Status::Ok();
 }
@@ -312,10 +311,10 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   for (int tp : f.tp) wide_tp = wide_tp || tp > w.cluster.nvlink_domain_gpus();
   s.allow_tp_across_nodes = f.allow_tp_across_nodes || wide_tp;
   s.precision = w.cluster.gpu.DefaultPrecision();
-  std::optional<bool> sp, dopt, shard;
+  std::optional<bool> sp, dopt, shard, zero3;
   std::optional<Recompute> rc;
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &s.precision, &s.tp_comm_overlap,
-                                  &s.overlap_grad_reduce, &s.overlap_p2p, &shard));
+                                  &s.overlap_grad_reduce, &s.overlap_p2p, &shard, &zero3));
   PTDP_ASSIGN_OR_RETURN(s.ddp_bucket_size, BucketSizeFlag(f));
   s.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
   s.accumulate_grads_in_fp32 = f.accumulate_grads_in_fp32;
@@ -329,6 +328,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   s.sequence_parallel = sp;
   s.distributed_optimizer = dopt;
   s.shard_gradients = shard;
+  s.shard_params = zero3;
   s.recompute = rc;
   PTDP_ASSIGN_OR_RETURN(s.recompute_modules, RecomputeModulesFlag(f));
   PTDP_ASSIGN_OR_RETURN(const bool split, ApplySplit(f.split, &s.split));
@@ -380,13 +380,14 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
                            " does not divide the world size " + std::to_string(w.gpus));
     l.dp = int(w.gpus / model_ranks);
   }
-  std::optional<bool> sp, dopt, shard;
+  std::optional<bool> sp, dopt, shard, zero3;
   std::optional<Recompute> rc;
   l.precision = w.cluster.gpu.DefaultPrecision();
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &l.precision, &l.tp_comm_overlap,
-                                  &l.overlap_grad_reduce, &l.overlap_p2p, &shard));
+                                  &l.overlap_grad_reduce, &l.overlap_p2p, &shard, &zero3));
   PTDP_ASSIGN_OR_RETURN(l.ddp_bucket_size, BucketSizeFlag(f));
   l.shard_gradients = shard.value_or(false);
+  l.shard_params = zero3.value_or(false);
   l.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
   l.accumulate_grads_in_fp32 = f.accumulate_grads_in_fp32;
   const double headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
@@ -430,7 +431,8 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
                                     ? RecomputeModulesString(l.recompute_modules)
                                     : std::string()},
           {"distributed_optimizer", l.distributed_optimizer},
-          {"shard_gradients", l.shard_gradients}, {"grad_reduce_in_bf16", l.grad_reduce_in_bf16},
+          {"shard_gradients", l.shard_gradients}, {"shard_params", l.shard_params},
+          {"grad_reduce_in_bf16", l.grad_reduce_in_bf16},
           {"accumulate_allreduce_grads_in_fp32", l.accumulate_grads_in_fp32},
           {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},
           {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap},

@@ -188,7 +188,8 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
     // Megatron-FSDP v1 (with the distributed optimizer): ZeRO-2. validate_args asserts
     // --ckpt-format fsdp_dtensor with it.
     if (l.shard_gradients)
-      s += " --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --ckpt-format fsdp_dtensor";
+      s += std::string(" --use-megatron-fsdp --data-parallel-sharding-strategy ") +
+           (l.shard_params ? "optim_grads_params" : "optim_grads") + " --ckpt-format fsdp_dtensor";
     if (l.overlap_grad_reduce) s += " --overlap-grad-reduce";
     if (l.overlap_grad_reduce && l.ddp_bucket_size > 0)
       s += " --ddp-bucket-size " + std::to_string(l.ddp_bucket_size);

@@ -116,7 +116,7 @@ std::string Layout::Knobs() const {
              ? "rc-sel(" + RecomputeModulesString(recompute_modules) + ") "
              : std::string("rc-sel ");
   if (recompute == Recompute::kFull) s += "rc-full ";
-  if (distributed_optimizer) s += shard_gradients ? "zero2 " : "dopt ";
+  if (distributed_optimizer) s += shard_params ? "zero3 " : shard_gradients ? "zero2 " : "dopt ";
   if (grad_reduce_in_bf16) s += "grad-bf16 ";
   if (accumulate_grads_in_fp32 && precision == Precision::kFp16) s += "grad-fp32 ";
   if (precision != Precision::kBf16) s += std::string(ToString(precision)) + " ";
@@ -538,7 +538,11 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
       break;
     }
     case Rejection::kGradShardingNeedsDistOpt:
-      o << "gradient sharding (optim_grads) needs the distributed optimizer (Megatron-FSDP sets it)";
+      if (l.shard_params && !l.shard_gradients)
+        o << "weight sharding (optim_grads_params) shards the gradients too (shard_gradients)";
+      else
+        o << "gradient sharding (optim_grads) needs the distributed optimizer (Megatron-FSDP "
+             "sets it)";
       break;
     case Rejection::kGradReduceDtype:
       if (l.accumulate_grads_in_fp32)
@@ -611,7 +615,8 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
     return Rejection::kA2aOverlap;
   if (l.moe_flex_dispatcher && (!m.moe() || l.ep < 2)) return Rejection::kFlexNeedsEp;
   if (!RecomputeModulesProblem(m, l).empty()) return Rejection::kRecomputeModules;
-  if (l.shard_gradients && !l.distributed_optimizer) return Rejection::kGradShardingNeedsDistOpt;
+  if ((l.shard_gradients && !l.distributed_optimizer) || (l.shard_params && !l.shard_gradients))
+    return Rejection::kGradShardingNeedsDistOpt;
   if (GradReduceDtypeIllegal(l)) return Rejection::kGradReduceDtype;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;
   if (l.global_batch % (int64_t(l.micro_batch) * l.dp) != 0) return Rejection::kBatch;

@@ -92,6 +92,11 @@ struct Layout {
   // are sharded over dp x cp too, reduce-scattered after every micro-batch's backward
   // (docs/user-guide/features/megatron_fsdp.md); needs the distributed optimizer.
   bool shard_gradients = false;
+  // Megatron-FSDP's optim_grads_params (ZeRO-3; Megatron's default sharding strategy): the
+  // weights too are sharded over dp x cp; each FSDP unit (a layer) is all-gathered before its
+  // forward and again before its backward, every micro-batch, and freed after; needs
+  // shard_gradients.
+  bool shard_params = false;
   // Megatron --grad-reduce-in-bf16 (bf16 training: --bf16, also under fp8 and fp4): the DDP
   // gradient buffers hold bf16, not fp32, so the micro-batches' gradients accumulate in bf16 and
   // the DP reduction (all-reduce, or the distributed optimizer's reduce-scatter) moves 2 bytes a
@@ -209,7 +214,7 @@ enum class Rejection {
   kA2aOverlap,         // --overlap-moe-expert-parallel-comm without ep > 1, or pp > 1 without vp, or full recompute
   kRecomputeModules,   // --recompute-modules without selective recompute, or naming a part the model lacks
   kFlexNeedsEp,        // the flex dispatcher on a dense model or with ep 1
-  kGradShardingNeedsDistOpt,  // shard_gradients without the distributed optimizer
+  kGradShardingNeedsDistOpt,  // shard_gradients (or shard_params) without what they need
   kGradReduceDtype,    // --grad-reduce-in-bf16 with fp16/fp32 weights or with fp32 accumulation
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kHybrid,             // a hybrid model's rules: Mamba heads/groups over t and c, no vp or layout string

@@ -117,6 +117,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   }
   lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
   lay.shard_gradients = l.Bool("shard_gradients", false);
+  lay.shard_params = l.Bool("shard_params", false);
   lay.grad_reduce_in_bf16 = l.Bool("grad_reduce_in_bf16", false);
   lay.accumulate_grads_in_fp32 = l.Bool("accumulate_allreduce_grads_in_fp32", false);
   lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp4", "fp32"}, "bf16"));
@@ -212,6 +213,7 @@ std::string PlanToYaml(const Plan& plan) {
             : std::string())
     << "  distributed_optimizer: " << Bool(l.distributed_optimizer) << "\n"
     << "  shard_gradients: " << Bool(l.shard_gradients) << "  # Megatron-FSDP optim_grads (ZeRO-2)\n"
+    << "  shard_params: " << Bool(l.shard_params) << "  # Megatron-FSDP optim_grads_params (ZeRO-3)\n"
     << "  precision: " << ToString(l.precision) << "\n"
     << "  schedule: " << ToString(l.schedule) << "\n"
     << "  overlap_grad_reduce: " << Bool(l.overlap_grad_reduce) << "\n"

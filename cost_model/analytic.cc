@@ -825,7 +825,11 @@ double AnalyticModel::ChunkGradShardTime(const Layout& l, int r, int c) const {
   if (!l.shard_gradients || n <= 1 || runtime_) return 0;
   const double params = ChunkParams(l, r, c);
   const double nb = ChunkDpBuckets(l, r, c);
-  return nb * Coll(Collective::kReduceScatter, l.tp, n, params / nb * GradBytes(l));
+  double t = nb * Coll(Collective::kReduceScatter, l.tp, n, params / nb * GradBytes(l));
+  // ZeRO-3: each unit's weights gathered before its forward and again before its backward.
+  if (l.shard_params)
+    t += 2 * nb * Coll(Collective::kAllGather, l.tp, n, params / nb * WeightBytes(l.precision));
+  return t;
 }
 
 // megatron/core/distributed/distributed_data_parallel.py: bucket_size defaults to
@@ -876,10 +880,17 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double expert_pa
     // ZeRO-2 reduce-scatters after every micro-batch's backward; the DP stream works through
     // them under the forwards and backwards that follow (1F1B's steady state), so the m x nb
     // buckets share a window of (m - 1)(F + B) + B and what it cannot cover is left at the end.
+    // ZeRO-3 adds, per micro-batch and unit, the weights' all-gather before the forward and
+    // again before the backward (Megatron-FSDP prefetches the next unit's under the current
+    // one): the same stream, a window of every forward and backward, and no all-gather after
+    // the optimizer (the next forward gathers the updated shards).
     const double m = double(l.num_microbatches());
-    const double total = m * nb * rs, window = (m - 1) * (fwd_s + bwd_s) + bwd_s;
-    const double e = std::max(total - window + bwd_s / nb, rs);
+    const double per = rs + (l.shard_params ? 2 * ag : 0);
+    const double total = m * nb * per,
+                 window = (m - 1) * (fwd_s + bwd_s) + bwd_s + (l.shard_params ? fwd_s : 0);
+    const double e = std::max(total - window + bwd_s / nb, per);
     rs_exposed = e + k_.overlap_interference * std::max(0.0, total - e);
+    if (l.shard_params) return rs_exposed;
   }
   return rs_exposed + exposed(ag, fwd_s);
 }
@@ -1041,9 +1052,12 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
   mem.grads = params * GradBytes(l);
   if (l.shard_gradients && l.distributed_optimizer) {
     // Megatron-FSDP optim_grads: the gradients (GradBytes) sharded over dp x cp, plus the
-    // unsharded gradients of the two FSDP units (layers) in flight (its double buffer).
+    // unsharded gradients of the two FSDP units (layers) in flight (its double buffer);
+    // optim_grads_params the weights the same way (two units gathered at a time).
     const double unit = double(model_.params_per_layer()) / l.tp;
-    mem.grads = ((params - experts) / shard + experts / expert_shard + 2.0 * unit) * GradBytes(l);
+    const double sharded = (params - experts) / shard + experts / expert_shard + 2.0 * unit;
+    mem.grads = sharded * GradBytes(l);
+    if (l.shard_params) mem.weights = sharded * WeightBytes(l.precision);
   }
   // fp32 master copy (none when training in fp32) + Adam m and v.
   mem.optimizer = ((params - experts) / shard + experts / expert_shard) *

@@ -310,10 +310,12 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
             for (bool sp : sps)
               for (Recompute rc : recomputes)
                 for (bool dopt : dist_opts)
-                for (bool shard : s.shard_gradients.Or({false})) {
-                  // Gradient sharding rides on the distributed optimizer, and shards nothing
-                  // over one rank.
+                for (bool shard : s.shard_gradients.Or({false}))
+                for (bool zero3 : s.shard_params.Or({false})) {
+                  // Gradient sharding rides on the distributed optimizer, weight sharding on
+                  // gradient sharding, and they shard nothing over one rank.
                   if (shard && (!dopt || dp * cp == 1)) continue;
+                  if (zero3 && !shard) continue;
                   // With no DP (dp x cp == 1) the distributed optimizer shards over one rank: the
                   // same layout twice, unless asked for (issue 14: no duplicate rows).
                   if (dopt && !s.distributed_optimizer && dp * cp == 1) continue;
@@ -337,6 +339,7 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   l.recompute_modules = rc == Recompute::kSelective ? s.recompute_modules : 0;
                   l.distributed_optimizer = dopt;
                   l.shard_gradients = shard;
+                  l.shard_params = zero3;
                   l.precision = s.precision;
                   l.overlap_grad_reduce = s.overlap_grad_reduce;
                   l.grad_reduce_in_bf16 = s.grad_reduce_in_bf16;
@@ -392,6 +395,7 @@ Result<PlanResult> SearchLayouts(const Estimator& est, const ModelSpec& model,
   SearchSpace sharded = s;
   sharded.distributed_optimizer = true;
   sharded.shard_gradients = true;
+  if (!s.shard_params) sharded.shard_params = Choice<bool>({false, true});
   PTDP_ASSIGN_OR_RETURN(PlanResult zero2, SearchOnce(est, model, cluster, sharded, top_k));
   if (zero2.fitting == 0) return plain;
   zero2.evaluated += plain.evaluated;
@@ -471,6 +475,7 @@ std::vector<std::string> ExplainChoice(const RankedLayout& a, const RankedLayout
   diff("recompute", ToString(la.recompute), ToString(lb.recompute));
   diff("dist-opt", la.distributed_optimizer ? "on" : "off", lb.distributed_optimizer ? "on" : "off");
   diff("gradient sharding", la.shard_gradients ? "on" : "off", lb.shard_gradients ? "on" : "off");
+  diff("weight sharding", la.shard_params ? "on" : "off", lb.shard_params ? "on" : "off");
   if (!knobs.empty()) out.push_back("  differing knobs: " + knobs);
   out.push_back("  memory: " + FormatBytes(a.estimate.memory.total) + " vs " +
                 FormatBytes(b.estimate.memory.total) + " per GPU");

@@ -69,6 +69,9 @@ struct SearchSpace {
   // when no layout fits without it (SearchLayouts; it buys memory with a reduce-scatter per
   // micro-batch), never for ptdp's runtime.
   Choice<bool> shard_gradients;
+  // Megatron-FSDP's optim_grads_params (ZeRO-3) on top of that: unset, tried with ZeRO-2 when no
+  // layout fits without them (it buys memory with two weight all-gathers per micro-batch).
+  Choice<bool> shard_params;
   Choice<Recompute> recompute;
   // --recompute-modules: what the selective layouts rerun (Layout::recompute_modules; 0:
   // core_attn, Megatron's default).

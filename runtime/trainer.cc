@@ -1496,9 +1496,12 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   const Rejection rej = CheckLayout(cfg.model, l);
   if (rej != Rejection::kOk)
     return Status::Error(where + ": illegal layout: " + ExplainRejection(rej, cfg.model, l));
-  if (l.shard_gradients)
-    return Status::Error(where + ": gradient sharding (Megatron-FSDP optim_grads) is not "
-                         "supported by the runtime; plan with --data-parallel-sharding-strategy optim");
+  if (l.shard_gradients || l.shard_params)
+    return Status::Error(where + ": " + (l.shard_params ? "weight" : "gradient") +
+                         " sharding (Megatron-FSDP " +
+                         (l.shard_params ? "optim_grads_params" : "optim_grads") +
+                         ") is not supported by the runtime; plan with "
+                         "--data-parallel-sharding-strategy optim");
   if (l.RecomputedModules() & ~uint8_t(kRecomputeCoreAttn))
     return Status::Error(where + ": recompute modules " +
                          RecomputeModulesString(l.recompute_modules) + ": the runtime's selective "

@@ -196,6 +196,11 @@ def convert_recipe(e):
              overlap_grad_reduce=True,
              # TE's userbuffer TP overlap is on in every NeMo / Megatron-Bridge Llama recipe.
              tp_comm_overlap=tp > 1, **split)
+    # An FSDP column > 0 (the Megatron-FSDP sharding group): Megatron-Bridge's perf recipes run
+    # use_megatron_fsdp with data_parallel_sharding_strategy "optim_grads_params" (ZeRO-3:
+    # perf_recipes/llama/{b200,b300,gb200,gb300}/llama3*.py).
+    if (lay.get("fsdp") or 0) > 0:
+        l.update(distributed_optimizer=True, shard_gradients=True, shard_params=True)
     src = e["source"]
     # The source is the document and its release (one table per model and precision in it):
     # rows of one source share it, for validate's per-source figures; the table and column

@@ -381,6 +381,15 @@ TEST(CheckLayoutTest, GradientShardingNeedsTheDistributedOptimizer) {
   l.distributed_optimizer = true;
   EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
   EXPECT_EQ(l.Knobs(), "zero2");
+  // ZeRO-3 (optim_grads_params) shards the gradients as well as the weights.
+  l.shard_params = true;
+  EXPECT_EQ(l.Knobs(), "zero3");
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
+  l.shard_gradients = false;
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kGradShardingNeedsDistOpt);
+  EXPECT_NE(ExplainRejection(Rejection::kGradShardingNeedsDistOpt, TestModel(), l)
+                .find("optim_grads_params"),
+            std::string::npos);
 }
 
 // --grad-reduce-in-bf16 is read under --bf16 only (fp8 and fp4 train with bf16 weights):

@@ -101,6 +101,7 @@ void ExpectSameLayout(const Layout& a, const Layout& b) {
   EXPECT_EQ(a.grad_reduce_in_bf16, b.grad_reduce_in_bf16);
   EXPECT_EQ(a.accumulate_grads_in_fp32, b.accumulate_grads_in_fp32);
   EXPECT_EQ(a.shard_gradients, b.shard_gradients);
+  EXPECT_EQ(a.shard_params, b.shard_params);
 }
 
 // Doubles must come back bit-exact (EXPECT_EQ, not NEAR): the writer uses %.17g.
@@ -184,6 +185,7 @@ TEST(PlanRoundTripTest, UnevenPipelineSplits) {
     Layout& l = p.layout;
     l.overlap_p2p = false;
     l.shard_gradients = form == 1;  // with the distributed optimizer of SamplePlan
+    l.shard_params = form == 1;     // ZeRO-3
     if (form == 0) l.first_stage_layers = 15, l.last_stage_layers = 9;  // 72 middle / 6 = 12, / vp 3
     if (form == 1) l.embedding_in_split = l.loss_in_split = true, p.model.layers = 94;  // 96 / 8 / 3
     if (form == 2) {
@@ -204,6 +206,7 @@ TEST(PlanRoundTripTest, UnevenPipelineSplits) {
     EXPECT_EQ(back->layout.pipeline_layout != nullptr, l.pipeline_layout != nullptr);
     EXPECT_FALSE(back->layout.overlap_p2p);
     EXPECT_EQ(back->layout.shard_gradients, form == 1);
+    EXPECT_EQ(back->layout.shard_params, form == 1);
     EXPECT_EQ(StageLayers(back->model, back->layout), StageLayers(p.model, l));
     EXPECT_EQ(PlanToYaml(*back), text);
     // A hand-edited stage_layers that disagrees with the split is named.

@@ -175,6 +175,18 @@ TEST(PipelineSearch, GradientShardingIsTheFallbackWhenNothingElseFits) {
   EXPECT_LT(cost->Evaluate(r.top[0].layout).memory.grads, cost->Evaluate(zero1).memory.grads / 4);
   // ZeRO-2's reduce-scatter per micro-batch costs DP time.
   EXPECT_GT(cost->Evaluate(r.top[0].layout).breakdown.dp_comm_s, cost->Evaluate(zero1).breakdown.dp_comm_s);
+  // ZeRO-3 shards the weights too (two layers' worth gathered at a time) and adds two weight
+  // all-gathers per micro-batch: less memory, more DP time than ZeRO-2.
+  Layout zero3 = r.top[0].layout, zero2 = zero3;
+  zero2.shard_params = false;
+  zero3.shard_params = true;
+  const Estimate e2 = cost->Evaluate(zero2), e3 = cost->Evaluate(zero3);
+  const double unit = double(model->params_per_layer()) / zero3.tp;
+  EXPECT_NEAR(e3.memory.weights, e3.memory.grads, 1.0);  // bf16 weights, bf16 FSDP gradients
+  EXPECT_GT(e3.memory.weights, 2 * unit * 2);
+  EXPECT_LT(e3.memory.weights, e2.memory.weights / 2);
+  EXPECT_GE(e3.breakdown.dp_comm_s, e2.breakdown.dp_comm_s);
+  EXPECT_GT(cost->ChunkGradShardTime(zero3, 0, 0), cost->ChunkGradShardTime(zero2, 0, 0));
   // With recompute allowed, layouts fit without it, and it is not tried.
   s.recompute = {};
   for (const auto& row : Search(*cost, *model, *cluster, s, 5).top) EXPECT_FALSE(row.layout.shard_gradients);
