@@ -201,6 +201,11 @@ def convert_recipe(e):
     # perf_recipes/llama/{b200,b300,gb200,gb300}/llama3*.py).
     if (lay.get("fsdp") or 0) > 0:
         l.update(distributed_optimizer=True, shard_gradients=True, shard_params=True)
+    # Megatron-Bridge's performance recipes reduce gradients in bf16 (perf_recipes/_common.py
+    # _perf_precision and scripts/performance's get_precision_config: grad_reduce_in_fp32
+    # False); Megatron-FSDP keeps them in the weights' dtype anyway.
+    if str(e["id"]).startswith("mb_") and not l.get("shard_gradients") and l["precision"] != "fp32":
+        l["grad_reduce_in_bf16"] = True
     src = e["source"]
     # The source is the document and its release (one table per model and precision in it):
     # rows of one source share it, for validate's per-source figures; the table and column
@@ -414,12 +419,12 @@ def convert_moe(e, reg):
         l["moe_flex_dispatcher"] = True
     # Nemotron 3 Super's perf recipes all set moe_token_dispatcher_type "flex" with the
     # hybridep backend (perf_recipes/nemotronh/{b200,b300,gb200,gb300}/nemotronh.py).
-    # Their shared defaults (perf_recipes/nemotronh/common.py
-    # _apply_nemotron_3_super_perf_defaults) reduce gradients in bf16 (grad_reduce_in_fp32
-    # False).
-    if model.get("key") == "nemotron_3_super":
-        if ep > 1:
-            l["moe_flex_dispatcher"] = True
+    if model.get("key") == "nemotron_3_super" and ep > 1:
+        l["moe_flex_dispatcher"] = True
+    # Megatron-Bridge's performance recipes reduce gradients in bf16 (perf_recipes/_common.py
+    # _perf_precision, scripts/performance's get_precision_config: grad_reduce_in_fp32 False;
+    # the Super recipes again in _apply_nemotron_3_super_perf_defaults).
+    if str(e["id"]).startswith("mb_"):
         l["grad_reduce_in_bf16"] = True
     layers, stages = m["layers"], pp * vp
     notes = " ".join(str(n) for n in (e.get("notes") or []))
