@@ -914,7 +914,10 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double expert_pa
 // assignment of its own tokens the expert output before the weighted combine, 2h; the router's
 // fp32 probabilities and its routing map, 5 E bytes per token; the shared experts as a dense MLP
 // of f_s. MLA keeps the two latents and their norms (4 (q_lora + kv_lora + qk_pos) bytes per
-// token, replicated) and its q, k, v and output per head.
+// token, replicated) and its q, k, v and output per head. Under fp8 and fp4 the GEMM inputs
+// Transformer Engine quantizes for the weight gradient are kept quantized (LayerActivationBytes):
+// GPT-3 at fp8 keeps 34 - 2 - 4 + 1 = 29 (the two norm outputs and FC2's input at 1 byte, the
+// projection's quantized copy of the attention output beside flash attention's 16-bit one).
 double AnalyticModel::LayerActivationBytes(const Layout& l, bool moe) const {
   return LayerActivationBytes(l, moe ? LayerKind::kMoe : LayerKind::kDense);
 }
@@ -944,28 +947,44 @@ double AnalyticModel::LayerActivationBytes(const Layout& l, LayerKind kind) cons
   const bool sel = l.recompute == Recompute::kSelective;
   const double score_term =
       (!attn || fused_attention || sel) ? 0 : (M.dropout ? 5.0 : 2.0) * a * s / h;
-  const int blocks = int(attn) + int(dense_mlp || moe) + int(mamba);
   // --recompute-modules (selective): what the backward reruns is not kept (layernorm: each
   // block's norm output, 2 sbh; mlp: the dense MLP's inside; moe: the MoE block's; moe_act: the
   // experts' activation output; shared_experts: theirs; mla_up_proj: MLA's q, k and v).
   const uint8_t rm = l.RecomputedModules();
-  double replicated = blocks * (4.0 + (M.dropout ? 1.0 : 0.0) -
-                                ((rm & kRecomputeLayernorm) ? 2.0 : 0.0));
+  // Under fp8 (and NVFP4) Transformer Engine keeps a linear layer's input for its weight
+  // gradient quantized, q bytes an element (1; NVFP4 4 bits and a byte per 16): the norm
+  // outputs QKV, FC1 and Mamba's in_proj read (LayerNormLinear, LayerNormMLP), FC2's input,
+  // out_proj's input, the experts' inputs. What another op keeps in 16 bits stays so: the MoE
+  // norm's output (the router reads it; the latent and shared-expert GEMMs keep quantized
+  // copies), the activations' inputs, and the attention output, which flash attention keeps
+  // beside the projection's quantized copy.
+  const bool low = l.precision == Precision::kFp8 || l.precision == Precision::kFp4;
+  const double q = l.precision == Precision::kFp4 ? 0.5625 : low ? 1.0 : 2.0;
+  // Per block: its input (2), a dropout mask (1), its norm's output (q; 2 for the MoE block's).
+  auto block = [&](bool norm_read_in_16_bits) {
+    return 2.0 + (M.dropout ? 1.0 : 0.0) +
+           ((rm & kRecomputeLayernorm) ? 0.0 : norm_read_in_16_bits ? 2.0 : q);
+  };
+  double replicated = (attn ? block(false) : 0) + (dense_mlp ? block(false) : 0) +
+                      (moe ? block(true) : 0) + (mamba ? block(false) : 0);
   // Q, K, V and the output, in units of h (GPT: 2 + 4 k/a + 2).
   double attention = 0;
   if (attn && M.mla()) {
     const double qk = double(M.qk_head_dim + M.qk_pos_head_dim), v = double(M.v_head_dim);
     attention = (rm & kRecomputeMlaUpProj) ? 2.0 * a * v / h : 2.0 * a * (2 * qk + 2 * v) / h;
     replicated += 4.0 * double(M.q_lora_rank + M.kv_lora_rank + M.qk_pos_head_dim) / h;
+    if (low) attention += q * a * v / h;
   } else if (attn) {
     const double hd = double(M.head_dim());
     attention = 2.0 * (2 * a * hd + 2 * double(M.kv_heads) * hd) / h;
+    if (low) attention += q * a * hd / h;
   }
   const double f = double(M.ffn_hidden) / h;
   const double fc1_out = M.gated() ? 2 * f : f;
-  const double mlp = dense_mlp && !(rm & kRecomputeMlp) ? 2.0 * fc1_out + 2.0 * f : 0;
+  const double mlp = dense_mlp && !(rm & kRecomputeMlp) ? 2.0 * fc1_out + q * f : 0;
   const double ssm =
-      mamba ? 2.0 * double(M.mamba_in_proj() + 2 * M.mamba_inner()) / h : 0;
+      mamba ? (2.0 * double(M.mamba_in_proj() + M.mamba_inner()) + q * double(M.mamba_inner())) / h
+            : 0;
   const double split = attention + mlp + ssm;
   double bytes = sp ? sbh / t * (replicated + split + score_term)
                     : sbh * (replicated + (split + score_term) / t);
@@ -976,11 +995,12 @@ double AnalyticModel::LayerActivationBytes(const Layout& l, LayerKind kind) cons
     const double Tr = Tl * k * load * (sp ? etp : 1);
     // The routed tokens at the dispatch width (LatentMoE: L, and fc2_latent_proj's input).
     const double hm = double(M.moe_width()), lat = double(M.moe_latent_size);
-    bytes += Tr * (2 * hm + 2 * Fei + ((rm & kRecomputeMoeAct) ? 0 : 2 * Fe)) +
-             Tl * k * load * 2 * hm + Tl * E * 5 + Tl * 2 * lat;
+    bytes += Tr * (q * hm + 2 * Fei + ((rm & kRecomputeMoeAct) ? 0 : q * Fe)) +
+             Tl * k * load * 2 * hm + Tl * E * 5 + Tl * q * lat;
+    if (low && lat > 0) bytes += Tl * q * h;  // fc1_latent_proj's quantized input
     const double fs = double(M.moe_shared_ffn_hidden);
     if (fs > 0 && !(rm & kRecomputeSharedExperts))
-      bytes += T * (2 * (M.gated() ? 2 * fs : fs) + 2 * fs) / t;
+      bytes += T * (2 * (M.gated() ? 2 * fs : fs) + q * fs) / t + (low ? Tl * q * h : 0);
   }
   return bytes * fp32;  // table 2 is for 16-bit
 }

@@ -86,6 +86,25 @@ TEST_F(AnalyticTest, ActivationsFollowKorthikantiTable2) {
   EXPECT_NEAR(cost.LayerActivationBytes(one), sbh * (34 + 5 * a * s / h), 1);
 }
 
+// Under fp8 Transformer Engine keeps the GEMM inputs it quantized for the weight gradient at
+// 1 byte: GPT-3's 34 s b h become 29 (the two norm outputs and FC2's input, -1, -1, -4; the
+// projection's quantized copy of the attention output, +1); NVFP4's 4 bits and scales less.
+TEST_F(AnalyticTest, Fp8KeepsTheQuantizedGemmInputs) {
+  const double s = 2048, b = 1, h = 12288, t = 8, sbh = s * b * h;
+  Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  l.sequence_parallel = true;
+  l.recompute = Recompute::kSelective;
+  ASSERT_NEAR(cost_.LayerActivationBytes(l), 34 * sbh / t, 1);
+  l.precision = Precision::kFp8;
+  EXPECT_NEAR(cost_.LayerActivationBytes(l), 29 * sbh / t, 1);
+  l.precision = Precision::kFp4;
+  EXPECT_LT(cost_.LayerActivationBytes(l), 29 * sbh / t);
+  EXPECT_GT(cost_.LayerActivationBytes(l), 24 * sbh / t);
+  // Full recompute keeps the layer input only, in 16 bits whatever the GEMMs run in.
+  l.recompute = Recompute::kFull;
+  EXPECT_NEAR(cost_.LayerActivationBytes(l), 2 * sbh / t, 1);
+}
+
 TEST_F(AnalyticTest, WeightsGradsOptimizerAre18BytesPerParam) {
   Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
   const MemoryBytes m = cost_.StageMemory(l, 5);  // a middle stage: layers only
