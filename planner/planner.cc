@@ -328,9 +328,11 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                                               ? *s.moe_flex_dispatcher
                                               : model.moe() && ep > 1 &&
                                                     int64_t(ep) * (etp > 0 ? etp : tp) > gpn;
+                  // (Not for a hybrid model: Megatron's HybridModel has no build_schedule_plan.)
                   l.moe_a2a_overlap = s.moe_a2a_overlap
                                           ? *s.moe_a2a_overlap
-                                          : model.moe() && ep > 1 && (split.pp == 1 || split.vp > 1) &&
+                                          : model.moe() && !model.hybrid() && ep > 1 &&
+                                                (split.pp == 1 || split.vp > 1) &&
                                                 rc != Recompute::kFull;
                   l.micro_batch = mb;
                   l.global_batch = s.global_batch;

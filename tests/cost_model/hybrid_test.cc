@@ -261,5 +261,32 @@ TEST(HybridPlanner, PlansAHybridModel) {
   EXPECT_GT(r->rejected[int(Rejection::kHybrid)], 0);  // the interleaved candidates
 }
 
+// The planner's default EP all-to-all overlap (on wherever Megatron allows it for a GPT model)
+// is off for a hybrid MoE model, whose HybridModel cannot run it: else every pp-1 layout with
+// EP but full recompute would be refused (the planner then missed Nemotron 3's published
+// layouts).
+TEST(HybridPlanner, AnMoeHybridPlansEpWithoutTheA2aOverlap) {
+  const ClusterSpec c = testing::DgxB200Like(1);
+  const Topology topo = *Topology::Build(c);
+  ModelSpec m = Mamba("M*EM*EM*EM*E");
+  m.num_experts = 8; m.moe_topk = 2; m.moe_ffn_hidden = 1024;
+  m.moe_routing = MoeRouting::kBalanced;
+  ASSERT_TRUE(ValidateModel(m, "m").ok()) << ValidateModel(m, "m").message();
+  const AnalyticModel cost(m, topo, CostConstants{});
+  SearchSpace s;
+  s.world = 8;
+  s.global_batch = 64;
+  s.pp = 1;
+  s.ep = 8;
+  s.recompute = Recompute::kNone;
+  auto r = SearchLayouts(cost, m, c, s, 10);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_FALSE(r->top.empty());
+  for (const RankedLayout& x : r->top) {
+    EXPECT_FALSE(x.layout.moe_a2a_overlap);
+    EXPECT_EQ(CheckLayout(m, x.layout), Rejection::kOk);
+  }
+}
+
 }  // namespace
 }  // namespace ptdp
