@@ -111,6 +111,10 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_flag("--accumulate-allreduce-grads-in-fp32", f->accumulate_grads_in_fp32,
                 "Megatron's: fp32 gradient buffers under --precision fp16 (whose gradients are "
                 "fp16 without it); bf16 training has them already");
+  app->add_option("--cpu-offloading-num-layers", f->cpu_offload_layers,
+                  "Megatron's CPU activation offloading: this many layers' activations go to "
+                  "host memory in the forward and come back for the backward (pp 1, no "
+                  "recompute; over the cluster's gpu host_bandwidth)");
   app->add_option("--ddp-bucket-size", f->ddp_bucket_size,
                   "parameters per gradient bucket with --overlap-grad-reduce (default Megatron's: "
                   "max(40M, 1M x DP x CP))");
@@ -206,6 +210,21 @@ Result<int64_t> BucketSizeFlag(const LayoutFlags& f) {
     return Status::Error("--ddp-bucket-size " + std::to_string(*f.ddp_bucket_size) +
                          " must be a positive number of parameters");
   return *f.ddp_bucket_size;
+}
+
+// --cpu-offloading-num-layers: a positive layer count on a cluster whose GPUs state their host
+// link (gpu host_bandwidth), or unset (0).
+Result<int> OffloadFlag(const LayoutFlags& f, const ClusterSpec& c) {
+  if (!f.cpu_offload_layers) return 0;
+  const int n = *f.cpu_offload_layers;
+  if (n <= 0)
+    return Status::Error("--cpu-offloading-num-layers " + std::to_string(n) +
+                         " must be a positive number of layers");
+  if (c.gpu.host_bw_bytes_per_s <= 0)
+    return Status::Error("--cpu-offloading-num-layers " + std::to_string(n) + ": cluster " +
+                         c.file + " gives no gpu host_bandwidth (the GPU-to-host link the "
+                         "activations cross)");
+  return n;
 }
 
 // --recompute-modules as Layout::recompute_modules bits (0 when not given).
@@ -316,6 +335,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &s.precision, &s.tp_comm_overlap,
                                   &s.overlap_grad_reduce, &s.overlap_p2p, &shard, &zero3));
   PTDP_ASSIGN_OR_RETURN(s.ddp_bucket_size, BucketSizeFlag(f));
+  PTDP_ASSIGN_OR_RETURN(s.cpu_offload_layers, OffloadFlag(f, w.cluster));
   s.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
   s.accumulate_grads_in_fp32 = f.accumulate_grads_in_fp32;
   // The gradient buffer flags hold for every layout alike: refused once, as CheckLayout would.
@@ -386,6 +406,7 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &l.precision, &l.tp_comm_overlap,
                                   &l.overlap_grad_reduce, &l.overlap_p2p, &shard, &zero3));
   PTDP_ASSIGN_OR_RETURN(l.ddp_bucket_size, BucketSizeFlag(f));
+  PTDP_ASSIGN_OR_RETURN(l.cpu_offload_layers, OffloadFlag(f, w.cluster));
   l.shard_gradients = shard.value_or(false);
   l.shard_params = zero3.value_or(false);
   l.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
@@ -432,6 +453,7 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
                                     : std::string()},
           {"distributed_optimizer", l.distributed_optimizer},
           {"shard_gradients", l.shard_gradients}, {"shard_params", l.shard_params},
+          {"cpu_offloading_num_layers", l.cpu_offload_layers},
           {"grad_reduce_in_bf16", l.grad_reduce_in_bf16},
           {"accumulate_allreduce_grads_in_fp32", l.accumulate_grads_in_fp32},
           {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},

@@ -58,6 +58,7 @@ struct LayoutFlags {
   // Megatron's --data-parallel-sharding-strategy: no_shard | optim | optim_grads.
   std::optional<std::string> dp_sharding;
   std::optional<int64_t> ddp_bucket_size;  // Megatron's --ddp-bucket-size (parameters)
+  std::optional<int> cpu_offload_layers;   // Megatron's --cpu-offloading-num-layers
   std::optional<std::string> train_tokens;  // --train-tokens 15T: days and GPU-hours
   bool allow_tp_across_nodes = false;
   bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16 (bf16 gradient buffers)

@@ -191,6 +191,9 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
       s += std::string(" --use-megatron-fsdp --data-parallel-sharding-strategy ") +
            (l.shard_params ? "optim_grads_params" : "optim_grads") + " --ckpt-format fsdp_dtensor";
     if (l.overlap_grad_reduce) s += " --overlap-grad-reduce";
+    // arguments.py turns cpu_offloading on with a layer count (it has no flag of its own).
+    if (l.cpu_offload_layers > 0)
+      s += " --cpu-offloading-num-layers " + std::to_string(l.cpu_offload_layers);
     if (l.overlap_grad_reduce && l.ddp_bucket_size > 0)
       s += " --ddp-bucket-size " + std::to_string(l.ddp_bucket_size);
     // validate_args: --overlap-param-gather needs the distributed optimizer and

@@ -117,6 +117,7 @@ std::string Layout::Knobs() const {
              : std::string("rc-sel ");
   if (recompute == Recompute::kFull) s += "rc-full ";
   if (distributed_optimizer) s += shard_params ? "zero3 " : shard_gradients ? "zero2 " : "dopt ";
+  if (cpu_offload_layers > 0) s += "offload" + std::to_string(cpu_offload_layers) + " ";
   if (grad_reduce_in_bf16) s += "grad-bf16 ";
   if (accumulate_grads_in_fp32 && precision == Precision::kFp16) s += "grad-fp32 ";
   if (precision != Precision::kBf16) s += std::string(ToString(precision)) + " ";
@@ -388,6 +389,7 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kGradReduceDtype: return "grad_reduce_dtype_illegal";
     case Rejection::kSeqCp: return "seq_len_not_divisible_by_2cp";
     case Rejection::kHybrid: return "hybrid_model_rule";
+    case Rejection::kCpuOffloading: return "cpu_offloading_illegal";
     case Rejection::kScheduleMismatch: return "schedule_mismatch";
     case Rejection::kTpCrossesNode: return "tp_crosses_node";
     case Rejection::kPrecisionUnsupported: return "precision_unsupported_by_gpu";
@@ -561,6 +563,11 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
                         : why);
       break;
     }
+    case Rejection::kCpuOffloading:
+      o << "--cpu-offloading-num-layers " << l.cpu_offload_layers
+        << ": Megatron offloads 0 < N < layers (" << m.layers << ") without pipeline parallelism "
+        << "(pp " << l.pp << ") or recompute (" << ToString(l.recompute) << ")";
+      break;
     case Rejection::kScheduleMismatch:
       o << "schedule " << ToString(l.schedule) << " with vp " << l.vp
         << ": interleaved needs vp > 1 and vp > 1 needs interleaved";
@@ -586,6 +593,11 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
   if (m.heads % l.tp != 0) return Rejection::kHeadsTp;
   if (m.kv_heads % l.tp != 0 && l.tp % m.kv_heads != 0) return Rejection::kKvHeadsTp;
   if (m.hybrid() && !HybridLayoutProblem(m, l).empty()) return Rejection::kHybrid;
+  // transformer_config.py: 0 <= N < num_layers, no pipeline parallelism, no recompute.
+  if (l.cpu_offload_layers != 0 &&
+      (l.cpu_offload_layers < 0 || l.cpu_offload_layers >= m.layers || l.pp > 1 ||
+       l.recompute != Recompute::kNone))
+    return Rejection::kCpuOffloading;
   if (l.pipeline_layout) {
     if (!SplitProblem(m, l).empty()) return Rejection::kPipelineLayout;
   } else if (l.first_stage_layers > 0 || l.last_stage_layers > 0) {

@@ -97,6 +97,11 @@ struct Layout {
   // forward and again before its backward, every micro-batch, and freed after; needs
   // shard_gradients.
   bool shard_params = false;
+  // Megatron's CPU activation offloading (--cpu-offloading-num-layers N, transformer_config.py:
+  // 0 < N < layers, pp 1, no recompute): N layers' activations go to host memory during the
+  // forward and come back for the backward, over the GPU's host link (ClusterSpec gpu
+  // host_bandwidth). 0: none.
+  int cpu_offload_layers = 0;
   // Megatron --grad-reduce-in-bf16 (bf16 training: --bf16, also under fp8 and fp4): the DDP
   // gradient buffers hold bf16, not fp32, so the micro-batches' gradients accumulate in bf16 and
   // the DP reduction (all-reduce, or the distributed optimizer's reduce-scatter) moves 2 bytes a
@@ -218,6 +223,7 @@ enum class Rejection {
   kGradReduceDtype,    // --grad-reduce-in-bf16 with fp16/fp32 weights or with fp32 accumulation
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kHybrid,             // a hybrid model's rules: Mamba heads/groups over t and c, no vp or layout string
+  kCpuOffloading,      // --cpu-offloading-num-layers with pp > 1, recompute, or N >= layers
   kScheduleMismatch,   // interleaved schedule iff v > 1
   kTpCrossesNode,      // TP group spans NVLink domains (legal for Megatron; planner rejects unless forced)
   kPrecisionUnsupported,  // e.g. fp8 on a GPU without an fp8 peak

@@ -118,6 +118,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.distributed_optimizer = l.Bool("distributed_optimizer", false);
   lay.shard_gradients = l.Bool("shard_gradients", false);
   lay.shard_params = l.Bool("shard_params", false);
+  lay.cpu_offload_layers = int(l.NonNegativeInt("cpu_offloading_num_layers", 0));
   lay.grad_reduce_in_bf16 = l.Bool("grad_reduce_in_bf16", false);
   lay.accumulate_grads_in_fp32 = l.Bool("accumulate_allreduce_grads_in_fp32", false);
   lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp4", "fp32"}, "bf16"));
@@ -220,6 +221,9 @@ std::string PlanToYaml(const Plan& plan) {
     << "  tp_comm_overlap: " << Bool(l.tp_comm_overlap) << "\n"
     << "  overlap_p2p: " << Bool(l.overlap_p2p) << "  # interleaved schedules only\n";
   if (l.ddp_bucket_size > 0) o << "  ddp_bucket_size: " << l.ddp_bucket_size << "  # --ddp-bucket-size\n";
+  if (l.cpu_offload_layers > 0)
+    o << "  cpu_offloading_num_layers: " << l.cpu_offload_layers
+      << "  # --cpu-offloading-num-layers\n";
   if (l.grad_reduce_in_bf16) o << "  grad_reduce_in_bf16: true  # --grad-reduce-in-bf16\n";
   if (l.accumulate_grads_in_fp32)
     o << "  accumulate_allreduce_grads_in_fp32: true  # --accumulate-allreduce-grads-in-fp32\n";

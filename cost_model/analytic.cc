@@ -626,6 +626,15 @@ StageTimes AnalyticModel::Work(const Layout& l, LayerCounts layers, bool embeddi
     ftp += n * t.fwd_tp_s;
     btp += n * t.bwd_tp_s;
   };
+  // --cpu-offloading-num-layers: the offloaded layers' activations cross the host link in the
+  // forward (device to host) and back in the backward, beside the layers' compute; what the
+  // compute cannot cover waits (computed below, over the layers' times).
+  double offload_s = 0;
+  if (OffloadedLayers(l) > 0) {
+    const double L = layers.total();
+    offload_s = KindsActivationBytes(l, layers) * OffloadedLayers(l) / L /
+                topo_->spec().gpu.host_bw_bytes_per_s;
+  }
   if (model_.hybrid()) {
     // The GPU's and the host's time over the stage's layers, the larger of the two.
     double fg = 0, bg = 0, fh = 0, bh = 0;
@@ -642,6 +651,10 @@ StageTimes AnalyticModel::Work(const Layout& l, LayerCounts layers, bool embeddi
     add(layers[LayerKind::kDense], {lt.fwd_compute_s, lt.bwd_compute_s, lt.recompute_s,
                                     lt.fwd_tp_s, lt.bwd_tp_s});
     add(layers[LayerKind::kMoe], lt.moe);
+  }
+  if (offload_s > 0) {
+    fc += std::max(0.0, offload_s - fc);
+    bc += std::max(0.0, offload_s - bc);
   }
   fc += mtp * lt.mtp.fwd_compute_s;
   bc += mtp * lt.mtp.bwd_compute_s;
@@ -1032,6 +1045,13 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
     chunks_in_flight = std::min(double(l.pp - r), m);
   }
   double bytes = chunks_in_flight * per_chunk;
+  if (OffloadedLayers(l) > 0) {
+    // --cpu-offloading-num-layers N (pp 1: one micro-batch in flight): N layers' activations
+    // wait in host memory; one layer's more is on its way (TE's offload context copies a
+    // layer while the next one runs).
+    const double L = counts.total();
+    bytes = per_chunk * std::min(L, L - OffloadedLayers(l) + 1) / L;
+  }
   if (l.recompute == Recompute::kFull) {  // one layer's full activations while recomputing
     Layout none = l;
     none.recompute = Recompute::kNone;

@@ -191,6 +191,11 @@ class AnalyticModel : public Estimator {
   // With gradient sharding (ZeRO-2), the reduce-scatter of chunk c's gradients that follows
   // each of its backwards (0 otherwise).
   double ChunkGradShardTime(const Layout& l, int r, int c) const;
+  // The layers whose activations --cpu-offloading-num-layers sends to host memory: 0 when not
+  // asked, or when the cluster states no host link (the CLI refuses that).
+  double OffloadedLayers(const Layout& l) const {
+    return topo_->spec().gpu.host_bw_bytes_per_s > 0 ? double(l.cpu_offload_layers) : 0;
+  }
   double GradBytes(const Layout& l) const;  // bytes per gradient element (fp32, or ZeRO-2's)
   // Analytic lower bound of the step: m times the slowest stage's compute, plus the optimizer;
   // no bubble, no communication.

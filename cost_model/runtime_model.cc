@@ -70,6 +70,7 @@ Layout RuntimeModel::Executed(const Layout& l) const {
   x.tp_comm_overlap = false;
   x.shard_gradients = false;  // the runtime's distributed optimizer shards the optimizer only
   x.shard_params = false;
+  x.cpu_offload_layers = 0;
   x.moe_a2a_overlap = false;  // its MoE exchanges block, with the all-to-all dispatcher
   x.moe_flex_dispatcher = false;
   if (m_.element_bytes == 4) {  // an fp32 runtime: nothing in bf16 (TrainerConfig::bf16 off)

@@ -347,6 +347,7 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   l.grad_reduce_in_bf16 = s.grad_reduce_in_bf16;
                   l.accumulate_grads_in_fp32 = s.accumulate_grads_in_fp32;
                   l.ddp_bucket_size = s.ddp_bucket_size;
+                  l.cpu_offload_layers = s.cpu_offload_layers;
                   // --tp-comm-overlap where it can apply: Megatron asserts it needs SP.
                   l.tp_comm_overlap = s.tp_comm_overlap && sp;
                   l.overlap_p2p = s.overlap_p2p;

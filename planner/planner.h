@@ -83,6 +83,7 @@ struct SearchSpace {
   bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16 on every layout
   bool accumulate_grads_in_fp32 = false;  // --accumulate-allreduce-grads-in-fp32 likewise
   int64_t ddp_bucket_size = 0;  // Layout::ddp_bucket_size
+  int cpu_offload_layers = 0;   // Layout::cpu_offload_layers (--cpu-offloading-num-layers)
   bool tp_comm_overlap = false;
   bool overlap_p2p = true;                // --overlap-p2p-communication
   SplitSearch split_search = SplitSearch::kAuto;

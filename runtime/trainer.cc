@@ -1496,6 +1496,9 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& cfg, Backe
   const Rejection rej = CheckLayout(cfg.model, l);
   if (rej != Rejection::kOk)
     return Status::Error(where + ": illegal layout: " + ExplainRejection(rej, cfg.model, l));
+  if (l.cpu_offload_layers > 0)
+    return Status::Error(where + ": CPU activation offloading (--cpu-offloading-num-layers) is "
+                         "not supported by the runtime");
   if (l.shard_gradients || l.shard_params)
     return Status::Error(where + ": " + (l.shard_params ? "weight" : "gradient") +
                          " sharding (Megatron-FSDP " +

@@ -201,6 +201,13 @@ def convert_recipe(e):
     # perf_recipes/llama/{b200,b300,gb200,gb300}/llama3*.py).
     if (lay.get("fsdp") or 0) > 0:
         l.update(distributed_optimizer=True, shard_gradients=True, shard_params=True)
+        # The same recipes offload activations to the Grace's memory: the FP8 (current
+        # scaling) Llama 3 70B ones cpu_offloading_num_layers 40 on GB200, 20 on GB300 (the
+        # recipes' values at the collection's Megatron-Bridge commit; earlier releases' are not
+        # in the source).
+        offload = {"GB200": 40, "GB300": 20}.get(str(hw["gpu"]).split()[0])
+        if offload and l["precision"] == "fp8" and "70B" in str(model.get("name", "")):
+            l["cpu_offloading_num_layers"] = offload
     # Megatron-Bridge's performance recipes reduce gradients in bf16 (perf_recipes/_common.py
     # _perf_precision and scripts/performance's get_precision_config: grad_reduce_in_fp32
     # False); Megatron-FSDP keeps them in the weights' dtype anyway.

@@ -41,6 +41,10 @@ struct GpuSpec {
   std::string name;                 // "A100-SXM4-80GB"
   double memory_bytes = 0;          // HBM capacity
   double hbm_bw_bytes_per_s = 0;    // HBM bandwidth
+  // GPU to host memory, per direction (PCIe, or NVLink-C2C to a Grace CPU): what Megatron's CPU
+  // activation offloading (--cpu-offloading-num-layers) moves over. 0: not given (offloading
+  // is then refused for the cluster).
+  double host_bw_bytes_per_s = 0;
   // Dense peak per precision, FLOP/s; 0 means the GPU has no such tensor-core path.
   double peak_bf16 = 0, peak_fp16 = 0, peak_fp8 = 0, peak_tf32 = 0, peak_fp32 = 0;
   double peak_fp4 = 0;              // NVFP4/MXFP4 tensor cores (Blackwell on); 0 before

@@ -565,6 +565,14 @@ TEST(Cli, Llama3_405bAsMetaRanItFitsWithGradientSharding) {
                 "--data-parallel-sharding-strategy optim_grads_params"),
             std::string::npos);
   ExpectOneLineError(Ptdp(base + "--data-parallel-sharding-strategy fsdp"), "is not one of");
+  // CPU activation offloading: Megatron's rules, and a cluster that states its host link.
+  ExpectOneLineError(Ptdp(base + split + "--cpu-offloading-num-layers 8"),
+                     "without pipeline parallelism (pp 16)");
+  ExpectOneLineError(Ptdp(base + "--cpu-offloading-num-layers 0"), "must be a positive number");
+  ExpectOneLineError(Ptdp("simulate --cluster " + std::string(PTDP_SOURCE_DIR) +
+                          "/configs/clusters/local-cpu.yaml --model " + k405b +
+                          " --gpus 1 --global-batch 8 --cpu-offloading-num-layers 4"),
+                     "gives no gpu host_bandwidth");
   ExpectOneLineError(Ptdp(base + "--data-parallel-sharding-strategy optim_grads --dist-opt off"),
                      "contradicts --dist-opt off");
 }

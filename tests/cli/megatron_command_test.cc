@@ -659,6 +659,24 @@ TEST(MegatronCommand, RecomputeModules) {
   EXPECT_FALSE(s.Has("--fp8-recipe"));
 }
 
+// Megatron-FSDP ZeRO-3 with CPU activation offloading (Megatron-Bridge's Llama 3 70B recipe on
+// GB200: FSDP over 64, 40 layers offloaded): the strategy and the offloading flags.
+TEST(MegatronCommand, FsdpZero3WithCpuOffloading) {
+  Layout l = Lay(1, 1, 64, 256);
+  l.distributed_optimizer = l.shard_gradients = l.shard_params = true;
+  l.cpu_offload_layers = 40;
+  l.micro_batch = 2;
+  const Plan plan = MakePlan("llama3-70b", l);
+  ASSERT_EQ(CheckLayout(plan.model, l), Rejection::kOk)
+      << ExplainRejection(CheckLayout(plan.model, l), plan.model, l);
+  const Script s = Parse(MegatronCommand(plan));
+  ExpectRunnable(s, 64);
+  EXPECT_TRUE(s.Has("--use-megatron-fsdp"));
+  EXPECT_EQ(s.Value("--data-parallel-sharding-strategy"), "optim_grads_params");
+  EXPECT_EQ(s.Value("--ckpt-format"), "fsdp_dtensor");
+  EXPECT_EQ(s.Value("--cpu-offloading-num-layers"), "40");  // sets cpu_offloading (arguments.py)
+}
+
 TEST(MegatronCommand, Llama4MaverickInterleavesMoeLayers) {
   Layout l = Lay(4, 4, 8, 1024);
   l.sequence_parallel = true;

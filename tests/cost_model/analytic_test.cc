@@ -89,6 +89,46 @@ TEST_F(AnalyticTest, ActivationsFollowKorthikantiTable2) {
 // Under fp8 Transformer Engine keeps the GEMM inputs it quantized for the weight gradient at
 // 1 byte: GPT-3's 34 s b h become 29 (the two norm outputs and FC2's input, -1, -1, -4; the
 // projection's quantized copy of the attention output, +1); NVFP4's 4 bits and scales less.
+// --cpu-offloading-num-layers N (pp 1): N of the L layers' activations wait in host memory (one
+// layer's more in transit); their bytes cross the host link beside the compute, and what the
+// compute cannot cover adds to the step. A cluster without a host link offloads nothing.
+TEST(AnalyticOffload, ActivationsLeaveTheGpuAndTheLinkCanBeTheBottleneck) {
+  ClusterSpec c = testing::DgxA100Like(16);
+  c.gpu.host_bw_bytes_per_s = 32e9;
+  const Topology topo = *Topology::Build(c);
+  const ModelSpec m = Gpt3_175b();
+  const AnalyticModel cost(m, topo, CostConstants{});
+  Layout l = MakeLayout(8, 1, 16, 1, 1, 64);
+  l.sequence_parallel = true;
+  const Estimate none = cost.Evaluate(l);
+  l.cpu_offload_layers = 48;
+  ASSERT_EQ(CheckLayout(m, l), Rejection::kOk);
+  const Estimate half = cost.Evaluate(l);
+  EXPECT_NEAR(half.memory.activations, none.memory.activations * (96 - 48 + 1) / 96,
+              0.05 * none.memory.activations);
+  EXPECT_GE(half.step_time_s, none.step_time_s);
+  // A slow link cannot hide the copies.
+  ClusterSpec slow = c;
+  slow.gpu.host_bw_bytes_per_s = 1e9;
+  const Topology st = *Topology::Build(slow);
+  EXPECT_GT(AnalyticModel(m, st, CostConstants{}).Evaluate(l).step_time_s,
+            1.2 * none.step_time_s);
+  ClusterSpec nolink = c;
+  nolink.gpu.host_bw_bytes_per_s = 0;
+  const Topology nt = *Topology::Build(nolink);
+  const AnalyticModel nc(m, nt, CostConstants{});
+  Layout plain = l;
+  plain.cpu_offload_layers = 0;
+  EXPECT_DOUBLE_EQ(nc.Evaluate(l).memory.activations, nc.Evaluate(plain).memory.activations);
+  // Megatron's rules: no pipeline parallelism, no recompute, N < layers.
+  l.recompute = Recompute::kSelective;
+  EXPECT_EQ(CheckLayout(m, l), Rejection::kCpuOffloading);
+  l.recompute = Recompute::kNone;
+  l.cpu_offload_layers = 96;
+  EXPECT_EQ(CheckLayout(m, l), Rejection::kCpuOffloading);
+  EXPECT_EQ(RejectionKey(Rejection::kCpuOffloading), std::string("cpu_offloading_illegal"));
+}
+
 TEST_F(AnalyticTest, Fp8KeepsTheQuantizedGemmInputs) {
   const double s = 2048, b = 1, h = 12288, t = 8, sbh = s * b * h;
   Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
