@@ -102,6 +102,7 @@ void ExpectSameLayout(const Layout& a, const Layout& b) {
   EXPECT_EQ(a.accumulate_grads_in_fp32, b.accumulate_grads_in_fp32);
   EXPECT_EQ(a.shard_gradients, b.shard_gradients);
   EXPECT_EQ(a.shard_params, b.shard_params);
+  EXPECT_EQ(a.cpu_offload_layers, b.cpu_offload_layers);
 }
 
 // Doubles must come back bit-exact (EXPECT_EQ, not NEAR): the writer uses %.17g.
@@ -286,6 +287,28 @@ TEST(PlanRoundTripTest, RecomputeModules) {
   // Without modules the key is left out, as before.
   p.layout.recompute_modules = 0;
   EXPECT_EQ(PlanToYaml(p).find("recompute_modules"), std::string::npos);
+}
+
+// CPU activation offloading: the plan key round-trips and is left out when unset.
+TEST(PlanRoundTripTest, CpuOffloading) {
+  Plan p = SamplePlan();
+  p.layout.cpu_offload_layers = 12;
+  // Megatron's rules on reading: the sample's pp 8 and selective recompute refuse it.
+  Result<Plan> back = PlanFromYamlText(PlanToYaml(p), "plan.yaml");
+  ASSERT_FALSE(back.ok());
+  EXPECT_THAT(back.status().message(), HasSubstr("without pipeline parallelism (pp 8)"));
+  Layout& l = p.layout;
+  l.pp = 1; l.vp = 1; l.dp = 16;
+  l.schedule = ScheduleKind::kOneFOneB;
+  l.recompute = Recompute::kNone;
+  const std::string text = PlanToYaml(p);
+  EXPECT_NE(text.find("  cpu_offloading_num_layers: 12"), std::string::npos) << text;
+  back = PlanFromYamlText(text, "plan.yaml");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->layout.cpu_offload_layers, 12);
+  ExpectSamePlan(p, *back);
+  p.layout.cpu_offload_layers = 0;
+  EXPECT_EQ(PlanToYaml(p).find("cpu_offloading"), std::string::npos);
 }
 
 TEST(PlanRoundTripTest, ThroughAFile) {
