@@ -20,7 +20,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 
-
 struct ValidateFlags {
   std::vector<std::string> runs;  // published runs files (default: the shipped ones)
   std::string data;           // a folder with vtrain_single_node/measured.csv (not shipped)
@@ -189,13 +188,15 @@ int RunValidate(const ValidateFlags& f) {
   if (f.loso) loso = LeaveOneSourceOut(runs, clusters, *sets);
   std::map<std::string, std::vector<ValidationRow>> groups;
   std::vector<ValidationRow> steps, over;
+  size_t with_memory = 0;  // step rows with a predicted memory and a capacity
   for (const auto& r : rows) {
     groups[r.group].push_back(r);
-    if (r.group.rfind("layer", 0) != 0) steps.push_back(r);
+    if (r.group.rfind("layer", 0) != 0) {
+      steps.push_back(r);
+      with_memory += r.capacity_bytes > 0;
+    }
     if (r.over_capacity()) over.push_back(r);
   }
-  size_t with_memory = 0;
-  for (const auto& r : steps) with_memory += r.capacity_bytes > 0;
   if (f.json) {
     nlohmann::json j;
     auto stats = [](const std::vector<ValidationRow>& rs) {

@@ -646,7 +646,7 @@ Result<ModelSpec> ReadNemotronH(Reader& r, SeqLen* seq) {
   if (!r.ok()) return r.status();
   if (m.hybrid_pattern.empty()) r.Fail("hybrid_override_pattern", "is missing or empty");
   for (char c : m.hybrid_pattern)
-    if (c != 'M' && c != '*' && c != '-' && c != 'E') {
+    if (!IsLayerSymbol(c)) {
       r.Fail("hybrid_override_pattern", std::string("has '") + c + "', not a layer symbol ptdp "
                                         "models (M Mamba-2, * attention, - MLP, E MoE)");
       break;
@@ -703,7 +703,7 @@ Result<ModelSpec> ReadNemotronH(Reader& r, SeqLen* seq) {
                                                 std::to_string(m.mtp_layers) +
                                                 " needs the MTP depth's layer pattern");
     for (char c : m.mtp_pattern)
-      if (c != 'M' && c != '*' && c != '-' && c != 'E') {
+      if (!IsLayerSymbol(c)) {
         r.Fail("mtp_hybrid_override_pattern",
                std::string("has '") + c + "', not a layer symbol ptdp models (M, *, -, E)");
         break;

@@ -871,7 +871,8 @@ void MambaBackward(const ModelSpec& M, const OpShape& s, const Dims& x, LayerOpL
 // the names the builders above give: core_attn the attention core, layernorm the layers'
 // norms, mla_up_proj MLA's q and kv up projections, mlp the dense MLP's FC1, activation and FC2
 // with their collectives, moe the MoE block from the router to the combine (LatentMoE's
-// projections with it) and its shared experts, moe_act the routed experts' activation, shared_experts the shared experts' MLP).
+// projections with it) and its shared experts, moe_act the routed experts' activation,
+// shared_experts the shared experts' MLP).
 bool InRecomputeModules(const LayerOp& op, uint8_t modules) {
   const std::string_view n = op.name ? op.name : "";
   auto starts = [&n](std::string_view p) { return n.substr(0, p.size()) == p; };

@@ -370,7 +370,7 @@ Problem HybridProblem(const ModelSpec& m) {
       return {"hybrid_pattern", "'" + p + "': layer symbol '" + std::string(1, c) +
                                 "' (gated delta net, DeepSeek sparse attention, MLA) is not "
                                 "modelled; M, *, - and E are"};
-    if (c != 'M' && c != '*' && c != '-' && c != 'E')
+    if (!IsLayerSymbol(c))
       return {"hybrid_pattern", "'" + p + "': '" + std::string(1, c) +
                                 "' is not a layer symbol (M Mamba, * attention, - MLP, E MoE)"};
     mamba += c == 'M';
@@ -381,7 +381,7 @@ Problem HybridProblem(const ModelSpec& m) {
   // The MTP depth pattern: Megatron's MTP symbols (no pipeline separators), on a hybrid model
   // with mtp_layers depths.
   for (char c : m.mtp_pattern) {
-    if (c != 'M' && c != '*' && c != '-' && c != 'E')
+    if (!IsLayerSymbol(c))
       return {"hybrid_pattern", "MTP depth '" + m.mtp_pattern + "': '" + std::string(1, c) +
                                 "' is not a layer symbol ptdp models in an MTP depth (M, *, "
                                 "-, E)"};

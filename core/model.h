@@ -241,6 +241,10 @@ struct ModelSpec {
 // The size limits (kMaxLayers, kMaxHidden, kMaxFfnHidden, kMaxSeqLen, kMaxVocab) are in
 // core/limits.h with every other range.
 
+// Whether c is a hybrid-pattern layer symbol ptdp models: M (Mamba-2), * (attention), - (MLP),
+// E (MoE).
+inline bool IsLayerSymbol(char c) { return c == 'M' || c == '*' || c == '-' || c == 'E'; }
+
 // Splits Megatron's unified hybrid pattern "MAIN/DEPTH/DEPTH..." (parse_hybrid_pattern) into
 // the main pattern, one MTP depth's pattern and the number of depths (0 and "" without '/');
 // an error saying what is wrong when the depths differ or a '/' has no depth after it.

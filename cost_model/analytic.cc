@@ -1127,17 +1127,16 @@ double LayerFwdFlops(const ModelSpec& M, LayerKind k) {
 }
 // All layers' forward FLOPs per token (MTP modules with their layer, projection and logits).
 double ModelFwdFlopsPerToken(const ModelSpec& M) {
-  const LayerCounts n = M.layer_counts(0, M.layers);
-  double f = 2.0 * M.hidden * M.vocab;
-  for (int k = 0; k < kLayerKinds; ++k)
-    if (n.n[size_t(k)] > 0) f += n.n[size_t(k)] * LayerFwdFlops(M, LayerKind(k));
-  if (M.mtp_layers > 0) {
-    const LayerCounts depth = M.mtp_layer_counts();
-    double layers_f = 0;
+  auto layers_f = [&M](const LayerCounts& n) {
+    double f = 0;
     for (int k = 0; k < kLayerKinds; ++k)
-      if (depth.n[size_t(k)] > 0) layers_f += depth.n[size_t(k)] * LayerFwdFlops(M, LayerKind(k));
-    f += double(M.mtp_layers) * (layers_f + 4.0 * M.hidden * M.hidden + 2.0 * M.hidden * M.vocab);
-  }
+      if (n.n[size_t(k)] > 0) f += n.n[size_t(k)] * LayerFwdFlops(M, LayerKind(k));
+    return f;
+  };
+  double f = 2.0 * M.hidden * M.vocab + layers_f(M.layer_counts(0, M.layers));
+  if (M.mtp_layers > 0)
+    f += double(M.mtp_layers) * (layers_f(M.mtp_layer_counts()) + 4.0 * M.hidden * M.hidden +
+                                 2.0 * M.hidden * M.vocab);
   return f;
 }
 }  // namespace
