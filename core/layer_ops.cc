@@ -20,6 +20,7 @@ LayerOp& LayerOpList::Add(LayerOpKind kind, const char* name) {
   op.kernels = 1;
   op.groups = 1;
   op.expert = false;
+  op.quantized = false;
   op.cp_block = 0;
   op.repeat = 1;
   op.epilogue = GemmEpilogue::kNone;
@@ -180,6 +181,7 @@ LayerOp& Gemm(LayerOpList* l, const OpShape& s, const char* name, GemmPass pass,
            MemoryKernel::kFp8Cast, m, k, m * k * (fused ? 2.0 : 4.0), false);
   if (pass != GemmPass::kWgrad) Alloc(l, s, m * n * s.act_bytes);
   LayerOp& op = l->Add(LayerOpKind::kGemm, name);
+  op.quantized = s.fp8;
   op.pass = pass;
   op.m = m;
   op.n = n;
@@ -984,7 +986,12 @@ void BuildEmbeddingOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, L
          4 * x.T * x.h * x.e, false);
 }
 
-void BuildOutputOps(const ModelSpec& M, const OpShape& s, LayerOpList* fwd, LayerOpList* bwd) {
+void BuildOutputOps(const ModelSpec& M, const OpShape& layer_shape, LayerOpList* fwd,
+                    LayerOpList* bwd) {
+  // The output layer is not quantized under fp8 or fp4 (LayerOp::quantized): no casts, bf16
+  // GEMMs.
+  OpShape s = layer_shape;
+  s.fp8 = false;
   const Dims x = DimsOf(M, s);
   fwd->size = bwd->size = 0;
   const double Vl = double(M.padded_vocab(s.tp)) / s.tp;

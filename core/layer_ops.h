@@ -121,6 +121,11 @@ struct LayerOp {
   // launch): m, n, k are one group's; the FLOPs are all groups'. 1 for a plain GEMM.
   int groups;
   bool expert;  // kGemm: a routed experts' GEMM (grouped_gemm_eff applies)
+  // kGemm: its operands are quantized (fp8 or fp4 runs, OpShape::fp8), so it runs at the
+  // layout's precision; false: at the 16-bit one. Megatron-Core's output layer is its own
+  // ColumnParallelLinear outside Transformer Engine's fp8 autocast (which wraps the transformer
+  // block's layers: transformer_block.py, get_fp8_context), so its logits GEMMs stay bf16.
+  bool quantized;
   GemmEpilogue epilogue;  // kGemm, the runtime only: its bias (and GeLU) or GeLU's gradient in the same call
   // kAttention in ptdp's runtime with CP (Backend::AttentionBlockForward): 1 the rank's own
   // K/V block (ring step 0), 2 another rank's (m counts the c - 1 of them); 0 otherwise.

@@ -286,7 +286,8 @@ OpListTimes AnalyticModel::TimeOps(const Layout& l, const LayerOpList& ops,
     switch (op.kind) {
       // A grouped GEMM's experts share the waves: their tiles as one GEMM n x groups wide.
       case LayerOpKind::kGemm:
-        t = Gemm(op.m, op.n * op.groups, op.k, prec) / (op.expert ? k_.grouped_gemm_eff : 1.0);
+        t = Gemm(op.m, op.n * op.groups, op.k, op.quantized ? prec : SixteenBit(prec)) /
+            (op.expert ? k_.grouped_gemm_eff : 1.0);
         break;
       case LayerOpKind::kAttention: t = op.flops / (peak16 * k_.attention_eff); break;
       case LayerOpKind::kMemory: {

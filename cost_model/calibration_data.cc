@@ -26,7 +26,12 @@ std::string GpuKind(const std::string& gpu) {
 std::string Str(const YAML::Node& n) { return n && n.IsScalar() ? n.Scalar() : ""; }
 
 // Architecture family from the model name: Llama (SwiGLU, RMSNorm, RoPE, untied, no bias),
-// Nemotron-4 (squared ReLU, LayerNorm, RoPE, untied, no bias), else GPT.
+// Nemotron-4 (squared ReLU, LayerNorm, RoPE, untied, no bias), else GPT. Llama and Nemotron-4
+// train without dropout in every framework the sources ran: NeMo 2's LlamaConfig and
+// NemotronConfig (hidden_dropout = attention_dropout = 0.0), Megatron-Bridge's LlamaBridge
+// (hidden_dropout=0.0; attention_dropout from the HF config, 0.0 for Llama 3) and the NeMo
+// launcher's nemotron_340b.yaml (hidden_dropout: 0.0). GPT keeps Megatron's 0.1: the NeMo
+// launcher's gpt3/175b.yaml trains with hidden_dropout 0.1.
 void SetFamily(const std::string& name, ModelSpec* m) {
   std::string lower;
   for (char ch : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -42,6 +47,7 @@ void SetFamily(const std::string& name, ModelSpec* m) {
   m->position = PositionEmbedding::kRope;
   m->tied_embeddings = false;
   m->bias = false;
+  m->dropout = false;
 }
 
 // Returns "" on success, or why the entry cannot be used.
@@ -106,6 +112,11 @@ std::string ReadEntry(const YAML::Node& e, MeasuredRun* run) {
                        Contains(run->id, "dgxc_") || Contains(run->id, "nemo2407") ||
                        Contains(run->id, "megatron_bridge")) &&
                       l.sequence_parallel;
+  // Megatron-Bridge's performance recipes keep the gradient buffers in bf16 (their
+  // mixed-precision presets with grad_reduce_in_fp32 False: perf_recipes/_common.py
+  // _perf_precision, scripts/performance's get_precision_config), as import-published.py
+  // sets for its megatron_recipes rows.
+  l.grad_reduce_in_bf16 = Contains(run->id, "megatron_bridge");
   run->gpu = GpuKind(Str(hw["gpu"]));
   run->gpus = hw["total_gpus"].as<int>();
   if (meas["per_layer_combined_ms"] && !meas["per_layer_combined_ms"].IsNull()) {

@@ -42,13 +42,16 @@ import yaml
 
 
 def family(name):
+    # Llama and Nemotron-4 train without dropout (NeMo 2's LlamaConfig / NemotronConfig,
+    # Megatron-Bridge's LlamaBridge, the NeMo launcher's nemotron configs); GPT keeps 0.1
+    # (the NeMo launcher's gpt3/175b.yaml). SetFamily in cost_model/calibration_data.cc.
     low = name.lower()
     if "llama" in low:
         return dict(activation="swiglu", norm="rmsnorm", position_embedding="rope",
-                    tied_embeddings=False, bias=False)
+                    tied_embeddings=False, bias=False, dropout=False)
     if "nemotron" in low:
         return dict(activation="squared_relu", norm="layernorm", position_embedding="rope",
-                    tied_embeddings=False, bias=False)
+                    tied_embeddings=False, bias=False, dropout=False)
     return dict(activation="gelu", norm="layernorm", position_embedding="learned",
                 tied_embeddings=True, bias=True)
 
@@ -110,6 +113,10 @@ def convert(e):
                               or "dgxc_" in ident or "nemo2407" in ident
                               or "megatron_bridge" in ident)
                              and (bool(lay["sp"]) if given(lay, "sp") else tp > 1))
+    # Megatron-Bridge's performance recipes keep the gradient buffers in bf16 (as for the
+    # megatron_recipes rows below; LoadMeasuredRuns does the same).
+    if "megatron_bridge" in ident:
+        l["grad_reduce_in_bf16"] = True
     gpu = str(hw.get("gpu", ""))
     row = dict(id=ident, source="; ".join(str(e["source"][k]) for k in ("title", "location")
                                           if e.get("source", {}).get(k)),
@@ -130,8 +137,28 @@ def convert(e):
     return row, None
 
 
+# Rows whose printed layout is not the one that ran, with the evidence. Megatron-Bridge's
+# 26.02.01 archive table prints its GB300 Llama 3 70B MXFP8 row as tp1 pp4 mbs2 without vp and
+# its NVFP4 row as tp1 pp1 mbs2 with FSDP 0, while its recipes of the time
+# (scripts/performance/configs/llama/llama3_workload_base_configs.py at aa10ef7f1, 2026-02-10:
+# LLAMA3_70B_PRETRAIN_CONFIG_GB300_FP8_MX_V2 and _NVFP4_V2) run both at pp4 vp5 mbs1, as every
+# other release's table prints them; as printed, 70B at pp1 without FSDP cannot hold its bf16
+# weights and gradients (282 GB) and its activations on a 288 GB GB300, nor pp4 mbs2 its 1F1B
+# activations (ptdp: 392 GiB).
+LAYOUT_ERRATA = {
+    "mb_260201_gb300_mxfp8_llama3_70b_64gpu": "the 26.02.01 table's layout (tp1 pp4 mbs2, no vp) "
+        "is not its recipe's (pp4 vp5 mbs1, llama3_workload_base_configs.py at aa10ef7f1) and "
+        "cannot fit a GB300",
+    "mb_260201_gb300_nvfp4_llama3_70b_64gpu": "the 26.02.01 table's layout (tp1 pp1 mbs2, FSDP 0) "
+        "is not its recipe's (pp4 vp5 mbs1, llama3_workload_base_configs.py at aa10ef7f1) and "
+        "cannot fit a GB300",
+}
+
+
 def convert_recipe(e):
     """A dense H100 row of megatron_recipes/runs.yaml: (row, None) or (None, why)."""
+    if str(e.get("id")) in LAYOUT_ERRATA:
+        return None, LAYOUT_ERRATA[str(e["id"])]
     model, hw, lay, meas = e["model"], e["hardware"], e["layout"], e.get("measured") or {}
     derived, flags = e.get("derived") or {}, e.get("flags") or {}
     split = {}
@@ -178,7 +205,16 @@ def convert_recipe(e):
     rc = str(lay.get("recompute") or "none")
     prec = str(lay["precision"])
     opt = str(lay.get("distributed_optimizer") or "")
-    l = dict(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, micro_batch=lay["microbatch"],
+    mbs = lay["microbatch"]
+    # A table's alternate (parenthesised) configuration shares the row's MBS cell; where its
+    # own GA contradicts that MBS, the GA's is the alternate's: GBS / (DP x GA) (Megatron-Bridge
+    # 25.09's GB200 Llama 3 70B: FSDP 64 (0), tp 1 (2), pp 1 (4), vp 1 (5), GA 1 (16) at GBS
+    # 128 and MBS 2: the tp2 pp4 vp5 alternate trains micro-batches of 1, as its recipe does).
+    ga = lay.get("ga")
+    if ("parenthesised" in str(e["source"].get("value_variant", "")) and ga
+            and ga * mbs * dp != lay["global_batch"] and lay["global_batch"] % (ga * dp) == 0):
+        mbs = lay["global_batch"] // (ga * dp)
+    l = dict(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, micro_batch=mbs,
              global_batch=lay["global_batch"],
              # SP unstated: Megatron-Bridge and NeMo turn it on with TP.
              sequence_parallel=bool(lay["sp"]) if given(lay, "sp") else tp > 1,

@@ -129,6 +129,23 @@ TEST(AnalyticOffload, ActivationsLeaveTheGpuAndTheLinkCanBeTheBottleneck) {
   EXPECT_EQ(RejectionKey(Rejection::kCpuOffloading), std::string("cpu_offloading_illegal"));
 }
 
+// fp8 speeds up the transformer layers' GEMMs, not the output layer's: Megatron-Core keeps it
+// out of Transformer Engine's fp8 autocast, so its logits GEMMs take the same time either way.
+TEST(AnalyticFp8, TheOutputLayerStaysSixteenBit) {
+  const ClusterSpec c = testing::DgxB200Like(1);
+  ASSERT_GT(c.gpu.peak_fp8, c.gpu.peak_bf16);
+  const Topology topo = *Topology::Build(c);
+  const AnalyticModel cost(Gpt3_175b(), topo, CostConstants{});
+  Layout l = MakeLayout(8, 1, 1, 1, 1, 8);
+  l.sequence_parallel = true;
+  const LayerTimes bf16 = cost.Layer(l);
+  l.precision = Precision::kFp8;
+  const LayerTimes fp8 = cost.Layer(l);
+  EXPECT_NE(fp8.fwd_compute_s, bf16.fwd_compute_s);  // the layer's GEMMs and casts
+  EXPECT_NEAR(fp8.output.fwd_compute_s, bf16.output.fwd_compute_s, 1e-12);
+  EXPECT_NEAR(fp8.output.bwd_compute_s, bf16.output.bwd_compute_s, 1e-12);
+}
+
 TEST_F(AnalyticTest, Fp8KeepsTheQuantizedGemmInputs) {
   const double s = 2048, b = 1, h = 12288, t = 8, sbh = s * b * h;
   Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);

@@ -55,7 +55,7 @@ const std::string kRecipes = std::string(PTDP_SOURCE_DIR) + "/data/published/meg
 TEST(PublishedRuns, ReadsTheShippedRecipes) {
   auto set = LoadPublishedRuns(kRecipes);
   ASSERT_TRUE(set.ok()) << set.status().message();
-  EXPECT_EQ(set->runs.size(), 144u);
+  EXPECT_EQ(set->runs.size(), 142u);
   std::map<std::string, const MeasuredRun*> by_id;
   std::map<std::string, int> per_gpu;
   for (const auto& r : set->runs) {
@@ -63,7 +63,7 @@ TEST(PublishedRuns, ReadsTheShippedRecipes) {
     ++per_gpu[r.gpu];
     EXPECT_FALSE(r.source.empty()) << r.id;
   }
-  EXPECT_EQ(per_gpu, (std::map<std::string, int>{{"B200", 6}, {"GB200", 40}, {"GB300", 31}, {"H100", 67}}));
+  EXPECT_EQ(per_gpu, (std::map<std::string, int>{{"B200", 6}, {"GB200", 40}, {"GB300", 29}, {"H100", 67}}));
   // Llama 3.1 405B (126 layers) at pp 8 x vp 8: embedding and loss in the split, as its
   // Megatron-Bridge recipe sets, 128 slots.
   ASSERT_TRUE(by_id.count("mb_2606_h100_fp8_llama31_405b_1024gpu"));
@@ -71,6 +71,14 @@ TEST(PublishedRuns, ReadsTheShippedRecipes) {
   EXPECT_TRUE(u.layout.embedding_in_split && u.layout.loss_in_split);
   EXPECT_EQ(u.layout.cp, 2);
   EXPECT_EQ(CheckLayout(u.model, u.layout), Rejection::kOk);
+  // Llama trains without dropout (Megatron-Bridge's LlamaBridge: hidden_dropout 0.0).
+  EXPECT_FALSE(u.model.dropout);
+  // 26.02.01's misprinted GB300 layouts are not carried; 25.09's alternate GB200 Llama 3 70B
+  // configuration trains micro-batches of 1, as its GA of 16 says.
+  EXPECT_FALSE(by_id.count("mb_260201_gb300_mxfp8_llama3_70b_64gpu"));
+  EXPECT_FALSE(by_id.count("mb_260201_gb300_nvfp4_llama3_70b_64gpu"));
+  ASSERT_TRUE(by_id.count("mb_2509_gb200_fp8mxfp832x32_llama3_70b_64gpu_alt"));
+  EXPECT_EQ(by_id["mb_2509_gb200_fp8mxfp832x32_llama3_70b_64gpu_alt"]->layout.micro_batch, 1);
   // NVFP4 rows are fp4.
   ASSERT_TRUE(by_id.count("mb_2606_gb300_nvfp4_llama31_405b_256gpu"));
   EXPECT_EQ(by_id["mb_2606_gb300_nvfp4_llama31_405b_256gpu"]->layout.precision, Precision::kFp4);
@@ -140,6 +148,7 @@ TEST(PublishedRuns, SameRowsAsTheSharedSource) {
     EXPECT_EQ(l.distributed_optimizer, m.distributed_optimizer);
     EXPECT_EQ(l.overlap_grad_reduce, m.overlap_grad_reduce);
     EXPECT_EQ(l.tp_comm_overlap, m.tp_comm_overlap);
+    EXPECT_EQ(l.grad_reduce_in_bf16, m.grad_reduce_in_bf16);
   }
 }
 
