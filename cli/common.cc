@@ -477,7 +477,8 @@ nlohmann::json BreakdownJson(const Breakdown& b) {
 nlohmann::json MemoryJson(const MemoryBytes& m) {
   return {{"weights", m.weights}, {"grads", m.grads}, {"optimizer", m.optimizer},
           {"activations", m.activations}, {"other", m.other}, {"total", m.total},
-          {"capacity", m.capacity}, {"usable", m.limit()}};
+          {"capacity", m.capacity}, {"usable", m.limit()}, {"host", m.host},
+          {"host_usable", m.host_usable}};
 }
 }  // namespace
 
@@ -617,8 +618,18 @@ std::string RenderPrediction(const Plan& plan) {
   std::snprintf(buf, sizeof buf, "  %-12s %12s   usable %s (%.0f%% headroom) -> %s\n", "capacity",
                 FormatBytes(m.capacity).c_str(), FormatBytes(m.limit()).c_str(),
                 m.capacity > 0 ? 100 * (1 - m.limit() / m.capacity) : 0.0,
-                p.fits ? "fits" : "DOES NOT FIT");
-  o << buf << "\nmemory per pipeline stage:\n";
+                p.memory.total <= m.limit() ? "fits" : "DOES NOT FIT");
+  o << buf;
+  if (m.host > 0) {  // CPU activation offloading
+    std::snprintf(buf, sizeof buf, "  %-12s %12s   in host memory%s\n", "offloaded",
+                  FormatBytes(m.host).c_str(),
+                  m.host_usable > 0 ? (" of " + FormatBytes(m.host_usable) + " usable -> " +
+                                       (m.host_fits() ? "fits" : "DOES NOT FIT"))
+                                          .c_str()
+                                    : " (the cluster states no gpu.host_memory)");
+    o << buf;
+  }
+  o << "\nmemory per pipeline stage:\n";
   for (size_t r = 0; r < p.stage_memory_bytes.size(); ++r) {
     const double v = p.stage_memory_bytes[r];
     std::snprintf(buf, sizeof buf, "  stage %-3zu %12s  %5.1f%% |%s\n", r, FormatBytes(v).c_str(),

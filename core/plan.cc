@@ -66,6 +66,9 @@ Status ReadPrediction(const YAML::Node& node, const std::string& file, Predictio
   p->memory.total = ReadDouble(m, "total", limits::kPredictedBytes);
   p->memory.capacity = ReadDouble(m, "capacity", limits::kPredictedBytes);
   if (m.Has("usable")) p->memory.usable = ReadDouble(m, "usable", limits::kPredictedBytes);
+  if (m.Has("host")) p->memory.host = ReadDouble(m, "host", limits::kPredictedBytes);
+  if (m.Has("host_usable"))
+    p->memory.host_usable = ReadDouble(m, "host_usable", limits::kPredictedBytes);
   PTDP_RETURN_IF_ERROR(m.Finish());
   YAML::Node stages = r.Child("stage_memory_bytes");
   if (stages && !stages.IsSequence()) r.Fail("stage_memory_bytes", "must be a list of numbers");
@@ -263,8 +266,11 @@ std::string PlanToYaml(const Plan& plan) {
       << "    other: " << Num(p.memory.other) << "\n"
       << "    total: " << Num(p.memory.total) << "\n"
       << "    capacity: " << Num(p.memory.capacity) << "\n"
-      << "    usable: " << Num(p.memory.limit()) << "  # capacity less the memory headroom\n"
-      << "  stage_memory_bytes: [";
+      << "    usable: " << Num(p.memory.limit()) << "  # capacity less the memory headroom\n";
+    if (p.memory.host > 0)
+      o << "    host: " << Num(p.memory.host) << "  # activations offloaded to host memory\n"
+        << "    host_usable: " << Num(p.memory.host_usable) << "\n";
+    o << "  stage_memory_bytes: [";
     for (size_t i = 0; i < p.stage_memory_bytes.size(); ++i)
       o << (i ? ", " : "") << Num(p.stage_memory_bytes[i]);
     o << "]\n";

@@ -40,6 +40,12 @@ struct MemoryBytes {
   // fits when total <= usable. 0 when not known (an older plan.yaml): capacity then.
   double usable = 0;
   double limit() const { return usable > 0 ? usable : capacity; }
+  // CPU activation offloading: the activations this GPU keeps in host memory at the peak, and
+  // what it may use there (the cluster's gpu.host_memory less the same headroom; 0: not
+  // stated, not checked).
+  double host = 0, host_usable = 0;
+  bool host_fits() const { return host_usable <= 0 || host <= host_usable; }
+  bool fits() const { return total <= limit() && host_fits(); }
 };
 
 struct Prediction {

@@ -1047,11 +1047,14 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
   }
   double bytes = chunks_in_flight * per_chunk;
   if (OffloadedLayers(l) > 0) {
-    // --cpu-offloading-num-layers N (pp 1: one micro-batch in flight): N layers' activations
-    // wait in host memory; one layer's more is on its way (TE's offload context copies a
-    // layer while the next one runs).
+    // --cpu-offloading-num-layers N (pp 1: one micro-batch in flight): layers 0..N-1 go to
+    // host memory, each copy finished by layer L - N + i of the forward and its reload started
+    // at layer L - 1 - N + i of the backward, so that at the end of the forward L - N layers'
+    // activations are on the GPU (Transformer Engine's cpu_offload.py, OffloadSynchronizer.
+    // _default_offload_sync_init: "peak memory usage of saving activations is (num_layers -
+    // num_offloaded_layers) * T").
     const double L = counts.total();
-    bytes = per_chunk * std::min(L, L - OffloadedLayers(l) + 1) / L;
+    bytes = per_chunk * std::max(0.0, L - OffloadedLayers(l)) / L;
   }
   if (l.recompute == Recompute::kFull) {  // one layer's full activations while recomputing
     Layout none = l;
@@ -1104,11 +1107,17 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
   mem.optimizer = ((params - experts) / shard + experts / expert_shard) *
                   (l.precision == Precision::kFp32 ? 8.0 : 12.0);
   mem.activations = Activations(l, r);
+  if (OffloadedLayers(l) > 0) {  // what waits in host memory at the forward's end (pp 1)
+    const LayerCounts counts = RankLayerCounts(l, r);
+    const double L = counts.total();
+    mem.host = KindsActivationBytes(l, counts) / l.vp * std::min(L, OffloadedLayers(l)) / L;
+  }
   const double sum = mem.weights + mem.grads + mem.optimizer + mem.activations;
   mem.other = k_.workspace_bytes + k_.fragmentation * sum;
   mem.total = sum + mem.other;
   mem.capacity = topo_->spec().gpu.memory_bytes;
   mem.usable = mem.capacity * (1 - headroom_);
+  mem.host_usable = topo_->spec().gpu.host_memory_bytes * (1 - headroom_);
   return mem;
 }
 
@@ -1240,7 +1249,7 @@ Estimate AnalyticModel::Evaluate(const Layout& layout) const {
     const MemoryBytes mem = StageMemory(l, r);
     if (mem.total > e.memory.total) e.memory = mem;
   });
-  e.fits = e.memory.total <= e.memory.limit();
+  e.fits = e.memory.fits();
   return e;
 }
 
@@ -1366,7 +1375,7 @@ Prediction AnalyticModel::Predict(const Layout& l) const {
     p.stage_memory_bytes.push_back(mem.total);
     if (mem.total > p.memory.total) p.memory = mem;
   }
-  p.fits = p.memory.total <= p.memory.limit();
+  p.fits = p.memory.fits();
   return p;
 }
 

@@ -76,6 +76,7 @@ Status ReadGpu(const YAML::Node& node, const std::string& file, GpuSpec* gpu) {
   gpu->memory_bytes = r.Quantity("memory", limits::kGpuMemory);
   gpu->hbm_bw_bytes_per_s = r.Quantity("hbm_bandwidth", limits::kBandwidth);
   gpu->host_bw_bytes_per_s = r.Quantity("host_bandwidth", limits::kBandwidth, 0);
+  gpu->host_memory_bytes = r.Quantity("host_memory", limits::kGpuMemory, 0);
   gpu->sms = r.NonNegativeIntAtMost("sms", 4096, 0);
   if (!r.Has("peak")) r.Fail("peak", "missing required key");
   const YAML::Node peak_node = r.Child("peak");
@@ -302,6 +303,8 @@ std::string ClusterToYaml(const ClusterSpec& c) {
     << "  hbm_bandwidth: " << Spell(g.hbm_bw_bytes_per_s, Dimension::kBandwidth) << "\n";
   if (g.host_bw_bytes_per_s > 0)
     o << "  host_bandwidth: " << Spell(g.host_bw_bytes_per_s, Dimension::kBandwidth) << "\n";
+  if (g.host_memory_bytes > 0)
+    o << "  host_memory: " << Spell(g.host_memory_bytes, Dimension::kBytes) << "\n";
   if (g.sms > 0) o << "  sms: " << g.sms << "\n";
   o << "  peak:\n";
   const std::pair<const char*, double> peaks[] = {{"bf16", g.peak_bf16}, {"fp16", g.peak_fp16},

@@ -45,6 +45,9 @@ struct GpuSpec {
   // activation offloading (--cpu-offloading-num-layers) moves over. 0: not given (offloading
   // is then refused for the cluster).
   double host_bw_bytes_per_s = 0;
+  // Host (CPU) memory per GPU: the node's over its GPUs (DGX H100 2 TB / 8; a Grace's 480 GB
+  // LPDDR5X / its 2 GPUs), what offloaded activations may fill. 0: not given, not checked.
+  double host_memory_bytes = 0;
   // Dense peak per precision, FLOP/s; 0 means the GPU has no such tensor-core path.
   double peak_bf16 = 0, peak_fp16 = 0, peak_fp8 = 0, peak_tf32 = 0, peak_fp32 = 0;
   double peak_fp4 = 0;              // NVFP4/MXFP4 tensor cores (Blackwell on); 0 before

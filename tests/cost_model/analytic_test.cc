@@ -89,8 +89,8 @@ TEST_F(AnalyticTest, ActivationsFollowKorthikantiTable2) {
 // Under fp8 Transformer Engine keeps the GEMM inputs it quantized for the weight gradient at
 // 1 byte: GPT-3's 34 s b h become 29 (the two norm outputs and FC2's input, -1, -1, -4; the
 // projection's quantized copy of the attention output, +1); NVFP4's 4 bits and scales less.
-// --cpu-offloading-num-layers N (pp 1): N of the L layers' activations wait in host memory (one
-// layer's more in transit); their bytes cross the host link beside the compute, and what the
+// --cpu-offloading-num-layers N (pp 1): N of the L layers' activations wait in host memory
+// (Transformer Engine's schedule keeps L - N on the GPU at the forward's end); their bytes cross the host link beside the compute, and what the
 // compute cannot cover adds to the step. A cluster without a host link offloads nothing.
 TEST(AnalyticOffload, ActivationsLeaveTheGpuAndTheLinkCanBeTheBottleneck) {
   ClusterSpec c = testing::DgxA100Like(16);
@@ -104,9 +104,20 @@ TEST(AnalyticOffload, ActivationsLeaveTheGpuAndTheLinkCanBeTheBottleneck) {
   l.cpu_offload_layers = 48;
   ASSERT_EQ(CheckLayout(m, l), Rejection::kOk);
   const Estimate half = cost.Evaluate(l);
-  EXPECT_NEAR(half.memory.activations, none.memory.activations * (96 - 48 + 1) / 96,
+  EXPECT_NEAR(half.memory.activations, none.memory.activations * (96 - 48) / 96,
               0.05 * none.memory.activations);
+  EXPECT_NEAR(half.memory.host, none.memory.activations * 48 / 96, 0.05 * none.memory.activations);
+  EXPECT_EQ(none.memory.host, 0);
   EXPECT_GE(half.step_time_s, none.step_time_s);
+  // The offloaded bytes must fit the host memory a GPU has (gpu.host_memory; unstated, not
+  // checked).
+  EXPECT_EQ(half.memory.host_usable, 0);
+  ClusterSpec tight = c;
+  tight.gpu.host_memory_bytes = 0.5 * half.memory.host;
+  const Topology tt = *Topology::Build(tight);
+  const Estimate over = AnalyticModel(m, tt, CostConstants{}).Evaluate(l);
+  EXPECT_FALSE(over.memory.host_fits());
+  EXPECT_FALSE(over.fits);
   // A slow link cannot hide the copies.
   ClusterSpec slow = c;
   slow.gpu.host_bw_bytes_per_s = 1e9;
