@@ -1,6 +1,7 @@
 // `ptdp plan`: search every layout, print the ranking, the rejections and why the winner won.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -59,6 +60,116 @@ std::string GradBf16Advice(const World& w, const RankedLayout& row) {
   if (e.memory.total >= row.estimate.memory.total) return "";
   return "--grad-reduce-in-bf16 (Megatron's bf16 gradient buffers) would bring it to " +
          FormatBytes(e.memory.total) + (e.fits ? ", which fits" : "");
+}
+
+// A Megatron option the search left at Megatron's default (off) and the fastest layout it
+// makes possible (`layout` empty where it makes none).
+struct OptionRow {
+  std::string flags;  // ptdp's (and Megatron-LM's) flags that turn it on
+  std::optional<RankedLayout> best;
+};
+
+// Megatron-LM leaves these off unless asked, and so does the search: TE's TP communication
+// overlap, bf16 gradient buffers, CPU activation offloading (the fewest layers that make a
+// pp-1 layout fit) and Megatron-FSDP's optim_grads_params. Each the user did not set is tried
+// on its own, then all of them together; the rows are what each would buy.
+Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutFlags& lf,
+                                                   const SearchSpace& s, int refine) {
+  std::vector<OptionRow> rows;
+  if (s.runtime_layouts) return rows;  // plans for ptdp's runtime: none of these apply there
+  std::vector<std::pair<std::string, std::function<void(SearchSpace*)>>> options;
+  if (!lf.tp_overlap)
+    options.push_back({"--tp-comm-overlap on", [](SearchSpace* x) { x->tp_comm_overlap = true; }});
+  if (!lf.grad_reduce_in_bf16 && !lf.accumulate_grads_in_fp32 &&
+      (s.precision == Precision::kBf16 || s.precision == Precision::kFp8 ||
+       s.precision == Precision::kFp4))
+    options.push_back(
+        {"--grad-reduce-in-bf16", [](SearchSpace* x) { x->grad_reduce_in_bf16 = true; }});
+  if (!lf.cpu_offload_layers && w.cluster.gpu.host_bw_bytes_per_s > 0 && !s.recompute)
+    options.push_back({"--cpu-offloading-num-layers N",
+                       [](SearchSpace* x) { x->search_cpu_offload = true; }});
+  if (!lf.dp_sharding && !(lf.dist_opt && *lf.dist_opt == "off"))
+    options.push_back({"--data-parallel-sharding-strategy optim_grads_params",
+                       [](SearchSpace* x) {
+                         x->distributed_optimizer = true;
+                         x->shard_gradients = true;
+                         x->shard_params = true;
+                       }});
+  if (options.size() > 1) {
+    std::string all;
+    for (const auto& o : options) all += (all.empty() ? "" : " ") + o.first;
+    auto together = options;
+    options.push_back({all, [together](SearchSpace* x) {
+                         for (const auto& o : together) o.second(x);
+                       }});
+  }
+  for (const auto& [flags, apply] : options) {
+    SearchSpace o = s;
+    apply(&o);
+    PTDP_ASSIGN_OR_RETURN(PlanResult r, RunPlanner(w, o, 1, refine));
+    OptionRow row{flags, std::nullopt};
+    if (!r.top.empty()) row.best = r.top.front();
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// The flags of the options a row's layout uses (what to add to the command line), or the
+// row's flags where it found no layout.
+std::string OptionFlags(const OptionRow& row, const SearchSpace& s) {
+  if (!row.best) return row.flags;
+  const Layout& l = row.best->layout;
+  std::string f;
+  if (l.tp_comm_overlap && !s.tp_comm_overlap) f += " --tp-comm-overlap on";
+  if (l.grad_reduce_in_bf16 && !s.grad_reduce_in_bf16) f += " --grad-reduce-in-bf16";
+  if (l.cpu_offload_layers > 0 && !s.cpu_offload_layers)
+    f += " --cpu-offloading-num-layers " + std::to_string(l.cpu_offload_layers);
+  if (l.shard_params && !s.shard_params) f += " --data-parallel-sharding-strategy optim_grads_params";
+  return f.empty() ? row.flags : f.substr(1);
+}
+
+// Rows that beat the plan's pick by at least 1%.
+constexpr double kOptionGain = 0.01;
+bool OptionHelps(const OptionRow& row, const RankedLayout& pick) {
+  return row.best && row.best->estimate.step_time_s < (1 - kOptionGain) * pick.estimate.step_time_s;
+}
+
+void PrintOptions(const std::vector<OptionRow>& rows, const SearchSpace& s,
+                  const RankedLayout& pick) {
+  if (rows.empty()) return;
+  std::printf("\nMegatron options left off (Megatron's defaults), each tried on its own, then "
+              "together:\n");
+  bool any = false;
+  std::vector<std::string> shown;
+  for (const OptionRow& row : rows) {
+    if (!OptionHelps(row, pick)) continue;
+    const std::string flags = OptionFlags(row, s);
+    // "Together" may pick what one option alone did.
+    if (std::find(shown.begin(), shown.end(), flags) != shown.end()) continue;
+    shown.push_back(flags);
+    any = true;
+    const RankedLayout& b = *row.best;
+    std::printf("  %s\n      %-30s %-28s %8.3f s  %+.1f%%  %s\n", flags.c_str(),
+                b.layout.ShortName().c_str(), b.layout.Knobs().c_str(), b.estimate.step_time_s,
+                100 * (b.estimate.step_time_s / pick.estimate.step_time_s - 1),
+                FormatBytes(b.estimate.memory.total).c_str());
+  }
+  if (!any) std::printf("  none makes a layout 1%% faster than rank 1\n");
+}
+
+nlohmann::json OptionsJson(const World& w, const std::vector<OptionRow>& rows,
+                           const SearchSpace& s, const RankedLayout& pick) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const OptionRow& row : rows) {
+    nlohmann::json j = {{"tried", row.flags}, {"flags", OptionFlags(row, s)},
+                        {"faster", OptionHelps(row, pick)}};
+    if (row.best) {
+      j["plan"] = EstimateJson(row.best->layout, w.model, row.best->estimate);
+      j["step_time_change"] = row.best->estimate.step_time_s / pick.estimate.step_time_s - 1;
+    }
+    a.push_back(j);
+  }
+  return a;
 }
 
 // The rejection keys with their counts, largest first.
@@ -168,8 +279,15 @@ int RunPlan(const PlanFlags& f) {
   const PlanResult& r = *planned;
   std::unique_ptr<Plan> chosen;
   if (!r.top.empty()) chosen = std::make_unique<Plan>(MakePlan(*w, f.layout, r.top[0]));
+  std::vector<OptionRow> options;
+  if (chosen) {
+    auto o = OptionsOffByDefault(*w, f.layout, *space, f.refine);
+    if (!o.ok()) return Fail(o.status().message());
+    options = std::move(*o);
+  }
   if (f.layout.json) {
     nlohmann::json j = ResultJson(*w, r, chosen.get());
+    if (chosen) j["options_left_off"] = OptionsJson(*w, options, *space, r.top.front());
     if (chosen && f.emit == "megatron")
       j["megatron_command"] = MegatronCommand(*chosen, {train_tokens});
     if (chosen && train_tokens)
@@ -178,6 +296,7 @@ int RunPlan(const PlanFlags& f) {
     std::cout << DumpJson(j) << "\n";
   } else {
     PrintTable(*w, f, r);
+    if (chosen) PrintOptions(options, *space, r.top.front());
     if (chosen && train_tokens)
       std::printf("\n%s", TrainingLine(TimeToTrain(chosen->layout, w->model,
                                                    chosen->prediction.step_time_s, *train_tokens),

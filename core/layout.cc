@@ -111,6 +111,7 @@ std::string Layout::ShortName() const {
 std::string Layout::Knobs() const {
   std::string s;
   if (sequence_parallel) s += "sp ";
+  if (tp_comm_overlap) s += "tp-overlap ";
   if (recompute == Recompute::kSelective)
     s += recompute_modules && recompute_modules != kRecomputeCoreAttn
              ? "rc-sel(" + RecomputeModulesString(recompute_modules) + ") "

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -253,6 +254,50 @@ std::vector<Layout> SplitsFor(const ModelSpec& model, int p, const SearchSpace& 
   return out;
 }
 
+// --cpu-offloading-num-layers for a layout `l` that does not fit (estimate `e`): the fewest
+// layers whose offloaded activations bring it within `usable` of the GPU's memory, or nothing
+// where Megatron's rules refuse offloading (pp > 1, recompute) or no N < L is enough. Steps
+// by the layers' mean share of the activations (the embedding's and the loss's bytes, which
+// stay, make it a little more than a layer's) while the estimate is over, then back down while
+// one layer fewer still fits.
+std::optional<RankedLayout> FewestOffloadedLayers(const Estimator& est, const ModelSpec& model,
+                                                  const Layout& l, const Estimate& e,
+                                                  double usable) {
+  Layout o = l;
+  o.cpu_offload_layers = 1;
+  if (CheckLayout(model, o) != Rejection::kOk || model.layers < 2) return std::nullopt;
+  auto Fitting = [&](const Layout& x) -> std::optional<RankedLayout> {
+    RankedLayout r{x, est.Evaluate(x)};
+    r.analytic_step_time_s = r.estimate.step_time_s;
+    r.estimate.fits =
+        r.estimate.fits && r.estimate.memory.total <= r.estimate.memory.capacity * usable;
+    if (!r.estimate.fits) return std::nullopt;
+    return r;
+  };
+  const double per_layer = e.memory.activations / model.layers;
+  if (per_layer <= 0) return std::nullopt;
+  double over = e.memory.total - e.memory.capacity * usable;
+  const int last = int(model.layers) - 1;  // Megatron: N < num_layers
+  int n = 0;
+  for (int tries = 0; tries < 8 && over > 0; ++tries) {
+    n = std::min(last, n + std::max(1, int(std::ceil(over / per_layer))));
+    o.cpu_offload_layers = n;
+    std::optional<RankedLayout> fit = Fitting(o);
+    if (fit) {
+      for (int down = 0; down < 16 && o.cpu_offload_layers > 1; ++down) {
+        --o.cpu_offload_layers;
+        std::optional<RankedLayout> fewer = Fitting(o);
+        if (!fewer) break;
+        fit = fewer;
+      }
+      return fit;
+    }
+    over = est.Evaluate(o).memory.total - e.memory.capacity * usable;
+    if (n == last) break;
+  }
+  return std::nullopt;
+}
+
 Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                               const ClusterSpec& cluster, const SearchSpace& s, int top_k) {
   const auto start = std::chrono::steady_clock::now();
@@ -367,6 +412,14 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   r.analytic_step_time_s = r.estimate.step_time_s;
                   r.estimate.fits = r.estimate.fits &&
                                     r.estimate.memory.total <= r.estimate.memory.capacity * usable;
+                  if (!r.estimate.fits && s.search_cpu_offload && l.cpu_offload_layers == 0 &&
+                      cluster.gpu.host_bw_bytes_per_s > 0) {
+                    auto offloaded = FewestOffloadedLayers(est, model, l, r.estimate, usable);
+                    if (offloaded) {
+                      PTDP_RETURN_IF_ERROR(CheckEstimate(offloaded->layout, offloaded->estimate));
+                      r = *offloaded;
+                    }
+                  }
                   if (r.estimate.fits) {
                     ++res.fitting;
                     best.Offer(r, r.estimate.step_time_s);

@@ -84,6 +84,11 @@ struct SearchSpace {
   bool accumulate_grads_in_fp32 = false;  // --accumulate-allreduce-grads-in-fp32 likewise
   int64_t ddp_bucket_size = 0;  // Layout::ddp_bucket_size
   int cpu_offload_layers = 0;   // Layout::cpu_offload_layers (--cpu-offloading-num-layers)
+  // With cpu_offload_layers 0: a layout that does not fit and may offload (pp 1, no recompute,
+  // a cluster with a host link) is tried again with the fewest layers' activations offloaded
+  // that make it fit. Off by default (Megatron's default is no offloading): `ptdp plan` turns it
+  // on for its "Megatron options left off" advice.
+  bool search_cpu_offload = false;
   bool tp_comm_overlap = false;
   bool overlap_p2p = true;                // --overlap-p2p-communication
   SplitSearch split_search = SplitSearch::kAuto;

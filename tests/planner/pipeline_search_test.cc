@@ -192,6 +192,61 @@ TEST(PipelineSearch, GradientShardingIsTheFallbackWhenNothingElseFits) {
   for (const auto& row : Search(*cost, *model, *cluster, s, 5).top) EXPECT_FALSE(row.layout.shard_gradients);
 }
 
+// Megatron-Bridge's Llama 3 70B FP8 recipe on 64 GB200s: Megatron-FSDP (ZeRO-3) at tp 1 pp 1
+// mb 2, 40 layers' activations offloaded to the Grace. Asked to offload where that makes a
+// layout fit, the search finds such a layout with the fewest layers that fit (one fewer does
+// not), and never more than the host memory holds.
+TEST(PipelineSearch, OffloadsTheFewestLayersThatMakeALayoutFit) {
+  const std::string src = PTDP_SOURCE_DIR;
+  auto cluster = LoadClusterFile(src + "/configs/clusters/gb200-nvl72.yaml");
+  ASSERT_TRUE(cluster.ok()) << cluster.status().message();
+  cluster->nodes = 18;
+  auto topo = Topology::Build(*cluster);
+  ASSERT_TRUE(topo.ok());
+  auto model = LoadModelFile(src + "/configs/models/llama3-70b.yaml");
+  ASSERT_TRUE(model.ok());
+  auto cost = AnalyticModel::Create(*model, *topo);
+  ASSERT_TRUE(cost.ok());
+  SearchSpace s = Space(64, 256);
+  s.tp = 1; s.pp = 1; s.cp = 1; s.micro_batch = 2;
+  s.precision = Precision::kFp8;
+  s.recompute = Recompute::kNone;
+  s.distributed_optimizer = true;
+  s.shard_gradients = true;
+  s.shard_params = true;
+  s.memory_headroom = 0.05;
+  cost->set_memory_headroom(0.05);
+  EXPECT_TRUE(Search(*cost, *model, *cluster, s, 5).top.empty());  // 80 layers' activations
+  s.search_cpu_offload = true;
+  const PlanResult r = Search(*cost, *model, *cluster, s, 5);
+  ASSERT_EQ(r.top.size(), 1u);
+  const Layout& l = r.top[0].layout;
+  EXPECT_GT(l.cpu_offload_layers, 20);
+  EXPECT_LT(l.cpu_offload_layers, 60);
+  EXPECT_TRUE(r.top[0].estimate.fits);
+  Layout fewer = l;
+  --fewer.cpu_offload_layers;
+  EXPECT_FALSE(cost->Evaluate(fewer).fits);
+  const MemoryBytes& m = r.top[0].estimate.memory;
+  EXPECT_GT(m.host, 0);
+  EXPECT_NEAR(m.host_usable, 0.95 * 240e9, 1e6);
+  EXPECT_TRUE(m.host_fits());
+  // A host that cannot hold them: no layout.
+  ClusterSpec small = *cluster;
+  small.gpu.host_memory_bytes = 50e9;
+  auto small_topo = Topology::Build(small);
+  ASSERT_TRUE(small_topo.ok());
+  auto small_cost = AnalyticModel::Create(*model, *small_topo);
+  ASSERT_TRUE(small_cost.ok());
+  small_cost->set_memory_headroom(0.05);
+  EXPECT_FALSE(small_cost->Evaluate(l).fits);
+  EXPECT_TRUE(Search(*small_cost, *model, small, s, 5).top.empty());
+  // Megatron refuses offloading with recompute or pp > 1: nothing is offloaded there.
+  s.recompute = Recompute::kSelective;
+  for (const auto& row : Search(*cost, *model, *cluster, s, 5).top)
+    EXPECT_EQ(row.layout.cpu_offload_layers, 0);
+}
+
 // At 32K tokens the analytic pick is never slower than the best layout with cp forced.
 TEST(PipelineSearch, PickAtLongSequencesNeverSlowerThanAForcedCp) {
   const std::string src = PTDP_SOURCE_DIR;
