@@ -20,6 +20,7 @@ struct PlanFlags {
   int refine = 16;
   std::string out;
   std::string emit;
+  std::string options = "on";  // --options-left-off: try the Megatron options left off
 };
 
 Plan MakePlan(const World& w, const LayoutFlags& f, const RankedLayout& row) {
@@ -99,8 +100,17 @@ Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutF
     std::string all;
     for (const auto& o : options) all += (all.empty() ? "" : " ") + o.first;
     auto together = options;
-    options.push_back({all, [together](SearchSpace* x) {
+    const bool fsdp = !lf.dp_sharding && !(lf.dist_opt && *lf.dist_opt == "off");
+    const bool free_dopt = !lf.dist_opt;
+    options.push_back({all, [together, fsdp, free_dopt](SearchSpace* x) {
                          for (const auto& o : together) o.second(x);
+                         // Together, Megatron-FSDP is a choice beside the distributed optimizer
+                         // (on its own above, it is forced: its best layout is the point).
+                         if (fsdp) {
+                           if (free_dopt) x->distributed_optimizer = {};
+                           x->shard_gradients = Choice<bool>({false, true});
+                           x->shard_params = Choice<bool>({false, true});
+                         }
                        }});
   }
   for (const auto& [flags, apply] : options) {
@@ -124,7 +134,9 @@ std::string OptionFlags(const OptionRow& row, const SearchSpace& s) {
   if (l.grad_reduce_in_bf16 && !s.grad_reduce_in_bf16) f += " --grad-reduce-in-bf16";
   if (l.cpu_offload_layers > 0 && !s.cpu_offload_layers)
     f += " --cpu-offloading-num-layers " + std::to_string(l.cpu_offload_layers);
-  if (l.shard_params && !s.shard_params) f += " --data-parallel-sharding-strategy optim_grads_params";
+  if (l.shard_gradients && !s.shard_gradients)
+    f += std::string(" --data-parallel-sharding-strategy ") +
+         (l.shard_params ? "optim_grads_params" : "optim_grads");
   return f.empty() ? row.flags : f.substr(1);
 }
 
@@ -279,15 +291,17 @@ int RunPlan(const PlanFlags& f) {
   const PlanResult& r = *planned;
   std::unique_ptr<Plan> chosen;
   if (!r.top.empty()) chosen = std::make_unique<Plan>(MakePlan(*w, f.layout, r.top[0]));
+  auto advise = ParseOnOff("--options-left-off", f.options);
+  if (!advise.ok()) return Fail(advise.status().message());
   std::vector<OptionRow> options;
-  if (chosen) {
+  if (chosen && *advise) {
     auto o = OptionsOffByDefault(*w, f.layout, *space, f.refine);
     if (!o.ok()) return Fail(o.status().message());
     options = std::move(*o);
   }
   if (f.layout.json) {
     nlohmann::json j = ResultJson(*w, r, chosen.get());
-    if (chosen) j["options_left_off"] = OptionsJson(*w, options, *space, r.top.front());
+    if (chosen && *advise) j["options_left_off"] = OptionsJson(*w, options, *space, r.top.front());
     if (chosen && f.emit == "megatron")
       j["megatron_command"] = MegatronCommand(*chosen, {train_tokens});
     if (chosen && train_tokens)
@@ -296,7 +310,7 @@ int RunPlan(const PlanFlags& f) {
     std::cout << DumpJson(j) << "\n";
   } else {
     PrintTable(*w, f, r);
-    if (chosen) PrintOptions(options, *space, r.top.front());
+    if (chosen && *advise) PrintOptions(options, *space, r.top.front());
     if (chosen && train_tokens)
       std::printf("\n%s", TrainingLine(TimeToTrain(chosen->layout, w->model,
                                                    chosen->prediction.step_time_s, *train_tokens),
@@ -359,6 +373,10 @@ Runner SetupPlan(CLI::App* sub) {
   sub->add_option("--refine", f->refine,
                   "re-score the best K analytic layouts with the event simulator (default 16, 0 = off)");
   sub->add_option("--out", f->out, "write the chosen plan to this plan.yaml");
+  sub->add_option("--options-left-off", f->options,
+                  "on|off: after the ranking, try each Megatron option the search leaves off "
+                  "(TP overlap, bf16 gradients, CPU offloading, Megatron-FSDP) and show what it "
+                  "would buy (default on; each is one more search)");
   AddEmitOption(sub, &f->emit);
   return [f] { return RunPlan(*f); };
 }

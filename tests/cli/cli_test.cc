@@ -184,6 +184,11 @@ TEST(Cli, PlanNamesTheOptionsItLeftOff) {
   const auto left = nlohmann::json::parse(all.out)["options_left_off"];
   ASSERT_EQ(left.size(), 1u) << all.out;
   EXPECT_EQ(left[0]["tried"].get<std::string>(), "--cpu-offloading-num-layers N");
+  // --options-left-off off skips them; a value other than on or off is refused.
+  const CmdResult off = Ptdp(args + " --json --options-left-off off");
+  ASSERT_EQ(off.code, 0) << off.out;
+  EXPECT_FALSE(nlohmann::json::parse(off.out).contains("options_left_off"));
+  ExpectOneLineError(Ptdp(args + " --options-left-off maybe"), "--options-left-off");
 }
 
 TEST(Cli, PlanOutThenSimulateThePlan) {
