@@ -64,7 +64,7 @@ std::string GradBf16Advice(const World& w, const RankedLayout& row) {
 }
 
 // A Megatron option the search left at Megatron's default (off) and the fastest layout it
-// makes possible (`layout` empty where it makes none).
+// makes possible (`best` empty where it makes none).
 struct OptionRow {
   std::string flags;  // ptdp's (and Megatron-LM's) flags that turn it on
   std::optional<RankedLayout> best;
@@ -86,10 +86,13 @@ Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutF
        s.precision == Precision::kFp4))
     options.push_back(
         {"--grad-reduce-in-bf16", [](SearchSpace* x) { x->grad_reduce_in_bf16 = true; }});
-  if (!lf.cpu_offload_layers && w.cluster.gpu.host_bw_bytes_per_s > 0 && !s.recompute)
+  // (Megatron offloads only without recompute.)
+  if (!lf.cpu_offload_layers && w.cluster.gpu.host_bw_bytes_per_s > 0 &&
+      s.recompute.Allows(Recompute::kNone))
     options.push_back({"--cpu-offloading-num-layers N",
                        [](SearchSpace* x) { x->search_cpu_offload = true; }});
-  if (!lf.dp_sharding && !(lf.dist_opt && *lf.dist_opt == "off"))
+  const bool fsdp = !lf.dp_sharding && !(lf.dist_opt && *lf.dist_opt == "off");
+  if (fsdp)
     options.push_back({"--data-parallel-sharding-strategy optim_grads_params",
                        [](SearchSpace* x) {
                          x->distributed_optimizer = true;
@@ -100,7 +103,6 @@ Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutF
     std::string all;
     for (const auto& o : options) all += (all.empty() ? "" : " ") + o.first;
     auto together = options;
-    const bool fsdp = !lf.dp_sharding && !(lf.dist_opt && *lf.dist_opt == "off");
     const bool free_dopt = !lf.dist_opt;
     options.push_back({all, [together, fsdp, free_dopt](SearchSpace* x) {
                          for (const auto& o : together) o.second(x);
