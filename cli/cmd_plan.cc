@@ -348,7 +348,23 @@ int RunPlan(const PlanFlags& f) {
     if (!lf.pp.empty()) fixed += " --pp";
     if (!lf.cp.empty()) fixed += " --cp";
     const double need = r.unfitting.empty() ? 0 : r.unfitting.front().estimate.memory.total;
-    const std::string bf16 = r.unfitting.empty() ? "" : GradBf16Advice(*w, r.unfitting.front());
+    std::string bf16 = r.unfitting.empty() ? "" : GradBf16Advice(*w, r.unfitting.front());
+    // The options Megatron leaves off may make a layout fit: the fastest they find, if any.
+    if (*advise) {
+      auto o = OptionsOffByDefault(*w, lf, *space, f.refine);
+      if (!o.ok()) return Fail(o.status().message());
+      const OptionRow* fastest = nullptr;
+      for (const OptionRow& row : *o)
+        if (row.best && (!fastest || row.best->estimate.step_time_s <
+                                         fastest->best->estimate.step_time_s))
+          fastest = &row;
+      if (fastest)
+        bf16 += std::string(bf16.empty() ? "" : "; ") + "with " +
+                OptionFlags(*fastest, *space) + " (options Megatron leaves off), " +
+                fastest->best->layout.ShortName() + " [" + fastest->best->layout.Knobs() +
+                "] fits in " + FormatBytes(fastest->best->estimate.memory.total) + " at " +
+                FormatSeconds(fastest->best->estimate.step_time_s) + " per step";
+    }
     return Fail("no legal layout fits in GPU memory: the smallest needs " + FormatBytes(need) +
                 " of " + FormatBytes(w->cluster.gpu.memory_bytes * (1 - w->cost->memory_headroom())) +
                 " usable" + (fixed.empty() ? "; more GPUs (--nodes) or a smaller global batch"

@@ -344,7 +344,12 @@ TEST(MegatronCommand, GradReduceInBf16) {
   EXPECT_NE(r.out.find("; --grad-reduce-in-bf16 (Megatron's bf16 gradient buffers) would bring it "
                        "to "),
             std::string::npos) << r.out;
-  EXPECT_NE(r.out.find(" GiB, which fits\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" GiB, which fits; "), std::string::npos) << r.out;
+  // ... and the options Megatron leaves off the fastest layout they make fit (here CPU
+  // offloading at tp 2, pp 1).
+  EXPECT_NE(r.out.find("--cpu-offloading-num-layers "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" (options Megatron leaves off), tp2 pp1 dp1 mb2 ["), std::string::npos)
+      << r.out;
   r = Ptdp(tight + "--micro-batch 4 --recompute full --grad-reduce-in-bf16");
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(r.out.find("would bring it to"), std::string::npos) << r.out;
