@@ -1046,16 +1046,10 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
     chunks_in_flight = std::min(double(l.pp - r), m);
   }
   double bytes = chunks_in_flight * per_chunk;
-  if (OffloadedLayers(l) > 0) {
-    // --cpu-offloading-num-layers N (pp 1: one micro-batch in flight): layers 0..N-1 go to
-    // host memory, each copy finished by layer L - N + i of the forward and its reload started
-    // at layer L - 1 - N + i of the backward, so that at the end of the forward L - N layers'
-    // activations are on the GPU (Transformer Engine's cpu_offload.py, OffloadSynchronizer.
-    // _default_offload_sync_init: "peak memory usage of saving activations is (num_layers -
-    // num_offloaded_layers) * T").
-    const double L = counts.total();
-    bytes = per_chunk * std::max(0.0, L - OffloadedLayers(l)) / L;
-  }
+  // --cpu-offloading-num-layers N (pp 1: one micro-batch in flight): each offloaded layer's
+  // copy finishes by layer L - N + i of the forward and its reload starts at layer
+  // L - 1 - N + i of the backward, so L - N layers' activations are on the GPU at the peak.
+  if (OffloadedLayers(l) > 0) bytes = per_chunk * (1 - OffloadedShare(l, counts));
   if (l.recompute == Recompute::kFull) {  // one layer's full activations while recomputing
     Layout none = l;
     none.recompute = Recompute::kNone;
@@ -1109,8 +1103,7 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
   mem.activations = Activations(l, r);
   if (OffloadedLayers(l) > 0) {  // what waits in host memory at the forward's end (pp 1)
     const LayerCounts counts = RankLayerCounts(l, r);
-    const double L = counts.total();
-    mem.host = KindsActivationBytes(l, counts) / l.vp * std::min(L, OffloadedLayers(l)) / L;
+    mem.host = KindsActivationBytes(l, counts) / l.vp * OffloadedShare(l, counts);
   }
   const double sum = mem.weights + mem.grads + mem.optimizer + mem.activations;
   mem.other = k_.workspace_bytes + k_.fragmentation * sum;

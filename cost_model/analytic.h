@@ -6,6 +6,7 @@
 // m micro-batches per step.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -195,6 +196,14 @@ class AnalyticModel : public Estimator {
   // asked, or when the cluster states no host link (the CLI refuses that).
   double OffloadedLayers(const Layout& l) const {
     return topo_->spec().gpu.host_bw_bytes_per_s > 0 ? double(l.cpu_offload_layers) : 0;
+  }
+  // The share of a rank's layers (`counts`) whose activations wait in host memory at the
+  // forward's end: layers 0..N-1 of L (Transformer Engine's OffloadSynchronizer copies them
+  // out and reloads them so that L - N stay: its cpu_offload.py, "peak memory usage of saving
+  // activations is (num_layers - num_offloaded_layers) * T").
+  double OffloadedShare(const Layout& l, const LayerCounts& counts) const {
+    const double L = counts.total();
+    return L > 0 ? std::min(L, OffloadedLayers(l)) / L : 0;
   }
   double GradBytes(const Layout& l) const;  // bytes per gradient element (fp32, or ZeRO-2's)
   // Analytic lower bound of the step: m times the slowest stage's compute, plus the optimizer;

@@ -254,6 +254,16 @@ std::vector<Layout> SplitsFor(const ModelSpec& model, int p, const SearchSpace& 
   return out;
 }
 
+// A layout's estimate as the ranking takes it: it fits when the estimator says so (host memory
+// included) and its GPU needs at most `usable` of the capacity.
+RankedLayout Ranked(const Estimator& est, const Layout& l, double usable) {
+  RankedLayout r{l, est.Evaluate(l)};
+  r.analytic_step_time_s = r.estimate.step_time_s;
+  r.estimate.fits =
+      r.estimate.fits && r.estimate.memory.total <= r.estimate.memory.capacity * usable;
+  return r;
+}
+
 // --cpu-offloading-num-layers for a layout `l` that does not fit (estimate `e`): the fewest
 // layers whose offloaded activations bring it within `usable` of the GPU's memory, or nothing
 // where Megatron's rules refuse offloading (pp > 1, recompute) or no N < L is enough. Steps
@@ -266,14 +276,6 @@ std::optional<RankedLayout> FewestOffloadedLayers(const Estimator& est, const Mo
   Layout o = l;
   o.cpu_offload_layers = 1;
   if (CheckLayout(model, o) != Rejection::kOk || model.layers < 2) return std::nullopt;
-  auto Fitting = [&](const Layout& x) -> std::optional<RankedLayout> {
-    RankedLayout r{x, est.Evaluate(x)};
-    r.analytic_step_time_s = r.estimate.step_time_s;
-    r.estimate.fits =
-        r.estimate.fits && r.estimate.memory.total <= r.estimate.memory.capacity * usable;
-    if (!r.estimate.fits) return std::nullopt;
-    return r;
-  };
   const double per_layer = e.memory.activations / model.layers;
   if (per_layer <= 0) return std::nullopt;
   double over = e.memory.total - e.memory.capacity * usable;
@@ -282,17 +284,17 @@ std::optional<RankedLayout> FewestOffloadedLayers(const Estimator& est, const Mo
   for (int tries = 0; tries < 8 && over > 0; ++tries) {
     n = std::min(last, n + std::max(1, int(std::ceil(over / per_layer))));
     o.cpu_offload_layers = n;
-    std::optional<RankedLayout> fit = Fitting(o);
-    if (fit) {
+    RankedLayout fit = Ranked(est, o, usable);
+    if (fit.estimate.fits) {
       for (int down = 0; down < 16 && o.cpu_offload_layers > 1; ++down) {
         --o.cpu_offload_layers;
-        std::optional<RankedLayout> fewer = Fitting(o);
-        if (!fewer) break;
+        RankedLayout fewer = Ranked(est, o, usable);
+        if (!fewer.estimate.fits) break;
         fit = fewer;
       }
       return fit;
     }
-    over = est.Evaluate(o).memory.total - e.memory.capacity * usable;
+    over = fit.estimate.memory.total - e.memory.capacity * usable;
     if (n == last) break;
   }
   return std::nullopt;
@@ -406,12 +408,9 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                     continue;
                   }
                   ++res.legal;
-                  RankedLayout r{l, est.Evaluate(l)};
+                  RankedLayout r = Ranked(est, l, usable);
                   // The keys below must be numbers: a NaN breaks TopK's ordering.
                   PTDP_RETURN_IF_ERROR(CheckEstimate(l, r.estimate));
-                  r.analytic_step_time_s = r.estimate.step_time_s;
-                  r.estimate.fits = r.estimate.fits &&
-                                    r.estimate.memory.total <= r.estimate.memory.capacity * usable;
                   if (!r.estimate.fits && s.search_cpu_offload && l.cpu_offload_layers == 0 &&
                       cluster.gpu.host_bw_bytes_per_s > 0) {
                     auto offloaded = FewestOffloadedLayers(est, model, l, r.estimate, usable);
