@@ -118,6 +118,16 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--ddp-bucket-size", f->ddp_bucket_size,
                   "parameters per gradient bucket with --overlap-grad-reduce (default Megatron's: "
                   "max(40M, 1M x DP x CP))");
+  app->add_option("--moe-token-dispatcher-type", f->moe_dispatcher,
+                  "Megatron's, MoE models: alltoall, or flex (DeepEP; HybridEP on rack-scale "
+                  "NVLink: a token crosses the network once per remote NVLink domain holding its "
+                  "experts). plan's default: flex where the EP group leaves the NVLink domain, "
+                  "alltoall inside; simulate's: alltoall (allgather, Megatron's own default, is "
+                  "not modelled)");
+  app->add_option("--overlap-moe-expert-parallel-comm", f->moe_a2a_overlap,
+                  "Megatron's, MoE models: on|off, run one micro-batch's forward with another's "
+                  "backward so the all-to-alls hide under compute (ep > 1, vp when pp > 1, no "
+                  "full recompute). plan's default: on wherever legal; simulate's: off");
   app->add_flag("--allow-tp-across-nodes", f->allow_tp_across_nodes,
                 "let TP groups span NVLink domains: nodes, or NVL72 racks (rejected by default)");
   app->add_flag("--json", f->json, "machine-readable output");
@@ -295,6 +305,35 @@ Status CheckExpertSizes(const LayoutFlags& f, const ModelSpec& m) {
   return Status::Ok();
 }
 
+// --moe-token-dispatcher-type and --overlap-moe-expert-parallel-comm: each unset, or on/off
+// (flex/alltoall), for a model with experts only.
+struct MoeKnobs {
+  std::optional<bool> flex, a2a_overlap;
+};
+Result<MoeKnobs> MoeKnobsFlag(const LayoutFlags& f, const ModelSpec& m) {
+  MoeKnobs k;
+  if (f.moe_dispatcher) {
+    const std::string& v = *f.moe_dispatcher;
+    if (v == "allgather")
+      return Status::Error("--moe-token-dispatcher-type allgather: not modelled (ptdp times the "
+                           "alltoall and flex dispatchers)");
+    if (v != "alltoall" && v != "flex")
+      return Status::Error("--moe-token-dispatcher-type '" + v + "': expected alltoall or flex");
+    k.flex = v == "flex";
+  }
+  if (f.moe_a2a_overlap) {
+    PTDP_ASSIGN_OR_RETURN(const bool v, ParseOnOff("--overlap-moe-expert-parallel-comm",
+                                                   *f.moe_a2a_overlap));
+    k.a2a_overlap = v;
+  }
+  for (const auto& [flag, given] : {std::pair{"--moe-token-dispatcher-type", bool(f.moe_dispatcher)},
+                                    std::pair{"--overlap-moe-expert-parallel-comm",
+                                              bool(f.moe_a2a_overlap)}})
+    if (given && !m.moe())
+      return Status::Error(std::string(flag) + ": " + m.name + " has no experts (num_experts 0)");
+  return k;
+}
+
 // The one value of a size flag `simulate` and `train` take.
 Result<int> OneValue(const char* flag, const std::vector<int>& v, int fallback) {
   if (v.empty()) return fallback;
@@ -326,6 +365,9 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_RETURN_IF_ERROR(CheckExpertSizes(f, w.model));
   s.ep = f.ep;
   s.etp = f.etp;
+  PTDP_ASSIGN_OR_RETURN(const MoeKnobs moe, MoeKnobsFlag(f, w.model));
+  s.moe_flex_dispatcher = moe.flex;
+  s.moe_a2a_overlap = moe.a2a_overlap;
   bool wide_tp = false;
   for (int tp : f.tp) wide_tp = wide_tp || tp > w.cluster.nvlink_domain_gpus();
   s.allow_tp_across_nodes = f.allow_tp_across_nodes || wide_tp;
@@ -373,6 +415,9 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_RETURN_IF_ERROR(CheckExpertSizes(f, w.model));
   PTDP_ASSIGN_OR_RETURN(l.ep, OneValue("--expert-model-parallel-size", f.ep, 1));
   PTDP_ASSIGN_OR_RETURN(l.etp, OneValue("--expert-tensor-parallel-size", f.etp, 0));
+  PTDP_ASSIGN_OR_RETURN(const MoeKnobs moe, MoeKnobsFlag(f, w.model));
+  l.moe_flex_dispatcher = moe.flex.value_or(false);
+  l.moe_a2a_overlap = moe.a2a_overlap.value_or(false);
   std::optional<int> dp_flag;
   if (!f.dp.empty()) {
     PTDP_ASSIGN_OR_RETURN(const int v, OneValue("--dp", f.dp, 1));
@@ -465,6 +510,10 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
   if (l.embedding_in_split) j["embedding_in_split"] = true;
   if (l.loss_in_split) j["loss_in_split"] = true;
   if (l.pipeline_layout) j["pipeline_layout"] = l.pipeline_layout->text;
+  if (model.moe()) {  // plan.yaml's keys
+    j["moe_flex_dispatcher"] = l.moe_flex_dispatcher;
+    j["moe_a2a_overlap"] = l.moe_a2a_overlap;
+  }
   if (CheckLayout(model, l) == Rejection::kOk) j["stage_layers"] = StageLayers(model, l);
   return j;
 }

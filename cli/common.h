@@ -59,6 +59,9 @@ struct LayoutFlags {
   std::optional<std::string> dp_sharding;
   std::optional<int64_t> ddp_bucket_size;  // Megatron's --ddp-bucket-size (parameters)
   std::optional<int> cpu_offload_layers;   // Megatron's --cpu-offloading-num-layers
+  // Megatron's --moe-token-dispatcher-type (alltoall | flex) and
+  // --overlap-moe-expert-parallel-comm (on | off here); unset: plan chooses, simulate: off.
+  std::optional<std::string> moe_dispatcher, moe_a2a_overlap;
   std::optional<std::string> train_tokens;  // --train-tokens 15T: days and GPU-hours
   bool allow_tp_across_nodes = false;
   bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16 (bf16 gradient buffers)

@@ -400,6 +400,27 @@ def recompute_of(rc):
     return "selective", ",".join(n for n in RECOMPUTE_MODULES if n in names)
 
 
+# Megatron-Bridge containers from which a DeepSeek-V3 MXFP8 config sets moe_a2a_overlap=True
+# (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py; the container's
+# release by the row's layout): B200 from v0.4.2 (26.04.01: DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2,
+# pp8 vp2 ep32, recompute mla_up_proj and mlp, as the 26.04.01 row ran), GB200 and GB300 from
+# v0.5.0 (26.06: *_GB200_FP8_MX_V1 and *_GB300_FP8_MX_V1, the latter mbs 1 without recompute, as
+# the 26.06 row ran; v0.6.0's perf_recipes keep it, _enable_deepseek_full_iteration_mxfp8), B300
+# from v0.5.1 (26.06.01). Earlier containers and the other precisions: False.
+DEEPSEEK_A2A_OVERLAP_FROM = {"B200": (26, 4, 1), "GB200": (26, 6, 0), "GB300": (26, 6, 0),
+                             "B300": (26, 6, 1)}
+
+
+def deepseek_a2a_overlap(e, hw, prec):
+    m = re.match(r"mb_(\d\d)(\d\d)(\d\d)?_", str(e["id"]))
+    gpu = str(hw["gpu"]).split()[0]
+    first = DEEPSEEK_A2A_OVERLAP_FROM.get(gpu)
+    if not m or not first or "MX" not in prec:
+        return False
+    release = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+    return release >= first
+
+
 def convert_moe(e, reg):
     m, why = moe_model(e, reg)
     if not m:
@@ -449,10 +470,11 @@ def convert_moe(e, reg):
              tp_comm_overlap=tp > 1)
     if modules and modules != "core_attn":
         l["recompute_modules"] = modules
-    # The same presets turn on the EP all-to-all overlap for DeepSeek-V3 on H100 only
-    # (DEEPSEEK_V3_H100_BASE_CONFIG moe_a2a_overlap=True; GB200/GB300/B200 False).
+    # The same presets turn on the EP all-to-all overlap for DeepSeek-V3 on H100 (25.09/25.11:
+    # DEEPSEEK_V3_H100_BASE_CONFIG moe_a2a_overlap=True) and, in later containers, in their
+    # MXFP8 Blackwell configs (DEEPSEEK_A2A_OVERLAP_FROM).
     if (str(e["id"]).startswith("mb_") and model.get("family") == "deepseek-v3"
-            and str(hw["gpu"]).startswith("H100")):
+            and (str(hw["gpu"]).startswith("H100") or deepseek_a2a_overlap(e, hw, prec))):
         l["moe_a2a_overlap"] = True
     # ... and the flex dispatcher (moe_flex_dispatcher_backend deepep on H100, hybridep on
     # GB200/GB300) for DeepSeek-V3: taken for every Megatron-Bridge DeepSeek-V3 row (the B200

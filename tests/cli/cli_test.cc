@@ -248,6 +248,78 @@ TEST(Cli, MoePlanSimulateAndEmit) {
                      "no experts");
 }
 
+// Megatron's --moe-token-dispatcher-type and --overlap-moe-expert-parallel-comm: simulate times
+// the layout the planner chose with them (DeepSeek-V3 with its EP group over 4 DGX B200 nodes,
+// Megatron-Bridge 26.04.01's B200 MXFP8 recipe), plan takes them as fixed choices, and a bad
+// value, the allgather dispatcher, an illegal overlap or a dense model get a one-line error.
+TEST(Cli, MoeDispatcherAndAllToAllOverlapFlags) {
+  const std::string b200 = kSrc + "/configs/clusters/dgx-b200.yaml";
+  const std::string dsv3 = kSrc + "/configs/models/deepseek-v3.yaml";
+  // The recipe's layout (DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2): 16 stages of 61 layers.
+  const std::string split = " --pp 8 --vp 2 --pipeline-model-parallel-layout 'Et*4|(t*4|)*14tmL'";
+  const std::string sim = "simulate --cluster " + b200 + " --model " + dsv3 +
+                          " --gpus 256 --tp 1 --ep 32 --global-batch 4096" + split +
+                          " --recompute-modules mla_up_proj mlp --dist-opt on --precision fp8 "
+                          "--grad-reduce-in-bf16 --json ";
+  auto step = [&](const std::string& extra, nlohmann::json* layout) {
+    const CmdResult r = Ptdp(sim + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    if (r.code != 0) return 0.0;
+    const auto j = nlohmann::json::parse(r.out);
+    if (layout) *layout = j["layout"];
+    return j["step_time_s"].get<double>();
+  };
+  nlohmann::json a2a, flex, both;
+  const double t_a2a = step("", &a2a);
+  const double t_flex = step("--moe-token-dispatcher-type flex", &flex);
+  const double t_both =
+      step("--moe-token-dispatcher-type flex --overlap-moe-expert-parallel-comm on", &both);
+  EXPECT_FALSE(a2a["moe_flex_dispatcher"].get<bool>());
+  EXPECT_FALSE(a2a["moe_a2a_overlap"].get<bool>());
+  EXPECT_TRUE(flex["moe_flex_dispatcher"].get<bool>());
+  EXPECT_TRUE(both["moe_a2a_overlap"].get<bool>());
+  // Over 4 nodes a token crosses the network once per remote node holding its experts, not once
+  // per expert; the overlap then hides all-to-alls under the paired micro-batch's compute.
+  EXPECT_LT(t_flex, 0.8 * t_a2a);
+  EXPECT_LT(t_both, 0.8 * t_flex);
+  EXPECT_NEAR(t_a2a, step("--moe-token-dispatcher-type alltoall "
+                          "--overlap-moe-expert-parallel-comm off", nullptr), 1e-9);
+
+  // plan: each flag fixes its choice (unset, the planner turns both on here).
+  const std::string plan = "plan --cluster " + b200 + " --model " + dsv3 +
+                           " --gpus 256 --tp 1 --ep 32 --global-batch 4096" + split +
+                           " --recompute-modules mla_up_proj mlp --precision fp8 --json "
+                           "--options-left-off off --top 1 ";
+  for (const auto& [flags, flex_on, overlap_on] :
+       {std::tuple{std::string(), true, true},
+        std::tuple{std::string("--moe-token-dispatcher-type alltoall"), false, true},
+        std::tuple{std::string("--overlap-moe-expert-parallel-comm off"), true, false}}) {
+    const CmdResult p = Ptdp(plan + flags);
+    ASSERT_EQ(p.code, 0) << flags << "\n" << p.out;
+    const auto l = nlohmann::json::parse(p.out)["layout"];
+    EXPECT_EQ(l["moe_flex_dispatcher"].get<bool>(), flex_on) << flags;
+    EXPECT_EQ(l["moe_a2a_overlap"].get<bool>(), overlap_on) << flags;
+  }
+
+  ExpectOneLineError(Ptdp(sim + "--moe-token-dispatcher-type allgather"), "not modelled");
+  ExpectOneLineError(Ptdp(sim + "--moe-token-dispatcher-type deepep"),
+                     "'deepep': expected alltoall or flex");
+  ExpectOneLineError(Ptdp(sim + "--overlap-moe-expert-parallel-comm maybe"),
+                     "expected on or off");
+  // Megatron asserts virtual stages with pp > 1 for the overlap.
+  ExpectOneLineError(Ptdp("simulate --cluster " + b200 + " --model " + dsv3 +
+                          " --gpus 256 --pp 16 --ep 8 --global-batch 4096 "
+                          "--pipeline-model-parallel-layout 'Et*3|(t*4|)*14t*2mL' "
+                          "--overlap-moe-expert-parallel-comm on"),
+                     "--overlap-moe-expert-parallel-comm needs");
+  ExpectOneLineError(Ptdp("simulate --cluster " + kA100 + " --model " + k175b +
+                          " --global-batch 8 --moe-token-dispatcher-type flex"),
+                     "no experts");
+  ExpectOneLineError(Ptdp("plan --cluster " + kA100 + " --model " + k175b +
+                          " --global-batch 8 --overlap-moe-expert-parallel-comm on"),
+                     "no experts");
+}
+
 // fp4 needs an fp4 tensor-core peak (Blackwell): on H100 plan and simulate refuse it in a line.
 TEST(Cli, Fp4RefusedOnH100) {
   const std::string h100 = kSrc + "/configs/clusters/dgx-h100.yaml";
