@@ -26,6 +26,33 @@ const char* ToString(Precision p) {
   }
   return "?";
 }
+const char* ToString(StateDtype d) {
+  switch (d) {
+    case StateDtype::kFp32: return "fp32";
+    case StateDtype::kFp16: return "fp16";
+    case StateDtype::kBf16: return "bf16";
+    case StateDtype::kFp8: return "fp8";
+  }
+  return "?";
+}
+double StateDtypeBytes(StateDtype d) {
+  switch (d) {
+    case StateDtype::kFp32: return 4;
+    case StateDtype::kFp16:
+    case StateDtype::kBf16: return 2;
+    case StateDtype::kFp8: return 1;
+  }
+  return 4;
+}
+Result<StateDtype> ParseStateDtype(const std::string& flag, const std::string& s,
+                                   const std::vector<StateDtype>& allowed) {
+  std::string names;
+  for (StateDtype d : allowed) {
+    if (s == ToString(d)) return d;
+    names += std::string(names.empty() ? "" : ", ") + ToString(d);
+  }
+  return Status::Error(flag + " '" + s + "' is not one of: " + names);
+}
 const char* ToString(ScheduleKind k) {
   switch (k) {
     case ScheduleKind::kGPipe: return "gpipe";
@@ -120,6 +147,13 @@ std::string Layout::Knobs() const {
   if (distributed_optimizer) s += shard_params ? "zero3 " : shard_gradients ? "zero2 " : "dopt ";
   if (cpu_offload_layers > 0) s += "offload" + std::to_string(cpu_offload_layers) + " ";
   if (grad_reduce_in_bf16) s += "grad-bf16 ";
+  if (precision_aware_optimizer) {  // pa-opt(m=bf16,v=bf16): the dtypes that are not fp32
+    std::string d;
+    for (const auto& [name, dt] : {std::pair{"main", main_params_dtype}, std::pair{"m", exp_avg_dtype},
+                                   std::pair{"v", exp_avg_sq_dtype}, std::pair{"grad", main_grads_dtype}})
+      if (dt != StateDtype::kFp32) d += std::string(d.empty() ? "" : ",") + name + "=" + ToString(dt);
+    s += "pa-opt" + (d.empty() ? std::string() : "(" + d + ")") + " ";
+  }
   if (accumulate_grads_in_fp32 && precision == Precision::kFp16) s += "grad-fp32 ";
   if (precision != Precision::kBf16) s += std::string(ToString(precision)) + " ";
   if (first_stage_layers > 0) s += "first" + std::to_string(first_stage_layers) + " ";
@@ -384,6 +418,7 @@ const char* RejectionKey(Rejection r) {
     case Rejection::kExpertTpFfn: return "expert_ffn_not_divisible_by_etp";
     case Rejection::kEpTpNeedsSp: return "moe_with_tp_needs_sequence_parallel";
     case Rejection::kA2aOverlap: return "moe_a2a_overlap_illegal";
+    case Rejection::kOptimizerDtypes: return "optimizer_dtypes_illegal";
     case Rejection::kRecomputeModules: return "recompute_modules_illegal";
     case Rejection::kFlexNeedsEp: return "flex_dispatcher_needs_ep";
     case Rejection::kGradShardingNeedsDistOpt: return "grad_sharding_needs_distributed_optimizer";
@@ -528,6 +563,11 @@ std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l) {
     case Rejection::kFlexNeedsEp:
       o << "--moe-token-dispatcher-type flex needs experts and ep > 1 (ep " << l.ep << ")";
       break;
+    case Rejection::kOptimizerDtypes: {
+      const std::string why = PrecisionAwareProblem(l);
+      o << (why.empty() ? std::string("optimizer dtypes (none illegal for this layout)") : why);
+      break;
+    }
     case Rejection::kA2aOverlap:
       o << "--overlap-moe-expert-parallel-comm needs ep > 1 (ep " << l.ep
         << "), virtual stages when pp > 1 (pp " << l.pp << ", vp " << l.vp
@@ -590,6 +630,35 @@ bool GradReduceDtypeIllegal(const Layout& l) {
                                    l.precision == Precision::kFp32 || l.accumulate_grads_in_fp32);
 }
 
+std::string PrecisionAwareProblem(const Layout& l) {
+  if (!l.precision_aware_optimizer) {
+    for (const auto& [flag, d] : {std::pair{"--main-params-dtype", l.main_params_dtype},
+                                  std::pair{"--exp-avg-dtype", l.exp_avg_dtype},
+                                  std::pair{"--exp-avg-sq-dtype", l.exp_avg_sq_dtype},
+                                  std::pair{"--main-grads-dtype", l.main_grads_dtype}})
+      if (d != StateDtype::kFp32)
+        return std::string(flag) + " " + ToString(d) +
+               " needs --use-precision-aware-optimizer (optimizer_config.py: fp32 without it)";
+    return "";
+  }
+  // megatron/core/optimizer/__init__.py: "only supported with distributed optimizer".
+  if (!l.distributed_optimizer)
+    return "--use-precision-aware-optimizer needs the distributed optimizer (--dist-opt on)";
+  if (l.shard_gradients)
+    return "--use-precision-aware-optimizer with Megatron-FSDP is not modelled (its own "
+           "--megatron-fsdp-main-params-dtype and -main-grads-dtype; Megatron-Bridge turns it off "
+           "under FSDP)";
+  if (l.main_grads_dtype == StateDtype::kBf16) {
+    if (l.accumulate_grads_in_fp32)
+      return "--main-grads-dtype bf16 with --accumulate-allreduce-grads-in-fp32 (Megatron "
+             "asserts fp32 main gradients there)";
+    if (l.precision == Precision::kFp16 || l.precision == Precision::kFp32)
+      return std::string("--main-grads-dtype bf16 needs bf16 weights (--bf16, also under fp8 and "
+                         "fp4), not ") + ToString(l.precision);
+  }
+  return "";
+}
+
 Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
   if (m.heads % l.tp != 0) return Rejection::kHeadsTp;
   if (m.kv_heads % l.tp != 0 && l.tp % m.kv_heads != 0) return Rejection::kKvHeadsTp;
@@ -631,6 +700,7 @@ Rejection CheckLayout(const ModelSpec& m, const Layout& l) {
   if ((l.shard_gradients && !l.distributed_optimizer) || (l.shard_params && !l.shard_gradients))
     return Rejection::kGradShardingNeedsDistOpt;
   if (GradReduceDtypeIllegal(l)) return Rejection::kGradReduceDtype;
+  if (!PrecisionAwareProblem(l).empty()) return Rejection::kOptimizerDtypes;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0) return Rejection::kSeqCp;
   if (l.global_batch % (int64_t(l.micro_batch) * l.dp) != 0) return Rejection::kBatch;
   const bool interleaved = l.schedule == ScheduleKind::kInterleaved;

@@ -20,8 +20,16 @@ enum class Recompute { kNone, kSelective, kFull };
 // 16-bit, as with kFp8. Appended last so that the other values keep their numbers.
 enum class Precision { kBf16, kFp16, kFp8, kFp32, kFp4 };
 enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
+// The dtype of a piece of optimizer state under Megatron's --use-precision-aware-optimizer
+// (--main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype, --main-grads-dtype: fp32 unless set).
+enum class StateDtype { kFp32, kFp16, kBf16, kFp8 };
 
 const char* ToString(Recompute r);
+const char* ToString(StateDtype d);
+double StateDtypeBytes(StateDtype d);  // 4, 2, 2, 1
+// "fp32", "fp16", "bf16" or "fp8", among `allowed` (Megatron's choices for `flag`).
+Result<StateDtype> ParseStateDtype(const std::string& flag, const std::string& s,
+                                   const std::vector<StateDtype>& allowed);
 const char* ToString(Precision p);
 const char* ToString(ScheduleKind k);
 Result<Recompute> ParseRecompute(const std::string& s);
@@ -114,6 +122,18 @@ struct Layout {
   // itself (unless --grad-reduce-in-bf16); under --fp16 it is off by default, so an fp16 run's
   // gradients are fp16 (grad_dtype = param.dtype) unless this is set.
   bool accumulate_grads_in_fp32 = false;
+  // Megatron --use-precision-aware-optimizer (Transformer Engine's FusedAdam; needs the
+  // distributed optimizer): the optimizer's state in the dtypes below, each fp32 unless set and
+  // each fp32 without the flag (optimizer_config.py asserts so). The master weights of a bf16
+  // model keep only their low 16 bits (TE >= 2.1's store_param_remainders, on by default: 2
+  // bytes a parameter; distrib_optimizer.py), not under fp8 or fp4, whose fp32 masters Megatron
+  // keeps itself for the current-scaling and MX recipes. --main-grads-dtype bf16: bf16 gradient
+  // buffers, as --grad-reduce-in-bf16 (training/arguments.py).
+  bool precision_aware_optimizer = false;
+  StateDtype main_params_dtype = StateDtype::kFp32;   // fp32 | fp16
+  StateDtype exp_avg_dtype = StateDtype::kFp32;       // fp32 | fp16 | bf16 | fp8
+  StateDtype exp_avg_sq_dtype = StateDtype::kFp32;    // fp32 | fp16 | bf16 | fp8
+  StateDtype main_grads_dtype = StateDtype::kFp32;    // fp32 | bf16
   Precision precision = Precision::kBf16;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;  // interleaved iff vp > 1
   // Megatron --overlap-grad-reduce / --overlap-param-gather: DP collectives run under the
@@ -221,6 +241,7 @@ enum class Rejection {
   kFlexNeedsEp,        // the flex dispatcher on a dense model or with ep 1
   kGradShardingNeedsDistOpt,  // shard_gradients (or shard_params) without what they need
   kGradReduceDtype,    // --grad-reduce-in-bf16 with fp16/fp32 weights or with fp32 accumulation
+  kOptimizerDtypes,    // --use-precision-aware-optimizer's rules (PrecisionAwareProblem)
   kSeqCp,              // s % (2c) != 0 with c > 1 (Megatron's load-balanced CP split)
   kHybrid,             // a hybrid model's rules: Mamba heads/groups over t and c, no vp or layout string
   kCpuOffloading,      // --cpu-offloading-num-layers with pp > 1, recompute, or N >= layers
@@ -236,6 +257,12 @@ constexpr int kNumRejections = static_cast<int>(Rejection::kCount);
 const char* RejectionKey(Rejection r);
 // One-line explanation with the offending values.
 std::string ExplainRejection(Rejection r, const ModelSpec& m, const Layout& l);
+
+// Why Megatron refuses the layout's optimizer dtypes ("" if it does not): a dtype other than
+// fp32 without --use-precision-aware-optimizer, the flag without the distributed optimizer or
+// with Megatron-FSDP (its own --megatron-fsdp-* dtypes, not modelled), bf16 main gradients with
+// fp32 accumulation or without bf16 weights.
+std::string PrecisionAwareProblem(const Layout& l);
 
 // --grad-reduce-in-bf16 where Megatron would not honour it: fp16 or fp32 weights (it is read
 // under --bf16 only), or beside --accumulate-allreduce-grads-in-fp32 (Rejection::kGradReduceDtype).

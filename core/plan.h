@@ -77,7 +77,8 @@ struct Plan {
 // Reads a layout from a YAML map in plan.yaml's `layout:` keys (tp, pp, dp, vp, cp, ep, etp,
 // micro_batch, global_batch, num_microbatches, microbatch_group, sequence_parallel, recompute,
 // distributed_optimizer, shard_gradients, grad_reduce_in_bf16,
-// accumulate_allreduce_grads_in_fp32, precision, schedule,
+// accumulate_allreduce_grads_in_fp32, use_precision_aware_optimizer, main_params_dtype,
+// exp_avg_dtype, exp_avg_sq_dtype, main_grads_dtype, precision, schedule,
 // overlap_grad_reduce, ddp_bucket_size, tp_comm_overlap, overlap_p2p, moe_a2a_overlap,
 // moe_flex_dispatcher, and the pipeline split: first_stage_layers, last_stage_layers,
 // embedding_in_split, loss_in_split, pipeline_layout, stage_layers). Strict: unknown keys and

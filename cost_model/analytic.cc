@@ -806,8 +806,27 @@ double AnalyticModel::GradBytes(const Layout& l) const {
   switch (l.precision) {
     case Precision::kFp32: return 4.0;
     case Precision::kFp16: return l.accumulate_grads_in_fp32 ? 4.0 : 2.0;
-    default: return l.grad_reduce_in_bf16 ? 2.0 : 4.0;  // bf16 weights (fp8, fp4 too)
+    // bf16 weights (fp8, fp4 too); --main-grads-dtype bf16 leaves fp32 accumulation off as
+    // --grad-reduce-in-bf16 does (training/arguments.py).
+    default:
+      return l.grad_reduce_in_bf16 || l.main_grads_dtype == StateDtype::kBf16 ? 2.0 : 4.0;
   }
+}
+
+double AnalyticModel::OptimizerStateBytes(const Layout& l) {
+  const double moments = StateDtypeBytes(l.exp_avg_dtype) + StateDtypeBytes(l.exp_avg_sq_dtype);
+  if (l.precision == Precision::kFp32) return moments;  // the weights are the master copy
+  double master = 4;
+  if (l.precision_aware_optimizer) {
+    // --main-params-dtype fp16: TE keeps fp16 masters. fp32 masters of a bf16 model: TE's
+    // FusedAdam stores the 16 bits bf16 lacks (store_param_remainders, on by default since TE
+    // 2.1; distrib_optimizer.py allocates them as int16 when config.bf16). fp8 and fp4 keep
+    // Megatron's own fp32 masters (use_precision_aware_optimizer_no_fp8_or_ds_fp8 is false for
+    // the non-delayed recipes, optimizer_config.py).
+    if (l.main_params_dtype == StateDtype::kFp16) master = 2;
+    else if (l.precision == Precision::kBf16) master = 2;
+  }
+  return master + moments;
 }
 
 AnalyticModel::GradReduce AnalyticModel::GradReduceTimes(const Layout& l, int stride, int size,
@@ -1097,9 +1116,9 @@ MemoryBytes AnalyticModel::StageMemory(const Layout& l, int r) const {
     mem.grads = sharded * GradBytes(l);
     if (l.shard_params) mem.weights = sharded * WeightBytes(l.precision);
   }
-  // fp32 master copy (none when training in fp32) + Adam m and v.
-  mem.optimizer = ((params - experts) / shard + experts / expert_shard) *
-                  (l.precision == Precision::kFp32 ? 8.0 : 12.0);
+  // fp32 master copy (none when training in fp32) + Adam m and v, or their lower-precision
+  // --use-precision-aware-optimizer dtypes.
+  mem.optimizer = ((params - experts) / shard + experts / expert_shard) * OptimizerStateBytes(l);
   mem.activations = Activations(l, r);
   if (OffloadedLayers(l) > 0) {  // what waits in host memory at the forward's end (pp 1)
     const LayerCounts counts = RankLayerCounts(l, r);
@@ -1261,7 +1280,12 @@ double AnalyticModel::OptimizerTime(const Layout& l, double params, double exper
   const double expert_shard =
       l.distributed_optimizer ? double(std::max(1, l.expert_dp())) : 1.0;
   const double updated = (params - expert_params) / shard + expert_params / expert_shard;
-  return updated * k_.optimizer_bytes_per_param / hbm +
+  // The update streams the state: smaller dtypes read and write fewer bytes, in proportion.
+  Layout plain = l;
+  plain.precision_aware_optimizer = false;
+  plain.main_params_dtype = plain.exp_avg_dtype = plain.exp_avg_sq_dtype = StateDtype::kFp32;
+  const double state = OptimizerStateBytes(l) / OptimizerStateBytes(plain);
+  return updated * k_.optimizer_bytes_per_param * state / hbm +
          params * 4.0 / hbm +  // gradient norm reads every local gradient
          k_.step_overhead_s;
 }

@@ -206,6 +206,9 @@ class AnalyticModel : public Estimator {
     return L > 0 ? std::min(L, OffloadedLayers(l)) / L : 0;
   }
   double GradBytes(const Layout& l) const;  // bytes per gradient element (fp32, or ZeRO-2's)
+  // Optimizer state per parameter the distributed optimizer shards: the master weights (none in
+  // fp32 training) and Adam's two moments, in --use-precision-aware-optimizer's dtypes.
+  static double OptimizerStateBytes(const Layout& l);
   // Analytic lower bound of the step: m times the slowest stage's compute, plus the optimizer;
   // no bubble, no communication.
   double LowerBound(const Layout& l) const;

@@ -155,6 +155,23 @@ LAYOUT_ERRATA = {
 }
 
 
+def mb_precision_aware_optimizer(e, l, deepseek=False):
+    """Megatron-Bridge's performance scripts turn on --use-precision-aware-optimizer for every
+    bf16 run (scripts/performance/utils/helpers.py, then overrides.py set_post_overrides:
+    compute_dtype bf16 and adam; since 568b3a3ef, 2025-08-28), its dtypes left fp32; the
+    DeepSeek-V3 recipe sets it for every precision with bf16 moments and main gradients
+    (recipes/deepseek/deepseek_v3.py since c0f24cf69, 2025-08-19; v0.6.0's
+    deepseek_v3_pretrain_1024gpu_h100_bf16_config, which the perf recipes build on). Both turn
+    it off under Megatron-FSDP (apply FSDP overrides: "cannot work with FSDP together")."""
+    if not str(e["id"]).startswith("mb_") or l.get("shard_gradients"):
+        return
+    if deepseek:
+        l.update(use_precision_aware_optimizer=True, exp_avg_dtype="bf16",
+                 exp_avg_sq_dtype="bf16", main_grads_dtype="bf16")
+    elif l["precision"] == "bf16":
+        l["use_precision_aware_optimizer"] = True
+
+
 def convert_recipe(e):
     """A dense H100 row of megatron_recipes/runs.yaml: (row, None) or (None, why)."""
     if str(e.get("id")) in LAYOUT_ERRATA:
@@ -249,6 +266,7 @@ def convert_recipe(e):
     # False); Megatron-FSDP keeps them in the weights' dtype anyway.
     if str(e["id"]).startswith("mb_") and not l.get("shard_gradients") and l["precision"] != "fp32":
         l["grad_reduce_in_bf16"] = True
+    mb_precision_aware_optimizer(e, l)
     src = e["source"]
     # The source is the document and its release (one table per model and precision in it):
     # rows of one source share it, for validate's per-source figures; the table and column
@@ -491,6 +509,7 @@ def convert_moe(e, reg):
     # the Super recipes again in _apply_nemotron_3_super_perf_defaults).
     if str(e["id"]).startswith("mb_"):
         l["grad_reduce_in_bf16"] = True
+    mb_precision_aware_optimizer(e, l, deepseek=model.get("family") == "deepseek-v3")
     layers, stages = m["layers"], pp * vp
     notes = " ".join(str(n) for n in (e.get("notes") or []))
     fl = re.search(r"first (\d+), .*? last (\d+)", notes)

@@ -193,14 +193,18 @@ TEST(LayerOps, Fp8CastsTheFpropAndDgradOperandsOnly) {
   // is outside Transformer Engine's fp8 autocast): no casts, 16-bit GEMMs.
   for (const LayerOpList* list : {&ops.forward, &ops.backward})
     for (const LayerOp& op : *list)
-      if (op.kind == LayerOpKind::kGemm) EXPECT_TRUE(op.quantized) << op.name;
+      if (op.kind == LayerOpKind::kGemm) {
+        EXPECT_TRUE(op.quantized) << op.name;
+      }
   LayerOpList f, b;
   BuildOutputOps(m, ShapeOf(l, 0), &f, &b);
   EXPECT_EQ(casts(f) + casts(b), 0);
   EXPECT_EQ(f.Gemms() + b.Gemms(), 3);
   for (const LayerOpList* list : {&f, &b})
     for (const LayerOp& op : *list)
-      if (op.kind == LayerOpKind::kGemm) EXPECT_FALSE(op.quantized) << op.name;
+      if (op.kind == LayerOpKind::kGemm) {
+        EXPECT_FALSE(op.quantized) << op.name;
+      }
 }
 
 TEST(LayerOps, TheLongestListsFit) {

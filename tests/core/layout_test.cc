@@ -420,6 +420,48 @@ TEST(CheckLayoutTest, GradientBufferDtypeFlags) {
   EXPECT_EQ(l.Knobs(), "grad-fp32 fp16");
 }
 
+// --use-precision-aware-optimizer's rules (optimizer_config.py, optimizer/__init__.py,
+// training/arguments.py): each dtype fp32 without it, the distributed optimizer with it, no
+// Megatron-FSDP (its own dtype flags), bf16 main gradients only over bf16 weights and not with
+// fp32 accumulation.
+TEST(CheckLayoutTest, PrecisionAwareOptimizerRules) {
+  Layout l = Make({.dp = 8});
+  l.exp_avg_dtype = StateDtype::kBf16;
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOptimizerDtypes);
+  EXPECT_THAT(ExplainRejection(Rejection::kOptimizerDtypes, TestModel(), l),
+              HasSubstr("--exp-avg-dtype bf16 needs --use-precision-aware-optimizer"));
+  l.precision_aware_optimizer = true;
+  EXPECT_THAT(PrecisionAwareProblem(l), HasSubstr("distributed optimizer"));
+  l.distributed_optimizer = true;
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
+  EXPECT_EQ(l.Knobs(), "dopt pa-opt(m=bf16)");
+  l.main_grads_dtype = StateDtype::kBf16;
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
+  for (Precision p : {Precision::kFp16, Precision::kFp32}) {
+    l.precision = p;
+    EXPECT_THAT(PrecisionAwareProblem(l), HasSubstr("needs bf16 weights")) << ToString(p);
+  }
+  l.precision = Precision::kFp8;
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
+  l.accumulate_grads_in_fp32 = true;
+  EXPECT_THAT(PrecisionAwareProblem(l), HasSubstr("--accumulate-allreduce-grads-in-fp32"));
+  l.accumulate_grads_in_fp32 = false;
+  l.shard_gradients = true;
+  EXPECT_THAT(PrecisionAwareProblem(l), HasSubstr("Megatron-FSDP"));
+  l.shard_gradients = false;
+  EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
+  // The dtypes Megatron offers each flag, and nothing else.
+  EXPECT_EQ(*ParseStateDtype("--exp-avg-dtype", "fp8",
+                             {StateDtype::kFp32, StateDtype::kFp16, StateDtype::kBf16,
+                              StateDtype::kFp8}),
+            StateDtype::kFp8);
+  const auto bad = ParseStateDtype("--main-params-dtype", "bf16", {StateDtype::kFp32, StateDtype::kFp16});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "--main-params-dtype 'bf16' is not one of: fp32, fp16");
+  EXPECT_EQ(StateDtypeBytes(StateDtype::kFp8), 1);
+  EXPECT_EQ(StateDtypeBytes(StateDtype::kBf16), 2);
+}
+
 TEST(RejectionKeyTest, AllDistinctAndNamed) {
   std::set<std::string> keys;
   for (int i = 0; i < kNumRejections; ++i) {

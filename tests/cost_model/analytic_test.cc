@@ -198,6 +198,33 @@ TEST_F(AnalyticTest, GradReduceInBf16HalvesTheGradients) {
   EXPECT_NEAR((d.weights + d.grads + d.optimizer) / params, 4.0 + 12.0 / 8, 1e-9);
 }
 
+// --use-precision-aware-optimizer: a bf16 model's fp32 masters as TE's 16-bit remainders (2
+// bytes), the moments in their dtypes, bf16 main gradients as --grad-reduce-in-bf16; fp8 keeps
+// fp32 masters; an fp32 model has none. The update streams proportionally fewer bytes.
+TEST_F(AnalyticTest, PrecisionAwareOptimizerShrinksTheOptimizerState) {
+  Layout l = MakeLayout(8, 16, 8, 1, 1, 1536);
+  l.distributed_optimizer = true;
+  const double params = cost_.ParamsOnStage(l, 5);
+  const double plain_s = cost_.OptimizerTime(l, 1e9);
+  EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 12.0);
+  l.precision_aware_optimizer = true;
+  EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 2.0 + 4 + 4);
+  l.exp_avg_dtype = l.exp_avg_sq_dtype = StateDtype::kBf16;
+  l.main_grads_dtype = StateDtype::kBf16;
+  const MemoryBytes m = cost_.StageMemory(l, 5);
+  EXPECT_NEAR(m.optimizer / params, 6.0 / 8, 1e-9);
+  EXPECT_NEAR(m.grads / params, 2.0, 1e-9);
+  EXPECT_GT(cost_.OptimizerTime(l, 1e9), 0);
+  EXPECT_LT(cost_.OptimizerTime(l, 1e9), plain_s);
+  l.precision = Precision::kFp8;  // Megatron's own fp32 masters
+  EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 4.0 + 2 + 2);
+  l.main_params_dtype = StateDtype::kFp16;
+  EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 2.0 + 2 + 2);
+  l.precision = Precision::kFp32;
+  l.exp_avg_sq_dtype = StateDtype::kFp8;
+  EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 2.0 + 1);
+}
+
 // --fp16: Megatron keeps the gradient buffers in the parameters' dtype unless
 // --accumulate-allreduce-grads-in-fp32 (which --bf16 turns on by itself).
 TEST_F(AnalyticTest, Fp16GradientsAreFp16UnlessAccumulatedInFp32) {
