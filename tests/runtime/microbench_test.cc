@@ -380,14 +380,17 @@ class SpellBackend : public ForwardingBackend {
 
 // With passes, a point's batches lie in different sweeps over the grids, and its time is the
 // median over the sweeps: a spell that slows the whole first sweep moves none of the points;
-// with one sweep (its batches back to back) the spell is the point's time.
+// with one sweep (its batches back to back) the spell is the point's time. The later sweeps keep
+// the first one's batch size (one call, the spell's), so a batch there is a single ~1 us GEMM
+// that one descheduling of the 2-core CI can stretch past 5 ms: three batches a sweep, whose
+// median such a stall does not move.
 TEST(Microbench, ASlowSpellOverOneSweepMovesNoPoint) {
   for (int passes : {3, 1}) {
     auto slow = std::make_shared<std::atomic<bool>>(true);
     MicrobenchReport report;
     MicrobenchOptions opt;
     opt.min_batch_s = 1e-4;
-    opt.batches = 1;
+    opt.batches = 3;
     opt.passes = passes;
     opt.ops_only = true;
     MicrobenchGrids g;
