@@ -148,9 +148,12 @@ void BuildGPipe(int p, int m, int r, std::vector<ScheduleOp>* out) {
 }
 
 // Megatron forward_backward_pipelining_without_interleaving, p2p helper by helper.
-void BuildOneFOneB(int p, int m, int r, std::vector<ScheduleOp>* out) {
+// extra_warmup 1: --overlap-moe-expert-parallel-comm, whose combined 1F1B runs one more
+// forward first so that each step's forward and backward are independent (schedules.py
+// combined_1f1b_schedule_for_no_pipelining at pp 1: F0, then F(i+1) with B(i)).
+void BuildOneFOneB(int p, int m, int r, int extra_warmup, std::vector<ScheduleOp>* out) {
   RankBuilder b(p, 1, r, out);
-  const int warmup = std::min(p - r - 1, m);
+  const int warmup = std::min(p - r - 1 + extra_warmup, m);
   const int steady = m - warmup;
   for (int i = 0; i < warmup; ++i) {
     b.Post({RecvAct({i, 0})});   // recv_forward
@@ -193,10 +196,11 @@ std::vector<Slot> ScheduleTable(int m, int v, int g) {
 // iteration produced and receives what a later iteration consumes.
 class InterleavedBuilder {
  public:
-  InterleavedBuilder(int p, int v, int m, int g, int r)
+  InterleavedBuilder(int p, int v, int m, int g, int r, int extra_warmup)
       : p_(p), v_(v), r_(r), t_(ScheduleTable(m, v, g)), total_(m * v),
-        // get_pp_rank_microbatches: (p - r - 1)*2 + (v - 1)*g, capped at T.
-        warmup_(std::min((p - r - 1) * 2 + (v - 1) * g, m * v)) {}
+        // get_pp_rank_microbatches: (p - r - 1)*2 + (v - 1)*g, one more with
+        // overlap_moe_expert_parallel_comm, capped at T.
+        warmup_(std::min((p - r - 1) * 2 + (v - 1) * g + extra_warmup, m * v)) {}
 
   void Build(std::vector<ScheduleOp>* out) const {
     RankBuilder b(p_, v_, r_, out);
@@ -534,7 +538,7 @@ class Checker {
 }  // namespace
 
 Result<Schedule> BuildSchedule(ScheduleKind kind, int pp, int vp, int microbatches,
-                               int group_size) {
+                               int group_size, bool a2a_overlap) {
   const std::string sizes = "pp " + std::to_string(pp) + ", vp " + std::to_string(vp) +
                             ", microbatches " + std::to_string(microbatches);
   if (pp < 1 || vp < 1 || microbatches < 1)
@@ -554,8 +558,13 @@ Result<Schedule> BuildSchedule(ScheduleKind kind, int pp, int vp, int microbatch
     if (vp != 1)
       return Status::Error(std::string("schedule ") + ToString(kind) + " needs vp == 1 (got vp " +
                            std::to_string(vp) + "); vp > 1 is the interleaved schedule");
-    for (int r = 0; r < pp; ++r)
-      (kind == ScheduleKind::kGPipe ? BuildGPipe : BuildOneFOneB)(pp, microbatches, r, &s.ranks[r]);
+    if (a2a_overlap && (kind != ScheduleKind::kOneFOneB || pp > 1))
+      return Status::Error("the EP all-to-all overlap's schedule needs virtual stages with pp > 1 "
+                           "(" + sizes + ")");
+    for (int r = 0; r < pp; ++r) {
+      if (kind == ScheduleKind::kGPipe) BuildGPipe(pp, microbatches, r, &s.ranks[r]);
+      else BuildOneFOneB(pp, microbatches, r, a2a_overlap ? 1 : 0, &s.ranks[r]);
+    }
     return s;
   }
   if (vp < 2) return Status::Error("interleaved schedule needs vp > 1 (" + sizes + ")");
@@ -568,7 +577,8 @@ Result<Schedule> BuildSchedule(ScheduleKind kind, int pp, int vp, int microbatch
                          std::to_string(g) + ", m " + std::to_string(m) + " (m % g = " +
                          std::to_string(m % g) + ")");
   s.group_size = g;
-  for (int r = 0; r < pp; ++r) InterleavedBuilder(pp, vp, m, g, r).Build(&s.ranks[r]);
+  for (int r = 0; r < pp; ++r)
+    InterleavedBuilder(pp, vp, m, g, r, a2a_overlap ? 1 : 0).Build(&s.ranks[r]);
   return s;
 }
 

@@ -60,9 +60,12 @@ struct Schedule {
 
 // Builds the schedule. Errors (a Status naming the rule) when the kind and sizes are not a
 // legal Megatron combination: p, v, m >= 1; gpipe and 1f1b need v == 1; interleaved needs
-// v > 1 and the micro-batch group rule of megatron-reference.md section 1.
+// v > 1 and the micro-batch group rule of megatron-reference.md section 1. `a2a_overlap`:
+// Megatron's --overlap-moe-expert-parallel-comm, whose combined 1F1B runs one more warm-up
+// forward on every rank (schedules.py get_pp_rank_microbatches; at pp 1, 1F1B with one forward
+// ahead): one more micro-batch's activations in flight.
 Result<Schedule> BuildSchedule(ScheduleKind kind, int pp, int vp, int microbatches,
-                               int group_size = 0);
+                               int group_size = 0, bool a2a_overlap = false);
 
 // Proves the schedule sound: every send has exactly one matching receive on its peer (same
 // kind of tensor, micro-batch and virtual stage), every forward/backward appears exactly once

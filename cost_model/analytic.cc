@@ -1056,13 +1056,15 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
   const double per_chunk = KindsActivationBytes(l, counts) / l.vp;
   const double m = double(l.num_microbatches());
   double chunks_in_flight;
+  // --overlap-moe-expert-parallel-comm: one more warm-up forward (core/schedule.h).
+  const double extra = l.moe_a2a_overlap ? 1 : 0;
   if (l.schedule == ScheduleKind::kGPipe) {
     chunks_in_flight = m * l.vp;
   } else if (l.vp > 1) {
-    const double warmup = double(l.pp - r - 1) * 2 + double(l.vp - 1) * l.group_size();
+    const double warmup = double(l.pp - r - 1) * 2 + double(l.vp - 1) * l.group_size() + extra;
     chunks_in_flight = std::min(m * l.vp, warmup + 1);
   } else {
-    chunks_in_flight = std::min(double(l.pp - r), m);
+    chunks_in_flight = std::min(double(l.pp - r) + extra, m);
   }
   double bytes = chunks_in_flight * per_chunk;
   // --cpu-offloading-num-layers N (pp 1: one micro-batch in flight): each offloaded layer's

@@ -463,7 +463,8 @@ Result<SimResult> SimulateStep(const AnalyticModel& cost, const Layout& layout,
   PTDP_RETURN_IF_ERROR(CheckEstimate(layout, cost.Evaluate(layout)));
   const Layout l = cost.Executed(layout);  // as the machine runs it (a measured runtime)
   PTDP_ASSIGN_OR_RETURN(Schedule s, BuildSchedule(l.schedule, l.pp, l.vp,
-                                                  int(l.num_microbatches()), l.microbatch_group));
+                                                  int(l.num_microbatches()), l.microbatch_group,
+                                                  l.moe_a2a_overlap));
   Sim sim(cost, l, opt, s);
   SimResult r = sim.Run();
   for (int i = 0; i < l.pp; ++i)

@@ -160,6 +160,32 @@ TEST(ScheduleTest, InFlightMicrobatches) {
   for (int r = 0; r < 4; ++r) EXPECT_EQ(InFlight(s, r), expected[r]) << "rank " << r;
 }
 
+// --overlap-moe-expert-parallel-comm: Megatron's combined 1F1B runs one more warm-up forward
+// (get_pp_rank_microbatches), at pp 1 one forward ahead of each backward
+// (combined_1f1b_schedule_for_no_pipelining): one more micro-batch of activations in flight.
+// Sound either way; refused where Megatron refuses the overlap (pp > 1 without vp, GPipe).
+TEST(ScheduleTest, AllToAllOverlapRunsOneMoreWarmupForward) {
+  auto built = BuildSchedule(ScheduleKind::kOneFOneB, 1, 1, 4, 0, true);
+  ASSERT_TRUE(built.ok()) << built.status().message();
+  EXPECT_EQ(built->Notation(0), "F0 F1 B0 F2 B1 F3 B2 B3");
+  EXPECT_TRUE(CheckSchedule(*built).ok());
+  EXPECT_EQ(InFlight(*built, 0), 2);
+  built = BuildSchedule(ScheduleKind::kInterleaved, 4, 2, 8, 0, true);
+  ASSERT_TRUE(built.ok()) << built.status().message();
+  const Status check = CheckSchedule(*built);
+  EXPECT_TRUE(check.ok()) << check.message();
+  const int expected[] = {12, 10, 8, 6};  // W + 1 + 1 of InFlightMicrobatches' 11, 9, 7, 5
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(InFlight(*built, r), expected[r]) << "rank " << r;
+  for (int m : {4, 8, 12})  // all-warmup ranks too (T = 8 at m 4)
+    for (int r = 0; r < 4; ++r) {
+      auto s = BuildSchedule(ScheduleKind::kInterleaved, 4, 2, m, 0, true);
+      ASSERT_TRUE(s.ok()) << m;
+      EXPECT_TRUE(CheckSchedule(*s).ok()) << "m " << m;
+    }
+  EXPECT_FALSE(BuildSchedule(ScheduleKind::kOneFOneB, 4, 1, 8, 0, true).ok());
+  EXPECT_FALSE(BuildSchedule(ScheduleKind::kGPipe, 1, 1, 8, 0, true).ok());
+}
+
 TEST(ScheduleTest, InterleavedNotationNamesChunks) {
   // p=2 v=2 m=2 g=2, T = 4: rank 1 W = 2, table (0,0) (1,0) (0,1) (1,1).
   const Schedule s = Build(ScheduleKind::kInterleaved, 2, 2, 2);

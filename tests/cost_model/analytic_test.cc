@@ -225,6 +225,32 @@ TEST_F(AnalyticTest, PrecisionAwareOptimizerShrinksTheOptimizerState) {
   EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 2.0 + 1);
 }
 
+// --overlap-moe-expert-parallel-comm runs one more warm-up forward: at pp 1 two micro-batches'
+// activations are in flight, not one; interleaved, one more chunk's.
+TEST(AnalyticMoeMemory, AllToAllOverlapHoldsOneMoreMicrobatch) {
+  const Topology topo = *Topology::Build(testing::DgxA100Like(16));
+  const ModelSpec m = *LoadModel(std::string(PTDP_SOURCE_DIR) + "/configs/models/mixtral-8x7b.yaml");
+  const AnalyticModel cost(m, topo, CostConstants{});
+  Layout l;
+  l.tp = 1; l.pp = 1; l.dp = 8; l.ep = 8; l.micro_batch = 1; l.global_batch = 64;
+  l.distributed_optimizer = true;
+  const double one = cost.StageMemory(l, 0).activations;
+  l.moe_a2a_overlap = true;
+  ASSERT_EQ(CheckLayout(m, l), Rejection::kOk);
+  // The layers' activations twice (the output layer's logits and loss stay once).
+  const double two = cost.StageMemory(l, 0).activations;
+  EXPECT_GT(two, 1.95 * one);
+  EXPECT_LT(two, 2 * one);
+  l.tp = 1; l.pp = 4; l.vp = 2; l.dp = 2; l.ep = 2;
+  l.schedule = ScheduleKind::kInterleaved;
+  ASSERT_EQ(CheckLayout(m, l), Rejection::kOk);
+  const double with = cost.StageMemory(l, 0).activations;
+  l.moe_a2a_overlap = false;
+  const double without = cost.StageMemory(l, 0).activations;
+  // Rank 0 of pp 4, vp 2, m 32: 11 chunks in flight without, 12 with.
+  EXPECT_NEAR(with / without, 12.0 / 11.0, 0.02);
+}
+
 // --fp16: Megatron keeps the gradient buffers in the parameters' dtype unless
 // --accumulate-allreduce-grads-in-fp32 (which --bf16 turns on by itself).
 TEST_F(AnalyticTest, Fp16GradientsAreFp16UnlessAccumulatedInFp32) {
