@@ -25,6 +25,7 @@ struct ScheduleFlags {
   int microbatches = 0;
   std::optional<std::string> kind;  // default: interleaved when vp > 1, else 1f1b
   int group = 0;                    // interleaving group size g; 0 = pp
+  std::optional<std::string> a2a_overlap;  // --overlap-moe-expert-parallel-comm on|off
   bool p2p = false;
   bool json = false;
   // The layers of each virtual stage, when --layers is given (with Megatron's split flags).
@@ -56,12 +57,12 @@ Result<std::vector<int>> SplitLayers(const ScheduleFlags& f, int vp) {
 // Warmup forwards of rank r, Megatron's formulas (the ones core/schedule.cc builds with):
 // GPipe every forward, 1F1B min(p-r-1, m), interleaved min((p-r-1)*2 + (v-1)*g, m*v).
 int Warmup(const Schedule& s, int r) {
-  const int total = s.microbatches * s.vp;
+  const int total = s.microbatches * s.vp, extra = s.a2a_overlap ? 1 : 0;
   switch (s.kind) {
     case ScheduleKind::kGPipe: return total;
-    case ScheduleKind::kOneFOneB: return std::min(s.pp - r - 1, total);
+    case ScheduleKind::kOneFOneB: return std::min(s.pp - r - 1 + extra, total);
     case ScheduleKind::kInterleaved:
-      return std::min((s.pp - r - 1) * 2 + (s.vp - 1) * s.group_size, total);
+      return std::min((s.pp - r - 1) * 2 + (s.vp - 1) * s.group_size + extra, total);
   }
   return 0;
 }
@@ -167,7 +168,13 @@ int RunSchedule(const ScheduleFlags& f) {
   }
   if (f.split.any() && f.layers == 0)
     return Fail("the split flags need --layers (the model's transformer layers)");
-  auto built = BuildSchedule(kind, f.pp, vp, f.microbatches, f.group);
+  bool a2a = false;
+  if (f.a2a_overlap) {
+    auto on = ParseOnOff("--overlap-moe-expert-parallel-comm", *f.a2a_overlap);
+    if (!on.ok()) return Fail(on.status().message());
+    a2a = *on;
+  }
+  auto built = BuildSchedule(kind, f.pp, vp, f.microbatches, f.group, a2a);
   if (!built.ok()) return Fail(built.status().message());
   const Schedule& s = *built;
   const Status checked = CheckSchedule(s);
@@ -217,6 +224,9 @@ Runner SetupSchedule(CLI::App* sub) {
   sub->add_option("--kind", f->kind, "gpipe | 1f1b | interleaved (default: interleaved when "
                                      "--vp > 1, else 1f1b)");
   sub->add_option("--group", f->group, "interleaving micro-batch group g (default pp)");
+  sub->add_option("--overlap-moe-expert-parallel-comm", f->a2a_overlap,
+                  "on|off: Megatron's combined 1F1B of the EP all-to-all overlap, one more "
+                  "warm-up forward (interleaved, or pp 1)");
   sub->add_flag("--p2p", f->p2p, "every op: sends and receives with their group ids");
   sub->add_flag("--json", f->json, "machine-readable output, every op");
   sub->add_option("--layers", f->layers,

@@ -553,6 +553,7 @@ Result<Schedule> BuildSchedule(ScheduleKind kind, int pp, int vp, int microbatch
   s.pp = pp;
   s.vp = vp;
   s.microbatches = microbatches;
+  s.a2a_overlap = a2a_overlap;
   s.ranks.resize(pp);
   if (kind != ScheduleKind::kInterleaved) {
     if (vp != 1)

@@ -51,6 +51,7 @@ struct Schedule {
   int vp = 1;             // v, model chunks per rank
   int microbatches = 1;   // m
   int group_size = 0;     // interleaving micro-batch group g (0 = p)
+  bool a2a_overlap = false;  // --overlap-moe-expert-parallel-comm: one more warm-up forward
   std::vector<std::vector<ScheduleOp>> ranks;  // ranks[r] = rank r's ops in order
 
   // Rank r's compute order in the reference notation: "F0 F1 B0 ..." when v == 1,

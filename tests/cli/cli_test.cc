@@ -312,6 +312,13 @@ TEST(Cli, MoeDispatcherAndAllToAllOverlapFlags) {
                           "--pipeline-model-parallel-layout 'Et*3|(t*4|)*14t*2mL' "
                           "--overlap-moe-expert-parallel-comm on"),
                      "--overlap-moe-expert-parallel-comm needs");
+  // `ptdp schedule` prints the combined 1F1B: one more warm-up forward.
+  const CmdResult sch = Ptdp("schedule --pp 1 --microbatches 4 --overlap-moe-expert-parallel-comm on");
+  ASSERT_EQ(sch.code, 0) << sch.out;
+  EXPECT_NE(sch.out.find("rank0 (warmup 1): F0 | F1 B0 F2 B1 F3 B2 | B3"), std::string::npos)
+      << sch.out;
+  ExpectOneLineError(Ptdp("schedule --pp 2 --microbatches 4 --overlap-moe-expert-parallel-comm on"),
+                     "needs virtual stages with pp > 1");
   ExpectOneLineError(Ptdp("simulate --cluster " + kA100 + " --model " + k175b +
                           " --global-batch 8 --moe-token-dispatcher-type flex"),
                      "no experts");
