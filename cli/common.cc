@@ -430,6 +430,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
     dopt = true;
   }
   grads.distributed_optimizer = true;
+  grads.shard_gradients = shard.value_or(false);  // Megatron-FSDP, if asked for
   if (const std::string why = PrecisionAwareProblem(grads); !why.empty())
     return Status::Error(why);
   s.precision_aware_optimizer = grads.precision_aware_optimizer;

@@ -646,8 +646,8 @@ std::string PrecisionAwareProblem(const Layout& l) {
     return "--use-precision-aware-optimizer needs the distributed optimizer (--dist-opt on)";
   if (l.shard_gradients)
     return "--use-precision-aware-optimizer with Megatron-FSDP is not modelled (its own "
-           "--megatron-fsdp-main-params-dtype and -main-grads-dtype; Megatron-Bridge turns it off "
-           "under FSDP)";
+           "--megatron-fsdp-main-params-dtype and --megatron-fsdp-main-grads-dtype; "
+           "Megatron-Bridge turns it off under FSDP)";
   if (l.main_grads_dtype == StateDtype::kBf16) {
     if (l.accumulate_grads_in_fp32)
       return "--main-grads-dtype bf16 with --accumulate-allreduce-grads-in-fp32 (Megatron "
