@@ -397,7 +397,8 @@ TEST(MegatronCommand, PrecisionAwareOptimizer) {
                            "--options-left-off off ";
   r = Ptdp(plan + pa);
   ASSERT_EQ(r.code, 0) << r.out;
-  for (const auto& row : nlohmann::json::parse(r.out)["plans"]) {
+  const nlohmann::json planned = nlohmann::json::parse(r.out);  // outlives the loop
+  for (const auto& row : planned["plans"]) {
     EXPECT_TRUE(row["layout"]["distributed_optimizer"].get<bool>());
     EXPECT_TRUE(row["layout"]["use_precision_aware_optimizer"].get<bool>());
   }
