@@ -137,7 +137,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
         std::tuple{"main_grads_dtype", &lay.main_grads_dtype,
                    std::vector<D>{D::kFp32, D::kBf16}}}) {
     if (!l.Has(key)) continue;
-    const Result<D> d = ParseStateDtype(key, l.String(key, "fp32"), allowed);
+    const Result<D> d = ParseStateDtype("value", l.String(key, "fp32"), allowed);
     if (d.ok()) *field = *d;
     else l.Fail(key, d.status().message());
   }

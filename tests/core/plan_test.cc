@@ -396,6 +396,15 @@ TEST(PlanErrorsTest, HandEditedPlans) {
       {"negative_prediction", Edited("  mfu: ", "  mfu: -", true),
        {"prediction.mfu", "is outside 0..1e+06"}},
       {"malformed", "cluster: [\n", {"plan.yaml", "malformed YAML"}},
+      // The optimizer's dtypes: Megatron's choices per key, and its rules (SamplePlan has the
+      // precision-aware optimizer on with fp16 masters).
+      {"bad_optimizer_dtype", Edited("exp_avg_sq_dtype: fp8", "exp_avg_sq_dtype: int4"),
+       {"layout.exp_avg_sq_dtype", "value 'int4' is not one of: fp32, fp16, bf16, fp8"}},
+      {"bf16_masters", Edited("main_params_dtype: fp16", "main_params_dtype: bf16"),
+       {"layout.main_params_dtype", "value 'bf16' is not one of: fp32, fp16"}},
+      {"dtype_without_the_flag",
+       Edited("  use_precision_aware_optimizer: true", "  use_precision_aware_optimizer: false"),
+       {"illegal layout", "--main-params-dtype fp16 needs --use-precision-aware-optimizer"}},
   };
   for (const BadPlan& c : cases) {
     SCOPED_TRACE(c.label);
