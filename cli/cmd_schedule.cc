@@ -57,14 +57,7 @@ Result<std::vector<int>> SplitLayers(const ScheduleFlags& f, int vp) {
 // Warmup forwards of rank r, Megatron's formulas (the ones core/schedule.cc builds with):
 // GPipe every forward, 1F1B min(p-r-1, m), interleaved min((p-r-1)*2 + (v-1)*g, m*v).
 int Warmup(const Schedule& s, int r) {
-  const int total = s.microbatches * s.vp, extra = s.a2a_overlap ? 1 : 0;
-  switch (s.kind) {
-    case ScheduleKind::kGPipe: return total;
-    case ScheduleKind::kOneFOneB: return std::min(s.pp - r - 1 + extra, total);
-    case ScheduleKind::kInterleaved:
-      return std::min((s.pp - r - 1) * 2 + (s.vp - 1) * s.group_size + extra, total);
-  }
-  return 0;
+  return int(WarmupForwards(s.kind, s.pp, s.vp, s.microbatches, s.group_size, r, s.a2a_overlap));
 }
 
 // "F3" or "F3.1"; gradients are named after the backward that consumes or produces them.

@@ -115,17 +115,14 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
                 "Megatron's: Transformer Engine's FusedAdam keeps the optimizer state in the "
                 "dtypes below (needs the distributed optimizer; a bf16 model's fp32 masters take "
                 "2 bytes: TE's param remainders)");
-  app->add_option("--main-params-dtype", f->main_params_dtype,
-                  "Megatron's, with --use-precision-aware-optimizer: fp32 (default) or fp16");
-  app->add_option("--exp-avg-dtype", f->exp_avg_dtype,
-                  "Megatron's, with --use-precision-aware-optimizer: Adam's first moment in fp32 "
-                  "(default), fp16, bf16 or fp8");
-  app->add_option("--exp-avg-sq-dtype", f->exp_avg_sq_dtype,
-                  "Megatron's, with --use-precision-aware-optimizer: Adam's second moment in fp32 "
-                  "(default), fp16, bf16 or fp8");
-  app->add_option("--main-grads-dtype", f->main_grads_dtype,
-                  "Megatron's, with --use-precision-aware-optimizer: the gradient buffers in fp32 "
-                  "(default) or bf16 (as --grad-reduce-in-bf16)");
+  for (size_t i = 0; i < OptimizerDtypeFields().size(); ++i) {
+    const OptimizerDtypeField& d = OptimizerDtypeFields()[i];
+    std::string choices;
+    for (StateDtype c : d.allowed) choices += std::string(choices.empty() ? "" : "|") + ToString(c);
+    app->add_option(d.flag, f->optimizer_dtypes[i],
+                    std::string("Megatron's, with --use-precision-aware-optimizer: ") + d.what +
+                        " in " + choices + " (default fp32)");
+  }
   app->add_option("--cpu-offloading-num-layers", f->cpu_offload_layers,
                   "Megatron's CPU activation offloading: this many layers' activations go to "
                   "host memory in the forward and come back for the backward (pp 1, no "
@@ -349,22 +346,16 @@ Result<MoeKnobs> MoeKnobsFlag(const LayoutFlags& f, const ModelSpec& m) {
   return k;
 }
 
-// --use-precision-aware-optimizer and its dtype flags into `l` (Megatron's choices per flag).
-Status OptimizerDtypesFlag(const LayoutFlags& f, Layout* l) {
-  using D = StateDtype;
-  l->precision_aware_optimizer = f.precision_aware_optimizer;
-  const std::vector<D> moments = {D::kFp32, D::kFp16, D::kBf16, D::kFp8};
-  for (const auto& [flag, value, field, allowed] :
-       {std::tuple{"--main-params-dtype", &f.main_params_dtype, &l->main_params_dtype,
-                   std::vector<D>{D::kFp32, D::kFp16}},
-        std::tuple{"--exp-avg-dtype", &f.exp_avg_dtype, &l->exp_avg_dtype, moments},
-        std::tuple{"--exp-avg-sq-dtype", &f.exp_avg_sq_dtype, &l->exp_avg_sq_dtype, moments},
-        std::tuple{"--main-grads-dtype", &f.main_grads_dtype, &l->main_grads_dtype,
-                   std::vector<D>{D::kFp32, D::kBf16}}}) {
-    if (!*value) continue;
-    PTDP_ASSIGN_OR_RETURN(*field, ParseStateDtype(flag, **value, allowed));
+// --use-precision-aware-optimizer and its dtype flags (Megatron's choices per flag).
+Result<OptimizerState> OptimizerStateFlags(const LayoutFlags& f) {
+  OptimizerState o;
+  o.precision_aware = f.precision_aware_optimizer;
+  for (size_t i = 0; i < OptimizerDtypeFields().size(); ++i) {
+    const OptimizerDtypeField& d = OptimizerDtypeFields()[i];
+    if (!f.optimizer_dtypes[i]) continue;
+    PTDP_ASSIGN_OR_RETURN(o.*d.field, ParseStateDtype(d.flag, *f.optimizer_dtypes[i], d.allowed));
   }
-  return Status::Ok();
+  return o;
 }
 
 // The one value of a size flag `simulate` and `train` take.
@@ -422,8 +413,8 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
     return Status::Error(ExplainRejection(Rejection::kGradReduceDtype, w.model, grads));
   // So are the optimizer's dtypes; they need the distributed optimizer, which the search then
   // keeps on (Megatron refuses them without it).
-  PTDP_RETURN_IF_ERROR(OptimizerDtypesFlag(f, &grads));
-  if (grads.precision_aware_optimizer) {
+  PTDP_ASSIGN_OR_RETURN(grads.optimizer_state, OptimizerStateFlags(f));
+  if (grads.optimizer_state.precision_aware) {
     if (dopt && !*dopt)
       return Status::Error("--use-precision-aware-optimizer needs the distributed optimizer, "
                            "not --dist-opt off");
@@ -433,11 +424,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   grads.shard_gradients = shard.value_or(false);  // Megatron-FSDP, if asked for
   if (const std::string why = PrecisionAwareProblem(grads); !why.empty())
     return Status::Error(why);
-  s.precision_aware_optimizer = grads.precision_aware_optimizer;
-  s.main_params_dtype = grads.main_params_dtype;
-  s.exp_avg_dtype = grads.exp_avg_dtype;
-  s.exp_avg_sq_dtype = grads.exp_avg_sq_dtype;
-  s.main_grads_dtype = grads.main_grads_dtype;
+  s.optimizer_state = grads.optimizer_state;
   s.sequence_parallel = sp;
   s.distributed_optimizer = dopt;
   s.shard_gradients = shard;
@@ -507,7 +494,7 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   l.shard_params = zero3.value_or(false);
   l.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
   l.accumulate_grads_in_fp32 = f.accumulate_grads_in_fp32;
-  PTDP_RETURN_IF_ERROR(OptimizerDtypesFlag(f, &l));
+  PTDP_ASSIGN_OR_RETURN(l.optimizer_state, OptimizerStateFlags(f));
   const double headroom = f.memory_headroom.value_or(kDefaultMemoryHeadroom);
   PTDP_RETURN_IF_ERROR(CheckHeadroom(headroom));
   w.cost->set_memory_headroom(headroom);
@@ -553,11 +540,7 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
           {"cpu_offloading_num_layers", l.cpu_offload_layers},
           {"grad_reduce_in_bf16", l.grad_reduce_in_bf16},
           {"accumulate_allreduce_grads_in_fp32", l.accumulate_grads_in_fp32},
-          {"use_precision_aware_optimizer", l.precision_aware_optimizer},
-          {"main_params_dtype", ToString(l.main_params_dtype)},
-          {"exp_avg_dtype", ToString(l.exp_avg_dtype)},
-          {"exp_avg_sq_dtype", ToString(l.exp_avg_sq_dtype)},
-          {"main_grads_dtype", ToString(l.main_grads_dtype)},
+          {"use_precision_aware_optimizer", l.optimizer_state.precision_aware},
           {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},
           {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap},
           {"overlap_p2p", l.overlap_p2p}, {"pipeline_split", l.SplitName()},
@@ -567,6 +550,8 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
   if (l.embedding_in_split) j["embedding_in_split"] = true;
   if (l.loss_in_split) j["loss_in_split"] = true;
   if (l.pipeline_layout) j["pipeline_layout"] = l.pipeline_layout->text;
+  for (const OptimizerDtypeField& d : OptimizerDtypeFields())
+    j[d.key] = ToString(l.optimizer_state.*d.field);
   if (model.moe()) {  // plan.yaml's keys
     j["moe_flex_dispatcher"] = l.moe_flex_dispatcher;
     j["moe_a2a_overlap"] = l.moe_a2a_overlap;

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -67,8 +68,8 @@ struct LayoutFlags {
   bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16 (bf16 gradient buffers)
   bool accumulate_grads_in_fp32 = false;  // --accumulate-allreduce-grads-in-fp32 (fp16 runs)
   bool precision_aware_optimizer = false;  // Megatron's --use-precision-aware-optimizer
-  // --main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype, --main-grads-dtype
-  std::optional<std::string> main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype, main_grads_dtype;
+  // Its dtype flags, in OptimizerDtypeFields() order (--main-params-dtype, --exp-avg-dtype, ...).
+  std::array<std::optional<std::string>, kOptimizerDtypeCount> optimizer_dtypes;
   bool json = false;
 };
 // The default of --memory-headroom: the share of HBM a plan leaves free on top of the cost

@@ -373,13 +373,11 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
   // every precision CheckLayout lets it take emits.
   if (l.grad_reduce_in_bf16) a.Add("--grad-reduce-in-bf16");
   if (l.accumulate_grads_in_fp32) a.Add("--accumulate-allreduce-grads-in-fp32");
-  if (l.precision_aware_optimizer) {
+  if (l.optimizer_state.precision_aware) {
     std::string o = "--use-precision-aware-optimizer";
-    for (const auto& [flag, d] : {std::pair{" --main-params-dtype ", l.main_params_dtype},
-                                  std::pair{" --exp-avg-dtype ", l.exp_avg_dtype},
-                                  std::pair{" --exp-avg-sq-dtype ", l.exp_avg_sq_dtype},
-                                  std::pair{" --main-grads-dtype ", l.main_grads_dtype}})
-      if (d != StateDtype::kFp32) o += flag + std::string(ToString(d));
+    for (const OptimizerDtypeField& f : OptimizerDtypeFields())
+      if (const StateDtype d = l.optimizer_state.*f.field; d != StateDtype::kFp32)
+        o += std::string(" ") + f.flag + " " + ToString(d);
     a.Add(o);
   }
   // What the plan cannot know: placeholders.

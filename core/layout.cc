@@ -53,6 +53,24 @@ Result<StateDtype> ParseStateDtype(const std::string& flag, const std::string& s
   }
   return Status::Error(flag + " '" + s + "' is not one of: " + names);
 }
+const std::array<OptimizerDtypeField, kOptimizerDtypeCount>& OptimizerDtypeFields() {
+  using D = StateDtype;
+  static const std::array<OptimizerDtypeField, kOptimizerDtypeCount> fields = {{
+      {"main_params_dtype", "--main-params-dtype", "main", "the master weights",
+       &OptimizerState::main_params,
+       {D::kFp32, D::kFp16}},
+      {"exp_avg_dtype", "--exp-avg-dtype", "m", "Adam's first moment",
+       &OptimizerState::exp_avg,
+       {D::kFp32, D::kFp16, D::kBf16, D::kFp8}},
+      {"exp_avg_sq_dtype", "--exp-avg-sq-dtype", "v", "Adam's second moment",
+       &OptimizerState::exp_avg_sq,
+       {D::kFp32, D::kFp16, D::kBf16, D::kFp8}},
+      {"main_grads_dtype", "--main-grads-dtype", "grad",
+       "the gradient buffers (bf16 as --grad-reduce-in-bf16)", &OptimizerState::main_grads,
+       {D::kFp32, D::kBf16}},
+  }};
+  return fields;
+}
 const char* ToString(ScheduleKind k) {
   switch (k) {
     case ScheduleKind::kGPipe: return "gpipe";
@@ -147,11 +165,11 @@ std::string Layout::Knobs() const {
   if (distributed_optimizer) s += shard_params ? "zero3 " : shard_gradients ? "zero2 " : "dopt ";
   if (cpu_offload_layers > 0) s += "offload" + std::to_string(cpu_offload_layers) + " ";
   if (grad_reduce_in_bf16) s += "grad-bf16 ";
-  if (precision_aware_optimizer) {  // pa-opt(m=bf16,v=bf16): the dtypes that are not fp32
+  if (optimizer_state.precision_aware) {  // pa-opt(m=bf16,v=bf16): the dtypes not fp32
     std::string d;
-    for (const auto& [name, dt] : {std::pair{"main", main_params_dtype}, std::pair{"m", exp_avg_dtype},
-                                   std::pair{"v", exp_avg_sq_dtype}, std::pair{"grad", main_grads_dtype}})
-      if (dt != StateDtype::kFp32) d += std::string(d.empty() ? "" : ",") + name + "=" + ToString(dt);
+    for (const OptimizerDtypeField& f : OptimizerDtypeFields())
+      if (const StateDtype dt = optimizer_state.*f.field; dt != StateDtype::kFp32)
+        d += std::string(d.empty() ? "" : ",") + f.knob + "=" + ToString(dt);
     s += "pa-opt" + (d.empty() ? std::string() : "(" + d + ")") + " ";
   }
   if (accumulate_grads_in_fp32 && precision == Precision::kFp16) s += "grad-fp32 ";
@@ -631,13 +649,11 @@ bool GradReduceDtypeIllegal(const Layout& l) {
 }
 
 std::string PrecisionAwareProblem(const Layout& l) {
-  if (!l.precision_aware_optimizer) {
-    for (const auto& [flag, d] : {std::pair{"--main-params-dtype", l.main_params_dtype},
-                                  std::pair{"--exp-avg-dtype", l.exp_avg_dtype},
-                                  std::pair{"--exp-avg-sq-dtype", l.exp_avg_sq_dtype},
-                                  std::pair{"--main-grads-dtype", l.main_grads_dtype}})
-      if (d != StateDtype::kFp32)
-        return std::string(flag) + " " + ToString(d) +
+  const OptimizerState& o = l.optimizer_state;
+  if (!o.precision_aware) {
+    for (const OptimizerDtypeField& f : OptimizerDtypeFields())
+      if (const StateDtype d = o.*f.field; d != StateDtype::kFp32)
+        return std::string(f.flag) + " " + ToString(d) +
                " needs --use-precision-aware-optimizer (optimizer_config.py: fp32 without it)";
     return "";
   }
@@ -648,7 +664,7 @@ std::string PrecisionAwareProblem(const Layout& l) {
     return "--use-precision-aware-optimizer with Megatron-FSDP is not modelled (its own "
            "--megatron-fsdp-main-params-dtype and --megatron-fsdp-main-grads-dtype; "
            "Megatron-Bridge turns it off under FSDP)";
-  if (l.main_grads_dtype == StateDtype::kBf16) {
+  if (o.main_grads == StateDtype::kBf16) {
     if (l.accumulate_grads_in_fp32)
       return "--main-grads-dtype bf16 with --accumulate-allreduce-grads-in-fp32 (Megatron "
              "asserts fp32 main gradients there)";

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -30,6 +31,34 @@ double StateDtypeBytes(StateDtype d);  // 4, 2, 2, 1
 // "fp32", "fp16", "bf16" or "fp8", among `allowed` (Megatron's choices for `flag`).
 Result<StateDtype> ParseStateDtype(const std::string& flag, const std::string& s,
                                    const std::vector<StateDtype>& allowed);
+
+// Megatron --use-precision-aware-optimizer (Transformer Engine's FusedAdam; needs the
+// distributed optimizer): the optimizer's state in the dtypes below, each fp32 unless set and
+// each fp32 without the flag (optimizer_config.py asserts so). The master weights of a bf16
+// model keep only their low 16 bits (TE >= 2.1's store_param_remainders, on by default: 2
+// bytes a parameter; distrib_optimizer.py), not under fp8 or fp4, whose fp32 masters Megatron
+// keeps itself for the current-scaling and MX recipes. --main-grads-dtype bf16: bf16 gradient
+// buffers, as --grad-reduce-in-bf16 (training/arguments.py).
+struct OptimizerState {
+  bool precision_aware = false;
+  StateDtype main_params = StateDtype::kFp32;   // fp32 | fp16
+  StateDtype exp_avg = StateDtype::kFp32;       // fp32 | fp16 | bf16 | fp8
+  StateDtype exp_avg_sq = StateDtype::kFp32;    // fp32 | fp16 | bf16 | fp8
+  StateDtype main_grads = StateDtype::kFp32;    // fp32 | bf16
+};
+// Each dtype of OptimizerState once, for everything that names them: its plan.yaml key,
+// Megatron's flag, the knob's short name, the field, and Megatron's choices for it
+// (training/arguments.py).
+struct OptimizerDtypeField {
+  const char* key;   // "exp_avg_dtype"
+  const char* flag;  // "--exp-avg-dtype"
+  const char* knob;  // "m"
+  const char* what;  // "Adam's first moment"
+  StateDtype OptimizerState::*field;
+  std::vector<StateDtype> allowed;
+};
+inline constexpr size_t kOptimizerDtypeCount = 4;
+const std::array<OptimizerDtypeField, kOptimizerDtypeCount>& OptimizerDtypeFields();
 const char* ToString(Precision p);
 const char* ToString(ScheduleKind k);
 Result<Recompute> ParseRecompute(const std::string& s);
@@ -122,18 +151,8 @@ struct Layout {
   // itself (unless --grad-reduce-in-bf16); under --fp16 it is off by default, so an fp16 run's
   // gradients are fp16 (grad_dtype = param.dtype) unless this is set.
   bool accumulate_grads_in_fp32 = false;
-  // Megatron --use-precision-aware-optimizer (Transformer Engine's FusedAdam; needs the
-  // distributed optimizer): the optimizer's state in the dtypes below, each fp32 unless set and
-  // each fp32 without the flag (optimizer_config.py asserts so). The master weights of a bf16
-  // model keep only their low 16 bits (TE >= 2.1's store_param_remainders, on by default: 2
-  // bytes a parameter; distrib_optimizer.py), not under fp8 or fp4, whose fp32 masters Megatron
-  // keeps itself for the current-scaling and MX recipes. --main-grads-dtype bf16: bf16 gradient
-  // buffers, as --grad-reduce-in-bf16 (training/arguments.py).
-  bool precision_aware_optimizer = false;
-  StateDtype main_params_dtype = StateDtype::kFp32;   // fp32 | fp16
-  StateDtype exp_avg_dtype = StateDtype::kFp32;       // fp32 | fp16 | bf16 | fp8
-  StateDtype exp_avg_sq_dtype = StateDtype::kFp32;    // fp32 | fp16 | bf16 | fp8
-  StateDtype main_grads_dtype = StateDtype::kFp32;    // fp32 | bf16
+  // Megatron --use-precision-aware-optimizer and its dtypes (OptimizerState).
+  OptimizerState optimizer_state;
   Precision precision = Precision::kBf16;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;  // interleaved iff vp > 1
   // Megatron --overlap-grad-reduce / --overlap-param-gather: DP collectives run under the

@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-#include <tuple>
 
 #include "core/file_io.h"
 #include "core/limits.h"
@@ -126,20 +125,12 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.grad_reduce_in_bf16 = l.Bool("grad_reduce_in_bf16", false);
   lay.accumulate_grads_in_fp32 = l.Bool("accumulate_allreduce_grads_in_fp32", false);
   // Megatron's --use-precision-aware-optimizer and its dtypes (CheckLayout checks the rules).
-  lay.precision_aware_optimizer = l.Bool("use_precision_aware_optimizer", false);
-  using D = StateDtype;
-  const std::vector<D> moments = {D::kFp32, D::kFp16, D::kBf16, D::kFp8};
-  for (const auto& [key, field, allowed] :
-       {std::tuple{"main_params_dtype", &lay.main_params_dtype,
-                   std::vector<D>{D::kFp32, D::kFp16}},
-        std::tuple{"exp_avg_dtype", &lay.exp_avg_dtype, moments},
-        std::tuple{"exp_avg_sq_dtype", &lay.exp_avg_sq_dtype, moments},
-        std::tuple{"main_grads_dtype", &lay.main_grads_dtype,
-                   std::vector<D>{D::kFp32, D::kBf16}}}) {
-    if (!l.Has(key)) continue;
-    const Result<D> d = ParseStateDtype("value", l.String(key, "fp32"), allowed);
-    if (d.ok()) *field = *d;
-    else l.Fail(key, d.status().message());
+  lay.optimizer_state.precision_aware = l.Bool("use_precision_aware_optimizer", false);
+  for (const OptimizerDtypeField& f : OptimizerDtypeFields()) {
+    if (!l.Has(f.key)) continue;
+    const Result<StateDtype> d = ParseStateDtype("value", l.String(f.key, "fp32"), f.allowed);
+    if (d.ok()) lay.optimizer_state.*f.field = *d;
+    else l.Fail(f.key, d.status().message());
   }
   lay.precision = *ParsePrecision(l.Enum("precision", {"bf16", "fp16", "fp8", "fp4", "fp32"}, "bf16"));
   lay.schedule = *ParseScheduleKind(
@@ -247,13 +238,11 @@ std::string PlanToYaml(const Plan& plan) {
   if (l.grad_reduce_in_bf16) o << "  grad_reduce_in_bf16: true  # --grad-reduce-in-bf16\n";
   if (l.accumulate_grads_in_fp32)
     o << "  accumulate_allreduce_grads_in_fp32: true  # --accumulate-allreduce-grads-in-fp32\n";
-  if (l.precision_aware_optimizer) {
+  if (l.optimizer_state.precision_aware) {
     o << "  use_precision_aware_optimizer: true  # --use-precision-aware-optimizer\n";
-    for (const auto& [key, d] : {std::pair{"main_params_dtype", l.main_params_dtype},
-                                 std::pair{"exp_avg_dtype", l.exp_avg_dtype},
-                                 std::pair{"exp_avg_sq_dtype", l.exp_avg_sq_dtype},
-                                 std::pair{"main_grads_dtype", l.main_grads_dtype}})
-      if (d != StateDtype::kFp32) o << "  " << key << ": " << ToString(d) << "\n";
+    for (const OptimizerDtypeField& f : OptimizerDtypeFields())
+      if (const StateDtype d = l.optimizer_state.*f.field; d != StateDtype::kFp32)
+        o << "  " << f.key << ": " << ToString(d) << "\n";
   }
   if (l.moe_a2a_overlap) o << "  moe_a2a_overlap: true  # --overlap-moe-expert-parallel-comm\n";
   if (l.moe_flex_dispatcher) o << "  moe_flex_dispatcher: true  # --moe-token-dispatcher-type flex\n";

@@ -147,13 +147,29 @@ void BuildGPipe(int p, int m, int r, std::vector<ScheduleOp>* out) {
   b.EndOfStep();
 }
 
+}  // namespace
+
+int64_t WarmupForwards(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t g, int64_t r,
+                       bool a2a_overlap) {
+  const int64_t total = m * v, extra = a2a_overlap ? 1 : 0;
+  switch (kind) {
+    case ScheduleKind::kGPipe: return total;
+    case ScheduleKind::kOneFOneB: return std::min(p - r - 1 + extra, total);
+    case ScheduleKind::kInterleaved:
+      return std::min((p - r - 1) * 2 + (v - 1) * (g > 0 ? g : p) + extra, total);
+  }
+  return 0;
+}
+
+namespace {
+
 // Megatron forward_backward_pipelining_without_interleaving, p2p helper by helper.
-// extra_warmup 1: --overlap-moe-expert-parallel-comm, whose combined 1F1B runs one more
+// a2a_overlap: --overlap-moe-expert-parallel-comm, whose combined 1F1B runs one more
 // forward first so that each step's forward and backward are independent (schedules.py
 // combined_1f1b_schedule_for_no_pipelining at pp 1: F0, then F(i+1) with B(i)).
-void BuildOneFOneB(int p, int m, int r, int extra_warmup, std::vector<ScheduleOp>* out) {
+void BuildOneFOneB(int p, int m, int r, bool a2a_overlap, std::vector<ScheduleOp>* out) {
   RankBuilder b(p, 1, r, out);
-  const int warmup = std::min(p - r - 1 + extra_warmup, m);
+  const int warmup = int(WarmupForwards(ScheduleKind::kOneFOneB, p, 1, m, 0, r, a2a_overlap));
   const int steady = m - warmup;
   for (int i = 0; i < warmup; ++i) {
     b.Post({RecvAct({i, 0})});   // recv_forward
@@ -196,11 +212,9 @@ std::vector<Slot> ScheduleTable(int m, int v, int g) {
 // iteration produced and receives what a later iteration consumes.
 class InterleavedBuilder {
  public:
-  InterleavedBuilder(int p, int v, int m, int g, int r, int extra_warmup)
+  InterleavedBuilder(int p, int v, int m, int g, int r, bool a2a_overlap)
       : p_(p), v_(v), r_(r), t_(ScheduleTable(m, v, g)), total_(m * v),
-        // get_pp_rank_microbatches: (p - r - 1)*2 + (v - 1)*g, one more with
-        // overlap_moe_expert_parallel_comm, capped at T.
-        warmup_(std::min((p - r - 1) * 2 + (v - 1) * g + extra_warmup, m * v)) {}
+        warmup_(int(WarmupForwards(ScheduleKind::kInterleaved, p, v, m, g, r, a2a_overlap))) {}
 
   void Build(std::vector<ScheduleOp>* out) const {
     RankBuilder b(p_, v_, r_, out);
@@ -564,7 +578,7 @@ Result<Schedule> BuildSchedule(ScheduleKind kind, int pp, int vp, int microbatch
                            "(" + sizes + ")");
     for (int r = 0; r < pp; ++r) {
       if (kind == ScheduleKind::kGPipe) BuildGPipe(pp, microbatches, r, &s.ranks[r]);
-      else BuildOneFOneB(pp, microbatches, r, a2a_overlap ? 1 : 0, &s.ranks[r]);
+      else BuildOneFOneB(pp, microbatches, r, a2a_overlap, &s.ranks[r]);
     }
     return s;
   }
@@ -579,7 +593,7 @@ Result<Schedule> BuildSchedule(ScheduleKind kind, int pp, int vp, int microbatch
                          std::to_string(m % g) + ")");
   s.group_size = g;
   for (int r = 0; r < pp; ++r)
-    InterleavedBuilder(pp, vp, m, g, r, a2a_overlap ? 1 : 0).Build(&s.ranks[r]);
+    InterleavedBuilder(pp, vp, m, g, r, a2a_overlap).Build(&s.ranks[r]);
   return s;
 }
 

@@ -59,6 +59,14 @@ struct Schedule {
   std::string Notation(int rank) const;
 };
 
+// Forwards rank r of p runs before its first backward (Megatron's warm-up,
+// get_pp_rank_microbatches), capped at its m·v: gpipe every one; 1f1b p − r − 1; interleaved
+// (p − r − 1)·2 + (v − 1)·g (g: the micro-batch group, p when 0); one more with the EP
+// all-to-all overlap (`a2a_overlap`, BuildSchedule's). Its micro-batch chunks in flight are this
+// plus one (gpipe: m·v).
+int64_t WarmupForwards(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t g, int64_t r,
+                       bool a2a_overlap);
+
 // Builds the schedule. Errors (a Status naming the rule) when the kind and sizes are not a
 // legal Megatron combination: p, v, m >= 1; gpipe and 1f1b need v == 1; interleaved needs
 // v > 1 and the micro-batch group rule of megatron-reference.md section 1. `a2a_overlap`:

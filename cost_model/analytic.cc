@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/schedule.h"
+
 namespace ptdp {
 
 namespace {
@@ -809,21 +811,23 @@ double AnalyticModel::GradBytes(const Layout& l) const {
     // bf16 weights (fp8, fp4 too); --main-grads-dtype bf16 leaves fp32 accumulation off as
     // --grad-reduce-in-bf16 does (training/arguments.py).
     default:
-      return l.grad_reduce_in_bf16 || l.main_grads_dtype == StateDtype::kBf16 ? 2.0 : 4.0;
+      return l.grad_reduce_in_bf16 || l.optimizer_state.main_grads == StateDtype::kBf16 ? 2.0
+                                                                                  : 4.0;
   }
 }
 
 double AnalyticModel::OptimizerStateBytes(const Layout& l) {
-  const double moments = StateDtypeBytes(l.exp_avg_dtype) + StateDtypeBytes(l.exp_avg_sq_dtype);
+  const OptimizerState& o = l.optimizer_state;
+  const double moments = StateDtypeBytes(o.exp_avg) + StateDtypeBytes(o.exp_avg_sq);
   if (l.precision == Precision::kFp32) return moments;  // the weights are the master copy
   double master = 4;
-  if (l.precision_aware_optimizer) {
+  if (o.precision_aware) {
     // --main-params-dtype fp16: TE keeps fp16 masters. fp32 masters of a bf16 model: TE's
     // FusedAdam stores the 16 bits bf16 lacks (store_param_remainders, on by default since TE
     // 2.1; distrib_optimizer.py allocates them as int16 when config.bf16). fp8 and fp4 keep
     // Megatron's own fp32 masters (use_precision_aware_optimizer_no_fp8_or_ds_fp8 is false for
     // the non-delayed recipes, optimizer_config.py).
-    if (l.main_params_dtype == StateDtype::kFp16) master = 2;
+    if (o.main_params == StateDtype::kFp16) master = 2;
     else if (l.precision == Precision::kBf16) master = 2;
   }
   return master + moments;
@@ -1055,17 +1059,12 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
   // The rank's layers, each kind its bytes, per chunk on average.
   const double per_chunk = KindsActivationBytes(l, counts) / l.vp;
   const double m = double(l.num_microbatches());
-  double chunks_in_flight;
-  // --overlap-moe-expert-parallel-comm: one more warm-up forward (core/schedule.h).
-  const double extra = l.moe_a2a_overlap ? 1 : 0;
-  if (l.schedule == ScheduleKind::kGPipe) {
-    chunks_in_flight = m * l.vp;
-  } else if (l.vp > 1) {
-    const double warmup = double(l.pp - r - 1) * 2 + double(l.vp - 1) * l.group_size() + extra;
-    chunks_in_flight = std::min(m * l.vp, warmup + 1);
-  } else {
-    chunks_in_flight = std::min(double(l.pp - r) + extra, m);
-  }
+  // The schedule's warm-up forwards and the one in the steady state (core/schedule.h; one more
+  // with --overlap-moe-expert-parallel-comm).
+  const double warmup = double(WarmupForwards(l.schedule, l.pp, l.vp, int64_t(m),
+                                              l.group_size(), r, l.moe_a2a_overlap));
+  const double chunks_in_flight =
+      l.schedule == ScheduleKind::kGPipe ? m * l.vp : std::min(m * l.vp, warmup + 1);
   double bytes = chunks_in_flight * per_chunk;
   // --cpu-offloading-num-layers N (pp 1: one micro-batch in flight): each offloaded layer's
   // copy finishes by layer L - N + i of the forward and its reload starts at layer
@@ -1284,8 +1283,7 @@ double AnalyticModel::OptimizerTime(const Layout& l, double params, double exper
   const double updated = (params - expert_params) / shard + expert_params / expert_shard;
   // The update streams the state: smaller dtypes read and write fewer bytes, in proportion.
   Layout plain = l;
-  plain.precision_aware_optimizer = false;
-  plain.main_params_dtype = plain.exp_avg_dtype = plain.exp_avg_sq_dtype = StateDtype::kFp32;
+  plain.optimizer_state = {};
   const double state = OptimizerStateBytes(l) / OptimizerStateBytes(plain);
   return updated * k_.optimizer_bytes_per_param * state / hbm +
          params * 4.0 / hbm +  // gradient norm reads every local gradient

@@ -74,8 +74,7 @@ Layout RuntimeModel::Executed(const Layout& l) const {
   x.moe_a2a_overlap = false;  // its MoE exchanges block, with the all-to-all dispatcher
   x.moe_flex_dispatcher = false;
   // Its AdamW keeps fp32 moments and masters (runtime/params.h).
-  x.precision_aware_optimizer = false;
-  x.main_params_dtype = x.exp_avg_dtype = x.exp_avg_sq_dtype = x.main_grads_dtype = StateDtype::kFp32;
+  x.optimizer_state = {};
   if (m_.element_bytes == 4) {  // an fp32 runtime: nothing in bf16 (TrainerConfig::bf16 off)
     x.precision = Precision::kFp32;
     x.grad_reduce_in_bf16 = false;

@@ -393,11 +393,7 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   l.overlap_grad_reduce = s.overlap_grad_reduce;
                   l.grad_reduce_in_bf16 = s.grad_reduce_in_bf16;
                   l.accumulate_grads_in_fp32 = s.accumulate_grads_in_fp32;
-                  l.precision_aware_optimizer = s.precision_aware_optimizer;
-                  l.main_params_dtype = s.main_params_dtype;
-                  l.exp_avg_dtype = s.exp_avg_dtype;
-                  l.exp_avg_sq_dtype = s.exp_avg_sq_dtype;
-                  l.main_grads_dtype = s.main_grads_dtype;
+                  l.optimizer_state = s.optimizer_state;
                   l.ddp_bucket_size = s.ddp_bucket_size;
                   l.cpu_offload_layers = s.cpu_offload_layers;
                   // --tp-comm-overlap where it can apply: Megatron asserts it needs SP.

@@ -82,10 +82,7 @@ struct SearchSpace {
   bool overlap_grad_reduce = true;
   bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16 on every layout
   bool accumulate_grads_in_fp32 = false;  // --accumulate-allreduce-grads-in-fp32 likewise
-  // --use-precision-aware-optimizer and its dtypes on every layout (Layout's fields).
-  bool precision_aware_optimizer = false;
-  StateDtype main_params_dtype = StateDtype::kFp32, exp_avg_dtype = StateDtype::kFp32,
-             exp_avg_sq_dtype = StateDtype::kFp32, main_grads_dtype = StateDtype::kFp32;
+  OptimizerState optimizer_state;  // --use-precision-aware-optimizer and its dtypes, every layout
   int64_t ddp_bucket_size = 0;  // Layout::ddp_bucket_size
   int cpu_offload_layers = 0;   // Layout::cpu_offload_layers (--cpu-offloading-num-layers)
   // With cpu_offload_layers 0: a layout that does not fit and may offload (pp 1, no recompute,

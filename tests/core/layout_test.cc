@@ -426,16 +426,16 @@ TEST(CheckLayoutTest, GradientBufferDtypeFlags) {
 // fp32 accumulation.
 TEST(CheckLayoutTest, PrecisionAwareOptimizerRules) {
   Layout l = Make({.dp = 8});
-  l.exp_avg_dtype = StateDtype::kBf16;
+  l.optimizer_state.exp_avg = StateDtype::kBf16;
   EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOptimizerDtypes);
   EXPECT_THAT(ExplainRejection(Rejection::kOptimizerDtypes, TestModel(), l),
               HasSubstr("--exp-avg-dtype bf16 needs --use-precision-aware-optimizer"));
-  l.precision_aware_optimizer = true;
+  l.optimizer_state.precision_aware = true;
   EXPECT_THAT(PrecisionAwareProblem(l), HasSubstr("distributed optimizer"));
   l.distributed_optimizer = true;
   EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
   EXPECT_EQ(l.Knobs(), "dopt pa-opt(m=bf16)");
-  l.main_grads_dtype = StateDtype::kBf16;
+  l.optimizer_state.main_grads = StateDtype::kBf16;
   EXPECT_EQ(CheckLayout(TestModel(), l), Rejection::kOk);
   for (Precision p : {Precision::kFp16, Precision::kFp32}) {
     l.precision = p;

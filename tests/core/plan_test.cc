@@ -39,11 +39,11 @@ Plan SamplePlan() {
   l.ddp_bucket_size = 12345678;   // likewise (0 is Megatron's default)
   l.tp_comm_overlap = true;
   l.grad_reduce_in_bf16 = true;   // non-default
-  l.precision_aware_optimizer = true;  // and its dtypes, each non-default
-  l.main_params_dtype = StateDtype::kFp16;
-  l.exp_avg_dtype = StateDtype::kBf16;
-  l.exp_avg_sq_dtype = StateDtype::kFp8;
-  l.main_grads_dtype = StateDtype::kBf16;
+  l.optimizer_state.precision_aware = true;  // and its dtypes, each non-default
+  l.optimizer_state.main_params = StateDtype::kFp16;
+  l.optimizer_state.exp_avg = StateDtype::kBf16;
+  l.optimizer_state.exp_avg_sq = StateDtype::kFp8;
+  l.optimizer_state.main_grads = StateDtype::kBf16;
   p.cluster_file = "configs/clusters/dgx-a100.yaml";
   p.cluster_name = "DGX A100 (8x A100 80GB, 8x HDR 200 Gb/s)";
   p.nodes = 16;
@@ -105,11 +105,11 @@ void ExpectSameLayout(const Layout& a, const Layout& b) {
   EXPECT_EQ(a.tp_comm_overlap, b.tp_comm_overlap);
   EXPECT_EQ(a.grad_reduce_in_bf16, b.grad_reduce_in_bf16);
   EXPECT_EQ(a.accumulate_grads_in_fp32, b.accumulate_grads_in_fp32);
-  EXPECT_EQ(a.precision_aware_optimizer, b.precision_aware_optimizer);
-  EXPECT_EQ(a.main_params_dtype, b.main_params_dtype);
-  EXPECT_EQ(a.exp_avg_dtype, b.exp_avg_dtype);
-  EXPECT_EQ(a.exp_avg_sq_dtype, b.exp_avg_sq_dtype);
-  EXPECT_EQ(a.main_grads_dtype, b.main_grads_dtype);
+  EXPECT_EQ(a.optimizer_state.precision_aware, b.optimizer_state.precision_aware);
+  EXPECT_EQ(a.optimizer_state.main_params, b.optimizer_state.main_params);
+  EXPECT_EQ(a.optimizer_state.exp_avg, b.optimizer_state.exp_avg);
+  EXPECT_EQ(a.optimizer_state.exp_avg_sq, b.optimizer_state.exp_avg_sq);
+  EXPECT_EQ(a.optimizer_state.main_grads, b.optimizer_state.main_grads);
   EXPECT_EQ(a.shard_gradients, b.shard_gradients);
   EXPECT_EQ(a.shard_params, b.shard_params);
   EXPECT_EQ(a.cpu_offload_layers, b.cpu_offload_layers);
@@ -198,8 +198,7 @@ TEST(PlanRoundTripTest, UnevenPipelineSplits) {
     l.shard_gradients = form == 1;  // with the distributed optimizer of SamplePlan
     l.shard_params = form == 1;     // ZeRO-3
     // Megatron-FSDP keeps its own dtypes: no --use-precision-aware-optimizer there.
-    if (form == 1) l.precision_aware_optimizer = false, l.main_params_dtype = l.exp_avg_dtype =
-        l.exp_avg_sq_dtype = l.main_grads_dtype = StateDtype::kFp32;
+    if (form == 1) l.optimizer_state = {};
     if (form == 0) l.first_stage_layers = 15, l.last_stage_layers = 9;  // 72 middle / 6 = 12, / vp 3
     if (form == 1) l.embedding_in_split = l.loss_in_split = true, p.model.layers = 94;  // 96 / 8 / 3
     if (form == 2) {

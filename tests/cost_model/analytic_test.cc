@@ -207,10 +207,10 @@ TEST_F(AnalyticTest, PrecisionAwareOptimizerShrinksTheOptimizerState) {
   const double params = cost_.ParamsOnStage(l, 5);
   const double plain_s = cost_.OptimizerTime(l, 1e9);
   EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 12.0);
-  l.precision_aware_optimizer = true;
+  l.optimizer_state.precision_aware = true;
   EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 2.0 + 4 + 4);
-  l.exp_avg_dtype = l.exp_avg_sq_dtype = StateDtype::kBf16;
-  l.main_grads_dtype = StateDtype::kBf16;
+  l.optimizer_state.exp_avg = l.optimizer_state.exp_avg_sq = StateDtype::kBf16;
+  l.optimizer_state.main_grads = StateDtype::kBf16;
   const MemoryBytes m = cost_.StageMemory(l, 5);
   EXPECT_NEAR(m.optimizer / params, 6.0 / 8, 1e-9);
   EXPECT_NEAR(m.grads / params, 2.0, 1e-9);
@@ -218,10 +218,10 @@ TEST_F(AnalyticTest, PrecisionAwareOptimizerShrinksTheOptimizerState) {
   EXPECT_LT(cost_.OptimizerTime(l, 1e9), plain_s);
   l.precision = Precision::kFp8;  // Megatron's own fp32 masters
   EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 4.0 + 2 + 2);
-  l.main_params_dtype = StateDtype::kFp16;
+  l.optimizer_state.main_params = StateDtype::kFp16;
   EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 2.0 + 2 + 2);
   l.precision = Precision::kFp32;
-  l.exp_avg_sq_dtype = StateDtype::kFp8;
+  l.optimizer_state.exp_avg_sq = StateDtype::kFp8;
   EXPECT_EQ(AnalyticModel::OptimizerStateBytes(l), 2.0 + 1);
 }
 
