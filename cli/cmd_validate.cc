@@ -230,12 +230,19 @@ int RunValidate(const ValidateFlags& f) {
     for (const auto& r : over)
       j["over_capacity"].push_back({{"id", r.id}, {"group", r.group},
                                     {"predicted_gib", r.memory_bytes / kGiB},
-                                    {"capacity_gib", r.capacity_bytes / kGiB}});
+                                    {"capacity_gib", r.capacity_bytes / kGiB},
+                                    {"weights_gib", r.memory.weights / kGiB},
+                                    {"grads_gib", r.memory.grads / kGiB},
+                                    {"optimizer_gib", r.memory.optimizer / kGiB},
+                                    {"activations_gib", r.memory.activations / kGiB},
+                                    {"other_gib", r.memory.other / kGiB}});
     j["rows"] = nlohmann::json::array();
     for (const auto& r : rows)
       j["rows"].push_back({{"id", r.id}, {"group", r.group}, {"source", r.source},
                            {"measured_s", r.measured_s}, {"predicted_s", r.predicted_s},
-                           {"error_pct", 100 * r.error()}});
+                           {"error_pct", 100 * r.error()},
+                           {"memory_gib", r.memory_bytes / kGiB},
+                           {"capacity_gib", r.capacity_bytes / kGiB}});
     j["skipped"] = skipped;
     j["runs_files"] = runs_files;
     j["vtrain_included"] = !f.data.empty();
@@ -256,9 +263,16 @@ int RunValidate(const ValidateFlags& f) {
   // error (the one check of the memory model the published step times allow).
   std::printf("memory: %zu of %zu published layouts predicted over their GPU's capacity "
               "(they ran)%s\n", over.size(), with_memory, over.empty() ? "" : ":");
-  for (const auto& r : over)
-    std::printf("    %-50s predicted %6.1f GiB > capacity %6.1f GiB\n", r.id.c_str(),
-                r.memory_bytes / kGiB, r.capacity_bytes / kGiB);
+  if (!over.empty())
+    std::printf("    (GiB: weights + grads + optimizer + activations + other, the most loaded "
+                "stage)\n");
+  for (const auto& r : over) {
+    const MemoryBytes& m = r.memory;
+    std::printf("    %-50s predicted %6.1f GiB > capacity %6.1f GiB  (%.1f + %.1f + %.1f + %.1f "
+                "+ %.1f)\n", r.id.c_str(), r.memory_bytes / kGiB, r.capacity_bytes / kGiB,
+                m.weights / kGiB, m.grads / kGiB, m.optimizer / kGiB, m.activations / kGiB,
+                m.other / kGiB);
+  }
   std::printf("\nby source (bias: mean signed error, > 0 predicts too slow):\n");
   for (const SourceStats& s : sources) PrintSource(s);
   if (f.loso) {

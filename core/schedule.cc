@@ -161,6 +161,65 @@ int64_t WarmupForwards(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64
   return 0;
 }
 
+int64_t ForwardsOfChunk(int64_t m, int64_t v, int64_t g, int64_t n, int64_t c) {
+  n = std::clamp<int64_t>(n, 0, m * v);
+  const int64_t full = m / g;                     // groups of g micro-batches
+  const int64_t rounds = std::min(n / (g * v), full);
+  const int64_t rest = n - rounds * g * v;        // into the next group, chunk by chunk
+  const int64_t size = rounds < full ? g : m % g;  // that group's micro-batches
+  return rounds * g + std::clamp<int64_t>(rest - c * size, 0, size);
+}
+
+double PeakInFlight(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t g, int64_t r,
+                    bool a2a_overlap, const std::vector<double>& kept) {
+  if (kind != ScheduleKind::kInterleaved) v = 1, g = 1;
+  if (g <= 0) g = p;
+  const int64_t total = m * v;
+  // Sum of kept[] (or of the mirrored chunk's, for backwards) over the first n forwards.
+  auto sum = [&](int64_t n, bool mirror) {
+    double s = 0;
+    for (int64_t c = 0; c < v; ++c)
+      s += double(ForwardsOfChunk(m, v, g, n, c)) * kept[size_t(mirror ? v - 1 - c : c)];
+    return s;
+  };
+  bool uneven = false;
+  for (int64_t c = 1; c < v; ++c) uneven |= kept[size_t(c)] != kept[0];
+  if (kind == ScheduleKind::kGPipe) return uneven ? sum(total, false) : double(total) * kept[0];
+  const int64_t w = WarmupForwards(kind, p, v, m, g, r, a2a_overlap);
+  if (!uneven) return double(std::min(w + 1, total)) * kept[0];
+  const double first = sum(std::min(w + 1, total), false);
+  const int64_t steps = total - w;  // steady iterations i: forward w + i, then backward i
+  if (steps <= 1) return first;
+  // Forward k's chunk (get_schedule_table's order).
+  const int64_t full = m / g, period = g * v;
+  auto chunk = [&](int64_t k) {
+    return k < full * period ? (k % period) / g : (k - full * period) / (m - full * g);
+  };
+  // Held after forward w + i: forwards 0..w+i less backwards 0..i-1; periodic in i (period
+  // g v) until the last group's forwards, so the first period and the last two suffice.
+  double peak = first;
+  const int64_t in_full = full * period;
+  auto walk = [&](int64_t from, int64_t to) {
+    double held = sum(w + from + 1, false) - sum(from, true);
+    // Positions of forward w + i + 1 and backward i in their period (no division per step
+    // while both are in the full groups).
+    int64_t f = (w + from + 1) % period, b = from % period;
+    for (int64_t i = from;; ++i) {
+      peak = std::max(peak, held);
+      if (i + 1 >= to) break;
+      const int64_t kf = w + i + 1;
+      const int64_t cf = kf < in_full ? f / g : chunk(kf), cb = i < in_full ? b / g : chunk(i);
+      held += kept[size_t(cf)] - kept[size_t(v - 1 - cb)];
+      if (++f == period) f = 0;
+      if (++b == period) b = 0;
+    }
+  };
+  const int64_t head = std::min(steps, period + 1);
+  walk(0, head);
+  if (steps > head) walk(std::max(head, steps - 2 * period - 2), steps);
+  return peak;
+}
+
 namespace {
 
 // Megatron forward_backward_pipelining_without_interleaving, p2p helper by helper.

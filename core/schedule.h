@@ -67,6 +67,20 @@ struct Schedule {
 int64_t WarmupForwards(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t g, int64_t r,
                        bool a2a_overlap);
 
+// How many of a rank's first n forwards run model chunk c, in Megatron's interleaved order
+// (get_schedule_table: per group of g micro-batches, the last taking the rest, chunk 0 of each,
+// then chunk 1, ...; g > 0). O(1): what the warm-up holds per chunk when chunks differ in size.
+int64_t ForwardsOfChunk(int64_t m, int64_t v, int64_t g, int64_t n, int64_t c);
+
+// The most rank r ever holds of what its forwards keep until their backwards, chunk c's
+// forward keeping kept[c] (its activations): the warm-up's W + 1 forwards and then, forward by
+// backward, the steady state, whose backwards free other chunks than its forwards fill (a heavy
+// chunk 0 can pile up past the warm-up: Megatron's interleaved order). GPipe: every forward.
+// O(v) when the chunks weigh the same, else O(g v): the steady state repeats every g v steps
+// but for the last, partial group.
+double PeakInFlight(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t g, int64_t r,
+                    bool a2a_overlap, const std::vector<double>& kept);
+
 // Builds the schedule. Errors (a Status naming the rule) when the kind and sizes are not a
 // legal Megatron combination: p, v, m >= 1; gpipe and 1f1b need v == 1; interleaved needs
 // v > 1 and the micro-batch group rule of megatron-reference.md section 1. `a2a_overlap`:

@@ -45,7 +45,8 @@ std::vector<SourceStats> BySource(const std::vector<ValidationRow>& rows) {
 namespace {
 
 struct RunPrediction {
-  double step_s = 0, memory_bytes = 0, capacity_bytes = 0;
+  double step_s = 0;
+  MemoryBytes memory;  // the most loaded stage's
 };
 
 Result<RunPrediction> PredictOne(const MeasuredRun& run, const ClusterSpec& base) {
@@ -58,13 +59,13 @@ Result<RunPrediction> PredictOne(const MeasuredRun& run, const ClusterSpec& base
   PTDP_ASSIGN_OR_RETURN(AnalyticModel cost, AnalyticModel::Create(run.model, topo));
   if (run.per_layer) {  // Korthikanti table 4: fwd + bwd of one layer, TP communication included
     const LayerTimes lt = cost.Layer(run.layout);
-    return RunPrediction{lt.fwd_compute_s + lt.bwd_compute_s + lt.fwd_tp_s + lt.bwd_tp_s, 0, 0};
+    return RunPrediction{lt.fwd_compute_s + lt.bwd_compute_s + lt.fwd_tp_s + lt.bwd_tp_s, {}};
   }
   const Rejection why = CheckLayout(run.model, run.layout);
   if (why != Rejection::kOk) return Status::Error(ExplainRejection(why, run.model, run.layout));
   const Estimate e = cost.Evaluate(run.layout);
   PTDP_RETURN_IF_ERROR(CheckEstimate(run.layout, e));
-  return RunPrediction{e.step_time_s, e.memory.total, e.memory.capacity};
+  return RunPrediction{e.step_time_s, e.memory};
 }
 
 std::string GroupOf(const MeasuredRun& run) {
@@ -109,7 +110,7 @@ std::vector<ValidationRow> PredictRuns(const std::vector<MeasuredRun>& runs,
       continue;
     }
     rows.push_back({run.id, GroupOf(run), run.measured_s, p->step_s, run.source, run.gpu,
-                    p->memory_bytes, p->capacity_bytes});
+                    p->memory.total, p->memory.capacity, p->memory});
   }
   return rows;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/plan.h"
 #include "core/status.h"
 #include "cost_model/calibration_data.h"
 #include "topology/cluster.h"
@@ -23,6 +24,7 @@ struct ValidationRow {
   // bytes; 0 for per-layer rows. A run that was measured ran: over capacity is a memory-model
   // error.
   double memory_bytes = 0, capacity_bytes = 0;
+  MemoryBytes memory{};  // its parts (weights, grads, optimizer, activations, other)
   double error() const { return (predicted_s - measured_s) / measured_s; }  // signed
   bool over_capacity() const { return capacity_bytes > 0 && memory_bytes > capacity_bytes; }
 };

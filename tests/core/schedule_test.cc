@@ -129,6 +129,71 @@ TEST(ScheduleTest, WarmupCounts) {
   }
 }
 
+// ForwardsOfChunk against the built schedules: of each rank's first n forwards, how many run
+// each chunk, for every n, with full and partial micro-batch groups (m % g != 0).
+TEST(ScheduleTest, ForwardsOfChunkCountsTheBuiltOrder) {
+  int checked = 0;
+  for (int p : {2, 3, 4})
+    for (int v : {2, 3})
+      for (int g : {0, 5, 6})
+        for (int m : {2, 4, 6, 7, 10, 12}) {
+          auto s = BuildSchedule(ScheduleKind::kInterleaved, p, v, m, g);
+          if (!s.ok()) continue;
+          const int group = g > 0 ? g : p;
+          for (int r = 0; r < p; ++r) {
+            std::vector<int64_t> seen(size_t(v), 0);
+            int n = 0;
+            for (const ScheduleOp& op : s->ranks[size_t(r)]) {
+              if (op.kind != OpKind::kForward) continue;
+              ++seen[size_t(op.chunk)];
+              ++n;
+              for (int c = 0; c < v; ++c)
+                ASSERT_EQ(ForwardsOfChunk(m, v, group, n, c), seen[size_t(c)])
+                    << "p " << p << " v " << v << " m " << m << " g " << group << " n " << n
+                    << " chunk " << c;
+              ++checked;
+            }
+          }
+        }
+  EXPECT_GT(checked, 500);
+  // Past the last forward the counts stay at m; none before the first.
+  EXPECT_EQ(ForwardsOfChunk(7, 3, 4, 100, 2), 7);
+  EXPECT_EQ(ForwardsOfChunk(7, 3, 4, 0, 0), 0);
+}
+
+// PeakInFlight against a walk of the built schedules: each forward of chunk c adds kept[c],
+// its backward frees it; the most ever held, for chunks of unequal and of equal weight, long
+// steady states (the periodic shortcut) and partial last groups.
+TEST(ScheduleTest, PeakInFlightWalksTheBuiltSchedule) {
+  int checked = 0;
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved, ScheduleKind::kGPipe})
+    for (int p : {1, 2, 3, 4})
+      for (int v : {1, 2, 3, 4})
+        for (int g : {0, 5})
+          for (int m : {1, 3, 4, 7, 8, 12, 30, 61})
+            for (bool a2a : {false, true}) {
+              auto s = BuildSchedule(kind, p, v, m, g, a2a);
+              if (!s.ok()) continue;
+              for (const std::vector<double>& base :
+                   {std::vector<double>{9, 1, 4, 2}, std::vector<double>{1, 1, 1, 7},
+                    std::vector<double>{3, 3, 3, 3}}) {
+                const std::vector<double> kept(base.begin(), base.begin() + v);
+                for (int r = 0; r < p; ++r) {
+                  double held = 0, peak = 0;
+                  for (const ScheduleOp& op : s->ranks[size_t(r)]) {
+                    if (op.kind == OpKind::kForward) peak = std::max(peak, held += kept[size_t(op.chunk)]);
+                    if (op.kind == OpKind::kBackward) held -= kept[size_t(op.chunk)];
+                  }
+                  EXPECT_DOUBLE_EQ(PeakInFlight(kind, p, v, m, g, r, a2a, kept), peak)
+                      << ToString(kind) << " p " << p << " v " << v << " m " << m << " g " << g
+                      << " a2a " << a2a << " rank " << r << " kept[0] " << kept[0];
+                  ++checked;
+                }
+              }
+            }
+  EXPECT_GT(checked, 1000);
+}
+
 TEST(ScheduleTest, GPipeRunsAllForwardsThenAllBackwards) {
   const Schedule s = Build(ScheduleKind::kGPipe, 3, 1, 4);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(s.Notation(r), "F0 F1 F2 F3 B0 B1 B2 B3");
