@@ -140,6 +140,13 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
                   "Megatron's, MoE models: on|off, run one micro-batch's forward with another's "
                   "backward so the all-to-alls hide under compute (ep > 1, vp when pp > 1, no "
                   "full recompute). plan's default: on wherever legal; simulate's: off");
+  app->add_option("--cross-entropy-loss-fusion", f->ce_fusion,
+                  "Megatron's: on|off, the loss over the vocabulary fused (plan's default: on, "
+                  "with te, as Megatron-Bridge's recipes run it; simulate's: off, Megatron's)");
+  app->add_option("--cross-entropy-fusion-impl", f->ce_impl,
+                  "Megatron's: native (jit-fused PyTorch on fp32 logits, Megatron's default) or "
+                  "te (Transformer Engine's kernel on the 16-bit logits, the gradient written "
+                  "in place: half the bytes kept, a third of the traffic); turns the fusion on");
   app->add_flag("--allow-tp-across-nodes", f->allow_tp_across_nodes,
                 "let TP groups span NVLink domains: nodes, or NVL72 racks (rejected by default)");
   app->add_flag("--json", f->json, "machine-readable output");
@@ -346,6 +353,27 @@ Result<MoeKnobs> MoeKnobsFlag(const LayoutFlags& f, const ModelSpec& m) {
   return k;
 }
 
+// --cross-entropy-loss-fusion on|off and --cross-entropy-fusion-impl native|te: unset when
+// neither is given; the impl alone turns the fusion on, as Megatron's default impl is native.
+Result<std::optional<CrossEntropyFusion>> CrossEntropyFlags(const LayoutFlags& f) {
+  std::optional<bool> fused;
+  if (f.ce_fusion) {
+    PTDP_ASSIGN_OR_RETURN(fused, ParseOnOff("--cross-entropy-loss-fusion", *f.ce_fusion));
+  }
+  if (f.ce_impl) {
+    if (*f.ce_impl != "native" && *f.ce_impl != "te")
+      return Status::Error("--cross-entropy-fusion-impl '" + *f.ce_impl +
+                           "': expected native or te");
+    if (fused && !*fused)
+      return Status::Error("--cross-entropy-fusion-impl " + *f.ce_impl +
+                           " needs --cross-entropy-loss-fusion on, not off");
+    return std::optional<CrossEntropyFusion>(*ParseCrossEntropyFusion(*f.ce_impl));
+  }
+  if (!fused) return std::optional<CrossEntropyFusion>();
+  return std::optional<CrossEntropyFusion>(*fused ? CrossEntropyFusion::kNative
+                                                  : CrossEntropyFusion::kNone);
+}
+
 // --use-precision-aware-optimizer and its dtype flags (Megatron's choices per flag).
 Result<OptimizerState> OptimizerStateFlags(const LayoutFlags& f) {
   OptimizerState o;
@@ -392,6 +420,7 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_ASSIGN_OR_RETURN(const MoeKnobs moe, MoeKnobsFlag(f, w.model));
   s.moe_flex_dispatcher = moe.flex;
   s.moe_a2a_overlap = moe.a2a_overlap;
+  PTDP_ASSIGN_OR_RETURN(s.cross_entropy, CrossEntropyFlags(f));
   bool wide_tp = false;
   for (int tp : f.tp) wide_tp = wide_tp || tp > w.cluster.nvlink_domain_gpus();
   s.allow_tp_across_nodes = f.allow_tp_across_nodes || wide_tp;
@@ -456,6 +485,8 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   PTDP_ASSIGN_OR_RETURN(const MoeKnobs moe, MoeKnobsFlag(f, w.model));
   l.moe_flex_dispatcher = moe.flex.value_or(false);
   l.moe_a2a_overlap = moe.a2a_overlap.value_or(false);
+  PTDP_ASSIGN_OR_RETURN(const std::optional<CrossEntropyFusion> ce, CrossEntropyFlags(f));
+  l.cross_entropy = ce.value_or(CrossEntropyFusion::kNone);
   std::optional<int> dp_flag;
   if (!f.dp.empty()) {
     PTDP_ASSIGN_OR_RETURN(const int v, OneValue("--dp", f.dp, 1));
@@ -552,6 +583,7 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
   if (l.pipeline_layout) j["pipeline_layout"] = l.pipeline_layout->text;
   for (const OptimizerDtypeField& d : OptimizerDtypeFields())
     j[d.key] = ToString(l.optimizer_state.*d.field);
+  j["cross_entropy_fusion"] = ToString(l.cross_entropy);
   if (model.moe()) {  // plan.yaml's keys
     j["moe_flex_dispatcher"] = l.moe_flex_dispatcher;
     j["moe_a2a_overlap"] = l.moe_a2a_overlap;

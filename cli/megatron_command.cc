@@ -380,6 +380,10 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
         o += std::string(" ") + f.flag + " " + ToString(d);
     a.Add(o);
   }
+  // The loss over the vocabulary (TE's kernel: Megatron-Bridge's performance recipes).
+  if (l.cross_entropy != CrossEntropyFusion::kNone)
+    a.Add(std::string("--cross-entropy-loss-fusion --cross-entropy-fusion-impl ") +
+          ToString(l.cross_entropy));
   // What the plan cannot know: placeholders.
   a.Add("--tokenizer-type HuggingFaceTokenizer --tokenizer-model ${TOKENIZER_MODEL}");
   a.Add("--data-path ${DATA_PATH}");

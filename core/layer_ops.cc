@@ -53,6 +53,7 @@ OpShape ShapeOf(const Layout& l, double score_bytes) {
   // 4-bit copies are half the size, plus one scale per 16 elements).
   s.fp8 = l.precision == Precision::kFp8 || l.precision == Precision::kFp4;
   s.score_bytes = score_bytes;
+  s.cross_entropy = l.cross_entropy;
   return s;
 }
 
@@ -1007,16 +1008,42 @@ void BuildOutputOps(const ModelSpec& M, const OpShape& layer_shape, LayerOpList*
   // (T) vectors (targets, row max, sum, target logit, loss and its gradient scale) and sums the
   // micro-batch's loss.
   for (int i = 0; i < 6; ++i) Alloc(fwd, s, x.T * 4);
-  LayerOp& ce = Memory(fwd, "cross_entropy", MemoryKernel::kCrossEntropy, x.T, Vl,
-                       2.5 * x.T * Vl * 4, false);
-  ce.kernels = 4;
-  if (s.runtime) Memory(fwd, "loss.sum", MemoryKernel::kLossSum, x.T, 1, x.T * 4, false);
-  if (x.t > 1)
-    for (const char* n : {"cross_entropy.max", "cross_entropy.sum", "cross_entropy.target"})
-      Comm(fwd, s, n, CommKind::kAllReduce, CommGroup::kTp, x.T * (s.runtime ? x.e : 4.0),
+  if (!s.runtime && s.cross_entropy == CrossEntropyFusion::kTe) {
+    // Transformer Engine's parallel_cross_entropy (Triton): an online-softmax pass over the
+    // 16-bit logits, the (max, sum) pairs gathered over TP, then a pass that writes the
+    // gradient over the logits; the backward scales it in place (element_mul).
+    LayerOp& ce = Memory(fwd, "cross_entropy", MemoryKernel::kCrossEntropy, x.T, Vl,
+                         3.0 * x.T * Vl * x.e, false);
+    ce.kernels = 2;
+    if (x.t > 1)
+      Comm(fwd, s, "cross_entropy.stats", CommKind::kAllGather, CommGroup::kTp, x.T * 8.0 * x.t,
            CommOverlap::kBlocking, -1);
-  Memory(bwd, "cross_entropy.backward", MemoryKernel::kCrossEntropyBackward, x.T, Vl,
-         2.0 * x.T * Vl * 4, false);
+    Memory(bwd, "cross_entropy.backward", MemoryKernel::kCrossEntropyBackward, x.T, Vl,
+           2.0 * x.T * Vl * x.e, false);
+  } else {
+    // Megatron's on an fp32 copy: separate ops (kernels 4, three TP all-reduces) or jit-fused
+    // (--cross-entropy-fusion-impl native: two kernels, the sum and target logit reduced
+    // together).
+    const bool fused = !s.runtime && s.cross_entropy == CrossEntropyFusion::kNative;
+    LayerOp& ce = Memory(fwd, "cross_entropy", MemoryKernel::kCrossEntropy, x.T, Vl,
+                         2.5 * x.T * Vl * 4, false);
+    ce.kernels = fused ? 2 : 4;
+    if (s.runtime) Memory(fwd, "loss.sum", MemoryKernel::kLossSum, x.T, 1, x.T * 4, false);
+    if (x.t > 1) {
+      if (fused) {
+        Comm(fwd, s, "cross_entropy.max", CommKind::kAllReduce, CommGroup::kTp, x.T * 4.0,
+             CommOverlap::kBlocking, -1);
+        Comm(fwd, s, "cross_entropy.sum_target", CommKind::kAllReduce, CommGroup::kTp,
+             x.T * 8.0, CommOverlap::kBlocking, -1);
+      } else {
+        for (const char* n : {"cross_entropy.max", "cross_entropy.sum", "cross_entropy.target"})
+          Comm(fwd, s, n, CommKind::kAllReduce, CommGroup::kTp, x.T * (s.runtime ? x.e : 4.0),
+               CommOverlap::kBlocking, -1);
+      }
+    }
+    Memory(bwd, "cross_entropy.backward", MemoryKernel::kCrossEntropyBackward, x.T, Vl,
+           2.0 * x.T * Vl * 4, false);
+  }
   ColumnParallelBackward(s, x, "output.input_all_gather",
                          s.sp ? "output.reduce_scatter.backward" : "output.all_reduce.backward",
                          "logits.dgrad", "logits.wgrad", nullptr, Vl, bwd);

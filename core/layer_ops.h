@@ -183,6 +183,9 @@ struct OpShape {
   // factor C with padding: C; dropless: the cost model's imbalance constant).
   int ep = 1, etp = 1;
   double expert_load = 1;
+  // The loss over the vocabulary (Layout::cross_entropy): Megatron's on fp32 logits, separate
+  // ops or jit-fused, or Transformer Engine's kernel on the 16-bit ones.
+  CrossEntropyFusion cross_entropy = CrossEntropyFusion::kNone;
 };
 OpShape ShapeOf(const Layout& l, double score_bytes);
 

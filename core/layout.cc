@@ -134,6 +134,22 @@ Result<Precision> ParsePrecision(const std::string& s) {
   if (s == "fp32") return Precision::kFp32;
   return Status::Error("precision '" + s + "' is not one of: bf16, fp16, fp8, fp4, fp32");
 }
+const char* ToString(CrossEntropyFusion c) {
+  switch (c) {
+    case CrossEntropyFusion::kNone: return "none";
+    case CrossEntropyFusion::kNative: return "native";
+    case CrossEntropyFusion::kTe: return "te";
+  }
+  return "?";
+}
+
+Result<CrossEntropyFusion> ParseCrossEntropyFusion(const std::string& s) {
+  if (s == "none") return CrossEntropyFusion::kNone;
+  if (s == "native") return CrossEntropyFusion::kNative;
+  if (s == "te") return CrossEntropyFusion::kTe;
+  return Status::Error("cross-entropy fusion '" + s + "' is not one of: none, native, te");
+}
+
 Result<ScheduleKind> ParseScheduleKind(const std::string& s) {
   if (s == "gpipe") return ScheduleKind::kGPipe;
   if (s == "1f1b") return ScheduleKind::kOneFOneB;
@@ -182,6 +198,7 @@ std::string Layout::Knobs() const {
   if (!overlap_p2p && vp > 1) s += "no-p2p-overlap ";
   if (moe_a2a_overlap) s += "a2a-overlap ";
   if (moe_flex_dispatcher) s += "flex ";
+  if (cross_entropy != CrossEntropyFusion::kNone) s += std::string("ce-") + ToString(cross_entropy) + " ";
   if (!s.empty()) s.pop_back();
   return s.empty() ? "-" : s;
 }

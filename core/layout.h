@@ -25,8 +25,18 @@ enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
 // (--main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype, --main-grads-dtype: fp32 unless set).
 enum class StateDtype { kFp32, kFp16, kBf16, kFp8 };
 
+// Megatron's --cross-entropy-loss-fusion with --cross-entropy-fusion-impl: the loss over the
+// vocabulary as separate PyTorch ops on an fp32 copy of the logits (kNone, Megatron's default;
+// tensor_parallel/cross_entropy.py), the same math jit-fused (kNative; fusions/
+// fused_cross_entropy.py), both keeping fp32 exp(logits) for the backward, or Transformer
+// Engine's Triton kernel (kTe; te_parallel_cross_entropy), which reads the 16-bit logits and
+// writes the gradient into them in place during the forward: 2 bytes a logit kept, not 4.
+enum class CrossEntropyFusion { kNone, kNative, kTe };
+
 const char* ToString(Recompute r);
 const char* ToString(StateDtype d);
+const char* ToString(CrossEntropyFusion c);  // "none", "native", "te"
+Result<CrossEntropyFusion> ParseCrossEntropyFusion(const std::string& s);
 double StateDtypeBytes(StateDtype d);  // 4, 2, 2, 1
 // "fp32", "fp16", "bf16" or "fp8", among `allowed` (Megatron's choices for `flag`).
 Result<StateDtype> ParseStateDtype(const std::string& flag, const std::string& s,
@@ -176,6 +186,8 @@ struct Layout {
   // of alltoall: a token's hidden state crosses the network once per remote NVLink domain its
   // experts are in and fans out there over NVLink, not once per expert.
   bool moe_flex_dispatcher = false;
+  // Megatron --cross-entropy-loss-fusion / --cross-entropy-fusion-impl (CrossEntropyFusion).
+  CrossEntropyFusion cross_entropy = CrossEntropyFusion::kNone;
   // How the L layers are split over the p*v virtual stages (Megatron-LM's flags; all unset is
   // the even split L/(p v)); see ChunkLayers.
   int first_stage_layers = 0;          // --decoder-first-pipeline-num-layers (0: unset)

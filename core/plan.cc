@@ -141,6 +141,8 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.overlap_p2p = l.Bool("overlap_p2p", true);
   lay.moe_a2a_overlap = l.Bool("moe_a2a_overlap", false);
   lay.moe_flex_dispatcher = l.Bool("moe_flex_dispatcher", false);
+  lay.cross_entropy = *ParseCrossEntropyFusion(
+      l.Enum("cross_entropy_fusion", {"none", "native", "te"}, "none"));
   lay.first_stage_layers = l.NonNegativeIntAtMost("first_stage_layers", kMaxLayers, 0);
   lay.last_stage_layers = l.NonNegativeIntAtMost("last_stage_layers", kMaxLayers, 0);
   lay.embedding_in_split = l.Bool("embedding_in_split", false);
@@ -246,6 +248,10 @@ std::string PlanToYaml(const Plan& plan) {
   }
   if (l.moe_a2a_overlap) o << "  moe_a2a_overlap: true  # --overlap-moe-expert-parallel-comm\n";
   if (l.moe_flex_dispatcher) o << "  moe_flex_dispatcher: true  # --moe-token-dispatcher-type flex\n";
+  if (l.cross_entropy != CrossEntropyFusion::kNone)
+    o << "  cross_entropy_fusion: " << ToString(l.cross_entropy)
+      << "  # --cross-entropy-loss-fusion --cross-entropy-fusion-impl " << ToString(l.cross_entropy)
+      << "\n";
   // The pipeline split as Megatron's flags give it, then what it places (checked on reading).
   if (l.first_stage_layers > 0) o << "  first_stage_layers: " << l.first_stage_layers << "\n";
   if (l.last_stage_layers > 0) o << "  last_stage_layers: " << l.last_stage_layers << "\n";

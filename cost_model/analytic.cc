@@ -397,6 +397,7 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
     int world;  // the measured runtime's layer time depends on the ranks sharing a node
     int tp, cp, micro_batch, ep, etp;
     bool sp, tp_comm_overlap, a2a_overlap, flex;
+    CrossEntropyFusion cross_entropy;
     Recompute recompute;
     uint8_t recompute_modules;
     Precision precision;
@@ -413,14 +414,16 @@ LayerTimes AnalyticModel::Layer(const Layout& l) const {
   const Key key{id_, runtime_ ? l.world() : 0, l.tp, l.cp, l.micro_batch,
                 model_.moe() ? l.ep : 1, model_.moe() ? l.expert_tp() : 1,
                 l.sequence_parallel && l.tp > 1, l.tp_comm_overlap, l.moe_a2a_overlap,
-                l.moe_flex_dispatcher, l.recompute, l.RecomputedModules(), l.precision};
+                l.moe_flex_dispatcher, l.cross_entropy, l.recompute, l.RecomputedModules(),
+                l.precision};
   uint64_t h = key.model;
   for (uint64_t v : {uint64_t(key.world), uint64_t(key.tp), uint64_t(key.cp),
                      uint64_t(key.micro_batch), uint64_t(key.ep) * 4096 + uint64_t(key.etp),
                      uint64_t(key.sp) * 8 + key.tp_comm_overlap * 4 + key.a2a_overlap * 2 +
                          key.flex,
                      uint64_t(key.recompute) * 8 + uint64_t(key.precision) +
-                         uint64_t(key.recompute_modules) * 64}) {
+                         uint64_t(key.recompute_modules) * 64 +
+                         uint64_t(key.cross_entropy) * 16384}) {
     h = (h ^ v) + 0x9E3779B97F4A7C15ull;  // splitmix64's finaliser per field
     h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
     h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
@@ -947,9 +950,10 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double expert_pa
 // 10 + 24/t and, with SP, 34/t. Llama 3 405B (f = 3.25h, k/a = 1/16, no dropout): 8 + 23.75.
 // MoE layers keep, instead of the dense MLP's tensors (megatron/core/transformer/moe/): per
 // assignment a rank's experts compute (Tr of them, gathered over expert TP), the permuted
-// input 2h (FC1's weight gradient), FC1's output 2 Fei and the activation's 2 Fe; per routed
-// assignment of its own tokens the expert output before the weighted combine, 2h; the router's
-// fp32 probabilities and its routing map, 5 E bytes per token; the shared experts as a dense MLP
+// input 2h (FC1's weight gradient), FC1's output 2 Fei and the activation's 2 Fe; the router's
+// fp32 probabilities and its routing map, 5 E bytes per token (the routing weights multiply
+// inside the experts' activation, weighted_bias_swiglu_impl, so the combine keeps nothing:
+// Megatron-Core's memory-efficient permutation, 2659630721, core 0.13); the shared experts as a dense MLP
 // of f_s. MLA keeps the two latents and their norms (4 (q_lora + kv_lora + qk_pos) bytes per
 // token, replicated) and its q, k, v and output per head. Under fp8 and fp4 the GEMM inputs
 // Transformer Engine quantizes for the weight gradient are kept quantized (LayerActivationBytes):
@@ -1033,7 +1037,7 @@ double AnalyticModel::LayerActivationBytes(const Layout& l, LayerKind kind) cons
     // The routed tokens at the dispatch width (LatentMoE: L, and fc2_latent_proj's input).
     const double hm = double(M.moe_width()), lat = double(M.moe_latent_size);
     bytes += Tr * (q * hm + 2 * Fei + ((rm & kRecomputeMoeAct) ? 0 : q * Fe)) +
-             Tl * k * load * 2 * hm + Tl * E * 5 + Tl * q * lat;
+             Tl * E * 5 + Tl * q * lat;
     if (low && lat > 0) bytes += Tl * q * h;  // fc1_latent_proj's quantized input
     const double fs = double(M.moe_shared_ffn_hidden);
     if (fs > 0 && !(rm & kRecomputeSharedExperts))
@@ -1056,20 +1060,47 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
   const double t = l.tp, sbh = double(M.seq_len) / l.cp * l.micro_batch * M.hidden;
   const LayerCounts counts = RankLayerCounts(l, r);
   const double moe_layers = counts.moe();
-  // The rank's layers, each kind its bytes, per chunk on average.
-  const double per_chunk = KindsActivationBytes(l, counts) / l.vp;
-  const double m = double(l.num_microbatches());
-  // The schedule's warm-up forwards and the one in the steady state (core/schedule.h; one more
-  // with --overlap-moe-expert-parallel-comm).
-  const double warmup = double(WarmupForwards(l.schedule, l.pp, l.vp, int64_t(m),
-                                              l.group_size(), r, l.moe_a2a_overlap));
-  const double chunks_in_flight =
-      l.schedule == ScheduleKind::kGPipe ? m * l.vp : std::min(m * l.vp, warmup + 1);
-  double bytes = chunks_in_flight * per_chunk;
+  // What each of the rank's chunks keeps per micro-batch: its layers, each kind its bytes; the
+  // embedding's on chunk 0 of rank 0, MTP's layers on the last chunk of the last rank.
+  // (Each kind's bytes once: the planner's hot path.)
+  std::array<double, kLayerKinds> per_layer{};
+  for (int k = 0; k < kLayerKinds; ++k)
+    if (counts.n[size_t(k)] > 0) per_layer[size_t(k)] = LayerActivationBytes(l, LayerKind(k));
+  auto layers_bytes = [&](const LayerCounts& n) {
+    double b = 0;
+    for (int k = 0; k < kLayerKinds; ++k) b += n.n[size_t(k)] * per_layer[size_t(k)];
+    return b;
+  };
+  std::vector<double> kept(size_t(l.vp), layers_bytes(counts) / l.vp);
+  if (l.vp > 1 && (l.pipeline_layout || l.embedding_in_split || l.loss_in_split ||
+                   RankLayers(M, l, r) % l.vp != 0 || M.hybrid() || M.moe()))
+    for (int c = 0; c < l.vp; ++c) kept[size_t(c)] = layers_bytes(ChunkLayerCounts(l, r, c));
+  const double embedding = r == 0 ? sbh * 3.0 / (l.sequence_parallel ? t : 1) : 0;
+  const double mtp = double(M.mtp_layers);
+  const double mtp_layers =
+      r == l.pp - 1 && mtp > 0 ? mtp * KindsActivationBytes(l, M.mtp_layer_counts()) : 0;
+  kept.back() += mtp_layers;
+  // At the schedule's peak (core/schedule.h: the warm-up's forwards and, where the chunks
+  // differ, the steady state's; one more with --overlap-moe-expert-parallel-comm), and the
+  // embedding's of the micro-batches whose chunk 0 the warm-up holds (small beside a layer's;
+  // apart, so that rank 0's chunks stay alike where their layers are).
+  const int64_t m = l.num_microbatches();
+  double bytes = PeakInFlight(l.schedule, l.pp, l.vp, m, l.group_size(), r, l.moe_a2a_overlap,
+                              kept);
+  if (embedding > 0) {
+    const int64_t held =
+        l.schedule == ScheduleKind::kGPipe
+            ? m
+            : ForwardsOfChunk(m, l.vp, l.group_size(),
+                              WarmupForwards(l.schedule, l.pp, l.vp, m, l.group_size(), r,
+                                             l.moe_a2a_overlap) + 1, 0);
+    bytes += double(held) * embedding;
+  }
   // --cpu-offloading-num-layers N (pp 1: one micro-batch in flight): each offloaded layer's
   // copy finishes by layer L - N + i of the forward and its reload starts at layer
   // L - 1 - N + i of the backward, so L - N layers' activations are on the GPU at the peak.
-  if (OffloadedLayers(l) > 0) bytes = per_chunk * (1 - OffloadedShare(l, counts));
+  if (OffloadedLayers(l) > 0)
+    bytes = layers_bytes(counts) * (1 - OffloadedShare(l, counts)) + embedding + mtp_layers;
   if (l.recompute == Recompute::kFull) {  // one layer's full activations while recomputing
     Layout none = l;
     none.recompute = Recompute::kNone;
@@ -1081,13 +1112,13 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
     }
     bytes += most;
   }
-  if (r == 0) bytes += chunks_in_flight / l.vp * sbh * 3.0 / (l.sequence_parallel ? t : 1);
-  if (r == l.pp - 1) {  // output layer and loss (megatron-reference.md section 7), + MTP's
-    const double mtp = double(M.mtp_layers);
-    bytes += (1 + mtp) * 4.0 * sbh * (1 + double(M.padded_vocab(l.tp)) / M.hidden) / t;
-    if (mtp > 0)
-      bytes += chunks_in_flight / l.vp * mtp * KindsActivationBytes(l, M.mtp_layer_counts());
-  }
+  // Output layer and loss (megatron-reference.md section 7), + MTP's: one micro-batch's; the
+  // logits' 4 bytes are the fp32 exp(logits) Megatron's own cross entropy keeps, 2 the
+  // gradient Transformer Engine's writes over the 16-bit logits (CrossEntropyFusion).
+  const double logit_bytes = l.cross_entropy == CrossEntropyFusion::kTe ? 2.0 : 4.0;
+  if (r == l.pp - 1)
+    bytes += (1 + mtp) * sbh / M.hidden *
+             (4.0 * M.hidden + logit_bytes * double(M.padded_vocab(l.tp))) / t;
   return bytes;
 }
 

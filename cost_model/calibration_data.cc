@@ -117,6 +117,9 @@ std::string ReadEntry(const YAML::Node& e, MeasuredRun* run) {
   // _perf_precision, scripts/performance's get_precision_config), as import-published.py
   // sets for its megatron_recipes rows.
   l.grad_reduce_in_bf16 = Contains(run->id, "megatron_bridge");
+  // ... and compute the loss with Transformer Engine's kernel (cross_entropy_fusion_impl "te":
+  // import-published.py's mb_cross_entropy).
+  if (Contains(run->id, "megatron_bridge")) l.cross_entropy = CrossEntropyFusion::kTe;
   run->gpu = GpuKind(Str(hw["gpu"]));
   run->gpus = hw["total_gpus"].as<int>();
   if (meas["per_layer_combined_ms"] && !meas["per_layer_combined_ms"].IsNull()) {

@@ -381,6 +381,9 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                                           : model.moe() && !model.hybrid() && ep > 1 &&
                                                 (split.pp == 1 || split.vp > 1) &&
                                                 rc != Recompute::kFull;
+                  l.cross_entropy = s.cross_entropy ? *s.cross_entropy
+                                    : s.runtime_layouts ? CrossEntropyFusion::kNone
+                                                        : CrossEntropyFusion::kTe;
                   l.micro_batch = mb;
                   l.global_batch = s.global_batch;
                   l.sequence_parallel = sp;

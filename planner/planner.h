@@ -64,6 +64,10 @@ struct SearchSpace {
   Choice<bool> moe_a2a_overlap;
   // --moe-token-dispatcher-type flex: unset, used where the EP group leaves the NVLink domain.
   Choice<bool> moe_flex_dispatcher;
+  // --cross-entropy-loss-fusion / --cross-entropy-fusion-impl: unset, Transformer Engine's
+  // (less memory and traffic than the others at the same math; none for ptdp's runtime, whose
+  // loss is its own kernel).
+  std::optional<CrossEntropyFusion> cross_entropy;
   Choice<bool> sequence_parallel, distributed_optimizer;
   // Megatron-FSDP's optim_grads (ZeRO-2) on top of the distributed optimizer. Unset: tried only
   // when no layout fits without it (SearchLayouts; it buys memory with a reduce-scatter per

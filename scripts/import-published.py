@@ -117,6 +117,7 @@ def convert(e):
     # megatron_recipes rows below; LoadMeasuredRuns does the same).
     if "megatron_bridge" in ident:
         l["grad_reduce_in_bf16"] = True
+        l["cross_entropy_fusion"] = "te"  # mb_cross_entropy
     gpu = str(hw.get("gpu", ""))
     row = dict(id=ident, source="; ".join(str(e["source"][k]) for k in ("title", "location")
                                           if e.get("source", {}).get(k)),
@@ -170,6 +171,16 @@ def mb_precision_aware_optimizer(e, l, deepseek=False):
                  exp_avg_sq_dtype="bf16", main_grads_dtype="bf16")
     elif l["precision"] == "bf16":
         l["use_precision_aware_optimizer"] = True
+
+
+def mb_cross_entropy(e, l):
+    """Megatron-Bridge's performance recipes compute the loss with Transformer Engine's kernel:
+    cross_entropy_loss_fusion on (GPTModelProvider's default) and cross_entropy_fusion_impl "te"
+    (25.09's scripts/performance/configs/*_llm_pretrain.yaml, later utils/overrides.py and
+    perf_recipes/_common.py _benchmark_common; DeepSeek-V4 and GLM-5, not rows here, take
+    native)."""
+    if str(e["id"]).startswith("mb_"):
+        l["cross_entropy_fusion"] = "te"
 
 
 def convert_recipe(e):
@@ -267,6 +278,7 @@ def convert_recipe(e):
     if str(e["id"]).startswith("mb_") and not l.get("shard_gradients") and l["precision"] != "fp32":
         l["grad_reduce_in_bf16"] = True
     mb_precision_aware_optimizer(e, l)
+    mb_cross_entropy(e, l)
     src = e["source"]
     # The source is the document and its release (one table per model and precision in it):
     # rows of one source share it, for validate's per-source figures; the table and column
@@ -365,7 +377,13 @@ def moe_model(e, reg):
     notes = " ".join(str(n) for n in (e.get("notes") or []))
     if cfg.get("capacity_factor") or "capacity_factor" in notes:
         m["moe_routing"], m["moe_capacity_factor"] = "capacity", float(cfg.get("capacity_factor") or 1.0)
-    elif "force" in policy.lower() or "balanced" in policy.lower():
+    elif "token-drop" in policy.lower() or "tokendrop" in policy.lower():
+        # Megatron-Bridge's "(tokendrop)" rows: apply_moe_token_drop's defaults
+        # (training/utils/moe_token_drop.py): moe_expert_capacity_factor 1.0 and
+        # moe_pad_expert_input_to_capacity, every expert computes its capacity.
+        m["moe_routing"], m["moe_capacity_factor"] = "capacity", 1.0
+    elif ("force" in policy.lower() or "balanced" in policy.lower()
+          or (mb_release(e) == (25, 9, 0) and gpu_kind(e["hardware"]) == "H100" and fam == "deepseek-v3")):
         m["moe_routing"] = "balanced"
     else:
         m["moe_routing"] = "dropless"
@@ -429,14 +447,62 @@ DEEPSEEK_A2A_OVERLAP_FROM = {"B200": (26, 4, 1), "GB200": (26, 6, 0), "GB300": (
                              "B300": (26, 6, 1)}
 
 
-def deepseek_a2a_overlap(e, hw, prec):
+def gpu_kind(hw):
+    """'H100', 'B200', 'GB200', ... of a row's hardware.gpu ('H100-SXM5-80GB', 'GB200 (NVL72)')."""
+    return str(hw["gpu"]).split()[0].split("-")[0]
+
+
+def mb_release(e):
+    """(yy, mm, patch) of a Megatron-Bridge row's container from its id, or None."""
     m = re.match(r"mb_(\d\d)(\d\d)(\d\d)?_", str(e["id"]))
-    gpu = str(hw["gpu"]).split()[0]
-    first = DEEPSEEK_A2A_OVERLAP_FROM.get(gpu)
-    if not m or not first or "MX" not in prec:
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+def deepseek_a2a_overlap(e, hw, prec):
+    release = mb_release(e)
+    first = DEEPSEEK_A2A_OVERLAP_FROM.get(str(hw["gpu"]).split()[0])
+    if not release or not first or "MX" not in prec:
         return False
-    release = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
     return release >= first
+
+
+# The recompute modules of the Megatron-Bridge DeepSeek-V3 presets, by container and GPU, for the
+# rows whose table leaves recompute out (25.09, 25.11, 26.08; the later tables state it). Every
+# preset sets recompute_granularity "selective" and a module list per GPU, whatever the
+# precision:
+#   25.09 (v0.1.0rc4, scripts/performance/run_script.py): H100 mla_up_proj and mlp; B200
+#     mla_up_proj; GB200 mla_up_proj with token drop (the default there), mla_up_proj and mlp
+#     without. H100 also turns overlap_grad_reduce off (DEEPSEEK_OVERLAP_GRAD_REDUCE_OFF) and,
+#     with DeepEP (its default there), moe_router_force_load_balancing on: its "(dropless)"
+#     rows route force-balanced (moe_model reads the policy).
+#   25.11 (v0.2.0, configs/deepseek/workload_base_configs.py): GB300 moe_act, GB200 and B200
+#     mla_up_proj, H100 mla_up_proj and mlp. The 25.11 table's GB300 rows (pp2 vp4 ep32) and
+#     GB200 MXFP8 row (pp8 vp4 ep32) ran other layouts than those presets (pp4 vp4 ep64): the
+#     GPU's modules are the closest statement there is.
+#   26.08 (v0.6.0, perf_recipes/deepseek/{gb200,gb300}/deepseek_v3.py): GB200 MXFP8
+#     mla_up_proj, GB300 MXFP8 none (recompute_modules = []), as the rows' layouts.
+DEEPSEEK_RECOMPUTE_UNSTATED = {
+    ((25, 9, 0), "H100"): ["mla_up_proj", "mlp"],
+    ((25, 9, 0), "B200"): ["mla_up_proj"],
+    ((25, 9, 0), "GB200"): ["mla_up_proj"],
+    ((25, 11, 0), "GB300"): ["moe_act"],
+    ((25, 11, 0), "GB200"): ["mla_up_proj"],
+    ((25, 11, 0), "B200"): ["mla_up_proj"],
+    ((25, 11, 0), "H100"): ["mla_up_proj", "mlp"],
+    ((26, 8, 0), "GB200"): ["mla_up_proj"],
+    ((26, 8, 0), "GB300"): [],
+}
+DEEPSEEK_OVERLAP_GRAD_REDUCE_OFF = {((25, 9, 0), "H100")}
+
+
+def deepseek_unstated(e, hw, lay, model):
+    """(recompute field, overlap_grad_reduce) a Megatron-Bridge DeepSeek-V3 row ran where its
+    table leaves recompute out: the release's preset (DEEPSEEK_RECOMPUTE_UNSTATED)."""
+    rc = lay.get("recompute")
+    key = (mb_release(e), gpu_kind(hw))
+    if rc is not None or model.get("family") != "deepseek-v3" or key not in DEEPSEEK_RECOMPUTE_UNSTATED:
+        return rc, True
+    return DEEPSEEK_RECOMPUTE_UNSTATED[key], key not in DEEPSEEK_OVERLAP_GRAD_REDUCE_OFF
 
 
 def convert_moe(e, reg):
@@ -453,7 +519,8 @@ def convert_moe(e, reg):
         step, step_derived = derived["step_time_s"], True
     else:
         return None, "no step time or tokens/s (TFLOP/s are counted differently per source)"
-    rc, modules = recompute_of(lay.get("recompute"))
+    stated, overlap_grad_reduce = deepseek_unstated(e, hw, lay, model)
+    rc, modules = recompute_of(stated)
     if rc is None:
         return None, modules
     tp, pp, cp = lay["tp"], lay["pp"], lay.get("cp") or 1
@@ -484,7 +551,7 @@ def convert_moe(e, reg):
              recompute=rc,
              distributed_optimizer=True,
              precision="fp4" if "FP4" in prec else "fp8" if "FP8" in prec else "bf16",
-             schedule="interleaved" if vp > 1 else "1f1b", overlap_grad_reduce=True,
+             schedule="interleaved" if vp > 1 else "1f1b", overlap_grad_reduce=overlap_grad_reduce,
              tp_comm_overlap=tp > 1)
     if modules and modules != "core_attn":
         l["recompute_modules"] = modules
@@ -510,6 +577,7 @@ def convert_moe(e, reg):
     if str(e["id"]).startswith("mb_"):
         l["grad_reduce_in_bf16"] = True
     mb_precision_aware_optimizer(e, l, deepseek=model.get("family") == "deepseek-v3")
+    mb_cross_entropy(e, l)
     layers, stages = m["layers"], pp * vp
     notes = " ".join(str(n) for n in (e.get("notes") or []))
     fl = re.search(r"first (\d+), .*? last (\d+)", notes)

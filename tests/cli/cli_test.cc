@@ -327,6 +327,71 @@ TEST(Cli, MoeDispatcherAndAllToAllOverlapFlags) {
                      "no experts");
 }
 
+// Megatron's --cross-entropy-loss-fusion and --cross-entropy-fusion-impl: simulate keeps
+// Megatron's default (no fusion) unless told, Transformer Engine's kernel keeps half the
+// logits' bytes on the last stage (2, not fp32's 4) and moves less; plan takes it unless told,
+// and the command, plan.yaml and --json carry it; bad values get a one-line error.
+TEST(Cli, CrossEntropyFusionFlags) {
+  const std::string h100 = kSrc + "/configs/clusters/dgx-h100.yaml";
+  const std::string llama = kSrc + "/configs/models/llama3-8b.yaml";
+  const std::string sim = "simulate --cluster " + h100 + " --model " + llama +
+                          " --gpus 8 --tp 2 --pp 2 --dp 2 --global-batch 16 --json ";
+  auto run = [&](const std::string& extra) {
+    const CmdResult r = Ptdp(sim + extra);
+    EXPECT_EQ(r.code, 0) << extra << "\n" << r.out;
+    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  };
+  const auto none = run(""), native = run("--cross-entropy-loss-fusion on"),
+             te = run("--cross-entropy-fusion-impl te");
+  ASSERT_TRUE(none.contains("layout") && native.contains("layout") && te.contains("layout"));
+  EXPECT_EQ(none["layout"]["cross_entropy_fusion"], "none");
+  EXPECT_EQ(native["layout"]["cross_entropy_fusion"], "native");
+  EXPECT_EQ(te["layout"]["cross_entropy_fusion"], "te");
+  EXPECT_EQ(run("--cross-entropy-loss-fusion on --cross-entropy-fusion-impl te")["layout"]
+                ["cross_entropy_fusion"], "te");
+  // The last stage keeps one micro-batch's logits: s b V/t of them, 2 bytes fewer each.
+  const double logits = 8192.0 * 1 * 128256 / 2;
+  const auto last = [](const nlohmann::json& j) { return j["stage_memory_bytes"][1].get<double>(); };
+  const auto first = [](const nlohmann::json& j) { return j["stage_memory_bytes"][0].get<double>(); };
+  EXPECT_NEAR(last(none) - last(te), 2 * logits * 1.05, 0.02 * logits);  // + fragmentation
+  EXPECT_DOUBLE_EQ(last(none), last(native));
+  EXPECT_DOUBLE_EQ(first(none), first(te));
+  EXPECT_LT(te["step_time_s"].get<double>(), native["step_time_s"].get<double>());
+  EXPECT_LT(native["step_time_s"].get<double>(), none["step_time_s"].get<double>());
+
+  // plan: te unless told; the Megatron command and plan.yaml carry it.
+  const std::string yaml = ::testing::TempDir() + "/plan-ce.yaml";
+  const std::string plan = "plan --cluster " + h100 + " --model " + llama +
+                           " --gpus 8 --global-batch 16 --top 1 ";
+  const CmdResult p = Ptdp(plan + "--json");
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_EQ(nlohmann::json::parse(p.out)["layout"]["cross_entropy_fusion"], "te");
+  const CmdResult cmd = Ptdp(plan + "--emit megatron");
+  ASSERT_EQ(cmd.code, 0) << cmd.out;
+  EXPECT_NE(cmd.out.find("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te"),
+            std::string::npos) << cmd.out;
+  const CmdResult off = Ptdp(plan + "--cross-entropy-loss-fusion off --json");
+  ASSERT_EQ(off.code, 0) << off.out;
+  EXPECT_EQ(nlohmann::json::parse(off.out)["layout"]["cross_entropy_fusion"], "none");
+  const CmdResult off_cmd = Ptdp(plan + "--cross-entropy-loss-fusion off --emit megatron");
+  ASSERT_EQ(off_cmd.code, 0) << off_cmd.out;
+  EXPECT_EQ(off_cmd.out.find("--cross-entropy"), std::string::npos);
+  const CmdResult out = Ptdp(plan + "--cross-entropy-fusion-impl native --out " + yaml);
+  ASSERT_EQ(out.code, 0) << out.out;
+  std::stringstream text;
+  text << std::ifstream(yaml).rdbuf();
+  EXPECT_NE(text.str().find("cross_entropy_fusion: native"), std::string::npos) << text.str();
+  const CmdResult again = Ptdp("simulate " + yaml + " --json");
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_EQ(nlohmann::json::parse(again.out)["layout"]["cross_entropy_fusion"], "native");
+
+  ExpectOneLineError(Ptdp(sim + "--cross-entropy-fusion-impl te --cross-entropy-loss-fusion off"),
+                     "--cross-entropy-fusion-impl te needs --cross-entropy-loss-fusion on");
+  ExpectOneLineError(Ptdp(sim + "--cross-entropy-fusion-impl triton"),
+                     "'triton': expected native or te");
+  ExpectOneLineError(Ptdp(sim + "--cross-entropy-loss-fusion maybe"), "expected on or off");
+}
+
 // fp4 needs an fp4 tensor-core peak (Blackwell): on H100 plan and simulate refuse it in a line.
 TEST(Cli, Fp4RefusedOnH100) {
   const std::string h100 = kSrc + "/configs/clusters/dgx-h100.yaml";

@@ -96,7 +96,7 @@ TEST(Train, GradReduceInBf16PlanTrainsAndSaysSo) {
   ASSERT_EQ(r.code, 0) << r.out;
   r = Ptdp("train " + path + " --backend cpu --steps 2");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("[grad-bf16]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[grad-bf16 ce-te]"), std::string::npos) << r.out;  // plan's loss kernel
   EXPECT_NE(r.out.find("reduced in bf16 (--grad-reduce-in-bf16)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("step    2/2 | loss"), std::string::npos) << r.out;
   r = Ptdp("train " + path + " --backend cpu --steps 1 --fp32-activations");

@@ -290,8 +290,9 @@ TEST_F(AnalyticTest, InterleavingMultipliesFirstStageActivations) {
   const double per_layer = cost_.LayerActivationBytes(l);
   const double sbh = 2048.0 * 12288;
   const double expected_layers = 96.0 * (1 + 15.0 / (16 * 2));
-  const double chunks = 2 * 15 + 16 + 1;  // warmup + 1
-  const double emb = chunks / 2 * 3 * sbh / 8;
+  // The embedding's 3 sbh/t for each micro-batch whose chunk 0 the 2*15 + 16 + 1 = 47 forwards
+  // hold: chunk 0 of micro-batches 0-15, chunk 1 of them, chunk 0 of 16-30 (groups of p).
+  const double emb = (16 + 15) * 3 * sbh / 8;
   EXPECT_NEAR(cost_.StageMemory(l, 0).activations, expected_layers * per_layer + emb, 1);
 }
 

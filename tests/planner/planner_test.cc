@@ -130,7 +130,7 @@ TEST(Planner, RefusesAnEstimateThatIsNotANumber) {
   auto r = SearchLayouts(NanAtPp2(), SmallGpt(), c, s, 5);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(),
-            "cost model: tp1 pp2 dp8 mb1 [-]: dp_comm_s is nan (step_time_s nan): not a finite, "
+            "cost model: tp1 pp2 dp8 mb1 [ce-te]: dp_comm_s is nan (step_time_s nan): not a finite, "
             "non-negative figure");
   // Without pp 2 every figure is a number and the ranking is the fake's.
   s.pp = 4;
