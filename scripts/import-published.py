@@ -382,8 +382,7 @@ def moe_model(e, reg):
         # (training/utils/moe_token_drop.py): moe_expert_capacity_factor 1.0 and
         # moe_pad_expert_input_to_capacity, every expert computes its capacity.
         m["moe_routing"], m["moe_capacity_factor"] = "capacity", 1.0
-    elif ("force" in policy.lower() or "balanced" in policy.lower()
-          or (mb_release(e) == (25, 9, 0) and gpu_kind(e["hardware"]) == "H100" and fam == "deepseek-v3")):
+    elif "force" in policy.lower() or "balanced" in policy.lower():
         m["moe_routing"] = "balanced"
     else:
         m["moe_routing"] = "dropless"
@@ -470,11 +469,10 @@ def deepseek_a2a_overlap(e, hw, prec):
 # rows whose table leaves recompute out (25.09, 25.11, 26.08; the later tables state it). Every
 # preset sets recompute_granularity "selective" and a module list per GPU, whatever the
 # precision:
-#   25.09 (v0.1.0rc4, scripts/performance/run_script.py): H100 mla_up_proj and mlp; B200
-#     mla_up_proj; GB200 mla_up_proj with token drop (the default there), mla_up_proj and mlp
-#     without. H100 also turns overlap_grad_reduce off (DEEPSEEK_OVERLAP_GRAD_REDUCE_OFF) and,
-#     with DeepEP (its default there), moe_router_force_load_balancing on: its "(dropless)"
-#     rows route force-balanced (moe_model reads the policy).
+#   25.09 (v0.1.0rc4, scripts/performance/run_script.py): B200 mla_up_proj; GB200 mla_up_proj
+#     with token drop (the default there), mla_up_proj and mlp without (its rows carried here are
+#     the MXFP8 32x32 ones: the table gives the others no precision; H100's preset, mla_up_proj
+#     and mlp without overlap_grad_reduce, has no row carried).
 #   25.11 (v0.2.0, configs/deepseek/workload_base_configs.py): GB300 moe_act, GB200 and B200
 #     mla_up_proj, H100 mla_up_proj and mlp. The 25.11 table's GB300 rows (pp2 vp4 ep32) and
 #     GB200 MXFP8 row (pp8 vp4 ep32) ran other layouts than those presets (pp4 vp4 ep64): the
@@ -482,7 +480,6 @@ def deepseek_a2a_overlap(e, hw, prec):
 #   26.08 (v0.6.0, perf_recipes/deepseek/{gb200,gb300}/deepseek_v3.py): GB200 MXFP8
 #     mla_up_proj, GB300 MXFP8 none (recompute_modules = []), as the rows' layouts.
 DEEPSEEK_RECOMPUTE_UNSTATED = {
-    ((25, 9, 0), "H100"): ["mla_up_proj", "mlp"],
     ((25, 9, 0), "B200"): ["mla_up_proj"],
     ((25, 9, 0), "GB200"): ["mla_up_proj"],
     ((25, 11, 0), "GB300"): ["moe_act"],
@@ -492,17 +489,23 @@ DEEPSEEK_RECOMPUTE_UNSTATED = {
     ((26, 8, 0), "GB200"): ["mla_up_proj"],
     ((26, 8, 0), "GB300"): [],
 }
-DEEPSEEK_OVERLAP_GRAD_REDUCE_OFF = {((25, 9, 0), "H100")}
 
 
 def deepseek_unstated(e, hw, lay, model):
-    """(recompute field, overlap_grad_reduce) a Megatron-Bridge DeepSeek-V3 row ran where its
-    table leaves recompute out: the release's preset (DEEPSEEK_RECOMPUTE_UNSTATED)."""
+    """The recompute field a Megatron-Bridge DeepSeek-V3 row ran with where its table leaves it
+    out: the release's preset (DEEPSEEK_RECOMPUTE_UNSTATED)."""
     rc = lay.get("recompute")
     key = (mb_release(e), gpu_kind(hw))
     if rc is not None or model.get("family") != "deepseek-v3" or key not in DEEPSEEK_RECOMPUTE_UNSTATED:
-        return rc, True
-    return DEEPSEEK_RECOMPUTE_UNSTATED[key], key not in DEEPSEEK_OVERLAP_GRAD_REDUCE_OFF
+        return rc
+    return DEEPSEEK_RECOMPUTE_UNSTATED[key]
+
+
+ALT_WITHOUT_OWN_TOKENS = {
+    "mb_2509_h100_fp8blockwise128x128w1x128act_deepseek_v3_1024gpu_alt":
+        "the 25.09 table parenthesises only this run's TFLOP/s ('1297 | 338 (330)'): its tokens/s "
+        "is not published (the collection repeats the main run's)",
+}
 
 
 def convert_moe(e, reg):
@@ -519,7 +522,15 @@ def convert_moe(e, reg):
         step, step_derived = derived["step_time_s"], True
     else:
         return None, "no step time or tokens/s (TFLOP/s are counted differently per source)"
-    stated, overlap_grad_reduce = deepseek_unstated(e, hw, lay, model)
+    # As convert_recipe: a row without its precision is not carried (25.09's table has no
+    # precision column, and its footnote makes the unparenthesised values quantized too).
+    if not given(lay, "precision"):
+        return None, "precision not given (%s)" % (lay.get("precision_note") or "")
+    # 25.09's H100 DeepSeek-V3 row parenthesises only its TFLOP/s: the alternate run's tokens/s
+    # is not in the table (the collection repeats the main run's).
+    if str(e["id"]) in ALT_WITHOUT_OWN_TOKENS:
+        return None, ALT_WITHOUT_OWN_TOKENS[str(e["id"])]
+    stated = deepseek_unstated(e, hw, lay, model)
     rc, modules = recompute_of(stated)
     if rc is None:
         return None, modules
@@ -536,7 +547,7 @@ def convert_moe(e, reg):
     # performance/configs/deepseek/deepseek_workload_base_configs.py BASE_DEEPSEEK_V3_CONFIG);
     # the NeMo-era dgxc recipes ran Megatron's default, tp.
     etp = lay.get("etp") or (1 if str(e["id"]).startswith("mb_") else tp)
-    prec = str(lay.get("precision") or "BF16").upper()
+    prec = str(lay["precision"]).upper()
     if model.get("key") == "nemotron_3_super" and "FP4" in prec:
         # nemotron_3_super_bf16_with_nvfp4_mixed and te_quant.cfg (perf_recipes/nemotronh/):
         # attention's QKV and projection, the latent projections, MTP and the last 14 layers in
@@ -551,7 +562,7 @@ def convert_moe(e, reg):
              recompute=rc,
              distributed_optimizer=True,
              precision="fp4" if "FP4" in prec else "fp8" if "FP8" in prec else "bf16",
-             schedule="interleaved" if vp > 1 else "1f1b", overlap_grad_reduce=overlap_grad_reduce,
+             schedule="interleaved" if vp > 1 else "1f1b", overlap_grad_reduce=True,
              tp_comm_overlap=tp > 1)
     if modules and modules != "core_attn":
         l["recompute_modules"] = modules
