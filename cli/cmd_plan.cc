@@ -72,8 +72,10 @@ struct OptionRow {
 
 // Megatron-LM leaves these off unless asked, and so does the search: TE's TP communication
 // overlap, bf16 gradient buffers, CPU activation offloading (the fewest layers that make a
-// pp-1 layout fit) and Megatron-FSDP's optim_grads_params. Each the user did not set is tried
-// on its own, then all of them together; the rows are what each would buy.
+// pp-1 layout fit), Megatron-FSDP's optim_grads_params and the precision-aware optimizer with
+// bf16 moments. Each the user did not set is tried on its own, then all of them together
+// (Megatron-FSDP and the precision-aware optimizer exclude each other: FSDP goes in); the rows
+// are what each would buy.
 Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutFlags& lf,
                                                    const SearchSpace& s, int refine) {
   std::vector<OptionRow> rows;
@@ -91,6 +93,22 @@ Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutF
       s.recompute.Allows(Recompute::kNone))
     options.push_back({"--cpu-offloading-num-layers N",
                        [](SearchSpace* x) { x->search_cpu_offload = true; }});
+  // Transformer Engine's precision-aware Adam with bf16 moments (Megatron-Bridge's DeepSeek-V3
+  // recipes; its bf16 runs turn the flag on): 8 bytes of state a parameter instead of 12 (a
+  // bf16 model's masters as 16-bit remainders). It needs the distributed optimizer and refuses
+  // Megatron-FSDP, so it is tried on its own, and together only when FSDP is not.
+  bool given_dtype = false;
+  for (const auto& d : lf.optimizer_dtypes) given_dtype |= bool(d);
+  const bool pa_opt = !lf.precision_aware_optimizer && !given_dtype &&
+                      (!lf.dp_sharding || *lf.dp_sharding == "optim") &&
+                      !(lf.dist_opt && *lf.dist_opt == "off") &&
+                      s.precision != Precision::kFp32 && s.precision != Precision::kFp16;
+  auto apply_pa_opt = [](SearchSpace* x) {
+    x->optimizer_state.precision_aware = true;
+    x->optimizer_state.exp_avg = StateDtype::kBf16;
+    x->optimizer_state.exp_avg_sq = StateDtype::kBf16;
+    x->distributed_optimizer = true;
+  };
   const bool fsdp = !lf.dp_sharding && !(lf.dist_opt && *lf.dist_opt == "off");
   if (fsdp)
     options.push_back({"--data-parallel-sharding-strategy optim_grads_params",
@@ -99,6 +117,9 @@ Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutF
                          x->shard_gradients = true;
                          x->shard_params = true;
                        }});
+  if (pa_opt && !fsdp)
+    options.push_back({"--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
+                       apply_pa_opt});
   if (options.size() > 1) {
     std::string all;
     for (const auto& o : options) all += (all.empty() ? "" : " ") + o.first;
@@ -115,6 +136,9 @@ Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutF
                          }
                        }});
   }
+  if (pa_opt && fsdp)  // on its own only (above)
+    options.push_back({"--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
+                       apply_pa_opt});
   for (const auto& [flags, apply] : options) {
     SearchSpace o = s;
     apply(&o);
@@ -139,6 +163,12 @@ std::string OptionFlags(const OptionRow& row, const SearchSpace& s) {
   if (l.shard_gradients && !s.shard_gradients)
     f += std::string(" --data-parallel-sharding-strategy ") +
          (l.shard_params ? "optim_grads_params" : "optim_grads");
+  if (l.optimizer_state.precision_aware && !s.optimizer_state.precision_aware) {
+    f += " --use-precision-aware-optimizer";
+    for (const OptimizerDtypeField& d : OptimizerDtypeFields())
+      if (const StateDtype dt = l.optimizer_state.*d.field; dt != StateDtype::kFp32)
+        f += std::string(" ") + d.flag + " " + ToString(dt);
+  }
   return f.empty() ? row.flags : f.substr(1);
 }
 

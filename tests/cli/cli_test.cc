@@ -173,13 +173,28 @@ TEST(Cli, PlanNamesTheOptionsItLeftOff) {
     }
   }
   EXPECT_TRUE(fsdp_offload);
+  // The precision-aware optimizer with bf16 moments is tried on its own (it refuses FSDP):
+  // its layout carries it, and its flags say the dtypes.
+  bool pa_opt = false;
+  for (const auto& o : j["options_left_off"]) {
+    if (o["tried"].get<std::string>().rfind("--use-precision-aware-optimizer", 0) != 0) continue;
+    pa_opt = true;
+    ASSERT_TRUE(o.contains("plan")) << o.dump();
+    EXPECT_TRUE(o["plan"]["layout"]["use_precision_aware_optimizer"].get<bool>());
+    EXPECT_EQ(o["plan"]["layout"]["exp_avg_dtype"], "bf16");
+    EXPECT_FALSE(o["plan"]["layout"]["shard_gradients"].get<bool>());
+    EXPECT_EQ(o["flags"], "--use-precision-aware-optimizer --exp-avg-dtype bf16 "
+                          "--exp-avg-sq-dtype bf16");
+  }
+  EXPECT_TRUE(pa_opt);
   const CmdResult t = Ptdp(args);
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_NE(t.out.find("Megatron options left off"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("optim_grads_params"), std::string::npos) << t.out;
   // Options the user set are not advised: with the others given, offloading is left.
   const CmdResult all = Ptdp(args + " --json --tp-comm-overlap on --grad-reduce-in-bf16 "
-                             "--data-parallel-sharding-strategy optim");
+                             "--data-parallel-sharding-strategy optim "
+                             "--use-precision-aware-optimizer");
   ASSERT_EQ(all.code, 0) << all.out;
   const auto left = nlohmann::json::parse(all.out)["options_left_off"];
   ASSERT_EQ(left.size(), 1u) << all.out;
