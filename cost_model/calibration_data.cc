@@ -120,6 +120,11 @@ std::string ReadEntry(const YAML::Node& e, MeasuredRun* run) {
   // ... and compute the loss with Transformer Engine's kernel (cross_entropy_fusion_impl "te":
   // import-published.py's mb_cross_entropy).
   if (Contains(run->id, "megatron_bridge")) l.cross_entropy = CrossEntropyFusion::kTe;
+  // Its Llama 3.1 405B recipe counts the embedding and the loss in the pipeline split
+  // (recipes/llama/llama3.py llama31_405b_pretrain_config), as import-published.py reads it.
+  if (Contains(run->id, "megatron_bridge") &&
+      (Contains(run->model.name, "405B") || Contains(run->model.name, "405b")))
+    l.embedding_in_split = l.loss_in_split = true;
   run->gpu = GpuKind(Str(hw["gpu"]));
   run->gpus = hw["total_gpus"].as<int>();
   if (meas["per_layer_combined_ms"] && !meas["per_layer_combined_ms"].IsNull()) {

@@ -118,6 +118,10 @@ def convert(e):
     if "megatron_bridge" in ident:
         l["grad_reduce_in_bf16"] = True
         l["cross_entropy_fusion"] = "te"  # mb_cross_entropy
+        # Its Llama 3.1 405B recipe counts the embedding and the loss as a layer's slot each
+        # (recipes/llama/llama3.py llama31_405b_pretrain_config: 126 + 2 over pp x vp).
+        if "405b" in str(model.get("name", "")).lower():
+            l.update(embedding_in_split=True, loss_in_split=True)
     gpu = str(hw.get("gpu", ""))
     row = dict(id=ident, source="; ".join(str(e["source"][k]) for k in ("title", "location")
                                           if e.get("source", {}).get(k)),
