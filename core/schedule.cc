@@ -196,7 +196,8 @@ double PeakInFlight(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t 
     return k < full * period ? (k % period) / g : (k - full * period) / (m - full * g);
   };
   // Held after forward w + i: forwards 0..w+i less backwards 0..i-1; periodic in i (period
-  // g v) until the last group's forwards, so the first period and the last two suffice.
+  // g v) until the last group's forwards, so the first period and, when the last group is
+  // partial, the last two suffice.
   double peak = first;
   const int64_t in_full = full * period;
   auto walk = [&](int64_t from, int64_t to) {
@@ -216,7 +217,8 @@ double PeakInFlight(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t 
   };
   const int64_t head = std::min(steps, period + 1);
   walk(0, head);
-  if (steps > head) walk(std::max(head, steps - 2 * period - 2), steps);
+  // With every group full the whole steady state repeats: the first period is all of it.
+  if (steps > head && m % g != 0) walk(std::max(head, steps - 2 * period - 2), steps);
   return peak;
 }
 

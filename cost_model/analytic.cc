@@ -1072,8 +1072,10 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
     return b;
   };
   std::vector<double> kept(size_t(l.vp), layers_bytes(counts) / l.vp);
+  // (Chunks alike unless the split, the layer count or a mix of kinds on the rank says not.)
+  const bool mixed = M.hybrid() || (counts.moe() > 0 && counts.moe() < counts.total());
   if (l.vp > 1 && (l.pipeline_layout || l.embedding_in_split || l.loss_in_split ||
-                   RankLayers(M, l, r) % l.vp != 0 || M.hybrid() || M.moe()))
+                   RankLayers(M, l, r) % l.vp != 0 || mixed))
     for (int c = 0; c < l.vp; ++c) kept[size_t(c)] = layers_bytes(ChunkLayerCounts(l, r, c));
   const double embedding = r == 0 ? sbh * 3.0 / (l.sequence_parallel ? t : 1) : 0;
   const double mtp = double(M.mtp_layers);
