@@ -178,9 +178,29 @@ int RunSchedule(const ScheduleFlags& f) {
     if (!split.ok()) return Fail(split.status().message());
     stage_layers = *split;
   }
+  // With the layers known: the layer-micro-batches each rank holds at its peak (PeakInFlight:
+  // past the warm-up where its chunks differ) and at the warm-up's end.
+  std::vector<double> peak, warm;
+  for (int r = 0; r < s.pp && !stage_layers.empty(); ++r) {
+    std::vector<double> kept(size_t(s.vp));
+    for (int c = 0; c < s.vp; ++c) kept[size_t(c)] = stage_layers[size_t(c) * s.pp + r];
+    peak.push_back(PeakInFlight(s.kind, s.pp, s.vp, s.microbatches, s.group_size, r,
+                                s.a2a_overlap, kept));
+    const int64_t held = std::min<int64_t>(int64_t(Warmup(s, r)) + 1, int64_t(s.microbatches) * s.vp);
+    double w = 0;
+    for (int c = 0; c < s.vp; ++c)
+      w += kept[size_t(c)] * double(s.kind == ScheduleKind::kInterleaved
+                                        ? ForwardsOfChunk(s.microbatches, s.vp, s.group_size, held, c)
+                                        : held);
+    warm.push_back(w);
+  }
   if (f.json) {
     nlohmann::json j = ScheduleJson(s);
-    if (!stage_layers.empty()) j["stage_layers"] = stage_layers;
+    if (!stage_layers.empty()) {
+      j["stage_layers"] = stage_layers;
+      j["peak_layer_microbatches"] = peak;
+      j["warmup_layer_microbatches"] = warm;
+    }
     std::cout << DumpJson(j) << "\n";
     return 0;
   }
@@ -194,7 +214,8 @@ int RunSchedule(const ScheduleFlags& f) {
       std::string line;
       for (int c = 0; c < s.vp; ++c)
         line += (c ? " " : "") + std::to_string(stage_layers[size_t(c) * s.pp + r]);
-      std::printf("  rank %-3d %s\n", r, line.c_str());
+      std::printf("  rank %-3d %s   holds %g layer-micro-batches at its peak (%g at the "
+                  "warm-up's end)\n", r, line.c_str(), peak[size_t(r)], warm[size_t(r)]);
     }
   }
   for (int r = 0; r < s.pp; ++r) {

@@ -720,6 +720,15 @@ TEST(Cli, ScheduleShowsEachChunksLayers) {
   r = Ptdp("schedule --pp 2 --microbatches 4 --layers 6 --pipeline-model-parallel-layout 'Et|tt|tt|tL'");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("interleaved schedule: pp 2, vp 2"), std::string::npos) << r.out;
+  // What each rank holds: a heavy chunk 0 piles up past the warm-up (rank 1's 8 and 1 layers:
+  // 3 x 8 + 3 x 1 = 27 at the warm-up's end, then forwards of chunk 0 beside backwards of
+  // chunk 1, to 48), as the simulator's memory timeline has it.
+  r = Ptdp("schedule --pp 3 --microbatches 12 --layers 24 "
+           "--pipeline-model-parallel-layout 'Ettt|tttttttt|ttt|ttt|t|ttttttL' --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto k = nlohmann::json::parse(r.out);
+  EXPECT_EQ(k["peak_layer_microbatches"].get<std::vector<double>>(), (std::vector<double>{24, 48, 15}));
+  EXPECT_EQ(k["warmup_layer_microbatches"].get<std::vector<double>>(), (std::vector<double>{24, 27, 15}));
   ExpectOneLineError(Ptdp("schedule --pp 4 --microbatches 8 --layers 22 --decoder-first-pipeline-num-layers 5"),
                      "middle layers 17 % middle stages 3 != 0");
   ExpectOneLineError(Ptdp("schedule --pp 4 --microbatches 8 --account-for-loss-in-pipeline-split"),
