@@ -104,6 +104,10 @@ void AddLayoutFlags(CLI::App* app, LayoutFlags* f, bool need_cluster_model) {
   app->add_option("--precision", f->precision, "bf16|fp16|fp8|fp4|fp32 (default bf16; fp32 without a 16-bit peak, as on local-cpu)");
   app->add_option("--tp-comm-overlap", f->tp_overlap, "TE TP communication overlap on|off (default off)");
   app->add_option("--overlap-grad-reduce", f->grad_overlap, "overlap DP reduction with backward on|off (default on)");
+  app->add_option("--overlap-param-gather", f->param_gather_overlap,
+                  "Megatron's: on|off, the distributed optimizer's all-gather of the updated "
+                  "parameters under the next step's first forward (default on; needs the "
+                  "distributed optimizer and --overlap-grad-reduce, as Megatron asserts)");
   app->add_flag("--grad-reduce-in-bf16", f->grad_reduce_in_bf16,
                 "Megatron's: keep the gradient buffers in bf16, so that micro-batches accumulate "
                 "and DP reduces 2-byte gradients (default: fp32, --bf16's "
@@ -268,7 +272,8 @@ Result<uint8_t> RecomputeModulesFlag(const LayoutFlags& f) {
 
 Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<bool>* dopt,
                   std::optional<Recompute>* rc, Precision* prec, bool* tpo, bool* gro,
-                  bool* p2p, std::optional<bool>* shard, std::optional<bool>* zero3) {
+                  bool* pgo, bool* p2p, std::optional<bool>* shard,
+                  std::optional<bool>* zero3) {
   if (f.sp) { PTDP_ASSIGN_OR_RETURN(bool v, ParseOnOff("--sp", *f.sp)); *sp = v; }
   if (f.dist_opt) { PTDP_ASSIGN_OR_RETURN(bool v, ParseOnOff("--dist-opt", *f.dist_opt)); *dopt = v; }
   if (f.recompute) {
@@ -289,6 +294,15 @@ Status ApplyKnobs(const LayoutFlags& f, std::optional<bool>* sp, std::optional<b
   }
   if (f.tp_overlap) { PTDP_ASSIGN_OR_RETURN(*tpo, ParseOnOff("--tp-comm-overlap", *f.tp_overlap)); }
   if (f.grad_overlap) { PTDP_ASSIGN_OR_RETURN(*gro, ParseOnOff("--overlap-grad-reduce", *f.grad_overlap)); }
+  if (f.param_gather_overlap) {
+    PTDP_ASSIGN_OR_RETURN(*pgo, ParseOnOff("--overlap-param-gather", *f.param_gather_overlap));
+    if (*pgo && f.grad_overlap && !*gro)
+      return Status::Error("--overlap-param-gather on needs --overlap-grad-reduce on (Megatron "
+                           "asserts it), not off");
+    if (*pgo && dopt->has_value() && !**dopt)
+      return Status::Error("--overlap-param-gather on needs the distributed optimizer (Megatron "
+                           "asserts it), not --dist-opt off");
+  }
   if (f.p2p_overlap) {
     PTDP_ASSIGN_OR_RETURN(*p2p, ParseOnOff("--overlap-p2p-communication", *f.p2p_overlap));
   }
@@ -428,7 +442,8 @@ Result<SearchSpace> SpaceFromFlags(const LayoutFlags& f, const World& w) {
   std::optional<bool> sp, dopt, shard, zero3;
   std::optional<Recompute> rc;
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &s.precision, &s.tp_comm_overlap,
-                                  &s.overlap_grad_reduce, &s.overlap_p2p, &shard, &zero3));
+                                  &s.overlap_grad_reduce, &s.overlap_param_gather, &s.overlap_p2p,
+                                  &shard, &zero3));
   PTDP_ASSIGN_OR_RETURN(s.ddp_bucket_size, BucketSizeFlag(f));
   PTDP_ASSIGN_OR_RETURN(s.cpu_offload_layers, OffloadFlag(f, w.cluster));
   s.grad_reduce_in_bf16 = f.grad_reduce_in_bf16;
@@ -518,7 +533,8 @@ Result<Layout> LayoutFromFlags(const LayoutFlags& f, const World& w) {
   std::optional<Recompute> rc;
   l.precision = w.cluster.gpu.DefaultPrecision();
   PTDP_RETURN_IF_ERROR(ApplyKnobs(f, &sp, &dopt, &rc, &l.precision, &l.tp_comm_overlap,
-                                  &l.overlap_grad_reduce, &l.overlap_p2p, &shard, &zero3));
+                                  &l.overlap_grad_reduce, &l.overlap_param_gather, &l.overlap_p2p,
+                                  &shard, &zero3));
   PTDP_ASSIGN_OR_RETURN(l.ddp_bucket_size, BucketSizeFlag(f));
   PTDP_ASSIGN_OR_RETURN(l.cpu_offload_layers, OffloadFlag(f, w.cluster));
   l.shard_gradients = shard.value_or(false);
@@ -573,7 +589,8 @@ nlohmann::json LayoutJson(const Layout& l, const ModelSpec& model) {
           {"accumulate_allreduce_grads_in_fp32", l.accumulate_grads_in_fp32},
           {"use_precision_aware_optimizer", l.optimizer_state.precision_aware},
           {"precision", ToString(l.precision)}, {"schedule", ToString(l.schedule)},
-          {"overlap_grad_reduce", l.overlap_grad_reduce}, {"tp_comm_overlap", l.tp_comm_overlap},
+          {"overlap_grad_reduce", l.overlap_grad_reduce},
+          {"overlap_param_gather", l.overlap_param_gather}, {"tp_comm_overlap", l.tp_comm_overlap},
           {"overlap_p2p", l.overlap_p2p}, {"pipeline_split", l.SplitName()},
           {"ep", l.ep}, {"etp", l.expert_tp()}};
   if (l.first_stage_layers > 0) j["first_stage_layers"] = l.first_stage_layers;

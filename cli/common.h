@@ -66,6 +66,7 @@ struct LayoutFlags {
   // Megatron's --cross-entropy-loss-fusion (on | off here) and --cross-entropy-fusion-impl
   // (native | te); unset: plan takes te, simulate Megatron's default (no fusion).
   std::optional<std::string> ce_fusion, ce_impl;
+  std::optional<std::string> param_gather_overlap;  // Megatron's --overlap-param-gather (on|off)
   std::optional<std::string> train_tokens;  // --train-tokens 15T: days and GPU-hours
   bool allow_tp_across_nodes = false;
   bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16 (bf16 gradient buffers)

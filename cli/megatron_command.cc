@@ -198,7 +198,7 @@ std::string MegatronCommand(const Plan& plan, const MegatronOptions& opt) {
       s += " --ddp-bucket-size " + std::to_string(l.ddp_bucket_size);
     // validate_args: --overlap-param-gather needs the distributed optimizer and
     // --overlap-grad-reduce.
-    if (l.overlap_grad_reduce && l.distributed_optimizer) s += " --overlap-param-gather";
+    if (l.param_gather_overlapped()) s += " --overlap-param-gather";
     if (!s.empty()) a.Add(s.substr(1));
   }
 

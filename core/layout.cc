@@ -196,6 +196,8 @@ std::string Layout::Knobs() const {
   if (loss_in_split) s += "loss-split ";
   if (pipeline_layout) s += "pp-layout ";
   if (!overlap_p2p && vp > 1) s += "no-p2p-overlap ";
+  if (!overlap_param_gather && overlap_grad_reduce && distributed_optimizer && !shard_params)
+    s += "no-ag-overlap ";
   if (moe_a2a_overlap) s += "a2a-overlap ";
   if (moe_flex_dispatcher) s += "flex ";
   if (cross_entropy != CrossEntropyFusion::kNone) s += std::string("ce-") + ToString(cross_entropy) + " ";

@@ -165,9 +165,15 @@ struct Layout {
   OptimizerState optimizer_state;
   Precision precision = Precision::kBf16;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;  // interleaved iff vp > 1
-  // Megatron --overlap-grad-reduce / --overlap-param-gather: DP collectives run under the
-  // last micro-batch's backward (and the next step's first forward).
+  // Megatron --overlap-grad-reduce: DP collectives run under the last micro-batch's backward.
   bool overlap_grad_reduce = true;
+  // Megatron --overlap-param-gather: with the distributed optimizer and --overlap-grad-reduce
+  // (Megatron asserts both), the all-gather of the updated parameters runs under the next
+  // step's first forward, bucket by bucket; off, it follows the optimizer step exposed.
+  bool overlap_param_gather = true;
+  bool param_gather_overlapped() const {
+    return overlap_param_gather && overlap_grad_reduce && distributed_optimizer;
+  }
   // Megatron --ddp-bucket-size: the most parameters in one gradient bucket with
   // --overlap-grad-reduce (a bucket closes once it reaches this size); 0 is Megatron's default,
   // max(40,000,000, 1,000,000 x the DP x CP size). Without the overlap: one bucket per group.

@@ -136,6 +136,7 @@ Result<Layout> LayoutFromYaml(const YAML::Node& node, const std::string& file,
   lay.schedule = *ParseScheduleKind(
       l.Enum("schedule", {"gpipe", "1f1b", "interleaved"}, lay.vp > 1 ? "interleaved" : "1f1b"));
   lay.overlap_grad_reduce = l.Bool("overlap_grad_reduce", true);
+  lay.overlap_param_gather = l.Bool("overlap_param_gather", true);
   lay.ddp_bucket_size = l.NonNegativeInt("ddp_bucket_size", 0);
   lay.tp_comm_overlap = l.Bool("tp_comm_overlap", false);
   lay.overlap_p2p = l.Bool("overlap_p2p", true);
@@ -231,6 +232,8 @@ std::string PlanToYaml(const Plan& plan) {
     << "  precision: " << ToString(l.precision) << "\n"
     << "  schedule: " << ToString(l.schedule) << "\n"
     << "  overlap_grad_reduce: " << Bool(l.overlap_grad_reduce) << "\n"
+    << "  overlap_param_gather: " << Bool(l.overlap_param_gather)
+    << "  # with the distributed optimizer and overlap_grad_reduce\n"
     << "  tp_comm_overlap: " << Bool(l.tp_comm_overlap) << "\n"
     << "  overlap_p2p: " << Bool(l.overlap_p2p) << "  # interleaved schedules only\n";
   if (l.ddp_bucket_size > 0) o << "  ddp_bucket_size: " << l.ddp_bucket_size << "  # --ddp-bucket-size\n";

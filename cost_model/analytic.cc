@@ -932,7 +932,9 @@ double AnalyticModel::DpExposed(const Layout& l, double params, double expert_pa
     rs_exposed = e + k_.overlap_interference * std::max(0.0, total - e);
     if (l.shard_params) return rs_exposed;
   }
-  return rs_exposed + exposed(ag, fwd_s);
+  // --overlap-param-gather off: the updated parameters' all-gathers follow the optimizer step,
+  // every bucket on the critical path.
+  return rs_exposed + (l.overlap_param_gather ? exposed(ag, fwd_s) : nb * ag);
 }
 
 // Bytes one layer keeps for its backward per micro-batch, term by term as Megatron-Core with
@@ -1383,7 +1385,8 @@ double AnalyticModel::StageDpGatherTime(const Layout& l, int r, double fwd_s) co
     total += runtime_->ChunkDpGather(l, r, c);
     parts += runtime_->ChunkDpGatherParts(l, r, c);
   }
-  return l.overlap_grad_reduce ? ExposedBeside(total, parts, fwd_s) : total;
+  return l.overlap_grad_reduce && l.overlap_param_gather ? ExposedBeside(total, parts, fwd_s)
+                                                         : total;
 }
 
 int AnalyticModel::ChunkDpBuckets(const Layout& l, int r, int c) const {

@@ -394,6 +394,7 @@ Result<PlanResult> SearchOnce(const Estimator& est, const ModelSpec& model,
                   l.shard_params = zero3;
                   l.precision = s.precision;
                   l.overlap_grad_reduce = s.overlap_grad_reduce;
+                  l.overlap_param_gather = s.overlap_param_gather;
                   l.grad_reduce_in_bf16 = s.grad_reduce_in_bf16;
                   l.accumulate_grads_in_fp32 = s.accumulate_grads_in_fp32;
                   l.optimizer_state = s.optimizer_state;

@@ -84,6 +84,7 @@ struct SearchSpace {
   int max_micro_batch = 16;               // largest b tried when b is searched
   bool allow_tp_across_nodes = false;     // otherwise such layouts are rejected (named reason)
   bool overlap_grad_reduce = true;
+  bool overlap_param_gather = true;  // --overlap-param-gather
   bool grad_reduce_in_bf16 = false;  // Megatron's --grad-reduce-in-bf16 on every layout
   bool accumulate_grads_in_fp32 = false;  // --accumulate-allreduce-grads-in-fp32 likewise
   OptimizerState optimizer_state;  // --use-precision-aware-optimizer and its dtypes, every layout

@@ -711,7 +711,8 @@ Status Trainer::Impl::Build(BackendFactory& backends, CommunicatorFactory& comms
       rk.reducer = std::make_unique<GradReducer>();
       // --overlap-param-gather: the sliced parameters in the order the forward reads them
       // (chunk by chunk, embedding, layers, output), once.
-      for (size_t k = 0; k < rk.state.size(); ++k)
+      // (Off: the all-gathers follow the optimizer step, as without the reducer.)
+      for (size_t k = 0; k < rk.state.size() && l.overlap_param_gather; ++k)
         if (rk.state[k].slices > 1) rk.gather_order.push_back(k);
       std::stable_sort(rk.gather_order.begin(), rk.gather_order.end(), [&](size_t a, size_t b) {
         const ParamState &x = rk.state[a], &y = rk.state[b];
@@ -1237,9 +1238,10 @@ Status Trainer::Impl::OptimizerStep(Rank& rk) {
     }
   }
   rk.clock.Stop(t0, StepEventKind::kOptimizer, -1, -1, &RankTimes::optimizer_s);
-  // Without the reducer the dist-opt all-gather follows at once; with it, at the end of the
-  // step (RunStep: after the loss's reduction over the same group), beside the next forward.
-  return rk.reducer ? Status::Ok() : GatherParams(rk);
+  // Without the reducer (or --overlap-param-gather) the dist-opt all-gather follows at once;
+  // with them, at the end of the step (RunStep: after the loss's reduction over the same
+  // group), beside the next forward.
+  return rk.gather_order.empty() ? GatherParams(rk) : Status::Ok();
 }
 
 // The dist-opt all-gather's output for a sliced parameter: the parameter itself where the

@@ -283,6 +283,13 @@ def convert_recipe(e):
         l["grad_reduce_in_bf16"] = True
     mb_precision_aware_optimizer(e, l)
     mb_cross_entropy(e, l)
+    # Megatron-Bridge's Llama 3 and 3.1 configs turn TE's TP overlap off for NVFP4 from the 26.02
+    # container on (scripts/performance/configs/llama/llama3*_llm_pretrain.py, v0.3.0 to
+    # v0.5.1: tp_comm_overlap = False if precision == "nvfp4"; every GPU's function).
+    release = mb_release(e)
+    if (release and release >= (26, 2, 0) and l["precision"] == "fp4"
+            and "llama" in str(model.get("name", "")).lower()):
+        l["tp_comm_overlap"] = False
     src = e["source"]
     # The source is the document and its release (one table per model and precision in it):
     # rows of one source share it, for validate's per-source figures; the table and column

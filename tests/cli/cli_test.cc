@@ -407,6 +407,48 @@ TEST(Cli, CrossEntropyFusionFlags) {
   ExpectOneLineError(Ptdp(sim + "--cross-entropy-loss-fusion maybe"), "expected on or off");
 }
 
+// Megatron's --overlap-param-gather on its own: off, the distributed optimizer's all-gather is
+// exposed (more DP time), the command leaves the flag out, plan.yaml keeps it; Megatron's
+// assertions (the distributed optimizer, --overlap-grad-reduce) refuse it in a line.
+TEST(Cli, OverlapParamGatherFlag) {
+  const std::string sim = "simulate --cluster " + kSrc + "/configs/clusters/dgx-h100.yaml --model " +
+                          kSrc + "/configs/models/llama3-70b.yaml --gpus 64 --tp 8 --pp 2 "
+                          "--global-batch 128 --dist-opt on ";
+  const CmdResult on = Ptdp(sim + "--json"), off = Ptdp(sim + "--overlap-param-gather off --json");
+  ASSERT_EQ(on.code, 0) << on.out;
+  ASSERT_EQ(off.code, 0) << off.out;
+  const auto jon = nlohmann::json::parse(on.out), joff = nlohmann::json::parse(off.out);
+  EXPECT_TRUE(jon["layout"]["overlap_param_gather"].get<bool>());
+  EXPECT_FALSE(joff["layout"]["overlap_param_gather"].get<bool>());
+  // (The analytic figure: the simulator's DP stream runs each chunk's all-gather after its
+  // reduce-scatter either way.)
+  EXPECT_GT(joff["analytic_step_time_s"].get<double>(), jon["analytic_step_time_s"].get<double>());
+  const CmdResult cmd_on = Ptdp(sim + "--emit megatron"),
+                  cmd_off = Ptdp(sim + "--overlap-param-gather off --emit megatron");
+  ASSERT_EQ(cmd_on.code, 0) << cmd_on.out;
+  ASSERT_EQ(cmd_off.code, 0) << cmd_off.out;
+  EXPECT_NE(cmd_on.out.find("--overlap-param-gather"), std::string::npos);
+  EXPECT_EQ(cmd_off.out.find("--overlap-param-gather"), std::string::npos);
+  EXPECT_NE(cmd_off.out.find("--overlap-grad-reduce"), std::string::npos);
+  const std::string yaml = ::testing::TempDir() + "/plan-ag.yaml";
+  const CmdResult p = Ptdp("plan --cluster " + kSrc + "/configs/clusters/dgx-h100.yaml --model " +
+                           kSrc + "/configs/models/llama3-70b.yaml --gpus 64 --global-batch 128 "
+                           "--dist-opt on --overlap-param-gather off --top 1 --options-left-off off "
+                           "--out " + yaml);
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_NE(p.out.find("no-ag-overlap"), std::string::npos) << p.out;
+  const CmdResult again = Ptdp("simulate " + yaml + " --json");
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_FALSE(nlohmann::json::parse(again.out)["layout"]["overlap_param_gather"].get<bool>());
+  ExpectOneLineError(Ptdp(sim + "--overlap-param-gather on --overlap-grad-reduce off"),
+                     "--overlap-param-gather on needs --overlap-grad-reduce on");
+  ExpectOneLineError(Ptdp("simulate --cluster " + kSrc + "/configs/clusters/dgx-h100.yaml --model " +
+                          kSrc + "/configs/models/llama3-70b.yaml --gpus 64 --tp 8 --pp 2 "
+                          "--global-batch 128 --dist-opt off --overlap-param-gather on"),
+                     "needs the distributed optimizer");
+  ExpectOneLineError(Ptdp(sim + "--overlap-param-gather maybe"), "expected on or off");
+}
+
 // fp4 needs an fp4 tensor-core peak (Blackwell): on H100 plan and simulate refuse it in a line.
 TEST(Cli, Fp4RefusedOnH100) {
   const std::string h100 = kSrc + "/configs/clusters/dgx-h100.yaml";

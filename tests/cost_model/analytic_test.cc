@@ -311,6 +311,35 @@ TEST_F(AnalyticTest, DataParallelAllReduceTime) {
   EXPECT_NEAR(cost_.DpTime(l, params) / half, 1.0, 0.02);
 }
 
+// --overlap-param-gather off (the distributed optimizer with --overlap-grad-reduce): the
+// all-gather of the updated parameters no longer hides under the next forward; every bucket's
+// is exposed, so the DP figure grows by at most the all-gathers' whole time and at least what
+// the forward hid. Megatron's command then leaves the flag out.
+TEST_F(AnalyticTest, ParamGatherExposedWithoutItsOverlap) {
+  Layout l = MakeLayout(8, 8, 16, 1, 1, 1536);
+  l.sequence_parallel = true;
+  l.distributed_optimizer = true;
+  ASSERT_TRUE(l.param_gather_overlapped());
+  const double params = 2e9, fwd = 0.05, bwd = 0.1;
+  const double on = cost_.DpExposed(l, params, 0, bwd, fwd);
+  l.overlap_param_gather = false;
+  EXPECT_FALSE(l.param_gather_overlapped());
+  const double off = cost_.DpExposed(l, params, 0, bwd, fwd);
+  EXPECT_GT(off, on);
+  // The all-gather of 2 bytes a parameter over dp 16 (one bucket's worth at a time): what
+  // `off` adds is no more than the whole all-gather.
+  Layout whole = l;
+  whole.overlap_grad_reduce = false;  // one blocking reduce-scatter and all-gather
+  EXPECT_LE(off - on, cost_.DpExposed(whole, params, 0, bwd, fwd) + 1e-9);
+  // The step: slower by the exposed all-gather, all of it in dp_comm.
+  const Estimate e_off = cost_.Evaluate(l);
+  l.overlap_param_gather = true;
+  const Estimate e_on = cost_.Evaluate(l);
+  EXPECT_GT(e_off.breakdown.dp_comm_s, e_on.breakdown.dp_comm_s);
+  EXPECT_NEAR(e_off.step_time_s - e_on.step_time_s,
+              e_off.breakdown.dp_comm_s - e_on.breakdown.dp_comm_s, 1e-9);
+}
+
 TEST_F(AnalyticTest, BubbleFollowsNarayanan) {
   // Uniform stages (tiny vocabulary and free communication): bubble = (p-1)/(v m) of the
   // ideal time m * t_stage.

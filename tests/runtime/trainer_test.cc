@@ -535,10 +535,11 @@ TEST(Trainer, ParamGatherBesideTheNextForwardEqualsTheSynchronousOne) {
     TrainingState state;
     bool overlapped = false;
   };
-  auto run = [&](bool overlap) {
+  auto run = [&](bool overlap, bool param_gather = true) {
     Run out;
     TrainerConfig c = cfg;
     c.layout.overlap_grad_reduce = overlap;
+    c.layout.overlap_param_gather = param_gather;
     c.layout.ddp_bucket_size = 2000;
     c.record_timeline = true;
     ThreadWorld world(c.layout.world(), kTimeoutS);
@@ -591,6 +592,20 @@ TEST(Trainer, ParamGatherBesideTheNextForwardEqualsTheSynchronousOne) {
   EXPECT_EQ(dp_events(beside.steps[1]) - dp_events(beside.steps[0]), sliced);
   // The evaluation after step 1 waited for step 1's gathers, outside any step's timeline.
   EXPECT_EQ(dp_events(beside.steps[2]), dp_events(beside.steps[0]));
+  // --overlap-param-gather off beside the reduce-scatter overlap: the all-gathers follow the
+  // optimizer step (no per-parameter events in the next step), the same numbers bit for bit.
+  const Run after = run(true, false);
+  EXPECT_TRUE(after.overlapped);
+  ASSERT_EQ(after.steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(after.steps[i].loss, sync.steps[i].loss) << "step " << i;
+    EXPECT_EQ(after.steps[i].grad_norm, sync.steps[i].grad_norm) << "step " << i;
+  }
+  EXPECT_EQ(after.eval, sync.eval);
+  for (size_t i = 0; i < sync.state.tensors.size() && i < after.state.tensors.size(); ++i)
+    EXPECT_TRUE(after.state.tensors[i].data == sync.state.tensors[i].data)
+        << sync.state.tensors[i].name;
+  EXPECT_EQ(dp_events(after.steps[1]), dp_events(after.steps[0]));
 }
 
 // The optimizer updates the whole parameters of a chunk in runs of its buffers (replicated,
