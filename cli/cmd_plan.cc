@@ -103,12 +103,14 @@ Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutF
                       (!lf.dp_sharding || *lf.dp_sharding == "optim") &&
                       !(lf.dist_opt && *lf.dist_opt == "off") &&
                       s.precision != Precision::kFp32 && s.precision != Precision::kFp16;
-  auto apply_pa_opt = [](SearchSpace* x) {
-    x->optimizer_state.precision_aware = true;
-    x->optimizer_state.exp_avg = StateDtype::kBf16;
-    x->optimizer_state.exp_avg_sq = StateDtype::kBf16;
-    x->distributed_optimizer = true;
-  };
+  const std::pair<std::string, std::function<void(SearchSpace*)>> pa_opt_option = {
+      "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
+      [](SearchSpace* x) {
+        x->optimizer_state.precision_aware = true;
+        x->optimizer_state.exp_avg = StateDtype::kBf16;
+        x->optimizer_state.exp_avg_sq = StateDtype::kBf16;
+        x->distributed_optimizer = true;
+      }};
   const bool fsdp = !lf.dp_sharding && !(lf.dist_opt && *lf.dist_opt == "off");
   if (fsdp)
     options.push_back({"--data-parallel-sharding-strategy optim_grads_params",
@@ -117,9 +119,7 @@ Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutF
                          x->shard_gradients = true;
                          x->shard_params = true;
                        }});
-  if (pa_opt && !fsdp)
-    options.push_back({"--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
-                       apply_pa_opt});
+  if (pa_opt && !fsdp) options.push_back(pa_opt_option);  // in "together" too
   if (options.size() > 1) {
     std::string all;
     for (const auto& o : options) all += (all.empty() ? "" : " ") + o.first;
@@ -136,9 +136,7 @@ Result<std::vector<OptionRow>> OptionsOffByDefault(const World& w, const LayoutF
                          }
                        }});
   }
-  if (pa_opt && fsdp)  // on its own only (above)
-    options.push_back({"--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
-                       apply_pa_opt});
+  if (pa_opt && fsdp) options.push_back(pa_opt_option);  // on its own only
   for (const auto& [flags, apply] : options) {
     SearchSpace o = s;
     apply(&o);

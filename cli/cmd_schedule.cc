@@ -186,13 +186,8 @@ int RunSchedule(const ScheduleFlags& f) {
     for (int c = 0; c < s.vp; ++c) kept[size_t(c)] = stage_layers[size_t(c) * s.pp + r];
     peak.push_back(PeakInFlight(s.kind, s.pp, s.vp, s.microbatches, s.group_size, r,
                                 s.a2a_overlap, kept));
-    const int64_t held = std::min<int64_t>(int64_t(Warmup(s, r)) + 1, int64_t(s.microbatches) * s.vp);
-    double w = 0;
-    for (int c = 0; c < s.vp; ++c)
-      w += kept[size_t(c)] * double(s.kind == ScheduleKind::kInterleaved
-                                        ? ForwardsOfChunk(s.microbatches, s.vp, s.group_size, held, c)
-                                        : held);
-    warm.push_back(w);
+    warm.push_back(HeldAfterWarmup(s.kind, s.pp, s.vp, s.microbatches, s.group_size, r,
+                                   s.a2a_overlap, kept));
   }
   if (f.json) {
     nlohmann::json j = ScheduleJson(s);

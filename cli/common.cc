@@ -375,13 +375,14 @@ Result<std::optional<CrossEntropyFusion>> CrossEntropyFlags(const LayoutFlags& f
     PTDP_ASSIGN_OR_RETURN(fused, ParseOnOff("--cross-entropy-loss-fusion", *f.ce_fusion));
   }
   if (f.ce_impl) {
-    if (*f.ce_impl != "native" && *f.ce_impl != "te")
+    const Result<CrossEntropyFusion> impl = ParseCrossEntropyFusion(*f.ce_impl);
+    if (!impl.ok() || *impl == CrossEntropyFusion::kNone)
       return Status::Error("--cross-entropy-fusion-impl '" + *f.ce_impl +
                            "': expected native or te");
     if (fused && !*fused)
       return Status::Error("--cross-entropy-fusion-impl " + *f.ce_impl +
                            " needs --cross-entropy-loss-fusion on, not off");
-    return std::optional<CrossEntropyFusion>(*ParseCrossEntropyFusion(*f.ce_impl));
+    return std::optional<CrossEntropyFusion>(*impl);
   }
   if (!fused) return std::optional<CrossEntropyFusion>();
   return std::optional<CrossEntropyFusion>(*fused ? CrossEntropyFusion::kNative

@@ -170,24 +170,39 @@ int64_t ForwardsOfChunk(int64_t m, int64_t v, int64_t g, int64_t n, int64_t c) {
   return rounds * g + std::clamp<int64_t>(rest - c * size, 0, size);
 }
 
-double PeakInFlight(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t g, int64_t r,
-                    bool a2a_overlap, const std::vector<double>& kept) {
+namespace {
+
+// Sum of kept[] (or of the mirrored chunk's, for backwards) over a rank's first n forwards.
+double KeptByForwards(int64_t m, int64_t v, int64_t g, int64_t n, bool mirror,
+                      const std::vector<double>& kept) {
+  double s = 0;
+  for (int64_t c = 0; c < v; ++c)
+    s += double(ForwardsOfChunk(m, v, g, n, c)) * kept[size_t(mirror ? v - 1 - c : c)];
+  return s;
+}
+
+bool ChunksAlike(int64_t v, const std::vector<double>& kept) {
+  for (int64_t c = 1; c < v; ++c)
+    if (kept[size_t(c)] != kept[0]) return false;
+  return true;
+}
+
+}  // namespace
+
+double HeldAfterWarmup(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t g, int64_t r,
+                       bool a2a_overlap, const std::vector<double>& kept) {
   if (kind != ScheduleKind::kInterleaved) v = 1, g = 1;
   if (g <= 0) g = p;
-  const int64_t total = m * v;
-  // Sum of kept[] (or of the mirrored chunk's, for backwards) over the first n forwards.
-  auto sum = [&](int64_t n, bool mirror) {
-    double s = 0;
-    for (int64_t c = 0; c < v; ++c)
-      s += double(ForwardsOfChunk(m, v, g, n, c)) * kept[size_t(mirror ? v - 1 - c : c)];
-    return s;
-  };
-  bool uneven = false;
-  for (int64_t c = 1; c < v; ++c) uneven |= kept[size_t(c)] != kept[0];
-  if (kind == ScheduleKind::kGPipe) return uneven ? sum(total, false) : double(total) * kept[0];
-  const int64_t w = WarmupForwards(kind, p, v, m, g, r, a2a_overlap);
-  if (!uneven) return double(std::min(w + 1, total)) * kept[0];
-  const double first = sum(std::min(w + 1, total), false);
+  const int64_t n = std::min(WarmupForwards(kind, p, v, m, g, r, a2a_overlap) + 1, m * v);
+  return ChunksAlike(v, kept) ? double(n) * kept[0] : KeptByForwards(m, v, g, n, false, kept);
+}
+
+double PeakInFlight(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t g, int64_t r,
+                    bool a2a_overlap, const std::vector<double>& kept) {
+  const double first = HeldAfterWarmup(kind, p, v, m, g, r, a2a_overlap, kept);
+  if (kind != ScheduleKind::kInterleaved || ChunksAlike(v, kept)) return first;
+  if (g <= 0) g = p;
+  const int64_t total = m * v, w = WarmupForwards(kind, p, v, m, g, r, a2a_overlap);
   const int64_t steps = total - w;  // steady iterations i: forward w + i, then backward i
   if (steps <= 1) return first;
   // Forward k's chunk (get_schedule_table's order).
@@ -201,7 +216,8 @@ double PeakInFlight(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t 
   double peak = first;
   const int64_t in_full = full * period;
   auto walk = [&](int64_t from, int64_t to) {
-    double held = sum(w + from + 1, false) - sum(from, true);
+    double held = KeptByForwards(m, v, g, w + from + 1, false, kept) -
+                  KeptByForwards(m, v, g, from, true, kept);
     // Positions of forward w + i + 1 and backward i in their period (no division per step
     // while both are in the full groups).
     int64_t f = (w + from + 1) % period, b = from % period;

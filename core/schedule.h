@@ -72,6 +72,11 @@ int64_t WarmupForwards(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64
 // then chunk 1, ...; g > 0). O(1): what the warm-up holds per chunk when chunks differ in size.
 int64_t ForwardsOfChunk(int64_t m, int64_t v, int64_t g, int64_t n, int64_t c);
 
+// What rank r holds at the end of its warm-up, when its W + 1 forwards have run (GPipe: every
+// forward), chunk c's forwards keeping kept[c] each (ForwardsOfChunk's order).
+double HeldAfterWarmup(ScheduleKind kind, int64_t p, int64_t v, int64_t m, int64_t g, int64_t r,
+                       bool a2a_overlap, const std::vector<double>& kept);
+
 // The most rank r ever holds of what its forwards keep until their backwards, chunk c's
 // forward keeping kept[c] (its activations): the warm-up's W + 1 forwards and then, forward by
 // backward, the steady state, whose backwards free other chunks than its forwards fill (a heavy

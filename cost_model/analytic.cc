@@ -1092,13 +1092,10 @@ double AnalyticModel::Activations(const Layout& l, int r) const {
   double bytes = PeakInFlight(l.schedule, l.pp, l.vp, m, l.group_size(), r, l.moe_a2a_overlap,
                               kept);
   if (embedding > 0) {
-    const int64_t held =
-        l.schedule == ScheduleKind::kGPipe
-            ? m
-            : ForwardsOfChunk(m, l.vp, l.group_size(),
-                              WarmupForwards(l.schedule, l.pp, l.vp, m, l.group_size(), r,
-                                             l.moe_a2a_overlap) + 1, 0);
-    bytes += double(held) * embedding;
+    std::vector<double> on_chunk0(size_t(l.vp), 0.0);
+    on_chunk0.front() = embedding;
+    bytes += HeldAfterWarmup(l.schedule, l.pp, l.vp, m, l.group_size(), r, l.moe_a2a_overlap,
+                             on_chunk0);
   }
   // --cpu-offloading-num-layers N (pp 1: one micro-batch in flight): each offloaded layer's
   // copy finishes by layer L - N + i of the forward and its reload starts at layer
@@ -1385,8 +1382,7 @@ double AnalyticModel::StageDpGatherTime(const Layout& l, int r, double fwd_s) co
     total += runtime_->ChunkDpGather(l, r, c);
     parts += runtime_->ChunkDpGatherParts(l, r, c);
   }
-  return l.overlap_grad_reduce && l.overlap_param_gather ? ExposedBeside(total, parts, fwd_s)
-                                                         : total;
+  return l.param_gather_overlapped() ? ExposedBeside(total, parts, fwd_s) : total;
 }
 
 int AnalyticModel::ChunkDpBuckets(const Layout& l, int r, int c) const {

@@ -117,7 +117,7 @@ def convert(e):
     # megatron_recipes rows below; LoadMeasuredRuns does the same).
     if "megatron_bridge" in ident:
         l["grad_reduce_in_bf16"] = True
-        l["cross_entropy_fusion"] = "te"  # mb_cross_entropy
+        mb_cross_entropy(e, l)
         # Its Llama 3.1 405B recipe counts the embedding and the loss as a layer's slot each
         # (recipes/llama/llama3.py llama31_405b_pretrain_config: 126 + 2 over pp x vp).
         if "405b" in str(model.get("name", "")).lower():
@@ -182,8 +182,8 @@ def mb_cross_entropy(e, l):
     cross_entropy_loss_fusion on (GPTModelProvider's default) and cross_entropy_fusion_impl "te"
     (25.09's scripts/performance/configs/*_llm_pretrain.yaml, later utils/overrides.py and
     perf_recipes/_common.py _benchmark_common; DeepSeek-V4 and GLM-5, not rows here, take
-    native)."""
-    if str(e["id"]).startswith("mb_"):
+    native). Their rows: mb_* here, megatron_bridge_* in the measured-runs file."""
+    if str(e["id"]).startswith("mb_") or "megatron_bridge" in str(e["id"]):
         l["cross_entropy_fusion"] = "te"
 
 
@@ -470,7 +470,7 @@ def mb_release(e):
 
 def deepseek_a2a_overlap(e, hw, prec):
     release = mb_release(e)
-    first = DEEPSEEK_A2A_OVERLAP_FROM.get(str(hw["gpu"]).split()[0])
+    first = DEEPSEEK_A2A_OVERLAP_FROM.get(gpu_kind(hw))
     if not release or not first or "MX" not in prec:
         return False
     return release >= first
@@ -485,7 +485,7 @@ def deepseek_a2a_overlap(e, hw, prec):
 #     the MXFP8 32x32 ones: the table gives the others no precision; H100's preset, mla_up_proj
 #     and mlp without overlap_grad_reduce, has no row carried).
 #   25.11 (v0.2.0, configs/deepseek/workload_base_configs.py): GB300 moe_act, GB200 and B200
-#     mla_up_proj, H100 mla_up_proj and mlp. The 25.11 table's GB300 rows (pp2 vp4 ep32) and
+#     mla_up_proj (H100's mla_up_proj and mlp: no 25.11 H100 row). The 25.11 table's GB300 rows (pp2 vp4 ep32) and
 #     GB200 MXFP8 row (pp8 vp4 ep32) ran other layouts than those presets (pp4 vp4 ep64): the
 #     GPU's modules are the closest statement there is.
 #   26.08 (v0.6.0, perf_recipes/deepseek/{gb200,gb300}/deepseek_v3.py): GB200 MXFP8
@@ -496,7 +496,6 @@ DEEPSEEK_RECOMPUTE_UNSTATED = {
     ((25, 11, 0), "GB300"): ["moe_act"],
     ((25, 11, 0), "GB200"): ["mla_up_proj"],
     ((25, 11, 0), "B200"): ["mla_up_proj"],
-    ((25, 11, 0), "H100"): ["mla_up_proj", "mlp"],
     ((26, 8, 0), "GB200"): ["mla_up_proj"],
     ((26, 8, 0), "GB300"): [],
 }
